@@ -1,0 +1,47 @@
+"""trtvocab: the vocabulary dimension of LLM inference (LM head, TP sharding, FP8/NVFP4, engines)."""
+
+from trtvocab.errors import (
+    ArtifactError,
+    CheckpointError,
+    ConfigError,
+    DistributedError,
+    EngineUnavailableError,
+    InputError,
+    PeerRankError,
+    QuantizationError,
+    RankMismatchError,
+    TrtVocabError,
+)
+from trtvocab.lm_head import LMHead, TensorParallelMode
+from trtvocab.logits import LogitsProcessor
+from trtvocab.mapping import Mapping
+from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
+from trtvocab.sharding import VocabShard, calc_shard, padded_vocab_size, shard_sizes, vocab_shard
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArtifactError",
+    "CheckpointError",
+    "ConfigError",
+    "DistributedError",
+    "EngineUnavailableError",
+    "InputError",
+    "LMHead",
+    "LogitsProcessor",
+    "Mapping",
+    "PeerRankError",
+    "QuantAlgo",
+    "QuantConfig",
+    "QuantizationError",
+    "RankMismatchError",
+    "TensorParallelMode",
+    "TrtVocabError",
+    "VocabShard",
+    "__version__",
+    "calc_shard",
+    "padded_vocab_size",
+    "resolve_lm_head_quant",
+    "shard_sizes",
+    "vocab_shard",
+]

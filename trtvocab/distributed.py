@@ -1,0 +1,180 @@
+"""Collectives the head needs, on gloo (CPU) and NCCL (GPU) alike.
+
+gloo's all_gather rejects tensors of unequal shapes (and may abort the process),
+so every uneven exchange here pads to the largest piece and trims afterwards.
+Every exchange is preceded by :func:`agree`, a tiny fixed-shape handshake that
+carries each rank's validation verdict and shape signature: a rank with bad
+input makes *all* ranks raise before any data moves, instead of leaving the
+others blocked in a collective.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from trtvocab.errors import DistributedError, PeerRankError, RankMismatchError
+
+DEFAULT_TIMEOUT_S = 120.0
+ProcessGroup = dist.ProcessGroup | None
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def default_backend(device: torch.device | str | None = None) -> str:
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda":
+        return "nccl"
+    if dev is None and torch.cuda.is_available():
+        return "nccl"
+    return "gloo"
+
+
+def init_from_env(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
+    """Join the process group that ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR/PORT) describes.
+
+    Returns ``(rank, world_size)``. Without those variables this is a one-rank world
+    and no process group is created.
+    """
+    if is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return 0, 1
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = backend or default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    return rank, world
+
+
+def group_rank(group: ProcessGroup = None) -> int:
+    return dist.get_rank(group) if is_initialized() else 0
+
+
+def group_size(group: ProcessGroup = None) -> int:
+    return dist.get_world_size(group) if is_initialized() else 1
+
+
+def new_tp_group(tp_group_ranks: Sequence[int], world_size: int, tp_size: int) -> ProcessGroup:
+    """Create all TP groups (every rank must call this) and return the one holding this rank."""
+    if tp_size == world_size:
+        return None  # the default group is the TP group
+    mine = None
+    for first in range(0, world_size, tp_size):
+        ranks = list(range(first, first + tp_size))
+        group = dist.new_group(ranks)
+        if ranks == list(tp_group_ranks):
+            mine = group
+    return mine
+
+
+def agree(
+    signature: Sequence[int],
+    error: BaseException | None,
+    group: ProcessGroup,
+    device: torch.device,
+    *,
+    what: str = "LMHead",
+    names: Sequence[str] | None = None,
+) -> torch.Tensor:
+    """Exchange ``[ok, *signature]`` across the group; raise on every rank if any rank failed.
+
+    ``signature`` holds the integers that must match on every rank (vocab, hidden,
+    tp, ...) followed by none, some or all per-rank values; returns the gathered
+    ``[world, 1 + len(signature)]`` table so callers can read per-rank values (such
+    as row counts) without another collective. ``names`` labels signature entries.
+    A local ``error`` is re-raised on its own rank after the exchange; other ranks
+    raise :class:`PeerRankError` naming the failing rank.
+    """
+    row = torch.tensor([0 if error is None else 1, *signature], dtype=torch.int64, device=device)
+    world = group_size(group)
+    table = [torch.empty_like(row) for _ in range(world)]
+    dist.all_gather(table, row, group=group)
+    stacked = torch.stack(table).cpu()
+    if error is not None:
+        raise error
+    failed = [r for r in range(world) if int(stacked[r, 0]) != 0]
+    if failed:
+        raise PeerRankError(f"{what}: rank(s) {failed} of the group rejected their input; see their error")
+    return stacked
+
+
+def check_same(table: torch.Tensor, columns: Sequence[int], names: Sequence[str], what: str) -> None:
+    """Raise :class:`RankMismatchError` if ranks disagree on any of ``columns`` of an :func:`agree` table."""
+    for col, name in zip(columns, names, strict=True):
+        values = table[:, 1 + col].tolist()
+        if len(set(values)) > 1:
+            raise RankMismatchError(f"{what}: ranks disagree on {name}: {values} (rank i -> value i)")
+
+
+def all_gather_columns(local: torch.Tensor, widths: Sequence[int], group: ProcessGroup) -> torch.Tensor:
+    """Concatenate ``[N, widths[r]]`` pieces of every rank along the last dim (pad + trim)."""
+    world = len(widths)
+    if world == 1:
+        return local
+    width = max(widths)
+    if local.shape[-1] < width:
+        local = torch.nn.functional.pad(local, (0, width - local.shape[-1]))
+    pieces = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(pieces, local.contiguous(), group=group)
+    return torch.cat([p[..., :w] for p, w in zip(pieces, widths, strict=True)], dim=-1)
+
+
+def all_gather_rows(local: torch.Tensor, rows: Sequence[int], group: ProcessGroup) -> torch.Tensor:
+    """Concatenate ``[rows[r], ...]`` pieces of every rank along dim 0 (pad + trim)."""
+    world = len(rows)
+    if world == 1:
+        return local
+    height = max(rows)
+    if local.shape[0] < height:
+        pad = local.new_zeros((height - local.shape[0], *local.shape[1:]))
+        local = torch.cat([local, pad])
+    pieces = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(pieces, local.contiguous(), group=group)
+    return torch.cat([p[:n] for p, n in zip(pieces, rows, strict=True)])
+
+
+def all_to_all_rows(
+    blocks: Sequence[torch.Tensor], rows: Sequence[int], widths: Sequence[int], group: ProcessGroup
+) -> torch.Tensor:
+    """Send ``blocks[j]`` (``[rows[j], my width]``) to rank j; return ``[rows[me], sum(widths)]``.
+
+    Used by attention DP with a split head: every rank computed its vocab columns
+    for everybody's rows, and each rank takes back its own rows, all columns.
+    Blocks are padded to ``[max(rows), max(widths)]`` so one equal-split
+    ``all_to_all_single`` moves them.
+    """
+    world = len(rows)
+    me = group_rank(group)
+    if world == 1:
+        return blocks[0]
+    height, width = max(rows), max(widths)
+    send = blocks[0].new_zeros((world, height, width))
+    for j, block in enumerate(blocks):
+        send[j, : block.shape[0], : block.shape[1]] = block
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return torch.cat([recv[k, : rows[me], : widths[k]] for k in range(world)], dim=-1)
+
+
+def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, group: ProcessGroup) -> torch.Tensor:
+    if group_size(group) > 1:
+        dist.all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
+def require_initialized(world: int) -> None:
+    if world > 1 and not is_initialized():
+        raise DistributedError(
+            f"a head split over {world} ranks needs torch.distributed to be initialized "
+            "(use trtvocab.launch.run_ranks or torchrun)"
+        )

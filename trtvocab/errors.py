@@ -1,0 +1,48 @@
+"""Every error trtvocab raises on purpose lives here.
+
+Each class takes one message argument so that it pickles cleanly across the
+process boundary of a multi-rank launch (a rank's typed error arrives in the
+parent as the same type, with the same text).
+"""
+
+from __future__ import annotations
+
+
+class TrtVocabError(Exception):
+    """Base class of all trtvocab errors."""
+
+
+class ConfigError(TrtVocabError, ValueError):
+    """A mapping, head or recipe setting is impossible or inconsistent."""
+
+
+class InputError(TrtVocabError, ValueError):
+    """A runtime input (hidden states, seq_lens, logits) has the wrong shape, dtype or values."""
+
+
+class CheckpointError(TrtVocabError, ValueError):
+    """A checkpoint is missing a tensor, or holds one of the wrong shape or dtype."""
+
+
+class QuantizationError(TrtVocabError, ValueError):
+    """A quantization config or stored scale is unusable."""
+
+
+class RankMismatchError(TrtVocabError, RuntimeError):
+    """Ranks of one group disagree about the head (vocab, hidden, tp, layout) or the batch."""
+
+
+class PeerRankError(TrtVocabError, RuntimeError):
+    """Another rank of the group failed validation, so this rank stops before any data moves."""
+
+
+class DistributedError(TrtVocabError, RuntimeError):
+    """A process group could not be set up, or a launched rank failed."""
+
+
+class ArtifactError(TrtVocabError, RuntimeError):
+    """A build artifact is missing, partial, corrupt or from another version."""
+
+
+class EngineUnavailableError(TrtVocabError, RuntimeError):
+    """TensorRT or a suitable GPU is not available for the requested engine."""

@@ -1,0 +1,139 @@
+"""Run a function on N local ranks with a real process group (gloo on CPU, NCCL on GPU).
+
+``run_ranks(fn, 3, *args)`` starts three processes (spawn), each joins a
+``torch.distributed`` group with a timeout, calls ``fn(rank, world_size, *args)``
+and sends its return value (or its exception) back. Under ``torchrun`` use
+:func:`trtvocab.distributed.init_from_env` instead; :func:`run_ranks` is for
+local launches, tests and the CLI.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from trtvocab.errors import DistributedError
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class RankFailures(DistributedError):
+    """One or more launched ranks raised. ``errors`` maps rank -> exception (same type as raised)."""
+
+    def __init__(self, message: str, errors: dict[int, BaseException] | None = None) -> None:
+        super().__init__(message)
+        self.errors: dict[int, BaseException] = errors or {}
+
+    def __reduce__(self):  # keep ``errors`` across pickling
+        return (self.__class__, (self.args[0], self.errors))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return DistributedError(f"{type(exc).__name__}: {exc}")
+
+
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    results: Any,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    # Each rank gets one thread on small machines: N ranks x all cores would oversubscribe.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        try:
+            out = fn(rank, world, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, out, ""))
+    except BaseException as exc:  # report everything, including KeyboardInterrupt
+        results.put((rank, False, _picklable(exc), traceback.format_exc()))
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return results by rank.
+
+    ``fn`` must be importable (a module-level function). Raises :class:`RankFailures`
+    when any rank raised, with every rank's exception in ``.errors``; ranks still
+    alive after ``timeout_s`` beyond the collectives' own timeout are killed.
+    """
+    if world_size < 1:
+        raise DistributedError(f"world_size must be >= 1, got {world_size}")
+    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, results, fn, args), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outputs: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+    traces: dict[int, str] = {}
+    deadline = timeout_s * 2 + 60
+    try:
+        for _ in range(world_size):
+            try:
+                rank, ok, value, trace = results.get(timeout=deadline)
+            except queue.Empty:
+                break
+            if ok:
+                outputs[rank] = value
+            else:
+                errors[rank], traces[rank] = value, trace
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    missing = [r for r in range(world_size) if r not in outputs and r not in errors]
+    for r in missing:
+        errors[r] = DistributedError(f"rank {r} exited without a result (exit code {procs[r].exitcode})")
+    if errors:
+        lines = [f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items())]
+        first = min(traces) if traces else None
+        detail = f"\n--- traceback of rank {first} ---\n{traces[first]}" if first is not None else ""
+        raise RankFailures(f"{len(errors)} of {world_size} ranks failed:\n" + "\n".join(lines) + detail, errors)
+    return [outputs[r] for r in range(world_size)]

@@ -1,0 +1,71 @@
+"""Last-token-only logits: pick each sequence's last row *before* the GEMM.
+
+Hidden states arrive packed, ``[T, H]`` for a batch of ``B`` sequences of
+lengths ``seq_lens``. Generation needs one row per sequence, so computing all
+``T`` rows would waste ``T / B`` of the head's FLOPs and logits memory::
+
+    seq_lens = [3, 1, 2]     rows: a a a | b | c c
+    last rows = cumsum - 1 = [2, 3, 5]   -> logits [3, V]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from trtvocab.errors import InputError
+
+
+def last_token_rows(seq_lens: Any, total_tokens: int) -> torch.Tensor:
+    """Validated ``cumsum(seq_lens) - 1`` as an int64 index tensor."""
+    if isinstance(seq_lens, torch.Tensor):
+        lens = seq_lens
+    else:
+        try:
+            lens = torch.as_tensor(list(seq_lens))
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"seq_lens: expected a 1-D sequence of ints, got {seq_lens!r}") from exc
+    if lens.dim() != 1:
+        raise InputError(f"seq_lens: expected a 1-D tensor, got shape {list(lens.shape)}")
+    if lens.numel() == 0:
+        raise InputError("seq_lens: empty batch (B = 0)")
+    if lens.dtype.is_floating_point or lens.dtype == torch.bool or lens.is_complex():
+        raise InputError(f"seq_lens: expected an integer dtype, got {lens.dtype}")
+    lens = lens.to(torch.int64)
+    if bool((lens <= 0).any()):
+        raise InputError(f"seq_lens: every length must be >= 1, got {lens.tolist()}")
+    total = int(lens.sum())
+    if total != total_tokens:
+        raise InputError(f"seq_lens: lengths sum to {total}, but hidden_states has T = {total_tokens} rows")
+    return torch.cumsum(lens, 0) - 1
+
+
+class LogitsProcessor(nn.Module):
+    """Selects rows, runs the head, returns float32 logits."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        lm_head: nn.Module,
+        seq_lens: Any = None,
+        *,
+        return_context_logits: bool = False,
+    ) -> torch.Tensor:
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
+            shape = list(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
+            raise InputError(f"hidden_states: expected a [T, H] tensor, got {shape}")
+        total = hidden_states.shape[0]
+        if total == 0:
+            raise InputError("hidden_states: empty batch (T = 0)")
+        if return_context_logits:
+            if seq_lens is not None:
+                last_token_rows(seq_lens, total)  # still validate
+            selected = hidden_states
+        elif seq_lens is None:
+            selected = hidden_states[-1:]
+        else:
+            rows = last_token_rows(seq_lens, total).to(hidden_states.device)
+            selected = hidden_states.index_select(0, rows)
+        return lm_head(selected).float()

@@ -1,0 +1,223 @@
+"""Which quantization the LM head runs with: the gating rule (DESIGN §4).
+
+The head is quantized only if
+
+* a per-layer entry (``MIXED_PRECISION`` ``quantized_layers``) names ``lm_head``, or
+* a global ``quant_algo`` is set **and** the safetensors header holds
+  ``lm_head.weight_scale`` (a header probe: no tensor is read).
+
+It is forced dense when ``lm_head`` matches ``exclude_modules`` / ``ignore``
+(fnmatch), when the head is the tied input embedding, when attention DP splits
+the head (LM-head TP in ADP), or when the user asks for ``quant="none"``. A head
+stored quantized but forced dense is dequantized exactly, with a warning: a stored
+scale is never ignored and quantized bytes are never read as dense values.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trtvocab.errors import QuantizationError
+
+if TYPE_CHECKING:
+    from trtvocab.checkpoint import Checkpoint
+    from trtvocab.mapping import Mapping
+
+
+class QuantAlgo(str, enum.Enum):
+    FP8 = "FP8"
+    NVFP4 = "NVFP4"
+    # Names ModelOpt writes for other layers; valid in a config, not runnable for the head.
+    FP8_PER_CHANNEL_PER_TOKEN = "FP8_PER_CHANNEL_PER_TOKEN"
+    FP8_BLOCK_SCALES = "FP8_BLOCK_SCALES"
+    W4A16_AWQ = "W4A16_AWQ"
+    W4A8_AWQ = "W4A8_AWQ"
+    W8A16 = "W8A16"
+    W4A16 = "W4A16"
+    INT8_SQ = "INT8_SQ"
+    NVFP4_AWQ = "NVFP4_AWQ"
+    W4A8_NVFP4_FP8 = "W4A8_NVFP4_FP8"
+    W4A8_MXFP4_FP8 = "W4A8_MXFP4_FP8"
+    MXFP4 = "MXFP4"
+    MXFP8 = "MXFP8"
+    MIXED_PRECISION = "MIXED_PRECISION"
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> QuantAlgo | None:
+        if value is None:
+            return None
+        try:
+            return cls(str(value).upper())
+        except ValueError:
+            raise QuantizationError(
+                f"{where}: unknown quant_algo {value!r}; known: {[a.value for a in cls]}"
+            ) from None
+
+
+HEAD_ALGOS = (QuantAlgo.FP8, QuantAlgo.NVFP4)
+
+
+class QuantConfig(BaseModel):
+    """How the head's weights (and activations) are quantized.
+
+    ``activation``: ``"static"`` uses the checkpoint's ``input_scale`` (W8A8 / W4A4);
+    ``"dynamic"`` computes the FP8 activation scale per tensor at run time (FP8 without
+    ``input_scale``, as TensorRT-LLM does); ``"none"`` keeps activations in the head
+    dtype (W8A16 with ``weight_only``, or NVFP4 without ``input_scale`` = W4A16).
+    ``granularity`` ``"per_row"`` is an FP8 option beyond the checkpoint formats (one
+    scale per vocab row).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    quant_algo: QuantAlgo
+    activation: str = Field(default="static", pattern="^(static|dynamic|none)$")
+    group_size: int = 16
+    granularity: str = Field(default="per_tensor", pattern="^(per_tensor|per_row)$")
+
+    @property
+    def method_key(self) -> str:
+        if self.quant_algo not in HEAD_ALGOS:
+            raise QuantizationError(
+                f"quant_algo {self.quant_algo.value} is not supported for the LM head; "
+                f"supported: {[a.value for a in HEAD_ALGOS]}"
+            )
+        return self.quant_algo.value
+
+    @property
+    def label(self) -> str:
+        if self.quant_algo is QuantAlgo.FP8:
+            mode = {"static": "W8A8", "dynamic": "W8A8-dyn", "none": "W8A16"}[self.activation]
+            return f"FP8 {mode}" + (" per-row" if self.granularity == "per_row" else "")
+        mode = "W4A4" if self.activation == "static" else "W4A16"
+        return f"NVFP4 {mode}"
+
+
+class HeadQuantDecision(BaseModel):
+    """What :func:`resolve_lm_head_quant` decided and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    config: QuantConfig | None  # the quantization the head runs with (None = dense)
+    stored: QuantAlgo | None  # the format of the stored bytes (None = dense)
+    dequantize: bool  # stored quantized but running dense: dequantize exactly
+    reason: str
+    tensor_name: str = "lm_head.weight"
+
+    @property
+    def warning(self) -> str | None:
+        if not self.dequantize or self.stored is None:
+            return None
+        return (f"{self.tensor_name} is stored as {self.stored.value} but the head runs dense "
+                f"({self.reason}): dequantizing it exactly")
+
+
+def _quant_section(ckpt: Checkpoint) -> tuple[dict[str, Any], str]:
+    """The ``quantization`` dict and where it came from ({} when the model is not quantized)."""
+    if ckpt.hf_quant_config is not None:
+        section = ckpt.hf_quant_config.get("quantization", ckpt.hf_quant_config)
+        return (section if isinstance(section, dict) else {}), "hf_quant_config.json"
+    section = ckpt.config.get("quantization_config")
+    if isinstance(section, dict):
+        return section, "config.json quantization_config"
+    return {}, ""
+
+
+def _excluded(patterns: list[str], module: str) -> str | None:
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(module + ".weight", pattern):
+            return pattern
+    return None
+
+
+def stored_format(ckpt: Checkpoint, tensor_name: str) -> QuantAlgo | None:
+    """The format of the stored head bytes, from the header: FP8 E4M3, packed uint8 FP4, or dense."""
+    info = ckpt.info(tensor_name)
+    module = tensor_name.rsplit(".", 1)[0]
+    if info.dtype == "F8_E4M3":
+        return QuantAlgo.FP8
+    if info.dtype == "U8":
+        if not ckpt.has(f"{module}.weight_scale_2"):
+            raise QuantizationError(
+                f"{tensor_name} is uint8 (packed FP4) but {module}.weight_scale_2 is missing"
+            )
+        return QuantAlgo.NVFP4
+    return None
+
+
+def resolve_lm_head_quant(
+    ckpt: Checkpoint,
+    *,
+    mapping: Mapping | None = None,
+    tensor_name: str | None = None,
+    quant: str = "auto",
+    weight_only: bool = False,
+) -> HeadQuantDecision:
+    """Apply the gating rule to a checkpoint (header probes only)."""
+    if quant not in ("auto", "none"):
+        raise QuantizationError(f"quant must be 'auto' or 'none', got {quant!r}")
+    name, tied = ckpt.lm_head_name(tensor_name)
+    module = name.rsplit(".", 1)[0]
+    section, source = _quant_section(ckpt)
+    where = f"{ckpt.path} {source}".strip()
+    global_algo = QuantAlgo.parse(section.get("quant_algo"), where)
+    patterns = list(section.get("exclude_modules") or []) + list(section.get("ignore") or [])
+    layers = section.get("quantized_layers") or {}
+    stored = stored_format(ckpt, name)
+    has_scale = ckpt.has(f"{module}.weight_scale")
+    has_input_scale = ckpt.has(f"{module}.input_scale")
+    if stored is not None and not has_scale:
+        raise QuantizationError(f"{name} is stored as {stored.value} but {module}.weight_scale is missing")
+
+    def dense(reason: str) -> HeadQuantDecision:
+        return HeadQuantDecision(config=None, stored=stored, dequantize=stored is not None,
+                                 reason=reason, tensor_name=name)
+
+    # Forced dense, strongest reason first.
+    if quant == "none":
+        return dense("quant='none' requested")
+    if tied:
+        return dense(f"the head is the tied input embedding {name}")
+    if mapping is not None and mapping.enable_attention_dp and mapping.lm_head_is_split:
+        return dense("attention DP with LM-head TP runs the head dense")
+    matched = _excluded(patterns, module)
+    if matched is not None:
+        return dense(f"{module} matches exclude pattern {matched!r}")
+
+    wanted: QuantAlgo | None = None
+    why = ""
+    entry = layers.get(module) if isinstance(layers, dict) else None
+    if entry is not None:
+        wanted = QuantAlgo.parse(entry.get("quant_algo") if isinstance(entry, dict) else entry,
+                                 f"{where} quantized_layers[{module!r}]")
+        why = f"quantized_layers names {module} as {wanted.value}"
+    elif global_algo is not None and global_algo is not QuantAlgo.MIXED_PRECISION and has_scale:
+        wanted, why = global_algo, f"global quant_algo {global_algo.value} and {module}.weight_scale present"
+    elif stored is not None:
+        # Quantized bytes but no config saying so: the stored scale still wins (DESIGN §1.5).
+        wanted, why = stored, f"{name} is stored as {stored.value} with its scales"
+    if wanted is None:
+        if global_algo is None:
+            return dense("checkpoint is not quantized")
+        return dense(f"global quant_algo {global_algo.value} but no {module}.weight_scale in the header")
+    if wanted not in HEAD_ALGOS:
+        raise QuantizationError(f"{where}: {why}, but {wanted.value} is not supported for the LM head "
+                                f"(supported: {[a.value for a in HEAD_ALGOS]})")
+    if stored is None:
+        raise QuantizationError(f"{why}, but {name} is stored dense with no scales; "
+                                "write a quantized checkpoint with `trtvocab quantize`")
+    if stored is not wanted:
+        raise QuantizationError(f"{why}, but {name} is stored as {stored.value}")
+    if wanted is QuantAlgo.FP8:
+        activation = "none" if weight_only else ("static" if has_input_scale else "dynamic")
+    else:
+        activation = "none" if weight_only or not has_input_scale else "static"
+    group = int(section.get("group_size") or (entry.get("group_size") if isinstance(entry, dict) else 0) or 16)
+    return HeadQuantDecision(
+        config=QuantConfig(quant_algo=wanted, activation=activation, group_size=group),
+        stored=stored, dequantize=False, reason=why, tensor_name=name,
+    )

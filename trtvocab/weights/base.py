@@ -1,0 +1,135 @@
+"""The contract every weight format implements, and the registry that picks one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping as MappingABC
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from trtvocab.errors import CheckpointError, QuantizationError
+from trtvocab.sharding import VocabShard
+
+# Names a weight format may read; any prefix ("lm_head.", "model.embed_tokens.") is dropped.
+TENSOR_KEYS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+
+
+def normalize_keys(tensors: MappingABC[str, Any]) -> dict[str, Any]:
+    """Map ``lm_head.weight_scale`` -> ``weight_scale`` etc.; refuse two tensors for one key."""
+    out: dict[str, Any] = {}
+    for name, value in tensors.items():
+        key = name.rsplit(".", 1)[-1]
+        if key not in TENSOR_KEYS:
+            continue
+        if key in out:
+            raise CheckpointError(f"two tensors map to LM-head key {key!r}: {sorted(tensors)}")
+        out[key] = value
+    return out
+
+
+def source_shape(value: Any) -> tuple[int, ...]:
+    """Shape of a tensor or a safetensors slice (``get_shape``) without reading it."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if hasattr(value, "get_shape"):
+        return tuple(value.get_shape())
+    raise CheckpointError(f"expected a torch.Tensor or a safetensors slice, got {type(value).__name__}")
+
+
+def read_rows(value: Any, name: str, shard: VocabShard, row_shape: tuple[int, ...]) -> torch.Tensor:
+    """This shard's rows of ``value``, which holds either all vocab rows or only this shard's.
+
+    Only the shard's rows are read from a safetensors slice. ``row_shape`` is the
+    expected shape of one row (``(H,)`` dense, ``(H // 2,)`` packed FP4, ...).
+    """
+    shape = source_shape(value)
+    if tuple(shape[1:]) != tuple(row_shape) or len(shape) != 1 + len(row_shape):
+        raise CheckpointError(
+            f"{name}: expected shape [rows, {', '.join(map(str, row_shape))}], got {list(shape)}"
+        )
+    rows = shape[0]
+    if rows == shard.vocab_size:
+        start, end = shard.start, shard.end
+    elif rows == shard.size:
+        start, end = 0, shard.size
+    else:
+        raise CheckpointError(
+            f"{name}: has {rows} rows; expected the full vocab ({shard.vocab_size}) or this "
+            f"rank's shard ({shard.size} rows, [{shard.start}, {shard.end}))"
+        )
+    out = value[start:end]
+    return out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
+
+
+def read_scalar(value: Any, name: str) -> torch.Tensor:
+    """A per-tensor fp32 scale: a 0-d or one-element tensor, finite and positive."""
+    tensor = value if isinstance(value, torch.Tensor) else value[:]
+    if tensor.numel() != 1:
+        raise QuantizationError(f"{name}: expected a scalar scale, got shape {list(tensor.shape)}")
+    if not tensor.dtype.is_floating_point:
+        raise QuantizationError(f"{name}: expected a floating-point scale, got {tensor.dtype}")
+    scalar = tensor.reshape(()).float()
+    if not torch.isfinite(scalar) or scalar <= 0:
+        raise QuantizationError(f"{name}: scale must be finite and > 0, got {scalar.item()}")
+    return scalar
+
+
+class WeightMethod(nn.Module):
+    """Stores one rank's ``[width, H]`` shard of the head in some format and multiplies by it.
+
+    ``width`` rows are allocated; rows past ``shard.size`` (padded layout) stay zero.
+    Subclasses set ``format_name`` and implement ``load`` and ``forward``.
+    """
+
+    format_name: ClassVar[str] = "abstract"
+
+    def __init__(self, shard: VocabShard, hidden_size: int, dtype: torch.dtype, quant_config: Any = None):
+        super().__init__()
+        self.shard = shard
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self.quant_config = quant_config
+
+    def load(self, tensors: dict[str, Any]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """``x [N, H]`` in ``self.dtype`` -> logits ``[N, width]`` in ``self.dtype``."""
+        raise NotImplementedError
+
+    def resident_bytes(self) -> int:
+        """Bytes of every buffer this format keeps resident."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight as the GEMM sees it, ``[width, H]`` float32 (for export checks and references)."""
+        raise NotImplementedError
+
+    def export_tensors(self) -> dict[str, torch.Tensor]:
+        """The shard's tensors under checkpoint names (``weight``, scales), trimmed to ``shard.size`` rows."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[WeightMethod]] = {}
+
+
+def register(key: str):
+    """Class decorator: make a weight format available under ``key`` (``"dense"``, ``"FP8"``, ...)."""
+
+    def wrap(cls: type[WeightMethod]) -> type[WeightMethod]:
+        _REGISTRY[key] = cls
+        return cls
+
+    return wrap
+
+
+def weight_method_for(quant_config: Any) -> type[WeightMethod]:
+    """The weight format class for a :class:`~trtvocab.quant.QuantConfig` (``None`` -> dense)."""
+    key = "dense" if quant_config is None else quant_config.method_key
+    if key not in _REGISTRY and key != "dense":
+        import trtvocab.quant.methods  # noqa: F401  (registers the quantized formats)
+    try:
+        return _REGISTRY[key]
+    except KeyError:
+        raise QuantizationError(f"no LM-head weight format for {key!r}; known: {sorted(_REGISTRY)}") from None

@@ -1,0 +1,51 @@
+"""Dense (bf16 / fp16 / fp32) weights: the unquantized head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trtvocab.errors import CheckpointError
+from trtvocab.weights.base import WeightMethod, read_rows, register
+
+DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@register("dense")
+class DenseWeight(WeightMethod):
+    format_name = "dense"
+
+    def __init__(self, shard, hidden_size: int, dtype: torch.dtype, quant_config: Any = None):
+        super().__init__(shard, hidden_size, dtype, quant_config)
+        self.register_buffer("weight", torch.zeros(shard.width, hidden_size, dtype=dtype))
+
+    def load(self, tensors: dict[str, Any]) -> None:
+        if "weight" not in tensors:
+            raise CheckpointError(f"dense LM head: no 'weight' tensor among {sorted(tensors)}")
+        extra = sorted(k for k in tensors if k != "weight")
+        if extra:
+            # A scale next to the weight means the bytes are quantized: reading them as
+            # dense numbers would be silently wrong (DESIGN §1.5).
+            raise CheckpointError(
+                f"dense LM head was given quantization tensors {extra}; load it through "
+                "LMHead.from_checkpoint (which applies or dequantizes them) or pass a quant_config"
+            )
+        rows = read_rows(tensors["weight"], "weight", self.shard, (self.hidden_size,))
+        if rows.dtype not in DENSE_DTYPES:
+            raise CheckpointError(
+                f"weight: dense LM head needs one of {[str(d) for d in DENSE_DTYPES]}, got {rows.dtype} "
+                "(quantized bytes are never read as dense values)"
+            )
+        with torch.no_grad():
+            self.weight[: self.shard.size].copy_(rows.to(self.dtype))
+            self.weight[self.shard.size :].zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.weight.float()
+
+    def export_tensors(self) -> dict[str, torch.Tensor]:
+        return {"weight": self.weight[: self.shard.size].contiguous()}
