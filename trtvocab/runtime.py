@@ -1,0 +1,143 @@
+"""Run a built artifact: verify it, pick a backend, compute each rank's logits, gather.
+
+Backends, in the order ``auto`` tries them::
+
+    tensorrt      rank{r}/lm_head.plan on a CUDA GPU (engine built for this GPU)
+    onnxruntime   rank{r}/lm_head.onnx on CPU (FP4 graphs: onnx.reference, see export)
+    torch         rank{r}/weights.safetensors through the PyTorch LMHead (always there)
+
+Every backend yields the same per-rank ``[B, V_local]`` float32 logits (within the
+tolerance the build recorded); the gather across ranks is the head's own code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from trtvocab import artifacts
+from trtvocab import distributed as D
+from trtvocab.errors import ArtifactError, EngineUnavailableError
+from trtvocab.lm_head import LMHead
+from trtvocab.logits import last_token_rows
+from trtvocab.mapping import Mapping
+from trtvocab.quant.config import QuantConfig
+
+BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def head_from_artifact(root: Path, manifest: dict[str, Any], rank: int, process_group: Any = None) -> LMHead:
+    """The PyTorch fallback head of ``rank``, from its saved shard."""
+    h, m = manifest["head"], manifest["mapping"]
+    tp = m["tp_size"]
+    qc = manifest["quant"]["config"]
+    head = LMHead(
+        h["vocab_size"], h["hidden_size"], dtype=DTYPES[h["dtype"]],
+        mapping=Mapping(world_size=tp, rank=rank, tp_size=tp, enable_attention_dp=m["enable_attention_dp"],
+                        enable_lm_head_tp_in_adp=m["enable_lm_head_tp_in_adp"]),
+        gather_output=True, quant_config=QuantConfig.model_validate(qc) if qc else None,
+        vocab_layout=h["vocab_layout"], pad_to=h["pad_to"], process_group=process_group,
+    )
+    head.load_weights(load_file(str(artifacts.rank_dir(root, rank) / "weights.safetensors")))
+    return head
+
+
+def available_backends(manifest: dict[str, Any]) -> dict[str, str | None]:
+    """backend -> None if usable, else why not."""
+    out: dict[str, str | None] = {"torch": None}
+    if not manifest["backends"].get("onnx"):
+        out["onnxruntime"] = "the artifact has no ONNX graphs"
+    else:
+        try:
+            import onnx  # noqa: F401
+            import onnxruntime  # noqa: F401
+
+            out["onnxruntime"] = None
+        except ImportError as exc:
+            out["onnxruntime"] = f"onnxruntime is not installed ({exc.name})"
+    if not manifest["backends"].get("tensorrt"):
+        reasons = {e["engine"].get("reason") for e in manifest["ranks"] if not e["engine"]["built"]}
+        out["tensorrt"] = "no engine in the artifact" + (f": {'; '.join(sorted(r for r in reasons if r))}"
+                                                         if reasons else "")
+    else:
+        from trtvocab.export.tensorrt import tensorrt_available
+
+        ok, reason = tensorrt_available()
+        out["tensorrt"] = None if ok else reason
+    return out
+
+
+def pick_backend(manifest: dict[str, Any], requested: str = "auto") -> tuple[str, dict[str, str | None]]:
+    if requested not in BACKENDS:
+        raise ArtifactError(f"--backend must be one of {BACKENDS}, got {requested!r}")
+    usable = available_backends(manifest)
+    if requested != "auto":
+        if usable[requested] is not None:
+            raise EngineUnavailableError(f"backend {requested} is not usable: {usable[requested]}")
+        return requested, usable
+    for name in ("tensorrt", "onnxruntime", "torch"):
+        if usable[name] is None:
+            return name, usable
+    raise AssertionError("torch is always usable")
+
+
+def rank_logits(root: Path, manifest: dict[str, Any], rank: int, backend: str, hidden: torch.Tensor,
+                seq_lens: torch.Tensor | None) -> torch.Tensor:
+    """This rank's ``[B, V_local]`` (or ``[T, V_local]`` for context artifacts) float32 logits."""
+    context = manifest["head"]["context_logits"]
+    head_dtype = DTYPES[manifest["head"]["dtype"]]
+    hidden = hidden.to(head_dtype)
+    lens = seq_lens if seq_lens is not None else torch.tensor([hidden.shape[0]], dtype=torch.int32)
+    if backend == "torch":
+        head = head_from_artifact(root, manifest, rank)
+        rows = hidden if context else hidden.index_select(0, last_token_rows(lens, hidden.shape[0]))
+        with torch.no_grad():
+            return head.local_logits(rows)[:, : head.local_vocab_size].float()
+    path = artifacts.rank_dir(root, rank)
+    if backend == "onnxruntime":
+        from trtvocab.export.reference_ops import run_onnx
+
+        out = run_onnx(path / "lm_head.onnx", hidden, None if context else lens.to(torch.int32))
+        return torch.from_numpy(out)
+    from trtvocab.export.tensorrt import EngineRunner
+
+    runner = EngineRunner(path / "lm_head.plan", manifest["ranks"][rank]["engine"])
+    return runner.run(hidden, None if context else lens.to(torch.int32)).float().cpu()
+
+
+def _infer_rank(rank: int, world: int, root: str, backend: str, hidden: torch.Tensor,
+                seq_lens: torch.Tensor | None) -> torch.Tensor | None:
+    manifest = artifacts.read_manifest(Path(root), verify=False)  # verified once by the parent
+    local = rank_logits(Path(root), manifest, rank, backend, hidden, seq_lens)
+    sizes = [e["end"] - e["start"] for e in manifest["ranks"]]
+    ok = D.agree([manifest["head"]["vocab_size"], local.shape[0]], None, None, local.device, what="infer")
+    D.check_same(ok, [0, 1], ["vocab_size", "rows"], "infer")
+    full = D.all_gather_columns(local, sizes, None)
+    return full if rank == 0 else None
+
+
+def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None = None,
+          backend: str = "auto") -> tuple[torch.Tensor, str, dict[str, Any]]:
+    """Gathered float32 logits ``[B, V]`` of every rank of the artifact; returns (logits, backend, manifest)."""
+    root = Path(root)
+    manifest = artifacts.read_manifest(root)
+    if len(manifest["ranks"]) != manifest["mapping"]["tp_size"]:
+        raise ArtifactError(f"{root}: holds ranks {manifest['ranks_built']} of tp {manifest['mapping']['tp_size']};"
+                            " inference needs all of them")
+    chosen, _ = pick_backend(manifest, backend)
+    if seq_lens is not None:
+        last_token_rows(seq_lens, hidden.shape[0])  # validate before any process starts
+    tp = manifest["mapping"]["tp_size"]
+    if D.is_initialized():  # under torchrun: this process is one rank
+        rank = D.group_rank()
+        return _infer_rank(rank, tp, str(root), chosen, hidden, seq_lens), chosen, manifest  # type: ignore[return-value]
+    if tp == 1:
+        return rank_logits(root, manifest, 0, chosen, hidden, seq_lens), chosen, manifest
+    from trtvocab.launch import run_ranks
+
+    results = run_ranks(_infer_rank, tp, str(root), chosen, hidden, seq_lens)
+    return results[0], chosen, manifest
