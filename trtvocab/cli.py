@@ -233,5 +233,107 @@ def hidden(
     console.print(f"wrote hidden_states {list(states.shape)} and seq_lens {lens.tolist()} to {out}")
 
 
+# ---- quantize -------------------------------------------------------------------------------
+@app.command()
+def quantize(
+    checkpoint: Annotated[Path, typer.Argument(help="dense HF directory or .safetensors file")],
+    algo: Annotated[str, typer.Option(help="fp8 | nvfp4")],
+    out: Annotated[Path, typer.Option(help="output directory (ModelOpt export format, written atomically)")],
+    calib: Annotated[Path | None, typer.Option(help=".safetensors with hidden_states [T, H]: static activation "
+                                               "scale (FP8 W8A8 / NVFP4 W4A4)")] = None,
+    weight_only: Annotated[bool, typer.Option(help="write no activation scale (FP8 W8A16 at load with "
+                                              "weight_only, NVFP4 W4A16)")] = False,
+    tensor_name: Annotated[str | None, typer.Option(help="tensor holding the [V, H] head (default: lm_head.weight "
+                                                    "or the tied embedding)")] = None,
+    batch_rows: Annotated[int, typer.Option(help="calibration rows per batch")] = 256,
+    force: Annotated[bool, typer.Option(help="replace an existing OUT (atomically)")] = False,
+) -> None:
+    """Quantize the LM head with ModelOpt (FP8 or NVFP4) into a checkpoint LMHead.from_checkpoint picks up."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trtvocab.quantize import quantize_checkpoint
+
+    try:
+        with Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("batches"),
+                      TimeElapsedColumn(), console=err_console, transient=True, disable=calib is None) as bar:
+            task = bar.add_task("calibrate", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = quantize_checkpoint(checkpoint, out, algo=algo, calib=calib, weight_only=weight_only,
+                                         tensor_name=tensor_name, batch_rows=batch_rows, force=force,
+                                         progress=progress)
+    except (TrtVocabError, OSError) as exc:
+        raise _fail(exc) from None
+    console.print(f"wrote [bold]{result.out}[/] ({result.label}) from {result.source_tensor} "
+                  f"[{result.vocab_size:,} x {result.hidden_size:,}]", highlight=False)
+    table = Table()
+    table.add_column("tensor")
+    table.add_column("dtype")
+    table.add_column("shape")
+    for name, (dtype, shape) in result.tensors.items():
+        table.add_row(name, dtype, str(shape))
+    console.print(table)
+    amax = f"weight amax {result.weight_amax:.4g}"
+    if result.input_amax is not None:
+        amax += f", activation amax {result.input_amax:.4g} over {result.calib_rows:,} calibration rows"
+    console.print(amax, highlight=False)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+# ---- compare --------------------------------------------------------------------------------
+@app.command()
+def compare(
+    baseline: Annotated[Path, typer.Argument(help="dense (bf16 / fp32) checkpoint")],
+    hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (+ seq_lens)")],
+    variants: Annotated[list[Path] | None, typer.Argument(help="quantized checkpoints to compare")] = None,
+    simulate: Annotated[str | None, typer.Option(help="in-memory variants of the baseline, comma-separated: "
+                                                 "fp8[-row][-dyn|-w8a8|-w8a16], nvfp4[-w4a16|-w4a4]")] = None,
+    calib: Annotated[Path | None, typer.Option(help="hidden states for --simulate static activation scales "
+                                               "(default: the compared rows)")] = None,
+    tp: Annotated[int, typer.Option(help="tensor-parallel ranks (gloo processes) per head")] = 1,
+    all_tokens: Annotated[bool, typer.Option("--all-tokens/--last-tokens",
+                                             help="compare every row (default) or only each sequence's last "
+                                                  "token (needs seq_lens)")] = True,
+    dtype: Annotated[str, typer.Option(help="head dtype: auto (the baseline's) | bf16 | fp16 | fp32")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="print a GitHub markdown table")] = False,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG: per-row KL and logit-error histograms")] = None,
+) -> None:
+    """Accuracy of quantized LM heads against the baseline: top-1/top-5, KL (global softmax), logit error."""
+    from trtvocab.compare import COLUMNS, plot_report
+    from trtvocab.compare import compare as run_compare
+    from trtvocab.hidden import load_hidden
+
+    try:
+        states, lens = load_hidden(hidden)
+        calib_states = load_hidden(calib)[0] if calib is not None else None
+        specs = [s for s in (simulate or "").split(",") if s.strip()]
+        report = run_compare(baseline, list(variants or []), states, lens, simulate=specs, calib=calib_states,
+                             tp=tp, all_tokens=all_tokens, dtype=dtype)
+        if plot is not None:
+            plot_report(report, plot)
+    except (TrtVocabError, OSError) as exc:
+        raise _fail(exc) from None
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+    elif markdown:
+        print(report.to_markdown(), end="")
+    else:
+        table = Table(title=report.title())
+        for i, col in enumerate(COLUMNS):
+            table.add_column(col, justify="left" if i < 2 else "right")
+        for row in report.table_rows():
+            table.add_row(*row)
+        console.print(table)
+        for v in report.variants:
+            if v.note:
+                console.print(f"[dim]{v.name}: {v.note}[/]", highlight=False)
+    if plot is not None and not as_json:
+        err_console.print(f"wrote {plot}", highlight=False)
+
+
 def main() -> None:  # pragma: no cover
     sys.exit(app())

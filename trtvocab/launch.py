@@ -14,6 +14,7 @@ import os
 import pickle
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -79,9 +80,12 @@ def _worker(
             out = fn(rank, world, *args)
         finally:
             dist.destroy_process_group()
-        results.put((rank, True, out, ""))
+        # Plain pickle (tensor bytes copied) rather than torch's shared-memory reduction:
+        # with the latter the parent fetches the storage from this process *after* it
+        # has exited, which fails with "connection reset by peer".
+        results.put(pickle.dumps((rank, True, out, "")))
     except BaseException as exc:  # report everything, including KeyboardInterrupt
-        results.put((rank, False, _picklable(exc), traceback.format_exc()))
+        results.put(pickle.dumps((rank, False, _picklable(exc), traceback.format_exc())))
 
 
 def run_ranks(
@@ -112,13 +116,22 @@ def run_ranks(
     outputs: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     traces: dict[int, str] = {}
-    deadline = timeout_s * 2 + 60
+    deadline = time.monotonic() + timeout_s * 2 + 60
     try:
-        for _ in range(world_size):
+        # Poll instead of one long blocking get: a rank that dies before reporting (a
+        # crash in spawn bootstrap, an OOM kill) must not make the parent wait for the
+        # whole deadline. A dead rank's report, if it sent one, is already in the pipe.
+        all_dead_since: float | None = None
+        while len(outputs) + len(errors) < world_size and time.monotonic() < deadline:
             try:
-                rank, ok, value, trace = results.get(timeout=deadline)
+                rank, ok, value, trace = pickle.loads(results.get(timeout=0.2))
             except queue.Empty:
-                break
+                if any(p.is_alive() for p in procs):
+                    continue
+                all_dead_since = all_dead_since or time.monotonic()
+                if time.monotonic() - all_dead_since > 2.0:  # grace for the pipe to drain
+                    break
+                continue
             if ok:
                 outputs[rank] = value
             else:

@@ -189,6 +189,10 @@ class LMHead(nn.Module):
         D.require_initialized(self.tp_size)
         rows = hidden_states.shape[0] if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() else 0
         table = D.agree(self._signature(rows), error, self.process_group, self.device, what="LMHead")
+        if table.shape[0] != self.tp_size:
+            # Every rank sees the same table, so every rank raises here, before data moves.
+            raise RankMismatchError(f"LMHead: built for tp_size {self.tp_size}, but its process group has "
+                                    f"{table.shape[0]} ranks")
         names = ["vocab_size", "hidden_size", "tp_size", "vocab layout (0 = uneven, else pad_to)", "dtype",
                  "gather_output"]
         D.check_same(table, range(len(names)), names, "LMHead")
@@ -209,6 +213,18 @@ class LMHead(nn.Module):
             return D.all_gather_columns(local, sizes, self.process_group)
         blocks = list(torch.split(local, row_counts))
         return D.all_to_all_rows(blocks, row_counts, sizes, self.process_group)
+
+    def raise_collectively(self, error: BaseException) -> None:
+        """Raise ``error`` after telling the group, for a caller that failed before ``forward``.
+
+        A split head's ranks meet in a handshake at the start of ``forward``; a rank that
+        stops before it must still take part, or its peers wait until the collective
+        timeout. Here it does, with ``error`` as its verdict: it raises ``error``, the
+        peers (inside their ``forward``) raise :class:`PeerRankError`.
+        """
+        if self.is_split and D.is_initialized():
+            D.agree(self._signature(0), error, self.process_group, self.device, what="LMHead")
+        raise error
 
     def resident_bytes(self) -> int:
         return self.weights.resident_bytes()

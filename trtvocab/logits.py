@@ -53,6 +53,21 @@ class LogitsProcessor(nn.Module):
         *,
         return_context_logits: bool = False,
     ) -> torch.Tensor:
+        try:
+            selected = self._select(hidden_states, seq_lens, return_context_logits)
+        except InputError as error:
+            # The ranks of a split head are about to meet in its handshake: a rank that
+            # stops here must still take part, or its peers would wait for it until the
+            # collective timeout. It raises its own error; they raise PeerRankError.
+            fail = getattr(lm_head, "raise_collectively", None)
+            if fail is not None:
+                fail(error)
+            raise
+        return lm_head(selected).float()
+
+    @staticmethod
+    def _select(hidden_states: Any, seq_lens: Any, return_context_logits: bool) -> torch.Tensor:
+        """The rows the head must see: each sequence's last one, or all of them."""
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
             shape = list(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
             raise InputError(f"hidden_states: expected a [T, H] tensor, got {shape}")
@@ -62,10 +77,8 @@ class LogitsProcessor(nn.Module):
         if return_context_logits:
             if seq_lens is not None:
                 last_token_rows(seq_lens, total)  # still validate
-            selected = hidden_states
-        elif seq_lens is None:
-            selected = hidden_states[-1:]
-        else:
-            rows = last_token_rows(seq_lens, total).to(hidden_states.device)
-            selected = hidden_states.index_select(0, rows)
-        return lm_head(selected).float()
+            return hidden_states
+        if seq_lens is None:
+            return hidden_states[-1:]
+        rows = last_token_rows(seq_lens, total).to(hidden_states.device)
+        return hidden_states.index_select(0, rows)

@@ -46,6 +46,33 @@ def head_from_artifact(root: Path, manifest: dict[str, Any], rank: int, process_
     return head
 
 
+def current_gpu() -> dict[str, Any] | None:
+    """Name and compute capability of CUDA device 0, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}"}
+
+
+def engine_mismatch(engine: dict[str, Any], gpu: dict[str, Any] | None, trt_version: str | None) -> str | None:
+    """Why an engine built for ``engine['gpu']`` with ``engine['tensorrt_version']`` cannot run here.
+
+    TensorRT engines are specific to the GPU model and the TensorRT version that built
+    them; running one elsewhere fails or, worse, runs kernels tuned for another chip.
+    """
+    built_gpu, built_trt = engine.get("gpu") or {}, engine.get("tensorrt_version")
+    if gpu is None:
+        return "no CUDA GPU here"
+    if built_gpu.get("name") != gpu.get("name") or built_gpu.get("compute_capability") != gpu.get(
+        "compute_capability"
+    ):
+        return (f"engine was built for {built_gpu.get('name')} (CC {built_gpu.get('compute_capability')}), "
+                f"this GPU is {gpu.get('name')} (CC {gpu.get('compute_capability')}); rebuild it here")
+    if trt_version is not None and built_trt is not None and built_trt != trt_version:
+        return f"engine was built with TensorRT {built_trt}, this is TensorRT {trt_version}; rebuild it"
+    return None
+
+
 def available_backends(manifest: dict[str, Any]) -> dict[str, str | None]:
     """backend -> None if usable, else why not."""
     out: dict[str, str | None] = {"torch": None}
@@ -67,7 +94,14 @@ def available_backends(manifest: dict[str, Any]) -> dict[str, str | None]:
         from trtvocab.export.tensorrt import tensorrt_available
 
         ok, reason = tensorrt_available()
-        out["tensorrt"] = None if ok else reason
+        if ok:
+            import tensorrt  # type: ignore[import-not-found]
+
+            gpu = current_gpu()
+            mismatches = [(e["files"].get("plan"), engine_mismatch(e["engine"], gpu, tensorrt.__version__))
+                          for e in manifest["ranks"]]
+            reason = "; ".join(f"{plan}: {why}" for plan, why in mismatches if why) or None
+        out["tensorrt"] = reason if not ok or reason else None
     return out
 
 

@@ -217,7 +217,12 @@ def resolve_lm_head_quant(
     else:
         activation = "none" if weight_only or not has_input_scale else "static"
     group = int(section.get("group_size") or (entry.get("group_size") if isinstance(entry, dict) else 0) or 16)
+    # An FP8 weight_scale with one value per vocab row (header shape) is the per-row variant.
+    scale_elems = 1
+    for dim in ckpt.info(f"{module}.weight_scale").shape:
+        scale_elems *= dim
+    granularity = "per_row" if wanted is QuantAlgo.FP8 and scale_elems > 1 else "per_tensor"
     return HeadQuantDecision(
-        config=QuantConfig(quant_algo=wanted, activation=activation, group_size=group),
+        config=QuantConfig(quant_algo=wanted, activation=activation, group_size=group, granularity=granularity),
         stored=stored, dequantize=False, reason=why, tensor_name=name,
     )

@@ -1,0 +1,103 @@
+"""Shared fixtures: real safetensors checkpoints on disk, and importable rank functions.
+
+Multi-rank tests spawn processes (``trtvocab.launch.run_ranks``); a spawned child
+unpickles its function by module name, so ``tests/rank_fns.py`` must be importable
+there. Putting ``tests/`` on ``sys.path`` here is enough: spawn passes the parent's
+``sys.path`` to every child (``multiprocessing.spawn.get_preparation_data``), and it
+also covers ``pytest --import-mode=importlib``, which does not add test directories.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+
+def write_single(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    """One ``.safetensors`` file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    return path
+
+
+def write_hf_dir(
+    directory: Path,
+    tensors: dict[str, torch.Tensor],
+    config: dict[str, Any] | None = None,
+    *,
+    n_files: int = 2,
+    index: bool = True,
+) -> Path:
+    """An HF model directory: ``config.json`` + tensors spread over ``n_files`` shard files.
+
+    Tensors go round-robin to ``model-0000i-of-0000n.safetensors`` (so the head and the
+    embedding land in different files), listed in ``model.safetensors.index.json``
+    unless ``index=False``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (directory / "config.json").write_text(json.dumps(config))
+    names = list(tensors)
+    files = [f"model-{i + 1:05d}-of-{n_files:05d}.safetensors" for i in range(n_files)]
+    weight_map: dict[str, str] = {}
+    for i, fname in enumerate(files):
+        part = {n: tensors[n].contiguous() for n in names[i::n_files]}
+        if part:
+            save_file(part, str(directory / fname))
+            weight_map.update(dict.fromkeys(part, fname))
+    if index:
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        (directory / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+        )
+    return directory
+
+
+def model_config(vocab: int, hidden: int, **extra: Any) -> dict[str, Any]:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+            "hidden_size": hidden, **extra}
+
+
+@pytest.fixture
+def hf_checkpoint(tmp_path: Path) -> Callable[..., Path]:
+    """``hf_checkpoint(tensors, config=None, n_files=2, index=True, name="model")`` -> directory."""
+
+    def make(tensors: dict[str, torch.Tensor], config: dict[str, Any] | None = None, *, n_files: int = 2,
+             index: bool = True, name: str = "model") -> Path:
+        return write_hf_dir(tmp_path / name, tensors, config, n_files=n_files, index=index)
+
+    return make
+
+
+@pytest.fixture
+def single_checkpoint(tmp_path: Path) -> Callable[..., Path]:
+    """``single_checkpoint(tensors, name="head.safetensors")`` -> file path."""
+
+    def make(tensors: dict[str, torch.Tensor], name: str = "head.safetensors") -> Path:
+        return write_single(tmp_path / name, tensors)
+
+    return make
+
+
+@pytest.fixture
+def head_matrix() -> Callable[[int, int], torch.Tensor]:
+    """A seeded ``[V, H]`` float32 matrix whose rows are tellable apart (row i starts with i)."""
+
+    def make(vocab: int, hidden: int, seed: int = 0) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        w = torch.randn(vocab, hidden, generator=gen)
+        w[:, 0] = torch.arange(vocab, dtype=torch.float32)  # a misplaced row is caught at once
+        return w
+
+    return make

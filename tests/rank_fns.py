@@ -1,0 +1,395 @@
+"""Functions that run on each rank of a ``run_ranks`` launch, and the helpers they share.
+
+Spawned children unpickle these by module name (``rank_fns.<fn>``), so this module
+must be importable there: conftest puts ``tests/`` on ``sys.path``, and spawn hands
+the parent's ``sys.path`` to every child.
+
+Spawning costs seconds, so each function runs many cases in one launch and returns
+small per-case records (numbers, flags, error types and texts); the test process
+makes the assertions, so a failure names its case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trtvocab import LMHead, LogitsProcessor, Mapping, sampling
+from trtvocab import distributed as D
+from trtvocab.errors import TrtVocabError
+
+VOCABS = (30522, 30011)  # BERT's vocab, and a prime (no tp divides it)
+HIDDEN = 64
+ROWS = 6
+TOPK = 10
+
+
+# ---- shared helpers (also imported by the tests themselves) ---------------------------------------
+def weights(vocab: int, hidden: int, seed: int) -> torch.Tensor:
+    """The same float32 ``[V, H]`` matrix on every rank (seeded generator, no global state)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(vocab, hidden, generator=gen) / hidden**0.5
+
+
+def hidden_states(rows: int, hidden: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, hidden, generator=gen) * 4
+
+
+def max_abs_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).abs().max()) if y.numel() else 0.0
+
+
+def ulp_floor(ref: torch.Tensor, dtype: torch.dtype, ulps: int = 4) -> float:
+    """``ulps`` units in the last place of ``dtype`` at the largest reference magnitude.
+
+    The head's output is rounded to ``dtype``: one rounding step at magnitude ``|y|`` is
+    at most ``eps * |y|``. A single-device error can be far smaller than that on a
+    lucky input (even zero), while a column-split GEMM on CPU BLAS takes another kernel
+    path (other blocking, other tail handling) and may round a few of the H-term dot
+    products the other way. Four such steps at the largest magnitude is the slack that
+    keeps ``err_tp <= 2 * err_single`` from failing on noise, and it is still far below
+    any real layout bug (a wrong column is off by O(|y|), not by ulps).
+    """
+    return ulps * torch.finfo(dtype).eps * float(ref.abs().max()) if ref.numel() else 0.0
+
+
+def stable_topk_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k ids under trtvocab's tie rule: value descending, then token id ascending."""
+    return torch.sort(logits, dim=1, descending=True, stable=True).indices[:, :k]
+
+
+def catch(fn: Callable[[], Any]) -> tuple[str, str]:
+    """Run ``fn``; return ``(error type name, message)``, or ``("ok", "")``."""
+    try:
+        fn()
+    except TrtVocabError as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def _record(case: str, y: torch.Tensor, y1: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> dict[str, Any]:
+    return {
+        "case": case,
+        "shape": list(y.shape),
+        "err_tp": max_abs_err(y, ref),
+        "err_single": max_abs_err(y1, ref),
+        "floor": ulp_floor(ref, dtype),
+        "argmax_equal": bool(torch.equal(y.argmax(1), y1.argmax(1))) if y.numel() else True,
+        "topk_equal": bool(torch.equal(stable_topk_ids(y, TOPK), stable_topk_ids(y1, TOPK))) if y.numel() else True,
+        "bitwise": bool(torch.equal(y, y1)),
+    }
+
+
+# ---- test_tp_parity ---------------------------------------------------------------------------------
+def parity_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
+    """TP head vs single-device head vs float64 reference, over vocabs, dtypes, layouts, modes."""
+    tp = world
+    out: list[dict[str, Any]] = []
+    for vocab in VOCABS:
+        w32 = weights(vocab, HIDDEN, seed + vocab)
+        x32 = hidden_states(ROWS, HIDDEN, seed)
+        for dtype in (torch.float32, torch.bfloat16):
+            x = x32.to(dtype)
+            single = LMHead(vocab, HIDDEN, dtype=dtype)  # mapping=None: replicated
+            single.load_weights({"lm_head.weight": w32})
+            y1 = single(x)
+            ref = x.double() @ single.weights.weight.double().t()
+            for layout in ("uneven", "padded"):
+                tag = f"tp={tp} V={vocab} {str(dtype)[6:]} {layout}"
+                mapping = Mapping(world_size=world, rank=rank, tp_size=tp)
+                head = LMHead(vocab, HIDDEN, dtype=dtype, mapping=mapping, vocab_layout=layout, pad_to=64)
+                head.load_weights({"lm_head.weight": w32})  # the head slices its own rows
+                out.append(_record(f"{tag} gathered", head(x), y1, ref, dtype))
+                local = LMHead(vocab, HIDDEN, dtype=dtype, mapping=mapping, vocab_layout=layout, pad_to=64,
+                               gather_output=False)
+                # already-sliced rows load too
+                local.load_weights({"weight": w32[local.vocab_start : local.vocab_end]})
+                s, e = local.vocab_start, local.vocab_end
+                rec = _record(f"{tag} local [{s},{e})", local(x), y1[:, s:e], ref[:, s:e], dtype)
+                rec["local_shape_ok"] = list(local(x).shape) == [ROWS, e - s]
+                out.append(rec)
+        # attention DP: every rank brings its own, different number of rows (some none)
+        single = LMHead(vocab, HIDDEN, dtype=torch.float32)
+        single.load_weights({"weight": w32})
+        counts = [3, 0, 5, 1, 2][:tp]
+        mine = hidden_states(counts[rank], HIDDEN, seed + 100 + rank)
+        ref = mine.double() @ w32.double().t()
+        # the single-device head (no attention DP) refuses an empty batch: nothing to compare then
+        y1 = single(mine) if counts[rank] else torch.empty(0, vocab)
+        for lm_head_tp in (False, True):
+            mapping = Mapping(world_size=world, rank=rank, tp_size=tp, enable_attention_dp=True,
+                              enable_lm_head_tp_in_adp=lm_head_tp)
+            head = LMHead(vocab, HIDDEN, dtype=torch.float32, mapping=mapping)
+            head.load_weights({"weight": w32})
+            y = head(mine)
+            rec = _record(f"tp={tp} V={vocab} ADP lm_head_tp={lm_head_tp} rows={counts[rank]}", y, y1, ref,
+                          torch.float32)
+            rec["is_split"] = head.is_split
+            rec["expect_split"] = lm_head_tp and tp > 1
+            out.append(rec)
+    if tp == 4:
+        out.extend(_two_groups_of_two(rank, world, seed))
+    return out
+
+
+def _two_groups_of_two(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
+    """world 4 = two TP groups of 2: each group gathers only its own ranks' columns."""
+    mapping = Mapping(world_size=world, rank=rank, tp_size=2)
+    group = D.new_tp_group(mapping.tp_group, world, 2)
+    vocab = VOCABS[1]
+    w32 = weights(vocab, HIDDEN, seed)
+    # Different hidden states per group: a gather that crossed groups would mix them up.
+    x = hidden_states(ROWS, HIDDEN, seed + 1000 + rank // 2)
+    single = LMHead(vocab, HIDDEN, dtype=torch.float32)
+    single.load_weights({"weight": w32})
+    head = LMHead(vocab, HIDDEN, dtype=torch.float32, mapping=mapping, process_group=group)
+    head.load_weights({"weight": w32})
+    ref = x.double() @ w32.double().t()
+    rec = _record(f"world=4 tp=2 group {mapping.tp_group}", head(x), single(x), ref, torch.float32)
+    return [rec]
+
+
+# ---- test_logits_processor ----------------------------------------------------------------------------
+def logits_processor_tp(rank: int, world: int, seed: int) -> dict[str, Any]:
+    """A split head inside the LogitsProcessor returns what the replicated one does."""
+    vocab, hidden = 1000, 32
+    w32 = weights(vocab, hidden, seed)
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = torch.randint(1, 9, (5,), generator=gen)
+    states = torch.randn(int(seq_lens.sum()), hidden, generator=gen)
+    single = LMHead(vocab, hidden, dtype=torch.float32)
+    single.load_weights({"weight": w32})
+    head = LMHead(vocab, hidden, dtype=torch.float32, mapping=Mapping(world_size=world, rank=rank, tp_size=world),
+                  vocab_layout="padded", pad_to=16)
+    head.load_weights({"weight": w32})
+    proc = LogitsProcessor()
+    out = {}
+    for name, kwargs in {"last": {"seq_lens": seq_lens}, "none": {},
+                         "context": {"seq_lens": seq_lens, "return_context_logits": True}}.items():
+        got, want = proc(states, head, **kwargs), proc(states, single, **kwargs)
+        ref = proc(states.double(), _Float64Head(w32), **kwargs)
+        out[name] = {"shape": list(got.shape), "want_shape": list(want.shape), "dtype": str(got.dtype),
+                     "err_tp": max_abs_err(got, ref), "err_single": max_abs_err(want, ref),
+                     "floor": ulp_floor(ref, torch.float32)}
+    return out
+
+
+class _Float64Head(torch.nn.Module):
+    """The float64 reference as a head, so the LogitsProcessor selects its rows the same way."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        self.w = w.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.double() @ self.w.t()
+
+
+# ---- test_bad_input -----------------------------------------------------------------------------------
+def bad_input_cases(rank: int, world: int, timeout_s: float) -> list[dict[str, Any]]:
+    """Each case is run by every rank; errors are caught and recorded per case.
+
+    After a failed handshake every rank has left it in step, so the next case can
+    use the same group. ``bad_on`` says which ranks get the bad input (others good).
+    """
+    vocab, hidden = 100, 16
+    mapping = Mapping(world_size=world, rank=rank, tp_size=world)
+
+    def head(**kw: Any) -> LMHead:
+        h = LMHead(kw.pop("vocab", vocab), kw.pop("hidden", hidden), dtype=torch.float32,
+                   mapping=kw.pop("mapping", mapping), **kw)
+        h.load_weights({"weight": weights(h.vocab_size, h.hidden_size, 0)})
+        return h
+
+    good = head()
+    proc = LogitsProcessor()
+    x = hidden_states(6, hidden, 1)
+    all_ranks = list(range(world))
+    one = [1]
+    cases: list[tuple[str, list[int], Callable[[bool], Any]]] = [
+        ("seq_lens sum != T", all_ranks, lambda bad: proc(x, good, [2, 3] if bad else [3, 3])),
+        ("seq_lens sum != T", one, lambda bad: proc(x, good, [2, 3] if bad else [3, 3])),
+        ("zero length", all_ranks, lambda bad: proc(x, good, [0, 6] if bad else [3, 3])),
+        ("negative length", one, lambda bad: proc(x, good, [-1, 7] if bad else [3, 3])),
+        ("float seq_lens", one, lambda bad: proc(x, good, torch.tensor([3.0, 3.0]) if bad else [3, 3])),
+        ("wrong hidden size", all_ranks, lambda bad: good(hidden_states(2, hidden + 1 if bad else hidden, 2))),
+        ("wrong hidden size", one, lambda bad: good(hidden_states(2, hidden + 1 if bad else hidden, 2))),
+        ("wrong dtype", one, lambda bad: good(x.to(torch.bfloat16) if bad else x)),
+        ("3-D hidden", one, lambda bad: good(x[None] if bad else x)),
+        ("empty batch (head)", all_ranks, lambda bad: good(x[:0] if bad else x)),
+        ("empty batch (head)", one, lambda bad: good(x[:0] if bad else x)),
+        ("empty batch (processor)", one, lambda bad: proc(x[:0] if bad else x, good)),
+        ("different rows", one, lambda bad: good(x[:2] if bad else x)),
+        ("sampling k > V", one, lambda bad: sampling.topk(good.local_logits(x), good, vocab + 1 if bad else 3)),
+        ("sampling NaN", one, lambda bad: sampling.greedy(
+            good.local_logits(x).fill_(float("nan")) if bad else good.local_logits(x), good)),
+        ("logprob id out of range", one, lambda bad: sampling.logprobs(
+            good.local_logits(x), good, torch.full((6,), vocab if bad else 0))),
+        ("sampling local width", one, lambda bad: sampling.greedy(
+            good.local_logits(x)[:, :-1] if bad else good.local_logits(x), good)),
+    ]
+    # Heads built differently on one rank: the handshake sees it before data moves.
+    # (name, what the other ranks build, what rank 1 builds)
+    built: list[tuple[str, Callable[[], LMHead], Callable[[], LMHead]]] = [
+        ("different vocab", lambda: good, lambda: head(vocab=vocab + 1)),
+        ("different hidden", lambda: good, lambda: head(hidden=hidden * 2)),
+        ("different layout", lambda: good, lambda: head(vocab_layout="padded", pad_to=8)),
+        ("different pad_to", lambda: head(vocab_layout="padded", pad_to=8),
+         lambda: head(vocab_layout="padded", pad_to=4)),
+        ("different gather_output", lambda: good, lambda: head(gather_output=False)),
+        # tp 4 while the group has 2 ranks: world_size 4 is only this mapping's belief
+        ("different tp", lambda: good, lambda: head(mapping=Mapping(world_size=4, rank=rank, tp_size=4))),
+    ]
+    records: list[dict[str, Any]] = []
+    for name, bad_on, call in cases:
+        kind, msg = catch(lambda call=call, bad_on=bad_on: call(rank in bad_on))
+        records.append({"case": name, "bad_on": bad_on, "rank": rank, "type": kind, "msg": msg})
+    for name, build_good, build_bad in built:
+        h = build_bad() if rank == 1 else build_good()
+        kind, msg = catch(lambda h=h: h(hidden_states(6, h.hidden_size, 1)))
+        records.append({"case": name, "bad_on": [1], "rank": rank, "type": kind, "msg": msg})
+    # The group still works after all of that.
+    records.append({"case": "healthy after", "bad_on": [], "rank": rank,
+                    "type": "ok" if good(x).shape == (6, vocab) else "bad", "msg": ""})
+    return records
+
+
+def raise_bad_seq_lens_on(rank: int, world: int, bad_rank: int) -> None:
+    """Let the typed errors escape to ``run_ranks`` (RankFailures.errors is checked)."""
+    vocab, hidden = 50, 8
+    head = LMHead(vocab, hidden, dtype=torch.float32, mapping=Mapping(world_size=world, rank=rank, tp_size=world))
+    head.load_weights({"weight": weights(vocab, hidden, 0)})
+    x = hidden_states(4, hidden, 0)
+    LogitsProcessor()(x, head, [1, 2] if rank == bad_rank else [2, 2])
+
+
+def load_missing_tensor(rank: int, world: int, path: str) -> None:
+    """Every rank loads the same broken checkpoint: every rank raises CheckpointError."""
+    LMHead.from_checkpoint(path, mapping=Mapping(world_size=world, rank=rank, tp_size=world))
+
+
+# ---- test_sampling ------------------------------------------------------------------------------------
+def _constructed_logits(kind: str, rows: int, vocab: int, gen: torch.Generator, shards: list[Any]) -> torch.Tensor:
+    """Gathered ``[rows, V]`` logits with the ties and extremes a sampler must get right."""
+    if kind == "random":
+        return torch.randn(rows, vocab, generator=gen) * 3
+    if kind == "bf16":  # 8 mantissa bits: natural ties among the top values
+        return (torch.randn(rows, vocab, generator=gen) * 3).to(torch.bfloat16)
+    if kind == "ints":  # five distinct values over the whole vocab: ties everywhere, across shards
+        return torch.randint(0, 5, (rows, vocab), generator=gen).float()
+    if kind == "edges":
+        g = torch.randn(rows, vocab, generator=gen)
+        g[0] = 0.0  # all equal: argmax 0, top-k = ids 0..k-1
+        g[1] = float("-inf")  # all -inf: argmax 0, logsumexp -inf
+        # the max tied on the last id of every shard (and the first of the next): lowest id wins
+        g[2] = torch.randn(vocab, generator=gen)
+        for s in shards:
+            if s.size:
+                g[2, s.end - 1] = 10.0
+                g[2, s.start] = 10.0
+        g[3] = float("-inf")  # a single finite token at the very end of the vocab
+        g[3, vocab - 1] = 1.0
+        # only the last shard holds finite values; earlier ones are -inf ties
+        g[4] = float("-inf")
+        last = [s for s in shards if s.size][-1]
+        g[4, last.start : last.end] = torch.randn(last.size, generator=gen)
+        return g
+    raise ValueError(kind)
+
+
+def _local_view(gathered: torch.Tensor, head: LMHead, padded_input: bool, garbage: float) -> torch.Tensor:
+    """This rank's logits as a head hands them out: ``[B, size]`` or ``[B, width]`` with padding."""
+    s = head.shard
+    local = gathered[:, s.start : s.end]
+    if padded_input and s.padding:
+        local = torch.cat([local, local.new_full((local.shape[0], s.padding), garbage)], dim=1)
+    return local.contiguous()
+
+
+def _close_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference where both are finite; ``inf`` if their inf/nan patterns differ."""
+    a, b = a.double(), b.double()
+    same = (torch.isnan(a) == torch.isnan(b)) & (torch.isposinf(a) == torch.isposinf(b)) & \
+        (torch.isneginf(a) == torch.isneginf(b))
+    if not bool(same.all()):
+        return float("inf")
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    return float((a - b)[finite].abs().max()) if bool(finite.any()) else 0.0
+
+
+def sampling_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
+    """Distributed sampling vs the same operation on the gathered logits (tp = world; 1 = replicated)."""
+    records: list[dict[str, Any]] = []
+    mapping = Mapping(world_size=world, rank=rank, tp_size=world)
+    layouts = [("uneven", 64), ("padded", 64), ("padded", 7)]
+    for vocab in (1000, 100):
+        for layout, pad_to in layouts:
+            head = LMHead(vocab, 4, dtype=torch.float32, mapping=mapping, vocab_layout=layout, pad_to=pad_to)
+            for n, kind in enumerate(("random", "bf16", "ints", "edges")):
+                gen = torch.Generator().manual_seed(seed + n)  # same logits on every rank
+                g = _constructed_logits(kind, 6, vocab, gen, head.shards)
+                # padding given as -inf (what local_logits writes) or as +inf garbage: never used
+                local = _local_view(g, head, padded_input=n % 2 == 0, garbage=float("inf") if n == 2 else -1e30)
+                tag = f"tp={world} V={vocab} {layout}/{pad_to} {kind} shard=[{head.vocab_start},{head.vocab_end})"
+                records.extend(_compare_all(tag, local, g, head, seed + n))
+    # through the head itself: local_logits (padding -inf) vs the gathered forward
+    for layout in ("uneven", "padded"):
+        vocab, hidden = 30011, 32
+        head = LMHead(vocab, hidden, dtype=torch.bfloat16, mapping=mapping, vocab_layout=layout)
+        head.load_weights({"weight": weights(vocab, hidden, seed)})
+        x = hidden_states(5, hidden, seed).to(torch.bfloat16)
+        records.extend(_compare_all(f"tp={world} head forward {layout}", head.local_logits(x), head(x), head, seed))
+    return records
+
+
+def _compare_all(tag: str, local: torch.Tensor, g: torch.Tensor, head: LMHead, seed: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    vocab = g.shape[1]
+    s, e = head.vocab_start, head.vocab_end
+    g32 = g.float()
+    out.append({"case": f"{tag} greedy", "exact": bool(torch.equal(sampling.greedy(local, head), g.argmax(1)))})
+    for k in sorted({1, 5, 37, vocab}):
+        if k > vocab:
+            continue
+        values, ids = sampling.topk(local, head, k)
+        want_values, want_ids = torch.topk(g, k)
+        stable = stable_topk_ids(g, k)
+        # torch.topk's ids must agree wherever no tie makes the order a free choice
+        ordered = torch.sort(g32, dim=1).values
+        wv = want_values.float().contiguous()
+        counts = torch.searchsorted(ordered, wv, right=True) - torch.searchsorted(ordered, wv)
+        distinct = counts == 1
+        out.append({
+            "case": f"{tag} topk k={k}",
+            "exact": bool(torch.equal(values, want_values)) and bool(torch.equal(ids, stable))
+            and values.dtype == g.dtype and ids.dtype == torch.int64,
+            "torch_ids_where_distinct": bool(torch.equal(ids[distinct], want_ids[distinct])),
+        })
+    lse = sampling.logsumexp(local, head)
+    out.append({"case": f"{tag} logsumexp", "err": _close_err(lse, torch.logsumexp(g32, 1)), "exact": None})
+    lsm = sampling.log_softmax(local, head)
+    want_lsm = torch.log_softmax(g32, 1)
+    out.append({"case": f"{tag} log_softmax", "err": _close_err(lsm, want_lsm[:, s:e]), "exact": None,
+                "shape_ok": list(lsm.shape) == [g.shape[0], e - s]})
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (g.shape[0], 3), generator=gen)
+    ids[:, 0] = vocab - 1  # the last id: owned by the last non-empty shard
+    lp = sampling.logprobs(local, head, ids)
+    out.append({"case": f"{tag} logprobs [B, 3]", "err": _close_err(lp, want_lsm.gather(1, ids)), "exact": None})
+    lp1 = sampling.logprobs(local, head, ids[:, 1])
+    out.append({"case": f"{tag} logprobs [B]", "err": _close_err(lp1, want_lsm.gather(1, ids[:, 1:2])[:, 0]),
+                "exact": None})
+    for min_p in (0.0, 0.05, 0.5, 1.0, torch.linspace(0, 1, g.shape[0])):
+        keep = sampling.min_p_mask(local, head, min_p)
+        thr = min_p.reshape(-1, 1) if isinstance(min_p, torch.Tensor) else min_p
+        want = torch.exp(g32 - g32.amax(1, keepdim=True)) >= thr
+        filtered = sampling.apply_min_p(local, head, min_p)
+        want_filtered = g.masked_fill(~want, float("-inf"))[:, s:e]
+        label = "per-row" if isinstance(min_p, torch.Tensor) else min_p
+        out.append({"case": f"{tag} min_p={label}",
+                    "exact": bool(torch.equal(keep, want[:, s:e]))
+                    and bool(torch.equal(filtered, want_filtered))})
+    return out

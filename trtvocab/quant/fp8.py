@@ -1,0 +1,139 @@
+"""FP8 E4M3 (``float8_e4m3fn``) numerics of the LM head.
+
+Per-tensor: ``scale = amax / 448`` (fp32), ``q = e4m3(clamp(x / scale, -448, 448))``,
+bit-identical to ``modelopt.torch.quantization.qtensor.FP8QTensor.quantize`` on
+float32 input (bf16/fp16 input is upcast first: the scale is an fp32 number, so
+it is computed in fp32). Per-row (an option beyond the checkpoint format) keeps
+one scale per vocab row, ``[V, 1]``.
+
+Dequantization is ``q.float() * scale``. :func:`dequantize_fp8_fast` gives the
+same bits through integer moves because torch's fp8 -> fp32 cast is a slow scalar
+loop on CPU; the LM head dequantizes per call, chunk by chunk, with it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtvocab.errors import QuantizationError
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+# An e4m3 byte ``s eeee mmm`` sign-extended to int32 and shifted left by 20 puts the
+# sign at bit 31 and ``eeee mmm`` at bits 26..20, i.e. fp32 exponent field ``eeee``
+# and mantissa ``mmm``: the fp32 number q * 2**-120 (fp8 subnormals become fp32
+# subnormals, exactly). The mask clears the sign-extension copies in bits 30..27.
+_SHIFT = 20
+_MASK = 0x87F00000 - (1 << 32)  # as a signed int32
+_BIAS = 2.0**120
+_SAFE_SCALE = 2.0**7  # scale * 2**120 stays a finite fp32 below this
+
+
+def _as_float_scale(scale: torch.Tensor | float, name: str) -> torch.Tensor:
+    tensor = torch.as_tensor(scale)
+    if not tensor.dtype.is_floating_point or tensor.dtype in (FP8_DTYPE, torch.float8_e5m2):
+        raise QuantizationError(f"{name}: expected a float32 scale, got {tensor.dtype}")
+    tensor = tensor.float()
+    if not bool(torch.isfinite(tensor).all()) or not bool((tensor > 0).all()):
+        raise QuantizationError(f"{name}: scales must be finite and > 0")
+    return tensor
+
+
+def fp8_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """``amax / 448`` in fp32; an all-zero tensor (or one whose scale underflows) gets 1.0, not 0."""
+    scale = amax.float() / FP8_MAX
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def quantize_fp8(
+    w: torch.Tensor,
+    scale: torch.Tensor | float | None = None,
+    per_row: bool = False,
+    name: str = "weight",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` -> ``(fp8 tensor, fp32 scale)``; scale is a 0-d tensor, or ``[rows, 1]`` per row."""
+    if not w.dtype.is_floating_point:
+        raise QuantizationError(f"{name}: cannot FP8-quantize a {w.dtype} tensor")
+    x = w.float()
+    if not bool(torch.isfinite(x).all()):
+        raise QuantizationError(f"{name}: holds NaN or inf; refusing to quantize it")
+    if scale is None:
+        if per_row:
+            if x.dim() != 2:
+                raise QuantizationError(f"{name}: per-row FP8 needs a 2-D tensor, got {list(x.shape)}")
+            amax = x.abs().amax(dim=1, keepdim=True)
+        else:
+            amax = x.abs().amax()
+        scale = fp8_scale_from_amax(amax)
+    else:
+        scale = _as_float_scale(scale, f"{name} scale")
+        if per_row:
+            scale = scale.reshape(-1, 1)
+            if x.dim() != 2 or scale.shape[0] != x.shape[0]:
+                raise QuantizationError(f"{name}: per-row scale of {scale.shape[0]} rows for shape {list(x.shape)}")
+        elif scale.numel() != 1:
+            raise QuantizationError(f"{name}: per-tensor scale must be a scalar, got {list(scale.shape)}")
+        else:
+            scale = scale.reshape(())
+    return fake_cast(x / scale), scale
+
+
+def fake_cast(x: torch.Tensor) -> torch.Tensor:
+    """``e4m3(clamp(x, -448, 448))``: clamped first, whatever the cast would do past 448."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``q.float() * scale`` (the reference definition)."""
+    return q.float() * scale
+
+
+def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize ``x`` (float32) with a per-tensor scale: the activation path."""
+    return fake_cast(x / scale).float() * scale
+
+
+def dynamic_scale(x: torch.Tensor) -> torch.Tensor:
+    """Per-tensor activation scale ``amax(|x|) / 448`` over the whole input (1.0 if all zero)."""
+    return fp8_scale_from_amax(x.abs().amax())
+
+
+def has_nan_codes(q: torch.Tensor) -> bool:
+    """Whether an e4m3fn tensor holds a NaN byte (``x1111111``)."""
+    return bool(((q.view(torch.uint8) & 0x7F) == 0x7F).any())
+
+
+def fast_dequant_exact(device: torch.device | str = "cpu") -> bool:
+    """Whether :func:`dequantize_fp8_bits` is exact here (a few µs; call once per forward).
+
+    The bit trick relies on fp32 subnormals: flush-to-zero / denormals-are-zero
+    (``torch.set_flush_denormal(True)``) breaks it, and torch has no getter for that.
+    """
+    codes = torch.arange(256, dtype=torch.uint8, device=device)
+    codes = codes[(codes & 0x7F) != 0x7F].view(FP8_DTYPE)
+    scale = torch.tensor(0.75, device=device)
+    return torch.equal(dequantize_fp8_bits(codes, scale), codes.float() * scale)
+
+
+def dequantize_fp8_bits(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``q.float() * scale`` through integer bit moves (no NaN codes; see :func:`fast_dequant_exact`).
+
+    ``out``: optional float32 buffer of ``q``'s shape. ``scale``: 0-d or broadcastable (``[rows, 1]``).
+    """
+    bits = torch.empty(q.shape, dtype=torch.int32, device=q.device) if out is None else out.view(torch.int32)
+    bits.copy_(q.view(torch.int8))
+    bits.bitwise_left_shift_(_SHIFT).bitwise_and_(_MASK)
+    w = bits.view(torch.float32)
+    if bool((scale < _SAFE_SCALE).all()):
+        # raw * (scale * 2**120) is the exact real q * scale, rounded once: == fl(q * scale).
+        return w.mul_(scale * _BIAS)
+    return w.mul_(_BIAS).mul_(scale)
+
+
+def dequantize_fp8_fast(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Bit-identical to :func:`dequantize_fp8` (no NaN codes), several times faster on CPU."""
+    if fast_dequant_exact(q.device):
+        return dequantize_fp8_bits(q, scale, out)
+    result = dequantize_fp8(q, scale)
+    return result if out is None else out.copy_(result)

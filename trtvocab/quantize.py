@@ -1,0 +1,330 @@
+"""Quantize a checkpoint's LM head with ModelOpt and write it in ModelOpt's export format.
+
+Only the head is touched. It is wrapped as ``nn.Linear(H, V, bias=False)`` named
+``lm_head`` (ModelOpt's quantizer patterns match module names), quantized with
+``modelopt.torch.quantization`` using the stock FP8 / NVFP4 presets with the
+``*lm_head*`` exclusion those presets carry switched back on, calibrated (max
+calibrator) on the given hidden states, and exported with the per-layer helpers of
+``modelopt.torch.export.quant_utils``::
+
+    FP8    lm_head.weight float8_e4m3fn [V, H]   weight_scale fp32 ()   input_scale fp32 () (W8A8)
+    NVFP4  lm_head.weight uint8 [V, H/2]         weight_scale e4m3 [V, H/16]
+           weight_scale_2 fp32 ()                input_scale fp32 () (W4A4)
+
+Without calibration data the activation scale is not written: FP8 then runs with
+dynamic per-tensor activations and NVFP4 as W4A16 (DESIGN §4). Everything ModelOpt
+does here runs on the CPU: max calibration only *observes* the activations, and the
+export helpers quantize with ``FP8QTensor`` / ``NVFP4QTensor`` (the NVFP4 fake-quant
+*forward* is CUDA-only and is never called).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import shutil
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trtvocab.artifacts import staging
+from trtvocab.checkpoint import LM_HEAD_NAME, Checkpoint
+from trtvocab.errors import CheckpointError, InputError, QuantizationError
+from trtvocab.quant.config import QuantAlgo, QuantConfig, stored_format
+
+# Files copied next to the quantized head so the output still decodes token ids.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "generation_config.json",
+)
+NVFP4_GROUP = 16
+DEFAULT_BATCH_ROWS = 256
+ProgressFn = Callable[[int, int], None]  # (batches done, batches total)
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """What :func:`quantize_checkpoint` wrote, for the CLI and reports."""
+
+    out: Path
+    algo: QuantAlgo
+    activation: str  # "static" (input_scale written) | "dynamic" (FP8, none) | "none" (W4A16 / weight-only)
+    source_tensor: str
+    tied: bool
+    vocab_size: int
+    hidden_size: int
+    weight_amax: float
+    input_amax: float | None
+    calib_rows: int
+    tensors: dict[str, tuple[str, list[int]]]  # name -> (dtype, shape) as written
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The label ``LMHead.from_checkpoint(out)`` runs with (``weight_only`` at load gives W8A16)."""
+        return QuantConfig(quant_algo=self.algo, activation=self.activation).label
+
+
+class _HeadOnly(nn.Module):
+    """A model whose only layer is ``lm_head``: ModelOpt's configs match quantizers by module name."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        vocab, hidden = weight.shape
+        self.lm_head = nn.Linear(hidden, vocab, bias=False, dtype=weight.dtype)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(weight)
+        self.lm_head.weight.requires_grad_(False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+def import_modelopt() -> tuple[Any, Any]:
+    """``(modelopt.torch.quantization, modelopt.torch.export.quant_utils)``, imported quietly."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "transformers X is not tested with modelopt" on import
+            import modelopt.torch.quantization as mtq
+            from modelopt.torch.export import quant_utils as qu
+    except ImportError as exc:
+        raise QuantizationError(f"quantizing needs nvidia-modelopt (pip install 'trtvocab[quant]'): {exc}") from None
+    return mtq, qu
+
+
+def parse_algo(algo: str | QuantAlgo) -> QuantAlgo:
+    value = QuantAlgo.parse(algo, "--algo")
+    if value not in (QuantAlgo.FP8, QuantAlgo.NVFP4):
+        raise QuantizationError(f"--algo must be fp8 or nvfp4, got {algo!r}")
+    return value
+
+
+def modelopt_config(algo: QuantAlgo, *, calibrate_inputs: bool) -> dict[str, Any]:
+    """ModelOpt's stock preset for ``algo`` with the LM-head quantizers enabled.
+
+    The presets disable ``*lm_head*`` (most deployments keep the head dense); the
+    entries appended here come later in the list and so win. Only the weight and,
+    with calibration data, the input quantizer are enabled: ``output_quantizer``
+    stays off as in every preset.
+    """
+    mtq, _ = import_modelopt()
+    preset = mtq.FP8_DEFAULT_CFG if algo is QuantAlgo.FP8 else mtq.NVFP4_DEFAULT_CFG
+    cfg = copy.deepcopy(preset)
+    entries = cfg["quant_cfg"]
+    entries.append({"quantizer_name": "*lm_head.weight_quantizer", "enable": True})
+    entries.append({"quantizer_name": "*lm_head.input_quantizer", "enable": calibrate_inputs})
+    return cfg
+
+
+def _calib_batches(calib: torch.Tensor, batch_rows: int) -> list[torch.Tensor]:
+    return list(torch.split(calib, batch_rows)) if calib.shape[0] else []
+
+
+def _check_calib(calib: Any, hidden: int) -> torch.Tensor:
+    if not isinstance(calib, torch.Tensor) or calib.dim() != 2:
+        shape = list(calib.shape) if isinstance(calib, torch.Tensor) else type(calib).__name__
+        raise InputError(f"calibration hidden_states: expected a [T, H] tensor, got {shape}")
+    if calib.shape[1] != hidden:
+        raise InputError(f"calibration hidden_states: hidden size {calib.shape[1]}, the head's is {hidden}")
+    if calib.shape[0] == 0:
+        raise InputError("calibration hidden_states: no rows (T = 0)")
+    if not calib.dtype.is_floating_point or calib.dtype.itemsize < 2:
+        raise InputError(f"calibration hidden_states: expected a float16/bfloat16/float32 tensor, got {calib.dtype}")
+    if not bool(torch.isfinite(calib).all()):
+        raise InputError("calibration hidden_states: contains NaN or Inf")
+    return calib
+
+
+def read_head(ckpt: Checkpoint, tensor_name: str | None) -> tuple[str, bool, torch.Tensor]:
+    """``(name, tied, weight [V, H])`` of the dense head; quantized bytes are refused."""
+    name, tied = ckpt.lm_head_name(tensor_name)
+    stored = stored_format(ckpt, name)
+    if stored is not None:
+        raise QuantizationError(
+            f"{ckpt.path}: {name} is already stored as {stored.value}; quantize the dense checkpoint "
+            "(re-quantizing quantized values would compound their error)"
+        )
+    weight = ckpt.read(name)
+    if weight.dim() != 2 or weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise CheckpointError(f"{name}: expected a dense float [V, H] tensor, got {weight.dtype} {list(weight.shape)}")
+    return name, tied, weight
+
+
+def quantize_head(
+    weight: torch.Tensor,
+    algo: QuantAlgo,
+    calib: torch.Tensor | None = None,
+    *,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    progress: ProgressFn | None = None,
+) -> tuple[dict[str, torch.Tensor], float, float | None]:
+    """ModelOpt-quantize a ``[V, H]`` head; returns ``(tensors by lm_head.* name, weight amax, input amax)``.
+
+    ``calib`` rows are cast to the weight's dtype first: ModelOpt calibrates on the
+    activations the model actually produces, which are in the model's dtype.
+    """
+    mtq, qu = import_modelopt()
+    hidden = weight.shape[1]
+    if algo is QuantAlgo.NVFP4 and hidden % NVFP4_GROUP:
+        raise QuantizationError(f"NVFP4 needs the hidden size to be a multiple of {NVFP4_GROUP}, got {hidden}")
+    if not bool(torch.isfinite(weight).all()):
+        raise QuantizationError("the head weight contains NaN or Inf; it cannot be quantized")
+    if float(weight.abs().max()) == 0.0:
+        raise QuantizationError("the head weight is all zeros: its scale would be 0")
+    model = _HeadOnly(weight)
+    forward_loop = None
+    if calib is not None:
+        batches = _calib_batches(_check_calib(calib, hidden).to(weight.dtype), batch_rows)
+
+        def forward_loop(m: nn.Module) -> None:
+            # Max calibration only records |x|.max(): no fake quantization runs here,
+            # which is why it works on the CPU for NVFP4 too.
+            with torch.no_grad():
+                for i, batch in enumerate(batches):
+                    m(batch)
+                    if progress is not None:
+                        progress(i + 1, len(batches))
+
+    # ModelOpt warns about untested transformers versions and prints "Inserted N quantizers"
+    # to stdout: keep both out of the CLI's output (and out of --json).
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        model = mtq.quantize(model, modelopt_config(algo, calibrate_inputs=calib is not None), forward_loop)
+    layer = model.lm_head
+    fmt = qu.get_quantization_format(layer)
+    block = qu.get_weight_block_size(layer)
+    scale = qu.get_weight_scaling_factor(layer)
+    scale_2 = qu.get_weight_scaling_factor_2(layer)
+    qweight = qu.to_quantized_weight(layer.weight.data, scale, fmt, scale_2, block)
+    out: dict[str, torch.Tensor] = {"lm_head.weight": qweight.contiguous()}
+    if algo is QuantAlgo.FP8:
+        out["lm_head.weight_scale"] = scale.float().reshape(())  # ModelOpt keeps a [1] amax; files hold a scalar
+    else:
+        out["lm_head.weight_scale"] = scale.contiguous()
+        out["lm_head.weight_scale_2"] = scale_2.float().reshape(())
+    input_amax = None
+    if calib is not None:
+        input_scale = qu.get_activation_scaling_factor(layer)
+        out["lm_head.input_scale"] = input_scale.float().reshape(())
+        input_amax = float(layer.input_quantizer.amax.float())
+    return out, float(layer.weight_quantizer.amax.float()), input_amax
+
+
+def hf_quant_config(algo: QuantAlgo) -> dict[str, Any]:
+    """The ``hf_quant_config.json`` ModelOpt writes, for a checkpoint whose quantized layer is the head."""
+    import modelopt
+
+    quantization: dict[str, Any] = {"quant_algo": algo.value, "kv_cache_quant_algo": None}
+    if algo is QuantAlgo.NVFP4:
+        quantization["group_size"] = NVFP4_GROUP
+    quantization["exclude_modules"] = []
+    return {"producer": {"name": "modelopt", "version": modelopt.__version__}, "quantization": quantization}
+
+
+def _output_config(ckpt: Checkpoint, hf_quant: dict[str, Any], vocab: int, hidden: int,
+                   has_input_scale: bool) -> dict[str, Any]:
+    from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
+
+    config = dict(ckpt.config)
+    config.setdefault("vocab_size", vocab)
+    config.setdefault("hidden_size", hidden)
+    # The head is written as its own lm_head.weight: with tying on, the gating rule would
+    # (rightly) run the tied embedding dense, so the output declares it untied.
+    config["tie_word_embeddings"] = False
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
+    quant = convert_hf_quant_config_format(hf_quant)
+    if not has_input_scale:
+        for group in quant.get("config_groups", {}).values():
+            group.pop("input_activations", None)  # no static activation scale was written
+    config["quantization_config"] = quant
+    return config
+
+
+def load_calibration(path: str | Path) -> torch.Tensor:
+    from trtvocab.hidden import load_hidden
+
+    hidden, _ = load_hidden(path)
+    return hidden
+
+
+def quantize_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    algo: str | QuantAlgo,
+    calib: torch.Tensor | str | Path | None = None,
+    weight_only: bool = False,
+    tensor_name: str | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    force: bool = False,
+    progress: ProgressFn | None = None,
+) -> QuantizeResult:
+    """Quantize the LM head of ``checkpoint`` into a new ModelOpt-format directory ``out``.
+
+    ``calib`` (a ``[T, H]`` tensor or a ``.safetensors`` with ``hidden_states``) gives
+    the static activation scale (FP8 W8A8 / NVFP4 W4A4); without it, or with
+    ``weight_only``, no ``input_scale`` is written. ``out`` is published atomically.
+    """
+    quant_algo = parse_algo(algo)
+    if weight_only and calib is not None:
+        raise QuantizationError("--weight-only writes no activation scale: drop --calib (or --weight-only)")
+    ckpt = Checkpoint(checkpoint)
+    name, tied, weight = read_head(ckpt, tensor_name)
+    vocab, hidden = weight.shape
+    if isinstance(calib, (str, Path)):
+        calib = load_calibration(calib)
+    calib_rows = 0 if calib is None else int(calib.shape[0])
+    tensors, weight_amax, input_amax = quantize_head(weight, quant_algo, calib, batch_rows=batch_rows,
+                                                    progress=progress)
+    notes: list[str] = []
+    if tied:
+        notes.append(f"the head is the tied input embedding {name}: it is written as an untied lm_head.weight "
+                     "and the output's config.json sets tie_word_embeddings=false, so the gating rule "
+                     "quantizes it")
+    has_input = "lm_head.input_scale" in tensors
+    if quant_algo is QuantAlgo.FP8:
+        activation = "static" if has_input else "dynamic"
+        if not has_input:
+            notes.append("no input_scale written: FP8 activations are quantized dynamically per tensor "
+                         "(LMHead.from_checkpoint(..., weight_only=True) runs it as W8A16)")
+    else:
+        activation = "static" if has_input else "none"
+        if not has_input:
+            notes.append("no input_scale written: NVFP4 runs as W4A16")
+    hf_quant = hf_quant_config(quant_algo)
+    out = Path(out)
+    from safetensors.torch import save_file
+
+    with staging(out, force=force) as stage:
+        metadata = {"format": "pt", "producer": "trtvocab quantize (modelopt export)"}
+        save_file(tensors, str(stage / "model.safetensors"), metadata=metadata)
+        (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
+        config = _output_config(ckpt, hf_quant, vocab, hidden, has_input)
+        (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for fname in TOKENIZER_FILES:
+            src = ckpt.directory / fname
+            if src.is_file():
+                shutil.copy2(src, stage / fname)
+    written = {k: (str(v.dtype).replace("torch.", ""), list(v.shape)) for k, v in tensors.items()}
+    return QuantizeResult(out=out, algo=quant_algo, activation=activation, source_tensor=name, tied=tied,
+                          vocab_size=vocab, hidden_size=hidden, weight_amax=weight_amax, input_amax=input_amax,
+                          calib_rows=calib_rows, tensors=written, notes=notes)
+
+
+__all__ = ["LM_HEAD_NAME", "QuantizeResult", "hf_quant_config", "modelopt_config", "quantize_checkpoint",
+           "quantize_head", "read_head"]

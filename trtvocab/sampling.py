@@ -1,0 +1,280 @@
+"""Sampling over a vocab-split head without gathering the ``[B, V]`` logits.
+
+Each function takes one rank's logits -- ``head.local_logits(hidden)`` (``[B, width]``,
+padding columns ``-inf``) or ``head(hidden)`` with ``gather_output=False``
+(``[B, V_local]``) -- plus the :class:`~trtvocab.lm_head.LMHead`, and returns
+exactly what the same operation gives on the gathered logits. Only ``O(B * k)``
+numbers cross ranks::
+
+    greedy      local (max, global id)   -> all_gather [tp, B] pairs  -> pick
+    topk        local top-k (vals, ids)  -> all_gather [tp, B, k]     -> merge
+    logsumexp   local max -> all_reduce MAX; local sum exp(x - max) -> all_reduce SUM
+    logprobs    logsumexp + the owner rank's logit of each id (others add 0)
+    min_p       keep x where exp(x - global max) >= min_p  (no denominator needed)
+
+Token ids always travel as int64 (a float32 holds integers exactly only up to
+2**24, fewer than some vocabularies have); values travel as their float32 bit
+patterns inside the same int64 tensor, so one collective moves both.
+
+**Tie rule.** Among equal logits the lower token id wins: ``greedy`` returns
+what ``torch.argmax`` returns on the gathered logits (its first maximum), and
+``topk`` orders by (value descending, token id ascending) -- the first ``k``
+columns of ``torch.sort(gathered, descending=True, stable=True)``. Its values
+always equal ``torch.topk(gathered, k).values``; ``torch.topk`` itself promises
+no order among ties, so its ids are compared only where values are distinct.
+
+NaN logits are rejected with :class:`InputError` (``torch.argmax`` and
+``torch.topk`` treat NaN as the largest value, which samples garbage). As
+everywhere in trtvocab, inputs are validated on every rank and exchanged in a
+fixed-shape handshake before any data moves, so one rank's bad input makes every
+rank raise (it: :class:`InputError`, the others: :class:`PeerRankError`).
+
+A replicated head (no mapping, or attention DP without LM-head TP) runs plain torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trtvocab import distributed as D
+from trtvocab.errors import InputError
+from trtvocab.lm_head import LMHead
+
+_NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
+_OPS = {"greedy": 1, "topk": 2, "logsumexp": 3, "log_softmax": 4, "logprobs": 5, "min_p": 6}
+
+
+# ---- validation and plumbing ---------------------------------------------------------------
+def _check_logits(local_logits: Any, head: LMHead, what: str) -> InputError | None:
+    shard = head.shard
+    if not isinstance(local_logits, torch.Tensor):
+        return InputError(f"{what}: local_logits must be a torch.Tensor, got {type(local_logits).__name__}")
+    if local_logits.dim() != 2 or local_logits.shape[1] not in (shard.size, shard.width):
+        widths = sorted({shard.size, shard.width})
+        return InputError(f"{what}: local_logits must have shape [B, {' or '.join(map(str, widths))}] "
+                          f"(this rank's columns [{shard.start}, {shard.end})), got {list(local_logits.shape)}")
+    if local_logits.shape[0] == 0:
+        return InputError(f"{what}: local_logits is an empty batch (B = 0)")
+    if not local_logits.dtype.is_floating_point:
+        return InputError(f"{what}: local_logits must be floating point, got {local_logits.dtype}")
+    if bool(torch.isnan(local_logits[:, : shard.size]).any()):
+        return InputError(f"{what}: local_logits contain NaN")
+    return None
+
+
+def _handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str, extra: int = 0) -> None:
+    """Raise everywhere if any rank failed validation or the ranks disagree on the call."""
+    if not head.is_split:
+        if error is not None:
+            raise error
+        return
+    D.require_initialized(head.tp_size)
+    rows = local_logits.shape[0] if isinstance(local_logits, torch.Tensor) and local_logits.dim() else 0
+    layout = 0 if head.vocab_layout == "uneven" else head.pad_to
+    signature = [head.vocab_size, head.tp_size, layout, _OPS[op], extra, rows]
+    device = local_logits.device if isinstance(local_logits, torch.Tensor) else head.device
+    what = f"sampling.{op}"
+    table = D.agree(signature, error, head.process_group, device, what=what)
+    D.check_same(table, range(len(signature)),
+                 ["vocab_size", "tp_size", "vocab layout (0 = uneven, else pad_to)", "operation",
+                  "k / ids per row", "batch rows"], what)
+
+
+def _own(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+    """The owned columns only: padding never takes part (not even as a ``-inf`` tie)."""
+    return local_logits[:, : head.shard.size]
+
+
+def _gather_stack(t: torch.Tensor, head: LMHead) -> torch.Tensor:
+    """``[tp, *t.shape]``: every rank's ``t`` (same shape on every rank)."""
+    pieces = [torch.empty_like(t) for _ in range(head.tp_size)]
+    dist.all_gather(pieces, t.contiguous(), group=head.process_group)
+    return torch.stack(pieces)
+
+
+def _pack(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """float32 values + int64 ids -> one int64 tensor ``[..., 2]`` (values as their bit pattern)."""
+    bits = values.to(torch.float32).view(torch.int32).to(torch.int64)
+    return torch.stack([bits, ids], dim=-1)
+
+
+def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return packed[..., 0].to(torch.int32).view(torch.float32), packed[..., 1]
+
+
+def _order_by_value_then_id(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Permutation along dim 1 that sorts by value descending, then id ascending."""
+    by_id = torch.argsort(ids, dim=1, stable=True)
+    by_value = torch.argsort(values.gather(1, by_id), dim=1, descending=True, stable=True)
+    return by_id.gather(1, by_value)
+
+
+def _local_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of ``x [B, n]`` (no NaN, ``k <= n``) with ties broken towards the lower column.
+
+    ``torch.topk`` fixes the top-k *values* but not which of several equal columns it
+    returns at the k-th place, so: every column strictly above the k-th value, plus the
+    lowest-numbered columns equal to it until there are ``k``. O(n), no full sort.
+    """
+    kth = torch.topk(x, k, dim=1, sorted=True).values[:, -1:]
+    above = x > kth
+    at = x == kth
+    keep = above | (at & (torch.cumsum(at, dim=1) <= k - above.sum(dim=1, keepdim=True)))
+    cols = keep.nonzero()[:, 1].view(x.shape[0], k)  # row-major: ascending columns per row
+    vals = x.gather(1, cols)
+    order = torch.argsort(vals, dim=1, descending=True, stable=True)
+    return vals.gather(1, order), cols.gather(1, order)
+
+
+# ---- greedy and top-k ------------------------------------------------------------------------
+def greedy(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+    """Token ids ``[B]`` (int64) of the largest logit, lowest id among ties: ``argmax`` of the gathered logits."""
+    error = _check_logits(local_logits, head, "sampling.greedy")
+    _handshake(head, local_logits, error, "greedy")
+    x = _own(local_logits, head)
+    if not head.is_split:
+        return torch.argmax(x, dim=1)
+    if x.shape[1]:
+        values, cols = torch.max(x, dim=1)  # first maximum: the lowest local column
+        ids = cols + head.vocab_start
+    else:  # a trailing padded-layout rank that owns no columns
+        values = x.new_full((x.shape[0],), float("-inf"))
+        ids = torch.full((x.shape[0],), _NO_ID, dtype=torch.int64, device=x.device)
+    all_values, all_ids = _unpack(_gather_stack(_pack(values, ids), head))  # [tp, B]
+    best = all_values.max(dim=0).values
+    candidates = torch.where(all_values == best, all_ids, torch.full_like(all_ids, _NO_ID))
+    return candidates.min(dim=0).values
+
+
+def topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values [B, k], ids [B, k] int64)``: the k largest logits, by value desc then id asc.
+
+    Values are in the logits' dtype and equal ``torch.topk(gathered, k).values``.
+    """
+    error = _check_logits(local_logits, head, "sampling.topk")
+    if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= head.vocab_size):
+        error = InputError(f"sampling.topk: k must be an int in [1, vocab_size={head.vocab_size}], got {k!r}")
+    _handshake(head, local_logits, error, "topk", extra=int(k) if error is None else 0)
+    x = _own(local_logits, head)
+    if not head.is_split:
+        vals, ids = _local_topk(x, k)
+        return vals, ids
+    rows = x.shape[0]
+    k_local = min(k, x.shape[1])
+    packed = _pack(torch.full((rows, k), float("-inf"), device=x.device),
+                   torch.full((rows, k), _NO_ID, dtype=torch.int64, device=x.device))
+    if k_local:
+        vals, cols = _local_topk(x, k_local)
+        packed[:, :k_local] = _pack(vals, cols + head.vocab_start)
+    all_values, all_ids = _unpack(_gather_stack(packed, head))  # [tp, B, k]
+    all_values = all_values.permute(1, 0, 2).reshape(rows, -1)
+    all_ids = all_ids.permute(1, 0, 2).reshape(rows, -1)
+    order = _order_by_value_then_id(all_values, all_ids)[:, :k]
+    # Sum of the shards' sizes is V >= k, so the first k are real candidates, never empty slots.
+    return all_values.gather(1, order).to(local_logits.dtype), all_ids.gather(1, order)
+
+
+# ---- normalization: global log-softmax ------------------------------------------------------------
+def _global_max(x: torch.Tensor, head: LMHead) -> torch.Tensor:
+    """``[B]`` float32 max over the whole vocab (``-inf`` for a rank with no columns)."""
+    local = x.amax(dim=1) if x.shape[1] else x.new_full((x.shape[0],), float("-inf"))
+    local = local.to(torch.float32)
+    if head.is_split:
+        D.all_reduce(local, dist.ReduceOp.MAX, head.process_group)
+    return local
+
+
+def _sum_exp_and_picks(
+    x: torch.Tensor, head: LMHead, token_ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Global ``(max [B], logsumexp [B], picked logits [B, n] or None)`` in float32; two all_reduces."""
+    x = x.to(torch.float32)
+    m = _global_max(x, head)
+    # Shift by a finite max: all -inf rows give logsumexp -inf, a +inf logit gives +inf
+    # (what torch.logsumexp returns), never NaN from inf - inf.
+    shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    parts = [torch.exp(x - shift[:, None]).sum(dim=1, keepdim=True)]
+    if token_ids is not None:
+        local = token_ids - head.vocab_start
+        mine = (local >= 0) & (local < x.shape[1])
+        picked = torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device)
+        if x.shape[1]:
+            got = x.gather(1, local.clamp(0, x.shape[1] - 1))
+            # Exactly one rank owns each id; the others add an exact 0 in the SUM below.
+            picked = torch.where(mine, got, picked)
+        parts.append(picked)
+    summed = torch.cat(parts, dim=1)
+    if head.is_split:
+        D.all_reduce(summed, dist.ReduceOp.SUM, head.process_group)
+    lse = shift + torch.log(summed[:, 0])
+    return m, lse, (summed[:, 1:] if token_ids is not None else None)
+
+
+def logsumexp(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+    """``[B]`` float32 ``log(sum(exp(logits)))`` over the *whole* vocab: the global softmax denominator."""
+    error = _check_logits(local_logits, head, "sampling.logsumexp")
+    _handshake(head, local_logits, error, "logsumexp")
+    return _sum_exp_and_picks(_own(local_logits, head), head, None)[1]
+
+
+def log_softmax(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+    """This rank's columns ``[B, V_local]`` (float32) of the global log-softmax."""
+    error = _check_logits(local_logits, head, "sampling.log_softmax")
+    _handshake(head, local_logits, error, "log_softmax")
+    x = _own(local_logits, head)
+    lse = _sum_exp_and_picks(x, head, None)[1]
+    return x.to(torch.float32) - lse[:, None]
+
+
+def logprobs(local_logits: torch.Tensor, head: LMHead, token_ids: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities (float32, global softmax) of ``token_ids`` (``[B]`` or ``[B, n]``, global ids)."""
+    error = _check_logits(local_logits, head, "sampling.logprobs")
+    n = 0
+    if error is None:
+        if not isinstance(token_ids, torch.Tensor) or token_ids.dtype.is_floating_point \
+                or token_ids.dtype in (torch.bool, torch.complex64, torch.complex128):
+            kind = token_ids.dtype if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
+            error = InputError(f"sampling.logprobs: token_ids must be an integer tensor, got {kind}")
+        elif token_ids.dim() not in (1, 2) or token_ids.shape[0] != local_logits.shape[0]:
+            error = InputError(f"sampling.logprobs: token_ids must have shape [B] or [B, n] with "
+                               f"B = {local_logits.shape[0]}, got {list(token_ids.shape)}")
+        elif token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= head.vocab_size):
+            error = InputError(f"sampling.logprobs: token_ids must be in [0, {head.vocab_size}), "
+                               f"got values in [{int(token_ids.min())}, {int(token_ids.max())}]")
+        else:
+            n = 1 if token_ids.dim() == 1 else token_ids.shape[1]
+    _handshake(head, local_logits, error, "logprobs", extra=n)
+    ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(local_logits.device)
+    _, lse, picked = _sum_exp_and_picks(_own(local_logits, head), head, ids)
+    assert picked is not None
+    return (picked - lse[:, None]).reshape(token_ids.shape)
+
+
+def min_p_mask(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, V_local]``: tokens kept by min-p, ``p >= min_p * p_max`` over the whole vocab.
+
+    ``p / p_max = exp(x - max)``: the global max is all min-p needs (the softmax
+    denominator cancels), so one all_reduce MAX. ``min_p`` is a float or a ``[B]`` tensor in [0, 1].
+    """
+    error = _check_logits(local_logits, head, "sampling.min_p")
+    if error is None:
+        threshold = torch.as_tensor(min_p, dtype=torch.float32, device=local_logits.device)
+        if threshold.dim() > 1 or (threshold.dim() == 1 and threshold.shape[0] != local_logits.shape[0]):
+            error = InputError(f"sampling.min_p: min_p must be a float or a [B] tensor, got {list(threshold.shape)}")
+        elif bool(((threshold < 0) | (threshold > 1) | torch.isnan(threshold)).any()):
+            error = InputError(f"sampling.min_p: min_p must be in [0, 1], got {min_p!r}")
+    _handshake(head, local_logits, error, "min_p")
+    x = _own(local_logits, head).to(torch.float32)
+    m = _global_max(x, head)
+    threshold = threshold.reshape(-1, 1) if threshold.dim() == 1 else threshold
+    return torch.exp(x - m[:, None]) >= threshold
+
+
+def apply_min_p(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.Tensor) -> torch.Tensor:
+    """This rank's owned columns with the tokens min-p drops set to ``-inf``."""
+    keep = min_p_mask(local_logits, head, min_p)
+    x = _own(local_logits, head)
+    return x.masked_fill(~keep, float("-inf"))
