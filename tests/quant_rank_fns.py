@@ -13,12 +13,12 @@ from trtvocab import LMHead, Mapping
 
 
 def quantized_tp_logits(
-    rank: int, world: int, cases: list[tuple[str, bool]], x: torch.Tensor, layout: str
+    rank: int, world: int, cases: list[tuple[str, bool, str]], x: torch.Tensor
 ) -> list[tuple[torch.Tensor, int, str]]:
-    """Each case ``(checkpoint dir, weight_only)`` -> (gathered logits, resident bytes, label) on this rank."""
+    """Each case ``(checkpoint dir, weight_only, vocab layout)`` -> (gathered logits, resident bytes, label)."""
     mapping = Mapping(world_size=world, rank=rank, tp_size=world)
     out = []
-    for path, weight_only in cases:
+    for path, weight_only, layout in cases:
         head = LMHead.from_checkpoint(path, mapping=mapping, weight_only=weight_only, vocab_layout=layout, pad_to=8)
         label = head.quant_decision.config.label if head.quant_decision.config else "dense"
         out.append((head(x), head.resident_bytes(), label))

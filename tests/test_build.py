@@ -80,7 +80,7 @@ def test_infer_backends_match_reference(built, backend: str) -> None:
     hidden = torch.randn(9, H, generator=gen)
     lens = [4, 1, 4]
     logits, used, _ = infer(root, hidden, torch.tensor(lens), backend)
-    assert used == backend
+    assert used == backend  # float32 graphs run on onnxruntime itself
     want = reference(hidden, lens)
     assert logits.shape == (3, V)
     torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)

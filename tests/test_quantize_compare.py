@@ -30,6 +30,7 @@ from trtvocab.quantize import quantize_checkpoint
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    pytest.importorskip("modelopt", reason="trtvocab quantize needs nvidia-modelopt (the quant extra)")
     from modelopt.torch.quantization.qtensor import FP8QTensor, NVFP4QTensor
 
 VOCAB, HIDDEN = 301, 64  # 301 is odd: tp 2 splits it unevenly

@@ -142,7 +142,7 @@ def infer(
     """Run every rank of an artifact on hidden states and print each sequence's top-k tokens."""
     import torch
 
-    from trtvocab.hidden import decoder, load_hidden
+    from trtvocab.hidden import decoder, load_hidden, load_last_tokens
     from trtvocab.runtime import infer as run_infer
 
     try:
@@ -160,13 +160,16 @@ def infer(
     decode = decoder(ckpt if ckpt and ckpt != "synthetic" else None)
     probs = torch.softmax(logits, dim=-1)
     top = probs.topk(min(top_k, logits.shape[-1]), dim=-1)
-    table = Table(title=f"top-{top_k} next tokens")
+    last = load_last_tokens(hidden) or []
+    table = Table(title=f"top-{top_k} tokens of each sequence's last row (global softmax over all {logits.shape[-1]:,})")
     table.add_column("seq")
+    if len(last) == logits.shape[0]:
+        table.add_column("last input token")
     table.add_column("tokens (probability)")
     for b in range(logits.shape[0]):
         toks = ", ".join(f"{decode(i)} ({p:.3f})" for p, i in zip(top.values[b].tolist(), top.indices[b].tolist(),
                                                                    strict=True))
-        table.add_row(str(b), toks)
+        table.add_row(str(b), *([last[b]] if len(last) == logits.shape[0] else []), toks)
     console.print(table)
     if out is not None:
         _save_logits(out, logits)
@@ -221,13 +224,15 @@ def hidden(
     model: Annotated[Path, typer.Argument(help="HF model directory (transformers AutoModel, offline)")],
     out: Annotated[Path, typer.Option(help="output .safetensors (hidden_states [T, H], seq_lens [B])")],
     text: Annotated[list[str] | None, typer.Option(help="a text (repeatable); default: four built-in sentences")] = None,
+    layer: Annotated[int, typer.Option(help="which hidden states: 0 = embeddings, -1 = final layer")] = -1,
 ) -> None:
-    """Compute real final hidden states of some texts, packed, for infer/compare."""
+    """Compute real hidden states of some texts (packed, no special tokens) for infer/compare."""
     from trtvocab.hidden import DEFAULT_TEXTS, hidden_states_from_text, save_hidden
 
     try:
-        states, lens = hidden_states_from_text(model, list(text or DEFAULT_TEXTS))
-        save_hidden(out, states, lens)
+        states, lens, last = hidden_states_from_text(model, list(text or DEFAULT_TEXTS), layer=layer,
+                                                     return_tokens=True)
+        save_hidden(out, states, lens, last)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     console.print(f"wrote hidden_states {list(states.shape)} and seq_lens {lens.tolist()} to {out}")

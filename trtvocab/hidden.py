@@ -8,6 +8,7 @@ the LM head.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,21 +27,35 @@ DEFAULT_TEXTS = [
 ]
 
 
-def hidden_states_from_text(model_dir: str | Path, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def hidden_states_from_text(
+    model_dir: str | Path, texts: list[str], *, layer: int = -1, return_tokens: bool = False
+) -> Any:
+    """Packed hidden states ``[T, H]`` and ``seq_lens [B]`` of ``texts`` at ``layer``.
+
+    No special tokens are added, so each sequence's last row is its last real token.
+    ``layer`` indexes ``output_hidden_states`` (0 = embeddings, -1 = final layer).
+    With ``return_tokens`` also returns each text's last input token (for display).
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
 
+    if not texts or any(not t.strip() for t in texts):
+        raise InputError("texts: need at least one non-empty text")
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModel.from_pretrained(str(model_dir)).eval()
-    rows, lens = [], []
+    rows, lens, last = [], [], []
     with torch.no_grad():
         for text in texts:
-            enc = tok(text, return_tensors="pt")
-            out = model(**enc).last_hidden_state[0]
-            rows.append(out)
-            lens.append(out.shape[0])
-    return torch.cat(rows).float(), torch.tensor(lens, dtype=torch.int32)
+            enc = tok(text, return_tensors="pt", add_special_tokens=False)
+            states = model(**enc, output_hidden_states=True).hidden_states
+            if not -len(states) <= layer < len(states):
+                raise InputError(f"layer: the model has hidden states 0..{len(states) - 1}, got {layer}")
+            rows.append(states[layer][0])
+            lens.append(rows[-1].shape[0])
+            last.append(tok.convert_ids_to_tokens(int(enc.input_ids[0, -1])))
+    hidden, seq_lens = torch.cat(rows).float(), torch.tensor(lens, dtype=torch.int32)
+    return (hidden, seq_lens, last) if return_tokens else (hidden, seq_lens)
 
 
 def decoder(model_dir: str | Path | None) -> Any:
@@ -56,13 +71,25 @@ def decoder(model_dir: str | Path | None) -> Any:
     return lambda i: f"#{int(i)}"
 
 
-def save_hidden(path: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> None:
+def save_hidden(path: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None,
+                last_tokens: list[str] | None = None) -> None:
+    """Write ``hidden_states`` (+ ``seq_lens``) atomically; ``last_tokens`` go to the metadata."""
+    from safetensors.torch import save
+
     tensors = {"hidden_states": hidden.contiguous()}
     if seq_lens is not None:
         tensors["seq_lens"] = seq_lens.to(torch.int32).contiguous()
-    from safetensors.torch import save
+    meta = {"last_tokens": json.dumps(last_tokens)} if last_tokens else None
+    atomic_write_bytes(Path(path), save(tensors, metadata=meta))
 
-    atomic_write_bytes(Path(path), save(tensors))
+
+def load_last_tokens(path: str | Path) -> list[str] | None:
+    """The last input token of each sequence, when the file records them."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as fh:
+        raw = (fh.metadata() or {}).get("last_tokens")
+    return json.loads(raw) if raw else None
 
 
 def load_hidden(path: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:

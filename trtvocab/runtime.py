@@ -27,6 +27,8 @@ from trtvocab.mapping import Mapping
 from trtvocab.quant.config import QuantConfig
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
+# Graphs onnxruntime CPU has no kernels for run on onnx.reference; recorded here for reporting.
+RUNNERS_USED: set[str] = set()
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -135,7 +137,10 @@ def rank_logits(root: Path, manifest: dict[str, Any], rank: int, backend: str, h
     if backend == "onnxruntime":
         from trtvocab.export.reference_ops import run_onnx
 
-        out = run_onnx(path / "lm_head.onnx", hidden, None if context else lens.to(torch.int32))
+        out, runner = run_onnx(path / "lm_head.onnx", hidden, None if context else lens.to(torch.int32),
+                               return_backend=True)
+        if runner != "onnxruntime":  # e.g. bf16 or FP4 graphs, which onnxruntime CPU cannot run
+            RUNNERS_USED.add(f"onnx.{runner}")
         return torch.from_numpy(out)
     from trtvocab.export.tensorrt import EngineRunner
 
@@ -151,7 +156,7 @@ def _infer_rank(rank: int, world: int, root: str, backend: str, hidden: torch.Te
     ok = D.agree([manifest["head"]["vocab_size"], local.shape[0]], None, None, local.device, what="infer")
     D.check_same(ok, [0, 1], ["vocab_size", "rows"], "infer")
     full = D.all_gather_columns(local, sizes, None)
-    return full if rank == 0 else None
+    return (full, sorted(RUNNERS_USED)) if rank == 0 else None
 
 
 def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None = None,
@@ -166,12 +171,19 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
     if seq_lens is not None:
         last_token_rows(seq_lens, hidden.shape[0])  # validate before any process starts
     tp = manifest["mapping"]["tp_size"]
+    RUNNERS_USED.clear()
     if D.is_initialized():  # under torchrun: this process is one rank
-        rank = D.group_rank()
-        return _infer_rank(rank, tp, str(root), chosen, hidden, seq_lens), chosen, manifest  # type: ignore[return-value]
+        out = _infer_rank(D.group_rank(), tp, str(root), chosen, hidden, seq_lens)
+        return (None if out is None else out[0]), _label(chosen, out[1] if out else []), manifest  # type: ignore
     if tp == 1:
-        return rank_logits(root, manifest, 0, chosen, hidden, seq_lens), chosen, manifest
+        logits = rank_logits(root, manifest, 0, chosen, hidden, seq_lens)
+        return logits, _label(chosen, sorted(RUNNERS_USED)), manifest
     from trtvocab.launch import run_ranks
 
-    results = run_ranks(_infer_rank, tp, str(root), chosen, hidden, seq_lens)
-    return results[0], chosen, manifest
+    logits, runners = run_ranks(_infer_rank, tp, str(root), chosen, hidden, seq_lens)[0]
+    return logits, _label(chosen, runners), manifest
+
+
+def _label(backend: str, runners: list[str]) -> str:
+    """``onnxruntime`` or, when a graph needed it, ``onnxruntime (ran on onnx.reference)``."""
+    return f"{backend} (ran on {', '.join(runners)}: no onnxruntime CPU kernel)" if runners else backend
