@@ -65,13 +65,17 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write per-row KL / logit-error histograms to this PNG")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per head (gloo processes)")
     parser.add_argument("--markdown", action="store_true", help="also print the table as GitHub markdown")
+    parser.add_argument("--layer", type=int, default=3,
+                        help="hidden states of this layer (default 3: MiniLM has no LM head, and its mid-layer "
+                             "states still sit near the tied embeddings, so the head's distributions are peaked "
+                             "like a language model's; -1 = final layer, nearly flat)")
     args = parser.parse_args()
     console = Console(width=200)
     t0 = time.perf_counter()
     model = model_path()
 
     # One pass over all texts; split into calibration and evaluation rows afterwards.
-    states, lens = hidden_states_from_text(model, CALIB_TEXTS + EVAL_TEXTS)
+    states, lens = hidden_states_from_text(model, CALIB_TEXTS + EVAL_TEXTS, layer=args.layer)
     n_calib = int(lens[: len(CALIB_TEXTS)].sum())
     calib, hidden, eval_lens = states[:n_calib], states[n_calib:], lens[len(CALIB_TEXTS):]
     console.print(f"hidden states: {n_calib} calibration rows, {hidden.shape[0]} evaluation rows "

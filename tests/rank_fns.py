@@ -361,13 +361,21 @@ def _close_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def sampling_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
-    """Distributed sampling vs the same operation on the gathered logits (tp = world; 1 = replicated)."""
+    """Distributed sampling vs the same ops on the gathered logits: tp 1 (world 1) or every tp in 2..world."""
+    groups = subgroups(world)
+    if world == 1:
+        return _sampling_cases_tp(0, 1, None, seed)
+    return [rec for tp, group in groups.items() if rank < tp for rec in _sampling_cases_tp(rank, tp, group, seed)]
+
+
+def _sampling_cases_tp(rank: int, world: int, group: Any, seed: int) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     mapping = Mapping(world_size=world, rank=rank, tp_size=world)
     layouts = [("uneven", 64), ("padded", 64), ("padded", 7)]
     for vocab in (1000, 100):
         for layout, pad_to in layouts:
-            head = LMHead(vocab, 4, dtype=torch.float32, mapping=mapping, vocab_layout=layout, pad_to=pad_to)
+            head = LMHead(vocab, 4, dtype=torch.float32, mapping=mapping, vocab_layout=layout, pad_to=pad_to,
+                          process_group=group)
             for n, kind in enumerate(("random", "bf16", "ints", "edges")):
                 gen = torch.Generator().manual_seed(seed + n)  # same logits on every rank
                 g = _constructed_logits(kind, 6, vocab, gen, head.shards)
@@ -378,7 +386,7 @@ def sampling_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
     # through the head itself: local_logits (padding -inf) vs the gathered forward
     for layout in ("uneven", "padded"):
         vocab, hidden = 30011, 32
-        head = LMHead(vocab, hidden, dtype=torch.bfloat16, mapping=mapping, vocab_layout=layout)
+        head = LMHead(vocab, hidden, dtype=torch.bfloat16, mapping=mapping, vocab_layout=layout, process_group=group)
         head.load_weights({"weight": weights(vocab, hidden, seed)})
         x = hidden_states(5, hidden, seed).to(torch.bfloat16)
         records.extend(_compare_all(f"tp={world} head forward {layout}", head.local_logits(x), head(x), head, seed))

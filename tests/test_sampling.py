@@ -38,17 +38,28 @@ def _check(records: list[dict]) -> None:
     assert not failures, "\n".join(failures[:20])
 
 
-def test_replicated_tp1() -> None:
-    _check(sampling_cases(0, 1, seed=11))
+@pytest.fixture(scope="module")
+def tp1_records() -> list[dict]:
+    return sampling_cases(0, 1, 11)
+
+
+def test_replicated_tp1(tp1_records: list[dict]) -> None:
+    _check(tp1_records)
+
+
+@pytest.fixture(scope="module")
+def split_records() -> list[list[dict]]:
+    """One launch of 4 ranks: tp 2, 3 and 4 each run on a real gloo group of ranks [0, tp)."""
+    return run_ranks(sampling_cases, 4, 11, timeout_s=60)
 
 
 @pytest.mark.parametrize("tp", [2, 3, 4])
-def test_split(tp: int) -> None:
-    per_rank = run_ranks(sampling_cases, tp, 11, timeout_s=60)
+def test_split(split_records: list[list[dict]], tp1_records: list[dict], tp: int) -> None:
+    per_rank = [[r for r in split_records[rank] if r["case"].startswith(f"tp={tp} ")] for rank in range(tp)]
     for records in per_rank:
         _check(records)
-    # every rank returns the same (global) answers for the same cases
-    assert len({len(r) for r in per_rank}) == 1
+    # every rank of the group ran every case (and got the same global answers)
+    assert len({len(r) for r in per_rank}) == 1 and len(per_rank[0]) == len(tp1_records)
 
 
 def test_local_topk_tie_rule() -> None:
