@@ -5,9 +5,9 @@
 
 Every head keeps its weights quantized in memory and dequantizes them per call in
 chunks of ``trtvocab.quant.methods.CHUNK_ELEMENTS`` float32 values, so the temporary
-stays a few MiB. Timings interleave the heads round by round (median of the rounds)
-so that a busy machine slows all of them alike; the ratios are the result, the
-absolute numbers depend on the machine. Weight values do not change the work done,
+stays a few MiB. Timings interleave the heads round by round so that a busy machine
+slows all of them alike (best-of and median are both printed); the ratios are the
+result, the absolute numbers depend on the machine. Weight values do not change the work done,
 so the quantized heads hold random valid codes instead of a (slow) quantized copy of
 the bf16 matrix; accuracy is covered by the tests, not here.
 """
@@ -41,9 +41,7 @@ def build_heads(vocab: int, hidden: int) -> dict[str, LMHead]:
     heads: dict[str, LMHead] = {}
     dense = LMHead(vocab, hidden, dtype=torch.bfloat16)
     with torch.no_grad():
-        for start in range(0, vocab, 8192):  # fill in place: no second full-size copy
-            rows = dense.weights.weight[start : start + 8192]
-            rows.copy_(torch.randn(rows.shape, generator=gen) * 0.02)
+        dense.weights.weight.uniform_(-0.04, 0.04, generator=gen)  # in place: no second full-size copy
     heads["bf16"] = dense
     variants = [
         ("FP8 W8A8 (dynamic)", QuantAlgo.FP8, "dynamic"),
@@ -80,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     vocab = args.vocab or (32000 if args.small else 129280)
     hidden = args.hidden or (2048 if args.small else 5120)
-    rounds = args.rounds or (7 if args.small else 5)
+    rounds = args.rounds or (7 if args.small else 3)
     methods.CHUNK_ELEMENTS = args.chunk_elements
 
     print(f"LM head V={vocab} H={hidden}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -103,13 +101,13 @@ def main() -> None:
         for _ in range(rounds):
             for name, head in heads.items():
                 times[name].append(time_call(head, x))
-        base = statistics.median(times["bf16"])
-        print(f"\ndecode B={batch} (median of {rounds} interleaved rounds)")
-        print(f"{'head':<20} {'ms/call':>9} {'tokens/s':>10} {'speed vs bf16':>14}")
+        best_base, median_base = min(times["bf16"]), statistics.median(times["bf16"])
+        print(f"\ndecode B={batch}: {rounds} interleaved rounds; best-of (robust to a busy machine) and median")
+        print(f"{'head':<20} {'best ms':>9} {'median ms':>10} {'tokens/s':>10} {'speed vs bf16':>14} {'(median)':>9}")
         for name, ts in times.items():
-            t = statistics.median(ts)
-            print(f"{name:<20} {t * 1e3:>9.1f} {batch / t:>10.1f} {base / t:>14.2f}x")
-
+            best, median = min(ts), statistics.median(ts)
+            print(f"{name:<20} {best * 1e3:>9.1f} {median * 1e3:>10.1f} {batch / best:>10.1f} "
+                  f"{best_base / best:>13.2f}x {median_base / median:>8.2f}x")
 
 if __name__ == "__main__":
     main()

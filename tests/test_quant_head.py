@@ -26,7 +26,7 @@ from trtvocab.quant.methods import dequantize_stored, quantize_head_tensors
 from trtvocab.sharding import vocab_shard
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned ranks import quant_rank_fns from here
-import quant_rank_fns  # noqa: E402
+import quant_rank_fns
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -437,7 +437,8 @@ BAD = [
     ("fp8 dense weight", FP8, FP8_OK, {"weight": head_weight(40, 32).bfloat16()}, {}, CheckpointError, "float8_e4m3fn"),
     ("fp8 nan code", FP8, FP8_OK, {"weight": torch.full((40, 32), 0x7F, dtype=torch.uint8).view(F8)}, {},
      QuantizationError, "NaN"),
-    ("fp8 missing scale", FP8, FP8_OK, {"weight_scale": None}, {}, QuantizationError, "lm_head.weight_scale is missing"),
+    ("fp8 missing scale", FP8, FP8_OK, {"weight_scale": None}, {}, QuantizationError,
+     "lm_head.weight_scale is missing"),
     ("fp8 bf16 scale", FP8, FP8_OK, {"weight_scale": torch.tensor(0.1, dtype=torch.bfloat16)}, {}, QuantizationError,
      "float32"),
     ("fp8 vector scale per-tensor", FP8, FP8_OK, {"weight_scale": torch.ones(40)}, {}, QuantizationError, "per-row"),
@@ -483,7 +484,7 @@ def test_bad_tensors_raise_typed_errors(case):
 
 
 def test_bad_configs_raise_typed_errors():
-    with pytest.raises(QuantizationError, match="lm_head.weight.*multiple of 16"):
+    with pytest.raises(QuantizationError, match=r"lm_head.weight.*multiple of 16"):
         LMHead(40, 24, quant_config=QuantConfig(quant_algo=NVFP4, activation="none"))
     with pytest.raises(QuantizationError, match="activation"):
         LMHead(40, 32, quant_config=QuantConfig(quant_algo=NVFP4, activation="dynamic"))

@@ -148,20 +148,28 @@ def test_fp8_bit_trick_dequant_is_exact_for_every_code():
     codes = torch.arange(256, dtype=torch.uint8)
     codes = codes[(codes & 0x7F) != 0x7F].view(F8).reshape(1, -1).repeat(3, 1)
     for scale in (torch.tensor(1.0), torch.tensor(3.3e-7), torch.tensor(1e-35), torch.tensor(1e5),
-                  torch.tensor([[0.5], [1e-30], [1000.0]])):
+                  torch.tensor(2.0**118), torch.tensor([[0.5], [1e-30], [1000.0]])):
+        assert fp8.fast_path_ok(scale)
         assert_bits_equal(fp8.dequantize_fp8_bits(codes, scale), codes.float() * scale)
-    assert fp8.fast_dequant_exact()
+        assert_bits_equal(fp8.dequantize_fp8_fast(codes, scale), codes.float() * scale)
+    huge = torch.tensor(2.0**120)  # scale * 2**8 would overflow: the fast path steps aside
+    assert not fp8.fast_path_ok(huge)
+    assert_bits_equal(fp8.dequantize_fp8_fast(codes, huge), codes.float() * huge)
 
 
-def test_fp8_bit_trick_is_refused_under_flush_to_zero():
+def test_fast_paths_stay_exact_under_flush_to_zero():
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].view(F8)  # includes every e4m3 subnormal
+    packed = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
+    bs = torch.full((16, 2), 0.375).to(F8)
+    scale = torch.tensor(0.5)
     try:
         if not torch.set_flush_denormal(True):
             pytest.skip("this CPU cannot flush denormals")
-        assert not fp8.fast_dequant_exact()
-        assert not nvfp4.fast_dequant_exact()
-        codes = torch.arange(8, dtype=torch.uint8).view(F8)  # fp8 subnormals
-        scale = torch.tensor(0.5)
+        # Whether or not the bit path survives FTZ/DAZ, the public entry points stay exact.
         assert_bits_equal(fp8.dequantize_fp8_fast(codes, scale), codes.float() * scale)
+        want = nvfp4.dequantize_nvfp4(packed, bs, scale)
+        assert_bits_equal_up_to_zero_sign(nvfp4.dequantize_nvfp4_fast(packed, bs, scale), want)
     finally:
         torch.set_flush_denormal(False)
 
@@ -232,7 +240,7 @@ def test_nvfp4_packing_order_low_nibble_first():
 
 
 def test_nvfp4_errors_name_the_tensor():
-    with pytest.raises(QuantizationError, match="lm_head.weight.*multiple of 16"):
+    with pytest.raises(QuantizationError, match=r"lm_head.weight.*multiple of 16"):
         nvfp4.quantize_nvfp4(torch.ones(2, 24), name="lm_head.weight")
     with pytest.raises(QuantizationError, match="NaN or inf"):
         nvfp4.quantize_nvfp4(torch.full((1, 16), float("inf")))
@@ -264,11 +272,24 @@ def test_nvfp4_fake_quant_activation_propagates_nan():
 def test_nvfp4_bit_trick_dequant_is_exact_for_every_byte():
     packed = torch.arange(256, dtype=torch.uint8).reshape(32, 8).repeat(1, 2)  # [32, 16] -> H = 32
     gen = torch.Generator().manual_seed(13)
-    for g in (torch.tensor(1e-3), torch.tensor(1.0), torch.tensor(1e-38), torch.tensor(50.0)):
+    x = torch.randn(3, 32, generator=gen)
+    for g in (torch.tensor(1e-3), torch.tensor(1.0), torch.tensor(1e-38), torch.tensor(50.0), torch.tensor(2.0**99)):
+        assert nvfp4.fast_path_ok(g)
         bs = (torch.rand(32, 2, generator=gen) * 400 + 2.0**-9).to(F8)
         want = nvfp4.dequantize_nvfp4(packed, bs, g)
-        assert_bits_equal_up_to_zero_sign(nvfp4.dequantize_nvfp4_bits(packed, bs, g), want)
         assert_bits_equal(mo_nvfp4_dequant(packed, bs, g), want)
+        assert_bits_equal_up_to_zero_sign(nvfp4.dequantize_nvfp4_bits(packed, bs, g), want)
+        assert_bits_equal_up_to_zero_sign(nvfp4.dequantize_nvfp4_fast(packed, bs, g), want)
+        # The block-major layout permutes W's columns and x's alike.
+        packed_bm = nvfp4.to_block_major(packed)
+        assert torch.equal(nvfp4.from_block_major(packed_bm), packed)
+        decoded = nvfp4.decode_block_major(packed_bm, bs, g)
+        assert_bits_equal_up_to_zero_sign(decoded, nvfp4.block_major_columns(want))
+        if g < 1e3:  # the same products, summed in another order: float32 rounding apart
+            ref = x.double() @ want.double().t()
+            bound = 1e-6 * (x.double().abs() @ want.double().abs().t())
+            assert bool(((nvfp4.block_major_columns(x) @ decoded.t()).double() - ref).abs().le(bound).all())
+    assert not nvfp4.fast_path_ok(torch.tensor(2.0**110))
     assert nvfp4.fast_dequant_exact()
 
 

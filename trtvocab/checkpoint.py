@@ -177,7 +177,7 @@ class Checkpoint:
             else:
                 files = sorted(self.path.glob("*.safetensors"))
             if not files:
-                pickles = sorted(p.name for p in self.path.glob("*.bin")) + sorted(p.name for p in self.path.glob("*.pt"))
+                pickles = sorted(p.name for pattern in ("*.bin", "*.pt") for p in self.path.glob(pattern))
                 hint = f" (found pickles {pickles}, which are never loaded)" if pickles else ""
                 raise CheckpointError(f"checkpoint {self.path}: no .safetensors files{hint}")
         self.files: list[Path] = files
@@ -211,7 +211,8 @@ class Checkpoint:
     @property
     def tie_word_embeddings(self) -> bool:
         # transformers' PretrainedConfig defaults tie_word_embeddings to True.
-        value = self.config.get("tie_word_embeddings", self.config.get("text_config", {}).get("tie_word_embeddings", True))
+        nested = self.config.get("text_config", {}).get("tie_word_embeddings", True)
+        value = self.config.get("tie_word_embeddings", nested)
         return bool(value)
 
     def lm_head_name(self, tensor_name: str | None = None) -> tuple[str, bool]:

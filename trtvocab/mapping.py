@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from trtvocab.errors import ConfigError
 
@@ -23,6 +25,18 @@ class Mapping(BaseModel):
     tp_size: int = 1
     enable_attention_dp: bool = False
     enable_lm_head_tp_in_adp: bool = False
+
+    def __init__(self, **data: Any) -> None:
+        # pydantic wraps any ValueError a validator raises (ConfigError is one) into its
+        # ValidationError; callers are promised ConfigError, so unwrap it here.
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            for err in exc.errors():
+                if isinstance(err.get("ctx", {}).get("error"), ConfigError):
+                    raise err["ctx"]["error"] from None
+            lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+            raise ConfigError("Mapping: " + "; ".join(lines)) from None
 
     @model_validator(mode="after")
     def _check(self) -> Mapping:

@@ -20,14 +20,15 @@ from trtvocab.errors import QuantizationError
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 
-# An e4m3 byte ``s eeee mmm`` sign-extended to int32 and shifted left by 20 puts the
-# sign at bit 31 and ``eeee mmm`` at bits 26..20, i.e. fp32 exponent field ``eeee``
-# and mantissa ``mmm``: the fp32 number q * 2**-120 (fp8 subnormals become fp32
-# subnormals, exactly). The mask clears the sign-extension copies in bits 30..27.
-_SHIFT = 20
-_MASK = 0x87F00000 - (1 << 32)  # as a signed int32
-_BIAS = 2.0**120
-_SAFE_SCALE = 2.0**7  # scale * 2**120 stays a finite fp32 below this
+# An e4m3 byte ``s eeee mmm`` sign-extended to int16 and shifted left by 7 puts the sign
+# at bit 15 and ``eeee mmm`` at bits 13..7: fp16 exponent ``0eeee`` and mantissa ``mmm``,
+# i.e. the fp16 number q * 2**-8 (e4m3 subnormals become fp16 subnormals, exactly). The
+# mask clears bit 14, a sign-extension copy. fp16 -> fp32 is a hardware conversion that
+# yields normal fp32 numbers, so the scale multiply never sees a (slow) subnormal operand.
+_SHIFT16 = 7
+_MASK16 = 0xBF80 - (1 << 16)  # as a signed int16
+_BIAS16 = 2.0**8
+MAX_FAST_SCALE = 2.0**119  # scale * 2**8 stays a finite fp32 below this
 
 
 def _as_float_scale(scale: torch.Tensor | float, name: str) -> torch.Tensor:
@@ -107,8 +108,8 @@ def has_nan_codes(q: torch.Tensor) -> bool:
 def fast_dequant_exact(device: torch.device | str = "cpu") -> bool:
     """Whether :func:`dequantize_fp8_bits` is exact here (a few µs; call once per forward).
 
-    The bit trick relies on fp32 subnormals: flush-to-zero / denormals-are-zero
-    (``torch.set_flush_denormal(True)``) breaks it, and torch has no getter for that.
+    It is on IEEE hardware; the check guards against conversions that flush fp16
+    subnormals (e.g. a denormals-are-zero mode).
     """
     codes = torch.arange(256, dtype=torch.uint8, device=device)
     codes = codes[(codes & 0x7F) != 0x7F].view(FP8_DTYPE)
@@ -116,24 +117,32 @@ def fast_dequant_exact(device: torch.device | str = "cpu") -> bool:
     return torch.equal(dequantize_fp8_bits(codes, scale), codes.float() * scale)
 
 
-def dequantize_fp8_bits(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``q.float() * scale`` through integer bit moves (no NaN codes; see :func:`fast_dequant_exact`).
+def dequantize_fp8_bits(
+    q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None, work: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``q.float() * scale`` through integer bit moves and an fp16 -> fp32 conversion.
 
-    ``out``: optional float32 buffer of ``q``'s shape. ``scale``: 0-d or broadcastable (``[rows, 1]``).
+    Exact for NaN-free ``q`` and ``scale < MAX_FAST_SCALE`` (the caller checks, once):
+    ``(q * 2**-8) * (scale * 2**8)`` is the real ``q * scale`` rounded once. ``scale``:
+    0-d or broadcastable (``[rows, 1]``); ``out`` float32 and ``work`` int16 buffers of
+    ``q``'s shape are optional.
     """
-    bits = torch.empty(q.shape, dtype=torch.int32, device=q.device) if out is None else out.view(torch.int32)
+    bits = torch.empty(q.shape, dtype=torch.int16, device=q.device) if work is None else work
     bits.copy_(q.view(torch.int8))
-    bits.bitwise_left_shift_(_SHIFT).bitwise_and_(_MASK)
-    w = bits.view(torch.float32)
-    if bool((scale < _SAFE_SCALE).all()):
-        # raw * (scale * 2**120) is the exact real q * scale, rounded once: == fl(q * scale).
-        return w.mul_(scale * _BIAS)
-    return w.mul_(_BIAS).mul_(scale)
+    bits.bitwise_left_shift_(_SHIFT16).bitwise_and_(_MASK16)
+    w = torch.empty(q.shape, dtype=torch.float32, device=q.device) if out is None else out
+    w.copy_(bits.view(torch.float16))
+    return w.mul_(scale * _BIAS16)
+
+
+def fast_path_ok(scale: torch.Tensor) -> bool:
+    """Whether :func:`dequantize_fp8_bits` is exact for these scales on their device."""
+    return bool((scale < MAX_FAST_SCALE).all()) and fast_dequant_exact(scale.device)
 
 
 def dequantize_fp8_fast(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Bit-identical to :func:`dequantize_fp8` (no NaN codes), several times faster on CPU."""
-    if fast_dequant_exact(q.device):
+    if fast_path_ok(scale):
         return dequantize_fp8_bits(q, scale, out)
     result = dequantize_fp8(q, scale)
     return result if out is None else out.copy_(result)

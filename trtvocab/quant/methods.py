@@ -29,8 +29,10 @@ from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.sharding import VocabShard
 from trtvocab.weights.base import WeightMethod, read_rows, read_scalar, register, source_shape
 
-# float32 values dequantized per GEMM chunk: 2 MiB, about an L2 cache.
-CHUNK_ELEMENTS = 1 << 19
+# float32 values dequantized per GEMM chunk (4 MiB + a 2 MiB int16 scratch): large enough that
+# the ~10 torch calls per chunk cost little, small enough to stay in cache.
+CHUNK_ELEMENTS = 1 << 20
+Dequantizer = Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor]
 PREFIX = "lm_head."  # quantized heads are never the tied embedding, so errors can name lm_head.*
 
 
@@ -80,9 +82,13 @@ class _QuantizedWeight(WeightMethod):
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _dequantizer(self) -> Callable[[int, int, torch.Tensor], torch.Tensor]:  # pragma: no cover - abstract
-        """``f(start, end, out)``: exact float32 rows ``[start, end)`` written into ``out``."""
-        raise NotImplementedError
+    def _plan(self, x_dq: torch.Tensor | None) -> tuple[torch.Tensor | None, Dequantizer]:
+        """``(x for the GEMM, f(start, end, out, work) -> float32 rows in the GEMM's column order)``.
+
+        ``x_dq is None``: element order (for :meth:`dense_weight`). A fast path may permute
+        the columns of both operands alike; the products summed are the same.
+        """
+        raise NotImplementedError  # pragma: no cover - abstract
 
     # -- shared -------------------------------------------------------------------------------
     @property
@@ -92,27 +98,32 @@ class _QuantizedWeight(WeightMethod):
     def _device(self) -> torch.device:
         return next(self.buffers()).device
 
+    def _scratch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = max(0, min(self.rows_per_chunk, rows))
+        return (torch.empty(rows, self.hidden_size, dtype=torch.float32, device=device),
+                torch.empty(rows, self.hidden_size, dtype=torch.int16, device=device))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(x.shape[0], self.shard.width, dtype=torch.float32, device=x.device)
         if x.shape[0] == 0:
             return out
-        x_dq = self.quantize_input(x)
-        dequant = self._dequantizer()
-        step = self.rows_per_chunk
-        buffer = torch.empty(min(step, self.shard.size), self.hidden_size, dtype=torch.float32, device=x.device)
-        for start in range(0, self.shard.size, step):
-            end = min(start + step, self.shard.size)
-            w = dequant(start, end, buffer[: end - start])
-            torch.matmul(x_dq, w.t(), out=out[:, start:end])
+        gemm_x, dequant = self._plan(self.quantize_input(x))
+        size, step = self.shard.size, self.rows_per_chunk
+        buffer, work = self._scratch(size, x.device)
+        for start in range(0, size, step):
+            end = min(start + step, size)
+            w = dequant(start, end, buffer[: end - start], work[: end - start])
+            torch.matmul(gemm_x, w.t(), out=out[:, start:end])
         return out  # padding columns (padded layout) stay 0; the head sets them to -inf
 
     def dense_weight(self) -> torch.Tensor:
         width, step = self.shard.width, self.rows_per_chunk
         out = torch.empty(width, self.hidden_size, dtype=torch.float32, device=self._device())
-        dequant = self._dequantizer()
+        _, dequant = self._plan(None)
+        _, work = self._scratch(width, out.device)
         for start in range(0, width, step):
             end = min(start + step, width)
-            dequant(start, end, out[start:end])
+            dequant(start, end, out[start:end], work[: end - start])
         return out.add_(0.0)  # canonical zeros: the NVFP4 fast path decodes "-0" as -0.0
 
     def _static_input_scale(self, tensors: dict[str, Any]) -> None:
@@ -181,17 +192,17 @@ class FP8Weight(_QuantizedWeight):
         scale = self.input_scale if self.activation == "static" else fp8.dynamic_scale(xf)
         return fp8.fake_quant_fp8(xf, scale)
 
-    def _dequantizer(self) -> Callable[[int, int, torch.Tensor], torch.Tensor]:
-        fast = fp8.fast_dequant_exact(self.weight.device)
+    def _plan(self, x_dq: torch.Tensor | None) -> tuple[torch.Tensor | None, Dequantizer]:
+        fast = fp8.fast_path_ok(self.weight_scale)
 
-        def rows(start: int, end: int, out: torch.Tensor) -> torch.Tensor:
+        def rows(start: int, end: int, out: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
             q = self.weight[start:end]
             scale = self.weight_scale[start:end] if self.per_row else self.weight_scale
             if fast:
-                return fp8.dequantize_fp8_bits(q, scale, out)
+                return fp8.dequantize_fp8_bits(q, scale, out, work)
             return out.copy_(fp8.dequantize_fp8(q, scale))
 
-        return rows
+        return x_dq, rows
 
     def export_tensors(self) -> dict[str, torch.Tensor]:
         size = self.shard.size
@@ -206,7 +217,12 @@ class FP8Weight(_QuantizedWeight):
 
 @register("NVFP4")
 class NVFP4Weight(_QuantizedWeight):
-    """Packed ``uint8 [width, H/2]`` + e4m3 block scales ``[width, H/16]`` + fp32 ``weight_scale_2``."""
+    """Packed ``uint8 [width, H/2]`` + e4m3 block scales ``[width, H/16]`` + fp32 ``weight_scale_2``.
+
+    The packed bytes live in ``packed_block_major`` (a per-row byte permutation, see
+    :func:`~trtvocab.quant.nvfp4.to_block_major`); :meth:`export_tensors` returns them in
+    checkpoint order.
+    """
 
     format_name = "NVFP4"
     algo = QuantAlgo.NVFP4
@@ -217,7 +233,9 @@ class NVFP4Weight(_QuantizedWeight):
         nvfp4.check_hidden(hidden_size, PREFIX + "weight")
         if quant_config.group_size != nvfp4.BLOCK:
             raise QuantizationError(f"NVFP4 LM head: group_size must be {nvfp4.BLOCK}, got {quant_config.group_size}")
-        self.register_buffer("weight", torch.zeros(shard.width, hidden_size // 2, dtype=torch.uint8))
+        # The packed bytes in block-major order (nvfp4.to_block_major: a per-row byte permutation
+        # that makes the CPU decode cheaper); export_tensors() gives checkpoint order back.
+        self.register_buffer("packed_block_major", torch.zeros(shard.width, hidden_size // 2, dtype=torch.uint8))
         # Padding rows: code 0 (value 0) under a finite scale of 1.0.
         ones = torch.ones(shard.width, hidden_size // nvfp4.BLOCK)
         self.register_buffer("weight_scale", ones.to(fp8.FP8_DTYPE))
@@ -252,8 +270,8 @@ class NVFP4Weight(_QuantizedWeight):
                                     "weight_scale_2")
         with torch.no_grad():
             size = self.shard.size
-            self.weight[:size].copy_(packed)
-            self.weight[size:].zero_()
+            self.packed_block_major[:size].copy_(nvfp4.to_block_major(packed))
+            self.packed_block_major[size:].zero_()
             self.weight_scale[:size].copy_(scales)
             self.weight_scale[size:] = torch.ones(self.shard.padding, blocks).to(fp8.FP8_DTYPE)
             self.weight_scale_2.copy_(global_scale)
@@ -265,21 +283,26 @@ class NVFP4Weight(_QuantizedWeight):
             return xf
         return nvfp4.fake_quant_activation(xf, self.input_scale)
 
-    def _dequantizer(self) -> Callable[[int, int, torch.Tensor], torch.Tensor]:
-        fast = nvfp4.fast_dequant_exact(self.weight.device)
+    def _plan(self, x_dq: torch.Tensor | None) -> tuple[torch.Tensor | None, Dequantizer]:
+        fast = nvfp4.fast_path_ok(self.weight_scale_2)
+        permuted = fast and x_dq is not None  # the GEMM takes both operands' columns permuted alike
 
-        def rows(start: int, end: int, out: torch.Tensor) -> torch.Tensor:
-            args = (self.weight[start:end], self.weight_scale[start:end], self.weight_scale_2)
+        def rows(start: int, end: int, out: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+            packed_bm, bs = self.packed_block_major[start:end], self.weight_scale[start:end]
+            if permuted:
+                return nvfp4.decode_block_major(packed_bm, bs, self.weight_scale_2, out=out, work=work)
             if fast:
-                return nvfp4.dequantize_nvfp4_bits(*args, out=out)
-            return out.copy_(nvfp4.dequantize_nvfp4(*args))
+                decoded = nvfp4.decode_block_major(packed_bm, bs, self.weight_scale_2, work=work)
+                return nvfp4.block_major_to_elements(decoded, out)
+            packed = nvfp4.from_block_major(packed_bm)
+            return out.copy_(nvfp4.dequantize_nvfp4(packed, bs, self.weight_scale_2))
 
-        return rows
+        return (nvfp4.block_major_columns(x_dq) if permuted else x_dq), rows
 
     def export_tensors(self) -> dict[str, torch.Tensor]:
         size = self.shard.size
         out = {
-            "weight": self.weight[:size],
+            "weight": nvfp4.from_block_major(self.packed_block_major[:size]),
             "weight_scale": self.weight_scale[:size],
             "weight_scale_2": self.weight_scale_2,
         }

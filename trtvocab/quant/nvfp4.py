@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from trtvocab.errors import QuantizationError
-from trtvocab.quant.fp8 import FP8_DTYPE, FP8_MAX
+from trtvocab.quant.fp8 import FP8_DTYPE, FP8_MAX, dequantize_fp8_bits
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -27,14 +27,12 @@ SCALE_MIN = 2.0**-9  # smallest e4m3 subnormal: a block scale never underflows t
 # Code -> value; code 8 ("-0") is 0.0, as ModelOpt decodes it.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
-# A code ``s ee m`` shifted into bits 7..4 of a byte, sign-extended to int32 and shifted
-# left by 18 lands as fp32 sign (bit 31), exponent low bits ``ee`` (24..23) and mantissa
-# MSB ``m`` (22): the fp32 number value * 2**-126 (``ee == 0`` -> subnormal m * 0.5,
-# exactly). The mask drops sign-extension copies and the neighbouring nibble.
-_SHIFT = 18
-_MASK = 0x81C00000 - (1 << 32)
-_BIAS = 2.0**126
-_SAFE_SCALE = 2.0  # block_scale * g * 2**126 stays a finite fp32 below this
+# A code ``s ee m`` in bits 12..9 of an int16 (sign also in 15..13) becomes, after masking
+# bits 15 and 11..9, the fp16 number value * 2**-14: exponent ``000ee``, mantissa MSB ``m``
+# (``ee == 0`` -> the fp16 subnormal m * 2**-15, exactly). fp16 -> fp32 is a hardware
+# conversion to normal fp32 numbers: the scale multiply never sees a subnormal operand.
+_MASK16 = 0x8E00 - (1 << 16)  # as a signed int16
+_BIAS16 = 2.0**14
 
 
 def check_hidden(hidden: int, name: str = "weight") -> None:
@@ -147,7 +145,7 @@ def fake_quant_activation(x: torch.Tensor, global_scale: torch.Tensor | float) -
 
 # ---- fast exact dequantization (the LM head's per-call path) ---------------------------------------
 def fast_dequant_exact(device: torch.device | str = "cpu") -> bool:
-    """Whether :func:`dequantize_nvfp4_bits` is exact here (it needs fp32 subnormals; no FTZ/DAZ)."""
+    """Whether the bit-move dequantization is exact here (IEEE fp16 subnormals; a few µs)."""
     packed = torch.arange(256, dtype=torch.uint8, device=device).reshape(16, 16)
     bs = torch.full((16, 2), 1.5, device=device).to(FP8_DTYPE)
     g = torch.tensor(0.3, device=device)
@@ -155,38 +153,86 @@ def fast_dequant_exact(device: torch.device | str = "cpu") -> bool:
     return torch.equal(fast.view(torch.int32), dequantize_nvfp4(packed, bs, g).view(torch.int32))
 
 
+def fast_path_ok(global_scale: torch.Tensor) -> bool:
+    """Whether the bit-move path is exact for this global scale: ``bs * g * 2**14`` stays finite."""
+    return bool(global_scale < 2.0**100) and fast_dequant_exact(global_scale.device)
+
+
+# Block-major order: within each row, byte k of 16-block b (``packed[8 * b + k]``) moves to
+# ``k * (H / 16) + b``. Decoding it yields columns ordered (nibble h, byte k, block b), so a
+# block's scale is broadcast along the contiguous block axis (fast) instead of along runs of
+# 8 values. Any column order works for the GEMM as long as x is permuted alike.
+def to_block_major(packed: torch.Tensor) -> torch.Tensor:
+    """Packed ``[rows, H/2]`` in checkpoint order -> block-major order (a per-row byte permutation)."""
+    rows, half = packed.shape
+    return packed.view(rows, half // 8, 8).transpose(1, 2).reshape(rows, half)
+
+
+def from_block_major(packed_bm: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`to_block_major`."""
+    rows, half = packed_bm.shape
+    return packed_bm.view(rows, 8, half // 8).transpose(1, 2).reshape(rows, half)
+
+
+def block_major_columns(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., H]`` in the column order of :func:`decode_block_major`: element ``16b + 2k + h`` -> (h, k, b)."""
+    *lead, hidden = x.shape
+    blocks = x.reshape(*lead, hidden // BLOCK, BLOCK // 2, 2)
+    return blocks.permute(*range(len(lead)), -1, -2, -3).reshape(*lead, hidden)
+
+
+def decode_block_major(
+    packed_bm: torch.Tensor,
+    block_scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    out: torch.Tensor | None = None,
+    work: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dequantize block-major packed rows into float32 ``[rows, H]`` in (h, k, b) column order.
+
+    Every value equals :func:`dequantize_nvfp4`'s (exact, given :func:`fast_path_ok`),
+    except that code 8 decodes to -0.0 instead of +0.0. ``out`` float32 and ``work``
+    int16 ``[rows, H]`` buffers are optional.
+    """
+    rows, half = packed_bm.shape
+    hidden = 2 * half
+    bits = torch.empty(rows, hidden, dtype=torch.int16, device=packed_bm.device) if work is None else work
+    low, high = bits[:, :half], bits[:, half:]
+    high.copy_(packed_bm.view(torch.int8))  # sign-extends: the high nibble's sign fills bits 15..8
+    torch.bitwise_left_shift(high, 12, out=low)  # low nibble -> bits 15..12
+    low.bitwise_right_shift_(3)  # arithmetic: -> bits 12..9, its sign copied into 15..13
+    high.bitwise_left_shift_(5)  # high nibble (bits 7..4) -> bits 12..9
+    bits.bitwise_and_(_MASK16)
+    w = torch.empty(rows, hidden, dtype=torch.float32, device=packed_bm.device) if out is None else out
+    w.copy_(bits.view(torch.float16))  # value * 2**-14
+    # Per-block scale fl(bs * g), exactly, then * 2**14 (exact): one rounding of value * scale.
+    scale = dequantize_fp8_bits(block_scales, global_scale).mul_(_BIAS16)
+    w.view(rows, BLOCK, hidden // BLOCK).mul_(scale.view(rows, 1, hidden // BLOCK))
+    return w
+
+
 def dequantize_nvfp4_bits(
     packed: torch.Tensor, block_scales: torch.Tensor, global_scale: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """:func:`dequantize_nvfp4` of a ``[rows, H/2]`` matrix through integer bit moves.
+    """:func:`dequantize_nvfp4` through :func:`decode_block_major`, back in element order."""
+    decoded = decode_block_major(to_block_major(packed), block_scales, global_scale)
+    return block_major_to_elements(decoded, out)
 
-    Bit-identical (see :func:`fast_dequant_exact`) except that code 8 decodes to -0.0
-    instead of +0.0 (equal values; ``+ 0.0`` canonicalizes), and several times faster
-    on CPU, where indexing a lookup table is slow. ``out``: optional float32 ``[rows, H]``.
-    """
-    rows, half = packed.shape
-    hidden = 2 * half
-    # Each code into the high nibble of its own byte, in element order.
-    shifted = torch.empty(rows, half, 2, dtype=torch.uint8, device=packed.device)
-    torch.bitwise_left_shift(packed, 4, out=shifted[..., 0])  # uint8: the high nibble falls off
-    torch.bitwise_and(packed, 0xF0, out=shifted[..., 1])
-    bits = torch.empty(rows, hidden, dtype=torch.int32, device=packed.device) if out is None else out.view(torch.int32)
-    bits.copy_(shifted.view(torch.int8).reshape(rows, hidden))
-    bits.bitwise_left_shift_(_SHIFT).bitwise_and_(_MASK)
-    w = bits.view(torch.float32).view(rows, hidden // BLOCK, BLOCK)
-    scale = (block_scales.float() * global_scale).unsqueeze(-1)
-    if bool((scale < _SAFE_SCALE).all()):
-        # raw * (scale * 2**126) is the exact real value * scale, rounded once.
-        w.mul_(scale * _BIAS)
-    else:
-        w.mul_(_BIAS).mul_(scale)
-    return w.view(rows, hidden)
+
+def block_major_to_elements(decoded: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Columns in (h, k, b) order (:func:`decode_block_major`) -> element order, ``[rows, H]``."""
+    rows, hidden = decoded.shape
+    w = torch.empty_like(decoded) if out is None else out
+    w.view(rows, hidden // BLOCK, BLOCK // 2, 2).copy_(
+        decoded.view(rows, 2, BLOCK // 2, hidden // BLOCK).permute(0, 3, 2, 1))
+    return w
 
 
 def dequantize_nvfp4_fast(
     packed: torch.Tensor, block_scales: torch.Tensor, global_scale: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    if fast_dequant_exact(packed.device):
+    """Bit-identical to :func:`dequantize_nvfp4` up to the sign of zero, faster on CPU."""
+    if fast_path_ok(global_scale):
         return dequantize_nvfp4_bits(packed, block_scales, global_scale, out)
     result = dequantize_nvfp4(packed, block_scales, global_scale)
     return result if out is None else out.copy_(result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from trtvocab.errors import CheckpointError
@@ -12,13 +13,24 @@ from trtvocab.weights.base import WeightMethod, read_rows, register
 DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def _untouched_zeros(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose pages are not resident until written.
+
+    ``torch.zeros`` memsets, so every page is touched at once; numpy's ``zeros`` uses
+    calloc, which for large sizes maps fresh zero pages from the kernel. A head whose
+    weights are about to be replaced by the checkpoint's rows then never pays for them.
+    """
+    nbytes = rows * cols * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(rows, cols)
+
+
 @register("dense")
 class DenseWeight(WeightMethod):
     format_name = "dense"
 
     def __init__(self, shard, hidden_size: int, dtype: torch.dtype, quant_config: Any = None):
         super().__init__(shard, hidden_size, dtype, quant_config)
-        self.register_buffer("weight", torch.zeros(shard.width, hidden_size, dtype=dtype))
+        self.register_buffer("weight", _untouched_zeros(shard.width, hidden_size, dtype))
 
     def load(self, tensors: dict[str, Any]) -> None:
         if "weight" not in tensors:
@@ -38,8 +50,26 @@ class DenseWeight(WeightMethod):
                 "(quantized bytes are never read as dense values)"
             )
         with torch.no_grad():
+            if self._can_adopt(tensors["weight"], rows):
+                # The lazy reader handed us a fresh, exactly shard-sized tensor: keep it as
+                # the buffer instead of copying it, so loading costs one shard of memory,
+                # not two (the untouched initial buffer was never resident).
+                self.weight = rows
+                return
             self.weight[: self.shard.size].copy_(rows.to(self.dtype))
             self.weight[self.shard.size :].zero_()
+
+    def _can_adopt(self, source: Any, rows: torch.Tensor) -> bool:
+        return (
+            not isinstance(source, torch.Tensor)  # a caller's tensor is never aliased
+            and self.shard.padding == 0
+            and rows.dtype == self.dtype
+            and rows.device == self.weight.device
+            and rows.is_contiguous()
+            and rows.storage_offset() == 0
+            and rows.untyped_storage().nbytes() == rows.numel() * rows.element_size()
+            and tuple(rows.shape) == tuple(self.weight.shape)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight.t()

@@ -1,0 +1,114 @@
+"""Nothing hangs on bad input (DESIGN §1.6), on real gloo groups with short timeouts.
+
+Every case raises a typed error naming the input on EVERY rank: the rank that got the
+bad input raises its own error (InputError, CheckpointError), its peers raise
+PeerRankError from the handshake in ``distributed.agree``; heads built differently
+(vocab, hidden, tp, layout, pad_to, gather_output) make every rank raise
+RankMismatchError before any logits move. Collective timeouts are set to 20 s, so a
+hang would fail the test instead of stalling it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from conftest import model_config, write_hf_dir
+from rank_fns import bad_input_cases, exit_hard, raise_bad_seq_lens_on
+
+from trtvocab.errors import InputError, PeerRankError
+from trtvocab.launch import RankFailures, run_ranks
+
+TP = 3
+TIMEOUT_S = 20  # collective timeout per rank; a hung case would surface as a DistributedError
+
+# case -> (error on the bad rank(s), error on the others, text the bad rank's message contains)
+EXPECT: dict[str, tuple[str, str, str]] = {
+    "seq_lens sum != T (all)": ("InputError", "InputError", "seq_lens: lengths sum to 5"),
+    "seq_lens sum != T (rank 1)": ("InputError", "PeerRankError", "seq_lens: lengths sum to 5"),
+    "zero length (all)": ("InputError", "InputError", "seq_lens: every length must be >= 1"),
+    "zero length (rank 1)": ("InputError", "PeerRankError", "seq_lens: every length must be >= 1"),
+    "negative length (rank 1)": ("InputError", "PeerRankError", "seq_lens: every length must be >= 1"),
+    "float seq_lens (rank 1)": ("InputError", "PeerRankError", "seq_lens: expected an integer dtype"),
+    "wrong hidden size (all)": ("InputError", "InputError", "hidden_states: expected shape [N, 16]"),
+    "wrong hidden size (rank 1)": ("InputError", "PeerRankError", "hidden_states: expected shape [N, 16]"),
+    "wrong dtype (rank 1)": ("InputError", "PeerRankError", "hidden_states: expected dtype torch.float32"),
+    "3-D hidden (rank 1)": ("InputError", "PeerRankError", "hidden_states: expected shape"),
+    "empty batch (all)": ("InputError", "InputError", "hidden_states: empty batch"),
+    "empty batch (rank 1)": ("InputError", "PeerRankError", "hidden_states: empty batch"),
+    "empty batch, processor (rank 1)": ("InputError", "PeerRankError", "hidden_states: empty batch (T = 0)"),
+    "different row counts (rank 1)": ("RankMismatchError", "RankMismatchError", "different numbers of rows"),
+    "sampling k > V (rank 1)": ("InputError", "PeerRankError", "sampling.topk: k must be"),
+    "sampling NaN (rank 1)": ("InputError", "PeerRankError", "sampling.greedy: local_logits contain NaN"),
+    "sampling id out of range (rank 1)": ("InputError", "PeerRankError", "sampling.logprobs: token_ids"),
+    "sampling wrong width (rank 1)": ("InputError", "PeerRankError", "sampling.greedy: local_logits must have"),
+    "sampling min_p > 1 (rank 1)": ("InputError", "PeerRankError", "sampling.min_p: min_p must be in [0, 1]"),
+    "sampling different k (rank 1)": ("RankMismatchError", "RankMismatchError", "k / ids per row"),
+    "sampling different rows (rank 1)": ("RankMismatchError", "RankMismatchError", "batch rows"),
+    "different vocab (rank 1)": ("RankMismatchError", "RankMismatchError", "vocab_size"),
+    "different hidden (rank 1)": ("RankMismatchError", "RankMismatchError", "hidden_size"),
+    "different layout (rank 1)": ("RankMismatchError", "RankMismatchError", "vocab layout"),
+    "different pad_to (rank 1)": ("RankMismatchError", "RankMismatchError", "vocab layout"),
+    "different gather_output (rank 1)": ("RankMismatchError", "RankMismatchError", "gather_output"),
+    "different tp (rank 1)": ("RankMismatchError", "RankMismatchError", "tp_size"),
+    "missing tensor (all)": ("CheckpointError", "CheckpointError", "no 'lm_head.weight'"),
+    "shape vs config.json (all)": ("CheckpointError", "CheckpointError", "config.json vocab_size is 101"),
+    "untied, no lm_head (all)": ("CheckpointError", "CheckpointError", "tie_word_embeddings=false"),
+    "healthy after": ("ok", "ok", ""),
+}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict]]:
+    root = tmp_path_factory.mktemp("bad_ckpts")
+    w = torch.randn(100, 16)
+    paths = {
+        "missing": write_hf_dir(root / "missing", {"model.norm.weight": torch.ones(16)},
+                                model_config(100, 16, tie_word_embeddings=False)),
+        "wrong_shape": write_hf_dir(root / "wrong_shape", {"lm_head.weight": w}, model_config(101, 16)),
+        "untied": write_hf_dir(root / "untied", {"model.embed_tokens.weight": w},
+                               model_config(100, 16, tie_word_embeddings=False)),
+    }
+    return run_ranks(bad_input_cases, TP, {k: str(v) for k, v in paths.items()}, timeout_s=TIMEOUT_S)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", list(EXPECT))
+def test_every_rank_raises_a_typed_error(records: list[list[dict]], case: str) -> None:
+    bad_type, other_type, fragment = EXPECT[case]
+    bad_ranks = range(TP) if case.endswith("(all)") else [1]
+    for rank in range(TP):
+        (rec,) = [r for r in records[rank] if r["case"] == case]
+        want = bad_type if rank in bad_ranks else other_type
+        assert rec["type"] == want, f"rank {rank}: {rec['type']}: {rec['msg']}"
+        if rank in bad_ranks:
+            assert fragment in rec["msg"], f"rank {rank}: {rec['msg']!r} does not name the input ({fragment!r})"
+        elif want == "PeerRankError":
+            assert "rank(s) [1]" in rec["msg"], rec["msg"]
+
+
+def test_all_cases_ran(records: list[list[dict]]) -> None:
+    for rank in range(TP):
+        assert [r["case"] for r in records[rank]] == list(EXPECT)
+
+
+@pytest.mark.timeout(120)
+def test_rank_failures_carry_each_ranks_typed_error() -> None:
+    """Errors escaping the rank function arrive in RankFailures.errors with their types."""
+    with pytest.raises(RankFailures) as info:
+        run_ranks(raise_bad_seq_lens_on, 2, 1, timeout_s=TIMEOUT_S)
+    errors = info.value.errors
+    assert set(errors) == {0, 1}
+    assert isinstance(errors[1], InputError) and "seq_lens" in str(errors[1])
+    assert isinstance(errors[0], PeerRankError) and "rank(s) [1]" in str(errors[0])
+    assert "rank 1: InputError" in str(info.value)
+
+
+def test_launcher_does_not_wait_for_dead_ranks() -> None:
+    """A rank that dies before reporting is noticed at once, not after the whole deadline."""
+    start = time.monotonic()
+    with pytest.raises(RankFailures) as info:
+        run_ranks(exit_hard, 2, timeout_s=TIMEOUT_S)
+    assert time.monotonic() - start < TIMEOUT_S
+    assert "exited without a result" in str(info.value)
