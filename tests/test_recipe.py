@@ -30,7 +30,7 @@ def test_unknown_key_names_file_section_key_and_allowed(tmp_path: Path) -> None:
 def test_unknown_section(tmp_path: Path) -> None:
     f = tmp_path / "r.toml"
     f.write_text('[checkpoint]\npath = "."\n[quantisation]\nmode = "auto"\n')
-    with pytest.raises(ConfigError, match="quantisation: unknown key; allowed keys: .*quantization"):
+    with pytest.raises(ConfigError, match=r"quantisation: unknown key; allowed keys: .*quantization"):
         load_recipe(f)
 
 

@@ -14,7 +14,6 @@ reader sees either the old artifact or the new one, never a mix or a half.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -26,33 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from trtvocab.errors import ArtifactError
+from trtvocab.fsutil import atomic_write_bytes, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "trtvocab-artifact"
 FORMAT_VERSION = 1
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder + rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def versions() -> dict[str, str]:

@@ -161,7 +161,8 @@ def infer(
     probs = torch.softmax(logits, dim=-1)
     top = probs.topk(min(top_k, logits.shape[-1]), dim=-1)
     last = load_last_tokens(hidden) or []
-    table = Table(title=f"top-{top_k} tokens of each sequence's last row (global softmax over all {logits.shape[-1]:,})")
+    vocab = logits.shape[-1]
+    table = Table(title=f"top-{top_k} tokens of each sequence's last row (global softmax over all {vocab:,})")
     table.add_column("seq")
     if len(last) == logits.shape[0]:
         table.add_column("last input token")
@@ -223,7 +224,8 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
 def hidden(
     model: Annotated[Path, typer.Argument(help="HF model directory (transformers AutoModel, offline)")],
     out: Annotated[Path, typer.Option(help="output .safetensors (hidden_states [T, H], seq_lens [B])")],
-    text: Annotated[list[str] | None, typer.Option(help="a text (repeatable); default: four built-in sentences")] = None,
+    text: Annotated[list[str] | None,
+                    typer.Option(help="a text (repeatable); default: four built-in sentences")] = None,
     layer: Annotated[int, typer.Option(help="which hidden states: 0 = embeddings, -1 = final layer")] = -1,
 ) -> None:
     """Compute real hidden states of some texts (packed, no special tokens) for infer/compare."""

@@ -7,10 +7,10 @@ and what is allowed: a typo must never silently fall back to a default.
 from __future__ import annotations
 
 import importlib
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtvocab.errors import ConfigError

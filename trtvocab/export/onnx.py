@@ -46,7 +46,6 @@ float32 result. These are the W4A16 numbers without the memory saving.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -61,6 +60,7 @@ from onnx import TensorProto, external_data_helper, helper, numpy_helper
 from pydantic import BaseModel, ConfigDict
 
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
+from trtvocab.fsutil import sha256_file
 
 if TYPE_CHECKING:
     from trtvocab.lm_head import LMHead
@@ -425,14 +425,6 @@ def build_model(tensors: dict[str, TensorProto], spec: GraphSpec) -> onnx.ModelP
 
 
 # ---- files ----------------------------------------------------------------------------------
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fsync(path: Path) -> None:
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
@@ -471,7 +463,7 @@ def save_model_atomic(model: onnx.ModelProto, path: str | Path, *, external_data
         digests = {}
         for f in written:
             _fsync(f)
-            digests[f.name] = _sha256(f)
+            digests[f.name] = sha256_file(f)
         if external_data:
             os.replace(tmp / data_name, path.parent / data_name)
         os.replace(tmp_graph, path)

@@ -24,16 +24,15 @@ so it is always set when the enum has it.
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError, InputError, QuantizationError
+from trtvocab.fsutil import atomic_write_bytes
 
 HIDDEN, SEQ_LENS, LOGITS = "hidden_states", "seq_lens", "logits"  # the names export/onnx.py writes
 MIN_TENSORRT = (10, 8)  # strongly typed networks with FP4 (DynamicQuantize) exist from 10.8
@@ -189,16 +188,7 @@ def write_plan_atomic(path: str | Path, blob: Any) -> str:
     view = memoryview(blob)
     if view.nbytes == 0:
         raise EngineUnavailableError(f"refusing to write an empty engine to {path}")
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(view)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write_bytes(path, view)
     return sha256_bytes(view)
 
 
