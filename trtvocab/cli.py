@@ -146,6 +146,9 @@ def infer(
     from trtvocab.runtime import infer as run_infer
 
     try:
+        from trtvocab.distributed import init_from_env
+
+        init_from_env()  # under torchrun each process serves one rank; otherwise a no-op
         states, lens = load_hidden(hidden)
         if seq_lens:
             lens = torch.tensor([int(s) for s in seq_lens.split(",")], dtype=torch.int32)

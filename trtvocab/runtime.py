@@ -173,6 +173,8 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
     tp = manifest["mapping"]["tp_size"]
     RUNNERS_USED.clear()
     if D.is_initialized():  # under torchrun: this process is one rank
+        if D.group_size() != tp:
+            raise ArtifactError(f"{root}: built for tp {tp}, but torchrun started {D.group_size()} processes")
         out = _infer_rank(D.group_rank(), tp, str(root), chosen, hidden, seq_lens)
         return (None if out is None else out[0]), _label(chosen, out[1] if out else []), manifest  # type: ignore
     if tp == 1:
