@@ -30,9 +30,10 @@ SCRIPT = textwrap.dedent(
     want = x[[2, 6]] @ w.T
     err = (logits.double() - want).abs().max().item()
     single = ((x[[2, 6]].float() @ w.float().T).double() - want).abs().max().item()
-    open(f"rank{rank}.json", "w").write(json.dumps({"rank": rank, "world": world, "start": head.vocab_start, "end": head.vocab_end,
-                      "shape": list(logits.shape), "err": err, "single": single,
-                      "argmax_ok": bool(torch.equal(logits.argmax(-1), want.argmax(-1)))}))
+    result = {"rank": rank, "world": world, "start": head.vocab_start, "end": head.vocab_end,
+              "shape": list(logits.shape), "err": err, "single": single,
+              "argmax_ok": bool(torch.equal(logits.argmax(-1), want.argmax(-1)))}
+    open(f"rank{rank}.json", "w").write(json.dumps(result))
     """
 )
 
