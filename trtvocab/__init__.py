@@ -1,5 +1,6 @@
 """trtvocab: the vocabulary dimension of LLM inference (LM head, TP sharding, FP8/NVFP4, engines)."""
 
+from trtvocab import sampling
 from trtvocab.errors import (
     ArtifactError,
     CheckpointError,
@@ -42,6 +43,7 @@ __all__ = [
     "calc_shard",
     "padded_vocab_size",
     "resolve_lm_head_quant",
+    "sampling",
     "shard_sizes",
     "vocab_shard",
 ]

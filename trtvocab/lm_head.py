@@ -12,7 +12,9 @@ With attention DP every rank brings its own rows, so the rows are gathered first
 and, after the GEMM, each rank takes its own rows back with an all-to-all.
 
 The weight format (dense, FP8, NVFP4) is a strategy object from
-:mod:`trtvocab.weights`; the forward below never looks at it.
+:mod:`trtvocab.weights`; the forward below never looks at it. Dense heads return
+logits in their dtype; quantized heads return float32 (they accumulate dequantized
+values in float32, as their engines do). The LogitsProcessor returns float32 always.
 """
 
 from __future__ import annotations

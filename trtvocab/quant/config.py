@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -150,14 +151,18 @@ def stored_format(ckpt: Checkpoint, tensor_name: str) -> QuantAlgo | None:
 
 
 def resolve_lm_head_quant(
-    ckpt: Checkpoint,
+    ckpt: Checkpoint | str | Path,
     *,
     mapping: Mapping | None = None,
     tensor_name: str | None = None,
     quant: str = "auto",
     weight_only: bool = False,
 ) -> HeadQuantDecision:
-    """Apply the gating rule to a checkpoint (header probes only)."""
+    """Apply the gating rule to a checkpoint (a :class:`Checkpoint` or its path; header probes only)."""
+    if not hasattr(ckpt, "hf_quant_config"):
+        from trtvocab.checkpoint import Checkpoint
+
+        ckpt = Checkpoint(ckpt)  # type: ignore[arg-type]
     if quant not in ("auto", "none"):
         raise QuantizationError(f"quant must be 'auto' or 'none', got {quant!r}")
     name, tied = ckpt.lm_head_name(tensor_name)
