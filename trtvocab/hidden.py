@@ -39,7 +39,9 @@ def hidden_states_from_text(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a weight-loading bar per call is noise in CLI output
     if not texts or any(not t.strip() for t in texts):
         raise InputError("texts: need at least one non-empty text")
     tok = AutoTokenizer.from_pretrained(str(model_dir))
