@@ -272,3 +272,16 @@ def test_quantized_recipes(tmp_path, algo: str) -> None:
     by_onnx, _, _ = infer(root, hidden, lens, "onnxruntime")
     torch.testing.assert_close(by_onnx, by_torch, rtol=1e-5, atol=1e-5)
     assert torch.equal(by_onnx.argmax(-1), by_torch.argmax(-1))
+
+
+def test_attention_dp_replicated_artifact_infers_full_vocab(tmp_path) -> None:
+    """ADP without LM-head TP replicates the head: every rank holds [0, V) and infer must
+    return [B, V], not tp copies side by side."""
+    recipe = synthetic_recipe(tmp_path / "adp")
+    recipe["mapping"] = {"tp_size": 2, "enable_attention_dp": True}
+    root, manifest = build(parse_recipe(recipe, "adp.toml"))
+    assert [(e["start"], e["end"]) for e in manifest["ranks"]] == [(0, V), (0, V)]
+    hidden = torch.randn(5, H)
+    logits, _, _ = infer(root, hidden, torch.tensor([2, 3]), "torch")
+    assert logits.shape == (2, V)
+    torch.testing.assert_close(logits, reference(hidden, [2, 3]), rtol=1e-5, atol=1e-5)

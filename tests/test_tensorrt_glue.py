@@ -386,3 +386,28 @@ def test_real_engine_matches_fallback(tmp_path):
         want = fallback(head, x, context)
         # GPU GEMMs (and TensorRT's own quantizer kernels) round differently from CPU float32.
         torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item(), msg=name)
+
+
+def test_glue_manifest_engine_entry_drives_backend_choice(tmp_path, fake_trt, monkeypatch):
+    """build -> manifest -> runtime, with the TensorRT test double: checks only trtvocab's glue
+    (what the manifest records and how the runtime reads it), never TensorRT itself."""
+    from trtvocab.build import build
+    from trtvocab.recipe import parse_recipe
+    from trtvocab.runtime import available_backends, pick_backend
+
+    fake_trt()
+    recipe = parse_recipe({"checkpoint": {"synthetic": {"vocab_size": 101, "hidden_size": 64}},
+                           "mapping": {"tp_size": 2}, "output": {"dir": str(tmp_path / "a")}})
+    root, manifest = build(recipe)
+    for entry in manifest["ranks"]:
+        engine = entry["engine"]
+        assert engine["built"] and engine["plan_path"] == "lm_head.plan"  # relative: staging paths go stale
+        assert engine["gpu"] == {"name": "Fake H100 (test double)", "compute_capability": "9.0"}
+        assert (root / entry["files"]["plan"]).read_bytes() == b"FAKE-PLAN"
+    assert available_backends(manifest)["tensorrt"] is None
+    assert pick_backend(manifest, "auto")[0] == "tensorrt"
+    # The same artifact on another GPU: refused, naming the plan file, and auto falls back.
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Other GPU")
+    why = available_backends(manifest)["tensorrt"]
+    assert why is not None and "rank0/lm_head.plan" in why and "built for Fake H100" in why
+    assert pick_backend(manifest, "auto")[0] == "onnxruntime"

@@ -140,7 +140,14 @@ def build_engine_for(recipe: BuildRecipe, head: LMHead, onnx_path: Path, plan_pa
         if recipe.engine.require:
             raise
         return {"built": False, "reason": str(exc)}
-    return {"built": True, **(info.model_dump() if hasattr(info, "model_dump") else dict(info))}
+    meta = info.model_dump() if hasattr(info, "model_dump") else dict(info)
+    # Paths inside the staging folder are stale once the artifact is published: record them
+    # relative to the rank folder. The GPU goes under "gpu", which the runtime checks.
+    for key in ("plan_path", "onnx_path"):
+        if meta.get(key):
+            meta[key] = Path(meta[key]).name
+    meta["gpu"] = {"name": meta.get("device"), "compute_capability": meta.get("compute_capability")}
+    return {"built": True, **meta}
 
 
 def describe_quant(head: LMHead) -> dict[str, Any]:

@@ -80,10 +80,12 @@ class LazyRows:
     def get_dtype(self) -> str:
         return self.info.dtype
 
-    def __getitem__(self, index: slice) -> torch.Tensor:
+    def __getitem__(self, index: Any) -> torch.Tensor:  # a row slice, or ... for all
         shape = self.info.shape
         if not shape:
             return self._read(0, 1).reshape(())
+        if index is Ellipsis:
+            index = slice(None)
         if not isinstance(index, slice) or index.step not in (None, 1):
             raise CheckpointError(f"{self.info.name}: only contiguous row slices can be read lazily")
         start, stop, _ = index.indices(shape[0])

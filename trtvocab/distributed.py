@@ -28,12 +28,15 @@ def is_initialized() -> bool:
 
 
 def default_backend(device: torch.device | str | None = None) -> str:
-    dev = torch.device(device) if device is not None else None
-    if dev is not None and dev.type == "cuda":
-        return "nccl"
-    if dev is None and torch.cuda.is_available():
-        return "nccl"
-    return "gloo"
+    """gloo for CPU tensors and, where CUDA exists, NCCL for CUDA tensors in the same group.
+
+    A head may live on either device (CPU fallback heads on a GPU machine are normal),
+    so a GPU machine gets the per-device pair rather than NCCL alone, which would reject
+    the CPU tensors of the handshake and of CPU heads.
+    """
+    if device is not None and torch.device(device).type == "cpu":
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
 def init_from_env(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
@@ -48,7 +51,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT
         return 0, 1
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = backend or default_backend()
-    if backend == "nccl":
+    if "nccl" in backend:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     dist.init_process_group(
         backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)

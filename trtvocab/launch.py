@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from trtvocab.distributed import default_backend
 from trtvocab.errors import DistributedError
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -67,7 +68,7 @@ def _worker(
     # Each rank gets one thread on small machines: N ranks x all cores would oversubscribe.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        if backend == "nccl":
+        if "nccl" in backend:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
             backend,
@@ -103,7 +104,10 @@ def run_ranks(
     """
     if world_size < 1:
         raise DistributedError(f"world_size must be >= 1, got {world_size}")
-    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo")
+    if backend is None:
+        # One GPU per rank where there are enough; gloo alone otherwise (CPU tensors only).
+        enough = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
+        backend = default_backend() if enough else "gloo"
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()

@@ -151,9 +151,14 @@ def rank_logits(root: Path, manifest: dict[str, Any], rank: int, backend: str, h
 def _infer_rank(rank: int, world: int, root: str, backend: str, hidden: torch.Tensor,
                 seq_lens: torch.Tensor | None) -> torch.Tensor | None:
     manifest = artifacts.read_manifest(Path(root), verify=False)  # verified once by the parent
-    local = rank_logits(Path(root), manifest, rank, backend, hidden, seq_lens)
+    error: Exception | None = None
+    local = torch.empty(0, 0)
+    try:
+        local = rank_logits(Path(root), manifest, rank, backend, hidden, seq_lens)
+    except Exception as exc:  # every rank hears of it in the handshake instead of waiting
+        error = exc
     sizes = [e["end"] - e["start"] for e in manifest["ranks"]]
-    ok = D.agree([manifest["head"]["vocab_size"], local.shape[0]], None, None, local.device, what="infer")
+    ok = D.agree([manifest["head"]["vocab_size"], local.shape[0]], error, None, local.device, what="infer")
     D.check_same(ok, [0, 1], ["vocab_size", "rows"], "infer")
     full = D.all_gather_columns(local, sizes, None)
     return (full, sorted(RUNNERS_USED)) if rank == 0 else None
@@ -172,6 +177,14 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
         last_token_rows(seq_lens, hidden.shape[0])  # validate before any process starts
     tp = manifest["mapping"]["tp_size"]
     RUNNERS_USED.clear()
+    vocab = manifest["head"]["vocab_size"]
+    if all(e["start"] == 0 and e["end"] == vocab for e in manifest["ranks"]):
+        # Replicated head (attention DP without LM-head TP): every rank holds all of it and
+        # serves its own requests, so one rank computes the answer; nothing to gather.
+        if D.is_initialized() and D.group_rank() != 0:
+            return None, chosen, manifest  # type: ignore[return-value]
+        logits = rank_logits(root, manifest, 0, chosen, hidden, seq_lens)
+        return logits, _label(chosen, sorted(RUNNERS_USED)), manifest
     if D.is_initialized():  # under torchrun: this process is one rank
         if D.group_size() != tp:
             raise ArtifactError(f"{root}: built for tp {tp}, but torchrun started {D.group_size()} processes")

@@ -27,7 +27,7 @@ from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.quant import fp8, nvfp4
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.sharding import VocabShard
-from trtvocab.weights.base import WeightMethod, read_rows, read_scalar, register, source_shape
+from trtvocab.weights.base import WeightMethod, read_all, read_rows, read_scalar, register, source_shape
 
 # float32 values dequantized per GEMM chunk (4 MiB + a 2 MiB int16 scratch): large enough that
 # the ~10 torch calls per chunk cost little, small enough to stay in cache.
@@ -50,7 +50,7 @@ def _dtype_of(value: Any) -> torch.dtype | str:
 def _fp32_scalar(tensors: dict[str, Any], key: str) -> torch.Tensor:
     name = PREFIX + key
     value = tensors[key]
-    tensor = value if isinstance(value, torch.Tensor) else value[:]
+    tensor = read_all(value)
     if tensor.dtype != torch.float32:
         raise QuantizationError(f"{name}: expected a float32 scale, got {tensor.dtype}")
     return read_scalar(tensor, name)

@@ -62,9 +62,14 @@ def read_rows(value: Any, name: str, shard: VocabShard, row_shape: tuple[int, ..
     return out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
 
 
+def read_all(value: Any) -> torch.Tensor:
+    """All of a tensor, lazy reader or safetensors slice (``[...]`` also works for 0-d slices)."""
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value[...])
+
+
 def read_scalar(value: Any, name: str) -> torch.Tensor:
     """A per-tensor fp32 scale: a 0-d or one-element tensor, finite and positive."""
-    tensor = value if isinstance(value, torch.Tensor) else value[:]
+    tensor = read_all(value)
     if tensor.numel() != 1:
         raise QuantizationError(f"{name}: expected a scalar scale, got shape {list(tensor.shape)}")
     if not tensor.dtype.is_floating_point:
