@@ -451,3 +451,10 @@ def exit_hard(rank: int, world: int) -> None:
     import os
 
     os._exit(3)
+
+
+def load_then_forward(rank: int, world: int, paths: list[str]) -> None:
+    """from_checkpoint on every rank (rank r reads paths[r]), then one forward."""
+    head = LMHead.from_checkpoint(paths[rank], mapping=Mapping(world_size=world, rank=rank, tp_size=world),
+                                  dtype=torch.float32)
+    head(torch.zeros(1, head.hidden_size))

@@ -112,3 +112,25 @@ def test_launcher_does_not_wait_for_dead_ranks() -> None:
         run_ranks(exit_hard, 2, timeout_s=TIMEOUT_S)
     assert time.monotonic() - start < TIMEOUT_S
     assert "exited without a result" in str(info.value)
+
+
+def test_one_rank_failing_to_load_stops_every_rank(tmp_path) -> None:
+    """The last rank's checkpoint copy is truncated (on a real cluster: a node with a bad
+    copy): that rank raises CheckpointError from from_checkpoint, its peers PeerRankError
+    from the load handshake, long before the collective timeout."""
+    from rank_fns import load_then_forward
+    from safetensors.torch import save_file
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
+    save_file({"lm_head.weight": torch.randn(101, 16)}, str(good / "model.safetensors"))
+    data = (good / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) - 16 * 4 * 5])  # drop the last 5 rows
+    started = time.monotonic()
+    with pytest.raises(RankFailures) as info:
+        run_ranks(load_then_forward, TP, [str(good)] * (TP - 1) + [str(bad)], timeout_s=TIMEOUT_S)
+    assert time.monotonic() - started < TIMEOUT_S
+    errors = info.value.errors
+    assert type(errors[TP - 1]).__name__ == "CheckpointError" and "truncated" in str(errors[TP - 1])
+    assert all(isinstance(errors[r], PeerRankError) for r in range(TP - 1))

@@ -144,6 +144,25 @@ def _load_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def _tensor_info(file: Path, name: str, meta: Any, data_start: int) -> TensorInfo:
+    """Validate one header entry: a corrupt header must not make a reader return another tensor's bytes."""
+    try:
+        dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{file}: header entry {name!r} lacks dtype/shape/data_offsets") from None
+    info = TensorInfo(name, dtype, shape, file, data_start + int(begin), int(end) - int(begin))
+    count = 1
+    for d in shape:
+        count *= d
+    itemsize = torch.empty(0, dtype=info.torch_dtype).element_size()
+    if info.nbytes != count * itemsize or begin < 0:
+        raise CheckpointError(f"{file}: {name} spans {info.nbytes} bytes, but {dtype} {list(shape)} "
+                              f"needs {count * itemsize}")
+    # A truncated data region is reported when rows are read (LazyRows), not here: probing
+    # must work from the header alone, whatever state the data is in.
+    return info
+
+
 class Checkpoint:
     """An HF directory (config.json, optional hf_quant_config.json, safetensors with or
     without an index) or a single ``.safetensors`` file."""
@@ -188,9 +207,7 @@ class Checkpoint:
             header = read_safetensors_header(f)
             data_start = 8 + self._header_len(f)
             for name, meta in header.items():
-                begin, end = meta["data_offsets"]
-                self._infos[name] = TensorInfo(name, meta["dtype"], tuple(meta["shape"]), f,
-                                               data_start + begin, end - begin)
+                self._infos[name] = _tensor_info(f, name, meta, data_start)
 
     @staticmethod
     def _header_len(path: Path) -> int:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from trtvocab.quant.config import QuantConfig
 
 _DTYPE_CODES = [torch.float32, torch.bfloat16, torch.float16]
+_FORMAT_CODES = ["dense", "FP8", "NVFP4"]
 
 
 class TensorParallelMode(str, enum.Enum):
@@ -172,6 +173,7 @@ class LMHead(nn.Module):
             0 if self.vocab_layout == "uneven" else self.pad_to,
             _DTYPE_CODES.index(self.dtype),
             int(self.gather_output),
+            _FORMAT_CODES.index(self.format_name) if self.format_name in _FORMAT_CODES else len(_FORMAT_CODES),
             rows,
         ]
 
@@ -196,7 +198,7 @@ class LMHead(nn.Module):
             raise RankMismatchError(f"LMHead: built for tp_size {self.tp_size}, but its process group has "
                                     f"{table.shape[0]} ranks")
         names = ["vocab_size", "hidden_size", "tp_size", "vocab layout (0 = uneven, else pad_to)", "dtype",
-                 "gather_output"]
+                 "gather_output", f"weight format (index into {_FORMAT_CODES})"]
         D.check_same(table, range(len(names)), names, "LMHead")
         row_counts = table[:, -1].tolist()
         adp = self.mapping.enable_attention_dp

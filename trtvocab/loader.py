@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from trtvocab import distributed as D
 from trtvocab.checkpoint import Checkpoint
 from trtvocab.errors import CheckpointError
 from trtvocab.lm_head import LMHead
@@ -61,6 +62,46 @@ def load_lm_head(
     process_group: Any = None,
     weight_only: bool = False,
 ) -> LMHead:
+    """Build this rank's head. When the head is split and a process group exists, the ranks
+    meet once after loading: a rank that failed (a truncated file only it reads, a missing
+    shard file) makes every rank raise now, instead of leaving its peers waiting in the
+    first forward's handshake until the collective timeout."""
+    split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
+    head: LMHead | None = None
+    error: Exception | None = None
+    try:
+        head = _load(path, mapping=mapping, gather_output=gather_output, dtype=dtype, quant=quant,
+                     tensor_name=tensor_name, vocab_layout=vocab_layout, pad_to=pad_to,
+                     process_group=process_group, weight_only=weight_only)
+    except Exception as exc:
+        if not split:
+            raise
+        error = exc
+    if split:
+        signature = [head.vocab_size, head.hidden_size, _FORMATS.index(head.format_name)] if head else [0, 0, 0]
+        table = D.agree(signature, error, process_group, torch.device("cpu"), what=f"LMHead.from_checkpoint({path})")
+        D.check_same(table, [0, 1, 2], ["vocab_size", "hidden_size", f"weight format (index into {_FORMATS})"],
+                     f"LMHead.from_checkpoint({path})")
+    assert head is not None
+    return head
+
+
+_FORMATS = ["dense", "FP8", "NVFP4"]
+
+
+def _load(
+    path: str | Path,
+    *,
+    mapping: Mapping | None,
+    gather_output: bool,
+    dtype: torch.dtype,
+    quant: str,
+    tensor_name: str | None,
+    vocab_layout: VocabLayout,
+    pad_to: int,
+    process_group: Any,
+    weight_only: bool,
+) -> LMHead:
     ckpt = Checkpoint(path)
     decision = resolve_lm_head_quant(ckpt, mapping=mapping, tensor_name=tensor_name, quant=quant,
                                      weight_only=weight_only)
@@ -72,7 +113,7 @@ def load_lm_head(
     if decision.dequantize:
         from trtvocab.quant.methods import dequantize_stored
 
-        warnings.warn(decision.warning or "dequantizing the stored LM head", stacklevel=2)
+        warnings.warn(decision.warning or "dequantizing the stored LM head", stacklevel=3)
         tensors = {"weight": dequantize_stored(decision.stored, tensors, head.shard, hidden)}
     elif decision.config is None:
         tensors = {"weight": tensors["weight"]}
