@@ -285,3 +285,27 @@ def test_attention_dp_replicated_artifact_infers_full_vocab(tmp_path) -> None:
     logits, _, _ = infer(root, hidden, torch.tensor([2, 3]), "torch")
     assert logits.shape == (2, V)
     torch.testing.assert_close(logits, reference(hidden, [2, 3]), rtol=1e-5, atol=1e-5)
+
+
+def test_force_never_replaces_a_foreign_folder(tmp_path) -> None:
+    out = tmp_path / "models"
+    out.mkdir()
+    (out / "precious.txt").write_text("not an artifact")
+    with pytest.raises(ArtifactError, match="not a folder this tool wrote"):
+        build(parse_recipe(synthetic_recipe(out), "s.toml"), force=True)
+    assert (out / "precious.txt").read_text() == "not an artifact"
+
+
+def test_failed_verification_publishes_nothing(tmp_path, monkeypatch) -> None:
+    import trtvocab.build as B
+
+    real = B.verify_export
+
+    def disagree(*args, **kwargs):
+        return {**real(*args, **kwargs), "ok": False}
+
+    monkeypatch.setattr(B, "verify_export", disagree)
+    out = tmp_path / "a"
+    with pytest.raises(ArtifactError, match="disagrees with the PyTorch fallback"):
+        build(parse_recipe(synthetic_recipe(out), "s.toml"))
+    assert not out.exists() and list(tmp_path.iterdir()) == []

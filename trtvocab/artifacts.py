@@ -51,16 +51,21 @@ def rank_dir(root: Path, rank: int) -> Path:
 
 
 @contextmanager
-def staging(out: Path, *, force: bool) -> Iterator[Path]:
+def staging(out: Path, *, force: bool, marker: str = MANIFEST) -> Iterator[Path]:
     """Yield a private folder to build into; on success publish it as ``out`` atomically.
 
     An existing ``out`` is refused unless ``force``; then it is swapped out by rename and
-    deleted only after the new artifact is in place. On failure the staging folder is
+    deleted only after the new artifact is in place. ``force`` replaces only what this
+    tool wrote (a folder holding ``marker``) or an empty folder: never a folder of
+    something else that a mistyped ``--out`` points at. On failure the staging folder is
     removed and ``out`` is untouched.
     """
     out = Path(out)
     if out.exists() and not force:
         raise ArtifactError(f"{out} already exists; pass --force to replace it (atomically)")
+    if out.exists() and not (out.is_dir() and ((out / marker).exists() or not any(out.iterdir()))):
+        raise ArtifactError(f"{out} exists and is not a folder this tool wrote (no {marker}); "
+                            "refusing to replace it even with --force")
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = out.with_name(f".{out.name}.building-{uuid.uuid4().hex[:8]}")
     stage.mkdir()
@@ -118,7 +123,10 @@ def read_manifest(root: Path, *, verify: bool = True) -> dict[str, Any]:
 
 
 def verify_files(root: Path, manifest: dict[str, Any]) -> None:
-    for rel, meta in manifest.get("files", {}).items():
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ArtifactError(f"{Path(root) / MANIFEST}: lists no files (a manifest from an unfinished or other build)")
+    for rel, meta in files.items():
         path = Path(root) / rel
         if not path.exists():
             raise ArtifactError(f"{path}: listed in the manifest but missing")

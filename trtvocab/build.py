@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from trtvocab import artifacts
-from trtvocab.errors import ConfigError, EngineUnavailableError
+from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.lm_head import LMHead
 from trtvocab.mapping import Mapping
 from trtvocab.recipe import BuildRecipe
@@ -107,7 +107,13 @@ def build_rank(recipe: BuildRecipe, rank: int, root: Path, progress: Progress) -
         entry["files"]["onnx"] = f"rank{rank}/lm_head.onnx"
         if recipe.output.verify:
             progress(rank, "verify onnx")
-            entry["verify"] = verify_export(head, onnx_path, recipe.lm_head.context_logits)
+            entry["verify"] = v = verify_export(head, onnx_path, recipe.lm_head.context_logits)
+            if not v["ok"]:
+                # Never publish a graph known to disagree with the fallback: the build fails
+                # inside the staging folder, so any previous artifact stays as it was.
+                raise ArtifactError(f"rank {rank}: {onnx_path.name} disagrees with the PyTorch fallback on "
+                                    f"{v['backend']}: max |err| {v['max_abs_err']:.3g} > tolerance "
+                                    f"{v['tolerance']:.3g}; nothing was written")
         progress(rank, "build engine")
         entry["engine"] = build_engine_for(recipe, head, onnx_path, out / "lm_head.plan")
         if entry["engine"]["built"]:

@@ -310,7 +310,7 @@ def quantize_checkpoint(
     out = Path(out)
     from safetensors.torch import save_file
 
-    with staging(out, force=force) as stage:
+    with staging(out, force=force, marker="hf_quant_config.json") as stage:
         metadata = {"format": "pt", "producer": "trtvocab quantize (modelopt export)"}
         save_file(tensors, str(stage / "model.safetensors"), metadata=metadata)
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
