@@ -146,7 +146,7 @@ GATING = [
      "auto", (None, None, None, False)),
     ("mixed-without-entry-stored-fp8", _fp8, {},
      hf_quant("MIXED_PRECISION", quantized_layers={"model.layers.0.mlp.up_proj": {"quant_algo": "FP8"}}), None,
-     "auto", ("FP8", "static", "per_tensor", False)),
+     "auto", (None, None, None, True)),
     ("not-quantized", _dense, {}, None, None, "auto", (None, None, None, False)),
     ("tied-embeddings", lambda: embed(40, 32), {"tie_word_embeddings": True}, hf_quant("FP8"), None, "auto",
      (None, None, None, False)),

@@ -114,7 +114,7 @@ class HeadQuantDecision(BaseModel):
         if not self.dequantize or self.stored is None:
             return None
         return (f"{self.tensor_name} is stored as {self.stored.value} but the head runs dense "
-                f"({self.reason}): dequantizing it exactly")
+                f"({self.reason}): dequantizing it exactly in float32, then rounding to the head's dtype")
 
 
 def _quant_section(ckpt: Checkpoint) -> tuple[dict[str, Any], str]:
@@ -202,9 +202,10 @@ def resolve_lm_head_quant(
         why = f"quantized_layers names {module} as {wanted.value}"
     elif global_algo is not None and global_algo is not QuantAlgo.MIXED_PRECISION and has_scale:
         wanted, why = global_algo, f"global quant_algo {global_algo.value} and {module}.weight_scale present"
-    elif stored is not None:
-        # Quantized bytes but no config saying so: the stored scale still wins (DESIGN §1.5).
-        wanted, why = stored, f"{name} is stored as {stored.value} with its scales"
+    if wanted is None and stored is not None:
+        # Quantized bytes that no config entry asks to run quantized: by the rule the head
+        # runs dense, so its stored scales are applied exactly (never ignored, §1.5).
+        return dense(f"{name} is stored as {stored.value} but no config entry quantizes {module}")
     if wanted is None:
         if global_algo is None:
             return dense("checkpoint is not quantized")
