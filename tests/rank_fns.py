@@ -168,6 +168,11 @@ def _attention_dp(rank: int, tp: int, group: Any, vocab: int, w32: torch.Tensor,
         rec["is_split"] = head.is_split
         rec["expect_split"] = lm_head_tp and tp > 1
         rec["rows_ok"] = y.shape[0] == counts[rank]
+        # Through the LogitsProcessor too: an idle rank (no rows, no seq_lens) passes [0, H]
+        # through and still takes part in the collectives.
+        lp = LogitsProcessor()(mine, head, seq_lens=[counts[rank]] if counts[rank] else None)
+        rec["processor_ok"] = lp.shape == (min(counts[rank], 1), vocab) and (
+            counts[rank] == 0 or torch.allclose(lp, y[-1:].float(), rtol=1e-5, atol=1e-5))  # 1-row GEMM
         out.append(rec)
     return out
 

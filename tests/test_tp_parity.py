@@ -45,6 +45,8 @@ def _check(records: list[dict]) -> None:
             failures.append(f"{rec['case']}: is_split={rec['is_split']}")
         if rec.get("rows_ok") is False:
             failures.append(f"{rec['case']}: did not get back its own rows")
+        if rec.get("processor_ok") is False:
+            failures.append(f"{rec['case']}: LogitsProcessor under attention DP gave the wrong rows")
     assert not failures, "\n".join(failures)
 
 

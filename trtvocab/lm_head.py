@@ -211,6 +211,9 @@ class LMHead(nn.Module):
             hidden_states = D.all_gather_rows(hidden_states, row_counts, self.process_group)
         local = self.local_logits(hidden_states)[:, : self.shard.size]
         if not self.gather_output:
+            # With attention DP this is [sum of all ranks' rows, V_local]: the rows of every
+            # rank, this rank's columns (what a distributed sampler needs); rank r's rows are
+            # the r-th block of the per-rank row counts.
             return local
         sizes = [s.size for s in self.shards]
         if not adp:

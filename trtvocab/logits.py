@@ -53,8 +53,12 @@ class LogitsProcessor(nn.Module):
         *,
         return_context_logits: bool = False,
     ) -> torch.Tensor:
+        # Under attention DP a rank may have no requests this step, yet its head must still
+        # join the others' collectives: it passes an empty [0, H] batch through.
+        mapping = getattr(lm_head, "mapping", None)
+        idle_ok = bool(getattr(mapping, "enable_attention_dp", False))
         try:
-            selected = self._select(hidden_states, seq_lens, return_context_logits)
+            selected = self._select(hidden_states, seq_lens, return_context_logits, idle_ok)
         except InputError as error:
             # The ranks of a split head are about to meet in its handshake: a rank that
             # stops here must still take part, or its peers would wait for it until the
@@ -66,13 +70,16 @@ class LogitsProcessor(nn.Module):
         return lm_head(selected).float()
 
     @staticmethod
-    def _select(hidden_states: Any, seq_lens: Any, return_context_logits: bool) -> torch.Tensor:
+    def _select(hidden_states: Any, seq_lens: Any, return_context_logits: bool, idle_ok: bool = False) -> torch.Tensor:
         """The rows the head must see: each sequence's last one, or all of them."""
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
             shape = list(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
             raise InputError(f"hidden_states: expected a [T, H] tensor, got {shape}")
         total = hidden_states.shape[0]
         if total == 0:
+            empty_lens = seq_lens is None or len(seq_lens) == 0
+            if idle_ok and empty_lens:
+                return hidden_states
             raise InputError("hidden_states: empty batch (T = 0)")
         if return_context_logits:
             if seq_lens is not None:
