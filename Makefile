@@ -5,8 +5,9 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 OUT     ?= artifacts/default
-# Where no NVIDIA GPU is present, install the CPU build of torch first (a plain
-# `pip install torch` would pull a multi-GB CUDA build). Override TORCH_SPEC to choose.
+# Where no NVIDIA GPU is present, pin torch first: on these machines torch==2.13.0 is a CPU
+# wheel on local disk, while a plain `pip install torch` would pull a multi-GB CUDA build.
+# Elsewhere, point TORCH_SPEC at the CPU build you want. The package accepts torch>=2.4.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 

@@ -25,6 +25,13 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=option) from None
+
+
 # ---- plan -----------------------------------------------------------------------------------
 @app.command()
 def plan(
@@ -92,7 +99,7 @@ def build(
         rec = load_recipe(recipe)
         if require_engine:
             rec = rec.model_copy(update={"engine": rec.engine.model_copy(update={"require": True})})
-        rank_list = [int(r) for r in ranks.split(",")] if ranks else None
+        rank_list = _int_list(ranks, "--ranks") if ranks else None
         stages = ["load shard", "save weights", "export onnx", "verify onnx", "build engine"]
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stage]}"),
                       TimeElapsedColumn(), console=err_console, transient=False) as bar:
@@ -148,7 +155,7 @@ def infer(
         init_from_env()  # under torchrun each process serves one rank; otherwise a no-op
         states, lens = load_hidden(hidden)
         if seq_lens:
-            lens = torch.tensor([int(s) for s in seq_lens.split(",")], dtype=torch.int32)
+            lens = torch.tensor(_int_list(seq_lens, "--seq-lens"), dtype=torch.int32)
         logits, used, manifest = run_infer(artifact, states, lens, backend)
     except TrtVocabError as exc:
         raise _fail(exc) from None

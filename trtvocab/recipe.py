@@ -10,8 +10,12 @@ import importlib
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from trtvocab.errors import ConfigError
 
@@ -91,6 +95,8 @@ class EngineSection(_Section):
 
 
 class OutputSection(_Section):
+    # Relative to the working directory (where you run the build), unlike [checkpoint] path,
+    # which is relative to the recipe file (the recipe ships next to what it names).
     dir: str = "artifacts/default"
     onnx: bool = True
     verify: bool = True  # run the exported graph on CPU and compare with the PyTorch fallback
