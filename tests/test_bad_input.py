@@ -44,6 +44,7 @@ EXPECT: dict[str, tuple[str, str, str]] = {
     "sampling id out of range (rank 1)": ("InputError", "PeerRankError", "sampling.logprobs: token_ids"),
     "sampling wrong width (rank 1)": ("InputError", "PeerRankError", "sampling.greedy: local_logits must have"),
     "sampling min_p > 1 (rank 1)": ("InputError", "PeerRankError", "sampling.min_p: min_p must be in [0, 1]"),
+    "sampling top_p = 0 (rank 1)": ("InputError", "PeerRankError", "sampling.top_p: top_p must be in (0, 1]"),
     "sampling different k (rank 1)": ("RankMismatchError", "RankMismatchError", "k / ids per row"),
     "sampling different rows (rank 1)": ("RankMismatchError", "RankMismatchError", "batch rows"),
     "different vocab (rank 1)": ("RankMismatchError", "RankMismatchError", "vocab_size"),

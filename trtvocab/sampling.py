@@ -11,6 +11,8 @@ numbers cross ranks::
     logsumexp   local max -> all_reduce MAX; local sum exp(x - max) -> all_reduce SUM
     logprobs    logsumexp + the owner rank's logit of each id (others add 0)
     min_p       keep x where exp(x - global max) >= min_p  (no denominator needed)
+    top_p       logsumexp, then the exact global top-k with k doubling until the
+                nucleus ends inside it; each rank keeps what sorts before the cut
 
 Token ids always travel as int64 (a float32 holds integers exactly only up to
 2**24, fewer than some vocabularies have); values travel as their float32 bit
@@ -44,7 +46,8 @@ from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 
 _NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
-_OPS = {"greedy": 1, "topk": 2, "logsumexp": 3, "log_softmax": 4, "logprobs": 5, "min_p": 6}
+_OPS = {"greedy": 1, "topk": 2, "logsumexp": 3, "log_softmax": 4, "logprobs": 5, "min_p": 6, "top_p": 7}
+TOP_P_FIRST_K = 64  # first candidate count for top-p; real nuclei are usually this small
 
 
 # ---- validation and plumbing ---------------------------------------------------------------
@@ -278,3 +281,45 @@ def apply_min_p(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.T
     keep = min_p_mask(local_logits, head, min_p)
     x = _own(local_logits, head)
     return x.masked_fill(~keep, float("-inf"))
+
+
+def top_p_mask(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, V_local]``: the nucleus, the shortest prefix of the vocab in (value desc, id asc)
+    order whose probability under the *global* softmax reaches ``top_p`` (a token is kept when
+    the mass before it is below ``top_p``; the top token is always kept).
+
+    The global top-k is exact (see :func:`topk`), so the nucleus is found in the merged top-k
+    with k doubling from :data:`TOP_P_FIRST_K` until it ends inside it: ``O(B * k)`` numbers
+    move, never ``[B, V]``. Every rank sees the same merged candidates and the same
+    denominator, so every rank makes the same decisions.
+    """
+    error = _check_logits(local_logits, head, "sampling.top_p")
+    if error is None:
+        threshold = torch.as_tensor(top_p, dtype=torch.float32, device=local_logits.device)
+        if threshold.dim() > 1 or (threshold.dim() == 1 and threshold.shape[0] != local_logits.shape[0]):
+            error = InputError(f"sampling.top_p: top_p must be a float or a [B] tensor, got {list(threshold.shape)}")
+        elif bool(((threshold <= 0) | (threshold > 1) | torch.isnan(threshold)).any()):
+            error = InputError(f"sampling.top_p: top_p must be in (0, 1], got {top_p!r}")
+    _handshake(head, local_logits, error, "top_p")
+    threshold = threshold.reshape(-1, 1) if threshold.dim() == 1 else threshold.reshape(1, 1)
+    x = _own(local_logits, head)
+    lse = _sum_exp_and_picks(x, head, None)[1]
+    k = min(TOP_P_FIRST_K, head.vocab_size)
+    while True:
+        values, ids = topk(local_logits, head, k)
+        probs = torch.exp(values.to(torch.float32) - lse[:, None])
+        before = torch.cumsum(probs, dim=1) - probs  # mass strictly before each candidate
+        kept = (before < threshold).sum(dim=1).clamp(min=1)  # [B], the top token always stays
+        if k == head.vocab_size or bool((kept < k).all()):
+            break
+        k = min(2 * k, head.vocab_size)
+    cut_value = values.gather(1, (kept - 1)[:, None])  # the last kept token, in the total order
+    cut_id = ids.gather(1, (kept - 1)[:, None])
+    cols = torch.arange(x.shape[1], device=x.device)[None, :] + head.vocab_start
+    return (x > cut_value) | ((x == cut_value) & (cols <= cut_id))
+
+
+def apply_top_p(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Tensor) -> torch.Tensor:
+    """This rank's owned columns with the tokens outside the nucleus set to ``-inf``."""
+    keep = top_p_mask(local_logits, head, top_p)
+    return _own(local_logits, head).masked_fill(~keep, float("-inf"))
