@@ -309,3 +309,13 @@ def test_failed_verification_publishes_nothing(tmp_path, monkeypatch) -> None:
     with pytest.raises(ArtifactError, match="disagrees with the PyTorch fallback"):
         build(parse_recipe(synthetic_recipe(out), "s.toml"))
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_infer_rejects_bad_hidden_before_starting_ranks(built) -> None:
+    from trtvocab.errors import InputError
+
+    root, _ = built
+    with pytest.raises(InputError, match=rf"expected shape \[T, {H}\]"):
+        infer(root, torch.randn(3, H + 1), None, "torch")
+    with pytest.raises(InputError, match="lengths sum to 4"):
+        infer(root, torch.randn(3, H), torch.tensor([2, 2]), "torch")

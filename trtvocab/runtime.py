@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from trtvocab import artifacts
 from trtvocab import distributed as D
-from trtvocab.errors import ArtifactError, EngineUnavailableError
+from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import last_token_rows
 from trtvocab.mapping import Mapping
@@ -173,6 +173,13 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
         raise ArtifactError(f"{root}: holds ranks {manifest['ranks_built']} of tp {manifest['mapping']['tp_size']};"
                             " inference needs all of them")
     chosen, _ = pick_backend(manifest, backend)
+    width = manifest["head"]["hidden_size"]
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[1] != width:
+        raise InputError(f"hidden_states: expected shape [T, {width}] for {root}, "
+                         f"got {list(getattr(hidden, 'shape', [])) or type(hidden).__name__}")
+    if hidden.shape[0] == 0 or not hidden.dtype.is_floating_point:
+        raise InputError(f"hidden_states: expected a non-empty floating-point [T, {width}] tensor, "
+                         f"got {list(hidden.shape)} {hidden.dtype}")
     if seq_lens is not None:
         last_token_rows(seq_lens, hidden.shape[0])  # validate before any process starts
     tp = manifest["mapping"]["tp_size"]
