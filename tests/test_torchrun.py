@@ -34,6 +34,7 @@ SCRIPT = textwrap.dedent(
               "shape": list(logits.shape), "err": err, "single": single,
               "argmax_ok": bool(torch.equal(logits.argmax(-1), want.argmax(-1)))}
     open(f"rank{rank}.json", "w").write(json.dumps(result))
+    torch.distributed.destroy_process_group()
     """
 )
 

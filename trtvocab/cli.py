@@ -159,6 +159,8 @@ def infer(
         logits, used, manifest = run_infer(artifact, states, lens, backend)
     except TrtVocabError as exc:
         raise _fail(exc) from None
+    finally:
+        _leave_process_group()
     if logits is None:  # a non-zero rank under torchrun
         return
     console.print(f"backend: [bold]{used}[/] ({manifest['quant']['label']}, tp={manifest['mapping']['tp_size']}, "
@@ -182,6 +184,19 @@ def infer(
     if out is not None:
         _save_logits(out, logits)
         console.print(f"saved logits {list(logits.shape)} to {out}")
+
+
+def _leave_process_group() -> None:
+    """Under torchrun: tear the group down on every rank before exiting. A rank that exits
+    with a live gloo group aborts in its destructor ("terminate called without an active
+    exception"), which torchrun reports as a failed job."""
+    from trtvocab import distributed as D
+
+    if D.is_initialized():
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _save_logits(path: Path, logits) -> None:  # type: ignore[no-untyped-def]
