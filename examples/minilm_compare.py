@@ -1,7 +1,10 @@
 """Quantization accuracy of a real LM head: MiniLM-L6's vocabulary matrix in FP8 and NVFP4.
 
 The head is the model's tied word embedding (30522 x 384, float32), the activations
-are the model's real final hidden states for a few varied texts. The script
+are the model's real hidden states (layer 3 by default, ``--layer -1`` for the final
+layer) for a few varied texts. MiniLM has no LM head of its own; its mid-layer states
+still lie near the tied embeddings, so the head's distributions are peaked like a
+language model's, while the final layer's are nearly flat. The script
 
 1. computes hidden states for calibration texts and (different) evaluation texts,
 2. quantizes the head with ModelOpt (``trtvocab.quantize``) into temporary
