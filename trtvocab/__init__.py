@@ -10,6 +10,7 @@ from trtvocab.errors import (
     InputError,
     PeerRankError,
     QuantizationError,
+    RankFailures,
     RankMismatchError,
     TrtVocabError,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "QuantAlgo",
     "QuantConfig",
     "QuantizationError",
+    "RankFailures",
     "RankMismatchError",
     "TensorParallelMode",
     "TrtVocabError",

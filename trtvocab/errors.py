@@ -2,7 +2,8 @@
 
 Each class takes one message argument so that it pickles cleanly across the
 process boundary of a multi-rank launch (a rank's typed error arrives in the
-parent as the same type, with the same text).
+parent as the same type, with the same text); RankFailures adds the per-rank errors
+and pickles them along.
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ class PeerRankError(TrtVocabError, RuntimeError):
 
 class DistributedError(TrtVocabError, RuntimeError):
     """A process group could not be set up, or a launched rank failed."""
+
+
+class RankFailures(DistributedError):
+    """One or more launched ranks raised. ``errors`` maps rank -> exception (same type as raised)."""
+
+    def __init__(self, message: str, errors: dict[int, BaseException] | None = None) -> None:
+        super().__init__(message)
+        self.errors: dict[int, BaseException] = errors or {}
+
+    def __reduce__(self):  # keep ``errors`` across pickling
+        return (self.__class__, (self.args[0], self.errors))
 
 
 class ArtifactError(TrtVocabError, RuntimeError):

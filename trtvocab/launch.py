@@ -24,20 +24,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trtvocab.distributed import default_backend
-from trtvocab.errors import DistributedError
+from trtvocab.errors import DistributedError, RankFailures
 
 DEFAULT_TIMEOUT_S = 120.0
-
-
-class RankFailures(DistributedError):
-    """One or more launched ranks raised. ``errors`` maps rank -> exception (same type as raised)."""
-
-    def __init__(self, message: str, errors: dict[int, BaseException] | None = None) -> None:
-        super().__init__(message)
-        self.errors: dict[int, BaseException] = errors or {}
-
-    def __reduce__(self):  # keep ``errors`` across pickling
-        return (self.__class__, (self.args[0], self.errors))
 
 
 def free_port() -> int:
