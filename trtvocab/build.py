@@ -16,11 +16,10 @@ from safetensors.torch import save_file
 
 from trtvocab import artifacts
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
-from trtvocab.lm_head import LMHead
+from trtvocab.lm_head import HEAD_DTYPES, LMHead
 from trtvocab.mapping import Mapping
 from trtvocab.recipe import BuildRecipe
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 Progress = Callable[[int, str], None]  # (rank, stage) -> None
 
 
@@ -30,7 +29,7 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
     mapping = Mapping(world_size=m.tp_size, rank=rank, tp_size=m.tp_size, enable_attention_dp=m.enable_attention_dp,
                       enable_lm_head_tp_in_adp=m.enable_lm_head_tp_in_adp)
     lh = recipe.lm_head
-    dtype = DTYPES[lh.dtype]
+    dtype = HEAD_DTYPES[lh.dtype]
     syn = recipe.checkpoint.synthetic
     if syn is not None:
         from trtvocab.synthetic import SyntheticRows

@@ -32,13 +32,13 @@ from typing import Any
 import torch
 
 from trtvocab.errors import ConfigError, InputError
+from trtvocab.lm_head import HEAD_DTYPES
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 
 TOP_K = 5
 CHUNK_ELEMENTS = 1 << 22  # float64 softmax over [rows, V] runs in chunks of ~32 MiB per temporary
 MAX_ERR_SAMPLES = 1_000_000  # logit errors kept per variant for the histogram
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp32": torch.float32, "float32": torch.float32}
+DTYPES = {**HEAD_DTYPES, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _ST_DENSE = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 

@@ -36,7 +36,10 @@ from trtvocab.weights.base import normalize_keys
 if TYPE_CHECKING:
     from trtvocab.quant.config import QuantConfig
 
-_DTYPE_CODES = [torch.float32, torch.bfloat16, torch.float16]
+# The head dtypes by the names recipes, manifests and graphs use; the order fixes the
+# dtype codes ranks exchange in the handshake.
+HEAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_CODES = list(HEAD_DTYPES.values())
 _FORMAT_CODES = ["dense", "FP8", "NVFP4"]
 
 

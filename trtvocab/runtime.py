@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from trtvocab import artifacts
 from trtvocab import distributed as D
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
-from trtvocab.lm_head import LMHead
+from trtvocab.lm_head import HEAD_DTYPES, LMHead
 from trtvocab.logits import last_token_rows
 from trtvocab.mapping import Mapping
 from trtvocab.quant.config import QuantConfig
@@ -29,7 +29,6 @@ from trtvocab.quant.config import QuantConfig
 BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
 # Graphs onnxruntime CPU has no kernels for run on onnx.reference; recorded here for reporting.
 RUNNERS_USED: set[str] = set()
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def head_from_artifact(root: Path, manifest: dict[str, Any], rank: int, process_group: Any = None) -> LMHead:
@@ -38,7 +37,7 @@ def head_from_artifact(root: Path, manifest: dict[str, Any], rank: int, process_
     tp = m["tp_size"]
     qc = manifest["quant"]["config"]
     head = LMHead(
-        h["vocab_size"], h["hidden_size"], dtype=DTYPES[h["dtype"]],
+        h["vocab_size"], h["hidden_size"], dtype=HEAD_DTYPES[h["dtype"]],
         mapping=Mapping(world_size=tp, rank=rank, tp_size=tp, enable_attention_dp=m["enable_attention_dp"],
                         enable_lm_head_tp_in_adp=m["enable_lm_head_tp_in_adp"]),
         gather_output=True, quant_config=QuantConfig.model_validate(qc) if qc else None,
@@ -125,7 +124,7 @@ def rank_logits(root: Path, manifest: dict[str, Any], rank: int, backend: str, h
                 seq_lens: torch.Tensor | None) -> torch.Tensor:
     """This rank's ``[B, V_local]`` (or ``[T, V_local]`` for context artifacts) float32 logits."""
     context = manifest["head"]["context_logits"]
-    head_dtype = DTYPES[manifest["head"]["dtype"]]
+    head_dtype = HEAD_DTYPES[manifest["head"]["dtype"]]
     hidden = hidden.to(head_dtype)
     lens = seq_lens if seq_lens is not None else torch.tensor([hidden.shape[0]], dtype=torch.int32)
     if backend == "torch":

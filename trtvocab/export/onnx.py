@@ -61,6 +61,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
 from trtvocab.fsutil import sha256_file
+from trtvocab.lm_head import HEAD_DTYPES
 
 if TYPE_CHECKING:
     from trtvocab.lm_head import LMHead
@@ -81,7 +82,6 @@ WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE = (
     "lm_head.weight", "lm_head.weight_scale", "lm_head.weight_scale_2", "lm_head.input_scale")
 _META = "trtvocab."
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _ONNX_FLOAT = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT}
 _TYPE_NAMES = {
     TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
@@ -91,10 +91,10 @@ _TYPE_NAMES = {
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    for name, value in DTYPES.items():
+    for name, value in HEAD_DTYPES.items():
         if value == dtype:
             return name
-    raise ConfigError(f"ONNX export supports head dtypes {list(DTYPES)}, got {dtype}")
+    raise ConfigError(f"ONNX export supports head dtypes {list(HEAD_DTYPES)}, got {dtype}")
 
 
 @dataclass(frozen=True)
@@ -382,7 +382,7 @@ def _nvfp4_dequantized(g: _Graph, x: str, t: dict[str, TensorProto], spec: Graph
     block_scales = numpy_helper.to_array(t[WEIGHT_SCALE]).astype(np.float32)
     # e2m1 (2 significant bits) * e4m3 (4 bits): exact in bf16 / fp16 / fp32.
     w = values * np.repeat(block_scales, spec.block_size, axis=1)
-    w_head = torch.from_numpy(w).to(DTYPES[spec.dtype])
+    w_head = torch.from_numpy(w).to(HEAD_DTYPES[spec.dtype])
     if not torch.equal(w_head.float(), torch.from_numpy(w)):
         raise QuantizationError("dequantized FP4 weight is not exact in the head dtype")  # cannot happen
     wt = g.node("Transpose", [g.init(tensor_proto(WEIGHT + "_dequantized", w_head))], perm=[1, 0])
