@@ -83,7 +83,11 @@ def verify_export(head: LMHead, onnx_path: Path, context: bool) -> dict[str, Any
             "argmax_equal": bool(torch.equal(got.argmax(-1), want.argmax(-1)))}
 
 
-def build_rank(recipe: BuildRecipe, rank: int, root: Path, progress: Progress) -> dict[str, Any]:
+def build_rank(
+    recipe: BuildRecipe, rank: int, root: Path, progress: Progress
+) -> tuple[dict[str, Any], tuple[int, int]]:
+    """Build one rank into ``root``; returns its manifest entry and the head's ``(V, H)``
+    (not the head: each rank's weights are freed before the next rank loads)."""
     out = artifacts.rank_dir(root, rank)
     out.mkdir(parents=True, exist_ok=True)
     progress(rank, "load shard")
@@ -120,7 +124,7 @@ def build_rank(recipe: BuildRecipe, rank: int, root: Path, progress: Progress) -
     else:
         entry["engine"] = {"built": False, "reason": "ONNX export disabled in [output]"}
     entry["quant"] = describe_quant(head)
-    return entry
+    return entry, (head.vocab_size, head.hidden_size)
 
 
 def build_engine_for(recipe: BuildRecipe, head: LMHead, onnx_path: Path, plan_path: Path) -> dict[str, Any]:
@@ -180,15 +184,17 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
     progress = progress or (lambda rank, stage: None)
     started = datetime.datetime.now(datetime.timezone.utc)
     with artifacts.staging(out, force=force) as stage:
-        entries = [build_rank(recipe, r, stage, progress) for r in ranks]
-        first = entries[0]
+        built = [build_rank(recipe, r, stage, progress) for r in ranks]
+        entries = [entry for entry, _ in built]
+        first, (vocab, hidden) = built[0]
         manifest = {
             "created": started.isoformat(timespec="seconds"),
             "versions": artifacts.versions(),
             "recipe": recipe.model_dump(mode="json"),
             "recipe_file": recipe.source,
             "checkpoint": str(recipe.checkpoint_path()) if recipe.checkpoint.synthetic is None else "synthetic",
-            "head": _head_meta(recipe, first),
+            "head": {"vocab_size": vocab, "hidden_size": hidden,
+                     **recipe.lm_head.model_dump(mode="json"), "tensor": recipe.checkpoint.tensor},
             "mapping": recipe.mapping.model_dump(mode="json"),
             "quant": first["quant"],
             "profiles": recipe.profile.model_dump(mode="json"),
@@ -202,25 +208,3 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
         }
         manifest = artifacts.write_manifest(stage, manifest)
     return out, manifest
-
-
-def _head_meta(recipe: BuildRecipe, first: dict[str, Any]) -> dict[str, Any]:
-    syn = recipe.checkpoint.synthetic
-    if syn is not None:
-        vocab, hidden = syn.vocab_size, syn.hidden_size
-    else:
-        head = make_head_meta(recipe)
-        vocab, hidden = head
-    return {"vocab_size": vocab, "hidden_size": hidden, **recipe.lm_head.model_dump(mode="json"),
-            "tensor": recipe.checkpoint.tensor}
-
-
-def make_head_meta(recipe: BuildRecipe) -> tuple[int, int]:
-    """``(V, H)`` of the recipe's checkpoint, from headers only."""
-    from trtvocab.checkpoint import Checkpoint
-    from trtvocab.loader import head_shape
-    from trtvocab.quant.config import resolve_lm_head_quant
-
-    ckpt = Checkpoint(recipe.checkpoint_path())
-    decision = resolve_lm_head_quant(ckpt, tensor_name=recipe.checkpoint.tensor, quant=recipe.quantization.mode)
-    return head_shape(ckpt, decision)
