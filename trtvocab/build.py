@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from trtvocab import artifacts
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.lm_head import HEAD_DTYPES, LMHead
+from trtvocab.logits import shard_logits
 from trtvocab.mapping import Mapping
 from trtvocab.recipe import BuildRecipe
 
@@ -53,21 +54,12 @@ def verification_input(head: LMHead, seed: int = 0) -> tuple[torch.Tensor, torch
     return hidden, torch.tensor([3, 1, 3], dtype=torch.int32)
 
 
-def fallback_logits(head: LMHead, hidden: torch.Tensor, seq_lens: torch.Tensor | None, context: bool) -> torch.Tensor:
-    """The PyTorch fallback's ``[B or T, V_local]`` float32 logits of this rank."""
-    from trtvocab.logits import last_token_rows
-
-    rows = hidden if context or seq_lens is None else hidden.index_select(0, last_token_rows(seq_lens, len(hidden)))
-    with torch.no_grad():
-        return head.local_logits(rows)[:, : head.local_vocab_size].float()
-
-
 def verify_export(head: LMHead, onnx_path: Path, context: bool) -> dict[str, Any]:
     """Run the exported graph on CPU and compare it with the fallback, column for column."""
     from trtvocab.export.reference_ops import run_onnx
 
     hidden, seq_lens = verification_input(head)
-    want = fallback_logits(head, hidden, seq_lens, context)
+    want = shard_logits(head, hidden, seq_lens, return_context_logits=context)
     got, backend = run_onnx(onnx_path, hidden, None if context else seq_lens, return_backend=True)
     got = torch.from_numpy(got)
     err = (got - want).abs().max().item()

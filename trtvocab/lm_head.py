@@ -192,7 +192,7 @@ class LMHead(nn.Module):
         if not self.is_split:
             if error is not None:
                 raise error
-            return self.local_logits(hidden_states)[:, : self.shard.size]
+            return self.weights(hidden_states)[:, : self.shard.size]
         D.require_initialized(self.tp_size)
         rows = hidden_states.shape[0] if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() else 0
         table = D.agree(self._signature(rows), error, self.process_group, self.device, what="LMHead")
@@ -212,7 +212,9 @@ class LMHead(nn.Module):
             if sum(row_counts) == 0:
                 raise InputError("hidden_states: empty batch on every rank")
             hidden_states = D.all_gather_rows(hidden_states, row_counts, self.process_group)
-        local = self.local_logits(hidden_states)[:, : self.shard.size]
+        # Owned columns only: the padding is trimmed, so it needs no -inf fill here (local_logits
+        # fills it for callers that reduce over the full width).
+        local = self.weights(hidden_states)[:, : self.shard.size]
         if not self.gather_output:
             # With attention DP this is [sum of all ranks' rows, V_local]: the rows of every
             # rank, this rank's columns (what a distributed sampler needs); rank r's rows are

@@ -89,3 +89,13 @@ class LogitsProcessor(nn.Module):
             return hidden_states[-1:]
         rows = last_token_rows(seq_lens, total).to(hidden_states.device)
         return hidden_states.index_select(0, rows)
+
+
+def shard_logits(head: nn.Module, hidden_states: torch.Tensor, seq_lens: Any = None, *,
+                 return_context_logits: bool = False) -> torch.Tensor:
+    """This rank's float32 ``[B or T, V_local]`` logits of the rows the LogitsProcessor selects,
+    with no collective: the per-rank PyTorch fallback that exported graphs and engines
+    (which also compute one rank's columns) are compared with and stand in for."""
+    rows = LogitsProcessor._select(hidden_states, seq_lens, return_context_logits)
+    with torch.no_grad():
+        return head.local_logits(rows)[:, : head.local_vocab_size].float()

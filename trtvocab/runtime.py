@@ -22,7 +22,7 @@ from trtvocab import artifacts
 from trtvocab import distributed as D
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.lm_head import HEAD_DTYPES, LMHead
-from trtvocab.logits import last_token_rows
+from trtvocab.logits import last_token_rows, shard_logits
 from trtvocab.mapping import Mapping
 from trtvocab.quant.config import QuantConfig
 
@@ -129,9 +129,7 @@ def rank_logits(root: Path, manifest: dict[str, Any], rank: int, backend: str, h
     lens = seq_lens if seq_lens is not None else torch.tensor([hidden.shape[0]], dtype=torch.int32)
     if backend == "torch":
         head = head_from_artifact(root, manifest, rank)
-        rows = hidden if context else hidden.index_select(0, last_token_rows(lens, hidden.shape[0]))
-        with torch.no_grad():
-            return head.local_logits(rows)[:, : head.local_vocab_size].float()
+        return shard_logits(head, hidden, lens, return_context_logits=context)
     path = artifacts.rank_dir(root, rank)
     if backend == "onnxruntime":
         from trtvocab.export.reference_ops import run_onnx
