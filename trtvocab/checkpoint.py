@@ -227,12 +227,14 @@ class Checkpoint:
         except KeyError:
             raise CheckpointError(f"checkpoint {self.path}: no tensor {name!r}") from None
 
+    def config_value(self, key: str, default: Any = None) -> Any:
+        """``key`` of config.json, or of its ``text_config`` (multimodal models keep the LM's there)."""
+        return self.config.get(key, self.config.get("text_config", {}).get(key, default))
+
     @property
     def tie_word_embeddings(self) -> bool:
         # transformers' PretrainedConfig defaults tie_word_embeddings to True.
-        nested = self.config.get("text_config", {}).get("tie_word_embeddings", True)
-        value = self.config.get("tie_word_embeddings", nested)
-        return bool(value)
+        return bool(self.config_value("tie_word_embeddings", True))
 
     def lm_head_name(self, tensor_name: str | None = None) -> tuple[str, bool]:
         """``(name, tied)`` of the tensor that holds the head's ``[V, H]`` matrix."""
@@ -253,7 +255,7 @@ class Checkpoint:
         )
 
     def config_int(self, key: str) -> int | None:
-        value = self.config.get(key, self.config.get("text_config", {}).get(key))
+        value = self.config_value(key)
         return int(value) if isinstance(value, int) else None
 
     # ---- data --------------------------------------------------------------------------------

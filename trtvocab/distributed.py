@@ -87,14 +87,13 @@ def agree(
     device: torch.device,
     *,
     what: str = "LMHead",
-    names: Sequence[str] | None = None,
 ) -> torch.Tensor:
     """Exchange ``[ok, *signature]`` across the group; raise on every rank if any rank failed.
 
     ``signature`` holds the integers that must match on every rank (vocab, hidden,
     tp, ...) followed by none, some or all per-rank values; returns the gathered
     ``[world, 1 + len(signature)]`` table so callers can read per-rank values (such
-    as row counts) without another collective. ``names`` labels signature entries.
+    as row counts) without another collective.
     A local ``error`` is re-raised on its own rank after the exchange; other ranks
     raise :class:`PeerRankError` naming the failing rank.
     """
