@@ -39,7 +39,6 @@ TOP_K = 5
 CHUNK_ELEMENTS = 1 << 22  # float64 softmax over [rows, V] runs in chunks of ~32 MiB per temporary
 MAX_ERR_SAMPLES = 1_000_000  # logit errors kept per variant for the histogram
 DTYPES = {**HEAD_DTYPES, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_ST_DENSE = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
 # ---- metrics on logits -----------------------------------------------------------------------
@@ -333,7 +332,8 @@ def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
 
     ckpt = Checkpoint(baseline.path)
     tensor, _ = ckpt.lm_head_name(baseline.tensor_name)
-    return _ST_DENSE.get(ckpt.info(tensor).dtype, torch.bfloat16)
+    stored = ckpt.info(tensor).torch_dtype
+    return stored if stored in HEAD_DTYPES.values() else torch.bfloat16
 
 
 def compare(
