@@ -4,7 +4,7 @@
     python benchmarks/quantized_head.py --small    # V=32000, H=2048, a quick run
 
 Every head keeps its weights quantized in memory and dequantizes them per call in
-chunks of ``trtvocab.quant.methods.CHUNK_ELEMENTS`` float32 values, so the temporary
+chunks of ``trtvocab.weights.quantized.CHUNK_ELEMENTS`` float32 values, so the temporary
 stays a few MiB. Timings interleave the heads round by round so that a busy machine
 slows all of them alike (best-of and median are both printed); the ratios are the
 result, the absolute numbers depend on the machine. Weight values do not change the work done,
@@ -21,7 +21,7 @@ import time
 import torch
 
 from trtvocab import LMHead, QuantAlgo, QuantConfig
-from trtvocab.quant import methods
+from trtvocab.weights import quantized as methods
 
 
 def random_tensors(algo: QuantAlgo, vocab: int, hidden: int, gen: torch.Generator) -> dict[str, torch.Tensor]:

@@ -78,7 +78,7 @@ def main() -> None:
     model = model_path()
 
     # One pass over all texts; split into calibration and evaluation rows afterwards.
-    states, lens = hidden_states_from_text(model, CALIB_TEXTS + EVAL_TEXTS, layer=args.layer)
+    states, lens, _ = hidden_states_from_text(model, CALIB_TEXTS + EVAL_TEXTS, layer=args.layer)
     n_calib = int(lens[: len(CALIB_TEXTS)].sum())
     calib, hidden, eval_lens = states[:n_calib], states[n_calib:], lens[len(CALIB_TEXTS):]
     console.print(f"hidden states: {n_calib} calibration rows, {hidden.shape[0]} evaluation rows "

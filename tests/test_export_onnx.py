@@ -13,7 +13,7 @@ Tolerances, and why they are what they are:
 
 The quantized heads are built two ways: with this file's own stand-in weight formats
 (``_FP8Stand``/``_NVFP4Stand``: the fallback's numerics as the contract states them, for
-testing the export on its own) and, when ``trtvocab.quant.methods`` exists, with the
+testing the export on its own) and, when ``trtvocab.weights.fp8`` exists, with the
 real PyTorch fallback heads.
 """
 
@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig
+from trtvocab.backends.onnx import fp4_dynamic_quantize, register_trt_schemas, run_onnx
 from trtvocab.errors import EngineUnavailableError, InputError, QuantizationError
 from trtvocab.export.onnx import (
     FP4_QUANTIZE_OP,
@@ -39,12 +40,12 @@ from trtvocab.export.onnx import (
     export_onnx,
     fp4_proto,
 )
-from trtvocab.export.reference_ops import fp4_dynamic_quantize, register_trt_schemas, run_onnx
+from trtvocab.formats import WeightFormat
 from trtvocab.weights.base import WeightMethod
 
 V, H = 37, 64  # V not divisible by 3: uneven shards 13/12/12
 SEQ_LENS = torch.tensor([3, 1, 3], dtype=torch.int32)
-HAVE_REAL_METHODS = importlib.util.find_spec("trtvocab.quant.methods") is not None
+HAVE_REAL_METHODS = importlib.util.find_spec("trtvocab.weights.fp8") is not None
 HAVE_NVFP4_MODULE = importlib.util.find_spec("trtvocab.quant.nvfp4") is not None
 IMPLS = ["stand-in", *(["real"] if HAVE_REAL_METHODS else [])]
 
@@ -96,7 +97,7 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 class _FP8Stand(WeightMethod):
     """Test double of the FP8 fallback (DESIGN §4 numerics), not the project's implementation."""
 
-    format_name = "FP8"
+    weight_format = WeightFormat.FP8
 
     def __init__(self, shard, hidden_size, dtype, quant_config, tensors):
         super().__init__(shard, hidden_size, dtype, quant_config)
@@ -128,7 +129,7 @@ class _FP8Stand(WeightMethod):
 class _NVFP4Stand(WeightMethod):
     """Test double of the NVFP4 fallback (DESIGN §4 numerics), not the project's implementation."""
 
-    format_name = "NVFP4"
+    weight_format = WeightFormat.NVFP4
 
     def __init__(self, shard, hidden_size, dtype, quant_config, tensors):
         super().__init__(shard, hidden_size, dtype, quant_config)
@@ -251,7 +252,7 @@ def test_dense_parity(tmp_path, dtype, tp, context):
         head = make_head("dense", tp=tp, rank=rank, dtype=dtype)
         info = export_onnx(head, tmp_path / f"rank{rank}.onnx", context_logits=context)
         check_graph(Path(info.path))
-        got, backend = run_onnx(info.path, x, None if context else SEQ_LENS, return_backend=True)
+        got, backend = run_onnx(info.path, x, None if context else SEQ_LENS)
         assert backend == ("onnxruntime" if dtype == torch.float32 else "reference")
         compare(f"dense {dtype}", got, fallback(head, x, context), rtol=EPS[dtype] or 1e-5, atol_scale=1e-5)
         assert info.input_names == (["hidden_states"] if context else ["hidden_states", "seq_lens"])
@@ -264,7 +265,7 @@ def test_dense_padded_layout_exports_owned_columns_only(tmp_path):
     assert head.shard.width > head.local_vocab_size  # there is padding to leave out
     info = export_onnx(head, tmp_path / "m.onnx")
     x = hidden_states(torch.bfloat16)
-    got = run_onnx(info.path, x, SEQ_LENS)
+    got = run_onnx(info.path, x, SEQ_LENS).logits
     compare("dense padded", got, fallback(head, x, False), rtol=EPS[torch.bfloat16], atol_scale=1e-5)
 
 
@@ -276,7 +277,7 @@ def test_onnxruntime_cpu_has_no_bf16_matmul(tmp_path):
     with pytest.raises(Exception, match=r"NOT_IMPLEMENTED|Could not find an implementation"):
         ort.InferenceSession(info.path, providers=["CPUExecutionProvider"])
     with pytest.raises(EngineUnavailableError, match="bfloat16"):
-        run_onnx(info.path, hidden_states(torch.bfloat16), SEQ_LENS, backend="onnxruntime")
+        run_onnx(info.path, hidden_states(torch.bfloat16), SEQ_LENS, runner="onnxruntime")
 
 
 # ---- FP8 -----------------------------------------------------------------------------------------
@@ -293,11 +294,11 @@ def test_fp8_parity(tmp_path, impl, activation, tp, context):
         ops = {n.op_type for n in model.graph.node}
         assert ("QuantizeLinear" in ops) == (activation != "none")
         assert ("ReduceMax" in ops) == (activation == "dynamic")
-        got, backend = run_onnx(info.path, x, None if context else SEQ_LENS, return_backend=True)
+        got, backend = run_onnx(info.path, x, None if context else SEQ_LENS)
         assert backend == "onnxruntime"  # bf16 input fed as an OrtValue, float32 GEMM
         want = fallback(head, x, context)
         compare(f"FP8 {activation} ({impl})", got, want, rtol=1e-5, atol_scale=1e-5)
-        ref = run_onnx(info.path, x, None if context else SEQ_LENS, backend="reference")
+        ref = run_onnx(info.path, x, None if context else SEQ_LENS, runner="reference").logits
         compare(f"FP8 {activation} reference ({impl})", ref, want, rtol=1e-5, atol_scale=1e-5)
 
 
@@ -310,14 +311,14 @@ def test_fp8_per_row_scales(tmp_path, impl):
         model = check_graph(Path(info.path))
         dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and "lm_head.weight" in n.input]
         assert [a.i for a in dq[0].attribute if a.name == "axis"] == [0]
-        compare(f"FP8 per-row ({impl})", run_onnx(info.path, x, SEQ_LENS), fallback(head, x, False),
+        compare(f"FP8 per-row ({impl})", run_onnx(info.path, x, SEQ_LENS).logits, fallback(head, x, False),
                 rtol=1e-5, atol_scale=1e-5)
 
 
 def test_fp8_dynamic_all_zero_input_uses_scale_one(tmp_path):
     head = make_head("FP8", activation="dynamic")
     info = export_onnx(head, tmp_path / "m.onnx")
-    got = run_onnx(info.path, torch.zeros(7, H, dtype=torch.bfloat16), SEQ_LENS)
+    got = run_onnx(info.path, torch.zeros(7, H, dtype=torch.bfloat16), SEQ_LENS).logits
     assert np.all(got == 0) and np.all(np.isfinite(got))
 
 
@@ -335,7 +336,7 @@ def test_nvfp4_parity(tmp_path, impl, activation, tp, context):
         assert (f"{TRT_DOMAIN}::{FP4_QUANTIZE_OP}" in info.ops) == (activation == "static")
         w = next(t for t in model.graph.initializer if t.name == "lm_head.weight")
         assert w.data_type == onnx.TensorProto.FLOAT4E2M1 and list(w.dims) == [head.local_vocab_size, H]
-        got, backend = run_onnx(info.path, x, None if context else SEQ_LENS, return_backend=True)
+        got, backend = run_onnx(info.path, x, None if context else SEQ_LENS)
         assert backend == "reference"
         compare(f"NVFP4 {activation} ({impl})", got, fallback(head, x, context), rtol=1e-5, atol_scale=1e-5)
 
@@ -391,7 +392,7 @@ def test_dequantize_fp4_variant(tmp_path):
         types = {t.data_type for t in model.graph.initializer}
         assert onnx.TensorProto.FLOAT4E2M1 not in types and onnx.TensorProto.BFLOAT16 in types
         # bf16 GEMM output (rounded once) times weight_scale_2: 1 bf16 ulp of the fallback's fp32 result.
-        compare("NVFP4 dequantize_fp4 (bf16 GEMM)", run_onnx(info.path, x, SEQ_LENS), fallback(head, x, False),
+        compare("NVFP4 dequantize_fp4 (bf16 GEMM)", run_onnx(info.path, x, SEQ_LENS).logits, fallback(head, x, False),
                 rtol=2.0**-7, atol_scale=1e-5)
         native = export_onnx(head, tmp_path / "native.onnx")
         rebuilt = dequantize_fp4_onnx(native.path, tmp_path / "rebuilt.onnx")
@@ -417,7 +418,7 @@ def test_parity_at_a_larger_shape(tmp_path, fmt, activation, dtype):
     x = hidden_states(dtype, hidden=1024)
     info = export_onnx(head, tmp_path / "m.onnx")
     rtol = EPS[dtype] if fmt == "dense" else 0.0
-    compare(f"{fmt} {activation} {dtype} H=1024 ({impl})", run_onnx(info.path, x, SEQ_LENS),
+    compare(f"{fmt} {activation} {dtype} H=1024 ({impl})", run_onnx(info.path, x, SEQ_LENS).logits,
             fallback(head, x, False), rtol=rtol or 1e-5, atol_scale=1e-5)
 
 
@@ -438,7 +439,7 @@ def test_external_data(tmp_path, fmt):
     locations = {e.value for t in hollow.graph.initializer for e in t.external_data if e.key == "location"}
     assert locations == {"lm_head.onnx.data"}  # relative: the folder can move
     x = hidden_states(torch.bfloat16)
-    compare(f"{fmt} static external data", run_onnx(path, x, SEQ_LENS), fallback(head, x, False),
+    compare(f"{fmt} static external data", run_onnx(path, x, SEQ_LENS).logits, fallback(head, x, False),
             rtol=1e-5, atol_scale=1e-5)
     # Re-exporting inline removes the stale data file.
     export_onnx(head, path, external_data=False)
@@ -484,21 +485,21 @@ def test_run_onnx_validates_inputs(tmp_path):
     with pytest.raises(InputError, match=r"\[T, 64\]"):
         run_onnx(info.path, x[:, :32], SEQ_LENS)
     with pytest.raises(InputError, match="backend"):
-        run_onnx(info.path, x, SEQ_LENS, backend="cuda")
+        run_onnx(info.path, x, SEQ_LENS, runner="cuda")
     # seq_lens None = one sequence: the last row; numpy bf16 input works too.
     got = run_onnx(build_model_for_head(make_head("FP8", activation="static")), x.view(torch.int16).numpy()
-                   .view(ml_dtypes.bfloat16))
-    np.testing.assert_allclose(got, run_onnx(info.path, x, [7]), rtol=0, atol=0)
+                   .view(ml_dtypes.bfloat16)).logits
+    np.testing.assert_allclose(got, run_onnx(info.path, x, [7]).logits, rtol=0, atol=0)
     fp4 = export_onnx(make_head("NVFP4", activation="static"), tmp_path / "fp4.onnx")
     with pytest.raises(EngineUnavailableError, match="TRT_FP4DynamicQuantize"):
-        run_onnx(fp4.path, x, SEQ_LENS, backend="onnxruntime")
+        run_onnx(fp4.path, x, SEQ_LENS, runner="onnxruntime")
 
 
 def test_context_graph_validates_but_ignores_seq_lens(tmp_path):
     head = make_head("dense", dtype=torch.float32)
     info = export_onnx(head, tmp_path / "m.onnx", context_logits=True)
     x = hidden_states(torch.float32)
-    np.testing.assert_array_equal(run_onnx(info.path, x, SEQ_LENS), run_onnx(info.path, x))
+    np.testing.assert_array_equal(run_onnx(info.path, x, SEQ_LENS).logits, run_onnx(info.path, x).logits)
     with pytest.raises(InputError):
         run_onnx(info.path, x, [1, 1])
 

@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trtvocab.cli import app
-from trtvocab.plan import human, make_plan
+from trtvocab.plan import make_plan
+from trtvocab.units import human_bytes as human
 
 MIB, GIB = 2**20, 2**30
 

@@ -22,7 +22,8 @@ from trtvocab import LMHead, LogitsProcessor, Mapping, QuantAlgo, QuantConfig, r
 from trtvocab.checkpoint import Checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.launch import run_ranks
-from trtvocab.quant.methods import dequantize_stored, quantize_head_tensors
+from trtvocab.loader import dequantize_stored
+from trtvocab.quant.writer import quantize_head_tensors
 from trtvocab.sharding import vocab_shard
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned ranks import quant_rank_fns from here
@@ -251,7 +252,7 @@ def test_excluded_stored_quantized_head_is_dequantized_exactly(tmp_path, algo, p
     path = write_ckpt(tmp_path / "ckpt", tensors, hf_quant=hf_quant(algo.value, ["*lm_head*"]))
     with pytest.warns(UserWarning, match="dequantizing it exactly"):
         head = LMHead.from_checkpoint(path, dtype=torch.float32)
-    assert head.format_name == "dense" and head.quant_decision.dequantize
+    assert head.weight_format == "dense" and head.quant_decision.dequantize
     assert torch.equal(head.weights.weight, ref_weight(tensors))
     with pytest.warns(UserWarning, match="dequantizing"):
         head16 = LMHead.from_checkpoint(path, dtype=torch.bfloat16)
@@ -266,7 +267,7 @@ def test_adp_lm_head_tp_dequantizes_this_ranks_rows(tmp_path):
         mapping = Mapping(world_size=2, rank=rank, tp_size=2, enable_attention_dp=True, enable_lm_head_tp_in_adp=True)
         with pytest.warns(UserWarning, match="attention DP"):
             head = LMHead.from_checkpoint(path, mapping=mapping, dtype=torch.float32)
-        assert head.is_split and head.format_name == "dense"
+        assert head.is_split and head.weight_format == "dense"
         assert torch.equal(head.weights.weight, want[head.vocab_start : head.vocab_end])
 
 
@@ -312,7 +313,7 @@ def test_single_device_logits_match_float64_reference(checkpoints, case):
     cid, algo, _, per_row, weight_only, mode = case
     path, tensors = checkpoints[cid]
     head = LMHead.from_checkpoint(path, weight_only=weight_only)
-    assert head.quant_decision.config.activation == mode and head.format_name == algo.value
+    assert head.quant_decision.config.activation == mode and head.weight_format == algo.value
     assert head.quant_decision.config.granularity == ("per_row" if per_row else "per_tensor")
     x = hidden()
     y = head(x)
@@ -342,7 +343,7 @@ def test_resident_bytes_stay_quantized():
 
 
 def test_forward_chunks_keep_temporaries_small(monkeypatch):
-    from trtvocab.quant import methods
+    from trtvocab.weights import quantized as methods
 
     monkeypatch.setattr(methods, "CHUNK_ELEMENTS", 64 * 7)  # 7 rows per chunk: many uneven chunks
     w = head_weight(101, 64)

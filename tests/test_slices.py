@@ -8,7 +8,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig
-from trtvocab.quant.methods import quantize_head_tensors
+from trtvocab.quant.writer import quantize_head_tensors
 
 V, H = 301, 64
 

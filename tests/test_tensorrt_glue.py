@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from trtvocab import LMHead, Mapping
+from trtvocab.backends.tensorrt import EngineRunner
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.export import tensorrt as T
 from trtvocab.export.onnx import export_onnx
@@ -50,7 +51,7 @@ def test_build_engine_without_tensorrt_raises_one_line(tmp_path):
     assert "TensorRT is not importable" in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "lm_head.plan").exists()
     with pytest.raises(EngineUnavailableError, match="TensorRT is not importable"):
-        T.EngineRunner(tmp_path / "lm_head.plan")
+        EngineRunner(tmp_path / "lm_head.plan")
 
 
 def test_module_imports_without_tensorrt():
@@ -381,7 +382,7 @@ def test_real_engine_matches_fallback(tmp_path):
         name = f"{fmt}-{activation}-{'context' if context else 'last'}"
         graph = export_onnx(head, tmp_path / f"{name}.onnx", context_logits=context).path
         info = T.build_engine(graph, tmp_path / f"{name}.plan", PROFILE, 1 << 30)
-        runner = T.EngineRunner(info.plan_path, info.model_dump())
+        runner = EngineRunner(info.plan_path, info.sha256)
         got = runner.run(x.cuda(), None if context else SEQ_LENS).float().cpu()
         want = fallback(head, x, context)
         # GPU GEMMs (and TensorRT's own quantizer kernels) round differently from CPU float32.
@@ -391,23 +392,23 @@ def test_real_engine_matches_fallback(tmp_path):
 def test_glue_manifest_engine_entry_drives_backend_choice(tmp_path, fake_trt, monkeypatch):
     """build -> manifest -> runtime, with the TensorRT test double: checks only trtvocab's glue
     (what the manifest records and how the runtime reads it), never TensorRT itself."""
+    from trtvocab.backends import available_backends, pick_backend
     from trtvocab.build import build
     from trtvocab.recipe import parse_recipe
-    from trtvocab.runtime import available_backends, pick_backend
 
     fake_trt()
     recipe = parse_recipe({"checkpoint": {"synthetic": {"vocab_size": 101, "hidden_size": 64}},
                            "mapping": {"tp_size": 2}, "output": {"dir": str(tmp_path / "a")}})
     root, manifest = build(recipe)
-    for entry in manifest["ranks"]:
-        engine = entry["engine"]
-        assert engine["built"] and engine["plan_path"] == "lm_head.plan"  # relative: staging paths go stale
-        assert engine["gpu"] == {"name": "Fake H100 (test double)", "compute_capability": "9.0"}
-        assert (root / entry["files"]["plan"]).read_bytes() == b"FAKE-PLAN"
+    for entry in manifest.ranks:
+        engine = entry.engine
+        assert engine.built and engine.build.plan_path == "lm_head.plan"  # relative: staging paths go stale
+        assert (engine.build.device, engine.build.compute_capability) == ("Fake H100 (test double)", "9.0")
+        assert (root / entry.files.plan).read_bytes() == b"FAKE-PLAN"
     assert available_backends(manifest)["tensorrt"] is None
     assert pick_backend(manifest, "auto")[0] == "tensorrt"
     # The same artifact on another GPU: refused, naming the plan file, and auto falls back.
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Other GPU")
     why = available_backends(manifest)["tensorrt"]
     assert why is not None and "rank0/lm_head.plan" in why and "built for Fake H100" in why
-    assert pick_backend(manifest, "auto")[0] == "onnxruntime"
+    assert pick_backend(manifest, "auto")[0] == "onnx"

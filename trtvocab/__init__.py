@@ -19,8 +19,7 @@ from trtvocab.logits import LogitsProcessor
 from trtvocab.mapping import Mapping
 from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
 from trtvocab.sharding import VocabShard, calc_shard, padded_vocab_size, shard_sizes, vocab_shard
-
-__version__ = "0.1.0"
+from trtvocab.version import __version__
 
 __all__ = [
     "ArtifactError",

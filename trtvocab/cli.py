@@ -45,16 +45,15 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Per-rank shard ranges, weight bytes (bf16/fp8/nvfp4), logits and all-gather bytes."""
-    from trtvocab.plan import human, make_plan
+    from trtvocab.plan import make_plan
+    from trtvocab.units import human_bytes as human
 
     try:
         if checkpoint is not None:
-            from trtvocab.checkpoint import Checkpoint
-            from trtvocab.loader import head_shape
-            from trtvocab.quant.config import resolve_lm_head_quant
+            from trtvocab.loader import open_head
 
-            ckpt = Checkpoint(checkpoint)
-            vocab, hidden = head_shape(ckpt, resolve_lm_head_quant(ckpt))
+            source = open_head(checkpoint)
+            vocab, hidden = source.vocab_size, source.hidden_size
         if vocab is None or hidden is None:
             raise typer.BadParameter("give a CHECKPOINT or both --vocab and --hidden")
         p = make_plan(vocab, hidden, tp, batch, layout, pad_to)  # type: ignore[arg-type]
@@ -92,8 +91,8 @@ def build(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trtvocab.build import build as run_build
-    from trtvocab.plan import human
     from trtvocab.recipe import load_recipe
+    from trtvocab.units import human_bytes as human
 
     try:
         rec = load_recipe(recipe)
@@ -116,18 +115,17 @@ def build(
                 bar.update(t, completed=len(stages), stage="done")
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
-    table = Table(title=f"built {path}  ({manifest['quant']['label']}, tp={manifest['mapping']['tp_size']})")
+    table = Table(title=f"built {path}  ({manifest.quant.label}, tp={manifest.mapping.tp_size})")
     for col in ("rank", "vocab range", "format", "weights", "onnx check (max |err| / tol)", "engine"):
         table.add_column(col)
-    for e in manifest["ranks"]:
-        v = e.get("verify")
-        check = (f"{'ok' if v['ok'] else 'FAILED'} on {v['backend']}: {v['max_abs_err']:.2e} / {v['tolerance']:.2e}"
+    for e in manifest.ranks:
+        v = e.verify
+        check = (f"{'ok' if v.ok else 'FAILED'} on {v.backend}: {v.max_abs_err:.2e} / {v.tolerance:.2e}"
                  if v else "skipped")
-        engine = "built" if e["engine"]["built"] else "skipped"
-        table.add_row(str(e["rank"]), f"[{e['start']:,}, {e['end']:,})", e["format"], human(e["resident_bytes"]),
-                      check, engine)
+        table.add_row(str(e.rank), f"[{e.start:,}, {e.end:,})", str(e.weight_format), human(e.resident_bytes),
+                      check, "built" if e.engine.built else "skipped")
     console.print(table)
-    reasons = {e["engine"].get("reason") for e in manifest["ranks"] if not e["engine"]["built"]}
+    reasons = {e.engine.reason for e in manifest.ranks if not e.engine.built}
     for reason in sorted(r for r in reasons if r):
         console.print(f"[yellow]TensorRT engine not built:[/] {reason}. "
                       "Wrote the ONNX graphs and the PyTorch fallback weights instead.", highlight=False)
@@ -139,7 +137,7 @@ def infer(
     artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
     hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (and optional seq_lens)")],
     seq_lens: Annotated[str | None, typer.Option(help="comma-separated lengths (override the file's)")] = None,
-    backend: Annotated[str, typer.Option(help="auto | tensorrt | onnxruntime | torch")] = "auto",
+    backend: Annotated[str, typer.Option(help="auto | tensorrt | onnx | torch (onnxruntime: alias of onnx)")] = "auto",
     top_k: Annotated[int, typer.Option(help="tokens to print per sequence")] = 5,
     out: Annotated[Path | None, typer.Option(help="save logits [B, V] float32 to this .safetensors")] = None,
 ) -> None:
@@ -156,17 +154,16 @@ def infer(
         states, lens = load_hidden(hidden)
         if seq_lens:
             lens = torch.tensor(_int_list(seq_lens, "--seq-lens"), dtype=torch.int32)
-        logits, used, manifest = run_infer(artifact, states, lens, backend)
+        logits, ran_on, manifest = run_infer(artifact, states, lens, backend)
     except TrtVocabError as exc:
         raise _fail(exc) from None
     finally:
         _leave_process_group()
     if logits is None:  # a non-zero rank under torchrun
         return
-    console.print(f"backend: [bold]{used}[/] ({manifest['quant']['label']}, tp={manifest['mapping']['tp_size']}, "
-                  f"{len(manifest['ranks'])} rank(s))", highlight=False)
-    ckpt = manifest.get("checkpoint")
-    decode = decoder(ckpt if ckpt and ckpt != "synthetic" else None)
+    console.print(f"ran on: [bold]{ran_on}[/] ({manifest.quant.label}, tp={manifest.mapping.tp_size}, "
+                  f"{len(manifest.ranks)} rank(s))", highlight=False)
+    decode = decoder(manifest.checkpoint if manifest.checkpoint != "synthetic" else None)
     probs = torch.softmax(logits, dim=-1)
     top = probs.topk(min(top_k, logits.shape[-1]), dim=-1)
     last = load_last_tokens(hidden) or []
@@ -202,7 +199,7 @@ def _leave_process_group() -> None:
 def _save_logits(path: Path, logits) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import save
 
-    from trtvocab.artifacts import atomic_write_bytes
+    from trtvocab.fsutil import atomic_write_bytes
 
     atomic_write_bytes(path, save({"logits": logits.contiguous()}))
 
@@ -213,32 +210,32 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Manifest summary, per-rank shard ranges and bytes, checksum verification."""
     from trtvocab.artifacts import read_manifest
-    from trtvocab.plan import human
+    from trtvocab.units import human_bytes as human
 
     try:
         manifest = read_manifest(artifact)
     except TrtVocabError as exc:
         raise _fail(exc) from None
     if as_json:
-        print(json.dumps(manifest, indent=2))
+        print(json.dumps(manifest.model_dump(mode="json"), indent=2))
         return
-    h = manifest["head"]
-    console.print(f"[bold]{artifact}[/]: V={h['vocab_size']:,} H={h['hidden_size']:,} dtype={h['dtype']} "
-                  f"layout={h['vocab_layout']} tp={manifest['mapping']['tp_size']} quant={manifest['quant']['label']}"
-                  f" ({manifest['quant']['reason']})", highlight=False)
-    console.print(f"built {manifest['created']} with " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()),
+    h = manifest.head
+    console.print(f"[bold]{artifact}[/]: V={h.vocab_size:,} H={h.hidden_size:,} dtype={h.dtype} "
+                  f"layout={h.vocab_layout} tp={manifest.mapping.tp_size} quant={manifest.quant.label}"
+                  f" ({manifest.quant.reason})", highlight=False)
+    console.print(f"built {manifest.created} with " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items()),
                   highlight=False)
     table = Table()
     for col in ("rank", "vocab range", "rows", "files", "bytes", "engine"):
         table.add_column(col)
-    for e in manifest["ranks"]:
-        files = [f for f in manifest["files"] if f.startswith(f"rank{e['rank']}/")]
-        size = sum(manifest["files"][f]["bytes"] for f in files)
-        table.add_row(str(e["rank"]), f"[{e['start']:,}, {e['end']:,})", f"{e['end'] - e['start']:,}",
+    for e in manifest.ranks:
+        files = [f for f in manifest.files if f.startswith(f"rank{e.rank}/")]
+        size = sum(manifest.files[f].bytes for f in files)
+        table.add_row(str(e.rank), f"[{e.start:,}, {e.end:,})", f"{e.end - e.start:,}",
                       ", ".join(Path(f).name for f in files), human(size),
-                      "built" if e["engine"]["built"] else f"skipped: {e['engine'].get('reason', '')}")
+                      "built" if e.engine.built else f"skipped: {e.engine.reason or ''}")
     console.print(table)
-    console.print(f"[green]checksums ok[/] ({len(manifest['files'])} files)")
+    console.print(f"[green]checksums ok[/] ({len(manifest.files)} files)")
 
 
 # ---- hidden ---------------------------------------------------------------------------------
@@ -254,8 +251,7 @@ def hidden(
     from trtvocab.hidden import DEFAULT_TEXTS, hidden_states_from_text, save_hidden
 
     try:
-        states, lens, last = hidden_states_from_text(model, list(text or DEFAULT_TEXTS), layer=layer,
-                                                     return_tokens=True)
+        states, lens, last = hidden_states_from_text(model, list(text or DEFAULT_TEXTS), layer=layer)
         save_hidden(out, states, lens, last)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None

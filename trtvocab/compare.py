@@ -31,14 +31,16 @@ from typing import Any
 
 import torch
 
+from trtvocab.dtypes import HEAD_DTYPES, head_dtype, short_name
 from trtvocab.errors import ConfigError, InputError
-from trtvocab.lm_head import HEAD_DTYPES
+from trtvocab.formats import Activation, Granularity
+from trtvocab.inputs import check_hidden_states
 from trtvocab.quant.config import QuantAlgo, QuantConfig
+from trtvocab.units import human_bytes
 
 TOP_K = 5
 CHUNK_ELEMENTS = 1 << 22  # float64 softmax over [rows, V] runs in chunks of ~32 MiB per temporary
 MAX_ERR_SAMPLES = 1_000_000  # logit errors kept per variant for the histogram
-DTYPES = {**HEAD_DTYPES, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 # ---- metrics on logits -----------------------------------------------------------------------
@@ -124,16 +126,17 @@ class SimSpec:
     text: str
     algo: QuantAlgo
     per_row: bool
-    activation: str  # static | dynamic | none
+    activation: Activation
 
     @property
     def config(self) -> QuantConfig:
         return QuantConfig(quant_algo=self.algo, activation=self.activation,
-                           granularity="per_row" if self.per_row else "per_tensor")
+                           granularity=Granularity.PER_ROW if self.per_row else Granularity.PER_TENSOR)
 
 
 _SIM_RE = re.compile(r"^(fp8|nvfp4)(-row)?(?:-(dyn|w8a8|w8a16|w4a4|w4a16))?$")
-_SIM_ACT = {"dyn": "dynamic", "w8a8": "static", "w8a16": "none", "w4a4": "static", "w4a16": "none"}
+_SIM_ACT = {"dyn": Activation.DYNAMIC, "w8a8": Activation.STATIC, "w8a16": Activation.NONE,
+            "w4a4": Activation.STATIC, "w4a16": Activation.NONE}
 
 
 def parse_sim_spec(text: str) -> SimSpec:
@@ -148,7 +151,7 @@ def parse_sim_spec(text: str) -> SimSpec:
     if algo is QuantAlgo.FP8 and act in ("w4a4", "w4a16"):
         raise ConfigError(f"--simulate {text!r}: FP8 takes -dyn, -w8a8 or -w8a16")
     # Defaults match `trtvocab quantize` without --calib: FP8 dynamic activations, NVFP4 W4A16.
-    activation = _SIM_ACT[act] if act else ("dynamic" if algo is QuantAlgo.FP8 else "none")
+    activation = _SIM_ACT[act] if act else (Activation.DYNAMIC if algo is QuantAlgo.FP8 else Activation.NONE)
     return SimSpec(text=text.strip().lower(), algo=algo, per_row=bool(row), activation=activation)
 
 
@@ -161,10 +164,10 @@ def simulate_tensors(weight: torch.Tensor, spec: SimSpec,
     scale. A static activation scale comes from ``amax(|calib|)`` taken in the weight's
     dtype, as ModelOpt's max calibrator sees the model's activations.
     """
-    from trtvocab.quant.methods import quantize_head_tensors
+    from trtvocab.quant.writer import quantize_head_tensors
 
     amax = None
-    if spec.activation == "static":
+    if spec.activation is Activation.STATIC:
         if calib is None:
             raise InputError(f"--simulate {spec.text}: a static activation scale needs calibration rows")
         amax = calib.to(weight.dtype).abs().amax().float()
@@ -179,13 +182,6 @@ def simulate_source(weight: torch.Tensor, spec: SimSpec, calib: torch.Tensor | N
 
 
 # ---- running heads ---------------------------------------------------------------------------
-def head_label(head: Any) -> str:
-    qc = head.quant_config
-    if qc is not None:
-        return str(qc.label)
-    return "dense " + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[head.dtype]
-
-
 def build_head(source: HeadSource, mapping: Any, dtype: torch.dtype) -> Any:
     from trtvocab.lm_head import LMHead
 
@@ -222,7 +218,7 @@ def _rank_logits(rank: int, world: int, sources: list[HeadSource], hidden: torch
             if rank == 0:
                 logits.append(out.numpy())
             sizes.append(head.resident_bytes())
-            labels.append(head_label(head))
+            labels.append(head.label)
             del head
     return (logits if rank == 0 else None), sizes, labels
 
@@ -285,12 +281,12 @@ class CompareReport:
     def table_rows(self) -> list[list[str]]:
         """Rows for a text table (rich or markdown), baseline first."""
         out = [[self.baseline_label, _short(self.baseline), "—", "—", "—", "—", "—", "—", "—",
-                _bytes(self.baseline_bytes_per_rank)]]
+                human_bytes(self.baseline_bytes_per_rank, digits=2)]]
         for v in self.variants:
             m = v.metrics
             out.append([v.label, _short(v.name), f"{m.top1_agreement:.2%}", f"{m.top5_overlap:.3f}",
                         f"{m.kl_mean:.2e}", f"{m.kl_p99:.2e}", f"{m.kl_max:.2e}", f"{m.max_abs_logit_err:.3f}",
-                        f"{m.mean_abs_logprob_err:.2e}", _bytes(v.head_bytes_per_rank)])
+                        f"{m.mean_abs_logprob_err:.2e}", human_bytes(v.head_bytes_per_rank, digits=2)])
         return out
 
     def title(self) -> str:
@@ -312,20 +308,10 @@ def _short(name: str) -> str:
     return name if name.startswith("sim:") else Path(name).name or name
 
 
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
 def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
     """``auto``: the baseline head's stored dtype (a bf16 model is compared in bf16), else bf16."""
     if name != "auto":
-        try:
-            return DTYPES[name.lower()]
-        except KeyError:
-            raise ConfigError(f"--dtype must be auto or one of {sorted(DTYPES)}, got {name!r}") from None
+        return head_dtype(name, "--dtype (or auto)")
     if baseline.path is None:
         return torch.float32
     from trtvocab.checkpoint import Checkpoint
@@ -356,8 +342,7 @@ def compare(
     """
     if hidden is None:
         raise InputError("compare needs hidden_states [T, H]")
-    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[0] == 0:
-        raise InputError(f"hidden_states: expected a non-empty [T, H] tensor, got {getattr(hidden, 'shape', hidden)}")
+    check_hidden_states(hidden)
     if not all_tokens and seq_lens is None:
         raise InputError("last-token comparison needs seq_lens (in the hidden-states file); or compare all tokens")
     variants = list(variants or [])
@@ -376,8 +361,8 @@ def compare(
             if spec.activation == "static" and calib is None:
                 src.note = (src.note + "; " if src.note else "") + "input_scale calibrated on the compared rows"
             sources.append(src)
-    head_dtype = resolve_dtype(dtype, base_src)
-    logits, sizes, labels = run_heads(sources, hidden, seq_lens, tp=tp, all_tokens=all_tokens, dtype=head_dtype)
+    dtype_ = resolve_dtype(dtype, base_src)
+    logits, sizes, labels = run_heads(sources, hidden, seq_lens, tp=tp, all_tokens=all_tokens, dtype=dtype_)
     base = logits[0]
     results = []
     for src, out, size, label in zip(sources[1:], logits[1:], sizes[1:], labels[1:], strict=True):
@@ -386,10 +371,9 @@ def compare(
                              "(different vocabulary?)")
         results.append(VariantResult(name=src.name, label=label, head_bytes_per_rank=size,
                                      metrics=logit_metrics(base, out), note=src.note))
-    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[head_dtype]
     return CompareReport(baseline=str(baseline), baseline_label=labels[0], baseline_bytes_per_rank=sizes[0],
                          rows=int(base.shape[0]), rows_mode="all tokens" if all_tokens else "last tokens", tp=tp,
-                         dtype=dtype_name, vocab_size=int(base.shape[1]), variants=results)
+                         dtype=short_name(dtype_), vocab_size=int(base.shape[1]), variants=results)
 
 
 # ---- plot ------------------------------------------------------------------------------------
@@ -400,7 +384,7 @@ def plot_report(report: CompareReport, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from trtvocab.artifacts import atomic_write_bytes
+    from trtvocab.fsutil import atomic_write_bytes
 
     if not report.variants:
         raise InputError("nothing to plot: the report has no variants")

@@ -2,17 +2,18 @@
 
 gloo's all_gather rejects tensors of unequal shapes (and may abort the process),
 so every uneven exchange here pads to the largest piece and trims afterwards.
-Every exchange is preceded by :func:`agree`, a tiny fixed-shape handshake that
-carries each rank's validation verdict and shape signature: a rank with bad
-input makes *all* ranks raise before any data moves, instead of leaving the
-others blocked in a collective.
+Every exchange is preceded by a :class:`Handshake` (the protocol is described
+there, once): a rank with bad input makes *all* ranks raise before any data
+moves, instead of leaving the others blocked in a collective.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -80,42 +81,94 @@ def new_tp_group(tp_group_ranks: Sequence[int], world_size: int, tp_size: int) -
     return mine
 
 
-def agree(
-    signature: Sequence[int],
-    error: BaseException | None,
-    group: ProcessGroup,
-    device: torch.device,
-    *,
-    what: str = "LMHead",
-) -> torch.Tensor:
-    """Exchange ``[ok, *signature]`` across the group; raise on every rank if any rank failed.
+@dataclass(frozen=True)
+class Field:
+    """One value every rank contributes to a :class:`Handshake`.
 
-    ``signature`` holds the integers that must match on every rank (vocab, hidden,
-    tp, ...) followed by none, some or all per-rank values; returns the gathered
-    ``[world, 1 + len(signature)]`` table so callers can read per-rank values (such
-    as row counts) without another collective.
-    A local ``error`` is re-raised on its own rank after the exchange; other ranks
-    raise :class:`PeerRankError` naming the failing rank.
+    ``choices``: a categorical value (dtype, layout, weight format), exchanged as its index
+    in ``choices`` and shown by name in errors. ``per_rank``: a value ranks may differ in
+    (a row count); it is returned instead of checked.
     """
-    row = torch.tensor([0 if error is None else 1, *signature], dtype=torch.int64, device=device)
-    world = group_size(group)
-    table = [torch.empty_like(row) for _ in range(world)]
-    dist.all_gather(table, row, group=group)
-    stacked = torch.stack(table).cpu()
-    if error is not None:
-        raise error
-    failed = [r for r in range(world) if int(stacked[r, 0]) != 0]
-    if failed:
-        raise PeerRankError(f"{what}: rank(s) {failed} of the group rejected their input; see their error")
-    return stacked
+
+    name: str
+    choices: tuple[Any, ...] | None = None
+    per_rank: bool = False
+
+    def encode(self, value: Any) -> int:
+        if self.choices is None:
+            return int(value)
+        return self.choices.index(value) if value in self.choices else -1
+
+    def decode(self, code: int) -> Any:
+        if self.choices is None:
+            return code
+        return self.choices[code] if 0 <= code < len(self.choices) else "<unknown>"
 
 
-def check_same(table: torch.Tensor, columns: Sequence[int], names: Sequence[str], what: str) -> None:
-    """Raise :class:`RankMismatchError` if ranks disagree on any of ``columns`` of an :func:`agree` table."""
-    for col, name in zip(columns, names, strict=True):
-        values = table[:, 1 + col].tolist()
-        if len(set(values)) > 1:
-            raise RankMismatchError(f"{what}: ranks disagree on {name}: {values} (rank i -> value i)")
+@dataclass(frozen=True)
+class Handshake:
+    """A declared agreement that the ranks of a group reach before any data moves.
+
+    Why: a collective that one rank never enters blocks the others until the timeout,
+    and a collective over tensors of different shapes can abort the process (gloo) or
+    move garbage. So every public operation on a split head first exchanges one
+    fixed-shape int64 row per rank, ``[failed, *fields]``, with a single all_gather:
+
+    * a rank whose own validation failed still takes part, with ``failed = 1``, and then
+      raises its own error; every other rank raises :class:`PeerRankError` naming it;
+    * fields that must match (vocab, hidden, tp, layout, dtype, format, operation, k, ...)
+      are compared: a difference raises :class:`RankMismatchError` naming the field, with
+      every rank's value, on every rank (all ranks see the same table);
+    * ``per_rank`` fields (row counts under attention DP) are returned, so the caller
+      needs no second collective to learn them.
+
+    Every rank sees the same table, so every rank makes the same decision.
+    """
+
+    what: str
+    fields: tuple[Field, ...]
+
+    def exchange(
+        self,
+        values: Mapping[str, Any] | None,
+        error: BaseException | None,
+        group: ProcessGroup,
+        device: torch.device | str = "cpu",
+        *,
+        world: int | None = None,
+        what: str | None = None,
+    ) -> dict[str, list[Any]]:
+        """Exchange this rank's ``values`` (ignored when ``error`` is set); return the per-rank fields.
+
+        ``world``: the group size the caller was built for; a group of another size raises
+        :class:`RankMismatchError` on every rank.
+        """
+        what = what or self.what
+        codes = [0] * len(self.fields)
+        if error is None:
+            assert values is not None, "values are required when the rank has no error"
+            codes = [f.encode(values[f.name]) for f in self.fields]
+        row = torch.tensor([0 if error is None else 1, *codes], dtype=torch.int64, device=device)
+        pieces = [torch.empty_like(row) for _ in range(group_size(group))]
+        dist.all_gather(pieces, row, group=group)
+        table = torch.stack(pieces).cpu()
+        if error is not None:
+            raise error
+        failed = [r for r in range(table.shape[0]) if int(table[r, 0]) != 0]
+        if failed:
+            raise PeerRankError(f"{what}: rank(s) {failed} of the group rejected their input; see their error")
+        if world is not None and table.shape[0] != world:
+            raise RankMismatchError(f"{what}: built for tp_size {world}, but its process group has "
+                                    f"{table.shape[0]} ranks")
+        out: dict[str, list[Any]] = {}
+        for i, f in enumerate(self.fields):
+            column = [f.decode(int(c)) for c in table[:, 1 + i].tolist()]
+            if f.per_rank:
+                out[f.name] = column
+            elif len({int(c) for c in table[:, 1 + i].tolist()}) > 1:
+                raise RankMismatchError(f"{what}: ranks disagree on {f.name}: {[str(v) for v in column]} "
+                                        "(rank i -> value i)")
+        return out
 
 
 def all_gather_columns(local: torch.Tensor, widths: Sequence[int], group: ProcessGroup) -> torch.Tensor:

@@ -29,16 +29,17 @@ class QuantizationError(TrtVocabError, ValueError):
     """A quantization config or stored scale is unusable."""
 
 
-class RankMismatchError(TrtVocabError, RuntimeError):
+class DistributedError(TrtVocabError, RuntimeError):
+    """A process group could not be set up, a launched rank failed, or the ranks of a group
+    did not agree in a handshake (the two subclasses below)."""
+
+
+class RankMismatchError(DistributedError):
     """Ranks of one group disagree about the head (vocab, hidden, tp, layout) or the batch."""
 
 
-class PeerRankError(TrtVocabError, RuntimeError):
+class PeerRankError(DistributedError):
     """Another rank of the group failed validation, so this rank stops before any data moves."""
-
-
-class DistributedError(TrtVocabError, RuntimeError):
-    """A process group could not be set up, or a launched rank failed."""
 
 
 class RankFailures(DistributedError):

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors.torch import load_file
 
-from trtvocab.artifacts import atomic_write_bytes
 from trtvocab.errors import InputError
+from trtvocab.fsutil import atomic_write_bytes
+from trtvocab.inputs import check_hidden_states
 
 DEFAULT_TEXTS = [
     "The capital of France is Paris, and the capital of Japan is Tokyo.",
@@ -27,14 +28,19 @@ DEFAULT_TEXTS = [
 ]
 
 
-def hidden_states_from_text(
-    model_dir: str | Path, texts: list[str], *, layer: int = -1, return_tokens: bool = False
-) -> Any:
-    """Packed hidden states ``[T, H]`` and ``seq_lens [B]`` of ``texts`` at ``layer``.
+class HiddenStates(NamedTuple):
+    """Packed hidden states of some texts, as an engine hands them to the LM head."""
+
+    states: torch.Tensor  # float32 [T, H]
+    seq_lens: torch.Tensor  # int32 [B]
+    last_tokens: list[str]  # each text's last input token (for display)
+
+
+def hidden_states_from_text(model_dir: str | Path, texts: list[str], *, layer: int = -1) -> HiddenStates:
+    """Packed hidden states ``[T, H]``, ``seq_lens [B]`` and last tokens of ``texts`` at ``layer``.
 
     No special tokens are added, so each sequence's last row is its last real token.
     ``layer`` indexes ``output_hidden_states`` (0 = embeddings, -1 = final layer).
-    With ``return_tokens`` also returns each text's last input token (for display).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -56,8 +62,7 @@ def hidden_states_from_text(
             rows.append(states[layer][0])
             lens.append(rows[-1].shape[0])
             last.append(tok.convert_ids_to_tokens(int(enc.input_ids[0, -1])))
-    hidden, seq_lens = torch.cat(rows).float(), torch.tensor(lens, dtype=torch.int32)
-    return (hidden, seq_lens, last) if return_tokens else (hidden, seq_lens)
+    return HiddenStates(torch.cat(rows).float(), torch.tensor(lens, dtype=torch.int32), last)
 
 
 def decoder(model_dir: str | Path | None) -> Any:
@@ -101,10 +106,8 @@ def load_hidden(path: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise InputError(f"{path}: cannot read hidden states ({exc})") from None
     if "hidden_states" not in data:
         raise InputError(f"{path}: expected a tensor named 'hidden_states' [T, H], found {sorted(data)}")
-    hidden = data["hidden_states"]
-    if hidden.dim() != 2:
-        raise InputError(f"{path}: hidden_states must be [T, H], got {list(hidden.shape)}")
+    hidden = check_hidden_states(data["hidden_states"], what=f"{path}: hidden_states")
     return hidden, data.get("seq_lens")
 
 
-__all__ = ["DEFAULT_TEXTS", "decoder", "hidden_states_from_text", "load_hidden", "save_hidden"]
+__all__ = ["DEFAULT_TEXTS", "HiddenStates", "decoder", "hidden_states_from_text", "load_hidden", "save_hidden"]

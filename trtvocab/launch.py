@@ -23,10 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trtvocab.distributed import default_backend
+from trtvocab.distributed import DEFAULT_TIMEOUT_S, default_backend
 from trtvocab.errors import DistributedError, RankFailures
-
-DEFAULT_TIMEOUT_S = 120.0
 
 
 def free_port() -> int:

@@ -21,34 +21,76 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from trtvocab import distributed as D
+from trtvocab.dtypes import HEAD_DTYPES, short_name
 from trtvocab.errors import ConfigError, InputError, RankMismatchError
+from trtvocab.formats import WeightFormat
+from trtvocab.inputs import hidden_states_error
+from trtvocab.loader import open_head
 from trtvocab.mapping import Mapping
+from trtvocab.quant.config import HeadQuantDecision, QuantConfig
 from trtvocab.sharding import VocabLayout, VocabShard, all_shards, vocab_shard
-from trtvocab.weights import WeightMethod, weight_method_for
+from trtvocab.weights import WeightMethod, weight_class
 from trtvocab.weights.base import normalize_keys
 
-if TYPE_CHECKING:
-    from trtvocab.quant.config import QuantConfig
-
-# The head dtypes by the names recipes, manifests and graphs use; the order fixes the
-# dtype codes ranks exchange in the handshake.
-HEAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_DTYPE_CODES = list(HEAD_DTYPES.values())
-_FORMAT_CODES = ["dense", "FP8", "NVFP4"]
+_DTYPES = tuple(HEAD_DTYPES.values())
+_FORMATS = tuple(WeightFormat)
+_LAYOUT = "vocab layout (0 = uneven, else pad_to)"
+# What the ranks of a split head agree on, at the start of every forward (protocol:
+# trtvocab.distributed.Handshake) and once after loading a checkpoint.
+FORWARD_HANDSHAKE = D.Handshake("LMHead", (
+    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
+    D.Field("dtype", _DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
+    D.Field("rows", per_rank=True),
+))
+LOAD_HANDSHAKE = D.Handshake("LMHead.from_checkpoint", (
+    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", _FORMATS),
+))
 
 
 class TensorParallelMode(str, enum.Enum):
+    """How a linear layer is split: COLUMN over output features (the vocab, for a head), ROW over inputs."""
+
     COLUMN = "column"  # split over the vocab (output features): the only split an LM head uses
     ROW = "row"
 
 
 class LMHead(nn.Module):
+    """The LM head, ``hidden [N, H] -> logits [N, V]``, replicated or split over the vocab.
+
+    Args:
+        vocab_size: V, the number of token ids (columns of the logits).
+        hidden_size: H.
+        dtype: the head dtype: inputs must arrive in it; dense heads store the weight and
+            return logits in it.
+        mapping: where this rank sits (:class:`~trtvocab.mapping.Mapping`); ``None`` is a
+            replicated head. Attention DP without ``enable_lm_head_tp_in_adp`` also replicates.
+        tensor_parallel_mode: only ``COLUMN`` (split over the vocab) exists for a head.
+        gather_output: all-gather the ``[N, V_local]`` pieces into ``[N, V]``; ``False``
+            returns this rank's columns (what the gather-free samplers take).
+        quant_config: FP8 / NVFP4 weights (:class:`~trtvocab.quant.config.QuantConfig`),
+            normally from the checkpoint's gating verdict (:meth:`from_checkpoint`).
+        vocab_layout: ``"uneven"`` (``calc_shard``, no padding) or ``"padded"`` (V rounded up to
+            a multiple of ``pad_to * tp``); see :mod:`trtvocab.sharding`.
+        pad_to: the padding multiple of the padded layout.
+        process_group: the TP group when ``world_size > tp_size``
+            (:func:`trtvocab.distributed.new_tp_group`); ``None`` is the default group.
+        device: where the weights live.
+
+    Differences from TensorRT-LLM's ``LMHead``: its defaults are
+    ``tensor_parallel_mode=None, gather_output=False`` (a replicated head, or un-gathered
+    columns); here a head given a TP mapping is COLUMN-split and gathered, so that
+    ``head(x)`` is ``[N, V]`` in token-id order at every tp size. Quantized heads return
+    **float32** logits (they accumulate dequantized values in float32, as their engines
+    do); dense heads return their dtype. Dense heads expose ``head.weight`` (read-only,
+    this rank's ``[V_local, H]`` rows), as code ported from TensorRT-LLM or vLLM expects.
+    """
+
     def __init__(
         self,
         vocab_size: int,
@@ -69,8 +111,8 @@ class LMHead(nn.Module):
             raise ConfigError(f"LMHead vocab_size must be a positive int, got {vocab_size!r}")
         if not isinstance(hidden_size, int) or hidden_size < 1:
             raise ConfigError(f"LMHead hidden_size must be a positive int, got {hidden_size!r}")
-        if dtype not in _DTYPE_CODES:
-            raise ConfigError(f"LMHead dtype must be one of {_DTYPE_CODES}, got {dtype}")
+        if dtype not in _DTYPES:
+            raise ConfigError(f"LMHead dtype must be one of {list(_DTYPES)}, got {dtype}")
         if TensorParallelMode(tensor_parallel_mode) is not TensorParallelMode.COLUMN:
             raise ConfigError("LMHead supports only COLUMN tensor parallelism (split over the vocab)")
         self.mapping = mapping or Mapping()
@@ -89,11 +131,10 @@ class LMHead(nn.Module):
                 "(trtvocab.distributed.new_tp_group)"
             )
         self.process_group = process_group
-        self.quant_decision: Any = None  # set by from_checkpoint: the gating verdict, for reports
+        self.quant_decision: HeadQuantDecision | None = None  # set by from_checkpoint, for reports
         self.shards: list[VocabShard] = all_shards(vocab_size, self.tp_size, vocab_layout, pad_to)
         self.shard: VocabShard = vocab_shard(vocab_size, self.tp_size, self.tp_rank, vocab_layout, pad_to)
-        method: type[WeightMethod] = weight_method_for(quant_config)
-        self.weights: WeightMethod = method(self.shard, hidden_size, dtype, quant_config)
+        self.weights: WeightMethod = weight_class(quant_config)(self.shard, hidden_size, dtype, quant_config)
         if device is not None:
             self.to(device)
 
@@ -115,8 +156,22 @@ class LMHead(nn.Module):
         return next(self.weights.buffers()).device
 
     @property
-    def format_name(self) -> str:
-        return self.weights.format_name
+    def weight_format(self) -> WeightFormat:
+        return self.weights.weight_format
+
+    @property
+    def label(self) -> str:
+        """What reports call this head: ``"FP8 W8A8"``, ``"NVFP4 W4A16"``, ``"dense bf16"``."""
+        return self.quant_config.label if self.quant_config is not None else f"dense {short_name(self.dtype)}"
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """This rank's ``[V_local, H]`` rows of a dense head: a view of its storage (no copy; padding
+        rows excluded). There is no setter: weights are replaced through :meth:`load_weights`."""
+        if self.weight_format is not WeightFormat.DENSE:
+            raise ConfigError(f"LMHead.weight: a {self.weight_format} head stores no dense weight; use "
+                              "head.weights.dense_weight() for its dequantized float32 rows")
+        return self.weights.weight[: self.shard.size].detach()
 
     # ---- weights --------------------------------------------------------------------------
     def load_weights(self, tensors: dict[str, Any]) -> None:
@@ -138,47 +193,50 @@ class LMHead(nn.Module):
         process_group: Any = None,
         weight_only: bool = False,
     ) -> LMHead:
-        """Build the head of a checkpoint, reading only this rank's rows (see :mod:`trtvocab.loader`)."""
-        from trtvocab.loader import load_lm_head
+        """Build this rank's head from a checkpoint, reading only its rows.
 
-        return load_lm_head(
-            path,
-            mapping=mapping,
-            gather_output=gather_output,
-            dtype=dtype,
-            quant=quant,
-            tensor_name=tensor_name,
-            vocab_layout=vocab_layout,
-            pad_to=pad_to,
-            process_group=process_group,
-            weight_only=weight_only,
-        )
+        ``quant``: ``"auto"`` applies the gating rule (:func:`~trtvocab.quant.config.resolve_lm_head_quant`),
+        ``"none"`` runs dense (a stored-quantized head is dequantized exactly, with a warning);
+        ``weight_only``: FP8 W8A16 / NVFP4 W4A16 even where an ``input_scale`` is stored;
+        ``tensor_name``: the ``[V, H]`` tensor when it is neither ``lm_head.weight`` nor a
+        known tied embedding. Other arguments: as for :class:`LMHead`.
+
+        When the head is split and a process group exists, the ranks meet once after
+        loading (:data:`LOAD_HANDSHAKE`): a rank that failed (a truncated file only it
+        reads, a missing shard file) makes every rank raise now, instead of leaving its
+        peers waiting in the first forward's handshake until the collective timeout.
+        """
+        split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
+        head: LMHead | None = None
+        error: Exception | None = None
+        try:
+            source = open_head(path, mapping=mapping, tensor_name=tensor_name, quant=quant, weight_only=weight_only)
+            head = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping,
+                       gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
+                       pad_to=pad_to, process_group=process_group)
+            head.load_weights(source.tensors(head.shard))
+            head.quant_decision = source.decision
+        except Exception as exc:
+            if not split:
+                raise
+            error = exc
+        if split:
+            values = None if head is None else {"vocab_size": head.vocab_size, "hidden_size": head.hidden_size,
+                                                "weight format": head.weight_format}
+            LOAD_HANDSHAKE.exchange(values, error, process_group, what=f"LMHead.from_checkpoint({path})")
+        assert head is not None
+        return head
 
     # ---- forward --------------------------------------------------------------------------
     def _check_input(self, hidden: Any) -> InputError | None:
-        if not isinstance(hidden, torch.Tensor):
-            return InputError(f"hidden_states: expected a torch.Tensor, got {type(hidden).__name__}")
-        if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
-            return InputError(f"hidden_states: expected shape [N, {self.hidden_size}], got {list(hidden.shape)}")
-        if hidden.shape[0] == 0 and not self.mapping.enable_attention_dp:
-            return InputError("hidden_states: empty batch (N = 0)")
-        if hidden.dtype != self.dtype:
-            return InputError(f"hidden_states: expected dtype {self.dtype} (the head's), got {hidden.dtype}")
-        if hidden.device != self.device:
-            return InputError(f"hidden_states: on {hidden.device}, the head is on {self.device}")
-        return None
+        return hidden_states_error(hidden, hidden_size=self.hidden_size, dtype=self.dtype, device=self.device,
+                                   allow_empty=self.mapping.enable_attention_dp, rows="N")
 
-    def _signature(self, rows: int) -> list[int]:
-        return [
-            self.vocab_size,
-            self.hidden_size,
-            self.tp_size,
-            0 if self.vocab_layout == "uneven" else self.pad_to,
-            _DTYPE_CODES.index(self.dtype),
-            int(self.gather_output),
-            _FORMAT_CODES.index(self.format_name) if self.format_name in _FORMAT_CODES else len(_FORMAT_CODES),
-            rows,
-        ]
+    def _identity(self, rows: int) -> dict[str, Any]:
+        """This rank's values of :data:`FORWARD_HANDSHAKE`."""
+        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
+                _LAYOUT: 0 if self.vocab_layout == "uneven" else self.pad_to, "dtype": self.dtype,
+                "gather_output": self.gather_output, "weight format": self.weight_format, "rows": rows}
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's ``[N, width]`` logits; padding columns (padded layout) are ``-inf``."""
@@ -195,15 +253,8 @@ class LMHead(nn.Module):
             return self.weights(hidden_states)[:, : self.shard.size]
         D.require_initialized(self.tp_size)
         rows = hidden_states.shape[0] if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() else 0
-        table = D.agree(self._signature(rows), error, self.process_group, self.device, what="LMHead")
-        if table.shape[0] != self.tp_size:
-            # Every rank sees the same table, so every rank raises here, before data moves.
-            raise RankMismatchError(f"LMHead: built for tp_size {self.tp_size}, but its process group has "
-                                    f"{table.shape[0]} ranks")
-        names = ["vocab_size", "hidden_size", "tp_size", "vocab layout (0 = uneven, else pad_to)", "dtype",
-                 "gather_output", f"weight format (index into {_FORMAT_CODES})"]
-        D.check_same(table, range(len(names)), names, "LMHead")
-        row_counts = table[:, -1].tolist()
+        row_counts = FORWARD_HANDSHAKE.exchange(self._identity(rows), error, self.process_group, self.device,
+                                                world=self.tp_size)["rows"]
         adp = self.mapping.enable_attention_dp
         if not adp and len(set(row_counts)) > 1:
             raise RankMismatchError(f"LMHead: ranks hold different numbers of rows {row_counts}; "
@@ -235,7 +286,7 @@ class LMHead(nn.Module):
         peers (inside their ``forward``) raise :class:`PeerRankError`.
         """
         if self.is_split and D.is_initialized():
-            D.agree(self._signature(0), error, self.process_group, self.device, what="LMHead")
+            FORWARD_HANDSHAKE.exchange(None, error, self.process_group, self.device)
         raise error
 
     def resident_bytes(self) -> int:
@@ -244,5 +295,5 @@ class LMHead(nn.Module):
     def extra_repr(self) -> str:
         split = f"tp={self.tp_size} rank={self.tp_rank} [{self.vocab_start}, {self.vocab_end})"
         return (f"vocab={self.vocab_size}, hidden={self.hidden_size}, dtype={self.dtype}, "
-                f"format={self.format_name}, {split if self.is_split else 'replicated'}, "
+                f"format={self.weight_format}, {split if self.is_split else 'replicated'}, "
                 f"layout={self.vocab_layout}, gather_output={self.gather_output}")

@@ -1,21 +1,31 @@
-"""checkpoint -> gating -> shard load -> LMHead: what ``LMHead.from_checkpoint`` does."""
+"""checkpoint -> gating -> shard load: what a head needs from a checkpoint, before it exists.
+
+:func:`open_head` reads headers only: which tensor holds the head, what the gating rule
+(:func:`~trtvocab.quant.config.resolve_lm_head_quant`) decided, and ``(V, H)``. The
+returned :class:`HeadSource` then hands out lazy readers of exactly one shard's rows
+(:meth:`HeadSource.tensors`), dequantizing a stored-quantized head that must run dense
+(DESIGN §1.5: a stored scale is never ignored). ``LMHead.from_checkpoint`` builds the
+head from it; nothing here knows the head class.
+"""
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trtvocab import distributed as D
 from trtvocab.checkpoint import Checkpoint
-from trtvocab.errors import CheckpointError
-from trtvocab.lm_head import LMHead
+from trtvocab.errors import CheckpointError, QuantizationError
+from trtvocab.formats import Activation, Granularity, WeightFormat
 from trtvocab.mapping import Mapping
-from trtvocab.quant.config import HeadQuantDecision, resolve_lm_head_quant
-from trtvocab.sharding import VocabLayout
-from trtvocab.weights.base import TENSOR_KEYS
+from trtvocab.quant.config import HeadQuantDecision, QuantAlgo, QuantConfig, resolve_lm_head_quant
+from trtvocab.sharding import VocabShard
+from trtvocab.weights import FP8Weight, NVFP4Weight
+from trtvocab.weights.base import TENSOR_KEYS, source_shape
+from trtvocab.weights.quantized import QuantizedWeight
 
 
 def head_shape(ckpt: Checkpoint, decision: HeadQuantDecision) -> tuple[int, int]:
@@ -24,7 +34,7 @@ def head_shape(ckpt: Checkpoint, decision: HeadQuantDecision) -> tuple[int, int]
     if len(info.shape) != 2:
         raise CheckpointError(f"{decision.tensor_name}: expected a 2-D [V, H] tensor, got {list(info.shape)}")
     vocab, cols = info.shape
-    hidden = cols * 2 if decision.stored is not None and decision.stored.value == "NVFP4" else cols
+    hidden = cols * 2 if decision.stored is QuantAlgo.NVFP4 else cols
     cfg_vocab, cfg_hidden = ckpt.config_int("vocab_size"), ckpt.config_int("hidden_size")
     if cfg_vocab is not None and cfg_vocab != vocab:
         raise CheckpointError(f"{decision.tensor_name}: has {vocab} rows but config.json vocab_size is {cfg_vocab}")
@@ -49,74 +59,62 @@ def head_tensors(ckpt: Checkpoint, tensor_name: str, vocab: int) -> dict[str, An
     return out
 
 
-def load_lm_head(
-    path: str | Path,
-    *,
-    mapping: Mapping | None = None,
-    gather_output: bool = True,
-    dtype: torch.dtype = torch.bfloat16,
-    quant: str = "auto",
-    tensor_name: str | None = None,
-    vocab_layout: VocabLayout = "uneven",
-    pad_to: int = 64,
-    process_group: Any = None,
-    weight_only: bool = False,
-) -> LMHead:
-    """Build this rank's head. When the head is split and a process group exists, the ranks
-    meet once after loading: a rank that failed (a truncated file only it reads, a missing
-    shard file) makes every rank raise now, instead of leaving its peers waiting in the
-    first forward's handshake until the collective timeout."""
-    split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
-    head: LMHead | None = None
-    error: Exception | None = None
-    try:
-        head = _load(path, mapping=mapping, gather_output=gather_output, dtype=dtype, quant=quant,
-                     tensor_name=tensor_name, vocab_layout=vocab_layout, pad_to=pad_to,
-                     process_group=process_group, weight_only=weight_only)
-    except Exception as exc:
-        if not split:
-            raise
-        error = exc
-    if split:
-        signature = [head.vocab_size, head.hidden_size, _FORMATS.index(head.format_name)] if head else [0, 0, 0]
-        table = D.agree(signature, error, process_group, torch.device("cpu"), what=f"LMHead.from_checkpoint({path})")
-        D.check_same(table, [0, 1, 2], ["vocab_size", "hidden_size", f"weight format (index into {_FORMATS})"],
-                     f"LMHead.from_checkpoint({path})")
-    assert head is not None
-    return head
+def dequantize_stored(algo: QuantAlgo, tensors: dict[str, Any], shard: VocabShard, hidden: int) -> torch.Tensor:
+    """Exact float32 ``[shard.size, H]`` of this shard's rows of a head stored as ``algo``.
+
+    Used when a quantized head must run dense (DESIGN §1.5): the stored scales are
+    applied, never dropped, and the same validation as a quantized load runs.
+    """
+    method: QuantizedWeight
+    if algo is QuantAlgo.FP8:
+        scale = tensors.get("weight_scale")
+        per_row = scale is not None and len(source_shape(scale)) > 0 and max(source_shape(scale)) > 1
+        config = QuantConfig(quant_algo=algo, activation=Activation.NONE,
+                             granularity=Granularity.PER_ROW if per_row else Granularity.PER_TENSOR)
+        method = FP8Weight(shard, hidden, torch.float32, config)
+    elif algo is QuantAlgo.NVFP4:
+        method = NVFP4Weight(shard, hidden, torch.float32, QuantConfig(quant_algo=algo, activation=Activation.NONE))
+    else:
+        raise QuantizationError(f"cannot dequantize a head stored as {algo.value}; supported: FP8, NVFP4")
+    method.load({k: v for k, v in tensors.items() if k != "input_scale"})
+    return method.dense_weight()[: shard.size]
 
 
-_FORMATS = ["dense", "FP8", "NVFP4"]
+@dataclass(frozen=True)
+class HeadSource:
+    """A checkpoint's head, probed but not read: its tensor, the gating verdict and ``(V, H)``."""
+
+    checkpoint: Checkpoint
+    decision: HeadQuantDecision
+    vocab_size: int
+    hidden_size: int
+
+    @property
+    def quant_config(self) -> QuantConfig | None:
+        return self.decision.config
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        config = self.decision.config
+        return WeightFormat.DENSE if config is None else config.weight_format
+
+    def tensors(self, shard: VocabShard) -> dict[str, Any]:
+        """What ``load_weights`` of a head with ``shard`` takes: lazy row readers, or dense rows."""
+        tensors = head_tensors(self.checkpoint, self.decision.tensor_name, self.vocab_size)
+        if self.decision.dequantize:
+            assert self.decision.stored is not None
+            warnings.warn(self.decision.warning or "dequantizing the stored LM head", stacklevel=3)
+            return {"weight": dequantize_stored(self.decision.stored, tensors, shard, self.hidden_size)}
+        if self.decision.config is None:
+            return {"weight": tensors["weight"]}
+        return tensors
 
 
-def _load(
-    path: str | Path,
-    *,
-    mapping: Mapping | None,
-    gather_output: bool,
-    dtype: torch.dtype,
-    quant: str,
-    tensor_name: str | None,
-    vocab_layout: VocabLayout,
-    pad_to: int,
-    process_group: Any,
-    weight_only: bool,
-) -> LMHead:
+def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: str | None = None,
+              quant: str = "auto", weight_only: bool = False) -> HeadSource:
+    """Probe ``path`` (headers only) and apply the gating rule."""
     ckpt = Checkpoint(path)
     decision = resolve_lm_head_quant(ckpt, mapping=mapping, tensor_name=tensor_name, quant=quant,
                                      weight_only=weight_only)
     vocab, hidden = head_shape(ckpt, decision)
-    head = LMHead(vocab, hidden, dtype=dtype, mapping=mapping, gather_output=gather_output,
-                  quant_config=decision.config, vocab_layout=vocab_layout, pad_to=pad_to,
-                  process_group=process_group)
-    tensors = head_tensors(ckpt, decision.tensor_name, vocab)
-    if decision.dequantize:
-        from trtvocab.quant.methods import dequantize_stored
-
-        warnings.warn(decision.warning or "dequantizing the stored LM head", stacklevel=3)
-        tensors = {"weight": dequantize_stored(decision.stored, tensors, head.shard, hidden)}
-    elif decision.config is None:
-        tensors = {"weight": tensors["weight"]}
-    head.load_weights(tensors)
-    head.quant_decision = decision
-    return head
+    return HeadSource(ckpt, decision, vocab, hidden)

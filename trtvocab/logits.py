@@ -16,34 +16,19 @@ import torch
 from torch import nn
 
 from trtvocab.errors import InputError
+from trtvocab.inputs import hidden_states_error, last_token_rows
 
-
-def last_token_rows(seq_lens: Any, total_tokens: int) -> torch.Tensor:
-    """Validated ``cumsum(seq_lens) - 1`` as an int64 index tensor."""
-    if isinstance(seq_lens, torch.Tensor):
-        lens = seq_lens
-    else:
-        try:
-            lens = torch.as_tensor(list(seq_lens))
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"seq_lens: expected a 1-D sequence of ints, got {seq_lens!r}") from exc
-    if lens.dim() != 1:
-        raise InputError(f"seq_lens: expected a 1-D tensor, got shape {list(lens.shape)}")
-    if lens.numel() == 0:
-        raise InputError("seq_lens: empty batch (B = 0)")
-    if lens.dtype.is_floating_point or lens.dtype == torch.bool or lens.is_complex():
-        raise InputError(f"seq_lens: expected an integer dtype, got {lens.dtype}")
-    lens = lens.to(torch.int64)
-    if bool((lens <= 0).any()):
-        raise InputError(f"seq_lens: every length must be >= 1, got {lens.tolist()}")
-    total = int(lens.sum())
-    if total != total_tokens:
-        raise InputError(f"seq_lens: lengths sum to {total}, but hidden_states has T = {total_tokens} rows")
-    return torch.cumsum(lens, 0) - 1
+__all__ = ["LogitsProcessor", "last_token_rows", "shard_logits"]
 
 
 class LogitsProcessor(nn.Module):
-    """Selects rows, runs the head, returns float32 logits."""
+    """Selects rows, runs the head, returns float32 logits (no arguments; stateless).
+
+    ``forward(hidden_states [T, H], lm_head, seq_lens=None, *, return_context_logits=False)``:
+    by default only each sequence's last row (``cumsum(seq_lens) - 1``; ``seq_lens=None``
+    means one sequence, the last row) goes through the head; ``return_context_logits``
+    sends all ``T`` rows.
+    """
 
     def forward(
         self,
@@ -72,9 +57,9 @@ class LogitsProcessor(nn.Module):
     @staticmethod
     def _select(hidden_states: Any, seq_lens: Any, return_context_logits: bool, idle_ok: bool = False) -> torch.Tensor:
         """The rows the head must see: each sequence's last one, or all of them."""
-        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
-            shape = list(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
-            raise InputError(f"hidden_states: expected a [T, H] tensor, got {shape}")
+        error = hidden_states_error(hidden_states, allow_empty=True)
+        if error is not None:
+            raise error
         total = hidden_states.shape[0]
         if total == 0:
             empty_lens = seq_lens is None or len(seq_lens) == 0

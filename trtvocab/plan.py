@@ -73,15 +73,3 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
         gathered_logits_bytes={k: batch * vocab * b for k, b in DTYPE_BYTES.items()},
         ranks=ranks,
     )
-
-
-def human(nbytes: int) -> str:
-    """Binary units, one decimal: 165478400 -> '157.8 MiB', 1323827200 -> '1.23 GiB'."""
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{value:.0f} B"
-            return f"{value:.2f} {unit}" if unit in ("GiB", "TiB") else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")

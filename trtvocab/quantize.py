@@ -34,10 +34,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from trtvocab.artifacts import staging
 from trtvocab.checkpoint import LM_HEAD_NAME, Checkpoint
-from trtvocab.errors import CheckpointError, InputError, QuantizationError
+from trtvocab.errors import CheckpointError, QuantizationError
+from trtvocab.formats import Activation
+from trtvocab.fsutil import staging
+from trtvocab.inputs import check_hidden_states
 from trtvocab.quant.config import QuantAlgo, QuantConfig, stored_format
+from trtvocab.quant.nvfp4 import BLOCK as NVFP4_GROUP
 
 # Files copied next to the quantized head so the output still decodes token ids.
 TOKENIZER_FILES = (
@@ -51,7 +54,6 @@ TOKENIZER_FILES = (
     "added_tokens.json",
     "generation_config.json",
 )
-NVFP4_GROUP = 16
 DEFAULT_BATCH_ROWS = 256
 ProgressFn = Callable[[int, int], None]  # (batches done, batches total)
 
@@ -62,7 +64,7 @@ class QuantizeResult:
 
     out: Path
     algo: QuantAlgo
-    activation: str  # "static" (input_scale written) | "dynamic" (FP8, none) | "none" (W4A16 / weight-only)
+    activation: Activation  # static: input_scale written; dynamic: FP8 without it; none: W4A16 / weight-only
     source_tensor: str
     tied: bool
     vocab_size: int
@@ -135,18 +137,7 @@ def _calib_batches(calib: torch.Tensor, batch_rows: int) -> list[torch.Tensor]:
 
 
 def _check_calib(calib: Any, hidden: int) -> torch.Tensor:
-    if not isinstance(calib, torch.Tensor) or calib.dim() != 2:
-        shape = list(calib.shape) if isinstance(calib, torch.Tensor) else type(calib).__name__
-        raise InputError(f"calibration hidden_states: expected a [T, H] tensor, got {shape}")
-    if calib.shape[1] != hidden:
-        raise InputError(f"calibration hidden_states: hidden size {calib.shape[1]}, the head's is {hidden}")
-    if calib.shape[0] == 0:
-        raise InputError("calibration hidden_states: no rows (T = 0)")
-    if not calib.dtype.is_floating_point or calib.dtype.itemsize < 2:
-        raise InputError(f"calibration hidden_states: expected a float16/bfloat16/float32 tensor, got {calib.dtype}")
-    if not bool(torch.isfinite(calib).all()):
-        raise InputError("calibration hidden_states: contains NaN or Inf")
-    return calib
+    return check_hidden_states(calib, hidden_size=hidden, finite=True, what="calibration hidden_states")
 
 
 def read_head(ckpt: Checkpoint, tensor_name: str | None) -> tuple[str, bool, torch.Tensor]:
@@ -298,19 +289,19 @@ def quantize_checkpoint(
                      "quantizes it")
     has_input = "lm_head.input_scale" in tensors
     if quant_algo is QuantAlgo.FP8:
-        activation = "static" if has_input else "dynamic"
+        activation = Activation.STATIC if has_input else Activation.DYNAMIC
         if not has_input:
             notes.append("no input_scale written: FP8 activations are quantized dynamically per tensor "
                          "(LMHead.from_checkpoint(..., weight_only=True) runs it as W8A16)")
     else:
-        activation = "static" if has_input else "none"
+        activation = Activation.STATIC if has_input else Activation.NONE
         if not has_input:
             notes.append("no input_scale written: NVFP4 runs as W4A16")
     hf_quant = hf_quant_config(quant_algo)
     out = Path(out)
     from safetensors.torch import save_file
 
-    with staging(out, force=force, marker="hf_quant_config.json") as stage:
+    with staging(out, force=force, is_ours=lambda p: (p / "hf_quant_config.json").is_file()) as stage:
         metadata = {"format": "pt", "producer": "trtvocab quantize (modelopt export)"}
         save_file(tensors, str(stage / "model.safetensors"), metadata=metadata)
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")

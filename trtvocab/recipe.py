@@ -1,7 +1,13 @@
-"""Build recipes (``builders/*.toml``): one complete engine build each, validated by pydantic.
+"""What a user writes and what a build stores: recipes (``builders/*.toml``) and manifests.
 
-Unknown keys and bad values are errors that name the file, the section and key,
-and what is allowed: a typo must never silently fall back to a default.
+* :class:`BuildRecipe`: one complete engine build. Unknown keys and bad values are errors
+  that name the file, the section and key, and what is allowed: a typo must never
+  silently fall back to a default.
+* :class:`Manifest` (with :class:`RankEntry`, :class:`EngineRecord`, ...): what
+  ``trtvocab build`` wrote, as ``OUT/manifest.json`` holds it. Read and written only by
+  :mod:`trtvocab.artifacts`.
+* :class:`Profile`: TensorRT optimization-profile ranges, one model for the recipe's
+  ``[profile]`` and the engine builder.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from trtvocab.errors import ConfigError
+from trtvocab.formats import HIDDEN, SEQ_LENS, WeightFormat
+from trtvocab.mapping import Mapping
+from trtvocab.quant.config import QuantConfig
 
 
 class _Section(BaseModel):
@@ -50,9 +59,21 @@ class CheckpointSection(_Section):
 
 
 class MappingSection(_Section):
+    """``[mapping]``: one TP group of ``tp_size`` ranks (the build writes every rank of it)."""
+
     tp_size: int = Field(default=1, ge=1)
     enable_attention_dp: bool = False
     enable_lm_head_tp_in_adp: bool = False
+
+    def for_rank(self, rank: int) -> Mapping:
+        """The :class:`~trtvocab.mapping.Mapping` of ``rank`` of this group (``world_size = tp_size``)."""
+        return Mapping(world_size=self.tp_size, rank=rank, tp_size=self.tp_size,
+                       enable_attention_dp=self.enable_attention_dp,
+                       enable_lm_head_tp_in_adp=self.enable_lm_head_tp_in_adp)
+
+    @property
+    def lm_head_is_split(self) -> bool:
+        return self.for_rank(0).lm_head_is_split
 
 
 class LMHeadSection(_Section):
@@ -69,23 +90,59 @@ class QuantizationSection(_Section):
     dequantize_fp4: bool = False  # build FP4 heads as bf16 engines on GPUs below CC 10.0
 
 
-class ProfileSection(_Section):
+class Profile(_Section):
+    """Optimization-profile ranges: tokens T of ``hidden_states [T, H]``, batch B of ``seq_lens [B]``.
+
+    The recipe's ``[profile]`` and :func:`trtvocab.export.tensorrt.build_engine` take this one model.
+    """
+
     min_tokens: int = Field(default=1, ge=1)
-    opt_tokens: int = Field(default=128, ge=1)
-    max_tokens: int = Field(default=2048, ge=1)
+    opt_tokens: int = Field(default=256, ge=1)
+    max_tokens: int = Field(default=8192, ge=1)
     min_batch: int = Field(default=1, ge=1)
     opt_batch: int = Field(default=8, ge=1)
-    max_batch: int = Field(default=64, ge=1)
+    max_batch: int = Field(default=256, ge=1)
 
     @model_validator(mode="after")
-    def _ordered(self) -> ProfileSection:
-        if not self.min_tokens <= self.opt_tokens <= self.max_tokens:
-            raise ValueError("need min_tokens <= opt_tokens <= max_tokens")
-        if not self.min_batch <= self.opt_batch <= self.max_batch:
-            raise ValueError("need min_batch <= opt_batch <= max_batch")
+    def _ordered(self) -> Profile:
+        for kind in ("tokens", "batch"):
+            lo, opt, hi = (getattr(self, f"{k}_{kind}") for k in ("min", "opt", "max"))
+            if not lo <= opt <= hi:
+                raise ConfigError(f"profile: need min_{kind} <= opt_{kind} <= max_{kind}, got {lo}, {opt}, {hi}")
+        # Every sequence has at least one token, so B <= T at each end of the range.
         if self.max_batch > self.max_tokens:
-            raise ValueError("max_batch cannot exceed max_tokens (every sequence has >= 1 token)")
+            raise ConfigError(f"profile: max_batch ({self.max_batch}) > max_tokens ({self.max_tokens}); "
+                              "every sequence has at least one token")
+        if self.min_batch > self.min_tokens:
+            raise ConfigError(f"profile: min_batch ({self.min_batch}) > min_tokens ({self.min_tokens})")
         return self
+
+    def shapes(self, hidden_size: int, has_seq_lens: bool) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """Input name -> (min, opt, max) shapes."""
+        out = {HIDDEN: tuple((t, hidden_size) for t in (self.min_tokens, self.opt_tokens, self.max_tokens))}
+        if has_seq_lens:
+            out[SEQ_LENS] = tuple((b,) for b in (self.min_batch, self.opt_batch, self.max_batch))
+        return out
+
+
+def validate_profile(profile: Profile | dict[str, Any]) -> Profile:
+    """A :class:`Profile` from itself or a dict; :class:`ConfigError` naming the bad keys otherwise."""
+    if isinstance(profile, Profile):
+        return profile
+    if not isinstance(profile, dict):
+        raise ConfigError(f"profile must be a dict of min/opt/max tokens and batch, got {type(profile).__name__}")
+    unknown = sorted(set(profile) - set(Profile.model_fields))
+    if unknown:
+        raise ConfigError(f"profile: unknown keys {unknown}; allowed: {sorted(Profile.model_fields)}")
+    try:
+        return Profile(**profile)
+    except ValidationError as exc:
+        errors = exc.errors()
+        for e in errors:  # our own cross-field check, wrapped by pydantic: raise it as it was
+            if isinstance(e.get("ctx", {}).get("error"), ConfigError):
+                raise e["ctx"]["error"] from None
+        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors]
+        raise ConfigError("profile: " + "; ".join(lines)) from None
 
 
 class EngineSection(_Section):
@@ -109,7 +166,7 @@ class BuildRecipe(_Section):
     mapping: MappingSection = MappingSection()
     lm_head: LMHeadSection = LMHeadSection()
     quantization: QuantizationSection = QuantizationSection()
-    profile: ProfileSection = ProfileSection()
+    profile: Profile = Profile()
     engine: EngineSection = EngineSection()
     output: OutputSection = OutputSection()
 
@@ -151,7 +208,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "mapping": MappingSection,
     "lm_head": LMHeadSection,
     "quantization": QuantizationSection,
-    "profile": ProfileSection,
+    "profile": Profile,
     "engine": EngineSection,
     "output": OutputSection,
 }
@@ -186,3 +243,133 @@ def load_recipe(path: str | Path) -> BuildRecipe:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"recipe {path}: not valid TOML ({exc})") from None
     return parse_recipe(data, str(path))
+
+
+# ---- the manifest: what a build wrote (OUT/manifest.json) --------------------------------------------
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HeadRecord(LMHeadSection):
+    """The head every rank is a shard of: the recipe's ``[lm_head]`` plus what the checkpoint said."""
+
+    vocab_size: int
+    hidden_size: int
+    tensor: str | None = None
+
+
+class QuantRecord(_Record):
+    """How the head is quantized, and why (the gating verdict)."""
+
+    weight_format: WeightFormat
+    label: str  # e.g. "FP8 W8A8", "dense bf16"
+    config: QuantConfig | None
+    stored: str | None  # the stored bytes' format when it differs from dense (FP8 / NVFP4)
+    dequantized: bool
+    reason: str
+
+
+class VerifyRecord(_Record):
+    """The exported graph run on CPU against the PyTorch fallback."""
+
+    backend: str  # what ran the graph: "onnxruntime" | "reference" (onnx.reference)
+    max_abs_err: float
+    tolerance: float
+    ok: bool
+    argmax_equal: bool
+
+
+class EngineBuild(_Record):
+    """What :func:`trtvocab.export.tensorrt.build_engine` produced."""
+
+    plan_path: str
+    sha256: str
+    bytes: int
+    onnx_path: str  # the graph actually parsed (the dequantized variant in dequantize_fp4 mode)
+    mode: str  # "native" | "dequantize_fp4"
+    weight_format: WeightFormat
+    tensorrt_version: str
+    device: str  # the GPU's name: an engine runs only on the GPU model it was built for
+    compute_capability: str
+    profile: Profile
+    workspace_bytes: int
+    timing_cache_path: str | None
+    inputs: list[str]
+    outputs: list[str]
+    build_seconds: float
+
+
+class EngineRecord(_Record):
+    """The engine stage of one rank: built (with its :class:`EngineBuild`) or skipped, and why."""
+
+    built: bool
+    reason: str | None = None
+    build: EngineBuild | None = None
+
+
+class RankFiles(_Record):
+    """A rank's files, relative to the artifact root."""
+
+    weights: str
+    onnx: str | None = None
+    plan: str | None = None
+
+
+class RankEntry(_Record):
+    """One rank of the artifact: its columns ``[start, end)`` inside a buffer of ``width``."""
+
+    rank: int
+    start: int
+    end: int
+    width: int
+    weight_format: WeightFormat
+    resident_bytes: int
+    files: RankFiles
+    verify: VerifyRecord | None = None
+    engine: EngineRecord
+    quant: QuantRecord
+
+
+class FileRecord(_Record):
+    sha256: str
+    bytes: int
+
+
+class BackendsRecord(_Record):
+    """Which backends the build produced files for (every rank)."""
+
+    torch: bool = True
+    onnx: bool
+    tensorrt: bool
+
+
+class Manifest(_Record):
+    """``OUT/manifest.json``: what was built, from what, with which versions; sha256 of every file."""
+
+    format: str
+    format_version: int
+    created: str
+    versions: dict[str, str]
+    recipe: BuildRecipe
+    recipe_file: str | None
+    checkpoint: str  # the checkpoint path, or "synthetic"
+    head: HeadRecord
+    mapping: MappingSection
+    quant: QuantRecord
+    profile: Profile
+    ranks: list[RankEntry]
+    ranks_built: list[int]
+    backends: BackendsRecord
+    files: dict[str, FileRecord] = {}
+
+    def entry(self, rank: int) -> RankEntry:
+        """The entry of ``rank`` (a partial build, ``--ranks``, holds only some)."""
+        for e in self.ranks:
+            if e.rank == rank:
+                return e
+        raise ConfigError(f"the artifact holds ranks {self.ranks_built}, not rank {rank}")
+
+    @property
+    def complete(self) -> bool:
+        """Whether every rank of the TP group was built (inference needs all of them)."""
+        return len(self.ranks) == self.mapping.tp_size

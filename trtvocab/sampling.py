@@ -46,8 +46,13 @@ from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 
 _NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
-_OPS = {"greedy": 1, "topk": 2, "logsumexp": 3, "log_softmax": 4, "logprobs": 5, "min_p": 6, "top_p": 7}
+_OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p")
 TOP_P_FIRST_K = 64  # first candidate count for top-p; real nuclei are usually this small
+# What the ranks agree on before every public call (protocol: trtvocab.distributed.Handshake).
+HANDSHAKE = D.Handshake("sampling", (
+    D.Field("vocab_size"), D.Field("tp_size"), D.Field("vocab layout (0 = uneven, else pad_to)"),
+    D.Field("operation", _OPS), D.Field("k / ids per row"), D.Field("batch rows"),
+))
 
 
 # ---- validation and plumbing ---------------------------------------------------------------
@@ -76,14 +81,11 @@ def _handshake(head: LMHead, local_logits: Any, error: InputError | None, op: st
         return
     D.require_initialized(head.tp_size)
     rows = local_logits.shape[0] if isinstance(local_logits, torch.Tensor) and local_logits.dim() else 0
-    layout = 0 if head.vocab_layout == "uneven" else head.pad_to
-    signature = [head.vocab_size, head.tp_size, layout, _OPS[op], extra, rows]
+    values = {"vocab_size": head.vocab_size, "tp_size": head.tp_size,
+              "vocab layout (0 = uneven, else pad_to)": 0 if head.vocab_layout == "uneven" else head.pad_to,
+              "operation": op, "k / ids per row": extra, "batch rows": rows}
     device = local_logits.device if isinstance(local_logits, torch.Tensor) else head.device
-    what = f"sampling.{op}"
-    table = D.agree(signature, error, head.process_group, device, what=what)
-    D.check_same(table, range(len(signature)),
-                 ["vocab_size", "tp_size", "vocab layout (0 = uneven, else pad_to)", "operation",
-                  "k / ids per row", "batch rows"], what)
+    HANDSHAKE.exchange(values, error, head.process_group, device, what=f"sampling.{op}")
 
 
 def _own(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
@@ -161,10 +163,14 @@ def topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor
     if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= head.vocab_size):
         error = InputError(f"sampling.topk: k must be an int in [1, vocab_size={head.vocab_size}], got {k!r}")
     _handshake(head, local_logits, error, "topk", extra=int(k) if error is None else 0)
+    return _merged_topk(local_logits, head, k)
+
+
+def _merged_topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk` on validated input whose call the ranks already agreed on (one all_gather)."""
     x = _own(local_logits, head)
     if not head.is_split:
-        vals, ids = _local_topk(x, k)
-        return vals, ids
+        return _local_topk(x, k)
     rows = x.shape[0]
     k_local = min(k, x.shape[1])
     packed = _pack(torch.full((rows, k), float("-inf"), device=x.device),
@@ -305,8 +311,8 @@ def top_p_mask(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Te
     x = _own(local_logits, head)
     lse = _sum_exp_and_picks(x, head, None)[1]
     k = min(TOP_P_FIRST_K, head.vocab_size)
-    while True:
-        values, ids = topk(local_logits, head, k)
+    while True:  # validated and agreed once above: each round is one all_gather, no handshake
+        values, ids = _merged_topk(local_logits, head, k)
         probs = torch.exp(values.to(torch.float32) - lse[:, None])
         before = torch.cumsum(probs, dim=1) - probs  # mass strictly before each candidate
         kept = (before < threshold).sum(dim=1).clamp(min=1)  # [B], the top token always stays

@@ -59,25 +59,25 @@ import torch
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 from pydantic import BaseModel, ConfigDict
 
+from trtvocab.dtypes import HEAD_DTYPES, dtype_name
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
-from trtvocab.fsutil import sha256_file
-from trtvocab.lm_head import HEAD_DTYPES
+from trtvocab.formats import HIDDEN, LOGITS, SEQ_LENS, Activation, Granularity, WeightFormat
+from trtvocab.fsutil import fsync_file, sha256_file
+from trtvocab.quant.fp8 import FP8_MAX
+from trtvocab.quant.nvfp4 import BLOCK as FP4_BLOCK
+from trtvocab.version import __version__
 
 if TYPE_CHECKING:
     from trtvocab.lm_head import LMHead
 
-HIDDEN = "hidden_states"
-SEQ_LENS = "seq_lens"
-LOGITS = "logits"
 TOKENS_DIM, BATCH_DIM = "num_tokens", "batch"
 TRT_DOMAIN = "trt"
 FP4_QUANTIZE_OP = "TRT_FP4DynamicQuantize"
-FP8_MAX = 448.0
-FP4_BLOCK = 16
 # The protobuf limit is 2 GiB for the whole file; leave room for the graph itself.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 DEFAULT_OPSET = 23
-MIN_OPSET = {"dense": 19, "FP8": 19, "NVFP4": 23}  # FP8 Q/DQ: 19; FLOAT4E2M1 in DQ: 23
+# FP8 Q/DQ: opset 19; FLOAT4E2M1 in DequantizeLinear: 23.
+MIN_OPSET = {WeightFormat.DENSE: 19, WeightFormat.FP8: 19, WeightFormat.NVFP4: 23}
 WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE = (
     "lm_head.weight", "lm_head.weight_scale", "lm_head.weight_scale_2", "lm_head.input_scale")
 _META = "trtvocab."
@@ -90,23 +90,16 @@ _TYPE_NAMES = {
 }
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    for name, value in HEAD_DTYPES.items():
-        if value == dtype:
-            return name
-    raise ConfigError(f"ONNX export supports head dtypes {list(HEAD_DTYPES)}, got {dtype}")
-
-
 @dataclass(frozen=True)
 class GraphSpec:
     """Everything that shapes the graph; stored in the model's metadata as ``trtvocab.*``."""
 
-    format: str  # "dense" | "FP8" | "NVFP4"
+    weight_format: WeightFormat
     dtype: str  # hidden_states' dtype (the head's): "bfloat16" | "float16" | "float32"
     hidden_size: int
     local_vocab_size: int
-    activation: str = "none"  # "static" | "dynamic" | "none"
-    granularity: str = "per_tensor"  # FP8 weight scale: "per_tensor" | "per_row"
+    activation: Activation = Activation.NONE
+    granularity: Granularity = Granularity.PER_TENSOR  # FP8 weight scale
     block_size: int = FP4_BLOCK
     context_logits: bool = False
     dequantize_fp4: bool = False
@@ -119,7 +112,7 @@ class GraphSpec:
     tp_rank: int = 0
 
     def metadata(self) -> dict[str, str]:
-        return {_META + k: str(v) for k, v in asdict(self).items()}
+        return {_META + k: str(v) for k, v in asdict(self).items()}  # str(enum) is its value
 
     @classmethod
     def from_model(cls, model: onnx.ModelProto) -> GraphSpec:
@@ -129,8 +122,16 @@ class GraphSpec:
             if f.name not in props:
                 raise ArtifactError(f"ONNX model has no '{_META}{f.name}' metadata: not written by trtvocab export")
             raw = props[f.name]
-            values[f.name] = (raw == "True") if f.type == "bool" else int(raw) if f.type == "int" else raw
+            parse = _FIELD_PARSERS.get(f.type, str)
+            try:
+                values[f.name] = parse(raw)
+            except ValueError:
+                raise ArtifactError(f"ONNX metadata '{_META}{f.name}' = {raw!r} is not a valid {f.type}") from None
         return cls(**values)
+
+
+_FIELD_PARSERS: dict[str, Any] = {"bool": lambda raw: raw == "True", "int": int, "WeightFormat": WeightFormat,
+                                  "Activation": Activation, "Granularity": Granularity}
 
 
 class TensorInfo(BaseModel):
@@ -154,9 +155,9 @@ class ExportInfo(BaseModel):
     outputs: list[TensorInfo]
     opset: int
     ir_version: int
-    format: str
-    activation: str
-    granularity: str
+    weight_format: WeightFormat
+    activation: Activation
+    granularity: Granularity
     context_logits: bool
     dequantize_fp4: bool
     hidden_size: int
@@ -218,26 +219,26 @@ def head_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
     t = head.weights.export_tensors()
     v, h = spec.local_vocab_size, spec.hidden_size
     if "weight" not in t:
-        raise CheckpointError(f"{head.format_name} head exported no 'weight' (got {sorted(t)})")
+        raise CheckpointError(f"{head.weight_format} head exported no 'weight' (got {sorted(t)})")
     out: dict[str, TensorProto] = {}
-    if spec.format == "dense":
+    if spec.weight_format is WeightFormat.DENSE:
         _check_shape("weight", t["weight"], (v, h), head.dtype)
         out[WEIGHT] = tensor_proto(WEIGHT, t["weight"])
-    elif spec.format == "FP8":
+    elif spec.weight_format is WeightFormat.FP8:
         _check_shape("weight", t["weight"], (v, h), torch.float8_e4m3fn)
         ws = t.get("weight_scale")
         if ws is None:
             raise QuantizationError("FP8 head exported no weight_scale")
-        if spec.granularity == "per_row":
+        if spec.granularity is Granularity.PER_ROW:
             if ws.numel() != v:
                 raise QuantizationError(f"per-row FP8 weight_scale: expected {v} values, got shape {list(ws.shape)}")
             out[WEIGHT_SCALE] = tensor_proto(WEIGHT_SCALE, ws.detach().reshape(v).float())
         else:
             out[WEIGHT_SCALE] = _scalar(WEIGHT_SCALE, ws)
         out[WEIGHT] = tensor_proto(WEIGHT, t["weight"])
-        if spec.activation == "static":
+        if spec.activation is Activation.STATIC:
             out[INPUT_SCALE] = _scalar(INPUT_SCALE, t.get("input_scale"))
-    elif spec.format == "NVFP4":
+    elif spec.weight_format is WeightFormat.NVFP4:
         _check_shape("weight", t["weight"], (v, h // 2), torch.uint8)
         ws = t.get("weight_scale")
         if ws is None:
@@ -246,37 +247,37 @@ def head_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
         out[WEIGHT] = fp4_proto(WEIGHT, t["weight"])
         out[WEIGHT_SCALE] = tensor_proto(WEIGHT_SCALE, ws)
         out[WEIGHT_SCALE_2] = _scalar(WEIGHT_SCALE_2, t.get("weight_scale_2"))
-        if spec.activation == "static":
+        if spec.activation is Activation.STATIC:
             out[INPUT_SCALE] = _scalar(INPUT_SCALE, t.get("input_scale"))
     else:
-        raise QuantizationError(f"no ONNX export for weight format {spec.format!r}")
+        raise QuantizationError(f"no ONNX export for weight format {spec.weight_format!r}")
     return out
 
 
 def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_fp4: bool = False) -> GraphSpec:
-    fmt = head.format_name
+    fmt = head.weight_format
     qc = head.quant_config
-    activation, granularity, block = "none", "per_tensor", FP4_BLOCK
-    if fmt != "dense":
+    activation, granularity, block = Activation.NONE, Granularity.PER_TENSOR, FP4_BLOCK
+    if fmt is not WeightFormat.DENSE:
         if qc is None:
             raise QuantizationError(f"{fmt} head has no quant_config")
         activation, granularity, block = qc.activation, qc.granularity, qc.group_size
     if fmt not in MIN_OPSET:
-        raise QuantizationError(f"no ONNX export for weight format {fmt!r}; supported: {list(MIN_OPSET)}")
+        raise QuantizationError(f"no ONNX export for weight format {fmt!r}; supported: {[str(f) for f in MIN_OPSET]}")
     latest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET[fmt] <= opset <= latest:
         raise ConfigError(f"opset {opset} cannot express a {fmt} head: use {MIN_OPSET[fmt]}..{latest}")
-    if fmt == "NVFP4":
+    if fmt is WeightFormat.NVFP4:
         if block != FP4_BLOCK:
             raise QuantizationError(f"NVFP4 export needs group_size {FP4_BLOCK} (TensorRT's FP4 block), got {block}")
-        if activation not in ("static", "none"):
+        if activation not in (Activation.STATIC, Activation.NONE):
             raise QuantizationError(f"NVFP4 activation must be 'static' (W4A4) or 'none' (W4A16), got {activation!r}")
         if head.hidden_size % FP4_BLOCK:
             raise QuantizationError(f"NVFP4 needs hidden_size divisible by {FP4_BLOCK}, got {head.hidden_size}")
-    if dequantize_fp4 and fmt != "NVFP4":
+    if dequantize_fp4 and fmt is not WeightFormat.NVFP4:
         raise ConfigError(f"dequantize_fp4 applies to NVFP4 heads, this one is {fmt}")
     return GraphSpec(
-        format=fmt, dtype=dtype_name(head.dtype), hidden_size=head.hidden_size,
+        weight_format=fmt, dtype=dtype_name(head.dtype), hidden_size=head.hidden_size,
         local_vocab_size=head.local_vocab_size, activation=activation, granularity=granularity, block_size=block,
         context_logits=context_logits, dequantize_fp4=dequantize_fp4, opset=opset,
         vocab_start=head.vocab_start, vocab_end=head.vocab_end, vocab_size=head.vocab_size,
@@ -323,16 +324,16 @@ def _dense(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> Non
 
 
 def _fp8(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
-    per_row = spec.granularity == "per_row"
+    per_row = spec.granularity is Granularity.PER_ROW
     w = g.node("DequantizeLinear", [g.init(t[WEIGHT]), g.init(t[WEIGHT_SCALE])], **({"axis": 0} if per_row else {}))
     wt = g.node("Transpose", [w], perm=[1, 0])
     x32 = _to_float32(g, x, spec)
-    if spec.activation == "none":
+    if spec.activation is Activation.NONE:
         g.node("MatMul", [x32, wt], out=LOGITS)
         return
-    if spec.activation == "static":
+    if spec.activation is Activation.STATIC:
         scale = g.init(t[INPUT_SCALE])
-    elif spec.activation == "dynamic":
+    elif spec.activation is Activation.DYNAMIC:
         # Per-tensor scale of the rows actually multiplied: amax / 448, and 1.0 unless amax > 0
         # (an all-zero input), as trtvocab.quant.fp8.fp8_scale_from_amax.
         amax = g.node("ReduceMax", [g.node("Abs", [x32])], keepdims=0)
@@ -357,7 +358,7 @@ def _nvfp4(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec, rows: 
     w = g.node("DequantizeLinear", [g.init(t[WEIGHT]), scales], axis=-1, block_size=block)
     wt = g.node("Transpose", [w], perm=[1, 0])
     x32 = _to_float32(g, x, spec)
-    if spec.activation == "static":
+    if spec.activation is Activation.STATIC:
         global_scale = g.init(t[INPUT_SCALE])
         xq, xs = g.node(FP4_QUANTIZE_OP, [x32, global_scale], n_out=2, domain=TRT_DOMAIN, axis=-1,
                         block_size=block, scale_type=TensorProto.FLOAT8E4M3FN)
@@ -368,13 +369,13 @@ def _nvfp4(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec, rows: 
         ]
         x_scales = g.node("DequantizeLinear", [xs, global_scale])
         x32 = g.node("DequantizeLinear", [xq, x_scales], axis=-1, block_size=block)
-    elif spec.activation != "none":
+    elif spec.activation is not Activation.NONE:
         raise QuantizationError(f"NVFP4 activation must be static or none, got {spec.activation!r}")
     g.node("MatMul", [x32, wt], out=LOGITS)
 
 
 def _nvfp4_dequantized(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
-    if spec.activation == "static":
+    if spec.activation is Activation.STATIC:
         raise QuantizationError(
             "dequantize_fp4 replaces only the weights: a W4A4 head still needs FP4 activation "
             "quantization (compute capability >= 10.0). Use the W4A16 head (weight_only) on this GPU")
@@ -401,14 +402,14 @@ def build_model(tensors: dict[str, TensorProto], spec: GraphSpec) -> onnx.ModelP
         ends = g.node("CumSum", [SEQ_LENS, g.const("axis0", 0, np.int32)])
         last = g.node("Sub", [ends, g.const("one_i32", 1, np.int32)])
         x, rows = g.node("Gather", [HIDDEN, last], axis=0), BATCH_DIM
-    if spec.format == "dense":
+    if spec.weight_format is WeightFormat.DENSE:
         _dense(g, x, tensors, spec)
-    elif spec.format == "FP8":
+    elif spec.weight_format is WeightFormat.FP8:
         _fp8(g, x, tensors, spec)
-    elif spec.format == "NVFP4":
+    elif spec.weight_format is WeightFormat.NVFP4:
         _nvfp4(g, x, tensors, spec, rows)
     else:
-        raise QuantizationError(f"no ONNX export for weight format {spec.format!r}")
+        raise QuantizationError(f"no ONNX export for weight format {spec.weight_format!r}")
     outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, [rows, v])]
     graph = helper.make_graph(g.nodes, f"lm_head_rank{spec.tp_rank}", inputs, outputs, g.inits,
                               value_info=g.value_info)
@@ -417,19 +418,12 @@ def build_model(tensors: dict[str, TensorProto], spec: GraphSpec) -> onnx.ModelP
         opsets.append(helper.make_opsetid(TRT_DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="trtvocab")
     model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
-    import trtvocab
-
-    model.producer_version = trtvocab.__version__
+    model.producer_version = __version__
     helper.set_model_props(model, spec.metadata())
     return model
 
 
 # ---- files ----------------------------------------------------------------------------------
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
-
-
 def save_model_atomic(model: onnx.ModelProto, path: str | Path, *, external_data: bool,
                       check: bool = False) -> dict[str, str]:
     """Write ``model`` to ``path`` (+ ``<name>.data``) so that a reader never sees a partial graph.
@@ -462,7 +456,7 @@ def save_model_atomic(model: onnx.ModelProto, path: str | Path, *, external_data
         written = [tmp_graph] + ([tmp / data_name] if external_data else [])
         digests = {}
         for f in written:
-            _fsync(f)
+            fsync_file(f)
             digests[f.name] = sha256_file(f)
         if external_data:
             os.replace(tmp / data_name, path.parent / data_name)
@@ -501,7 +495,7 @@ def _write(model: onnx.ModelProto, spec: GraphSpec, path: str | Path, external_d
         path=str(path), data_path=str(files[1]) if external else None, sha256=digests,
         total_bytes=sum(f.stat().st_size for f in files), inputs=inputs, outputs=outputs, opset=spec.opset,
         ir_version=ir_version, ops=ops,
-        **{k: d[k] for k in ("format", "activation", "granularity", "context_logits", "dequantize_fp4",
+        **{k: d[k] for k in ("weight_format", "activation", "granularity", "context_logits", "dequantize_fp4",
                              "hidden_size", "local_vocab_size", "vocab_start", "vocab_end")},
     )
 
@@ -544,8 +538,8 @@ def dequantize_fp4_onnx(src: str | Path, dst: str | Path, *, external_data: bool
     """
     model = onnx.load(str(src))
     spec = GraphSpec.from_model(model)
-    if spec.format != "NVFP4":
-        raise ConfigError(f"{src}: dequantize_fp4 applies to NVFP4 graphs, this one is {spec.format}")
+    if spec.weight_format is not WeightFormat.NVFP4:
+        raise ConfigError(f"{src}: dequantize_fp4 applies to NVFP4 graphs, this one is {spec.weight_format}")
     if spec.dequantize_fp4:
         raise ConfigError(f"{src}: already dequantized")
     tensors = {t.name: t for t in model.graph.initializer}

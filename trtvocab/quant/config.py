@@ -20,9 +20,10 @@ import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from trtvocab.errors import QuantizationError
+from trtvocab.formats import Activation, Granularity, WeightFormat
 
 if TYPE_CHECKING:
     from trtvocab.checkpoint import Checkpoint
@@ -65,37 +66,42 @@ HEAD_ALGOS = (QuantAlgo.FP8, QuantAlgo.NVFP4)
 class QuantConfig(BaseModel):
     """How the head's weights (and activations) are quantized.
 
-    ``activation``: ``"static"`` uses the checkpoint's ``input_scale`` (W8A8 / W4A4);
-    ``"dynamic"`` computes the FP8 activation scale per tensor at run time (FP8 without
-    ``input_scale``, as TensorRT-LLM does); ``"none"`` keeps activations in the head
-    dtype (W8A16 with ``weight_only``, or NVFP4 without ``input_scale`` = W4A16).
-    ``granularity`` ``"per_row"`` is an FP8 option beyond the checkpoint formats (one
-    scale per vocab row).
+    Args:
+        quant_algo: ``FP8`` or ``NVFP4`` (other ModelOpt names parse, but no head runs them).
+        activation: :class:`~trtvocab.formats.Activation`; ``static`` uses the checkpoint's
+            ``input_scale`` (W8A8 / W4A4), ``dynamic`` computes the FP8 activation scale per
+            tensor at run time (FP8 without ``input_scale``, as TensorRT-LLM does), ``none``
+            keeps activations in the head dtype (W8A16 with ``weight_only``, or NVFP4
+            without ``input_scale`` = W4A16).
+        group_size: NVFP4 block size along H (16, the only one TensorRT runs).
+        granularity: FP8 weight scale ``per_tensor`` (ModelOpt's format) or ``per_row`` (one
+            scale per vocab row, an option beyond the checkpoint formats).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     quant_algo: QuantAlgo
-    activation: str = Field(default="static", pattern="^(static|dynamic|none)$")
+    activation: Activation = Activation.STATIC
     group_size: int = 16
-    granularity: str = Field(default="per_tensor", pattern="^(per_tensor|per_row)$")
+    granularity: Granularity = Granularity.PER_TENSOR
 
     @property
-    def method_key(self) -> str:
+    def weight_format(self) -> WeightFormat:
+        """The weight format a head with this config stores (FP8 or NVFP4)."""
         if self.quant_algo not in HEAD_ALGOS:
             raise QuantizationError(
                 f"quant_algo {self.quant_algo.value} is not supported for the LM head; "
                 f"supported: {[a.value for a in HEAD_ALGOS]}"
             )
-        return self.quant_algo.value
+        return WeightFormat(self.quant_algo.value)
 
     @property
     def label(self) -> str:
         if self.quant_algo is QuantAlgo.FP8:
-            mode = {"static": "W8A8", "dynamic": "W8A8-dyn", "none": "W8A16"}[self.activation]
-            return f"FP8 {mode}" + (" per-row" if self.granularity == "per_row" else "")
-        mode = "W4A4" if self.activation == "static" else "W4A16"
-        return f"NVFP4 {mode}"
+            mode = {Activation.STATIC: "W8A8", Activation.DYNAMIC: "W8A8-dyn", Activation.NONE: "W8A16"}
+            return f"FP8 {mode[self.activation]}" + (" per-row" if self.granularity is Granularity.PER_ROW else "")
+        mode4 = "W4A4" if self.activation is Activation.STATIC else "W4A16"
+        return f"NVFP4 {mode4}"
 
 
 class HeadQuantDecision(BaseModel):
@@ -219,15 +225,15 @@ def resolve_lm_head_quant(
     if stored is not wanted:
         raise QuantizationError(f"{why}, but {name} is stored as {stored.value}")
     if wanted is QuantAlgo.FP8:
-        activation = "none" if weight_only else ("static" if has_input_scale else "dynamic")
+        activation = Activation.NONE if weight_only else (Activation.STATIC if has_input_scale else Activation.DYNAMIC)
     else:
-        activation = "none" if weight_only or not has_input_scale else "static"
+        activation = Activation.NONE if weight_only or not has_input_scale else Activation.STATIC
     group = int(section.get("group_size") or (entry.get("group_size") if isinstance(entry, dict) else 0) or 16)
     # An FP8 weight_scale with one value per vocab row (header shape) is the per-row variant.
     scale_elems = 1
     for dim in ckpt.info(f"{module}.weight_scale").shape:
         scale_elems *= dim
-    granularity = "per_row" if wanted is QuantAlgo.FP8 and scale_elems > 1 else "per_tensor"
+    granularity = Granularity.PER_ROW if wanted is QuantAlgo.FP8 and scale_elems > 1 else Granularity.PER_TENSOR
     return HeadQuantDecision(
         config=QuantConfig(quant_algo=wanted, activation=activation, group_size=group, granularity=granularity),
         stored=stored, dequantize=False, reason=why, tensor_name=name,

@@ -1,10 +1,28 @@
-"""Per-format weight handling of the LM head, one small strategy class per format.
+"""Per-format weight handling of the LM head, one small strategy class per stored format.
 
-The head never branches on the format: it asks :func:`weight_method_for` for the
-class that stores, loads and multiplies its shard, and calls ``method(x)``.
+The head never branches on the format: :func:`weight_class` picks the class that stores,
+loads and multiplies its shard from one table, and the head calls ``weights(x)``.
 """
 
-from trtvocab.weights.base import WeightMethod, register, weight_method_for
-from trtvocab.weights.dense import DenseWeight
+from __future__ import annotations
 
-__all__ = ["DenseWeight", "WeightMethod", "register", "weight_method_for"]
+from trtvocab.formats import WeightFormat
+from trtvocab.quant.config import QuantConfig
+from trtvocab.weights.base import WeightMethod
+from trtvocab.weights.dense import DenseWeight
+from trtvocab.weights.fp8 import FP8Weight
+from trtvocab.weights.nvfp4 import NVFP4Weight
+
+FORMATS: dict[WeightFormat, type[WeightMethod]] = {
+    WeightFormat.DENSE: DenseWeight,
+    WeightFormat.FP8: FP8Weight,
+    WeightFormat.NVFP4: NVFP4Weight,
+}
+
+
+def weight_class(quant_config: QuantConfig | None) -> type[WeightMethod]:
+    """The weight format class for a :class:`~trtvocab.quant.config.QuantConfig` (``None`` -> dense)."""
+    return FORMATS[WeightFormat.DENSE if quant_config is None else quant_config.weight_format]
+
+
+__all__ = ["FORMATS", "DenseWeight", "FP8Weight", "NVFP4Weight", "WeightMethod", "weight_class"]

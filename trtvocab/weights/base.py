@@ -1,4 +1,4 @@
-"""The contract every weight format implements, and the registry that picks one."""
+"""The contract every weight format implements, and the readers they share (full or sliced rows)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from trtvocab.errors import CheckpointError, QuantizationError
+from trtvocab.formats import WeightFormat
 from trtvocab.sharding import VocabShard
 
 # Names a weight format may read; any prefix ("lm_head.", "model.embed_tokens.") is dropped.
@@ -84,10 +85,17 @@ class WeightMethod(nn.Module):
     """Stores one rank's ``[width, H]`` shard of the head in some format and multiplies by it.
 
     ``width`` rows are allocated; rows past ``shard.size`` (padded layout) stay zero.
-    Subclasses set ``format_name`` and implement ``load`` and ``forward``.
+    Subclasses set ``weight_format`` and implement ``load``, ``forward``, ``dense_weight``
+    and ``export_tensors``.
+
+    Args:
+        shard: the rank's columns (:class:`~trtvocab.sharding.VocabShard`).
+        hidden_size: H.
+        dtype: the head dtype (inputs arrive in it; dense heads also store and return it).
+        quant_config: the :class:`~trtvocab.quant.config.QuantConfig` (None for dense).
     """
 
-    format_name: ClassVar[str] = "abstract"
+    weight_format: ClassVar[WeightFormat]
 
     def __init__(self, shard: VocabShard, hidden_size: int, dtype: torch.dtype, quant_config: Any = None):
         super().__init__()
@@ -114,27 +122,3 @@ class WeightMethod(nn.Module):
     def export_tensors(self) -> dict[str, torch.Tensor]:
         """The shard's tensors under checkpoint names (``weight``, scales), trimmed to ``shard.size`` rows."""
         raise NotImplementedError
-
-
-_REGISTRY: dict[str, type[WeightMethod]] = {}
-
-
-def register(key: str):
-    """Class decorator: make a weight format available under ``key`` (``"dense"``, ``"FP8"``, ...)."""
-
-    def wrap(cls: type[WeightMethod]) -> type[WeightMethod]:
-        _REGISTRY[key] = cls
-        return cls
-
-    return wrap
-
-
-def weight_method_for(quant_config: Any) -> type[WeightMethod]:
-    """The weight format class for a :class:`~trtvocab.quant.QuantConfig` (``None`` -> dense)."""
-    key = "dense" if quant_config is None else quant_config.method_key
-    if key not in _REGISTRY and key != "dense":
-        import trtvocab.quant.methods  # noqa: F401  (registers the quantized formats)
-    try:
-        return _REGISTRY[key]
-    except KeyError:
-        raise QuantizationError(f"no LM-head weight format for {key!r}; known: {sorted(_REGISTRY)}") from None

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from trtvocab.errors import CheckpointError
-from trtvocab.weights.base import WeightMethod, read_rows, register
+from trtvocab.formats import WeightFormat
+from trtvocab.weights.base import WeightMethod, read_rows
 
 DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -24,9 +25,10 @@ def _untouched_zeros(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(rows, cols)
 
 
-@register("dense")
 class DenseWeight(WeightMethod):
-    format_name = "dense"
+    """The unquantized shard: ``weight [width, H]`` in the head dtype; logits in that dtype."""
+
+    weight_format = WeightFormat.DENSE
 
     def __init__(self, shard, hidden_size: int, dtype: torch.dtype, quant_config: Any = None):
         super().__init__(shard, hidden_size, dtype, quant_config)

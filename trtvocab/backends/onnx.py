@@ -1,6 +1,7 @@
-"""Run an exported LM-head graph on CPU, to check it against the PyTorch fallback.
+"""The ONNX backend: run one rank's exported LM-head graph on the CPU.
 
-Which CPU backend runs which graph (``backend="auto"``)::
+It serves ``trtvocab infer --backend onnx`` and the build's check of every exported graph
+against the PyTorch fallback. Which runtime runs which graph (``runner="auto"``)::
 
     FP8 graphs, dense float32      onnxruntime CPU (float32 GEMM; FP8 Q/DQ kernels exist)
     dense bfloat16 / float16       onnx.reference: onnxruntime CPU has no bf16 MatMul
@@ -35,7 +36,7 @@ outputs, followed by ``DequantizeLinear(scales, global)`` and a blocked
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -45,14 +46,20 @@ from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from trtvocab.backends.base import RankLogits
 from trtvocab.errors import EngineUnavailableError, InputError
-from trtvocab.export.onnx import FP4_QUANTIZE_OP, HIDDEN, LOGITS, SEQ_LENS, TRT_DOMAIN
-from trtvocab.logits import last_token_rows
+from trtvocab.export.onnx import FP4_QUANTIZE_OP, TRT_DOMAIN
+from trtvocab.formats import HIDDEN, LOGITS, SEQ_LENS
+from trtvocab.inputs import check_hidden_states, last_token_rows
+from trtvocab.quant.fp8 import FP8_MAX
+from trtvocab.quant.nvfp4 import E2M1_MAX as _E2M1_MAX
+from trtvocab.quant.nvfp4 import SCALE_MIN
+from trtvocab.recipe import Manifest
 
-BACKENDS = ("auto", "onnxruntime", "reference")
-E2M1_MAX = np.float32(6.0)
-E4M3_MAX = np.float32(448.0)
-BLOCK_SCALE_MIN = np.float32(2.0**-9)  # smallest E4M3 subnormal: a block scale never underflows to 0
+RUNNERS = ("auto", "onnxruntime", "reference")
+E2M1_MAX = np.float32(_E2M1_MAX)
+E4M3_MAX = np.float32(FP8_MAX)
+BLOCK_SCALE_MIN = np.float32(SCALE_MIN)  # smallest E4M3 subnormal: a block scale never underflows to 0
 _NP_INPUT = {TensorProto.BFLOAT16: ml_dtypes.bfloat16, TensorProto.FLOAT16: np.float16,
              TensorProto.FLOAT: np.float32}
 
@@ -170,26 +177,23 @@ def reference_reason(model: onnx.ModelProto) -> str | None:
 
 
 def _hidden_array(hidden: Any, elem_type: int, width: int) -> np.ndarray:
+    """``hidden`` (torch tensor or numpy array) as the graph's input array, validated."""
     want = _NP_INPUT.get(elem_type)
     if want is None:
         raise InputError(f"graph input {HIDDEN} has unsupported type {elem_type}")
     if isinstance(hidden, torch.Tensor):
         t = hidden.detach().cpu().contiguous()
-        if t.dtype == torch.bfloat16:
-            arr = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        elif t.dtype in (torch.float16, torch.float32):
-            arr = t.numpy()
-        else:
-            raise InputError(f"{HIDDEN}: unsupported dtype {t.dtype}")
+        name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}.get(t.dtype)
     else:
         arr = np.ascontiguousarray(hidden)
-    if arr.dtype != want:
-        raise InputError(f"{HIDDEN}: the graph takes {np.dtype(want).name}, got {arr.dtype.name}")
-    if arr.ndim != 2 or arr.shape[1] != width:
-        raise InputError(f"{HIDDEN}: expected shape [T, {width}], got {list(arr.shape)}")
-    if arr.shape[0] == 0:
-        raise InputError(f"{HIDDEN}: empty batch (T = 0)")
-    return arr
+        name = arr.dtype.name
+        # numpy bf16 (ml_dtypes) has no torch twin: read its bits as int16 and view them back.
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16) if arr.dtype == ml_dtypes.bfloat16 \
+            else torch.from_numpy(arr) if arr.dtype in (np.float16, np.float32) else None
+    if name != np.dtype(want).name or t is None:
+        raise InputError(f"{HIDDEN}: the graph takes {np.dtype(want).name}, got {name or hidden.dtype}")
+    check_hidden_states(t, hidden_size=width, what=HIDDEN)
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def _run_onnxruntime(model: onnx.ModelProto, path: Path | None, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -211,24 +215,29 @@ def _run_onnxruntime(model: onnx.ModelProto, path: Path | None, feeds: dict[str,
     return session.run_with_ort_values([LOGITS], values)[0].numpy()
 
 
+class OnnxRun(NamedTuple):
+    """What :func:`run_onnx` computed, and which runtime computed it."""
+
+    logits: np.ndarray  # float32 [B, V_local] (or [T, V_local] for a context graph)
+    runner: str  # "onnxruntime" | "reference" (onnx.reference)
+
+
 def run_onnx(
     path_or_model: str | Path | onnx.ModelProto,
     hidden: Any,
     seq_lens: Any = None,
-    backend: str = "auto",
-    *,
-    return_backend: bool = False,
-) -> Any:
-    """Float32 logits of an exported head graph on CPU: ``[B, V_local]`` (or ``[T, V_local]``).
+    runner: str = "auto",
+) -> OnnxRun:
+    """Float32 logits of an exported head graph on CPU, and the runtime that produced them.
 
     ``hidden``: ``[T, H]`` torch tensor or numpy array in the graph's input dtype (bf16 as
     ``torch.bfloat16`` or ``ml_dtypes.bfloat16``). ``seq_lens``: the packed lengths; None
     means one sequence (the last row). Context graphs have no ``seq_lens`` input: a given
-    one is validated and otherwise unused. Returns the logits, or ``(logits, backend)``
-    with ``return_backend``.
+    one is validated and otherwise unused. ``runner``: ``"auto"`` (see the module
+    docstring), ``"onnxruntime"`` or ``"reference"``.
     """
-    if backend not in BACKENDS:
-        raise InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if runner not in RUNNERS:
+        raise InputError(f"runner (the ONNX backend's runtime) must be one of {RUNNERS}, got {runner!r}")
     model, path = _load(path_or_model)
     inputs = {vi.name: vi for vi in model.graph.input}
     if HIDDEN not in inputs:
@@ -242,15 +251,31 @@ def run_onnx(
         last_token_rows(lens, total)  # validated even where unused (context graphs), like LogitsProcessor
         if SEQ_LENS in inputs:
             feeds[SEQ_LENS] = np.asarray(lens.cpu() if isinstance(lens, torch.Tensor) else lens, dtype=np.int32)
-    chosen = backend if backend != "auto" else ("reference" if reference_reason(model) else "onnxruntime")
+    chosen = runner if runner != "auto" else ("reference" if reference_reason(model) else "onnxruntime")
     blocker = onnxruntime_blocker(model) if chosen == "onnxruntime" else None
     if blocker is not None:
-        raise EngineUnavailableError(f"onnxruntime cannot run this graph: {blocker}; use backend='reference'")
+        raise EngineUnavailableError(f"onnxruntime cannot run this graph: {blocker}; use runner='reference'")
     if chosen == "onnxruntime":
         out = _run_onnxruntime(model, path, feeds)
     else:
         if path is not None:
             onnx.load_external_data_for_model(model, str(path.parent))
         out = ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run([LOGITS], feeds)[0]
-    out = np.asarray(out, dtype=np.float32)
-    return (out, chosen) if return_backend else out
+    return OnnxRun(np.asarray(out, dtype=np.float32), chosen)
+
+
+class OnnxBackend:
+    """``rank{r}/lm_head.onnx`` on the CPU: onnxruntime, or ``onnx.reference`` for graphs
+    onnxruntime has no kernels for (bf16, FP4) — :attr:`RankLogits.ran_on` says which."""
+
+    name = "onnx"
+
+    def __init__(self, root: Path, manifest: Manifest, rank: int) -> None:
+        self.path = Path(root) / (manifest.entry(rank).files.onnx or f"rank{rank}/lm_head.onnx")
+        self.context = manifest.head.context_logits
+
+    def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:
+        lens = None if self.context or seq_lens is None else seq_lens.to(torch.int32)
+        out = run_onnx(self.path, hidden, lens)
+        ran_on = "onnxruntime" if out.runner == "onnxruntime" else "onnx.reference"
+        return RankLogits(torch.from_numpy(out.logits), ran_on)

@@ -1,0 +1,140 @@
+"""Print the import graph of the ``trtvocab`` package, imports inside functions included.
+
+    python tools/import_graph.py            # edges, one module per line, then any cycles
+    python tools/import_graph.py --layers   # line count per layer (top-level module or folder)
+
+Counts every ``import trtvocab.x`` / ``from trtvocab.x import y`` / ``from trtvocab import x``
+anywhere in a module (top level, function bodies, ``TYPE_CHECKING`` blocks), so a lazy import
+that closes a cycle is reported too. Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "trtvocab"
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file of the package."""
+    out = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    """The longest known module that ``name`` names or lies in."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def edges(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (a package's ``__init__`` is the package)."""
+    known = modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in known}
+    for mod, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                # "from pkg import sub" imports the submodule when one exists.
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            for t in targets:
+                if t.split(".")[0] != PACKAGE:
+                    continue
+                dep = _resolve(t, known)
+                if dep is not None and dep != mod:
+                    graph[mod].add(dep)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (each one is a cycle)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def layer_lines(root: Path = ROOT) -> dict[str, int]:
+    """Lines per layer: each top-level module, and each sub-package as a whole."""
+    out: dict[str, int] = {}
+    for mod, path in modules(root).items():
+        parts = mod.split(".")
+        layer = ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+        if path.parent != root / PACKAGE:
+            layer = f"{PACKAGE}.{path.parent.relative_to(root / PACKAGE).parts[0]}/"
+        out[layer] = out.get(layer, 0) + len(path.read_text().splitlines())
+    return dict(sorted(out.items()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", action="store_true", help="print line counts per layer instead")
+    args = parser.parse_args()
+    if args.layers:
+        counts = layer_lines()
+        for layer, n in counts.items():
+            print(f"{n:6d}  {layer}")
+        print(f"{sum(counts.values()):6d}  total")
+        return 0
+    graph = edges()
+    for mod in sorted(graph):
+        deps = sorted(d.removeprefix(PACKAGE + ".") for d in graph[mod])
+        print(f"{mod.removeprefix(PACKAGE + '.') or PACKAGE}: {', '.join(deps) or '-'}")
+    found = cycles(graph)
+    print(f"\n{len(found)} cycle(s)" + "".join(f"\n  {' <-> '.join(c)}" for c in found))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Names that files, graphs and peer ranks share: one enum or constant per concept.
+
+* :class:`WeightFormat`: how one rank's ``[V, H]`` shard is stored (dense, FP8, NVFP4).
+  Manifests, ONNX metadata, engine records and the cross-rank handshake all use it.
+* :class:`Activation` and :class:`Granularity`: the two knobs of a quantized head.
+* The ONNX graph's input and output names, which the exporter writes and every backend
+  (onnxruntime, ``onnx.reference``, TensorRT) feeds and reads.
+
+They are ``str`` enums: ``WeightFormat.FP8 == "FP8"``, and JSON holds the plain string.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class WeightFormat(str, enum.Enum):
+    """Storage format of a head shard. The values are what manifests and graph metadata hold."""
+
+    DENSE = "dense"
+    FP8 = "FP8"
+    NVFP4 = "NVFP4"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Activation(str, enum.Enum):
+    """How a quantized head treats its input.
+
+    ``STATIC``: quantized with the checkpoint's ``input_scale`` (FP8 W8A8, NVFP4 W4A4);
+    ``DYNAMIC``: FP8 with a per-tensor scale computed at run time (as TensorRT-LLM does);
+    ``NONE``: kept in the head dtype (FP8 W8A16, NVFP4 W4A16).
+    """
+
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+    NONE = "none"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Granularity(str, enum.Enum):
+    """FP8 weight-scale granularity: one scale per tensor (ModelOpt's format) or per vocab row."""
+
+    PER_TENSOR = "per_tensor"
+    PER_ROW = "per_row"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The exported graph's inputs and output (see trtvocab.export.onnx for the graph itself).
+HIDDEN = "hidden_states"  # [T, H] in the head dtype
+SEQ_LENS = "seq_lens"  # [B] int32; absent in context-logits graphs
+LOGITS = "logits"  # [B, V_local] (or [T, V_local]) float32
