@@ -11,7 +11,8 @@ makes the assertions, so a failure names its case.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -462,14 +463,34 @@ def _compare_all(tag: str, local: torch.Tensor, g: torch.Tensor, head: LMHead, s
         keep_sorted[:, 0] = True
         want = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)[:, s:e]
         near = torch.zeros_like(keep_sorted).scatter(1, order, (before - thr).abs() < 1e-5)[:, s:e]
-        keep = sampling.top_p_mask(local, head, top_p)
+        with _counting(D.Handshake, "exchange") as handshakes, _counting(sampling, "_merged_topk") as rounds:
+            keep = sampling.top_p_mask(local, head, top_p)
         filtered = sampling.apply_top_p(local, head, top_p)
         label = "per-row" if isinstance(top_p, torch.Tensor) else top_p
         out.append({"case": f"{tag} top_p={label}",
                     "exact": bool(((keep == want) | near).all())
                     and bool(torch.equal(filtered, g[:, s:e].masked_fill(~keep, float("-inf"))))
-                    and int((keep != want).sum()) <= int(near.sum())})
+                    and int((keep != want).sum()) <= int(near.sum()),
+                    # one handshake per public call, however many k-doubling rounds ran
+                    "handshakes": len(handshakes), "rounds": len(rounds), "split": head.is_split})
     return out
+
+
+@contextlib.contextmanager
+def _counting(owner: Any, name: str) -> Iterator[list[int]]:
+    """Count the calls of ``owner.name`` (a function or method) while the block runs."""
+    real = getattr(owner, name)
+    calls: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    setattr(owner, name, counted)
+    try:
+        yield calls
+    finally:
+        setattr(owner, name, real)
 
 
 def exit_hard(rank: int, world: int) -> None:

@@ -306,7 +306,7 @@ def test_failed_verification_publishes_nothing(tmp_path, monkeypatch) -> None:
     real = B.verify_export
 
     def disagree(*args, **kwargs):
-        return {**real(*args, **kwargs), "ok": False}
+        return real(*args, **kwargs).model_copy(update={"ok": False})
 
     monkeypatch.setattr(B, "verify_export", disagree)
     out = tmp_path / "a"

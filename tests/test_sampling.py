@@ -35,6 +35,9 @@ def _check(records: list[dict]) -> None:
             failures.append(f"{rec['case']}: err {rec['err']:.3g} > {SUM_TOL}")
         if rec.get("shape_ok") is False:
             failures.append(f"{rec['case']}: wrong shape")
+        if "handshakes" in rec and rec["handshakes"] != (1 if rec["split"] else 0):
+            failures.append(f"{rec['case']}: {rec['handshakes']} handshakes in one top_p_mask call "
+                            f"({rec['rounds']} k-doubling rounds)")
     assert not failures, "\n".join(failures[:20])
 
 
@@ -51,6 +54,12 @@ def test_replicated_tp1(tp1_records: list[dict]) -> None:
 def split_records() -> list[list[dict]]:
     """One launch of 4 ranks: tp 2, 3 and 4 each run on a real gloo group of ranks [0, tp)."""
     return run_ranks(sampling_cases, 4, 11, timeout_s=60)
+
+
+def test_top_p_doubles_k_behind_one_handshake(split_records: list[list[dict]]) -> None:
+    """Some nuclei need more than TOP_P_FIRST_K candidates: those calls ran several rounds."""
+    rounds = [r["rounds"] for records in split_records for r in records if "rounds" in r and r["split"]]
+    assert rounds and max(rounds) > 1 and all(n >= 1 for n in rounds)
 
 
 @pytest.mark.parametrize("tp", [2, 3, 4])

@@ -49,6 +49,8 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 @dataclass(frozen=True)
 class TensorInfo:
+    """One tensor of a safetensors header: where its bytes are, and what they hold (no data read)."""
+
     name: str
     dtype: str  # safetensors tag, e.g. "BF16", "F8_E4M3", "U8"
     shape: tuple[int, ...]

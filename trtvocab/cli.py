@@ -161,7 +161,7 @@ def infer(
         _leave_process_group()
     if logits is None:  # a non-zero rank under torchrun
         return
-    console.print(f"ran on: [bold]{ran_on}[/] ({manifest.quant.label}, tp={manifest.mapping.tp_size}, "
+    console.print(f"backend: [bold]{ran_on}[/] ({manifest.quant.label}, tp={manifest.mapping.tp_size}, "
                   f"{len(manifest.ranks)} rank(s))", highlight=False)
     decode = decoder(manifest.checkpoint if manifest.checkpoint != "synthetic" else None)
     probs = torch.softmax(logits, dim=-1)

@@ -46,6 +46,8 @@ MAX_ERR_SAMPLES = 1_000_000  # logit errors kept per variant for the histogram
 # ---- metrics on logits -----------------------------------------------------------------------
 @dataclass
 class LogitMetrics:
+    """One variant against the baseline over the same rows (the metrics of the module docstring)."""
+
     rows: int
     top1_agreement: float
     top5_overlap: float
@@ -245,6 +247,8 @@ def run_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: torch.T
 # ---- the report ------------------------------------------------------------------------------
 @dataclass
 class VariantResult:
+    """A compared head: its name, label, resident bytes per rank and :class:`LogitMetrics`."""
+
     name: str
     label: str
     head_bytes_per_rank: int
@@ -261,6 +265,8 @@ class VariantResult:
 
 @dataclass
 class CompareReport:
+    """Everything ``trtvocab compare`` prints: the baseline, the rows compared and each variant."""
+
     baseline: str
     baseline_label: str
     baseline_bytes_per_rank: int

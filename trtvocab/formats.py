@@ -14,18 +14,22 @@ from __future__ import annotations
 import enum
 
 
-class WeightFormat(str, enum.Enum):
+class _Name(str, enum.Enum):
+    """A str enum that prints as its value (what files and messages hold)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class WeightFormat(_Name):
     """Storage format of a head shard. The values are what manifests and graph metadata hold."""
 
     DENSE = "dense"
     FP8 = "FP8"
     NVFP4 = "NVFP4"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Activation(str, enum.Enum):
+class Activation(_Name):
     """How a quantized head treats its input.
 
     ``STATIC``: quantized with the checkpoint's ``input_scale`` (FP8 W8A8, NVFP4 W4A4);
@@ -37,18 +41,12 @@ class Activation(str, enum.Enum):
     DYNAMIC = "dynamic"
     NONE = "none"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Granularity(str, enum.Enum):
+class Granularity(_Name):
     """FP8 weight-scale granularity: one scale per tensor (ModelOpt's format) or per vocab row."""
 
     PER_TENSOR = "per_tensor"
     PER_ROW = "per_row"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # The exported graph's inputs and output (see trtvocab.export.onnx for the graph itself).

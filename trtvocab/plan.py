@@ -13,8 +13,9 @@ Per rank ``r`` with ``rows = shard.size`` (uneven layout) or the padded width:
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from trtvocab.quant.nvfp4 import BLOCK as NVFP4_BLOCK
 from trtvocab.sharding import VocabLayout, all_shards
 
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
@@ -25,11 +26,14 @@ def weight_bytes(rows: int, hidden: int) -> dict[str, int]:
     return {
         "bf16": rows * hidden * 2,
         "fp8": rows * hidden + 4,
-        "nvfp4": rows * hidden // 2 + rows * (hidden // 16) + 4,
+        "nvfp4": rows * hidden // 2 + rows * (hidden // NVFP4_BLOCK) + 4,
     }
 
 
 class RankPlan(BaseModel):
+    """One rank: its columns ``[start, end)`` (``rows`` owned, ``width`` allocated) and its bytes
+    per format (``weight_bytes``) and per logits dtype (local logits, all-gather sent / received)."""
+
     rank: int
     start: int
     end: int
@@ -42,13 +46,15 @@ class RankPlan(BaseModel):
 
 
 class Plan(BaseModel):
+    """The whole head over ``tp_size`` ranks at a ``batch`` of logits rows: totals and every rank."""
+
     vocab_size: int
     hidden_size: int
     tp_size: int
-    batch: int
-    layout: str
-    full_weight_bytes: dict[str, int]
-    gathered_logits_bytes: dict[str, int]
+    batch: int = Field(description="rows of logits per step (sequences)")
+    layout: str = Field(description="uneven | padded")
+    full_weight_bytes: dict[str, int] = Field(description="the whole [V, H] matrix per format")
+    gathered_logits_bytes: dict[str, int] = Field(description="[batch, V] after the gather, per dtype")
     ranks: list[RankPlan]
 
 

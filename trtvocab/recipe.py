@@ -44,6 +44,9 @@ class SyntheticSpec(_Section):
 
 
 class CheckpointSection(_Section):
+    """``[checkpoint]``: exactly one of ``path``, ``package`` (an installed package that ships it)
+    or ``synthetic``; ``tensor`` names the head tensor when it is not found by name."""
+
     path: str | None = None  # HF directory or .safetensors file (relative to the recipe file)
     package: str | None = None  # or: an installed Python package that ships the checkpoint
     package_subdir: str = "model"
@@ -77,6 +80,8 @@ class MappingSection(_Section):
 
 
 class LMHeadSection(_Section):
+    """``[lm_head]``: the head dtype, whether to gather, the vocab layout, context (all-token) logits."""
+
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     gather_output: bool = True
     vocab_layout: Literal["uneven", "padded"] = "uneven"
@@ -85,6 +90,9 @@ class LMHeadSection(_Section):
 
 
 class QuantizationSection(_Section):
+    """``[quantization]``: ``auto`` (the checkpoint's gating) or ``none``; ``weight_only`` W8A16 / W4A16;
+    ``dequantize_fp4`` builds NVFP4 heads as bf16 engines below compute capability 10.0."""
+
     mode: Literal["auto", "none"] = "auto"
     weight_only: bool = False
     dequantize_fp4: bool = False  # build FP4 heads as bf16 engines on GPUs below CC 10.0
@@ -146,12 +154,16 @@ def validate_profile(profile: Profile | dict[str, Any]) -> Profile:
 
 
 class EngineSection(_Section):
+    """``[engine]``: TensorRT workspace, timing cache file, and whether a missing engine fails the build."""
+
     workspace_mib: int = Field(default=4096, ge=64)
     timing_cache: str | None = None
     require: bool = False  # fail the build if no TensorRT engine can be built
 
 
 class OutputSection(_Section):
+    """``[output]``: the artifact folder, whether to export ONNX and check it against the fallback."""
+
     # Relative to the working directory (where you run the build), unlike [checkpoint] path,
     # which is relative to the recipe file (the recipe ships next to what it names).
     dir: str = "artifacts/default"
@@ -160,6 +172,8 @@ class OutputSection(_Section):
 
 
 class BuildRecipe(_Section):
+    """A complete build (``builders/*.toml``): the sections above; ``source`` is the file it came from."""
+
     name: str = "default"
     description: str = ""
     checkpoint: CheckpointSection
@@ -331,6 +345,8 @@ class RankEntry(_Record):
 
 
 class FileRecord(_Record):
+    """A file of the artifact: its sha256 and size, checked on every load."""
+
     sha256: str
     bytes: int
 

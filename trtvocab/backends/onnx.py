@@ -47,13 +47,14 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from trtvocab.backends.base import RankLogits
+from trtvocab.dtypes import HEAD_DTYPES, dtype_name
 from trtvocab.errors import EngineUnavailableError, InputError
 from trtvocab.export.onnx import FP4_QUANTIZE_OP, TRT_DOMAIN
 from trtvocab.formats import HIDDEN, LOGITS, SEQ_LENS
 from trtvocab.inputs import check_hidden_states, last_token_rows
 from trtvocab.quant.fp8 import FP8_MAX
+from trtvocab.quant.nvfp4 import BLOCK, SCALE_MIN
 from trtvocab.quant.nvfp4 import E2M1_MAX as _E2M1_MAX
-from trtvocab.quant.nvfp4 import SCALE_MIN
 from trtvocab.recipe import Manifest
 
 RUNNERS = ("auto", "onnxruntime", "reference")
@@ -65,7 +66,7 @@ _NP_INPUT = {TensorProto.BFLOAT16: ml_dtypes.bfloat16, TensorProto.FLOAT16: np.f
 
 
 # ---- numerics ---------------------------------------------------------------------------------
-def fp4_dynamic_quantize(x: np.ndarray, global_scale: Any, block_size: int = 16,
+def fp4_dynamic_quantize(x: np.ndarray, global_scale: Any, block_size: int = BLOCK,
                          axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """NVFP4 block quantization of ``x`` under ``global_scale``, all in float32.
 
@@ -78,7 +79,7 @@ def fp4_dynamic_quantize(x: np.ndarray, global_scale: Any, block_size: int = 16,
     gs = np.float32(np.asarray(global_scale, dtype=np.float32).reshape(()))
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block_size, block_size)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
-    ratio = amax / (np.float32(6.0) * gs)
+    ratio = amax / (E2M1_MAX * gs)
     # An all-zero block gets scale 1.0 (as trtvocab.quant.nvfp4 and ModelOpt); its values are 0 anyway.
     block_scale = np.clip(np.where(ratio == 0, np.float32(1.0), ratio), BLOCK_SCALE_MIN, E4M3_MAX)
     block_scale = block_scale.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
@@ -93,7 +94,7 @@ class TRT_FP4DynamicQuantize(OpRun):  # named as the op: the evaluator dispatche
 
     op_domain = TRT_DOMAIN
 
-    def _run(self, x, double_quant_scale, axis=-1, block_size=16, scale_type=TensorProto.FLOAT8E4M3FN):
+    def _run(self, x, double_quant_scale, axis=-1, block_size=BLOCK, scale_type=TensorProto.FLOAT8E4M3FN):
         if scale_type != TensorProto.FLOAT8E4M3FN:
             raise InputError(f"{FP4_QUANTIZE_OP}: scale_type must be FLOAT8E4M3FN (17), got {scale_type}")
         if np.asarray(double_quant_scale).size != 1:
@@ -183,7 +184,7 @@ def _hidden_array(hidden: Any, elem_type: int, width: int) -> np.ndarray:
         raise InputError(f"graph input {HIDDEN} has unsupported type {elem_type}")
     if isinstance(hidden, torch.Tensor):
         t = hidden.detach().cpu().contiguous()
-        name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}.get(t.dtype)
+        name = dtype_name(t.dtype) if t.dtype in HEAD_DTYPES.values() else None
     else:
         arr = np.ascontiguousarray(hidden)
         name = arr.dtype.name

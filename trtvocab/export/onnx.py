@@ -134,7 +134,9 @@ _FIELD_PARSERS: dict[str, Any] = {"bool": lambda raw: raw == "True", "int": int,
                                   "Activation": Activation, "Granularity": Granularity}
 
 
-class TensorInfo(BaseModel):
+class GraphTensor(BaseModel):
+    """A graph input or output: its name, element type and shape (symbolic dims as names)."""
+
     model_config = ConfigDict(frozen=True)
 
     name: str
@@ -151,8 +153,8 @@ class ExportInfo(BaseModel):
     data_path: str | None  # external data file (same folder), None when the weights are inline
     sha256: dict[str, str]  # file name -> digest, for every file written
     total_bytes: int
-    inputs: list[TensorInfo]
-    outputs: list[TensorInfo]
+    inputs: list[GraphTensor]
+    outputs: list[GraphTensor]
     opset: int
     ir_version: int
     weight_format: WeightFormat
@@ -470,12 +472,12 @@ def save_model_atomic(model: onnx.ModelProto, path: str | Path, *, external_data
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _tensor_infos(values: Any) -> list[TensorInfo]:
+def _tensor_infos(values: Any) -> list[GraphTensor]:
     out = []
     for vi in values:
         tt = vi.type.tensor_type
         shape = [d.dim_param if d.dim_param else d.dim_value for d in tt.shape.dim]
-        out.append(TensorInfo(name=vi.name, dtype=_TYPE_NAMES.get(tt.elem_type, str(tt.elem_type)), shape=shape))
+        out.append(GraphTensor(name=vi.name, dtype=_TYPE_NAMES.get(tt.elem_type, str(tt.elem_type)), shape=shape))
     return out
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtvocab.errors import QuantizationError
 from trtvocab.formats import Activation, Granularity, WeightFormat
+from trtvocab.quant.nvfp4 import BLOCK
 
 if TYPE_CHECKING:
     from trtvocab.checkpoint import Checkpoint
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 
 class QuantAlgo(str, enum.Enum):
+    """The ``quant_algo`` names ModelOpt writes; only FP8 and NVFP4 run an LM head."""
+
     FP8 = "FP8"
     NVFP4 = "NVFP4"
     # Names ModelOpt writes for other layers; valid in a config, not runnable for the head.
@@ -82,7 +85,7 @@ class QuantConfig(BaseModel):
 
     quant_algo: QuantAlgo
     activation: Activation = Activation.STATIC
-    group_size: int = 16
+    group_size: int = BLOCK
     granularity: Granularity = Granularity.PER_TENSOR
 
     @property
@@ -228,7 +231,7 @@ def resolve_lm_head_quant(
         activation = Activation.NONE if weight_only else (Activation.STATIC if has_input_scale else Activation.DYNAMIC)
     else:
         activation = Activation.NONE if weight_only or not has_input_scale else Activation.STATIC
-    group = int(section.get("group_size") or (entry.get("group_size") if isinstance(entry, dict) else 0) or 16)
+    group = int(section.get("group_size") or (entry.get("group_size") if isinstance(entry, dict) else 0) or BLOCK)
     # An FP8 weight_scale with one value per vocab row (header shape) is the per-row variant.
     scale_elems = 1
     for dim in ckpt.info(f"{module}.weight_scale").shape:

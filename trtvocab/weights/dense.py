@@ -74,7 +74,14 @@ class DenseWeight(WeightMethod):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight.t()
+        size = self.shard.size
+        if not self.shard.padding:
+            return x @ self.weight.t()
+        # Multiply by the owned rows only: the GEMM then has the single-device shape, and
+        # BLAS blocks it (and so sums it) exactly as it would the unpadded matrix.
+        out = x.new_zeros((x.shape[0], self.shard.width))
+        out[:, :size] = x @ self.weight[:size].t()
+        return out
 
     def dense_weight(self) -> torch.Tensor:
         return self.weight.float()

@@ -1,0 +1,81 @@
+"""The package's shape: an acyclic import graph, one home per concept, docs a clone can read."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(_spec)
+sys.modules["import_graph"] = import_graph
+_spec.loader.exec_module(import_graph)
+
+
+def test_import_graph_has_no_cycle_counting_lazy_imports() -> None:
+    graph = import_graph.edges(ROOT)
+    assert "trtvocab.lm_head" in graph and "trtvocab.loader" in graph["trtvocab.lm_head"]  # the scan sees imports
+    assert import_graph.cycles(graph) == []
+
+
+def test_cycle_detection_finds_a_lazy_cycle(tmp_path: Path) -> None:
+    """The checker itself: a cycle closed by an import inside a function is reported."""
+    pkg = tmp_path / "trtvocab"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from trtvocab import b\n")
+    (pkg / "b.py").write_text("def f():\n    from trtvocab.a import x\n")
+    assert import_graph.cycles(import_graph.edges(tmp_path)) == [["trtvocab.a", "trtvocab.b"]]
+
+
+def test_layers_point_one_way() -> None:
+    """Writers never import runners; the head never imports what is built on it."""
+    graph = import_graph.edges(ROOT)
+    below_the_head = {"trtvocab.export.onnx", "trtvocab.export.tensorrt", "trtvocab.build", "trtvocab.runtime",
+                      "trtvocab.artifacts", "trtvocab.cli"}
+    for low in ("trtvocab.checkpoint", "trtvocab.loader", "trtvocab.lm_head", "trtvocab.weights",
+                "trtvocab.quant.config", "trtvocab.sampling"):
+        assert not graph[low] & below_the_head, (low, graph[low] & below_the_head)
+    for writer in ("trtvocab.export.onnx", "trtvocab.export.tensorrt"):
+        assert not any(dep.startswith("trtvocab.backends") for dep in graph[writer]), writer
+
+
+def test_every_public_class_has_a_docstring() -> None:
+    missing = []
+    for path in sorted((ROOT / "trtvocab").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and not ast.get_docstring(node):
+                missing.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert not missing, missing
+
+
+def test_readme_and_docs_link_only_inside_the_repository() -> None:
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in link.findall(doc.read_text()):
+            if re.match(r"^[a-z]+://", target):
+                continue  # a web page, not a file
+            resolved = (doc.parent / target).resolve()
+            assert resolved.is_relative_to(ROOT), f"{doc.name} links outside the repository: {target}"
+            assert resolved.exists(), f"{doc.name} links to a missing file: {target}"
+
+
+def test_dense_head_exposes_its_weight_read_only() -> None:
+    from trtvocab import LMHead, Mapping
+
+    w = torch.randn(10, 8)
+    head = LMHead(10, 8, dtype=torch.float32, mapping=Mapping(world_size=3, rank=1, tp_size=3))
+    head.load_weights({"weight": w})
+    assert torch.equal(head.weight, w[4:7])  # rank 1 of 3 owns [4, 7)
+    assert head.weight.data_ptr() == head.weights.weight.data_ptr()  # a view, no copy
+    try:
+        head.weight = torch.zeros(3, 8)
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("LMHead.weight must have no setter")
