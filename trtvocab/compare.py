@@ -364,7 +364,7 @@ def compare(
         _, _, weight = read_head(Checkpoint(baseline), tensor_name)
         for spec in specs:
             src = simulate_source(weight, spec, calib if calib is not None else hidden)
-            if spec.activation == "static" and calib is None:
+            if spec.activation is Activation.STATIC and calib is None:
                 src.note = (src.note + "; " if src.note else "") + "input_scale calibrated on the compared rows"
             sources.append(src)
     dtype_ = resolve_dtype(dtype, base_src)
