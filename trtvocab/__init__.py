@@ -1,6 +1,7 @@
 """trtvocab: the vocabulary dimension of LLM inference (LM head, TP sharding, FP8/NVFP4, engines)."""
 
 from trtvocab import sampling
+from trtvocab.embedding import VocabParallelEmbedding, tie_weights
 from trtvocab.errors import (
     ArtifactError,
     CheckpointError,
@@ -39,6 +40,7 @@ __all__ = [
     "RankMismatchError",
     "TensorParallelMode",
     "TrtVocabError",
+    "VocabParallelEmbedding",
     "VocabShard",
     "__version__",
     "calc_shard",
@@ -46,5 +48,6 @@ __all__ = [
     "resolve_lm_head_quant",
     "sampling",
     "shard_sizes",
+    "tie_weights",
     "vocab_shard",
 ]

@@ -1,0 +1,188 @@
+"""VocabParallelEmbedding: masked lookup + exact all-reduce, FP8 tables as bytes, tying, bad input.
+
+The reference is ``torch.nn.functional.embedding`` on the full table (zero rows for ids outside
+[0, V)); every comparison is bitwise: one owner per id makes the sum exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from embedding_rank_fns import (
+    HIDDEN,
+    PRIME_V,
+    attention_dp_cases,
+    bad_input_cases,
+    parity_cases,
+    reference,
+    sample_ids,
+    table,
+    tied_cases,
+)
+from safetensors.torch import save_file
+
+from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, VocabParallelEmbedding, tie_weights
+from trtvocab.embedding import load_tied, resident_bytes
+from trtvocab.errors import CheckpointError, ConfigError, InputError
+from trtvocab.launch import run_ranks
+from trtvocab.quant import fp8
+
+WORLD = 5
+
+
+@pytest.fixture(scope="module")
+def parity() -> list[list[dict]]:
+    return run_ranks(parity_cases, WORLD, 3, timeout_s=60)
+
+
+def test_split_lookups_equal_the_full_table_bitwise(parity: list[list[dict]]) -> None:
+    cases = [rec for records in parity for rec in records]
+    assert {rec["case"].split()[0] for rec in cases} == {"tp=2", "tp=3", "tp=4", "tp=5"}
+    bad = [rec["case"] for rec in cases if not rec["bitwise"]]
+    assert not bad, bad
+    assert all(rec["shape"] == [5, 7, HIDDEN] for rec in cases)
+
+
+def test_fp8_tables_reduce_one_byte_per_element(parity: list[list[dict]]) -> None:
+    """FP8 rows cross as uint8 (per-row scales beside them as fp32); dense rows as int32 words."""
+    for records in parity:
+        for rec in records:
+            fmt = rec["case"].split()[-1]
+            if fmt == "fp8":
+                assert rec["crossed"] == ["torch.uint8"], rec
+            elif fmt == "fp8-row":
+                assert rec["crossed"] == ["torch.uint8", "torch.float32"], rec
+            else:  # bf16 / fp32 rows: the same bytes, summed as int32 words
+                assert rec["crossed"] == ["torch.int32"], rec
+
+
+@pytest.mark.parametrize("vocab", [PRIME_V, 49152])
+def test_replicated_and_tp1_give_zero_rows_outside_the_vocab(vocab: int) -> None:
+    w = table(vocab, 1)
+    ids = sample_ids(vocab, 2)
+    for mapping in (None, Mapping(world_size=1, rank=0, tp_size=1),
+                    Mapping(world_size=2, rank=1, tp_size=2, enable_attention_dp=True)):  # ADP: replicated
+        emb = VocabParallelEmbedding(vocab, HIDDEN, dtype=torch.float32, mapping=mapping)
+        emb.load_weights({"weight": w})
+        assert not emb.is_split
+        got = emb(ids)
+        assert torch.equal(got, reference(w, ids))
+        assert not got[0, :3].any() and not got[0, 5].any()  # -1, V, V + 5, -7
+
+
+def test_fp8_table_equals_dequantized_table_lookup() -> None:
+    w = table(PRIME_V, 4)
+    ids = sample_ids(PRIME_V, 5)
+    for per_row in (False, True):
+        q, s = fp8.quantize_fp8(w, per_row=per_row)
+        qc = QuantConfig(quant_algo=QuantAlgo.FP8, activation="none",
+                         granularity="per_row" if per_row else "per_tensor")
+        emb = VocabParallelEmbedding(PRIME_V, HIDDEN, dtype=torch.bfloat16, quant_config=qc)
+        emb.load_weights({"weight": q, "weight_scale": s.reshape(-1) if per_row else s})
+        want = reference(q.float() * s, ids).bfloat16()
+        assert torch.equal(emb(ids), want)
+        assert emb.resident_bytes() < w.numel() * 2  # 1 byte per element (+ scales), not bf16
+
+
+def test_tied_pair_shares_one_buffer() -> None:
+    for rec in run_ranks(tied_cases, 3, 6, timeout_s=60):
+        assert rec["same_storage"] and rec["rows_ok"] and rec["argmax_ok"], rec
+        assert rec["pair_bytes"] == rec["head_bytes"]  # one shard, counted once
+        assert rec["logits_err"] < 0.2  # bf16 logits of O(5) values
+
+
+def test_tie_weights_refuses_mismatches() -> None:
+    head = LMHead(50, 16, dtype=torch.bfloat16)
+    for kwargs, what in (({"vocab_size": 51}, "vocab_size"), ({"hidden_size": 8}, "hidden_size"),
+                         ({"dtype": torch.float32}, "dtype"), ({"vocab_layout": "padded", "pad_to": 64}, "vocab_layout")):
+        args = {"vocab_size": 50, "hidden_size": 16, "dtype": torch.bfloat16, **kwargs}
+        emb = VocabParallelEmbedding(args.pop("vocab_size"), args.pop("hidden_size"), **args)
+        with pytest.raises(ConfigError, match=what):
+            tie_weights(emb, head)
+    q, s = fp8.quantize_fp8(table(50, 0)[:, :16])
+    qhead = LMHead(50, 16, quant_config=QuantConfig(quant_algo=QuantAlgo.FP8, activation="none"))
+    qhead.load_weights({"weight": q, "weight_scale": s})
+    with pytest.raises(ConfigError, match="only dense"):
+        tie_weights(VocabParallelEmbedding(50, 16), qhead)
+
+
+def test_load_tied_reads_the_shard_once(tmp_path) -> None:
+    w = table(300, 9)
+    path = tmp_path / "model.safetensors"
+    save_file({"model.embed_tokens.weight": w}, str(path))
+    mapping = Mapping(world_size=3, rank=2, tp_size=3)
+    emb, head = load_tied(path, mapping=mapping, dtype=torch.float32)
+    assert emb.weights is head.weights and resident_bytes(emb, head) == head.resident_bytes()
+    ids = torch.tensor([0, 200, 250, 299, 300, -1])
+    local, _ = emb.local_rows(ids)  # rank 2 of 3 owns [200, 300)
+    assert torch.equal(local, reference(w, ids) * ((ids >= 200) & (ids < 300))[:, None])
+    untied = tmp_path / "untied.safetensors"
+    save_file({"model.embed_tokens.weight": w, "lm_head.weight": -w}, str(untied))
+    emb2, head2 = load_tied(untied, dtype=torch.float32)
+    assert emb2.weights is not head2.weights
+    assert torch.equal(emb2(ids), reference(w, ids)) and torch.equal(head2.weight, -w)
+
+
+def test_from_checkpoint_names_and_fp8(tmp_path) -> None:
+    w = table(120, 2)
+    q, s = fp8.quantize_fp8(w, per_row=True)
+    path = tmp_path / "fp8.safetensors"
+    save_file({"transformer.wte.weight": q, "transformer.wte.weight_scale": s.reshape(-1)}, str(path))
+    emb = VocabParallelEmbedding.from_checkpoint(path, dtype=torch.float32,
+                                                 mapping=Mapping(world_size=2, rank=1, tp_size=2))
+    assert emb.weight_format == "FP8" and (emb.vocab_start, emb.vocab_end) == (60, 120)
+    ids = torch.tensor([59, 60, 119])
+    rows, scales = emb.local_rows(ids)
+    assert rows.dtype == torch.float8_e4m3fn and scales is not None
+    assert torch.equal(emb._dequantize(rows, scales), reference(q.float() * s, ids) * torch.tensor([0, 1, 1])[:, None])
+    other = tmp_path / "other.safetensors"
+    save_file({"my.table": w}, str(other))
+    with pytest.raises(CheckpointError, match="no input embedding"):
+        VocabParallelEmbedding.from_checkpoint(other)
+    assert torch.equal(VocabParallelEmbedding.from_checkpoint(other, tensor_name="my.table",
+                                                              dtype=torch.float32)(ids), reference(w, ids))
+
+
+def test_single_rank_bad_input_is_typed() -> None:
+    emb = VocabParallelEmbedding(10, 4, dtype=torch.float32)
+    with pytest.raises(InputError, match="integer"):
+        emb(torch.tensor([1.0]))
+    with pytest.raises(CheckpointError, match="rows"):
+        emb.load_weights({"weight": torch.randn(11, 4)})
+    with pytest.raises(ConfigError, match="vocab_size"):
+        VocabParallelEmbedding(0, 4)
+    with pytest.raises(ConfigError, match="only FP8"):
+        VocabParallelEmbedding(10, 16, quant_config=QuantConfig(quant_algo=QuantAlgo.NVFP4, activation="none"))
+
+
+BAD = {
+    "float ids": ("InputError", "PeerRankError", "input_ids: expected an integer tensor"),
+    "bool ids": ("InputError", "PeerRankError", "input_ids: expected an integer tensor"),
+    "ids on another device": ("InputError", "PeerRankError", "input_ids: on meta"),
+    "not a tensor": ("InputError", "PeerRankError", "input_ids: expected a torch.Tensor"),
+    "different id count": ("RankMismatchError", "RankMismatchError", "different numbers of ids"),
+    "different vocab": ("RankMismatchError", "RankMismatchError", "vocab_size"),
+    "different layout": ("RankMismatchError", "RankMismatchError", "vocab layout"),
+    "different reduce_output": ("RankMismatchError", "RankMismatchError", "reduce_output"),
+    "wrong table shape": ("CheckpointError", "ok", "weight: expected shape"),
+    "healthy after": ("ok", "ok", ""),
+}
+
+
+def test_bad_input_on_one_rank_raises_on_every_rank() -> None:
+    results = run_ranks(bad_input_cases, 3, timeout_s=20)
+    for case, (bad_type, other_type, fragment) in BAD.items():
+        for rank, got in enumerate(results):
+            kind, message = got[case]
+            want = bad_type if rank == 1 else other_type
+            if "Mismatch" in bad_type:
+                want = bad_type  # every rank sees the same table
+            assert kind == want, (case, rank, kind, message)
+            if rank == 1:
+                assert fragment in message, (case, message)
+
+
+def test_attention_dp_split_and_replicated() -> None:
+    for rec in run_ranks(attention_dp_cases, 4, 8, timeout_s=60):
+        assert rec["lm_head_tp=False"] == {"split": False, "ok": True}
+        assert rec["lm_head_tp=True"] == {"split": True, "ok": True}

@@ -1,0 +1,372 @@
+"""The input end of the vocabulary: ``input_ids [...] -> rows [..., H]``, split like the head.
+
+Each rank holds the same shard of the ``[V, H]`` table that its :class:`~trtvocab.lm_head.LMHead`
+holds of the head (:mod:`trtvocab.sharding`), so a tied model keeps one buffer for both
+ends (:func:`tie_weights`). A lookup is masked, then summed over the TP group::
+
+    ids      [  5,  -1,  9, 12 ]          V = 10, tp = 2: rank 0 owns [0, 5), rank 1 [5, 10)
+    rank 0   [  0,   0,  0,  0 ]          (no id of rank 0's, -1 and 12 are nobody's)
+    rank 1   [ w5,   0, w9,  0 ]
+    all-reduce (SUM) -> [w5, 0, w9, 0]    exact: one owner per id, everybody else adds zeros
+
+Ids outside ``[0, V)`` (``-1`` sentinels of speculative decoding, ``V + k`` placeholders
+of multimodal inputs, padding columns) have no owner and give zero rows at every tp size,
+replicated included. The sum runs over the rows' **bit patterns** viewed as integers
+(int32 where a row's bytes divide by 4, else uint8): with one non-zero term per element it
+is exact for every value, ``-0.0`` and NaN payloads included, and for an FP8 table it moves
+1 byte per element (the scales, one fp32 per looked-up row when per-row, travel beside);
+dequantization happens once, after the reduce.
+
+Attention DP without LM-head TP replicates the table, as for the head. With LM-head TP in
+attention DP every rank brings its own ids: they are all-gathered, looked up, summed, and
+each rank keeps its own rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trtvocab import distributed as D
+from trtvocab.checkpoint import EMBEDDING_NAMES, Checkpoint
+from trtvocab.dtypes import HEAD_DTYPES
+from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
+from trtvocab.formats import Activation, Granularity, WeightFormat
+from trtvocab.mapping import Mapping
+from trtvocab.quant import fp8
+from trtvocab.quant.config import QuantAlgo, QuantConfig
+from trtvocab.sharding import VocabLayout, VocabShard, vocab_shard
+from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
+from trtvocab.weights.base import normalize_keys
+
+_DTYPES = tuple(HEAD_DTYPES.values())
+_FORMATS = tuple(WeightFormat)
+_LAYOUT = "vocab layout (0 = uneven, else pad_to)"
+# What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.distributed.Handshake).
+LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
+    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
+    D.Field("dtype", _DTYPES), D.Field("weight format", _FORMATS), D.Field("reduce_output"),
+    D.Field("ids", per_rank=True),
+))
+LOAD_HANDSHAKE = D.Handshake("VocabParallelEmbedding.from_checkpoint", (
+    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", _FORMATS),
+))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token-id lookup into a ``[V, H]`` table, replicated or split over the vocab like :class:`LMHead`.
+
+    Args:
+        vocab_size: V.
+        hidden_size: H.
+        dtype: the dtype of the returned rows (and of a dense table).
+        mapping: where this rank sits; ``None`` is a replicated table. Attention DP without
+            ``enable_lm_head_tp_in_adp`` also replicates (the mapping decides, as for the head).
+        vocab_layout: ``"uneven"`` or ``"padded"`` (:mod:`trtvocab.sharding`); ids in padding
+            columns are outside the vocabulary.
+        pad_to: the padding multiple of the padded layout.
+        process_group: the TP group when ``world_size > tp_size``.
+        quant_config: an FP8 :class:`~trtvocab.quant.config.QuantConfig` for a
+            ``float8_e4m3fn`` table (per-tensor or per-row scale); ``None`` is dense.
+        reduce_output: all-reduce the partial rows (default); ``False`` returns this rank's
+            partial rows (zero where it owns no id), for callers that reduce themselves.
+        device: where the table lives.
+
+    ``forward(input_ids)``: an integer tensor of any shape ``[...]`` -> ``[..., H]`` in ``dtype``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        mapping: Mapping | None = None,
+        vocab_layout: VocabLayout = "uneven",
+        pad_to: int = 64,
+        process_group: Any = None,
+        quant_config: QuantConfig | None = None,
+        reduce_output: bool = True,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"VocabParallelEmbedding {name} must be a positive int, got {value!r}")
+        if dtype not in _DTYPES:
+            raise ConfigError(f"VocabParallelEmbedding dtype must be one of {list(_DTYPES)}, got {dtype}")
+        if quant_config is not None and quant_config.quant_algo is not QuantAlgo.FP8:
+            raise ConfigError(f"VocabParallelEmbedding: only FP8 tables are supported, got {quant_config.quant_algo}")
+        self.mapping = mapping or Mapping()
+        self.vocab_size, self.hidden_size, self.dtype = vocab_size, hidden_size, dtype
+        self.vocab_layout, self.pad_to = vocab_layout, pad_to
+        self.reduce_output = bool(reduce_output)
+        self.is_split = self.mapping.lm_head_is_split
+        self.tp_size = self.mapping.tp_size if self.is_split else 1
+        self.tp_rank = self.mapping.tp_rank if self.is_split else 0
+        if self.is_split and vocab_size < self.tp_size:
+            raise ConfigError(f"VocabParallelEmbedding vocab_size ({vocab_size}) is smaller than tp_size "
+                              f"({self.tp_size})")
+        if self.is_split and process_group is None and self.mapping.world_size != self.mapping.tp_size:
+            raise ConfigError("VocabParallelEmbedding: world_size > tp_size needs the TP process_group "
+                              "(trtvocab.distributed.new_tp_group)")
+        self.process_group = process_group
+        self.shard: VocabShard = vocab_shard(vocab_size, self.tp_size, self.tp_rank, vocab_layout, pad_to)
+        self.quant_config = quant_config
+        if quant_config is None:
+            self.weights: WeightMethod = DenseWeight(self.shard, hidden_size, dtype)
+        else:
+            # The table is only read row by row: no activation quantization applies to it.
+            config = quant_config.model_copy(update={"activation": Activation.NONE})
+            self.weights = FP8Weight(self.shard, hidden_size, dtype, config)
+        if device is not None:
+            self.to(device)
+
+    # ---- where this rank's rows are -------------------------------------------------------------
+    @property
+    def vocab_start(self) -> int:
+        return self.shard.start
+
+    @property
+    def vocab_end(self) -> int:
+        return self.shard.end
+
+    @property
+    def local_vocab_size(self) -> int:
+        return self.shard.size
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return self.weights.weight_format
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.weights.buffers()).device
+
+    def resident_bytes(self) -> int:
+        return self.weights.resident_bytes()
+
+    # ---- weights -------------------------------------------------------------------------------------
+    def load_weights(self, tensors: dict[str, Any]) -> None:
+        """Load from tensors (or lazy safetensors slices) holding all V rows or this shard's rows."""
+        self.weights.load(normalize_keys(tensors))
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        *,
+        mapping: Mapping | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        tensor_name: str | None = None,
+        vocab_layout: VocabLayout = "uneven",
+        pad_to: int = 64,
+        process_group: Any = None,
+        reduce_output: bool = True,
+    ) -> VocabParallelEmbedding:
+        """This rank's shard of a checkpoint's input embedding, reading only its rows.
+
+        ``tensor_name``: the ``[V, H]`` tensor when it is none of ``model.embed_tokens.weight``,
+        ``embeddings.word_embeddings.weight``, ``transformer.wte.weight`` (or GGUF's
+        ``token_embd.weight``). A ``float8_e4m3fn`` table with its ``weight_scale`` loads as
+        FP8. Split tables meet once after loading (:data:`LOAD_HANDSHAKE`), like the head.
+        """
+        split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
+        emb: VocabParallelEmbedding | None = None
+        error: Exception | None = None
+        try:
+            ckpt = Checkpoint(path)
+            name = embedding_name(ckpt, tensor_name)
+            info = ckpt.info(name)
+            if len(info.shape) != 2:
+                raise CheckpointError(f"{name}: expected a 2-D [V, H] table, got {list(info.shape)}")
+            module = name.rsplit(".", 1)[0]
+            tensors: dict[str, Any] = {"weight": ckpt.get_slice(name)}
+            config = None
+            if info.dtype == "F8_E4M3":
+                scale_name = f"{module}.weight_scale"
+                if not ckpt.has(scale_name):
+                    raise CheckpointError(f"{name} is float8_e4m3fn but {scale_name} is missing")
+                per_row = any(d > 1 for d in ckpt.info(scale_name).shape)
+                tensors["weight_scale"] = ckpt.get_slice(scale_name) if per_row else ckpt.read(scale_name)
+                config = QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE,
+                                     granularity=Granularity.PER_ROW if per_row else Granularity.PER_TENSOR)
+            emb = cls(info.shape[0], info.shape[1], dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
+                      pad_to=pad_to, process_group=process_group, quant_config=config, reduce_output=reduce_output)
+            emb.load_weights(tensors)
+        except Exception as exc:
+            if not split:
+                raise
+            error = exc
+        if split:
+            values = None if emb is None else {"vocab_size": emb.vocab_size, "hidden_size": emb.hidden_size,
+                                               "weight format": emb.weight_format}
+            LOAD_HANDSHAKE.exchange(values, error, process_group,
+                                    what=f"VocabParallelEmbedding.from_checkpoint({path})")
+        assert emb is not None
+        return emb
+
+    # ---- lookup --------------------------------------------------------------------------------------
+    def _check_ids(self, input_ids: Any) -> InputError | None:
+        if not isinstance(input_ids, torch.Tensor):
+            return InputError(f"input_ids: expected a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.dtype.is_floating_point or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            return InputError(f"input_ids: expected an integer tensor, got {input_ids.dtype}")
+        if input_ids.device != self.device:
+            return InputError(f"input_ids: on {input_ids.device}, the table is on {self.device}")
+        return None
+
+    def _identity(self, ids: int) -> dict[str, Any]:
+        """This rank's values of :data:`LOOKUP_HANDSHAKE`."""
+        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
+                _LAYOUT: 0 if self.vocab_layout == "uneven" else self.pad_to, "dtype": self.dtype,
+                "weight format": self.weight_format, "reduce_output": self.reduce_output, "ids": ids}
+
+    def local_rows(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This rank's partial rows of ``input_ids`` (flattened to ``[N]``), as stored.
+
+        Returns ``(rows [N, H], scales [N, 1] or None)``: dense rows in ``dtype``, or FP8 rows
+        (``float8_e4m3fn``) with their per-row fp32 scales; zero rows (and zero scales) for ids
+        this rank does not own. No collective.
+        """
+        ids = input_ids.reshape(-1).to(torch.int64)
+        local = ids - self.shard.start
+        mine = (local >= 0) & (local < self.shard.size)  # ids < 0 or >= V fall outside every shard
+        index = torch.where(mine, local, torch.zeros_like(local))
+        stored = self.weights.weight
+        rows = stored[index]
+        rows.view(torch.uint8).masked_fill_(~mine[:, None], 0)
+        scales = None
+        if self.weight_format is WeightFormat.FP8 and self.weights.per_row:
+            scales = self.weights.weight_scale[index].masked_fill_(~mine[:, None], 0.0)
+        return rows, scales
+
+    def _dequantize(self, rows: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+        if self.weight_format is WeightFormat.DENSE:
+            return rows
+        scale = scales if scales is not None else self.weights.weight_scale
+        return fp8.dequantize_fp8(rows, scale).to(self.dtype)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        error = self._check_ids(input_ids)
+        if not self.is_split:
+            if error is not None:
+                raise error
+            rows, scales = self.local_rows(input_ids)
+            return self._dequantize(rows, scales).reshape(*input_ids.shape, self.hidden_size)
+        D.require_initialized(self.tp_size)
+        count = input_ids.numel() if isinstance(input_ids, torch.Tensor) else 0
+        counts = LOOKUP_HANDSHAKE.exchange(self._identity(count), error, self.process_group, self.device,
+                                           world=self.tp_size)["ids"]
+        adp = self.mapping.enable_attention_dp
+        if not adp and len(set(counts)) > 1:
+            raise RankMismatchError(f"VocabParallelEmbedding: ranks hold different numbers of ids {counts}; "
+                                    "without attention DP every rank must look up the same ids")
+        ids = D.all_gather_rows(input_ids.reshape(-1), counts, self.process_group) if adp else input_ids
+        rows, scales = self.local_rows(ids)
+        if self.reduce_output:
+            _sum_bits(rows, self.process_group)
+            if scales is not None:
+                D.all_reduce(scales, dist.ReduceOp.SUM, self.process_group)  # one owner: exact
+        out = self._dequantize(rows, scales)
+        if adp:
+            me = self.mapping.tp_rank
+            out = out[sum(counts[:me]) : sum(counts[: me + 1])]
+        return out.reshape(*input_ids.shape, self.hidden_size)
+
+    def extra_repr(self) -> str:
+        split = f"tp={self.tp_size} rank={self.tp_rank} [{self.vocab_start}, {self.vocab_end})"
+        return (f"vocab={self.vocab_size}, hidden={self.hidden_size}, dtype={self.dtype}, "
+                f"format={self.weight_format}, {split if self.is_split else 'replicated'}, "
+                f"layout={self.vocab_layout}, reduce_output={self.reduce_output}")
+
+
+def _sum_bits(rows: torch.Tensor, group: Any) -> None:
+    """All-reduce (SUM) ``rows`` in place as integers of the same bytes (see the module docstring).
+
+    FP8 rows go as bytes (one uint8 per element); wider rows as int32 words where a row's
+    bytes divide by 4, else as bytes. gloo has no int16 or float8 reductions, and an integer
+    sum with one non-zero term is the bit pattern itself.
+    """
+    flat = rows.view(torch.uint8)
+    if rows.element_size() > 1 and flat.shape[-1] % 4 == 0:
+        flat = flat.view(torch.int32)
+    D.all_reduce(flat, dist.ReduceOp.SUM, group)
+
+
+def embedding_name(ckpt: Checkpoint, tensor_name: str | None = None) -> str:
+    """The checkpoint's input-embedding tensor: ``tensor_name``, or the first known name present."""
+    if tensor_name is not None:
+        ckpt.info(tensor_name)  # raises naming the checkpoint when absent
+        return tensor_name
+    for name in EMBEDDING_NAMES:
+        if ckpt.has(name):
+            return name
+    raise CheckpointError(f"checkpoint {ckpt.path}: no input embedding among {list(EMBEDDING_NAMES)}; "
+                          "pass tensor_name= to name it")
+
+
+def tie_weights(embedding: VocabParallelEmbedding, lm_head: Any) -> None:
+    """Make ``embedding`` and ``lm_head`` share one shard buffer on this rank (a tied model).
+
+    Both must have the same vocab, hidden size, tp size and rank, layout (and pad_to) and
+    dtype, and both must be dense (the gating rule keeps tied heads dense): otherwise a
+    :class:`ConfigError` names the difference. Afterwards ``embedding.weights is
+    lm_head.weights``: the same storage, counted once.
+    """
+    checks = [("vocab_size", embedding.vocab_size, lm_head.vocab_size),
+              ("hidden_size", embedding.hidden_size, lm_head.hidden_size),
+              ("tp_size", embedding.tp_size, lm_head.tp_size), ("tp_rank", embedding.tp_rank, lm_head.tp_rank),
+              ("vocab_layout", embedding.vocab_layout, lm_head.vocab_layout),
+              ("dtype", embedding.dtype, lm_head.dtype),
+              ("shard", (embedding.shard.start, embedding.shard.end, embedding.shard.width),
+               (lm_head.shard.start, lm_head.shard.end, lm_head.shard.width))]
+    for name, a, b in checks:
+        if a != b:
+            raise ConfigError(f"tie_weights: the embedding and the head differ in {name}: {a} vs {b}")
+    for what, fmt in (("embedding", embedding.weight_format), ("head", lm_head.weight_format)):
+        if fmt is not WeightFormat.DENSE:
+            raise ConfigError(f"tie_weights: the {what} is {fmt}; only dense tables can be tied "
+                              "(the gating rule keeps tied heads dense)")
+    embedding.weights = lm_head.weights
+
+
+def load_tied(
+    path: str | Path,
+    *,
+    mapping: Mapping | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    vocab_layout: VocabLayout = "uneven",
+    pad_to: int = 64,
+    process_group: Any = None,
+    gather_output: bool = True,
+) -> tuple[VocabParallelEmbedding, Any]:
+    """``(embedding, head)`` of a checkpoint. A tied checkpoint's shard is read once and shared
+    (:func:`tie_weights`); an untied one loads each matrix."""
+    from trtvocab.lm_head import LMHead
+
+    head = LMHead.from_checkpoint(path, mapping=mapping, gather_output=gather_output, dtype=dtype,
+                                  vocab_layout=vocab_layout, pad_to=pad_to, process_group=process_group)
+    decision = head.quant_decision
+    if decision is not None and decision.tensor_name != "lm_head.weight" and head.weight_format is WeightFormat.DENSE:
+        embedding = VocabParallelEmbedding(head.vocab_size, head.hidden_size, dtype=dtype, mapping=mapping,
+                                           vocab_layout=vocab_layout, pad_to=pad_to, process_group=process_group)
+        tie_weights(embedding, head)
+        return embedding, head
+    embedding = VocabParallelEmbedding.from_checkpoint(path, mapping=mapping, dtype=dtype, vocab_layout=vocab_layout,
+                                                       pad_to=pad_to, process_group=process_group)
+    return embedding, head
+
+
+def resident_bytes(*modules: Any) -> int:
+    """Bytes of the distinct storages behind ``modules``' buffers (a tied pair counts once)."""
+    seen: dict[int, int] = {}
+    for module in modules:
+        for buf in module.buffers():
+            storage = buf.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
