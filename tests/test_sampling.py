@@ -15,7 +15,7 @@ from rank_fns import sampling_cases
 from trtvocab import LMHead, Mapping, sampling
 from trtvocab.errors import InputError
 from trtvocab.launch import run_ranks
-from trtvocab.sampling import _local_topk
+from trtvocab.sampling.reductions import _local_topk
 
 # logsumexp of <= 30011 float32 terms of magnitude <= ~20: the sums differ in order
 # only, relative error ~ a few float32 eps (1.2e-7) per doubling of the term count at

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from trtvocab import artifacts
 from trtvocab.dtypes import head_dtype
+from trtvocab.embedding import VocabParallelEmbedding, tie_weights
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.formats import WeightFormat
 from trtvocab.lm_head import LMHead
@@ -54,6 +55,40 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
         tensor_name=recipe.checkpoint.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to,
         weight_only=recipe.quantization.weight_only,
     )
+
+
+def make_embedding(recipe: BuildRecipe, rank: int, head: LMHead) -> VocabParallelEmbedding:
+    """Rank ``rank``'s embedding shard (partial rows: the graph leaves the all-reduce outside).
+
+    A tied head (the checkpoint's input embedding, or synthetic rows) shares its buffer;
+    otherwise the checkpoint's embedding tensor is read, only this rank's rows.
+    """
+    tied = head.quant_decision is None or head.quant_decision.tensor_name != "lm_head.weight"
+    if tied and recipe.embedding.tensor is None and head.weight_format is WeightFormat.DENSE:
+        emb = VocabParallelEmbedding(head.vocab_size, head.hidden_size, dtype=head.dtype, mapping=head.mapping,
+                                     vocab_layout=head.vocab_layout, pad_to=head.pad_to, reduce_output=False)
+        tie_weights(emb, head)
+        return emb
+    lh = recipe.lm_head
+    return VocabParallelEmbedding.from_checkpoint(
+        recipe.checkpoint_path(), mapping=recipe.mapping.for_rank(rank), dtype=head_dtype(lh.dtype),
+        tensor_name=recipe.embedding.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, reduce_output=False)
+
+
+def verify_embedding_export(emb: VocabParallelEmbedding, onnx_path: Path) -> VerifyRecord:
+    """The exported lookup on onnxruntime against the module's partial rows, bitwise (the same
+    gathers and the same one multiply)."""
+    from trtvocab.backends.onnx_embedding import run_embedding_onnx
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.cat([torch.tensor([-1, 0, emb.vocab_start, emb.vocab_end - 1, emb.vocab_end, emb.vocab_size,
+                                   emb.vocab_size + 5]), torch.randint(0, emb.vocab_size, (57,), generator=gen)])
+    rows, scales = emb.local_rows(ids)
+    want = emb._dequantize(rows, scales)
+    got = run_embedding_onnx(onnx_path, ids)
+    err = float((got.float() - want.float()).abs().max())
+    equal = bool(torch.equal(got, want))
+    return VerifyRecord(backend="onnxruntime", max_abs_err=err, tolerance=0.0, ok=equal, argmax_equal=equal)
 
 
 def verification_input(head: LMHead, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,9 +156,22 @@ def build_rank(
             files = files.model_copy(update={"plan": f"rank{rank}/lm_head.plan"})
     else:
         engine = EngineRecord(built=False, reason="ONNX export disabled in [output]")
+    embedding_verify: VerifyRecord | None = None
+    if recipe.embedding.export:
+        from trtvocab.export.embedding import export_embedding_onnx
+
+        progress(rank, "export embedding")
+        emb = make_embedding(recipe, rank, head)
+        emb_path = out / "embedding.onnx"
+        export_embedding_onnx(emb, emb_path)
+        files = files.model_copy(update={"embedding_onnx": f"rank{rank}/embedding.onnx"})
+        embedding_verify = verify_embedding_export(emb, emb_path)
+        if not embedding_verify.ok:
+            raise ArtifactError(f"rank {rank}: embedding.onnx disagrees with the PyTorch module on onnxruntime: "
+                                f"max |err| {embedding_verify.max_abs_err:.3g}; nothing was written")
     entry = RankEntry(rank=rank, start=head.vocab_start, end=head.vocab_end, width=head.shard.width,
                       weight_format=head.weight_format, resident_bytes=head.resident_bytes(), files=files,
-                      verify=verify, engine=engine, quant=describe_quant(head))
+                      verify=verify, engine=engine, quant=describe_quant(head), embedding_verify=embedding_verify)
     return entry, (head.vocab_size, head.hidden_size)
 
 

@@ -5,19 +5,54 @@
 * :meth:`Checkpoint.get_slice` hands out lazy row readers, so a rank
   that indexes ``slice[start:end]`` reads only its own rows.
 * Pickled checkpoints (``*.bin``, ``*.pt``) are refused: they would run code.
+* :func:`open_checkpoint` is how every path is opened: a llama.cpp ``.gguf`` file becomes a
+  :class:`~trtvocab.gguf.GGUFCheckpoint` (the same interface), anything else a :class:`Checkpoint`.
+
+What a checkpoint may hold (anything else is a :class:`~trtvocab.errors.CheckpointError` naming the file):
+
+* The path is a non-empty ``str`` or ``os.PathLike`` (``None``, an int, which ``open`` would
+  take as a file descriptor, or bytes are refused). Only regular files are opened: every file
+  is ``stat``-ed after following symlinks before it is opened, and opened non-blocking with
+  an ``fstat`` check, so a FIFO, a device or a socket never blocks a reader.
+* A safetensors file is what the format says: an 8-byte little-endian length ``n`` with
+  ``n <= MAX_HEADER_BYTES`` and ``8 + n <=`` the file size; a UTF-8 JSON object header (no
+  duplicate keys, ``__metadata__`` a string-to-string object); per tensor a known ``dtype``,
+  a ``shape`` of at most :data:`MAX_DIMS` non-negative ints (no floats, no bools) and
+  ``data_offsets`` ``[begin, end]`` of ints whose span is ``prod(shape) * itemsize``; sorted,
+  the spans start at 0 and are contiguous (no gap, no overlap); the data region may not hold
+  bytes after the last span. All of it is checked before anything is allocated. A data region
+  *shorter* than the header declares (a truncated copy) still answers header probes, but no
+  tensor of that file is read: a read first checks the file's size against the header,
+  before it allocates (so a tiny file claiming 32 GiB is an error, not a 32 GiB buffer).
+* ``model.safetensors.index.json`` is an object whose ``weight_map`` maps tensor names to
+  *plain file names*: a non-empty string ending in ``.safetensors`` with no ``/`` or ``\\``,
+  not ``.``/``..``, no NUL. The shard is that name inside the checkpoint folder; the entry
+  there may be a symlink (an HF cache snapshot links its files to ``../../blobs/<sha>``),
+  whose target must be a regular file. Every listed tensor is in the file the index names,
+  and no tensor is in two shard files (with or without an index).
+* ``config.json`` (and ``text_config`` inside it) hold ``tie_word_embeddings`` as a JSON bool
+  (absent: true, transformers' default), ``vocab_size`` / ``hidden_size`` as positive ints
+  (absent or null: not stated), ``text_config`` / ``quantization_config`` as objects.
+* Error messages never quote bytes of a file that did not parse as a safetensors header
+  (e.g. a header length that does not fit the file is "implausible", not a number).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trtvocab.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from trtvocab.gguf import GGUFCheckpoint
 
 LM_HEAD_NAME = "lm_head.weight"
 EMBEDDING_NAMES = (
@@ -28,8 +63,10 @@ EMBEDDING_NAMES = (
     "model.embeddings.word_embeddings.weight",
 )
 INDEX_NAME = "model.safetensors.index.json"
+SAFETENSORS_SUFFIX = ".safetensors"
+GGUF_SUFFIX = ".gguf"  # llama.cpp files: opened by trtvocab.gguf (any case of the suffix)
 
-# safetensors dtype tags -> torch dtypes
+# safetensors dtype tags -> torch dtypes (the ones read here)
 ST_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -44,12 +81,91 @@ ST_DTYPES: dict[str, torch.dtype] = {
     "I64": torch.int64,
     "BOOL": torch.bool,
 }
+# every dtype tag the safetensors format defines -> bits per element: a header entry's span is
+# validated for all of them; only ST_DTYPES can be read (others are refused on read, by name).
+ST_DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "F64": 64, "I64": 64, "U64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+MAX_DIMS = 64  # dims per tensor shape: bounds the work a header entry can ask for
+MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, hf_quant_config.json, the index
+MAX_FILE_BYTES = 2**63 - 1  # no file (off_t) holds more: data offsets past it are nonsense
+
+
+def checkpoint_path(path: Any) -> Path:
+    """``path`` as a :class:`Path`: a non-empty ``str`` or ``os.PathLike`` of one, else a CheckpointError."""
+    raw: Any = path
+    if isinstance(path, os.PathLike):
+        try:
+            raw = os.fspath(path)
+        except TypeError:
+            raw = None
+    if not isinstance(raw, str):
+        raise CheckpointError(f"checkpoint path must be a str or os.PathLike naming a file or folder, "
+                              f"got {type(path).__name__} {path!r:.80}")
+    if not raw:
+        raise CheckpointError("checkpoint path is empty (expected a file or folder)")
+    if "\0" in raw:
+        raise CheckpointError(f"checkpoint path {raw!r:.200} contains a NUL character")
+    return Path(raw)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _stat(path: Path, what: str) -> os.stat_result:
+    """``os.stat`` (symlinks followed) of ``path``; errors name ``what`` and the path."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {path}: no such file or directory") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{what} {path}: cannot stat ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def _regular_size(path: Path, what: str) -> int:
+    """The size of ``path``, which must be a regular file (checked before anything opens it)."""
+    st = _stat(path, what)
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{what} {path}: is {_kind(st.st_mode)}, expected a regular file")
+    return st.st_size
+
+
+def _regular_opener(path: str, flags: int) -> int:
+    """``open(..., opener=)``: non-blocking open plus ``fstat``, so a file swapped for a FIFO after
+    the ``stat`` cannot block either; the descriptor is made blocking again for the reads."""
+    fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(f"{path}: is {_kind(mode)}, expected a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_regular(path: Path) -> Any:
+    """A binary reader of the regular file ``path`` (through this module's ``open``)."""
+    return open(path, "rb", opener=_regular_opener)
 
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor of a safetensors header: where its bytes are, and what they hold (no data read)."""
+    """One tensor of a safetensors header: where its bytes are, and what they hold (no data read).
+
+    ``file_bytes`` is the size the file's header declares for the whole file (``8 + n +``
+    the end of the last span); a read refuses a file of any other size before it allocates.
+    """
 
     name: str
     dtype: str  # safetensors tag, e.g. "BF16", "F8_E4M3", "U8"
@@ -57,6 +173,7 @@ class TensorInfo:
     file: Path
     offset: int  # absolute byte offset of the tensor's data in ``file``
     nbytes: int
+    file_bytes: int | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -70,7 +187,9 @@ class LazyRows:
     """A safetensors tensor that reads only the rows it is indexed with.
 
     ``LazyRows[a:b]`` reads exactly rows ``a..b`` with one positioned read into a
-    fresh tensor: no mmap, so a rank's resident memory grows by its shard only.
+    fresh tensor: no mmap, so a rank's resident memory grows by its shard only. Before
+    anything is allocated, the file must still be a regular file of the size its header
+    declares (a truncated copy is refused here, naming the file).
     """
 
     def __init__(self, info: TensorInfo) -> None:
@@ -93,8 +212,20 @@ class LazyRows:
         start, stop, _ = index.indices(shape[0])
         return self._read(start, max(start, stop))
 
+    def _check_file(self) -> None:
+        info = self.info
+        size = _regular_size(info.file, "safetensors file")
+        if info.file_bytes is None or size == info.file_bytes:
+            return
+        if size < info.file_bytes:
+            raise CheckpointError(f"{info.file}: {info.name} is truncated (the header declares a "
+                                  f"{info.file_bytes}-byte file, it holds {size} bytes)")
+        raise CheckpointError(f"{info.file}: changed since it was opened (it holds {size} bytes, its header "
+                              f"declares {info.file_bytes}); open the checkpoint again")
+
     def _read(self, start: int, stop: int) -> torch.Tensor:
         dtype = self.info.torch_dtype
+        self._check_file()  # before allocating: a header's claim is bounded by the file
         row_elems = 1
         for d in self.info.shape[1:]:
             row_elems *= d
@@ -103,118 +234,275 @@ class LazyRows:
         itemsize = out.element_size()
         want = rows * row_elems * itemsize
         if want:
-            buf = out.view(torch.uint8).reshape(-1).numpy()
-            with open(self.info.file, "rb") as fh:
-                fh.seek(self.info.offset + start * row_elems * itemsize)
-                got = fh.readinto(memoryview(buf))
+            view = memoryview(out.view(torch.uint8).reshape(-1).numpy())
+            got = 0
+            try:
+                with _open_regular(self.info.file) as fh:
+                    fh.seek(self.info.offset + start * row_elems * itemsize)
+                    while got < want:
+                        n = fh.readinto(view[got:])
+                        if not n:
+                            break
+                        got += n
+            except OSError as exc:
+                raise CheckpointError(f"{self.info.file}: cannot read {self.info.name} "
+                                      f"({exc.strerror or exc})") from None
             if got != want:
                 raise CheckpointError(f"{self.info.file}: {self.info.name} is truncated "
                                       f"(wanted {want} bytes at row {start}, got {got})")
         return out
 
 
-def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file: reads 8 + header-length bytes, nothing else."""
+# ---- JSON ----------------------------------------------------------------------------------------------
+_JSON_NAMES = {dict: "object", list: "array", str: "string", bool: "bool", int: "integer", float: "number",
+               type(None): "null"}
+
+
+def _json_name(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _parse_json(raw: bytes, where: str, *, unique_keys: bool = False) -> Any:
+    """UTF-8 JSON; errors name ``where`` and at most a position, never the bytes."""
     try:
-        with open(path, "rb") as fh:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{where} is not UTF-8 text (at byte {exc.start})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None)
+    except _DuplicateKey as exc:
+        raise CheckpointError(f"{where} holds the key {exc.args[0]!r:.100} twice") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{where} is not JSON ({exc.msg} at character {exc.pos})") from None
+    except RecursionError:
+        raise CheckpointError(f"{where} is not usable JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise CheckpointError(f"{where} is not usable JSON ({exc!s:.120})") from None
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of a checkpoint folder: regular, at most MAX_JSON_BYTES, UTF-8."""
+    size = _regular_size(path, "checkpoint file")
+    if size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{path}: {size} bytes, more than the {MAX_JSON_BYTES} a checkpoint's JSON may hold")
+    try:
+        with os.fdopen(_regular_opener(str(path), os.O_RDONLY), "rb") as fh:  # not this module's `open`
+            raw = fh.read(MAX_JSON_BYTES + 1)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise CheckpointError(f"{path}: grew past {MAX_JSON_BYTES} bytes while being read")
+    data = _parse_json(raw, str(path))
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got a JSON {_json_name(data)}")
+    return data
+
+
+def _optional_json(path: Path) -> dict[str, Any] | None:
+    """``_load_json(path)``, or None when nothing (not even a dangling symlink) is there."""
+    return _load_json(path) if os.path.lexists(path) else None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _checked_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """config.json with the keys trtvocab reads type-checked (bools are not ints, strings are not bools)."""
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise CheckpointError(f"{path}: text_config must be a JSON object, got a JSON {_json_name(text)} "
+                              f"{text!r:.80}")
+    quant = config.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise CheckpointError(f"{path}: quantization_config must be a JSON object, got a JSON {_json_name(quant)} "
+                              f"{quant!r:.80}")
+    for prefix, section in (("", config), ("text_config.", text or {})):
+        if "tie_word_embeddings" in section and not isinstance(section["tie_word_embeddings"], bool):
+            value = section["tie_word_embeddings"]
+            raise CheckpointError(f"{path}: {prefix}tie_word_embeddings must be true or false (a JSON bool; "
+                                  f"absent means true), got a JSON {_json_name(value)} {value!r:.80}")
+        for key in ("vocab_size", "hidden_size"):
+            value = section.get(key)
+            if value is not None and not (_is_count(value) and value > 0):
+                raise CheckpointError(f"{path}: {prefix}{key} must be a positive integer, got a JSON "
+                                      f"{_json_name(value)} {value!r:.80}")
+    return config
+
+
+# ---- safetensors headers -----------------------------------------------------------------------------------
+def _read_header(path: Path) -> tuple[dict[str, Any], int, int]:
+    """``(header, n, file size)``: the JSON object header (``__metadata__`` removed) of a regular
+    file, its length field ``n``; reads ``8 + n`` bytes and nothing else."""
+    size = _regular_size(path, "safetensors file")
+    try:
+        with _open_regular(path) as fh:
             head = fh.read(8)
             if len(head) != 8:
                 raise CheckpointError(f"{path}: not a safetensors file (shorter than 8 bytes)")
             (length,) = struct.unpack("<Q", head)
-            if length > MAX_HEADER_BYTES:
-                raise CheckpointError(f"{path}: safetensors header length {length} is implausible")
+            if length > MAX_HEADER_BYTES or length > size - 8:  # never printed: it may be any file's bytes
+                raise CheckpointError(f"{path}: not a safetensors file (implausible header length)")
             raw = fh.read(length)
     except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc})") from exc
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if len(raw) != length:
-        raise CheckpointError(f"{path}: truncated safetensors header")
-    try:
-        header = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: safetensors header is not JSON ({exc})") from exc
-    header.pop("__metadata__", None)
-    return header
+        raise CheckpointError(f"{path}: truncated safetensors header (the file shrank while being read)")
+    header = _parse_json(raw, f"{path}: safetensors header", unique_keys=True)
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: safetensors header is a JSON {_json_name(header)}, expected an object")
+    meta = header.pop("__metadata__", None)
+    if meta is not None and (not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values())):
+        raise CheckpointError(f"{path}: safetensors __metadata__ must be an object of strings")
+    return header, length, size
 
 
-def _load_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
-
-
-def _tensor_info(file: Path, name: str, meta: Any, data_start: int) -> TensorInfo:
-    """Validate one header entry: a corrupt header must not make a reader return another tensor's bytes."""
-    try:
-        dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
-    except (KeyError, TypeError, ValueError):
-        raise CheckpointError(f"{file}: header entry {name!r} lacks dtype/shape/data_offsets") from None
-    info = TensorInfo(name, dtype, shape, file, data_start + int(begin), int(end) - int(begin))
+def _entry(path: Path, name: str, meta: Any) -> tuple[str, tuple[int, ...], int, int]:
+    """``(dtype, shape, begin, end)`` of one header entry, each checked as the format requires."""
+    where = f"{path}: tensor {name!r:.100}"
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{where}: header entry is a JSON {_json_name(meta)}, expected an object with "
+                              "dtype, shape and data_offsets")
+    missing = [key for key in ("dtype", "shape", "data_offsets") if key not in meta]
+    if missing:
+        raise CheckpointError(f"{where}: header entry lacks {'/'.join(missing)}")
+    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in ST_DTYPE_BITS:
+        raise CheckpointError(f"{where}: dtype {dtype!r:.40} is not a safetensors dtype "
+                              f"(expected one of {sorted(ST_DTYPE_BITS)})")
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_count(d) for d in shape):
+        raise CheckpointError(f"{where}: shape must be a list of at most {MAX_DIMS} non-negative integers, "
+                              f"got {shape!r:.80}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+            and offsets[0] <= offsets[1] <= MAX_FILE_BYTES):
+        raise CheckpointError(f"{where}: data_offsets must be [begin, end], integers with 0 <= begin <= end, "
+                              f"got {offsets!r:.80}")
     count = 1
     for d in shape:
         count *= d
-    itemsize = torch.empty(0, dtype=info.torch_dtype).element_size()
-    if info.nbytes != count * itemsize or begin < 0:
-        raise CheckpointError(f"{file}: {name} spans {info.nbytes} bytes, but {dtype} {list(shape)} "
-                              f"needs {count * itemsize}")
-    # A truncated data region is reported when rows are read (LazyRows), not here: probing
-    # must work from the header alone, whatever state the data is in.
-    return info
+    bits = count * ST_DTYPE_BITS[dtype]
+    begin, end = offsets
+    if bits % 8 or end - begin != bits // 8:
+        raise CheckpointError(f"{where} spans {end - begin} bytes, but {dtype} {shape} needs "
+                              f"{bits / 8 if bits % 8 else bits // 8}")
+    return dtype, tuple(shape), begin, end
+
+
+def _tensor_infos(path: Path, header: dict[str, Any], length: int, size: int) -> list[TensorInfo]:
+    """Every entry of a header, validated together: sorted by offset, the spans start at 0, are
+    contiguous and do not overlap; the data region holds no byte after the last one."""
+    entries = sorted(((*_entry(path, name, meta), name) for name, meta in header.items()),
+                     key=lambda e: (e[2], e[3]))
+    at, last = 0, ("", 0, 0)  # the end so far; the tensor that reached it: (name, begin, end)
+    for _dtype, _shape, begin, end, name in entries:
+        if begin < at:
+            raise CheckpointError(f"{path}: tensor {name!r:.100} data [{begin}, {end}) overlaps tensor "
+                                  f"{last[0]!r:.100} [{last[1]}, {last[2]})")
+        if begin > at:
+            raise CheckpointError(f"{path}: {begin - at} bytes at data offset {at} before tensor {name!r:.100} "
+                                  f"belong to no tensor (spans must be contiguous from offset 0)")
+        at, last = end, (name, begin, end)
+    data_start, data_size = 8 + length, size - 8 - length
+    if data_size > at:
+        raise CheckpointError(f"{path}: {data_size - at} bytes after the last tensor's data belong to no tensor "
+                              f"(the header accounts for {at} of the {data_size}-byte data region)")
+    # A data region shorter than `at` (a truncated copy) is reported when rows are read
+    # (LazyRows, before allocating), not here: probes work from the header alone.
+    return [TensorInfo(name, dtype, shape, path, data_start + begin, end - begin, data_start + at)
+            for dtype, shape, begin, end, name in entries]
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (``__metadata__`` removed), validated as the format
+    requires (see the module docstring): reads 8 + header-length bytes, nothing else."""
+    file = checkpoint_path(path)
+    header, length, size = _read_header(file)
+    _tensor_infos(file, header, length, size)
+    return header
+
+
+def _shard_name(index: Path, tensor: str, name: Any) -> str:
+    """A ``weight_map`` value: a plain ``.safetensors`` file name (it names a file inside the folder)."""
+    if not isinstance(name, str):
+        raise CheckpointError(f"{index}: weight_map[{tensor!r:.100}] must be a shard file name (a string), "
+                              f"got a JSON {_json_name(name)} {name!r:.80}")
+    if (name in (".", "..") or not name.endswith(SAFETENSORS_SUFFIX) or "/" in name or "\\" in name
+            or "\0" in name):
+        raise CheckpointError(f"{index}: weight_map[{tensor!r:.100}] = {name!r:.200} is not a plain "
+                              f"{SAFETENSORS_SUFFIX} file name in the checkpoint folder (no path separators, "
+                              "no '..', no absolute path)")
+    return name
 
 
 class Checkpoint:
     """An HF directory (config.json, optional hf_quant_config.json, safetensors with or
-    without an index) or a single ``.safetensors`` file."""
+    without an index) or a single ``.safetensors`` file; what each may hold: the module docstring."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if not self.path.exists():
-            raise CheckpointError(f"checkpoint {self.path}: no such file or directory")
+        self.path = checkpoint_path(path)
+        mode = _stat(self.path, "checkpoint").st_mode
         self.config: dict[str, Any] = {}
         self.hf_quant_config: dict[str, Any] | None = None
-        if self.path.is_file():
-            if self.path.suffix != ".safetensors":
+        weight_map: dict[str, str] = {}
+        index = self.path / INDEX_NAME
+        if stat.S_ISREG(mode):
+            if self.path.suffix != SAFETENSORS_SUFFIX:
                 raise CheckpointError(
                     f"checkpoint {self.path}: only .safetensors files are read (pickles are never loaded)"
                 )
             self.directory = self.path.parent
             files = [self.path]
-        else:
+        elif stat.S_ISDIR(mode):
             self.directory = self.path
-            if (self.path / "config.json").exists():
-                self.config = _load_json(self.path / "config.json")
-            if (self.path / "hf_quant_config.json").exists():
-                self.hf_quant_config = _load_json(self.path / "hf_quant_config.json")
-            index = self.path / INDEX_NAME
-            if index.exists():
-                weight_map = _load_json(index).get("weight_map")
-                if not isinstance(weight_map, dict):
+            config = _optional_json(self.path / "config.json")
+            if config is not None:
+                self.config = _checked_config(self.path / "config.json", config)
+            self.hf_quant_config = _optional_json(self.path / "hf_quant_config.json")
+            if os.path.lexists(index):
+                raw_map = _load_json(index).get("weight_map")
+                if not isinstance(raw_map, dict):
                     raise CheckpointError(f"{index}: no 'weight_map' object")
-                files = sorted({self.path / f for f in weight_map.values()})
+                weight_map = {tensor: _shard_name(index, tensor, name) for tensor, name in raw_map.items()}
+                files = sorted({self.path / name for name in weight_map.values()})
                 missing = [str(f) for f in files if not f.exists()]
                 if missing:
                     raise CheckpointError(f"{index}: names shard files that do not exist: {missing}")
             else:
-                files = sorted(self.path.glob("*.safetensors"))
+                files = sorted(self.path.glob("*" + SAFETENSORS_SUFFIX))
             if not files:
                 pickles = sorted(p.name for pattern in ("*.bin", "*.pt") for p in self.path.glob(pattern))
                 hint = f" (found pickles {pickles}, which are never loaded)" if pickles else ""
                 raise CheckpointError(f"checkpoint {self.path}: no .safetensors files{hint}")
+        else:
+            raise CheckpointError(f"checkpoint {self.path}: is {_kind(mode)}, expected an HF folder or a "
+                                  "regular .safetensors file")
         self.files: list[Path] = files
         self._infos: dict[str, TensorInfo] = {}
         for f in files:
-            header = read_safetensors_header(f)
-            data_start = 8 + self._header_len(f)
-            for name, meta in header.items():
-                self._infos[name] = _tensor_info(f, name, meta, data_start)
-
-    @staticmethod
-    def _header_len(path: Path) -> int:
-        with open(path, "rb") as fh:
-            return int(struct.unpack("<Q", fh.read(8))[0])
+            header, length, size = _read_header(f)
+            for info in _tensor_infos(f, header, length, size):
+                if info.name in self._infos:
+                    raise CheckpointError(f"checkpoint {self.path}: tensor {info.name!r:.100} is in two shard files, "
+                                          f"{self._infos[info.name].file.name} and {f.name}")
+                self._infos[info.name] = info
+        for tensor, name in weight_map.items():
+            held = self._infos.get(tensor)
+            if held is None or held.file.name != name:
+                where = f"in {held.file.name}" if held is not None else "in no shard file"
+                raise CheckpointError(f"{index}: weight_map puts {tensor!r:.100} in {name}, but it is {where}")
 
     # ---- header-only probes ----------------------------------------------------------------
     def names(self) -> list[str]:
@@ -226,21 +514,26 @@ class Checkpoint:
     def info(self, name: str) -> TensorInfo:
         try:
             return self._infos[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise CheckpointError(f"checkpoint {self.path}: no tensor {name!r}") from None
 
     def config_value(self, key: str, default: Any = None) -> Any:
         """``key`` of config.json, or of its ``text_config`` (multimodal models keep the LM's there)."""
-        return self.config.get(key, self.config.get("text_config", {}).get(key, default))
+        text = self.config.get("text_config")
+        return self.config.get(key, (text if isinstance(text, dict) else {}).get(key, default))
 
     @property
     def tie_word_embeddings(self) -> bool:
-        # transformers' PretrainedConfig defaults tie_word_embeddings to True.
-        return bool(self.config_value("tie_word_embeddings", True))
+        # transformers' PretrainedConfig defaults tie_word_embeddings to True; config.json's
+        # value was checked to be a bool when it was read.
+        return self.config_value("tie_word_embeddings", True) is not False
 
     def lm_head_name(self, tensor_name: str | None = None) -> tuple[str, bool]:
         """``(name, tied)`` of the tensor that holds the head's ``[V, H]`` matrix."""
         if tensor_name is not None:
+            if not isinstance(tensor_name, str):
+                raise CheckpointError(f"checkpoint {self.path}: tensor_name must be a string, "
+                                      f"got {type(tensor_name).__name__} {tensor_name!r:.80}")
             self.info(tensor_name)
             return tensor_name, tensor_name != LM_HEAD_NAME and not tensor_name.endswith(LM_HEAD_NAME)
         if self.has(LM_HEAD_NAME):
@@ -258,7 +551,7 @@ class Checkpoint:
 
     def config_int(self, key: str) -> int | None:
         value = self.config_value(key)
-        return int(value) if isinstance(value, int) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     # ---- data --------------------------------------------------------------------------------
     def get_slice(self, name: str) -> LazyRows:
@@ -268,3 +561,15 @@ class Checkpoint:
     def read(self, name: str) -> torch.Tensor:
         lazy = self.get_slice(name)
         return lazy[:]
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint | GGUFCheckpoint:
+    """The checkpoint at ``path``: a ``.gguf`` file -> :class:`~trtvocab.gguf.GGUFCheckpoint`,
+    anything else (an HF directory, even one named ``*.gguf``; a ``.safetensors`` file) -> :class:`Checkpoint`.
+    ``path`` must be a non-empty ``str`` or ``os.PathLike`` (:func:`checkpoint_path`)."""
+    path = checkpoint_path(path)
+    if path.suffix.lower() == GGUF_SUFFIX and not path.is_dir():
+        from trtvocab.gguf import GGUFCheckpoint
+
+        return GGUFCheckpoint(path)
+    return Checkpoint(path)

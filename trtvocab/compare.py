@@ -320,9 +320,9 @@ def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
         return head_dtype(name, "--dtype (or auto)")
     if baseline.path is None:
         return torch.float32
-    from trtvocab.checkpoint import Checkpoint
+    from trtvocab.checkpoint import open_checkpoint
 
-    ckpt = Checkpoint(baseline.path)
+    ckpt = open_checkpoint(baseline.path)
     tensor, _ = ckpt.lm_head_name(baseline.tensor_name)
     stored = ckpt.info(tensor).torch_dtype
     return stored if stored in HEAD_DTYPES.values() else torch.bfloat16
@@ -358,10 +358,10 @@ def compare(
     base_src = HeadSource(name=str(baseline), path=str(baseline), tensor_name=tensor_name)
     sources = [base_src] + [HeadSource(name=str(v), path=str(v)) for v in variants]
     if specs:
-        from trtvocab.checkpoint import Checkpoint
+        from trtvocab.checkpoint import open_checkpoint
         from trtvocab.quantize import read_head
 
-        _, _, weight = read_head(Checkpoint(baseline), tensor_name)
+        _, _, weight = read_head(open_checkpoint(baseline), tensor_name)
         for spec in specs:
             src = simulate_source(weight, spec, calib if calib is not None else hidden)
             if spec.activation is Activation.STATIC and calib is None:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trtvocab import distributed as D
-from trtvocab.checkpoint import EMBEDDING_NAMES, Checkpoint
+from trtvocab.checkpoint import EMBEDDING_NAMES, open_checkpoint
 from trtvocab.dtypes import HEAD_DTYPES
 from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
 from trtvocab.formats import Activation, Granularity, WeightFormat
@@ -179,7 +179,7 @@ class VocabParallelEmbedding(nn.Module):
         emb: VocabParallelEmbedding | None = None
         error: Exception | None = None
         try:
-            ckpt = Checkpoint(path)
+            ckpt = open_checkpoint(path)
             name = embedding_name(ckpt, tensor_name)
             info = ckpt.info(name)
             if len(info.shape) != 2:
@@ -298,7 +298,7 @@ def _sum_bits(rows: torch.Tensor, group: Any) -> None:
     D.all_reduce(flat, dist.ReduceOp.SUM, group)
 
 
-def embedding_name(ckpt: Checkpoint, tensor_name: str | None = None) -> str:
+def embedding_name(ckpt: Any, tensor_name: str | None = None) -> str:
     """The checkpoint's input-embedding tensor: ``tensor_name``, or the first known name present."""
     if tensor_name is not None:
         ckpt.info(tensor_name)  # raises naming the checkpoint when absent

@@ -53,3 +53,6 @@ class Granularity(_Name):
 HIDDEN = "hidden_states"  # [T, H] in the head dtype
 SEQ_LENS = "seq_lens"  # [B] int32; absent in context-logits graphs
 LOGITS = "logits"  # [B, V_local] (or [T, V_local]) float32
+# The exported embedding graph's input and output (see trtvocab.export.embedding).
+EMBED_IDS = "input_ids"  # [T] int64
+EMBED_ROWS = "rows"  # [T, H] in the table dtype: this rank's partial rows

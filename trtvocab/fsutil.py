@@ -1,10 +1,18 @@
-"""File helpers every writer shares: checksums and atomic publication.
+"""File helpers every reader and writer shares: safe opens, checksums, atomic publication.
 
-Two ways to publish, both "old or new, never a half":
+Reading (a file a user or a manifest names is never trusted to be what its name says):
+
+* :func:`open_regular`: open only a regular file (``stat`` after following symlinks,
+  before ``open``, and ``fstat`` of what was opened): a FIFO, a device (``/dev/zero``), a
+  socket or a folder is refused with a typed error instead of blocking or streaming forever.
+* :func:`read_regular`, :func:`sha256_file` (``limit``), :func:`read_safetensors_header`:
+  never read more bytes than the caller (a manifest, a header) says the file holds.
+
+Publishing, both "old or new, never a half":
 
 * :func:`atomic_write_bytes`: one file, via a temp file in the same folder, fsync, rename.
 * :func:`staging`: a whole folder (an artifact, a quantized checkpoint), built in a private
-  sibling and moved into place with one rename.
+  sibling and moved into place atomically; see its docstring for exactly what is guaranteed.
 
 ONNX graphs with external data are published by ``trtvocab.export.onnx.save_model_atomic``
 with the same pieces (a staging folder, :func:`fsync_file`, ``os.replace``).
@@ -12,23 +20,109 @@ with the same pieces (a staging folder, :func:`fsync_file`, ``os.replace``).
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
+import json
 import os
+import re
 import shutil
+import socket
+import stat
+import struct
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from trtvocab.errors import ArtifactError
+from trtvocab.errors import ArtifactError, TrtVocabError
+
+ErrorType = type[TrtVocabError]
+MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors format's own limit on the JSON header (100 MB)
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+# ---- reading ---------------------------------------------------------------------------------------
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str | Path, what: str, error: ErrorType = ArtifactError) -> IO[bytes]:
+    """Open ``path`` for binary reading only if it is a regular file (symlinks followed).
+
+    Checked twice: ``stat`` before ``open`` (a FIFO is never opened, so nothing blocks), and
+    ``fstat`` of the opened descriptor (opened non-blocking, so a file swapped for a FIFO
+    in between cannot block either). Raises ``error`` naming ``what`` and the path.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{what} {path}: no such file") from None
+    except OSError as exc:
+        raise error(f"{what} {path}: cannot stat ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {path}: is {_kind(st.st_mode)}, expected a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise error(f"{what} {path}: cannot open ({exc.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{what} {path}: is {_kind(mode)}, expected a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | Path, what: str, *, max_bytes: int, error: ErrorType = ArtifactError) -> bytes:
+    """All bytes of a regular file of at most ``max_bytes`` (larger is refused before reading)."""
+    with open_regular(path, what, error) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > max_bytes:
+            raise error(f"{what} {path}: {size} bytes, more than the {max_bytes} allowed")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise error(f"{what} {path}: grew while being read (more than {max_bytes} bytes)")
+    return data
+
+
+def load_json_file(path: str | Path, what: str, *, max_bytes: int = 64 << 20,
+                   error: ErrorType = ArtifactError) -> Any:
+    """A JSON file parsed strictly: regular file, bounded size, UTF-8, nesting a parser survives."""
+    data = read_regular(path, what, max_bytes=max_bytes, error=error)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path}: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise error(f"{what} {path}: JSON nested too deeply") from None
+    except ValueError as exc:  # json.JSONDecodeError, and Python's int-digit limit
+        raise error(f"{what} {path}: not valid JSON ({exc})") from None
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22, *, limit: int | None = None, what: str = "file",
+                error: ErrorType = ArtifactError) -> str:
+    """sha256 of a regular file; with ``limit``, of at most its first ``limit + 1`` bytes
+    (the caller compares the size: an endless or grown file is never hashed to its end)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
+    remaining = limit + 1 if limit is not None else None
+    with open_regular(path, what, error) as fh:
+        while remaining is None or remaining > 0:
+            block = fh.read(chunk if remaining is None else min(chunk, remaining))
+            if not block:
+                break
             digest.update(block)
+            if remaining is not None:
+                remaining -= len(block)
     return digest.hexdigest()
 
 
@@ -37,6 +131,47 @@ def sha256_bytes(data: Any) -> str:
     return hashlib.sha256(memoryview(data)).hexdigest()
 
 
+def read_safetensors_header(path: str | Path, what: str, error: ErrorType = ArtifactError) -> dict[str, Any]:
+    """The JSON header of a ``.safetensors`` file (no tensor bytes read), checked for shape.
+
+    Returns ``{name: {"dtype", "shape", "data_offsets"}, "__metadata__": {str: str}}``;
+    ``error`` names ``what`` for a file that is not a regular file, too short, has a header
+    larger than the format allows or than the file, or a header that is not such a dict.
+    The message never quotes bytes of the file.
+    """
+    with open_regular(path, what, error) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(8)
+        if len(head) < 8:
+            raise error(f"{what} {path}: too short for a safetensors file ({size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_SAFETENSORS_HEADER or n > size - 8:
+            raise error(f"{what} {path}: not a safetensors file (its header length field does not fit the "
+                        f"{size}-byte file)")
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise error(f"{what} {path}: not a safetensors file (its header is not UTF-8 JSON)") from None
+    if not isinstance(header, dict):
+        raise error(f"{what} {path}: safetensors header is a {type(header).__name__}, expected an object")
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise error(f"{what} {path}: __metadata__ must map strings to strings")
+            continue
+        ok = (isinstance(info, dict) and isinstance(info.get("dtype"), str)
+              and isinstance(info.get("shape"), list)
+              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])
+              and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
+              and all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o <= size for o in info["data_offsets"]))
+        if not ok:
+            raise error(f"{what} {path}: tensor {name!r} has a malformed header entry "
+                        "(expected dtype, shape of ints >= 0, two data offsets inside the file)")
+    return header
+
+
+# ---- durability ------------------------------------------------------------------------------------
 def fsync_file(path: str | Path) -> None:
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
@@ -54,6 +189,17 @@ def fsync_dir(path: str | Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def fsync_tree(root: str | Path) -> None:
+    """fsync every regular file, then every folder (deepest first), under ``root`` and ``root`` itself.
+    Symlinks are not followed."""
+    for folder, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            path = os.path.join(folder, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                fsync_file(path)
+        fsync_dir(folder)
 
 
 def atomic_write_bytes(path: str | Path, data: Any) -> None:
@@ -76,36 +222,210 @@ def atomic_write_bytes(path: str | Path, data: Any) -> None:
             tmp.unlink()
 
 
+# ---- atomic folder publication ---------------------------------------------------------------------
+_AT_FDCWD = -100
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_PRIVATE = re.compile(r"\.(?P<name>.+)\.(?P<kind>building|old)-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{8}")
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """Linux ``renameat2(src, dst, flags)``: True if done, False where the call or the flag is
+    unsupported (no such libc function, ENOSYS, EINVAL); other failures raise OSError."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err), str(dst))
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst`` only if ``dst`` does not exist; FileExistsError otherwise.
+
+    ``renameat2(RENAME_NOREPLACE)`` where the kernel and filesystem have it; else plain
+    ``rename``, which also refuses a non-empty folder or a file as the target (it would
+    replace only an *empty* folder, which holds nothing to lose; ``src`` is never empty).
+    """
+    try:
+        if _renameat2(src, dst, _RENAME_NOREPLACE):
+            return
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise FileExistsError(exc.errno, exc.strerror, str(dst)) from None
+        raise
+
+
+def _private(out: Path, kind: str) -> Path:
+    """``.NAME.KIND-HOST-PID-RANDOM`` next to ``out``: whose it is, so a later run can tell it is stale."""
+    return out.with_name(f".{out.name}.{kind}-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # exists (another user's), or unknowable: keep the folder
+    return True
+
+
+def clean_stale(out: str | Path) -> list[Path]:
+    """Remove the private folders of ``out`` that killed runs of this tool left; returns them.
+
+    Only folders named ``.NAME.building-*`` / ``.NAME.old-*`` by :func:`staging` on this host
+    whose process no longer runs are touched; a live build's folder, another host's, and
+    anything not a plain folder are left alone. A stale ``.NAME.old-*`` (a run killed between
+    the two renames of the fallback publication, below) is the previous ``out``: when
+    ``out`` is missing it is renamed back, so the old artifact returns instead of vanishing.
+    """
+    out = Path(out)
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return []
+    stale_old: list[Path] = []
+    removed: list[Path] = []
+    for entry in entries:
+        m = _PRIVATE.fullmatch(entry.name)
+        if m is None or m["name"] != out.name or m["host"] != _HOST or _pid_alive(int(m["pid"])):
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        if m["kind"] == "old":
+            stale_old.append(entry)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    if stale_old and not os.path.lexists(out):
+        newest = max(stale_old, key=lambda p: p.stat().st_ctime)
+        try:
+            _rename_noreplace(newest, out)
+            fsync_dir(out.parent)
+            stale_old.remove(newest)
+        except OSError:
+            pass
+    for entry in stale_old:
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _replaceable(path: Path, is_ours: Callable[[Path], bool]) -> bool:
+    """An empty folder, or one ``is_ours`` recognizes (a crash in it counts as not ours)."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        return not any(path.iterdir()) or bool(is_ours(path))
+    except Exception:
+        return False
+
+
+def check_target(out: Path, force: bool, is_ours: Callable[[Path], bool]) -> None:
+    """Refuse ``out`` as a publication target (see :func:`staging`); callers may check early,
+    before minutes of work, and :func:`staging` checks again."""
+    if not os.path.lexists(out):
+        return
+    if not force:
+        raise ArtifactError(f"{out} already exists; pass --force to replace it (atomically)")
+    if out.is_symlink():
+        raise ArtifactError(f"{out} is a symbolic link; refusing to replace it even with --force "
+                            "(give the folder it points to)")
+    if not _replaceable(out, is_ours):
+        raise ArtifactError(f"{out} exists and is not a folder this tool wrote; "
+                            "refusing to replace it even with --force")
+
+
+def _publish(stage: Path, out: Path, force: bool, is_ours: Callable[[Path], bool]) -> None:
+    appeared = ArtifactError(f"{out} appeared while this run was building (another run published it first); "
+                             "nothing was replaced")
+    for _ in range(3):  # a concurrent run may publish between our checks: look again
+        if not os.path.lexists(out):
+            try:
+                _rename_noreplace(stage, out)
+            except FileExistsError:
+                if not force:
+                    raise appeared from None
+                continue
+            fsync_dir(out.parent)
+            return
+        if not force:
+            raise appeared
+        check_target(out, force, is_ours)
+        if _renameat2(stage, out, _RENAME_EXCHANGE):
+            # One atomic swap: `out` was the old folder until this instant, the new one after.
+            # What `stage` now holds is deleted only if it is still ours (it may have been
+            # swapped for a foreign folder after the check above): otherwise swap back.
+            if not _replaceable(stage, is_ours):
+                _renameat2(stage, out, _RENAME_EXCHANGE)
+                raise ArtifactError(f"{out} was replaced by a folder this tool did not write while publishing; "
+                                    "left it as it is")
+            fsync_dir(out.parent)
+            shutil.rmtree(stage, ignore_errors=True)
+            return
+        # No atomic exchange here (another OS or filesystem): two renames. A crash between them
+        # leaves `out` missing and the old folder as `.NAME.old-*`; clean_stale (run at the
+        # start of the next publication into `out`) renames it back.
+        old = _private(out, "old")
+        os.rename(out, old)
+        if not _replaceable(old, is_ours):
+            os.rename(old, out)
+            raise ArtifactError(f"{out} was replaced by a folder this tool did not write while publishing; "
+                                "left it as it is")
+        try:
+            _rename_noreplace(stage, out)
+        except BaseException:
+            os.rename(old, out)
+            raise
+        fsync_dir(out.parent)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    raise ArtifactError(f"{out}: other runs keep publishing into it; nothing was replaced")
+
+
 @contextmanager
 def staging(out: Path, *, force: bool, is_ours: Callable[[Path], bool]) -> Iterator[Path]:
     """Yield a private folder to build into; on success publish it as ``out`` atomically.
 
-    An existing ``out`` is refused unless ``force``; then it is swapped out by rename and
-    deleted only after the new folder is in place. ``force`` replaces only an empty folder
-    or one that ``is_ours(out)`` recognizes as this tool's output: never a folder of
-    something else that a mistyped ``--out`` points at. On failure the staging folder is
-    removed and ``out`` is untouched. Every file is fsynced before the publishing rename.
+    What is guaranteed:
+
+    * ``out`` is never a mix or a half: the new folder is built beside it
+      (``.NAME.building-HOST-PID-RANDOM``), every file and folder in it is fsynced, and it
+      appears as ``out`` with one rename; the parent folder is fsynced after it.
+    * Without ``force`` an existing ``out`` is refused, and so is one that appears while
+      this run builds (a concurrent run published first): the publishing rename never
+      replaces an existing folder (``renameat2(RENAME_NOREPLACE)``; plain ``rename`` where
+      that is missing, which refuses every non-empty target). Of two concurrent runs
+      exactly one publishes; the other raises :class:`ArtifactError`.
+    * ``force`` replaces only an empty folder or one that ``is_ours(out)`` recognizes as
+      this tool's output (the caller checks a marker that parses as ours), never a symlink,
+      a file, or a folder of something else that a mistyped ``--out`` points at. The check
+      is repeated on what was swapped out before it is deleted.
+    * Old or new, never nothing: on Linux the old folder and the new one trade places with
+      one ``renameat2(RENAME_EXCHANGE)``. Where that is unsupported, two renames are used,
+      and a crash between them leaves ``out`` missing with the old folder as
+      ``.NAME.old-*``, which the next publication into ``out`` renames back first.
+    * Stale private folders of killed runs (this host, dead pid) are removed at the start
+      (:func:`clean_stale`). On failure the staging folder is removed and ``out`` is untouched.
     """
     out = Path(out)
-    if out.exists() and not force:
-        raise ArtifactError(f"{out} already exists; pass --force to replace it (atomically)")
-    if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or is_ours(out))):
-        raise ArtifactError(f"{out} exists and is not a folder this tool wrote; "
-                            "refusing to replace it even with --force")
+    clean_stale(out)
+    check_target(out, force, is_ours)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = out.with_name(f".{out.name}.building-{uuid.uuid4().hex[:8]}")
+    stage = _private(out, "building")
     stage.mkdir()
     try:
         yield stage
-        for path in stage.rglob("*"):
-            if path.is_file():
-                fsync_file(path)
+        fsync_tree(stage)
+        _publish(stage, out, force, is_ours)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(stage, out)
-    fsync_dir(out.parent)
-    shutil.rmtree(old, ignore_errors=True)

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from safetensors.torch import load_file
 
-from trtvocab.errors import InputError
-from trtvocab.fsutil import atomic_write_bytes
+from trtvocab.errors import CheckpointError, InputError
+from trtvocab.fsutil import atomic_write_bytes, open_regular, read_safetensors_header
 from trtvocab.inputs import check_hidden_states
 
 DEFAULT_TEXTS = [
@@ -50,8 +49,18 @@ def hidden_states_from_text(model_dir: str | Path, texts: list[str], *, layer: i
     hf_logging.disable_progress_bar()  # a weight-loading bar per call is noise in CLI output
     if not texts or any(not t.strip() for t in texts):
         raise InputError("texts: need at least one non-empty text")
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModel.from_pretrained(str(model_dir)).eval()
+    check_model_dir(model_dir)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad folder
+        raise CheckpointError(f"{model_dir}: cannot load its tokenizer ({type(exc).__name__}: {_first_line(exc)})") \
+            from None
+    try:
+        # safetensors only: a pickle (pytorch_model.bin) can run code when loaded.
+        model = AutoModel.from_pretrained(str(model_dir), local_files_only=True, use_safetensors=True).eval()
+    except Exception as exc:
+        raise CheckpointError(f"{model_dir}: cannot load the model from its safetensors weights "
+                              f"({type(exc).__name__}: {_first_line(exc)})") from None
     rows, lens, last = [], [], []
     with torch.no_grad():
         for text in texts:
@@ -63,6 +72,32 @@ def hidden_states_from_text(model_dir: str | Path, texts: list[str], *, layer: i
             lens.append(rows[-1].shape[0])
             last.append(tok.convert_ids_to_tokens(int(enc.input_ids[0, -1])))
     return HiddenStates(torch.cat(rows).float(), torch.tensor(lens, dtype=torch.int32), last)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def check_model_dir(model_dir: str | Path) -> Path:
+    """Refuse, before transformers looks at it, a model folder that cannot give hidden states
+    safely: not a folder, no ``config.json``, no tokenizer file, or weights only as pickles
+    (``pytorch_model.bin``, ``*.pt``: loading a pickle can run code, so trtvocab never does)."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a model folder (expected a Hugging Face model directory)")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: has no config.json (expected a Hugging Face model directory)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{path}: has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    if not any(path.glob("*.safetensors")):
+        pickles = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in path.glob(pattern))
+        found = f"only pickle weights ({', '.join(pickles)}), which" if pickles else "no weights; pickles"
+        raise CheckpointError(f"{path}: has {found} trtvocab never loads; convert it to safetensors")
+    return path
 
 
 def decoder(model_dir: str | Path | None) -> Any:
@@ -91,23 +126,45 @@ def save_hidden(path: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor |
 
 
 def load_last_tokens(path: str | Path) -> list[str] | None:
-    """The last input token of each sequence, when the file records them."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as fh:
-        raw = (fh.metadata() or {}).get("last_tokens")
-    return json.loads(raw) if raw else None
-
-
-def load_hidden(path: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The last input token of each sequence, when the file records them (metadata
+    ``last_tokens``: a JSON list of strings; anything else is an :class:`InputError`)."""
+    meta = read_safetensors_header(path, "hidden states", InputError).get("__metadata__", {})
+    raw = meta.get("last_tokens")
+    if not raw:
+        return None
     try:
-        data = load_file(str(path))
+        tokens = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InputError(f"{path}: metadata last_tokens is not JSON (expected a list of strings)") from None
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise InputError(f"{path}: metadata last_tokens must be a JSON list of strings, got {type(tokens).__name__}")
+    return tokens
+
+
+def load_hidden(path: str | Path, *, finite: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(hidden_states [T, H], seq_lens [B] or None)`` from a ``.safetensors`` file.
+
+    Only a regular file is opened (a FIFO would block the reader forever); NaN / inf are
+    refused naming the first bad row unless ``finite=False``; ``seq_lens`` must be a 1-D
+    integer tensor (checked against T where it is used).
+    """
+    read_safetensors_header(path, "hidden states", InputError)  # a regular file, a header of the right shape
+    try:
+        with open_regular(path, "hidden states", InputError) as fh:
+            from safetensors.torch import load
+
+            data = load(fh.read())
+    except InputError:
+        raise
     except Exception as exc:
-        raise InputError(f"{path}: cannot read hidden states ({exc})") from None
+        raise InputError(f"{path}: cannot read hidden states ({type(exc).__name__}: {_first_line(exc)})") from None
     if "hidden_states" not in data:
         raise InputError(f"{path}: expected a tensor named 'hidden_states' [T, H], found {sorted(data)}")
-    hidden = check_hidden_states(data["hidden_states"], what=f"{path}: hidden_states")
-    return hidden, data.get("seq_lens")
+    hidden = check_hidden_states(data["hidden_states"], what=f"{path}: hidden_states", finite=finite)
+    lens = data.get("seq_lens")
+    if lens is not None and (lens.dim() != 1 or lens.dtype.is_floating_point or lens.dtype == torch.bool):
+        raise InputError(f"{path}: seq_lens must be a 1-D integer tensor [B], got {lens.dtype} {list(lens.shape)}")
+    return hidden, lens
 
 
 __all__ = ["DEFAULT_TEXTS", "HiddenStates", "decoder", "hidden_states_from_text", "load_hidden", "save_hidden"]

@@ -5,6 +5,10 @@
 and sends its return value (or its exception) back. Under ``torchrun`` use
 :func:`trtvocab.distributed.init_from_env` instead; :func:`run_ranks` is for
 local launches, tests and the CLI.
+
+Results travel back over a ``multiprocessing`` queue as pickles: between this process and
+children it started itself, never from a file or a peer it did not start (the one use of
+pickle in trtvocab; see docs/threat_model.md).
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trtvocab.distributed import DEFAULT_TIMEOUT_S, default_backend
-from trtvocab.errors import DistributedError, RankFailures
+from trtvocab.errors import DistributedError, RankFailures, TrtVocabError
+
+# Once the outcome is known (a rank raised or died), how long the others get to report
+# their own errors (their handshake peers raise PeerRankError within this) before they
+# are stopped: a rank blocked in a collective would otherwise wait for its timeout.
+FAILURE_GRACE_S = 3.0
 
 
 def free_port() -> int:
@@ -88,6 +97,12 @@ def run_ranks(
     ``fn`` must be importable (a module-level function). Raises :class:`RankFailures`
     when any rank raised, with every rank's exception in ``.errors``; ranks still
     alive after ``timeout_s`` beyond the collectives' own timeout are killed.
+
+    Returns as soon as the outcome is known: when a rank has raised or died without a
+    report, the others get :data:`FAILURE_GRACE_S` to report and are then stopped (a
+    rank waiting for the failed one in a collective never returns by itself). The
+    message carries the first failing rank's traceback only for an error that is not
+    one of trtvocab's typed errors (a bug, worth the trace).
     """
     if world_size < 1:
         raise DistributedError(f"world_size must be >= 1, got {world_size}")
@@ -113,10 +128,17 @@ def run_ranks(
         # crash in spawn bootstrap, an OOM kill) must not make the parent wait for the
         # whole deadline. A dead rank's report, if it sent one, is already in the pipe.
         all_dead_since: float | None = None
+        failed_since: float | None = None
         while len(outputs) + len(errors) < world_size and time.monotonic() < deadline:
+            if failed_since is not None and time.monotonic() - failed_since > FAILURE_GRACE_S:
+                break  # the outcome is known; the stragglers are stopped below
             try:
                 rank, ok, value, trace = pickle.loads(results.get(timeout=0.2))
             except queue.Empty:
+                reported = set(outputs) | set(errors)
+                if failed_since is None and any(not p.is_alive() and p.exitcode not in (0, None) and r not in reported
+                                                for r, p in enumerate(procs)):
+                    failed_since = time.monotonic()  # died without a report (killed, crashed)
                 if any(p.is_alive() for p in procs):
                     continue
                 all_dead_since = all_dead_since or time.monotonic()
@@ -127,7 +149,12 @@ def run_ranks(
                 outputs[rank] = value
             else:
                 errors[rank], traces[rank] = value, trace
+                failed_since = failed_since or time.monotonic()
     finally:
+        if failed_since is not None or time.monotonic() >= deadline:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
@@ -137,7 +164,8 @@ def run_ranks(
         errors[r] = DistributedError(f"rank {r} exited without a result (exit code {procs[r].exitcode})")
     if errors:
         lines = [f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items())]
-        first = min(traces) if traces else None
+        untyped = sorted(r for r in traces if not isinstance(errors[r], TrtVocabError))
+        first = untyped[0] if untyped else None
         detail = f"\n--- traceback of rank {first} ---\n{traces[first]}" if first is not None else ""
         raise RankFailures(f"{len(errors)} of {world_size} ranks failed:\n" + "\n".join(lines) + detail, errors)
     return [outputs[r] for r in range(world_size)]

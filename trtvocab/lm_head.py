@@ -41,12 +41,13 @@ from trtvocab.weights.base import normalize_keys
 _DTYPES = tuple(HEAD_DTYPES.values())
 _FORMATS = tuple(WeightFormat)
 _LAYOUT = "vocab layout (0 = uneven, else pad_to)"
+_MAPPINGS = ("replicated", "tensor parallel", "attention DP + LM-head TP")
 # What the ranks of a split head agree on, at the start of every forward (protocol:
 # trtvocab.distributed.Handshake) and once after loading a checkpoint.
 FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", _DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
-    D.Field("rows", per_rank=True),
+    D.Field("mapping", _MAPPINGS), D.Field("rows", per_rank=True),
 ))
 LOAD_HANDSHAKE = D.Handshake("LMHead.from_checkpoint", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", _FORMATS),
@@ -229,14 +230,20 @@ class LMHead(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------
     def _check_input(self, hidden: Any) -> InputError | None:
+        """Why ``hidden`` cannot go through this head (None: it can). NaN / inf rows are refused
+        (they give NaN logits and arbitrary token ids on every rank) unless the caller set
+        ``head.check_finite = False`` because it validated its inputs already."""
         return hidden_states_error(hidden, hidden_size=self.hidden_size, dtype=self.dtype, device=self.device,
-                                   allow_empty=self.mapping.enable_attention_dp, rows="N")
+                                   allow_empty=self.mapping.enable_attention_dp, rows="N",
+                                   finite=bool(getattr(self, "check_finite", True)))
 
     def _identity(self, rows: int) -> dict[str, Any]:
         """This rank's values of :data:`FORWARD_HANDSHAKE`."""
         return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
                 _LAYOUT: 0 if self.vocab_layout == "uneven" else self.pad_to, "dtype": self.dtype,
-                "gather_output": self.gather_output, "weight format": self.weight_format, "rows": rows}
+                "gather_output": self.gather_output, "weight format": self.weight_format,
+                "mapping": _MAPPINGS[0 if not self.is_split else 2 if self.mapping.enable_attention_dp else 1],
+                "rows": rows}
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's ``[N, width]`` logits; padding columns (padded layout) are ``-inf``."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trtvocab.checkpoint import Checkpoint
+from trtvocab.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.formats import Activation, Granularity, WeightFormat
 from trtvocab.mapping import Mapping
@@ -113,7 +113,7 @@ class HeadSource:
 def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: str | None = None,
               quant: str = "auto", weight_only: bool = False) -> HeadSource:
     """Probe ``path`` (headers only) and apply the gating rule."""
-    ckpt = Checkpoint(path)
+    ckpt = open_checkpoint(path)
     decision = resolve_lm_head_quant(ckpt, mapping=mapping, tensor_name=tensor_name, quant=quant,
                                      weight_only=weight_only)
     vocab, hidden = head_shape(ckpt, decision)

@@ -18,16 +18,18 @@ from torch import nn
 from trtvocab.errors import InputError
 from trtvocab.inputs import hidden_states_error, last_token_rows
 
-__all__ = ["LogitsProcessor", "last_token_rows", "shard_logits"]
+__all__ = ["LogitsProcessor", "last_rows", "last_token_rows", "shard_logits"]
 
 
 class LogitsProcessor(nn.Module):
     """Selects rows, runs the head, returns float32 logits (no arguments; stateless).
 
-    ``forward(hidden_states [T, H], lm_head, seq_lens=None, *, return_context_logits=False)``:
-    by default only each sequence's last row (``cumsum(seq_lens) - 1``; ``seq_lens=None``
-    means one sequence, the last row) goes through the head; ``return_context_logits``
-    sends all ``T`` rows.
+    ``forward(hidden_states [T, H], lm_head, seq_lens=None, *, return_context_logits=False,
+    num_logits_per_seq=1)``: by default only each sequence's last row (``cumsum(seq_lens) - 1``;
+    ``seq_lens=None`` means one sequence, the last row) goes through the head;
+    ``num_logits_per_seq=k`` (an int, or one per sequence) sends each sequence's last ``k``
+    rows, in order (what a draft-then-verify step of speculative decoding scores);
+    ``return_context_logits`` sends all ``T`` rows.
     """
 
     def forward(
@@ -37,13 +39,14 @@ class LogitsProcessor(nn.Module):
         seq_lens: Any = None,
         *,
         return_context_logits: bool = False,
+        num_logits_per_seq: Any = 1,
     ) -> torch.Tensor:
         # Under attention DP a rank may have no requests this step, yet its head must still
         # join the others' collectives: it passes an empty [0, H] batch through.
         mapping = getattr(lm_head, "mapping", None)
         idle_ok = bool(getattr(mapping, "enable_attention_dp", False))
         try:
-            selected = self._select(hidden_states, seq_lens, return_context_logits, idle_ok)
+            selected = self._select(hidden_states, seq_lens, return_context_logits, idle_ok, num_logits_per_seq)
         except InputError as error:
             # The ranks of a split head are about to meet in its handshake: a rank that
             # stops here must still take part, or its peers would wait for it until the
@@ -55,8 +58,9 @@ class LogitsProcessor(nn.Module):
         return lm_head(selected).float()
 
     @staticmethod
-    def _select(hidden_states: Any, seq_lens: Any, return_context_logits: bool, idle_ok: bool = False) -> torch.Tensor:
-        """The rows the head must see: each sequence's last one, or all of them."""
+    def _select(hidden_states: Any, seq_lens: Any, return_context_logits: bool, idle_ok: bool = False,
+                num_logits_per_seq: Any = 1) -> torch.Tensor:
+        """The rows the head must see: each sequence's last ``k``, or all of them."""
         error = hidden_states_error(hidden_states, allow_empty=True)
         if error is not None:
             raise error
@@ -70,10 +74,41 @@ class LogitsProcessor(nn.Module):
             if seq_lens is not None:
                 last_token_rows(seq_lens, total)  # still validate
             return hidden_states
-        if seq_lens is None:
+        if seq_lens is None and isinstance(num_logits_per_seq, int) and num_logits_per_seq == 1:
             return hidden_states[-1:]
-        rows = last_token_rows(seq_lens, total).to(hidden_states.device)
-        return hidden_states.index_select(0, rows)
+        lens = [total] if seq_lens is None else seq_lens
+        ends = last_token_rows(lens, total)
+        rows = last_rows(ends, torch.as_tensor(lens if not isinstance(lens, torch.Tensor) else lens.cpu()),
+                         num_logits_per_seq)
+        return hidden_states.index_select(0, rows.to(hidden_states.device))
+
+
+def last_rows(ends: torch.Tensor, lens: torch.Tensor, k: Any) -> torch.Tensor:
+    """Indices of each sequence's last ``k`` rows, in order (``k`` an int or one per sequence).
+
+    ``ends``: each sequence's last row (:func:`last_token_rows`); ``lens``: the lengths.
+    """
+    lens = lens.to(torch.int64)
+    if isinstance(k, int) and not isinstance(k, bool):
+        counts = torch.full_like(lens, k)
+    elif isinstance(k, list | tuple | torch.Tensor) and not isinstance(k, bool):
+        try:
+            counts = torch.as_tensor(list(k.tolist() if isinstance(k, torch.Tensor) else k))
+        except (TypeError, ValueError):
+            raise InputError(f"num_logits_per_seq: expected an int or one int per sequence, got {k!r}") from None
+        if counts.dim() != 1 or counts.dtype.is_floating_point or counts.dtype == torch.bool \
+                or counts.numel() != lens.numel():
+            raise InputError(f"num_logits_per_seq: expected {lens.numel()} ints (one per sequence), got {k!r}")
+        counts = counts.to(torch.int64)
+    else:
+        raise InputError(f"num_logits_per_seq: expected an int or one int per sequence, got {k!r}")
+    if bool((counts < 1).any()) or bool((counts > lens).any()):
+        raise InputError(f"num_logits_per_seq: each k must be in [1, its sequence length]; "
+                         f"got k={counts.tolist()} for seq_lens={lens.tolist()}")
+    if bool((counts == 1).all()):
+        return ends
+    starts = ends.cpu() - counts + 1
+    return torch.cat([torch.arange(int(s), int(s) + int(c)) for s, c in zip(starts, counts, strict=True)])
 
 
 def shard_logits(head: nn.Module, hidden_states: torch.Tensor, seq_lens: Any = None, *,

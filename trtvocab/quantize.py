@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from trtvocab.checkpoint import LM_HEAD_NAME, Checkpoint
+from trtvocab.checkpoint import LM_HEAD_NAME, Checkpoint, open_checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.formats import Activation
-from trtvocab.fsutil import staging
+from trtvocab.fsutil import check_target, staging
 from trtvocab.inputs import check_hidden_states
 from trtvocab.quant.config import QuantAlgo, QuantConfig, stored_format
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_GROUP
@@ -55,6 +55,12 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 DEFAULT_BATCH_ROWS = 256
+MAX_BATCH_ROWS = 2**31 - 1
+# The marker every output folder gets: ``--force`` replaces only a folder whose marker parses
+# as this (a foreign ModelOpt checkpoint has hf_quant_config.json too, and is never ours).
+MARKER = "trtvocab_quantize.json"
+MARKER_FORMAT = "trtvocab-quantized-checkpoint"
+MARKER_VERSION = 1
 ProgressFn = Callable[[int, int], None]  # (batches done, batches total)
 
 
@@ -132,6 +138,29 @@ def modelopt_config(algo: QuantAlgo, *, calibrate_inputs: bool) -> dict[str, Any
     return cfg
 
 
+def is_quantized_output(path: Path) -> bool:
+    """Whether ``path`` is a folder ``trtvocab quantize`` wrote: its :data:`MARKER` is a regular
+    JSON file with ``"format": "trtvocab-quantized-checkpoint"``. The only test ``--force`` trusts."""
+    from trtvocab.errors import TrtVocabError
+    from trtvocab.fsutil import load_json_file
+
+    try:
+        raw = load_json_file(Path(path) / MARKER, "quantize marker", max_bytes=1 << 20)
+    except TrtVocabError:
+        return False
+    return isinstance(raw, dict) and raw.get("format") == MARKER_FORMAT
+
+
+def check_batch_rows(batch_rows: Any) -> int:
+    """``batch_rows`` as a positive int (bools and floats refused); ConfigError naming the option."""
+    from trtvocab.errors import ConfigError
+
+    if not isinstance(batch_rows, int) or isinstance(batch_rows, bool) or not 1 <= batch_rows <= MAX_BATCH_ROWS:
+        raise ConfigError(f"--batch-rows (calibration rows per batch) must be an int in [1, {MAX_BATCH_ROWS}], "
+                          f"got {batch_rows!r}")
+    return batch_rows
+
+
 def _calib_batches(calib: torch.Tensor, batch_rows: int) -> list[torch.Tensor]:
     return list(torch.split(calib, batch_rows)) if calib.shape[0] else []
 
@@ -168,6 +197,7 @@ def quantize_head(
     ``calib`` rows are cast to the weight's dtype first: ModelOpt calibrates on the
     activations the model actually produces, which are in the model's dtype.
     """
+    check_batch_rows(batch_rows)
     mtq, qu = import_modelopt()
     hidden = weight.shape[1]
     if algo is QuantAlgo.NVFP4 and hidden % NVFP4_GROUP:
@@ -269,12 +299,16 @@ def quantize_checkpoint(
 
     ``calib`` (a ``[T, H]`` tensor or a ``.safetensors`` with ``hidden_states``) gives
     the static activation scale (FP8 W8A8 / NVFP4 W4A4); without it, or with
-    ``weight_only``, no ``input_scale`` is written. ``out`` is published atomically.
+    ``weight_only``, no ``input_scale`` is written. ``out`` is published atomically, with a
+    :data:`MARKER` file (format name and version); ``force`` replaces only a folder holding
+    such a marker (:func:`is_quantized_output`), never a foreign checkpoint.
     """
     quant_algo = parse_algo(algo)
+    check_batch_rows(batch_rows)
     if weight_only and calib is not None:
         raise QuantizationError("--weight-only writes no activation scale: drop --calib (or --weight-only)")
-    ckpt = Checkpoint(checkpoint)
+    check_target(Path(out), force, is_quantized_output)  # before the work: never minutes of it for a refusal
+    ckpt = open_checkpoint(checkpoint)
     name, tied, weight = read_head(ckpt, tensor_name)
     vocab, hidden = weight.shape
     if isinstance(calib, (str, Path)):
@@ -301,7 +335,12 @@ def quantize_checkpoint(
     out = Path(out)
     from safetensors.torch import save_file
 
-    with staging(out, force=force, is_ours=lambda p: (p / "hf_quant_config.json").is_file()) as stage:
+    with staging(out, force=force, is_ours=is_quantized_output) as stage:
+        from trtvocab.version import __version__
+
+        marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
+                  "algo": quant_algo.value, "source": str(checkpoint), "tensor": name}
+        (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         metadata = {"format": "pt", "producer": "trtvocab quantize (modelopt export)"}
         save_file(tensors, str(stage / "model.safetensors"), metadata=metadata)
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")

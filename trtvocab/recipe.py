@@ -8,6 +8,21 @@
   :mod:`trtvocab.artifacts`.
 * :class:`Profile`: TensorRT optimization-profile ranges, one model for the recipe's
   ``[profile]`` and the engine builder.
+
+Both are parsed strictly (:func:`parse_recipe`, and ``Manifest.model_validate_json(...,
+strict=True)`` in :mod:`trtvocab.artifacts`): ``true`` is not ``1``, ``"4"`` is not ``4``,
+``64.9`` is not ``64``. Every integer a user writes has a range, said in its error:
+
+===========================  =======================================
+vocab_size                   [1, 2**31 - 1]   (``MAX_VOCAB``)
+hidden_size                  [1, 2**20]       (``MAX_HIDDEN``)
+tp_size                      [1, 4096]        (``MAX_TP``)
+pad_to                       [1, 2**20]; the padded vocab must stay <= ``MAX_VOCAB``
+seed                         [0, 2**32 - 1]
+std                          (0, 10000], finite
+profile tokens / batch       [1, 2**31 - 1]
+workspace_mib                [64, 2**20]
+===========================  =======================================
 """
 
 from __future__ import annotations
@@ -25,8 +40,18 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 from trtvocab.errors import ConfigError
 from trtvocab.formats import HIDDEN, SEQ_LENS, WeightFormat
+from trtvocab.fsutil import read_regular
 from trtvocab.mapping import Mapping
 from trtvocab.quant.config import QuantConfig
+
+MAX_VOCAB = 2**31 - 1  # token ids and per-rank widths are int32 in graphs and engines
+MAX_HIDDEN = 2**20
+MAX_TP = 4096
+MAX_PAD_TO = 2**20
+MAX_SEED = 2**32 - 1
+MAX_TOKENS = 2**31 - 1  # TensorRT profile dimensions are int32
+MAX_WORKSPACE_MIB = 2**20  # 1 TiB
+MAX_RECIPE_BYTES = 1 << 20
 
 
 class _Section(BaseModel):
@@ -37,10 +62,10 @@ class SyntheticSpec(_Section):
     """Deterministic random weights: rows are generated per 1024-row block from ``seed``,
     so every rank produces its own rows without the full matrix ever existing."""
 
-    vocab_size: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    seed: int = 0
-    std: float = Field(default=0.02, gt=0)
+    vocab_size: int = Field(ge=1, le=MAX_VOCAB)
+    hidden_size: int = Field(ge=1, le=MAX_HIDDEN)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    std: float = Field(default=0.02, gt=0, le=1e4, allow_inf_nan=False)
 
 
 class CheckpointSection(_Section):
@@ -64,9 +89,15 @@ class CheckpointSection(_Section):
 class MappingSection(_Section):
     """``[mapping]``: one TP group of ``tp_size`` ranks (the build writes every rank of it)."""
 
-    tp_size: int = Field(default=1, ge=1)
+    tp_size: int = Field(default=1, ge=1, le=MAX_TP)
     enable_attention_dp: bool = False
     enable_lm_head_tp_in_adp: bool = False
+
+    @model_validator(mode="after")
+    def _valid(self) -> MappingSection:
+        if self.enable_lm_head_tp_in_adp and not self.enable_attention_dp:
+            raise ValueError("enable_lm_head_tp_in_adp requires enable_attention_dp = true")
+        return self
 
     def for_rank(self, rank: int) -> Mapping:
         """The :class:`~trtvocab.mapping.Mapping` of ``rank`` of this group (``world_size = tp_size``)."""
@@ -85,7 +116,7 @@ class LMHeadSection(_Section):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     gather_output: bool = True
     vocab_layout: Literal["uneven", "padded"] = "uneven"
-    pad_to: int = Field(default=64, ge=1)
+    pad_to: int = Field(default=64, ge=1, le=MAX_PAD_TO)
     context_logits: bool = False
 
 
@@ -104,12 +135,12 @@ class Profile(_Section):
     The recipe's ``[profile]`` and :func:`trtvocab.export.tensorrt.build_engine` take this one model.
     """
 
-    min_tokens: int = Field(default=1, ge=1)
-    opt_tokens: int = Field(default=256, ge=1)
-    max_tokens: int = Field(default=8192, ge=1)
-    min_batch: int = Field(default=1, ge=1)
-    opt_batch: int = Field(default=8, ge=1)
-    max_batch: int = Field(default=256, ge=1)
+    min_tokens: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    opt_tokens: int = Field(default=256, ge=1, le=MAX_TOKENS)
+    max_tokens: int = Field(default=8192, ge=1, le=MAX_TOKENS)
+    min_batch: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    opt_batch: int = Field(default=8, ge=1, le=MAX_TOKENS)
+    max_batch: int = Field(default=256, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> Profile:
@@ -156,7 +187,7 @@ def validate_profile(profile: Profile | dict[str, Any]) -> Profile:
 class EngineSection(_Section):
     """``[engine]``: TensorRT workspace, timing cache file, and whether a missing engine fails the build."""
 
-    workspace_mib: int = Field(default=4096, ge=64)
+    workspace_mib: int = Field(default=4096, ge=64, le=MAX_WORKSPACE_MIB)
     timing_cache: str | None = None
     require: bool = False  # fail the build if no TensorRT engine can be built
 
@@ -171,6 +202,15 @@ class OutputSection(_Section):
     verify: bool = True  # run the exported graph on CPU and compare with the PyTorch fallback
 
 
+class EmbeddingSection(_Section):
+    """``[embedding]``: also export each rank's masked embedding lookup as ``rank{r}/embedding.onnx``
+    (checked on onnxruntime against :class:`~trtvocab.embedding.VocabParallelEmbedding`);
+    ``tensor`` names the input embedding when it has none of the known names."""
+
+    export: bool = False
+    tensor: str | None = None
+
+
 class BuildRecipe(_Section):
     """A complete build (``builders/*.toml``): the sections above; ``source`` is the file it came from."""
 
@@ -183,6 +223,7 @@ class BuildRecipe(_Section):
     profile: Profile = Profile()
     engine: EngineSection = EngineSection()
     output: OutputSection = OutputSection()
+    embedding: EmbeddingSection = EmbeddingSection()
 
     source: str | None = Field(default=None, exclude=True)  # file the recipe came from
 
@@ -191,6 +232,13 @@ class BuildRecipe(_Section):
         syn = self.checkpoint.synthetic
         if syn is not None and self.mapping.tp_size > syn.vocab_size:
             raise ValueError(f"mapping.tp_size ({self.mapping.tp_size}) is larger than the vocab ({syn.vocab_size})")
+        lh = self.lm_head
+        if lh.vocab_layout == "padded":
+            multiple = lh.pad_to * self.mapping.tp_size
+            vocab = syn.vocab_size if syn is not None else 1
+            if -(-vocab // multiple) * multiple > MAX_VOCAB:
+                raise ValueError(f"lm_head.pad_to ({lh.pad_to}) x mapping.tp_size ({self.mapping.tp_size}) pads the "
+                                 f"vocab past {MAX_VOCAB}")
         return self
 
     def checkpoint_path(self) -> Path | None:
@@ -225,37 +273,74 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "profile": Profile,
     "engine": EngineSection,
     "output": OutputSection,
+    "embedding": EmbeddingSection,
 }
+
+
+def _bounds(model: type[BaseModel], key: str) -> str:
+    """``" (allowed: [lo, hi])"`` from a field's ge/gt/le/lt constraints ("" when it has none)."""
+    field = model.model_fields.get(key)
+    if field is None:
+        return ""
+    lo = hi = None
+    lo_open = hi_open = False
+    for m in field.metadata:
+        if getattr(m, "ge", None) is not None:
+            lo = m.ge
+        if getattr(m, "gt", None) is not None:
+            lo, lo_open = m.gt, True
+        if getattr(m, "le", None) is not None:
+            hi = m.le
+        if getattr(m, "lt", None) is not None:
+            hi, hi_open = m.lt, True
+    if lo is None and hi is None:
+        return ""
+    return f" (allowed: {'(' if lo_open else '['}{lo if lo is not None else '-inf'}, " \
+           f"{hi if hi is not None else 'inf'}{')' if hi_open else ']'})"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _describe(err: dict[str, Any], source: str) -> str:
     loc = [str(p) for p in err["loc"]]
     section, key = ".".join(loc[:-1]), loc[-1] if loc else ""
     where = f"[{section}] {key}" if section else key or "(top level)"
+    model = _SECTIONS.get(section, BuildRecipe)
     if err["type"] == "extra_forbidden":
-        model = _SECTIONS.get(section, BuildRecipe)
         allowed = [k for k in model.model_fields if k != "source"]
         return f"{source}: {where}: unknown key; allowed keys: {', '.join(allowed)}"
-    got = f" (got {err.get('input')!r})" if loc else ""
-    return f"{source}: {where}: {err['msg']}{got}"
+    got = f" (got {_shown(err.get('input'))})" if loc else ""
+    bounds = _bounds(model, key) if err["type"] in (
+        "greater_than", "greater_than_equal", "less_than", "less_than_equal") else ""
+    return f"{source}: {where}: {err['msg']}{got}{bounds}"
 
 
 def parse_recipe(data: dict[str, Any], source: str = "<recipe>") -> BuildRecipe:
+    """A :class:`BuildRecipe` from parsed TOML, validated strictly (types as written, bounded ints)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid recipe: {source}: expected a table of sections, got {type(data).__name__}")
     try:
-        return BuildRecipe.model_validate({**data, "source": source})
+        return BuildRecipe.model_validate({**data, "source": source}, strict=True)
     except ValidationError as exc:
         lines = [_describe(e, source) for e in exc.errors()]
         raise ConfigError("invalid recipe:\n  " + "\n  ".join(lines)) from None
 
 
 def load_recipe(path: str | Path) -> BuildRecipe:
+    """Read and validate a recipe file: a regular file of at most 1 MiB, UTF-8 TOML."""
     path = Path(path)
+    raw = read_regular(path, "recipe", max_bytes=MAX_RECIPE_BYTES, error=ConfigError)
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"recipe {path}: no such file") from None
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"recipe {path}: not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"recipe {path}: not valid TOML ({exc})") from None
+    except (RecursionError, ValueError) as exc:
+        raise ConfigError(f"recipe {path}: not a TOML file trtvocab can read ({type(exc).__name__})") from None
     return parse_recipe(data, str(path))
 
 
@@ -267,8 +352,8 @@ class _Record(BaseModel):
 class HeadRecord(LMHeadSection):
     """The head every rank is a shard of: the recipe's ``[lm_head]`` plus what the checkpoint said."""
 
-    vocab_size: int
-    hidden_size: int
+    vocab_size: int = Field(ge=1, le=MAX_VOCAB)
+    hidden_size: int = Field(ge=1, le=MAX_HIDDEN)
     tensor: str | None = None
 
 
@@ -327,28 +412,30 @@ class RankFiles(_Record):
     weights: str
     onnx: str | None = None
     plan: str | None = None
+    embedding_onnx: str | None = None
 
 
 class RankEntry(_Record):
     """One rank of the artifact: its columns ``[start, end)`` inside a buffer of ``width``."""
 
-    rank: int
-    start: int
-    end: int
-    width: int
+    rank: int = Field(ge=0, lt=MAX_TP)
+    start: int = Field(ge=0, le=MAX_VOCAB)
+    end: int = Field(ge=0, le=MAX_VOCAB)
+    width: int = Field(ge=0, le=MAX_VOCAB)
     weight_format: WeightFormat
-    resident_bytes: int
+    resident_bytes: int = Field(ge=0)
     files: RankFiles
     verify: VerifyRecord | None = None
     engine: EngineRecord
     quant: QuantRecord
+    embedding_verify: VerifyRecord | None = None  # the embedding graph against the PyTorch module
 
 
 class FileRecord(_Record):
     """A file of the artifact: its sha256 and size, checked on every load."""
 
-    sha256: str
-    bytes: int
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0, lt=2**63)
 
 
 class BackendsRecord(_Record):
@@ -377,6 +464,7 @@ class Manifest(_Record):
     ranks_built: list[int]
     backends: BackendsRecord
     files: dict[str, FileRecord] = {}
+    digest: str | None = None  # sha256 of the canonical body without this key (trtvocab.artifacts.body_digest)
 
     def entry(self, rank: int) -> RankEntry:
         """The entry of ``rank`` (a partial build, ``--ranks``, holds only some)."""

@@ -66,7 +66,8 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
     """Gathered float32 logits ``[B, V]`` of every rank of the artifact at ``root``.
 
     Everything is validated here, before any rank starts: the artifact (checksums,
-    versions, all ranks present), the backend, the hidden states and ``seq_lens``.
+    versions, all ranks present, manifest consistency), the backend, the hidden states
+    (shape, dtype, finite: NaN / inf refused naming the first bad row) and ``seq_lens``.
     Under ``torchrun`` this process is one rank and only rank 0 gets the logits.
     """
     root = Path(root)
@@ -75,7 +76,7 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
         raise ArtifactError(f"{root}: holds ranks {manifest.ranks_built} of tp {manifest.mapping.tp_size}; "
                             "inference needs all of them")
     chosen, _ = pick_backend(manifest, backend)
-    check_hidden_states(hidden, hidden_size=manifest.head.hidden_size)
+    check_hidden_states(hidden, hidden_size=manifest.head.hidden_size, finite=True)
     if seq_lens is not None:
         last_token_rows(seq_lens, hidden.shape[0])
     tp = manifest.mapping.tp_size

@@ -35,6 +35,7 @@ outputs, followed by ``DequantizeLinear(scales, global)`` and a blocked
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,9 +49,10 @@ from onnx.reference.op_run import OpRun
 
 from trtvocab.backends.base import RankLogits
 from trtvocab.dtypes import HEAD_DTYPES, dtype_name
-from trtvocab.errors import EngineUnavailableError, InputError
+from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.export.onnx import FP4_QUANTIZE_OP, TRT_DOMAIN
 from trtvocab.formats import HIDDEN, LOGITS, SEQ_LENS
+from trtvocab.fsutil import open_regular
 from trtvocab.inputs import check_hidden_states, last_token_rows
 from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK, SCALE_MIN
@@ -152,9 +154,19 @@ def _load(path_or_model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto,
     if isinstance(path_or_model, onnx.ModelProto):
         return path_or_model, None
     path = Path(path_or_model)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise InputError(f"no ONNX graph at {path}")
-    return onnx.load(str(path), load_external_data=False), path
+    with open_regular(path, "ONNX graph", InputError) as fh:  # never a FIFO or a device
+        return onnx.load_model_from_string(fh.read()), path
+
+
+def external_data_files(model: onnx.ModelProto) -> set[str]:
+    """The ``location`` of every initializer stored outside the graph file."""
+    out = set()
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            out.update(e.value for e in tensor.external_data if e.key == "location")
+    return out
 
 
 def onnxruntime_blocker(model: onnx.ModelProto) -> str | None:
@@ -272,8 +284,22 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(self, root: Path, manifest: Manifest, rank: int) -> None:
-        self.path = Path(root) / (manifest.entry(rank).files.onnx or f"rank{rank}/lm_head.onnx")
+        rel = manifest.entry(rank).files.onnx
+        if rel is None:
+            raise EngineUnavailableError(f"rank {rank} of {root} has no ONNX graph")
+        self.path = Path(root) / rel
         self.context = manifest.head.context_logits
+        # The graph must be what the manifest says it is, and read nothing the manifest does not list.
+        model, _ = _load(self.path)
+        has_lens = SEQ_LENS in {vi.name for vi in model.graph.input}
+        if has_lens == self.context:
+            raise ArtifactError(f"{self.path}: graph {'takes' if has_lens else 'lacks'} {SEQ_LENS}, but the manifest "
+                                f"says context_logits = {self.context} (field head.context_logits)")
+        folder = rel.rsplit("/", 1)[0]
+        for loc in sorted(external_data_files(model)):
+            if "/" in loc or "\\" in loc or loc in ("", ".", "..") or f"{folder}/{loc}" not in manifest.files:
+                raise ArtifactError(f"{self.path}: external data {loc!r} is not a file of the rank folder listed in "
+                                    "the manifest")
 
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:
         lens = None if self.context or seq_lens is None else seq_lens.to(torch.int32)

@@ -8,6 +8,7 @@ its glue is tested with a named test double, never as verification of TensorRT.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,9 +18,11 @@ from trtvocab.backends.base import RankLogits
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.export.tensorrt import cuda_device, import_tensorrt, recording_logger
 from trtvocab.formats import HIDDEN, LOGITS, SEQ_LENS
-from trtvocab.fsutil import sha256_bytes
+from trtvocab.fsutil import read_regular, sha256_bytes
 from trtvocab.inputs import check_hidden_states, last_token_rows
 from trtvocab.recipe import EngineRecord, Manifest
+
+MAX_PLAN_BYTES = 64 << 30  # a plan read without a recorded size (direct EngineRunner use)
 
 
 def current_gpu() -> tuple[str, str] | None:
@@ -58,13 +61,16 @@ class EngineRunner:
     :class:`InputError` instead of reaching the engine.
     """
 
-    def __init__(self, plan_path: str | Path, sha256: str | None = None):
+    def __init__(self, plan_path: str | Path, sha256: str | None = None, nbytes: int | None = None):
         self.trt = import_tensorrt()
         self.device = cuda_device()
         path = Path(plan_path)
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ArtifactError(f"no TensorRT plan at {path}")
-        blob = path.read_bytes()
+        # A regular file only, and no more bytes than recorded (a FIFO or /dev/zero never blocks).
+        blob = read_regular(path, "TensorRT plan", max_bytes=nbytes if nbytes is not None else MAX_PLAN_BYTES)
+        if nbytes is not None and len(blob) != nbytes:
+            raise ArtifactError(f"{path}: {len(blob)} bytes, the artifact records {nbytes} (partial or replaced plan)")
         if sha256 is not None and sha256_bytes(blob) != sha256:
             raise ArtifactError(f"{path}: sha256 does not match the recorded one (partial or replaced plan)")
         self.logger = recording_logger(self.trt, self.trt.ILogger.Severity.WARNING)
@@ -138,7 +144,7 @@ class TensorRTBackend:
         entry = manifest.entry(rank)
         if entry.files.plan is None or entry.engine.build is None:
             raise EngineUnavailableError(f"rank {rank} of {root} has no engine: {entry.engine.reason}")
-        self.runner = EngineRunner(Path(root) / entry.files.plan, entry.engine.build.sha256)
+        self.runner = EngineRunner(Path(root) / entry.files.plan, entry.engine.build.sha256, entry.engine.build.bytes)
         self.context = manifest.head.context_logits
 
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:

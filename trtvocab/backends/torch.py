@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from trtvocab.backends.base import RankLogits
 from trtvocab.dtypes import head_dtype
+from trtvocab.fsutil import open_regular
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import shard_logits
 from trtvocab.recipe import Manifest
@@ -26,7 +27,9 @@ def head_from_artifact(root: Path, manifest: Manifest, rank: int, process_group:
         gather_output=True, quant_config=manifest.quant.config, vocab_layout=h.vocab_layout, pad_to=h.pad_to,
         process_group=process_group,
     )
-    head.load_weights(load_file(str(Path(root) / manifest.entry(rank).files.weights)))
+    path = Path(root) / manifest.entry(rank).files.weights
+    open_regular(path, "rank weights").close()  # never hand a FIFO or a device to the loader
+    head.load_weights(load_file(str(path)))
     return head
 
 

@@ -56,7 +56,9 @@ class QuantAlgo(str, enum.Enum):
         if value is None:
             return None
         try:
-            return cls(str(value).upper())
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return cls(value.upper())
         except ValueError:
             raise QuantizationError(
                 f"{where}: unknown quant_algo {value!r}; known: {[a.value for a in cls]}"
@@ -137,6 +139,26 @@ def _quant_section(ckpt: Checkpoint) -> tuple[dict[str, Any], str]:
     return {}, ""
 
 
+def _patterns(section: dict[str, Any], key: str, where: str) -> list[str]:
+    """``section[key]`` as a list of strings (absent / null: empty). A string is refused, not
+    iterated by character: ``"lm_head"`` would otherwise exclude nothing."""
+    value = section.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise QuantizationError(f"{where}: {key} must be a list of module-name patterns (strings), "
+                                f"got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def _group_size(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 16:
+        raise QuantizationError(f"{where}: group_size must be an int in [1, 65536], got {value!r:.80}")
+    return value
+
+
 def _excluded(patterns: list[str], module: str) -> str | None:
     for pattern in patterns:
         if fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(module + ".weight", pattern):
@@ -169,9 +191,9 @@ def resolve_lm_head_quant(
 ) -> HeadQuantDecision:
     """Apply the gating rule to a checkpoint (a :class:`Checkpoint` or its path; header probes only)."""
     if not hasattr(ckpt, "hf_quant_config"):
-        from trtvocab.checkpoint import Checkpoint
+        from trtvocab.checkpoint import open_checkpoint
 
-        ckpt = Checkpoint(ckpt)  # type: ignore[arg-type]
+        ckpt = open_checkpoint(ckpt)  # type: ignore[arg-type]
     if quant not in ("auto", "none"):
         raise QuantizationError(f"quant must be 'auto' or 'none', got {quant!r}")
     name, tied = ckpt.lm_head_name(tensor_name)
@@ -179,8 +201,11 @@ def resolve_lm_head_quant(
     section, source = _quant_section(ckpt)
     where = f"{ckpt.path} {source}".strip()
     global_algo = QuantAlgo.parse(section.get("quant_algo"), where)
-    patterns = list(section.get("exclude_modules") or []) + list(section.get("ignore") or [])
+    patterns = _patterns(section, "exclude_modules", where) + _patterns(section, "ignore", where)
     layers = section.get("quantized_layers") or {}
+    if not isinstance(layers, dict):
+        raise QuantizationError(f"{where}: quantized_layers must be an object of module name -> entry, "
+                                f"got {type(layers).__name__}")
     stored = stored_format(ckpt, name)
     has_scale = ckpt.has(f"{module}.weight_scale")
     has_input_scale = ckpt.has(f"{module}.input_scale")
@@ -231,7 +256,10 @@ def resolve_lm_head_quant(
         activation = Activation.NONE if weight_only else (Activation.STATIC if has_input_scale else Activation.DYNAMIC)
     else:
         activation = Activation.NONE if weight_only or not has_input_scale else Activation.STATIC
-    group = int(section.get("group_size") or (entry.get("group_size") if isinstance(entry, dict) else 0) or BLOCK)
+    group = (_group_size(section.get("group_size"), where)
+             or (_group_size(entry.get("group_size"), f"{where} quantized_layers[{module!r}]")
+                 if isinstance(entry, dict) else None)
+             or BLOCK)
     # An FP8 weight_scale with one value per vocab row (header shape) is the per-row variant.
     scale_elems = 1
     for dim in ckpt.info(f"{module}.weight_scale").shape:

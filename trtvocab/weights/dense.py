@@ -25,10 +25,29 @@ def _untouched_zeros(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(rows, cols)
 
 
+def first_nonfinite_row(rows: torch.Tensor, chunk_elements: int = 1 << 18) -> int | None:
+    """Index of the first row of ``rows [N, H]`` holding NaN or inf (None: all finite), in chunks
+    of about ``chunk_elements`` values, so that the check needs no large boolean temporary
+    (a loading rank's peak memory stays near its shard)."""
+    chunk = max(1, chunk_elements // max(1, rows.shape[-1]))
+    for lo in range(0, rows.shape[0], chunk):
+        bad = ~torch.isfinite(rows[lo : lo + chunk]).all(dim=1)
+        if bool(bad.any()):
+            return lo + int(bad.nonzero()[0])
+    return None
+
+
 class DenseWeight(WeightMethod):
-    """The unquantized shard: ``weight [width, H]`` in the head dtype; logits in that dtype."""
+    """The unquantized shard: ``weight [width, H]`` in the head dtype; logits in that dtype.
+
+    ``check_finite`` (default True; set it False on an instance whose caller validated the
+    weights already): a weight row with NaN or inf is refused at load with a
+    :class:`CheckpointError` naming the tensor and the first bad row (its global token id),
+    instead of giving NaN logits and arbitrary token ids.
+    """
 
     weight_format = WeightFormat.DENSE
+    check_finite: bool = True
 
     def __init__(self, shard, hidden_size: int, dtype: torch.dtype, quant_config: Any = None):
         super().__init__(shard, hidden_size, dtype, quant_config)
@@ -51,6 +70,11 @@ class DenseWeight(WeightMethod):
                 f"weight: dense LM head needs one of {[str(d) for d in DENSE_DTYPES]}, got {rows.dtype} "
                 "(quantized bytes are never read as dense values)"
             )
+        if self.check_finite:
+            bad = first_nonfinite_row(rows)
+            if bad is not None:
+                raise CheckpointError(f"weight: row {self.shard.start + bad} (token id; row {bad} of this rank's "
+                                      f"shard [{self.shard.start}, {self.shard.end})) contains NaN or inf")
         with torch.no_grad():
             if self._can_adopt(tensors["weight"], rows):
                 # The lazy reader handed us a fresh, exactly shard-sized tensor: keep it as

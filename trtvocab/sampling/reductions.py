@@ -1,4 +1,4 @@
-"""Sampling over a vocab-split head without gathering the ``[B, V]`` logits.
+"""Reductions over a vocab-split head's logits without gathering ``[B, V]``.
 
 Each function takes one rank's logits -- ``head.local_logits(hidden)`` (``[B, width]``,
 padding columns ``-inf``) or ``head(hidden)`` with ``gather_output=False``
@@ -36,6 +36,7 @@ A replicated head (no mapping, or attention DP without LM-head TP) runs plain to
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -45,18 +46,34 @@ from trtvocab import distributed as D
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 
-_NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
-_OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p")
+NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
+_OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p", "sample", "bitmask")
 TOP_P_FIRST_K = 64  # first candidate count for top-p; real nuclei are usually this small
 # What the ranks agree on before every public call (protocol: trtvocab.distributed.Handshake).
 HANDSHAKE = D.Handshake("sampling", (
     D.Field("vocab_size"), D.Field("tp_size"), D.Field("vocab layout (0 = uneven, else pad_to)"),
     D.Field("operation", _OPS), D.Field("k / ids per row"), D.Field("batch rows"),
+    D.Field("argument digest (top_p / min_p values, logprobs token ids)"),
+    D.Field("proposal", per_rank=True),  # sample: each rank's fresh seed; rank 0's is used
 ))
+_DIGEST = "argument digest (top_p / min_p values, logprobs token ids)"
+
+
+def argument_digest(value: torch.Tensor | None) -> int:
+    """A signed 63-bit digest of a tensor's dtype, shape and bytes (0 for None): what the ranks
+    compare for arguments that must be equal everywhere but are too long for the handshake row
+    (a ``[B]`` top_p, ``[B, n]`` token ids). Equal tensors give equal digests on every rank."""
+    if value is None:
+        return 0
+    t = value.detach().cpu().contiguous()
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{t.dtype}:{list(t.shape)}:".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return int.from_bytes(h.digest(), "little") >> 1
 
 
 # ---- validation and plumbing ---------------------------------------------------------------
-def _check_logits(local_logits: Any, head: LMHead, what: str) -> InputError | None:
+def check_logits(local_logits: Any, head: LMHead, what: str) -> InputError | None:
     shard = head.shard
     if not isinstance(local_logits, torch.Tensor):
         return InputError(f"{what}: local_logits must be a torch.Tensor, got {type(local_logits).__name__}")
@@ -73,27 +90,32 @@ def _check_logits(local_logits: Any, head: LMHead, what: str) -> InputError | No
     return None
 
 
-def _handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str, extra: int = 0) -> None:
-    """Raise everywhere if any rank failed validation or the ranks disagree on the call."""
+def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str, extra: int = 0,
+               argument: torch.Tensor | None = None, proposal: int = 0) -> int:
+    """Raise everywhere if any rank failed validation or the ranks disagree on the call.
+
+    Returns rank 0's ``proposal`` (a value one rank picks for all, such as a fresh seed).
+    """
     if not head.is_split:
         if error is not None:
             raise error
-        return
+        return proposal
     D.require_initialized(head.tp_size)
     rows = local_logits.shape[0] if isinstance(local_logits, torch.Tensor) and local_logits.dim() else 0
     values = {"vocab_size": head.vocab_size, "tp_size": head.tp_size,
               "vocab layout (0 = uneven, else pad_to)": 0 if head.vocab_layout == "uneven" else head.pad_to,
-              "operation": op, "k / ids per row": extra, "batch rows": rows}
+              "operation": op, "k / ids per row": extra, "batch rows": rows,
+              _DIGEST: argument_digest(argument) if error is None else 0, "proposal": proposal}
     device = local_logits.device if isinstance(local_logits, torch.Tensor) else head.device
-    HANDSHAKE.exchange(values, error, head.process_group, device, what=f"sampling.{op}")
+    return int(HANDSHAKE.exchange(values, error, head.process_group, device, what=f"sampling.{op}")["proposal"][0])
 
 
-def _own(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+def own(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     """The owned columns only: padding never takes part (not even as a ``-inf`` tie)."""
     return local_logits[:, : head.shard.size]
 
 
-def _gather_stack(t: torch.Tensor, head: LMHead) -> torch.Tensor:
+def gather_stack(t: torch.Tensor, head: LMHead) -> torch.Tensor:
     """``[tp, *t.shape]``: every rank's ``t`` (same shape on every rank)."""
     pieces = [torch.empty_like(t) for _ in range(head.tp_size)]
     dist.all_gather(pieces, t.contiguous(), group=head.process_group)
@@ -137,21 +159,28 @@ def _local_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- greedy and top-k ------------------------------------------------------------------------
 def greedy(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     """Token ids ``[B]`` (int64) of the largest logit, lowest id among ties: ``argmax`` of the gathered logits."""
-    error = _check_logits(local_logits, head, "sampling.greedy")
-    _handshake(head, local_logits, error, "greedy")
-    x = _own(local_logits, head)
+    error = check_logits(local_logits, head, "sampling.greedy")
+    handshake(head, local_logits, error, "greedy")
+    x = own(local_logits, head)
     if not head.is_split:
-        return torch.argmax(x, dim=1)
-    if x.shape[1]:
-        values, cols = torch.max(x, dim=1)  # first maximum: the lowest local column
-        ids = cols + head.vocab_start
-    else:  # a trailing padded-layout rank that owns no columns
-        values = x.new_full((x.shape[0],), float("-inf"))
-        ids = torch.full((x.shape[0],), _NO_ID, dtype=torch.int64, device=x.device)
-    all_values, all_ids = _unpack(_gather_stack(_pack(values, ids), head))  # [tp, B]
-    best = all_values.max(dim=0).values
-    candidates = torch.where(all_values == best, all_ids, torch.full_like(all_ids, _NO_ID))
-    return candidates.min(dim=0).values
+        best, chosen = torch.max(x, dim=1) if x.shape[1] else (x.new_full((x.shape[0],), float("-inf")), None)
+    else:
+        if x.shape[1]:
+            values, cols = torch.max(x, dim=1)  # first maximum: the lowest local column
+            ids = cols + head.vocab_start
+        else:  # a trailing padded-layout rank that owns no columns
+            values = x.new_full((x.shape[0],), float("-inf"))
+            ids = torch.full((x.shape[0],), NO_ID, dtype=torch.int64, device=x.device)
+        all_values, all_ids = _unpack(gather_stack(_pack(values, ids), head))  # [tp, B]
+        best = all_values.max(dim=0).values
+        chosen = torch.where(all_values == best, all_ids, torch.full_like(all_ids, NO_ID)).min(dim=0).values
+    if bool(torch.isneginf(best).any()):
+        # A row masked to -inf everywhere (a bitmask that allows nothing): no id is right. Every
+        # rank sees the same gathered maxima, so every rank raises.
+        raise InputError(f"sampling.greedy: row(s) {torch.isneginf(best).nonzero()[:, 0].tolist()} allow no token "
+                         "(every logit is -inf)")
+    assert chosen is not None
+    return chosen
 
 
 def topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,26 +188,26 @@ def topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor
 
     Values are in the logits' dtype and equal ``torch.topk(gathered, k).values``.
     """
-    error = _check_logits(local_logits, head, "sampling.topk")
+    error = check_logits(local_logits, head, "sampling.topk")
     if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= head.vocab_size):
         error = InputError(f"sampling.topk: k must be an int in [1, vocab_size={head.vocab_size}], got {k!r}")
-    _handshake(head, local_logits, error, "topk", extra=int(k) if error is None else 0)
-    return _merged_topk(local_logits, head, k)
+    handshake(head, local_logits, error, "topk", extra=int(k) if error is None else 0)
+    return merged_topk(local_logits, head, k)
 
 
-def _merged_topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def merged_topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`topk` on validated input whose call the ranks already agreed on (one all_gather)."""
-    x = _own(local_logits, head)
+    x = own(local_logits, head)
     if not head.is_split:
         return _local_topk(x, k)
     rows = x.shape[0]
     k_local = min(k, x.shape[1])
     packed = _pack(torch.full((rows, k), float("-inf"), device=x.device),
-                   torch.full((rows, k), _NO_ID, dtype=torch.int64, device=x.device))
+                   torch.full((rows, k), NO_ID, dtype=torch.int64, device=x.device))
     if k_local:
         vals, cols = _local_topk(x, k_local)
         packed[:, :k_local] = _pack(vals, cols + head.vocab_start)
-    all_values, all_ids = _unpack(_gather_stack(packed, head))  # [tp, B, k]
+    all_values, all_ids = _unpack(gather_stack(packed, head))  # [tp, B, k]
     all_values = all_values.permute(1, 0, 2).reshape(rows, -1)
     all_ids = all_ids.permute(1, 0, 2).reshape(rows, -1)
     order = _order_by_value_then_id(all_values, all_ids)[:, :k]
@@ -187,7 +216,7 @@ def _merged_topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torc
 
 
 # ---- normalization: global log-softmax ------------------------------------------------------------
-def _global_max(x: torch.Tensor, head: LMHead) -> torch.Tensor:
+def global_max(x: torch.Tensor, head: LMHead) -> torch.Tensor:
     """``[B]`` float32 max over the whole vocab (``-inf`` for a rank with no columns)."""
     local = x.amax(dim=1) if x.shape[1] else x.new_full((x.shape[0],), float("-inf"))
     local = local.to(torch.float32)
@@ -201,7 +230,7 @@ def _sum_exp_and_picks(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Global ``(max [B], logsumexp [B], picked logits [B, n] or None)`` in float32; two all_reduces."""
     x = x.to(torch.float32)
-    m = _global_max(x, head)
+    m = global_max(x, head)
     # Shift by a finite max: all -inf rows give logsumexp -inf, a +inf logit gives +inf
     # (what torch.logsumexp returns), never NaN from inf - inf.
     shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
@@ -224,23 +253,23 @@ def _sum_exp_and_picks(
 
 def logsumexp(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     """``[B]`` float32 ``log(sum(exp(logits)))`` over the *whole* vocab: the global softmax denominator."""
-    error = _check_logits(local_logits, head, "sampling.logsumexp")
-    _handshake(head, local_logits, error, "logsumexp")
-    return _sum_exp_and_picks(_own(local_logits, head), head, None)[1]
+    error = check_logits(local_logits, head, "sampling.logsumexp")
+    handshake(head, local_logits, error, "logsumexp")
+    return _sum_exp_and_picks(own(local_logits, head), head, None)[1]
 
 
 def log_softmax(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     """This rank's columns ``[B, V_local]`` (float32) of the global log-softmax."""
-    error = _check_logits(local_logits, head, "sampling.log_softmax")
-    _handshake(head, local_logits, error, "log_softmax")
-    x = _own(local_logits, head)
+    error = check_logits(local_logits, head, "sampling.log_softmax")
+    handshake(head, local_logits, error, "log_softmax")
+    x = own(local_logits, head)
     lse = _sum_exp_and_picks(x, head, None)[1]
     return x.to(torch.float32) - lse[:, None]
 
 
 def logprobs(local_logits: torch.Tensor, head: LMHead, token_ids: torch.Tensor) -> torch.Tensor:
     """Log-probabilities (float32, global softmax) of ``token_ids`` (``[B]`` or ``[B, n]``, global ids)."""
-    error = _check_logits(local_logits, head, "sampling.logprobs")
+    error = check_logits(local_logits, head, "sampling.logprobs")
     n = 0
     if error is None:
         if not isinstance(token_ids, torch.Tensor) or token_ids.dtype.is_floating_point \
@@ -255,9 +284,10 @@ def logprobs(local_logits: torch.Tensor, head: LMHead, token_ids: torch.Tensor) 
                                f"got values in [{int(token_ids.min())}, {int(token_ids.max())}]")
         else:
             n = 1 if token_ids.dim() == 1 else token_ids.shape[1]
-    _handshake(head, local_logits, error, "logprobs", extra=n)
+    handshake(head, local_logits, error, "logprobs", extra=n,
+               argument=token_ids.to(torch.int64) if error is None else None)
     ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(local_logits.device)
-    _, lse, picked = _sum_exp_and_picks(_own(local_logits, head), head, ids)
+    _, lse, picked = _sum_exp_and_picks(own(local_logits, head), head, ids)
     assert picked is not None
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
@@ -268,16 +298,16 @@ def min_p_mask(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.Te
     ``p / p_max = exp(x - max)``: the global max is all min-p needs (the softmax
     denominator cancels), so one all_reduce MAX. ``min_p`` is a float or a ``[B]`` tensor in [0, 1].
     """
-    error = _check_logits(local_logits, head, "sampling.min_p")
+    error = check_logits(local_logits, head, "sampling.min_p")
     if error is None:
         threshold = torch.as_tensor(min_p, dtype=torch.float32, device=local_logits.device)
         if threshold.dim() > 1 or (threshold.dim() == 1 and threshold.shape[0] != local_logits.shape[0]):
             error = InputError(f"sampling.min_p: min_p must be a float or a [B] tensor, got {list(threshold.shape)}")
         elif bool(((threshold < 0) | (threshold > 1) | torch.isnan(threshold)).any()):
             error = InputError(f"sampling.min_p: min_p must be in [0, 1], got {min_p!r}")
-    _handshake(head, local_logits, error, "min_p")
-    x = _own(local_logits, head).to(torch.float32)
-    m = _global_max(x, head)
+    handshake(head, local_logits, error, "min_p", argument=threshold if error is None else None)
+    x = own(local_logits, head).to(torch.float32)
+    m = global_max(x, head)
     threshold = threshold.reshape(-1, 1) if threshold.dim() == 1 else threshold
     return torch.exp(x - m[:, None]) >= threshold
 
@@ -285,7 +315,7 @@ def min_p_mask(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.Te
 def apply_min_p(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.Tensor) -> torch.Tensor:
     """This rank's owned columns with the tokens min-p drops set to ``-inf``."""
     keep = min_p_mask(local_logits, head, min_p)
-    x = _own(local_logits, head)
+    x = own(local_logits, head)
     return x.masked_fill(~keep, float("-inf"))
 
 
@@ -299,20 +329,29 @@ def top_p_mask(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Te
     move, never ``[B, V]``. Every rank sees the same merged candidates and the same
     denominator, so every rank makes the same decisions.
     """
-    error = _check_logits(local_logits, head, "sampling.top_p")
+    error = check_logits(local_logits, head, "sampling.top_p")
     if error is None:
         threshold = torch.as_tensor(top_p, dtype=torch.float32, device=local_logits.device)
         if threshold.dim() > 1 or (threshold.dim() == 1 and threshold.shape[0] != local_logits.shape[0]):
             error = InputError(f"sampling.top_p: top_p must be a float or a [B] tensor, got {list(threshold.shape)}")
         elif bool(((threshold <= 0) | (threshold > 1) | torch.isnan(threshold)).any()):
             error = InputError(f"sampling.top_p: top_p must be in (0, 1], got {top_p!r}")
-    _handshake(head, local_logits, error, "top_p")
+    handshake(head, local_logits, error, "top_p", argument=threshold if error is None else None)
+    return nucleus(local_logits, head, threshold)
+
+
+def nucleus(local_logits: torch.Tensor, head: LMHead, threshold: torch.Tensor) -> torch.Tensor:
+    """:func:`top_p_mask` on validated input whose call the ranks already agreed on.
+
+    ``threshold``: a 0-d or ``[B]`` float32 tensor. ``-inf`` logits (masked tokens) carry no
+    mass, so the nucleus is that of the distribution renormalized over the rest.
+    """
     threshold = threshold.reshape(-1, 1) if threshold.dim() == 1 else threshold.reshape(1, 1)
-    x = _own(local_logits, head)
+    x = own(local_logits, head)
     lse = _sum_exp_and_picks(x, head, None)[1]
     k = min(TOP_P_FIRST_K, head.vocab_size)
     while True:  # validated and agreed once above: each round is one all_gather, no handshake
-        values, ids = _merged_topk(local_logits, head, k)
+        values, ids = merged_topk(local_logits, head, k)
         probs = torch.exp(values.to(torch.float32) - lse[:, None])
         before = torch.cumsum(probs, dim=1) - probs  # mass strictly before each candidate
         kept = (before < threshold).sum(dim=1).clamp(min=1)  # [B], the top token always stays
@@ -328,4 +367,4 @@ def top_p_mask(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Te
 def apply_top_p(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Tensor) -> torch.Tensor:
     """This rank's owned columns with the tokens outside the nucleus set to ``-inf``."""
     keep = top_p_mask(local_logits, head, top_p)
-    return _own(local_logits, head).masked_fill(~keep, float("-inf"))
+    return own(local_logits, head).masked_fill(~keep, float("-inf"))

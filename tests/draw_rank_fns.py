@@ -1,0 +1,122 @@
+"""Per-rank bodies of the seeded-sampling and bitmask tests (spawned processes import this module)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trtvocab import LMHead, Mapping
+from trtvocab import distributed as D
+from trtvocab.errors import TrtVocabError
+from trtvocab.sampling import SamplingParams, apply_token_bitmask, sample
+
+VOCAB = 1009
+ROWS = 8
+SPLITS = [(1, "uneven"), (2, "uneven"), (3, "uneven"), (5, "uneven"), (4, "padded")]
+
+
+def gathered_logits(seed: int) -> torch.Tensor:
+    return torch.randn(ROWS, VOCAB, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+def row_params() -> list[SamplingParams]:
+    """One row per filter combination; every row seeded (rows 6 and 7 share a seed on purpose)."""
+    return [
+        SamplingParams(temperature=1.0, seed=1),
+        SamplingParams(temperature=0.7, top_k=50, seed=2),
+        SamplingParams(temperature=1.3, top_p=0.9, seed=3),
+        SamplingParams(temperature=1.0, min_p=0.05, seed=4),
+        SamplingParams(temperature=0.9, top_k=200, top_p=0.8, min_p=0.02, seed=5),
+        SamplingParams(temperature=0.0, seed=6),  # greedy
+        SamplingParams(temperature=2.0, top_k=1, seed=7),  # top-1: greedy too
+        SamplingParams(temperature=2.0, seed=7),
+    ]
+
+
+def random_bitmask(seed: int, words: int) -> torch.Tensor:
+    """An xgrammar-layout mask allowing about a third of the ids (row 0: only ids 3 and 1000)."""
+    gen = torch.Generator().manual_seed(seed)
+    bits = torch.rand(ROWS, words * 32, generator=gen) < 0.33
+    bits[0] = False
+    bits[0, 3] = True
+    if words * 32 > 1000:
+        bits[0, 1000] = True
+    packed = (bits.view(ROWS, words, 32).to(torch.int64) << torch.arange(32)).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def _local(g: torch.Tensor, head: LMHead) -> torch.Tensor:
+    s = head.shard
+    out = torch.full((g.shape[0], s.width), float("-inf"))
+    out[:, : s.size] = g[:, s.start : s.end]
+    return out
+
+
+def draw_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
+    """For every (tp, layout) of SPLITS on ranks [0, tp): seeded ids, masked ids, the masked logits."""
+    groups = {tp: (dist.new_group(list(range(tp))) if 1 < tp < world else None) for tp in range(2, world + 1)}
+    g = gathered_logits(seed)
+    out: list[dict[str, Any]] = []
+    for tp, layout in SPLITS:
+        if rank >= tp:
+            continue
+        mapping = Mapping(world_size=tp, rank=rank, tp_size=tp) if tp > 1 else None
+        head = LMHead(VOCAB, 4, dtype=torch.float32, mapping=mapping, vocab_layout=layout, pad_to=16,
+                      process_group=groups.get(tp))
+        local = _local(g, head)
+        ids = sample(local, head, row_params(), step=3)
+        ids_next_step = sample(local, head, row_params(), step=4)
+        limited = sample(local, head, row_params(), step=3, vocab_limit=500)
+        masked: dict[int, Any] = {}
+        for words in ((VOCAB + 31) // 32, 20):  # the full vocab, and a mask narrower than V (640 ids)
+            bitmask = random_bitmask(seed + words, words)
+            mine = apply_token_bitmask(local.clone(), bitmask, head)
+            full = D.all_gather_columns(mine[:, : head.shard.size].contiguous(), [s.size for s in head.shards],
+                                        head.process_group) if head.is_split else mine[:, : head.shard.size]
+            masked[words] = {"logits": full.numpy(), "ids": sample(mine, head, row_params(), step=3).tolist(),
+                             "greedy_ok": _catch_greedy(mine, head),
+                             "padding_ok": bool(torch.isneginf(mine[:, head.shard.size :]).all())}
+        out.append({"case": f"tp={tp} {layout}", "ids": ids.tolist(), "ids_next_step": ids_next_step.tolist(),
+                    "limited": limited.tolist(), "masked": masked})
+    return out
+
+
+def _catch_greedy(local: torch.Tensor, head: LMHead) -> list[int] | str:
+    from trtvocab.sampling import greedy
+
+    try:
+        return greedy(local, head).tolist()
+    except TrtVocabError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def bad_sample_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
+    """Rank 1 passes a bad argument; every rank reports what it raised."""
+    head = LMHead(VOCAB, 4, dtype=torch.float32, mapping=Mapping(world_size=world, rank=rank, tp_size=world))
+    local = _local(gathered_logits(0), head)
+    good = row_params()
+    bad = rank == 1
+    out: dict[str, tuple[str, str]] = {}
+
+    def catch(fn: Any) -> tuple[str, str]:
+        try:
+            fn()
+        except TrtVocabError as exc:
+            return type(exc).__name__, str(exc)
+        return "ok", ""
+
+    out["params count"] = catch(lambda: sample(local, head, good[:3] if bad else good))
+    out["params type"] = catch(lambda: sample(local, head, {"temperature": 1.0} if bad else good))  # type: ignore
+    out["step"] = catch(lambda: sample(local, head, good, step=-1 if bad else 0))
+    out["vocab_limit"] = catch(lambda: sample(local, head, good, vocab_limit=0 if bad else None))
+    out["different params"] = catch(lambda: sample(local, head, [SamplingParams(seed=9)] * ROWS if bad else good))
+    out["bitmask dtype"] = catch(lambda: apply_token_bitmask(
+        local.clone(), random_bitmask(0, 32).to(torch.int64 if bad else torch.int32), head))
+    out["bitmask rows"] = catch(lambda: apply_token_bitmask(local.clone(), random_bitmask(0, 32)[: 3 if bad else ROWS],
+                                                            head))
+    nothing = torch.zeros(ROWS, 32, dtype=torch.int32)
+    out["nothing allowed"] = catch(lambda: sample(apply_token_bitmask(local.clone(), nothing, head), head, good))
+    out["healthy after"] = catch(lambda: sample(local, head, good))
+    return out

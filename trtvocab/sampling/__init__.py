@@ -1,0 +1,53 @@
+"""Sampling over a vocab-split head without gathering the ``[B, V]`` logits.
+
+Every function takes one rank's logits -- ``head.local_logits(hidden)`` (``[B, width]``,
+padding ``-inf``) or ``head(hidden)`` with ``gather_output=False`` (``[B, V_local]``) -- and
+the head, and returns what the same operation gives on the gathered logits; only
+``O(B * k)`` numbers cross ranks, and every public call starts with one handshake.
+
+* :mod:`~trtvocab.sampling.reductions`: greedy, top-k, logsumexp / log-softmax / logprobs,
+  min-p and top-p masks;
+* :mod:`~trtvocab.sampling.draw`: :func:`sample`, the seeded draw (:class:`SamplingParams`),
+  with noise keyed by token id (:mod:`~trtvocab.sampling.noise`);
+* :mod:`~trtvocab.sampling.bitmask`: :func:`apply_token_bitmask`, xgrammar's mask per shard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
+from trtvocab.sampling.draw import sample
+from trtvocab.sampling.params import SamplingParams
+from trtvocab.sampling.reductions import (
+    HANDSHAKE,
+    TOP_P_FIRST_K,
+    apply_min_p,
+    apply_top_p,
+    greedy,
+    handshake,
+    log_softmax,
+    logprobs,
+    logsumexp,
+    min_p_mask,
+    top_p_mask,
+    topk,
+)
+
+
+def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Any) -> torch.Tensor:
+    """Mask this rank's columns with xgrammar's ``int32 [B, W]`` bitmask, in place (returns them).
+
+    Token ``i`` stays iff bit ``i % 32`` of word ``i // 32`` is set; ids ``>= 32 * W`` and
+    padding columns become ``-inf``. Bad shapes or dtypes raise :class:`InputError` on every rank.
+    """
+    error = bitmask_error(local_logits, bitmask, head)
+    words = bitmask.shape[1] if error is None else 0
+    handshake(head, local_logits, error, "bitmask", extra=words, argument=bitmask if error is None else None)
+    return apply_bitmask_(local_logits, bitmask, head)
+
+
+__all__ = ["HANDSHAKE", "TOP_P_FIRST_K", "SamplingParams", "apply_min_p", "apply_token_bitmask", "apply_top_p",
+           "greedy", "log_softmax", "logprobs", "logsumexp", "min_p_mask", "sample", "top_p_mask", "topk"]

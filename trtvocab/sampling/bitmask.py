@@ -1,0 +1,48 @@
+"""Structured output per shard: xgrammar's token bitmask applied to one rank's columns.
+
+Layout (xgrammar's): ``int32 [B, W]``; token ``i`` is allowed iff bit ``i % 32`` of word
+``i // 32`` is set, and ids ``>= 32 * W`` are not allowed. A rank owning columns
+``[start, end)`` reads the bits of its own ids, whatever ``start % 32`` is; padding
+columns (padded layout) stay ``-inf``. No collective: every rank holds the whole mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trtvocab.errors import InputError
+
+
+def bitmask_error(local_logits: Any, bitmask: Any, head: Any) -> InputError | None:
+    """Why ``bitmask`` cannot mask ``local_logits`` of ``head`` (None: it can)."""
+    shard = head.shard
+    if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2 \
+            or local_logits.shape[1] not in (shard.size, shard.width):
+        return InputError(f"apply_token_bitmask: local_logits must be [B, {shard.size}] or [B, {shard.width}] "
+                          f"(this rank's columns), got {getattr(local_logits, 'shape', type(local_logits).__name__)}")
+    if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2:
+        got = f"{bitmask.dtype} {list(bitmask.shape)}" if isinstance(bitmask, torch.Tensor) else type(bitmask).__name__
+        return InputError(f"apply_token_bitmask: bitmask must be an int32 [B, W] tensor (xgrammar's layout), got {got}")
+    if bitmask.shape[0] != local_logits.shape[0]:
+        return InputError(f"apply_token_bitmask: bitmask has {bitmask.shape[0]} rows, "
+                          f"local_logits {local_logits.shape[0]}")
+    return None
+
+
+def allowed_columns(bitmask: torch.Tensor, start: int, width: int, owned: int) -> torch.Tensor:
+    """Bool ``[B, width]``: which of columns ``start .. start + width`` the mask allows (padding: never)."""
+    ids = torch.arange(start, start + width, device=bitmask.device)
+    inside = (ids < bitmask.shape[1] * 32) & (torch.arange(width, device=bitmask.device) < owned)
+    words = bitmask[:, (ids // 32).clamp(max=max(bitmask.shape[1] - 1, 0))] if bitmask.shape[1] else \
+        torch.zeros(bitmask.shape[0], width, dtype=torch.int32, device=bitmask.device)
+    bits = (words >> (ids % 32).to(torch.int32)) & 1
+    return (bits != 0) & inside
+
+
+def apply_bitmask_(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Any) -> torch.Tensor:
+    """Set the columns the mask does not allow to ``-inf``, in place (validated input)."""
+    shard = head.shard
+    keep = allowed_columns(bitmask.to(local_logits.device), shard.start, local_logits.shape[1], shard.size)
+    return local_logits.masked_fill_(~keep, float("-inf"))

@@ -1,0 +1,148 @@
+"""Seeded sampling on the shards: the draw of the gathered, filtered softmax, without the gather.
+
+For each row, in vLLM's order: temperature (``x / T``; ``T = 0`` is greedy), top-k (the exact
+global top-k, ties to the lower id), top-p (the exact nucleus of what is left), min-p, then
+the draw. The draw is a Gumbel-max race: token ``i`` scores ``x_i / T + g_i`` with
+``g_i = -log(-log(u_i))`` and the highest score wins, which picks ``i`` with probability
+``softmax(x / T)_i`` over the kept tokens exactly. Each rank scores its own columns; only
+each rank's best ``(score, id)`` per row crosses (``[tp, B]`` pairs). The noise ``u_i`` is
+keyed by ``(seed, step, global id)`` (:mod:`trtvocab.sampling.noise`), so a seeded row gets
+the same token at every tp size and layout, and as at tp 1, whenever the logits are equal
+(a deterministic head makes them bitwise equal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trtvocab.errors import InputError
+from trtvocab.sampling import noise
+from trtvocab.sampling.params import SamplingParams
+from trtvocab.sampling.reductions import (
+    NO_ID,
+    check_logits,
+    gather_stack,
+    global_max,
+    handshake,
+    merged_topk,
+    nucleus,
+    own,
+)
+
+
+def _rows_params(params: Any, rows: int) -> list[SamplingParams] | InputError:
+    if isinstance(params, SamplingParams):
+        return [params] * rows
+    if isinstance(params, list | tuple) and all(isinstance(p, SamplingParams) for p in params):
+        if len(params) != rows:
+            return InputError(f"sample: params has {len(params)} entries for {rows} rows (one SamplingParams, "
+                              "or one per row)")
+        return list(params)
+    return InputError(f"sample: params must be a SamplingParams or a list of them, got {type(params).__name__}")
+
+
+def _params_tensor(rows: list[SamplingParams], step: int, vocab_limit: int | None) -> torch.Tensor:
+    """Every argument the ranks must agree on, as one float64 tensor (for the handshake digest)."""
+    table = [[p.temperature, p.top_k, p.top_p, p.min_p, -1 if p.seed is None else p.seed] for p in rows]
+    return torch.tensor([[step, -1 if vocab_limit is None else vocab_limit, 0, 0, 0], *table], dtype=torch.float64)
+
+
+def sample(
+    local_logits: torch.Tensor,
+    head: Any,
+    params: SamplingParams | list[SamplingParams],
+    *,
+    step: int = 0,
+    vocab_limit: int | None = None,
+) -> torch.Tensor:
+    """Token ids ``[B]`` (int64), the same on every rank, drawn as the module docstring says.
+
+    ``local_logits``: this rank's ``[B, V_local]`` (or ``[B, width]``, padding ``-inf``) logits;
+    ``-inf`` columns (a bitmask, :func:`apply_token_bitmask`) are never drawn. ``step``: the
+    decode step, part of the noise key. ``vocab_limit``: ids at or past it are never drawn
+    (a model whose config vocab is larger than its tokenizer: pass ``len(tokenizer)``).
+    A row with no allowed token raises :class:`InputError` on every rank.
+    """
+    error = check_logits(local_logits, head, "sampling.sample")
+    rows = local_logits.shape[0] if error is None else 0
+    per_row = _rows_params(params, rows) if error is None else []
+    if error is None and isinstance(per_row, InputError):
+        error, per_row = per_row, []
+    if error is None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        error = InputError(f"sample: step must be an int >= 0, got {step!r}")
+    bad_limit = vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
+                                             or not 1 <= vocab_limit <= head.vocab_size)
+    if error is None and bad_limit:
+        error = InputError(f"sample: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
+                           f"got {vocab_limit!r}")
+    digest_of = _params_tensor(per_row, step, vocab_limit) if error is None and isinstance(per_row, list) else None
+    fresh = int(torch.randint(0, 2**62, (1,)).item())
+    fresh = handshake(head, local_logits, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
+    assert isinstance(per_row, list)
+    seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
+    return _draw(own(local_logits, head), head, per_row, seeds, step, vocab_limit)
+
+
+def _draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], seeds: list[int], step: int,
+          vocab_limit: int | None) -> torch.Tensor:
+    n = x.shape[1]
+    device = x.device
+    ids = torch.arange(head.vocab_start, head.vocab_start + n, device=device)
+    temps = torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=device)[:, None]
+    greedy = temps == 0
+    x = x.to(torch.float32)
+    scaled = torch.where(greedy, x, x / torch.where(greedy, torch.ones_like(temps), temps))
+    if vocab_limit is not None:
+        scaled = scaled.masked_fill(ids[None, :] >= vocab_limit, float("-inf"))
+    sampled = ~greedy[:, 0]
+    top_k = [p.top_k if not g else 0 for p, g in zip(per_row, greedy[:, 0].tolist(), strict=True)]
+    if max(top_k) > 0:
+        k = min(max(top_k), head.vocab_size)
+        values, top_ids = merged_topk(scaled, head, k)  # one all_gather; exact, ties to the lower id
+        cut = torch.tensor([min(kr, k) - 1 if kr else k - 1 for kr in top_k], device=device)[:, None]
+        cut_v, cut_id = values.gather(1, cut), top_ids.gather(1, cut)
+        keep = (scaled > cut_v) | ((scaled == cut_v) & (ids[None, :] <= cut_id))
+        active = torch.tensor([kr > 0 for kr in top_k], device=device)[:, None]
+        scaled = scaled.masked_fill(active & ~keep, float("-inf"))
+    top_p = torch.tensor([p.top_p for p in per_row], dtype=torch.float32, device=device)
+    if bool(((top_p < 1) & sampled).any()):
+        keep = nucleus(scaled, head, top_p)
+        scaled = scaled.masked_fill(((top_p < 1) & sampled)[:, None] & ~keep, float("-inf"))
+    min_p = torch.tensor([p.min_p for p in per_row], dtype=torch.float32, device=device)
+    if bool(((min_p > 0) & sampled).any()):
+        m = global_max(scaled, head)
+        keep = torch.exp(scaled - m[:, None]) >= min_p[:, None]
+        scaled = scaled.masked_fill(((min_p > 0) & sampled)[:, None] & ~keep, float("-inf"))
+    score = scaled.to(torch.float64)
+    if bool(sampled.any()):
+        g = noise.gumbel(noise.row_keys(seeds, step).to(device), ids)
+        score = torch.where(sampled[:, None], score + g, score)
+    score = score.masked_fill(torch.isneginf(scaled), float("-inf"))  # -inf + noise stays excluded
+    return _race(score, ids, head)
+
+
+def _race(score: torch.Tensor, ids: torch.Tensor, head: Any) -> torch.Tensor:
+    """The id of each row's highest float64 score over the whole vocab (lowest id among ties)."""
+    rows = score.shape[0]
+    if score.shape[1]:
+        best, col = torch.max(score, dim=1)  # the first maximum: the lowest local id
+        best_id = ids[col]
+    else:  # a trailing padded-layout rank that owns no columns
+        best = score.new_full((rows,), float("-inf"))
+        best_id = torch.full((rows,), NO_ID, dtype=torch.int64, device=score.device)
+    best_id = torch.where(torch.isneginf(best), torch.full_like(best_id, NO_ID), best_id)
+    if head.is_split:
+        packed = gather_stack(torch.stack([best.view(torch.int64), best_id], dim=-1), head)  # [tp, B, 2]
+        values, cand = packed[..., 0].view(torch.float64), packed[..., 1]
+        top = values.max(dim=0).values
+        chosen = torch.where(values == top, cand, torch.full_like(cand, NO_ID)).min(dim=0).values
+    else:
+        top, chosen = best, best_id
+    empty = torch.isneginf(top) | (chosen == NO_ID)
+    if bool(empty.any()):
+        # Every rank sees the same gathered values, so every rank raises here.
+        raise InputError(f"sample: row(s) {empty.nonzero()[:, 0].tolist()} allow no token (every logit is -inf "
+                         "after the bitmask / vocab_limit / filters)")
+    return chosen
