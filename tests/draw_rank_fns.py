@@ -120,3 +120,44 @@ def bad_sample_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     out["nothing allowed"] = catch(lambda: sample(apply_token_bitmask(local.clone(), nothing, head), head, good))
     out["healthy after"] = catch(lambda: sample(local, head, good))
     return out
+
+
+def deterministic_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
+    """A deterministic head at every (tp, layout) of SPLITS: the gathered logits of a batch and of
+    rows alone or in other batches, logsumexp, log-softmax and seeded samples (numpy, rank 0's)."""
+    from trtvocab.sampling import log_softmax, logprobs, logsumexp
+
+    groups = {tp: (dist.new_group(list(range(tp))) if 1 < tp < world else None) for tp in range(2, world + 1)}
+    gen = torch.Generator().manual_seed(seed)
+    hidden = 64
+    w = torch.randn(VOCAB, hidden, generator=gen) * 0.3
+    x = torch.randn(9, hidden, generator=gen)
+    out: list[dict[str, Any]] = []
+    for dtype, output_dtype in ((torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, torch.float32)):
+        for tp, layout in SPLITS:
+            if rank >= tp:
+                continue
+            mapping = Mapping(world_size=tp, rank=rank, tp_size=tp) if tp > 1 else None
+            head = LMHead(VOCAB, hidden, dtype=dtype, mapping=mapping, vocab_layout=layout, pad_to=16,
+                          process_group=groups.get(tp), deterministic=True, output_dtype=output_dtype)
+            head.load_weights({"weight": w.to(dtype)})
+            xd = x.to(dtype)
+            batch = head(xd)
+            alone = [head(xd[i : i + 1]) for i in range(3)]
+            mixed = head(xd[[4, 0, 8]])  # row 0 in another batch, another position
+            local = head.local_logits(xd).float()
+            lse = logsumexp(local, head)
+            lsm = log_softmax(local, head)
+            lsm_full = D.all_gather_columns(lsm.contiguous(), [s.size for s in head.shards], head.process_group) \
+                if head.is_split else lsm
+            picks = logprobs(local, head, torch.tensor([[0, 500, VOCAB - 1]] * 9))
+            ids = sample(local[:ROWS], head, row_params(), step=1)
+            out.append({
+                "case": f"{dtype} out={output_dtype} tp={tp} {layout}", "dtype": str(batch.dtype),
+                "batch": batch.float().numpy(),
+                "alone_ok": all(torch.equal(a[0], batch[i]) for i, a in enumerate(alone)),
+                "mixed_ok": bool(torch.equal(mixed[1], batch[0])) and bool(torch.equal(mixed[0], batch[4])),
+                "lse": lse.numpy(), "picks": picks.numpy(), "lsm_sum": torch.exp(lsm_full.double()).sum(1).numpy(),
+                "ids": ids.tolist(),
+            })
+    return out

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import struct
 import subprocess
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 import pytest
 import torch
 from conftest import model_config, write_hf_dir
@@ -173,7 +171,7 @@ def test_cli_plan_on_a_fifo_checkpoint_returns_one_error_line(tmp_path: Path) ->
     out = res.stdout + res.stderr
     assert res.returncode == 2, out
     assert "Traceback" not in out, out
-    assert [ln for ln in out.splitlines() if "error:" in ln] == [ln for ln in out.splitlines() if ln.strip()], out
+    assert len([ln for ln in out.splitlines() if "error:" in ln]) == 1, out
     assert "CheckpointError" in out and str(fifo) in out and "FIFO" in out, out
 
 
@@ -184,7 +182,7 @@ class _Counting:
         self.read = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fh = open(*args, **kwargs)  # noqa: SIM115 (closed by the caller's with-block)
+        fh = open(*args, **kwargs)
         counter = self
 
         class Wrapped:
@@ -291,11 +289,16 @@ def test_index_entry_that_is_a_symlink_to_a_fifo_is_refused(tmp_path: Path) -> N
 
 
 def test_index_that_misplaces_a_tensor_is_refused(tmp_path: Path) -> None:
-    folder = hf_dir(tmp_path / "model")
+    folder = hf_dir(tmp_path / "model")  # lm_head.weight is in shard 1, model.norm.weight in shard 2
     index = write_index(folder, {"lm_head.weight": "model-00002-of-00002.safetensors",
-                                 "model.norm.weight": "model-00002-of-00002.safetensors"})
+                                 "model.norm.weight": "model-00001-of-00002.safetensors"})
     refused(lambda: Checkpoint(folder), str(index), "weight_map puts 'lm_head.weight' in "
             "model-00002-of-00002.safetensors, but it is in model-00001-of-00002.safetensors")
+    index = write_index(folder, {"lm_head.weight": "model-00001-of-00002.safetensors",
+                                 "model.norm.weight": "model-00002-of-00002.safetensors",
+                                 "model.lost.weight": "model-00002-of-00002.safetensors"})
+    refused(lambda: Checkpoint(folder), str(index), "'model.lost.weight' in model-00002-of-00002.safetensors, "
+            "but it is in no shard file")
 
 
 @pytest.mark.parametrize("with_index", [True, False])
@@ -315,7 +318,7 @@ def test_passwd_named_safetensors_gives_no_bytes_away(tmp_path: Path) -> None:
     path = tmp_path / "passwd.safetensors"
     path.write_bytes(PASSWD)
     message = refused(lambda: Checkpoint(path), f"{path}: not a safetensors file (implausible header length)")
-    assert PASSWD_AS_LENGTH not in message and "root" not in message
+    assert PASSWD_AS_LENGTH not in message and "root:x" not in message and "bash" not in message
 
 
 def test_symlinked_foreign_file_inside_the_folder_gives_no_bytes_away(tmp_path: Path, outside: Path) -> None:
@@ -326,13 +329,13 @@ def test_symlinked_foreign_file_inside_the_folder_gives_no_bytes_away(tmp_path: 
     write_index(folder, {"lm_head.weight": "evil.safetensors", "model.norm.weight": "model-00002-of-00002.safetensors"})
     message = refused(lambda: LMHead.from_checkpoint(folder), str(folder / "evil.safetensors"),
                       "not a safetensors file (implausible header length)")
-    assert PASSWD_AS_LENGTH not in message and "root" not in message
+    assert PASSWD_AS_LENGTH not in message and "root:x" not in message and "bash" not in message
 
 
 @pytest.mark.parametrize(("data", "secret"), [
     (struct.pack("<Q", 2**40) + b"{}", str(2**40)),  # more than the format allows
     (struct.pack("<Q", 5000) + b"{}" + b" " * 100, "5000"),  # more than the file holds
-])
+], ids=["over-the-format-limit", "over-the-file-size"])
 def test_implausible_header_length_is_not_printed(tmp_path: Path, data: bytes, secret: str) -> None:
     path = tmp_path / "x.safetensors"
     path.write_bytes(data)
@@ -417,8 +420,9 @@ def test_float_shape_is_not_truncated_into_a_head(tmp_path: Path) -> None:
 def test_tiny_file_claiming_32_gib_is_refused_before_allocating(tmp_path: Path, monkeypatch) -> None:
     rows, cols = 2**21, 2**12  # float32: 32 GiB
     path = tmp_path / "tiny.safetensors"
-    path.write_bytes(st_bytes({"lm_head.weight": {"dtype": "F32", "shape": [rows, cols],
-                                                  "data_offsets": [0, rows * cols * 4]}}, bytes(64)))
+    header = {"lm_head.weight": {"dtype": "F32", "shape": [rows, cols], "data_offsets": [0, rows * cols * 4]}}
+    path.write_bytes(st_bytes(header, bytes(64)))
+    header_bytes = 8 + len(json.dumps(header))
     ckpt = Checkpoint(path)  # header probes still answer (a truncated copy is reported on read)
     assert ckpt.info("lm_head.weight").shape == (rows, cols)
 
@@ -427,8 +431,8 @@ def test_tiny_file_claiming_32_gib_is_refused_before_allocating(tmp_path: Path, 
 
     monkeypatch.setattr(torch, "empty", no_allocation)
     for read in (lambda: ckpt.read("lm_head.weight"), lambda: ckpt.get_slice("lm_head.weight")[0:1]):
-        refused(read, f"{path}: lm_head.weight is truncated (the header declares a {8 + 95 + rows * cols * 4}"
-                "-byte file, it holds 167 bytes)")
+        refused(read, f"{path}: lm_head.weight is truncated (the header declares a "
+                f"{header_bytes + rows * cols * 4}-byte file, it holds {header_bytes + 64} bytes)")
 
 
 def test_file_that_changes_after_opening_is_not_read(tmp_path: Path) -> None:
@@ -522,8 +526,9 @@ def write_gguf(path: Path, *metadata: tuple[str, Any, gguf.GGUFValueType, gguf.G
 BAD_GGUF_METADATA = {  # case -> (key, value, type, item type, text)
     "hidden a string": ("llama.embedding_length", "4", T.STRING, None, "must be an integer (UINT32 / UINT64), got "
                         "STRING"),
-    "hidden a bool": ("llama.embedding_length", True, T.BOOL, None, "got BOOL"),
-    "hidden a float": ("llama.embedding_length", 4.0, T.FLOAT32, None, "got FLOAT32"),
+    "hidden a bool": ("llama.embedding_length", True, T.BOOL, None, "must be an integer (UINT32 / UINT64), got BOOL"),
+    "hidden a float": ("llama.embedding_length", 4.0, T.FLOAT32, None,
+                       "must be an integer (UINT32 / UINT64), got FLOAT32"),
     "hidden zero": ("llama.embedding_length", 0, T.UINT32, None, "must be positive, got 0"),
     "vocab a string": ("llama.vocab_size", "8", T.STRING, None, "must be an integer (UINT32 / UINT64), got STRING"),
     "architecture a number": ("general.architecture", 7, T.UINT32, None, "must be a STRING, got UINT32"),

@@ -29,23 +29,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from trtvocab import distributed as D
 from trtvocab.checkpoint import EMBEDDING_NAMES, open_checkpoint
-from trtvocab.dtypes import HEAD_DTYPES
 from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
 from trtvocab.formats import Activation, Granularity, WeightFormat
 from trtvocab.mapping import Mapping
 from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo, QuantConfig
-from trtvocab.sharding import VocabLayout, VocabShard, vocab_shard
+from trtvocab.sharding import VocabLayout
+from trtvocab.vocab_parallel import DTYPES as _DTYPES
+from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
+from trtvocab.vocab_parallel import VocabParallelModule
 from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
-from trtvocab.weights.base import normalize_keys
 
-_DTYPES = tuple(HEAD_DTYPES.values())
 _FORMATS = tuple(WeightFormat)
-_LAYOUT = "vocab layout (0 = uneven, else pad_to)"
 # What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.distributed.Handshake).
 LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
@@ -57,7 +55,7 @@ LOAD_HANDSHAKE = D.Handshake("VocabParallelEmbedding.from_checkpoint", (
 ))
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(VocabParallelModule):
     """Token-id lookup into a ``[V, H]`` table, replicated or split over the vocab like :class:`LMHead`.
 
     Args:
@@ -93,29 +91,11 @@ class VocabParallelEmbedding(nn.Module):
         reduce_output: bool = True,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"VocabParallelEmbedding {name} must be a positive int, got {value!r}")
-        if dtype not in _DTYPES:
-            raise ConfigError(f"VocabParallelEmbedding dtype must be one of {list(_DTYPES)}, got {dtype}")
         if quant_config is not None and quant_config.quant_algo is not QuantAlgo.FP8:
             raise ConfigError(f"VocabParallelEmbedding: only FP8 tables are supported, got {quant_config.quant_algo}")
-        self.mapping = mapping or Mapping()
-        self.vocab_size, self.hidden_size, self.dtype = vocab_size, hidden_size, dtype
-        self.vocab_layout, self.pad_to = vocab_layout, pad_to
+        super().__init__(vocab_size, hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
+                         pad_to=pad_to, process_group=process_group)
         self.reduce_output = bool(reduce_output)
-        self.is_split = self.mapping.lm_head_is_split
-        self.tp_size = self.mapping.tp_size if self.is_split else 1
-        self.tp_rank = self.mapping.tp_rank if self.is_split else 0
-        if self.is_split and vocab_size < self.tp_size:
-            raise ConfigError(f"VocabParallelEmbedding vocab_size ({vocab_size}) is smaller than tp_size "
-                              f"({self.tp_size})")
-        if self.is_split and process_group is None and self.mapping.world_size != self.mapping.tp_size:
-            raise ConfigError("VocabParallelEmbedding: world_size > tp_size needs the TP process_group "
-                              "(trtvocab.distributed.new_tp_group)")
-        self.process_group = process_group
-        self.shard: VocabShard = vocab_shard(vocab_size, self.tp_size, self.tp_rank, vocab_layout, pad_to)
         self.quant_config = quant_config
         if quant_config is None:
             self.weights: WeightMethod = DenseWeight(self.shard, hidden_size, dtype)
@@ -126,35 +106,7 @@ class VocabParallelEmbedding(nn.Module):
         if device is not None:
             self.to(device)
 
-    # ---- where this rank's rows are -------------------------------------------------------------
-    @property
-    def vocab_start(self) -> int:
-        return self.shard.start
-
-    @property
-    def vocab_end(self) -> int:
-        return self.shard.end
-
-    @property
-    def local_vocab_size(self) -> int:
-        return self.shard.size
-
-    @property
-    def weight_format(self) -> WeightFormat:
-        return self.weights.weight_format
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.weights.buffers()).device
-
-    def resident_bytes(self) -> int:
-        return self.weights.resident_bytes()
-
     # ---- weights -------------------------------------------------------------------------------------
-    def load_weights(self, tensors: dict[str, Any]) -> None:
-        """Load from tensors (or lazy safetensors slices) holding all V rows or this shard's rows."""
-        self.weights.load(normalize_keys(tensors))
-
     @classmethod
     def from_checkpoint(
         cls,
@@ -223,7 +175,7 @@ class VocabParallelEmbedding(nn.Module):
     def _identity(self, ids: int) -> dict[str, Any]:
         """This rank's values of :data:`LOOKUP_HANDSHAKE`."""
         return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
-                _LAYOUT: 0 if self.vocab_layout == "uneven" else self.pad_to, "dtype": self.dtype,
+                _LAYOUT: self.layout_code, "dtype": self.dtype,
                 "weight format": self.weight_format, "reduce_output": self.reduce_output, "ids": ids}
 
     def local_rows(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -279,10 +231,7 @@ class VocabParallelEmbedding(nn.Module):
         return out.reshape(*input_ids.shape, self.hidden_size)
 
     def extra_repr(self) -> str:
-        split = f"tp={self.tp_size} rank={self.tp_rank} [{self.vocab_start}, {self.vocab_end})"
-        return (f"vocab={self.vocab_size}, hidden={self.hidden_size}, dtype={self.dtype}, "
-                f"format={self.weight_format}, {split if self.is_split else 'replicated'}, "
-                f"layout={self.vocab_layout}, reduce_output={self.reduce_output}")
+        return f"{self._placement()}, reduce_output={self.reduce_output}"
 
 
 def _sum_bits(rows: torch.Tensor, group: Any) -> None:

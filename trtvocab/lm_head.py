@@ -24,30 +24,31 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from trtvocab import distributed as D
-from trtvocab.dtypes import HEAD_DTYPES, short_name
+from trtvocab.dtypes import short_name
 from trtvocab.errors import ConfigError, InputError, RankMismatchError
 from trtvocab.formats import WeightFormat
 from trtvocab.inputs import hidden_states_error
 from trtvocab.loader import open_head
 from trtvocab.mapping import Mapping
 from trtvocab.quant.config import HeadQuantDecision, QuantConfig
-from trtvocab.sharding import VocabLayout, VocabShard, all_shards, vocab_shard
+from trtvocab.sharding import VocabLayout
+from trtvocab.vocab_parallel import DTYPES as _DTYPES
+from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
+from trtvocab.vocab_parallel import VocabParallelModule
 from trtvocab.weights import WeightMethod, weight_class
-from trtvocab.weights.base import normalize_keys
+from trtvocab.weights.deterministic import tiled_logits
 
-_DTYPES = tuple(HEAD_DTYPES.values())
 _FORMATS = tuple(WeightFormat)
-_LAYOUT = "vocab layout (0 = uneven, else pad_to)"
 _MAPPINGS = ("replicated", "tensor parallel", "attention DP + LM-head TP")
 # What the ranks of a split head agree on, at the start of every forward (protocol:
 # trtvocab.distributed.Handshake) and once after loading a checkpoint.
 FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", _DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
-    D.Field("mapping", _MAPPINGS), D.Field("rows", per_rank=True),
+    D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", _DTYPES),
+    D.Field("rows", per_rank=True),
 ))
 LOAD_HANDSHAKE = D.Handshake("LMHead.from_checkpoint", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", _FORMATS),
@@ -61,7 +62,7 @@ class TensorParallelMode(str, enum.Enum):
     ROW = "row"
 
 
-class LMHead(nn.Module):
+class LMHead(VocabParallelModule):
     """The LM head, ``hidden [N, H] -> logits [N, V]``, replicated or split over the vocab.
 
     Args:
@@ -90,6 +91,12 @@ class LMHead(nn.Module):
     **float32** logits (they accumulate dequantized values in float32, as their engines
     do); dense heads return their dtype. Dense heads expose ``head.weight`` (read-only,
     this rank's ``[V_local, H]`` rows), as code ported from TensorRT-LLM or vLLM expects.
+
+    Also: ``deterministic=True`` computes every logit with one fixed GEMM shape
+    (:mod:`trtvocab.weights.deterministic`): a row's logits are bitwise the same alone or in
+    any batch, at every tp size and layout (dense heads). ``output_dtype=torch.float32``
+    returns a dense head's float32 accumulation instead of rounding logits to its dtype
+    (TensorRT-LLM's ``lm_head_dtype="float32"``, vLLM's ``head_dtype``).
     """
 
     def __init__(
@@ -106,59 +113,28 @@ class LMHead(nn.Module):
         pad_to: int = 64,
         process_group: Any = None,
         device: torch.device | str | None = None,
+        deterministic: bool = False,
+        output_dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        if not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ConfigError(f"LMHead vocab_size must be a positive int, got {vocab_size!r}")
-        if not isinstance(hidden_size, int) or hidden_size < 1:
-            raise ConfigError(f"LMHead hidden_size must be a positive int, got {hidden_size!r}")
-        if dtype not in _DTYPES:
-            raise ConfigError(f"LMHead dtype must be one of {list(_DTYPES)}, got {dtype}")
         if TensorParallelMode(tensor_parallel_mode) is not TensorParallelMode.COLUMN:
             raise ConfigError("LMHead supports only COLUMN tensor parallelism (split over the vocab)")
-        self.mapping = mapping or Mapping()
-        self.vocab_size, self.hidden_size, self.dtype = vocab_size, hidden_size, dtype
+        super().__init__(vocab_size, hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
+                         pad_to=pad_to, process_group=process_group)
+        if output_dtype not in (None, torch.float32, dtype):
+            raise ConfigError(f"LMHead output_dtype must be None, torch.float32 or the head dtype {dtype}, "
+                              f"got {output_dtype}")
+        if deterministic and quant_config is not None:
+            raise ConfigError("LMHead deterministic=True supports dense heads (a quantized head's dynamic "
+                              "activation scale depends on the whole batch)")
+        self.deterministic = bool(deterministic)
+        # Quantized heads always accumulate and return float32; dense heads their dtype unless asked.
+        self.output_dtype = torch.float32 if quant_config is not None else (output_dtype or dtype)
         self.gather_output = gather_output
         self.quant_config = quant_config
-        self.vocab_layout, self.pad_to = vocab_layout, pad_to
-        self.is_split = self.mapping.lm_head_is_split
-        self.tp_size = self.mapping.tp_size if self.is_split else 1
-        self.tp_rank = self.mapping.tp_rank if self.is_split else 0
-        if self.is_split and vocab_size < self.tp_size:
-            raise ConfigError(f"LMHead vocab_size ({vocab_size}) is smaller than tp_size ({self.tp_size})")
-        if self.is_split and process_group is None and self.mapping.world_size != self.mapping.tp_size:
-            raise ConfigError(
-                "LMHead: world_size > tp_size needs the TP process_group "
-                "(trtvocab.distributed.new_tp_group)"
-            )
-        self.process_group = process_group
         self.quant_decision: HeadQuantDecision | None = None  # set by from_checkpoint, for reports
-        self.shards: list[VocabShard] = all_shards(vocab_size, self.tp_size, vocab_layout, pad_to)
-        self.shard: VocabShard = vocab_shard(vocab_size, self.tp_size, self.tp_rank, vocab_layout, pad_to)
         self.weights: WeightMethod = weight_class(quant_config)(self.shard, hidden_size, dtype, quant_config)
         if device is not None:
             self.to(device)
-
-    # ---- where this rank's columns are -------------------------------------------------
-    @property
-    def vocab_start(self) -> int:
-        return self.shard.start
-
-    @property
-    def vocab_end(self) -> int:
-        return self.shard.end
-
-    @property
-    def local_vocab_size(self) -> int:
-        return self.shard.size
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.weights.buffers()).device
-
-    @property
-    def weight_format(self) -> WeightFormat:
-        return self.weights.weight_format
 
     @property
     def label(self) -> str:
@@ -175,10 +151,6 @@ class LMHead(nn.Module):
         return self.weights.weight[: self.shard.size].detach()
 
     # ---- weights --------------------------------------------------------------------------
-    def load_weights(self, tensors: dict[str, Any]) -> None:
-        """Load from tensors (or safetensors slices) holding all vocab rows or this shard's rows."""
-        self.weights.load(normalize_keys(tensors))
-
     @classmethod
     def from_checkpoint(
         cls,
@@ -240,24 +212,34 @@ class LMHead(nn.Module):
     def _identity(self, rows: int) -> dict[str, Any]:
         """This rank's values of :data:`FORWARD_HANDSHAKE`."""
         return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
-                _LAYOUT: 0 if self.vocab_layout == "uneven" else self.pad_to, "dtype": self.dtype,
+                _LAYOUT: self.layout_code, "dtype": self.dtype,
                 "gather_output": self.gather_output, "weight format": self.weight_format,
                 "mapping": _MAPPINGS[0 if not self.is_split else 2 if self.mapping.enable_attention_dp else 1],
-                "rows": rows}
+                "deterministic": self.deterministic, "output dtype": self.output_dtype, "rows": rows}
+
+    def _owned_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, V_local]`` logits of the owned columns, in :attr:`output_dtype`."""
+        if self.deterministic:
+            return tiled_logits(hidden, self.weights.weight, self.shard.start, self.shard.size, self.output_dtype)
+        if self.output_dtype != self.weights.dtype and self.weight_format is WeightFormat.DENSE:
+            return self.weights.forward_float32(hidden)[:, : self.shard.size]
+        return self.weights(hidden)[:, : self.shard.size]
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's ``[N, width]`` logits; padding columns (padded layout) are ``-inf``."""
-        logits = self.weights(hidden)
-        if self.shard.padding:
-            logits[:, self.shard.size :] = float("-inf")
-        return logits
+        owned = self._owned_logits(hidden)
+        if not self.shard.padding:
+            return owned
+        out = owned.new_full((owned.shape[0], self.shard.width), float("-inf"))
+        out[:, : self.shard.size] = owned
+        return out
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         error = self._check_input(hidden_states)
         if not self.is_split:
             if error is not None:
                 raise error
-            return self.weights(hidden_states)[:, : self.shard.size]
+            return self._owned_logits(hidden_states)
         D.require_initialized(self.tp_size)
         rows = hidden_states.shape[0] if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() else 0
         row_counts = FORWARD_HANDSHAKE.exchange(self._identity(rows), error, self.process_group, self.device,
@@ -272,7 +254,7 @@ class LMHead(nn.Module):
             hidden_states = D.all_gather_rows(hidden_states, row_counts, self.process_group)
         # Owned columns only: the padding is trimmed, so it needs no -inf fill here (local_logits
         # fills it for callers that reduce over the full width).
-        local = self.weights(hidden_states)[:, : self.shard.size]
+        local = self._owned_logits(hidden_states)
         if not self.gather_output:
             # With attention DP this is [sum of all ranks' rows, V_local]: the rows of every
             # rank, this rank's columns (what a distributed sampler needs); rank r's rows are
@@ -296,11 +278,5 @@ class LMHead(nn.Module):
             FORWARD_HANDSHAKE.exchange(None, error, self.process_group, self.device)
         raise error
 
-    def resident_bytes(self) -> int:
-        return self.weights.resident_bytes()
-
     def extra_repr(self) -> str:
-        split = f"tp={self.tp_size} rank={self.tp_rank} [{self.vocab_start}, {self.vocab_end})"
-        return (f"vocab={self.vocab_size}, hidden={self.hidden_size}, dtype={self.dtype}, "
-                f"format={self.weight_format}, {split if self.is_split else 'replicated'}, "
-                f"layout={self.vocab_layout}, gather_output={self.gather_output}")
+        return f"{self._placement()}, gather_output={self.gather_output}"

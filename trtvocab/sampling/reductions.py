@@ -45,6 +45,7 @@ import torch.distributed as dist
 from trtvocab import distributed as D
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
+from trtvocab.sampling.treesum import tree_sum
 
 NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
 _OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p", "sample", "bitmask")
@@ -234,7 +235,11 @@ def _sum_exp_and_picks(
     # Shift by a finite max: all -inf rows give logsumexp -inf, a +inf logit gives +inf
     # (what torch.logsumexp returns), never NaN from inf - inf.
     shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    parts = [torch.exp(x - shift[:, None]).sum(dim=1, keepdim=True)]
+    exps = torch.exp(x - shift[:, None])
+    deterministic = bool(getattr(head, "deterministic", False))
+    # A deterministic head sums over the fixed tree of global ids (bitwise the same at every tp
+    # size); otherwise each rank sums its columns and the all_reduce adds the ranks' sums.
+    parts = [exps.new_zeros(x.shape[0], 1) if deterministic else exps.sum(dim=1, keepdim=True)]
     if token_ids is not None:
         local = token_ids - head.vocab_start
         mine = (local >= 0) & (local < x.shape[1])
@@ -247,6 +252,8 @@ def _sum_exp_and_picks(
     summed = torch.cat(parts, dim=1)
     if head.is_split:
         D.all_reduce(summed, dist.ReduceOp.SUM, head.process_group)
+    if deterministic:
+        summed[:, 0] = tree_sum(exps, head.vocab_start, head.vocab_size, head.tp_size, head.process_group)
     lse = shift + torch.log(summed[:, 0])
     return m, lse, (summed[:, 1:] if token_ids is not None else None)
 

@@ -107,6 +107,17 @@ class DenseWeight(WeightMethod):
         out[:, :size] = x @ self.weight[:size].t()
         return out
 
+    def forward_float32(self, x: torch.Tensor, chunk_elements: int = 1 << 20) -> torch.Tensor:
+        """``x @ W.T`` accumulated and returned in float32 (both operands upcast chunk by chunk of
+        weight rows, so no float32 copy of the whole shard exists): ``[N, width]``."""
+        xf = x.float()
+        out = torch.zeros(x.shape[0], self.shard.width, dtype=torch.float32, device=x.device)
+        step = max(1, chunk_elements // self.hidden_size)
+        for start in range(0, self.shard.size, step):
+            end = min(start + step, self.shard.size)
+            torch.matmul(xf, self.weight[start:end].float().t(), out=out[:, start:end])
+        return out
+
     def dense_weight(self) -> torch.Tensor:
         return self.weight.float()
 

@@ -1,0 +1,643 @@
+"""The decode loop: ``ids -> embedding -> body -> last rows -> head -> sampler -> ids``, every step.
+
+The transformer body (attention, MLPs, the final norm) runs in ``transformers`` with its KV
+cache, whole and unsplit, on every rank. The vocabulary dimension runs in trtvocab on the
+``tp`` ranks, and that is where the ranks meet::
+
+    input ids [B, S]  -> VocabParallelEmbedding       masked lookup of own rows, all-reduce (SUM)
+    inputs_embeds     -> model.model(...)             the body, KV cache, on every rank (no collective)
+    last rows [B, H]  -> LogitsProcessor + LMHead     this rank's columns, float32 [B, V_local]
+                         (or an artifact's backend: open_backend(...).rank_logits)
+    (xgrammar)        -> apply_token_bitmask          each rank masks its own columns
+    next ids [B]      -> sample                       Gumbel race: [tp, B] (score, id) pairs cross
+
+so per step exactly two things cross ranks: the embedding rows of the new ids and each rank's
+best ``(score, id)`` per row; the ``[B, V]`` logits are never gathered. Every rank ends up with
+the same ids, feeds them to its own body, and the next step starts.
+
+Batching (as ``transformers.generate`` does it, so that greedy output is token-identical):
+prompts are left-padded; prefill positions are ``cumsum(mask) - 1`` (0 on padding) and the
+mask is dropped when nothing is padded; each decode step extends the mask by one and the
+positions by one. The head sees the packed non-padding rows of the prefill with their
+``seq_lens`` (the LogitsProcessor takes each sequence's last row), then one row per
+unfinished prompt. A prompt stops at an end-of-sequence id (the model's generation config,
+else the tokenizer's; the id is kept in ``token_ids``) or after ``max_new_tokens``; a finished
+prompt stays in the body's batch (fed padding, as ``generate`` does) but produces no more tokens.
+
+Structured output: one ``xgrammar.GrammarMatcher`` per prompt on every rank, compiled against
+the tokenizer with the model's config vocab; each step fills the bitmask of the unfinished
+rows and every rank applies it to its own columns. JSON schemas compile with
+``any_whitespace=False`` (:data:`JSON_ANY_WHITESPACE`): compact JSON, no runaway whitespace.
+
+``tp == 1`` runs in this process (a replicated head); ``tp > 1`` starts ``tp`` gloo ranks with
+:func:`trtvocab.launch.run_ranks`, which receive the loaded model in shared memory (nothing is
+loaded twice). Everything that can be refused is refused before any rank starts
+(:func:`prepare`): typed errors naming the argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from trtvocab import distributed as D
+from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, InputError
+from trtvocab.mapping import Mapping
+from trtvocab.sampling import SamplingParams
+
+JSON_ANY_WHITESPACE = False  # xgrammar JSON: compact separators, no free whitespace
+RAN_ON = ("torch", "onnxruntime", "onnx.reference", "tensorrt")
+# What the ranks agree on once their setup is done, and after every artifact-backend step
+# (protocol: trtvocab.distributed.Handshake): a rank whose setup or backend failed stops the others.
+SETUP_HANDSHAKE = D.Handshake("generate", (D.Field("vocab_size"), D.Field("hidden_size"), D.Field("prompts")))
+STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on", RAN_ON, per_rank=True)))
+_PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+                  "seed": "--seed"}
+
+
+# ---- what a run is ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint for xgrammar: ``kind`` ``"json_schema"`` (``source`` is the schema text) or
+    ``"regex"`` (``source`` is the pattern); ``label`` is what reports call it."""
+
+    kind: Literal["json_schema", "regex"]
+    source: str
+    label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactSpec:
+    """A built head artifact the loop runs instead of the model's own head."""
+
+    root: str
+    backend: str  # canonical, chosen (torch | onnx | tensorrt)
+    tp: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateSpec:
+    """One validated run (picklable: it travels to the ranks)."""
+
+    model: str
+    prompts: tuple[str, ...]
+    prompt_ids: tuple[tuple[int, ...], ...]
+    tp: int
+    max_new_tokens: int
+    params: tuple[SamplingParams, ...]  # one per prompt
+    grammar: GrammarSpec | None = None
+    artifact: ArtifactSpec | None = None
+    deterministic: bool = False
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """One prompt's answer: the generated ids only (an end-of-sequence id included) and their text."""
+
+    prompt: str
+    token_ids: list[int]
+    text: str
+
+
+@dataclasses.dataclass
+class GenerateReport:
+    """What :func:`generate` returns."""
+
+    results: list[GenerateResult]
+    tp: int
+    head: str  # what computed the logits: "torch" (the model's head) or the artifact's runtime(s)
+    new_tokens: int
+    prefill_s: float
+    decode_s: float
+    deterministic: bool  # whether the head really ran in deterministic mode
+    grammar: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        """``{"results": [{"prompt", "token_ids", "text"}, ...]}``: what ``generate --json`` prints."""
+        return {"results": [{"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text} for r in self.results]}
+
+
+@dataclasses.dataclass
+class _RankOutput:
+    token_ids: list[list[int]]
+    ran_on: list[str]
+    prefill_s: float
+    decode_s: float
+    deterministic: bool
+
+
+# ---- loading the model -----------------------------------------------------------------------------
+@dataclasses.dataclass
+class LoadedModel:
+    """A causal LM from ``transformers`` (float32, eval mode) and its tokenizer."""
+
+    path: str
+    model: Any
+    tokenizer: Any
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+
+def model_path(model: str | Path) -> Path:
+    """MODEL as given: an HF causal-LM directory or a ``.gguf`` file; :class:`InputError` otherwise."""
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"MODEL {path}: a folder without config.json (expected an HF causal-LM directory)")
+        return path.resolve()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.resolve()
+    if path.exists():
+        raise InputError(f"MODEL {path}: expected an HF causal-LM directory or a .gguf file")
+    raise InputError(f"MODEL {path}: no such file or directory")
+
+
+def _quiet_transformers() -> Any:
+    try:
+        transformers = importlib.import_module("transformers")
+    except ImportError as exc:  # pragma: no cover - the examples extra is missing
+        raise ConfigError(f"generate needs transformers (pip install 'trtvocab[generate]'): {exc}") from None
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
+def _cache_key(path: Path) -> tuple[str, int, int]:
+    st = path.stat() if path.is_file() else (path / "config.json").stat()
+    return str(path), st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=2)
+def _load_cached(key: tuple[str, int, int]) -> LoadedModel:
+    transformers = _quiet_transformers()
+    path = Path(key[0])
+    where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name} if path.is_file() else \
+        {"pretrained_model_name_or_path": str(path)}
+    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
+        model = transformers.AutoModelForCausalLM.from_pretrained(**where, **{dtype_kw: torch.float32})
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"MODEL {path}: transformers cannot load it as a causal LM: "
+                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
+    model.eval()
+    return LoadedModel(str(path), model, tokenizer)
+
+
+def load_model(model: str | Path) -> LoadedModel:
+    """The model and tokenizer at ``model`` (offline), loaded once per process and file version."""
+    return _load_cached(_cache_key(model_path(model)))
+
+
+# ---- validation ---------------------------------------------------------------------------------------
+def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                    seed: int | None = None) -> SamplingParams:
+    """:class:`SamplingParams` from the CLI's options; an error names the option (``--top-p``)."""
+    try:
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    except InputError as exc:
+        text = str(exc)
+        for field, option in _PARAM_OPTIONS.items():
+            if text.startswith(f"SamplingParams.{field}:"):
+                raise InputError(f"{option}:{text.split(':', 1)[1]}") from None
+        raise
+
+
+def _xgrammar() -> Any:
+    try:
+        return importlib.import_module("xgrammar")
+    except ImportError as exc:  # pragma: no cover - the generate extra is missing
+        raise ConfigError(f"--json-schema / --regex need xgrammar (pip install 'trtvocab[generate]'): {exc}") from None
+
+
+def grammar_spec(json_schema: str | Path | None = None, regex: str | None = None) -> GrammarSpec | None:
+    """The grammar of ``--json-schema FILE`` or ``--regex PATTERN`` (at most one), checked by xgrammar."""
+    if json_schema is not None and regex is not None:
+        raise InputError("--json-schema and --regex: give at most one of them (one grammar per run)")
+    if json_schema is None and regex is None:
+        return None
+    xgr = _xgrammar()
+    if json_schema is not None:
+        path = Path(json_schema)
+        if not path.is_file():
+            raise InputError(f"--json-schema {path}: no such file" if not path.exists() else
+                             f"--json-schema {path}: not a regular file")
+        try:
+            text = path.read_text(encoding="utf-8")
+            json.loads(text)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"--json-schema {path}: cannot read it: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--json-schema {path}: not valid JSON: {exc}") from None
+        try:
+            xgr.Grammar.from_json_schema(text, any_whitespace=JSON_ANY_WHITESPACE)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise InputError(f"--json-schema {path}: xgrammar refuses the schema: {_first_line(exc)}") from None
+        return GrammarSpec("json_schema", text, f"json-schema {path.name}")
+    assert regex is not None
+    if not regex:
+        raise InputError("--regex: the pattern is empty")
+    try:
+        xgr.Grammar.from_regex(regex)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise InputError(f"--regex {regex!r}: not a valid regular expression: {_first_line(exc)}") from None
+    return GrammarSpec("regex", regex, f"regex {regex!r}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    # xgrammar prefixes "[time] /path/file.cc:line: "; keep the message.
+    if text.startswith("[") and ": " in text:
+        text = text.split(": ", 1)[1]
+    return text[:300]
+
+
+def _model_shape(path: Path) -> tuple[int, int]:
+    """``(vocab, hidden)`` from the checkpoint's header (no weights read)."""
+    from trtvocab.checkpoint import open_checkpoint
+
+    config = open_checkpoint(path).config
+    try:
+        return int(config["vocab_size"]), int(config["hidden_size"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"MODEL {path}: its config has no vocab_size / hidden_size") from None
+
+
+def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None) -> ArtifactSpec:
+    """Check an artifact against the model and pick its backend (:class:`ArtifactError`, naming ``--artifact``)."""
+    from trtvocab import artifacts
+    from trtvocab.backends import canonical, pick_backend
+
+    canonical(backend)
+    root = Path(root)
+    if not root.is_dir():
+        raise ArtifactError(f"--artifact {root}: no such folder (build one with `trtvocab build RECIPE`)")
+    manifest = artifacts.read_manifest(root)
+    if not manifest.complete:
+        raise ArtifactError(f"--artifact {root}: holds ranks {manifest.ranks_built} of tp {manifest.mapping.tp_size}; "
+                            "generate needs all of them")
+    if manifest.head.context_logits:
+        raise ArtifactError(f"--artifact {root}: built with context_logits = true (all rows); generate needs "
+                            "last-token logits")
+    if manifest.mapping.enable_attention_dp:
+        raise ArtifactError(f"--artifact {root}: built for attention DP (ranks hold different requests); generate "
+                            "runs one TP group over one batch")
+    vocab, hidden = _model_shape(model)
+    h = manifest.head
+    if (h.vocab_size, h.hidden_size) != (vocab, hidden):
+        raise ArtifactError(f"--artifact {root}: its head is vocab {h.vocab_size} x hidden {h.hidden_size}, the model "
+                            f"{model.name} is vocab {vocab} x hidden {hidden}")
+    art_tp = manifest.mapping.tp_size
+    if tp is not None and tp != art_tp:
+        raise ConfigError(f"--tp {tp}: the artifact {root} is built for tp {art_tp} (omit --tp, or pass --tp {art_tp})")
+    chosen, _ = pick_backend(manifest, backend)
+    return ArtifactSpec(str(root.resolve()), chosen, art_tp)
+
+
+def check_options(*, max_new_tokens: int, tp: int | None, prompts: list[str] | tuple[str, ...] | None,
+                  backend: str, artifact: str | Path | None, deterministic: bool) -> None:
+    """The checks that need nothing loaded."""
+    from trtvocab.backends import CHOICES, canonical
+
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens: must be an int >= 1, got {max_new_tokens!r}")
+    if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+        raise ConfigError(f"--tp: must be an int >= 1 (local gloo ranks), got {tp!r}")
+    if not prompts:
+        raise InputError("--prompt: give at least one prompt")
+    name = canonical(backend)
+    if name != "torch" and artifact is None:
+        raise ConfigError(f"--backend {backend}: runs a built head; give --artifact DIR (trtvocab build RECIPE), "
+                          f"or use --backend torch for the model's own head (choices: {CHOICES})")
+    if deterministic and artifact is not None:
+        raise ConfigError("--deterministic: applies to the head loaded from MODEL; an artifact's head is fixed at "
+                          "build time (drop --artifact or --deterministic)")
+
+
+def encode_prompts(tokenizer: Any, prompts: list[str] | tuple[str, ...], chat: bool) -> list[list[int]]:
+    """Each prompt's ids: as the tokenizer encodes it, or through its chat template (``--chat``)."""
+    out = []
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise InputError("--chat: the tokenizer has no chat template")
+    for i, text in enumerate(prompts):
+        if not isinstance(text, str):
+            raise InputError(f"--prompt {i + 1}: expected text, got {type(text).__name__}")
+        if chat:
+            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                     add_generation_prompt=True)
+            ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(text)["input_ids"]
+        if not ids:
+            raise InputError(f"--prompt {i + 1} ({text!r}): encodes to no tokens")
+        out.append([int(t) for t in ids])
+    return out
+
+
+def prepare(
+    model: str | Path,
+    prompts: list[str] | tuple[str, ...],
+    *,
+    chat: bool = False,
+    tp: int | None = None,
+    max_new_tokens: int = 32,
+    params: SamplingParams | list[SamplingParams] | None = None,
+    json_schema: str | Path | None = None,
+    regex: str | None = None,
+    deterministic: bool = False,
+    backend: str = "torch",
+    artifact: str | Path | None = None,
+) -> tuple[GenerateSpec, LoadedModel]:
+    """Validate everything, then load the model: the run's spec and the loaded model.
+
+    ``params``: one :class:`SamplingParams` for every prompt, or one per prompt; default greedy.
+    Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
+    header) come before the model is loaded.
+    """
+    check_options(max_new_tokens=max_new_tokens, tp=tp, prompts=prompts, backend=backend, artifact=artifact,
+                  deterministic=deterministic)
+    path = model_path(model)
+    per_prompt = _per_prompt(params, len(prompts))
+    grammar = grammar_spec(json_schema, regex)
+    art = artifact_spec(artifact, backend, path, tp) if artifact is not None else None
+    ranks = art.tp if art is not None else (tp or 1)
+    vocab, _ = _model_shape(path)
+    if ranks > vocab:
+        raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
+    loaded = load_model(path)
+    ids = encode_prompts(loaded.tokenizer, prompts, chat)
+    limit = getattr(loaded.config, "max_position_embeddings", None)
+    longest = max(len(p) for p in ids)
+    if isinstance(limit, int) and longest + max_new_tokens > limit:
+        raise InputError(f"--max-new-tokens {max_new_tokens}: the longest prompt has {longest} tokens and the model "
+                         f"holds at most {limit} positions")
+    spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
+                        tuple(per_prompt), grammar, art, deterministic)
+    return spec, loaded
+
+
+def _per_prompt(params: Any, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams(temperature=0.0)] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if isinstance(params, list | tuple) and len(params) == n and all(isinstance(p, SamplingParams) for p in params):
+        return list(params)
+    raise InputError(f"params: expected a SamplingParams or one per prompt ({n}), got {params!r}"[:300])
+
+
+# ---- running it ---------------------------------------------------------------------------------------
+def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
+    """Run the decode loop of ``spec``: in this process at tp 1, on ``spec.tp`` gloo ranks otherwise."""
+    if spec.tp == 1:
+        out = _decode(spec, loaded.model, loaded.tokenizer, rank=0)
+    else:
+        from trtvocab.launch import run_ranks
+
+        outs = run_ranks(_rank_main, spec.tp, spec, loaded.model, loaded.tokenizer)
+        out = outs[0]
+        for r, other in enumerate(outs[1:], start=1):
+            if other.token_ids != out.token_ids:  # the sampler promises the same ids everywhere
+                raise DistributedError(f"generate: rank {r} produced other token ids than rank 0")
+        out.ran_on = sorted({name for o in outs for name in o.ran_on})
+    tok = loaded.tokenizer
+    results = [GenerateResult(p, ids, tok.decode(ids, skip_special_tokens=True))
+               for p, ids in zip(spec.prompts, out.token_ids, strict=True)]
+    head = ", ".join(out.ran_on) if spec.artifact is not None else "torch"
+    return GenerateReport(results, spec.tp, head, sum(len(r) for r in out.token_ids), out.prefill_s, out.decode_s,
+                          out.deterministic, spec.grammar.label if spec.grammar else None)
+
+
+def _rank_main(rank: int, world: int, spec: GenerateSpec, model: Any, tokenizer: Any) -> _RankOutput:
+    """One rank of a tp > 1 run (spawned by run_ranks: the model arrives in shared memory)."""
+    _quiet_transformers()
+    return _decode(spec, model, tokenizer, rank=rank)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])}
+
+
+def _pad_id(model: Any, tokenizer: Any, eos: set[int]) -> int:
+    for pad in (tokenizer.pad_token_id, getattr(model.generation_config, "pad_token_id", None)):
+        if pad is not None:
+            return int(pad)
+    return min(eos) if eos else 0
+
+
+class _Body:
+    """``model.model`` (the decoder stack + final norm) with its KV cache, under either kwarg name."""
+
+    def __init__(self, model: Any) -> None:
+        self.body = model.model
+        names = inspect.signature(self.body.forward).parameters
+        self.cache_kw = "cache" if "cache" in names else "past_key_values"
+        self.cache: Any = None
+
+    def __call__(self, embeds: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        out = self.body(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
+                        **{self.cache_kw: self.cache})
+        cache = getattr(out, "cache", None)
+        self.cache = cache if cache is not None else out.past_key_values
+        return out.last_hidden_state
+
+
+def _load_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None) -> tuple[Any, Any, bool]:
+    """``(embedding, head, deterministic)`` of this rank, the artifact's layout where there is one."""
+    from trtvocab.embedding import load_tied
+    from trtvocab.lm_head import LMHead
+
+    layout: Any = "uneven"
+    pad_to = 64
+    manifest = None
+    if spec.artifact is not None:
+        from trtvocab import artifacts
+
+        manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)  # verified by prepare
+        layout, pad_to = manifest.head.vocab_layout, manifest.head.pad_to
+    kwargs: dict[str, Any] = {}
+    deterministic = False
+    if spec.deterministic and "deterministic" in inspect.signature(load_tied).parameters:
+        kwargs["deterministic"] = True
+        deterministic = True
+    embedding, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,
+                                gather_output=False, **kwargs)
+    if spec.deterministic and not deterministic and "deterministic" in inspect.signature(LMHead.__init__).parameters \
+            and hasattr(head, "deterministic"):
+        head.deterministic = True
+        deterministic = True
+    if manifest is not None:
+        entry = manifest.entry(rank)
+        if (entry.start, entry.end) != (head.vocab_start, head.vocab_end):
+            raise ArtifactError(f"--artifact: rank {rank} holds columns [{entry.start}, {entry.end}), the model's "
+                                f"shard is [{head.vocab_start}, {head.vocab_end})")
+    return embedding, head, deterministic
+
+
+def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankOutput:
+    from trtvocab.logits import LogitsProcessor
+    from trtvocab.sampling import apply_token_bitmask, sample
+
+    split = spec.tp > 1
+    mapping = Mapping(world_size=spec.tp, rank=rank, tp_size=spec.tp) if split else None
+    error: Exception | None = None
+    try:
+        embedding, head, deterministic = _load_vocab_ends(spec, rank, mapping)
+        backend = None
+        if spec.artifact is not None:
+            from trtvocab import artifacts
+            from trtvocab.backends import open_backend
+            from trtvocab.dtypes import head_dtype
+
+            manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)
+            backend = open_backend(spec.artifact.backend, Path(spec.artifact.root), manifest, rank)
+            backend_dtype = head_dtype(manifest.head.dtype)
+        grammar = _Grammar(spec.grammar, tokenizer, model.config.vocab_size, len(spec.prompts),
+                           _eos_ids(model, tokenizer)) if spec.grammar is not None else None
+    except Exception as exc:
+        if not split:
+            raise
+        error = exc
+    if split:
+        values = None if error is not None else {"vocab_size": head.vocab_size, "hidden_size": head.hidden_size,
+                                                 "prompts": len(spec.prompts)}
+        SETUP_HANDSHAKE.exchange(values, error, None, world=spec.tp, what="generate (setup)")
+
+    eos = _eos_ids(model, tokenizer)
+    pad = _pad_id(model, tokenizer, eos)
+    config_vocab = int(model.config.vocab_size)
+    vocab_limit = len(tokenizer) if len(tokenizer) < config_vocab else None
+    processor = LogitsProcessor()
+    body = _Body(model)
+    batch = len(spec.prompt_ids)
+    longest = max(len(p) for p in spec.prompt_ids)
+    ids = torch.full((batch, longest), pad, dtype=torch.int64)
+    mask = torch.zeros((batch, longest), dtype=torch.int64)
+    for b, p in enumerate(spec.prompt_ids):
+        ids[b, longest - len(p):] = torch.tensor(p, dtype=torch.int64)
+        mask[b, longest - len(p):] = 1
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    padded = not bool(mask.all())
+    generated: list[list[int]] = [[] for _ in range(batch)]
+    active = list(range(batch))
+    ran_on: set[str] = set()
+
+    def head_logits(hidden: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        if backend is None:
+            return processor(hidden, head, seq_lens)
+        err: Exception | None = None
+        local: Any = None
+        try:
+            local = backend.rank_logits(hidden.to(backend_dtype), seq_lens)
+        except Exception as exc:
+            if not split:
+                raise
+            err = exc
+        if split:
+            values = None if err is not None else {"rows": local.logits.shape[0], "ran_on": local.ran_on}
+            STEP_HANDSHAKE.exchange(values, err, None, world=spec.tp, what="generate (artifact head)")
+        ran_on.add(local.ran_on)
+        return local.logits
+
+    start = time.perf_counter()
+    prefill_s = 0.0
+    step = 0
+    with torch.inference_mode():
+        embeds = embedding(ids)
+        hidden = body(embeds, mask if padded else None, positions)
+        rows = hidden[mask.bool()]  # packed non-padding rows, prompt after prompt
+        seq_lens = mask.sum(-1)
+        logits = head_logits(rows, seq_lens)
+        while True:
+            if grammar is not None:
+                apply_token_bitmask(logits, grammar.bitmask(active), head)
+            rows_params = [spec.params[b] for b in active]
+            next_ids = sample(logits, head, rows_params, step=step, vocab_limit=vocab_limit).tolist()
+            if step == 0:
+                prefill_s = time.perf_counter() - start
+            feed = torch.full((batch, 1), pad, dtype=torch.int64)
+            still = []
+            for b, tok in zip(active, next_ids, strict=True):
+                generated[b].append(tok)
+                feed[b, 0] = tok
+                done = tok in eos or len(generated[b]) >= spec.max_new_tokens
+                if grammar is not None:
+                    done = grammar.accept(b, tok) or done
+                if not done:
+                    still.append(b)
+            active = still
+            step += 1
+            if not active:
+                break
+            mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.int64)], dim=-1)
+            positions = positions[:, -1:] + 1
+            hidden = body(embedding(feed), mask if padded else None, positions)
+            last = hidden[active, -1, :]
+            logits = head_logits(last, torch.ones(len(active), dtype=torch.int64))
+    decode_s = time.perf_counter() - start - prefill_s
+    return _RankOutput(generated, sorted(ran_on) or ["torch"], prefill_s, decode_s, deterministic)
+
+
+class _Grammar:
+    """One xgrammar matcher per prompt (on every rank) and the bitmask of the unfinished rows."""
+
+    def __init__(self, spec: GrammarSpec, tokenizer: Any, vocab_size: int, prompts: int, stop_ids: set[int]) -> None:
+        xgr = _xgrammar()
+        stop = sorted(stop_ids)
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop or None)
+        compiler = xgr.GrammarCompiler(info, max_threads=max(1, min(4, os.cpu_count() or 1)))
+        if spec.kind == "json_schema":
+            compiled = compiler.compile_json_schema(spec.source, any_whitespace=JSON_ANY_WHITESPACE)
+        else:
+            compiled = compiler.compile_regex(spec.source)
+        self.matchers = [xgr.GrammarMatcher(compiled) for _ in range(prompts)]
+        self.words = math.ceil(info.vocab_size / 32)
+        self._mask = xgr.allocate_token_bitmask(prompts, info.vocab_size)
+
+    def bitmask(self, rows: list[int]) -> torch.Tensor:
+        for b in rows:
+            self.matchers[b].fill_next_token_bitmask(self._mask, b)
+        return self._mask[rows]
+
+    def accept(self, row: int, token: int) -> bool:
+        """Advance ``row``'s matcher by ``token``; True when the grammar has terminated (a stop token)."""
+        matcher = self.matchers[row]
+        if not matcher.accept_token(token):
+            raise InputError(f"grammar: prompt {row + 1}: token {token} was drawn but the grammar does not accept it")
+        return bool(matcher.is_terminated())
+
+
+def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport:
+    """:func:`prepare` then :func:`generate`: the Python twin of ``trtvocab generate``."""
+    spec, loaded = prepare(model, prompts, **options)
+    return generate(spec, loaded)
+
+
+__all__ = ["JSON_ANY_WHITESPACE", "ArtifactSpec", "GenerateReport", "GenerateResult", "GenerateSpec", "GrammarSpec",
+           "LoadedModel", "generate", "load_model", "prepare", "run", "sampling_params"]

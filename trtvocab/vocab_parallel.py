@@ -1,0 +1,106 @@
+"""What the two ends of the vocabulary share: one rank's shard of a ``[V, H]`` matrix.
+
+:class:`~trtvocab.lm_head.LMHead` and :class:`~trtvocab.embedding.VocabParallelEmbedding`
+are both a shard of the same matrix, placed by the same mapping rule and the same layout
+(:mod:`trtvocab.sharding`), stored by the same weight formats (:mod:`trtvocab.weights`).
+This base class holds that placement once: validation, the split decision, the shard and
+the questions asked about it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from trtvocab.dtypes import HEAD_DTYPES
+from trtvocab.errors import ConfigError
+from trtvocab.formats import WeightFormat
+from trtvocab.mapping import Mapping
+from trtvocab.sharding import VocabLayout, VocabShard, all_shards
+from trtvocab.weights import WeightMethod
+from trtvocab.weights.base import normalize_keys
+
+DTYPES = tuple(HEAD_DTYPES.values())
+LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"  # how handshakes name layout + pad_to
+
+
+class VocabParallelModule(nn.Module):
+    """One rank's shard of a ``[V, H]`` vocabulary matrix (base of the head and the embedding).
+
+    Args:
+        vocab_size: V (a positive int; bools are refused).
+        hidden_size: H.
+        dtype: one of the head dtypes (:data:`trtvocab.dtypes.HEAD_DTYPES`).
+        mapping: where this rank sits; ``None`` is replicated. The mapping decides whether the
+            matrix is split (:attr:`Mapping.lm_head_is_split`).
+        vocab_layout: ``"uneven"`` or ``"padded"``; pad_to: the padded layout's multiple.
+        process_group: the TP group when ``world_size > tp_size``.
+
+    Subclasses create ``self.weights`` (a :class:`~trtvocab.weights.base.WeightMethod`).
+    """
+
+    weights: WeightMethod
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, mapping: Mapping | None,
+                 vocab_layout: VocabLayout, pad_to: int, process_group: Any) -> None:
+        super().__init__()
+        what = type(self).__name__
+        for name, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{what} {name} must be a positive int, got {value!r}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"{what} dtype must be one of {list(DTYPES)}, got {dtype}")
+        self.mapping = mapping or Mapping()
+        self.vocab_size, self.hidden_size, self.dtype = vocab_size, hidden_size, dtype
+        self.vocab_layout, self.pad_to = vocab_layout, pad_to
+        self.is_split = self.mapping.lm_head_is_split
+        self.tp_size = self.mapping.tp_size if self.is_split else 1
+        self.tp_rank = self.mapping.tp_rank if self.is_split else 0
+        if self.is_split and vocab_size < self.tp_size:
+            raise ConfigError(f"{what} vocab_size ({vocab_size}) is smaller than tp_size ({self.tp_size})")
+        if self.is_split and process_group is None and self.mapping.world_size != self.mapping.tp_size:
+            raise ConfigError(f"{what}: world_size > tp_size needs the TP process_group "
+                              "(trtvocab.distributed.new_tp_group)")
+        self.process_group = process_group
+        self.shards: list[VocabShard] = all_shards(vocab_size, self.tp_size, vocab_layout, pad_to)
+        self.shard: VocabShard = self.shards[self.tp_rank]
+
+    # ---- where this rank's columns are -----------------------------------------------------------
+    @property
+    def vocab_start(self) -> int:
+        return self.shard.start
+
+    @property
+    def vocab_end(self) -> int:
+        return self.shard.end
+
+    @property
+    def local_vocab_size(self) -> int:
+        return self.shard.size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.weights.buffers()).device
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return self.weights.weight_format
+
+    @property
+    def layout_code(self) -> int:
+        """The layout as one handshake integer: 0 = uneven, else the padded layout's pad_to."""
+        return 0 if self.vocab_layout == "uneven" else self.pad_to
+
+    def resident_bytes(self) -> int:
+        return self.weights.resident_bytes()
+
+    def load_weights(self, tensors: dict[str, Any]) -> None:
+        """Load from tensors (or lazy safetensors / GGUF slices) holding all V rows or this shard's rows."""
+        self.weights.load(normalize_keys(tensors))
+
+    def _placement(self) -> str:
+        split = f"tp={self.tp_size} rank={self.tp_rank} [{self.vocab_start}, {self.vocab_end})"
+        return (f"vocab={self.vocab_size}, hidden={self.hidden_size}, dtype={self.dtype}, "
+                f"format={self.weight_format}, {split if self.is_split else 'replicated'}, layout={self.vocab_layout}")
