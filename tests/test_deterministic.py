@@ -58,3 +58,26 @@ def test_deterministic_refuses_quantized_heads_and_bad_output_dtypes() -> None:
         LMHead(64, 32, deterministic=True, quant_config=QuantConfig(quant_algo=QuantAlgo.FP8, activation="none"))
     with pytest.raises(ConfigError, match="output_dtype"):
         LMHead(64, 32, dtype=torch.bfloat16, output_dtype=torch.float16)
+
+
+def test_float32_logits_build_exports_them_and_the_graph_matches(tmp_path) -> None:
+    """`[lm_head] output_dtype = "float32"`: the exported graph multiplies the upcast operands in
+    float32 and matches the fallback to float32 reassociation (checked at build time too)."""
+    from trtvocab.backends.onnx import run_onnx
+    from trtvocab.backends.torch import head_from_artifact
+    from trtvocab.build import build
+    from trtvocab.recipe import parse_recipe
+
+    recipe = parse_recipe({"checkpoint": {"synthetic": {"vocab_size": 700, "hidden_size": 64, "seed": 1}},
+                           "mapping": {"tp_size": 2}, "lm_head": {"output_dtype": "float32", "deterministic": True},
+                           "output": {"dir": str(tmp_path / "a")}}, "f.toml")
+    root, manifest = build(recipe)
+    assert all(e.verify.ok for e in manifest.ranks)
+    x = torch.randn(5, 64).bfloat16()
+    for entry in manifest.ranks:
+        head = head_from_artifact(root, manifest, entry.rank)
+        assert head.output_dtype == torch.float32 and head.deterministic
+        want = head.local_logits(x[-1:])[:, : head.local_vocab_size]
+        got = torch.from_numpy(run_onnx(root / entry.files.onnx, x).logits)
+        assert want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

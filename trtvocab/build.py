@@ -46,14 +46,14 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
         from trtvocab.synthetic import SyntheticRows
 
         head = LMHead(syn.vocab_size, syn.hidden_size, dtype=dtype, mapping=mapping, gather_output=lh.gather_output,
-                      vocab_layout=lh.vocab_layout, pad_to=lh.pad_to)
+                      vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, **lh.head_options())
         head.load_weights({"weight": SyntheticRows(syn.vocab_size, syn.hidden_size, syn.seed, syn.std)})
         return head
     path = recipe.checkpoint_path()
     return LMHead.from_checkpoint(
         path, mapping=mapping, gather_output=lh.gather_output, dtype=dtype, quant=recipe.quantization.mode,
         tensor_name=recipe.checkpoint.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to,
-        weight_only=recipe.quantization.weight_only,
+        weight_only=recipe.quantization.weight_only, **lh.head_options(),
     )
 
 
@@ -111,7 +111,7 @@ def verify_export(head: LMHead, onnx_path: Path, context: bool) -> VerifyRecord:
     # Same arithmetic in both, so the only differences are float32 summation order and,
     # for half-precision dense heads, the one rounding of the GEMM output: allow one ulp
     # of the output format (half), or a few float32 ulps growing with sqrt(H) (float32).
-    out_dtype = torch.float32 if head.weight_format is not WeightFormat.DENSE else head.dtype
+    out_dtype = head.output_dtype  # float32 for quantized heads and for output_dtype=float32
     ulp = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}[out_dtype]
     ulps = 1.0 if out_dtype != torch.float32 else 4 + head.hidden_size**0.5 / 4
     tol = ulps * ulp * max(scale, 2.0**-10)

@@ -165,6 +165,8 @@ class LMHead(VocabParallelModule):
         pad_to: int = 64,
         process_group: Any = None,
         weight_only: bool = False,
+        deterministic: bool = False,
+        output_dtype: torch.dtype | None = None,
     ) -> LMHead:
         """Build this rank's head from a checkpoint, reading only its rows.
 
@@ -186,7 +188,8 @@ class LMHead(VocabParallelModule):
             source = open_head(path, mapping=mapping, tensor_name=tensor_name, quant=quant, weight_only=weight_only)
             head = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping,
                        gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
-                       pad_to=pad_to, process_group=process_group)
+                       pad_to=pad_to, process_group=process_group, deterministic=deterministic,
+                       output_dtype=output_dtype)
             head.load_weights(source.tensors(head.shard))
             head.quant_decision = source.decision
         except Exception as exc:

@@ -118,6 +118,15 @@ class LMHeadSection(_Section):
     vocab_layout: Literal["uneven", "padded"] = "uneven"
     pad_to: int = Field(default=64, ge=1, le=MAX_PAD_TO)
     context_logits: bool = False
+    output_dtype: Literal["auto", "float32"] = "auto"  # float32: a dense head's float32 accumulation
+    deterministic: bool = False  # the fallback's logits bitwise batch- and tp-invariant
+
+    def head_options(self) -> dict[str, Any]:
+        """The ``LMHead`` keywords these settings give (``output_dtype``, ``deterministic``)."""
+        import torch
+
+        return {"output_dtype": torch.float32 if self.output_dtype == "float32" else None,
+                "deterministic": self.deterministic}
 
 
 class QuantizationSection(_Section):

@@ -103,6 +103,7 @@ class GraphSpec:
     block_size: int = FP4_BLOCK
     context_logits: bool = False
     dequantize_fp4: bool = False
+    float32_logits: bool = False  # a dense half-precision head with output_dtype=float32
     opset: int = DEFAULT_OPSET
     # Where the shard sits (provenance; does not change the graph).
     vocab_start: int = 0
@@ -282,6 +283,8 @@ def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_
         weight_format=fmt, dtype=dtype_name(head.dtype), hidden_size=head.hidden_size,
         local_vocab_size=head.local_vocab_size, activation=activation, granularity=granularity, block_size=block,
         context_logits=context_logits, dequantize_fp4=dequantize_fp4, opset=opset,
+        float32_logits=fmt is WeightFormat.DENSE and head.dtype != torch.float32
+        and getattr(head, "output_dtype", head.dtype) == torch.float32,
         vocab_start=head.vocab_start, vocab_end=head.vocab_end, vocab_size=head.vocab_size,
         tp_size=head.tp_size, tp_rank=head.tp_rank,
     )
@@ -319,7 +322,12 @@ def _to_float32(g: _Graph, x: str, spec: GraphSpec) -> str:
 
 def _dense(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
     wt = g.node("Transpose", [g.init(t[WEIGHT])], perm=[1, 0])
-    if spec.dtype == "float32":
+    if spec.float32_logits:
+        # The float32 accumulation of the half-precision operands (upcasts are exact), not
+        # rounded to the head dtype: the fallback's output_dtype=torch.float32.
+        wt32 = g.node("Cast", [wt], to=TensorProto.FLOAT)
+        g.node("MatMul", [_to_float32(g, x, spec), wt32], out=LOGITS)
+    elif spec.dtype == "float32":
         g.node("MatMul", [x, wt], out=LOGITS)
     else:
         g.node("Cast", [g.node("MatMul", [x, wt])], out=LOGITS, to=TensorProto.FLOAT)
