@@ -430,7 +430,8 @@ def test_tiny_file_claiming_32_gib_is_refused_before_allocating(tmp_path: Path, 
         raise AssertionError("allocated a buffer for a tensor the file does not hold")
 
     monkeypatch.setattr(torch, "empty", no_allocation)
-    for read in (lambda: ckpt.read("lm_head.weight"), lambda: ckpt.get_slice("lm_head.weight")[0:1]):
+    for read in (lambda: ckpt.read("lm_head.weight"), lambda: ckpt.get_slice("lm_head.weight")[0:1],
+                 lambda: ckpt.get_slice("lm_head.weight")):  # a caller can check before it allocates
         refused(read, f"{path}: lm_head.weight is truncated (the header declares a "
                 f"{header_bytes + rows * cols * 4}-byte file, it holds {header_bytes + 64} bytes)")
 

@@ -22,8 +22,9 @@ What a checkpoint may hold (anything else is a :class:`~trtvocab.errors.Checkpoi
   the spans start at 0 and are contiguous (no gap, no overlap); the data region may not hold
   bytes after the last span. All of it is checked before anything is allocated. A data region
   *shorter* than the header declares (a truncated copy) still answers header probes, but no
-  tensor of that file is read: a read first checks the file's size against the header,
-  before it allocates (so a tiny file claiming 32 GiB is an error, not a 32 GiB buffer).
+  tensor of that file is read: ``get_slice`` and every read check the file's size against the
+  header before anything is allocated (a tiny file claiming 32 GiB is an error, not a 32 GiB
+  buffer).
 * ``model.safetensors.index.json`` is an object whose ``weight_map`` maps tensor names to
   *plain file names*: a non-empty string ending in ``.safetensors`` with no ``/`` or ``\\``,
   not ``.``/``..``, no NUL. The shard is that name inside the checkpoint folder; the entry
@@ -32,7 +33,7 @@ What a checkpoint may hold (anything else is a :class:`~trtvocab.errors.Checkpoi
   and no tensor is in two shard files (with or without an index).
 * ``config.json`` (and ``text_config`` inside it) hold ``tie_word_embeddings`` as a JSON bool
   (absent: true, transformers' default), ``vocab_size`` / ``hidden_size`` as positive ints
-  (absent or null: not stated), ``text_config`` / ``quantization_config`` as objects.
+  (absent or null: not stated), ``text_config`` / ``quantization_config`` as objects (or null).
 * Error messages never quote bytes of a file that did not parse as a safetensors header
   (e.g. a header length that does not fit the file is "implausible", not a number).
 """
@@ -212,7 +213,8 @@ class LazyRows:
         start, stop, _ = index.indices(shape[0])
         return self._read(start, max(start, stop))
 
-    def _check_file(self) -> None:
+    def check_file(self) -> None:
+        """Raise unless the file is still a regular file of the size its header declares (one ``stat``)."""
         info = self.info
         size = _regular_size(info.file, "safetensors file")
         if info.file_bytes is None or size == info.file_bytes:
@@ -225,7 +227,7 @@ class LazyRows:
 
     def _read(self, start: int, stop: int) -> torch.Tensor:
         dtype = self.info.torch_dtype
-        self._check_file()  # before allocating: a header's claim is bounded by the file
+        self.check_file()  # before allocating: a header's claim is bounded by the file
         row_elems = 1
         for d in self.info.shape[1:]:
             row_elems *= d
@@ -555,8 +557,12 @@ class Checkpoint:
 
     # ---- data --------------------------------------------------------------------------------
     def get_slice(self, name: str) -> LazyRows:
-        """A lazy slice: ``get_slice(n)[a:b]`` reads only rows a..b."""
-        return LazyRows(self.info(name))
+        """A lazy slice: ``get_slice(n)[a:b]`` reads only rows a..b. Refuses at once (one ``stat``,
+        nothing read or allocated) a file shorter or longer than its header declares, so a caller
+        can check a tensor's bytes exist before it allocates anything for them."""
+        lazy = LazyRows(self.info(name))
+        lazy.check_file()
+        return lazy
 
     def read(self, name: str) -> torch.Tensor:
         lazy = self.get_slice(name)

@@ -117,4 +117,7 @@ def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: 
     decision = resolve_lm_head_quant(ckpt, mapping=mapping, tensor_name=tensor_name, quant=quant,
                                      weight_only=weight_only)
     vocab, hidden = head_shape(ckpt, decision)
+    # Validate the tensor's byte range against the file now (one stat, nothing read): a tiny
+    # file whose header claims 32 GiB is refused before the head allocates its shard.
+    ckpt.get_slice(decision.tensor_name)
     return HeadSource(ckpt, decision, vocab, hidden)
