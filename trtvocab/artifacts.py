@@ -41,7 +41,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from trtvocab.errors import ArtifactError, TrtVocabError
-from trtvocab.fsutil import atomic_write_bytes, load_json_file, read_regular, read_safetensors_header, sha256_file
+from trtvocab.fsutil import (
+    atomic_write_bytes,
+    load_json_file,
+    parse_json,
+    read_regular,
+    read_safetensors_header,
+    sha256_file,
+)
 from trtvocab.fsutil import staging as _staging
 from trtvocab.recipe import FileRecord, Manifest, RankEntry
 from trtvocab.version import __version__
@@ -126,16 +133,8 @@ def read_manifest(root: Path, *, verify: bool = True) -> Manifest:
     if not os.path.lexists(path):
         raise ArtifactError(f"{path}: missing (not a trtvocab artifact, or an unfinished build)")
     data = read_regular(path, "artifact manifest", max_bytes=MAX_MANIFEST_BYTES)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ArtifactError(f"{path}: not UTF-8 text (byte {exc.start}); not a manifest trtvocab wrote") from None
-    try:
-        raw = json.loads(text)
-    except RecursionError:
-        raise ArtifactError(f"{path}: not valid JSON (nested too deeply)") from None
-    except ValueError as exc:
-        raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
+    raw = parse_json(data, str(path), ArtifactError)
+    text = data.decode("utf-8")  # valid: parse_json decoded it already
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise ArtifactError(f"{path}: not a trtvocab artifact (format {found!r})")

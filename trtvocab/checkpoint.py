@@ -40,7 +40,6 @@ What a checkpoint may hold (anything else is a :class:`~trtvocab.errors.Checkpoi
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import struct
@@ -51,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trtvocab.errors import CheckpointError
+from trtvocab.fsutil import as_path, file_kind, parse_json
+from trtvocab.lazy_rows import RowReader, read_span
 
 if TYPE_CHECKING:
     from trtvocab.gguf import GGUFCheckpoint
@@ -96,30 +97,8 @@ MAX_FILE_BYTES = 2**63 - 1  # no file (off_t) holds more: data offsets past it a
 
 
 def checkpoint_path(path: Any) -> Path:
-    """``path`` as a :class:`Path`: a non-empty ``str`` or ``os.PathLike`` of one, else a CheckpointError."""
-    raw: Any = path
-    if isinstance(path, os.PathLike):
-        try:
-            raw = os.fspath(path)
-        except TypeError:
-            raw = None
-    if not isinstance(raw, str):
-        raise CheckpointError(f"checkpoint path must be a str or os.PathLike naming a file or folder, "
-                              f"got {type(path).__name__} {path!r:.80}")
-    if not raw:
-        raise CheckpointError("checkpoint path is empty (expected a file or folder)")
-    if "\0" in raw:
-        raise CheckpointError(f"checkpoint path {raw!r:.200} contains a NUL character")
-    return Path(raw)
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
+    """``path`` as a :class:`Path` (see :func:`trtvocab.fsutil.as_path`), else a CheckpointError."""
+    return as_path(path, "checkpoint path", "a file or folder", CheckpointError)
 
 
 def _stat(path: Path, what: str) -> os.stat_result:
@@ -136,7 +115,7 @@ def _regular_size(path: Path, what: str) -> int:
     """The size of ``path``, which must be a regular file (checked before anything opens it)."""
     st = _stat(path, what)
     if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"{what} {path}: is {_kind(st.st_mode)}, expected a regular file")
+        raise CheckpointError(f"{what} {path}: is {file_kind(st.st_mode)}, expected a regular file")
     return st.st_size
 
 
@@ -147,7 +126,7 @@ def _regular_opener(path: str, flags: int) -> int:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise CheckpointError(f"{path}: is {_kind(mode)}, expected a regular file")
+            raise CheckpointError(f"{path}: is {file_kind(mode)}, expected a regular file")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -184,7 +163,7 @@ class TensorInfo:
             raise CheckpointError(f"{self.file}: tensor {self.name} has unsupported dtype {self.dtype}") from None
 
 
-class LazyRows:
+class LazyRows(RowReader):
     """A safetensors tensor that reads only the rows it is indexed with.
 
     ``LazyRows[a:b]`` reads exactly rows ``a..b`` with one positioned read into a
@@ -193,25 +172,12 @@ class LazyRows:
     declares (a truncated copy is refused here, naming the file).
     """
 
-    def __init__(self, info: TensorInfo) -> None:
-        self.info = info
-
-    def get_shape(self) -> list[int]:
-        return list(self.info.shape)
-
-    def get_dtype(self) -> str:
-        return self.info.dtype
+    info: TensorInfo
 
     def __getitem__(self, index: Any) -> torch.Tensor:  # a row slice, or ... for all
-        shape = self.info.shape
-        if not shape:
+        if not self.info.shape:
             return self._read(0, 1).reshape(())
-        if index is Ellipsis:
-            index = slice(None)
-        if not isinstance(index, slice) or index.step not in (None, 1):
-            raise CheckpointError(f"{self.info.name}: only contiguous row slices can be read lazily")
-        start, stop, _ = index.indices(shape[0])
-        return self._read(start, max(start, stop))
+        return self._read(*self.row_range(index))
 
     def check_file(self) -> None:
         """Raise unless the file is still a regular file of the size its header declares (one ``stat``)."""
@@ -237,15 +203,9 @@ class LazyRows:
         want = rows * row_elems * itemsize
         if want:
             view = memoryview(out.view(torch.uint8).reshape(-1).numpy())
-            got = 0
             try:
                 with _open_regular(self.info.file) as fh:
-                    fh.seek(self.info.offset + start * row_elems * itemsize)
-                    while got < want:
-                        n = fh.readinto(view[got:])
-                        if not n:
-                            break
-                        got += n
+                    got = read_span(fh, self.info.offset + start * row_elems * itemsize, view)
             except OSError as exc:
                 raise CheckpointError(f"{self.info.file}: cannot read {self.info.name} "
                                       f"({exc.strerror or exc})") from None
@@ -264,35 +224,8 @@ def _json_name(value: Any) -> str:
     return _JSON_NAMES.get(type(value), type(value).__name__)
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def _parse_json(raw: bytes, where: str, *, unique_keys: bool = False) -> Any:
-    """UTF-8 JSON; errors name ``where`` and at most a position, never the bytes."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(f"{where} is not UTF-8 text (at byte {exc.start})") from None
-    try:
-        return json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None)
-    except _DuplicateKey as exc:
-        raise CheckpointError(f"{where} holds the key {exc.args[0]!r:.100} twice") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{where} is not JSON ({exc.msg} at character {exc.pos})") from None
-    except RecursionError:
-        raise CheckpointError(f"{where} is not usable JSON (nested too deeply)") from None
-    except ValueError as exc:  # e.g. an integer with more digits than Python converts
-        raise CheckpointError(f"{where} is not usable JSON ({exc!s:.120})") from None
+    return parse_json(raw, where, CheckpointError, unique_keys=unique_keys)
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -489,7 +422,7 @@ class Checkpoint:
                 hint = f" (found pickles {pickles}, which are never loaded)" if pickles else ""
                 raise CheckpointError(f"checkpoint {self.path}: no .safetensors files{hint}")
         else:
-            raise CheckpointError(f"checkpoint {self.path}: is {_kind(mode)}, expected an HF folder or a "
+            raise CheckpointError(f"checkpoint {self.path}: is {file_kind(mode)}, expected an HF folder or a "
                                   "regular .safetensors file")
         self.files: list[Path] = files
         self._infos: dict[str, TensorInfo] = {}

@@ -306,29 +306,69 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
 # ---- hidden ---------------------------------------------------------------------------------
 @app.command()
 def hidden(
-    model: Annotated[Path, typer.Argument(help="HF model directory (transformers AutoModel, offline)")],
-    out: Annotated[Path, typer.Option(help="output .safetensors (hidden_states [T, H], seq_lens [B])")],
+    model: Annotated[Path, typer.Argument(help="HF model directory or a llama.cpp .gguf file (transformers, "
+                                          "offline)")],
+    out: Annotated[Path, typer.Option(help="output .safetensors (hidden_states [T, H], seq_lens [B], input_ids [T], "
+                                      "next_token_ids [T] for a causal LM)")],
     text: Annotated[list[str] | None,
                     typer.Option(help="a text (repeatable); default: four built-in sentences")] = None,
-    layer: Annotated[int, typer.Option(help="which hidden states: 0 = embeddings, -1 = final layer")] = -1,
+    text_file: Annotated[Path | None, typer.Option(help="UTF-8 file, one document per line (with or instead of "
+                                                   "--text)")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="stop after this many rows in all")] = None,
+    max_len: Annotated[int | None, typer.Option(help="split longer documents into sequences of this many tokens "
+                                                "(default: the model's max_position_embeddings)")] = None,
+    layer: Annotated[int, typer.Option(help="which hidden states: 0 = embeddings, -1 = final layer (a causal LM: "
+                                       "after the final norm, what its head consumes)")] = -1,
 ) -> None:
-    """Compute real hidden states of some texts (packed, no special tokens) for infer/compare."""
-    from trtvocab.hidden import DEFAULT_TEXTS, hidden_states_from_text, save_hidden
+    """Compute real hidden states of some texts (packed, no special tokens) and their token ids, for infer/compare."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trtvocab.hidden import DEFAULT_TEXTS, read_text_file, save_hidden, text_hidden_states
 
     try:
         _check_output_file(out, "--out")
-        states, lens, last = hidden_states_from_text(model, list(text or DEFAULT_TEXTS), layer=layer)
-        save_hidden(out, states, lens, last)
+        texts = list(text or [])
+        if text_file is not None:
+            texts += read_text_file(text_file)
+        texts = texts or list(DEFAULT_TEXTS)
+        with Progress(TextColumn("hidden states"), BarColumn(), MofNCompleteColumn(), TextColumn("documents"),
+                      TimeElapsedColumn(), console=err_console, transient=True, disable=len(texts) < 16) as bar:
+            task = bar.add_task("hidden", total=len(texts))
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = text_hidden_states(model, texts, layer=layer, max_tokens=max_tokens, max_len=max_len,
+                                        progress=progress)
+        save_hidden(out, result.states, result.seq_lens, result.last_tokens, input_ids=result.input_ids,
+                    next_token_ids=result.next_token_ids)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
-    console.print(f"wrote hidden_states {list(states.shape)} and seq_lens {lens.tolist()} to {escape(str(out))}",
+    extra = ", input_ids"
+    if result.next_token_ids is not None:
+        scored = int((result.next_token_ids >= 0).sum())
+        extra += f" and next_token_ids ({scored} rows with a next token)"
+    lens = result.seq_lens.tolist()
+    shown = str(lens) if len(lens) <= 16 else f"[{len(lens)} sequences, {sum(lens)} tokens]"
+    console.print(f"wrote hidden_states {list(result.states.shape)}, seq_lens {shown}{extra} to {escape(str(out))}",
                   highlight=False)
 
 
 # ---- quantize -------------------------------------------------------------------------------
+def _gate_options(max_kld_mean: float | None, min_same_top: float | None, max_ppl_ratio: float | None):  # type: ignore[no-untyped-def]
+    from trtvocab.accuracy.gates import Gates
+
+    return Gates(max_kld_mean=max_kld_mean, min_same_top=min_same_top, max_ppl_ratio=max_ppl_ratio)
+
+
+MAX_KLD_HELP = "gate: fail (exit 1) when a variant's teacher-forced mean KL(base || Q) exceeds this (nats)"
+MIN_TOP_HELP = "gate: fail (exit 1) when a variant's Same top p is below this fraction (e.g. 0.98)"
+MAX_PPL_HELP = "gate: fail (exit 1) when a variant's PPL(Q)/PPL(base) exceeds this (e.g. 1.01)"
+
+
 @app.command()
 def quantize(
-    checkpoint: Annotated[Path, typer.Argument(help="dense HF directory or .safetensors file")],
+    checkpoint: Annotated[Path, typer.Argument(help="dense HF directory, .safetensors or .gguf file")],
     algo: Annotated[str, typer.Option(help="fp8 | nvfp4")],
     out: Annotated[Path, typer.Option(help="output directory (ModelOpt export format, written atomically)")],
     calib: Annotated[Path | None, typer.Option(help=".safetensors with hidden_states [T, H]: static activation "
@@ -339,13 +379,30 @@ def quantize(
                                                     "or the tied embedding)")] = None,
     batch_rows: Annotated[int, typer.Option(help="calibration rows per batch")] = 256,
     force: Annotated[bool, typer.Option(help="replace an existing OUT (atomically)")] = False,
+    scale_search: Annotated[str, typer.Option(help="NVFP4 block scales: max (ModelOpt's amax / 6) | mse "
+                                              "(per-block squared-error search, same format) | mse-act (the "
+                                              "same, error weighted by --calib's E[h^2] per column)")] = "max",
+    gate: Annotated[Path | None, typer.Option(help="hidden file with next_token_ids: judge the quantized head "
+                                              "on it against the source head and write nothing if it misses a "
+                                              "gate")] = None,
+    max_kld_mean: Annotated[float | None, typer.Option(help=MAX_KLD_HELP)] = None,
+    min_same_top: Annotated[float | None, typer.Option(help=MIN_TOP_HELP)] = None,
+    max_ppl_ratio: Annotated[float | None, typer.Option(help=MAX_PPL_HELP)] = None,
 ) -> None:
     """Quantize the LM head with ModelOpt (FP8 or NVFP4) into a checkpoint LMHead.from_checkpoint picks up."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from trtvocab.errors import ConfigError
     from trtvocab.quantize import quantize_checkpoint
 
     try:
+        gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
+        if gates.active and gate is None:
+            raise ConfigError("--max-kld-mean / --min-same-top / --max-ppl-ratio need --gate HIDDEN (the rows "
+                              "to judge the quantized head on)")
+        if gate is not None and not gates.active:
+            raise ConfigError("--gate needs at least one of --max-kld-mean, --min-same-top, --max-ppl-ratio")
+        gate_fn = _quantize_gate(checkpoint, gate, gates, tensor_name, out) if gate is not None else None
         with Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("batches"),
                       TimeElapsedColumn(), console=err_console, transient=True, disable=calib is None) as bar:
             task = bar.add_task("calibrate", total=None)
@@ -355,9 +412,14 @@ def quantize(
 
             result = quantize_checkpoint(checkpoint, out, algo=algo, calib=calib, weight_only=weight_only,
                                          tensor_name=tensor_name, batch_rows=batch_rows, force=force,
-                                         progress=progress)
+                                         progress=progress, scale_search=scale_search, gate=gate_fn)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
+    if not result.published:
+        for line in result.gate_failures:
+            err_console.print(f"{escape(line)}; nothing written to {escape(str(out))}", highlight=False,
+                              soft_wrap=True)
+        raise typer.Exit(code=1)
     console.print(f"wrote [bold]{escape(str(result.out))}[/] ({escape(result.label)}) from "
                   f"{escape(result.source_tensor)} {escape(f'[{result.vocab_size:,} x {result.hidden_size:,}]')}",
                   highlight=False)
@@ -376,14 +438,41 @@ def quantize(
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
 
 
+def _quantize_gate(checkpoint: Path, gate: Path, gates, tensor_name: str | None, out: Path):  # type: ignore[no-untyped-def]
+    """A ``quantize_checkpoint`` gate: compare the in-memory quantized head with the source head on
+    the rows of ``gate`` (loaded now, so a bad file is refused before any quantizing)."""
+    from trtvocab.compare import HeadSource
+    from trtvocab.compare import compare as run_compare
+    from trtvocab.hidden import load_hidden_file
+
+    data = load_hidden_file(gate)
+    if data.next_token_ids is None:
+        raise InputError(f"--gate {gate}: has no next_token_ids (write it with `trtvocab hidden` on a causal LM)")
+
+    def check(tensors, config):  # type: ignore[no-untyped-def]
+        local = {k.removeprefix("lm_head."): v for k, v in tensors.items()}
+        vocab, packed = local["weight"].shape
+        hidden_size = packed * 2 if config.quant_algo.value == "NVFP4" else packed
+        src = HeadSource(name=f"quantized:{out.name}", tensors=local, quant_config=config,
+                         shape=(int(vocab), int(hidden_size)))
+        report = run_compare(checkpoint, [], data.states, data.seq_lens, heads=[src], tensor_name=tensor_name,
+                             next_token_ids=data.next_token_ids)
+        from trtvocab.accuracy.gates import check_gates
+
+        return check_gates(report, gates)
+
+    return check
+
+
 # ---- compare --------------------------------------------------------------------------------
 @app.command()
 def compare(
-    baseline: Annotated[Path, typer.Argument(help="dense (bf16 / fp32) checkpoint")],
-    hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (+ seq_lens)")],
+    baseline: Annotated[Path, typer.Argument(help="dense (bf16 / fp32) checkpoint: HF dir, .safetensors or .gguf")],
+    hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (+ seq_lens, next_token_ids)")],
     variants: Annotated[list[Path] | None, typer.Argument(help="quantized checkpoints to compare")] = None,
     simulate: Annotated[str | None, typer.Option(help="in-memory variants of the baseline, comma-separated: "
-                                                 "fp8[-row][-dyn|-w8a8|-w8a16], nvfp4[-w4a16|-w4a4]")] = None,
+                                                 "fp8[-row][-dyn|-w8a8|-w8a16], "
+                                                 "nvfp4[-mse|-mse-act][-w4a16|-w4a4]")] = None,
     calib: Annotated[Path | None, typer.Option(help="hidden states for --simulate static activation scales "
                                                "(default: the compared rows)")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel ranks (gloo processes) per head")] = 1,
@@ -392,20 +481,32 @@ def compare(
                                                   "token (needs seq_lens)")] = True,
     dtype: Annotated[str, typer.Option(help="head dtype: auto (the baseline's) | bf16 | fp16 | fp32")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
-    markdown: Annotated[bool, typer.Option("--markdown", help="print a GitHub markdown table")] = False,
-    plot: Annotated[Path | None, typer.Option(help="write a PNG: per-row KL and logit-error histograms")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="print GitHub markdown tables")] = False,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG: KL CDF, KLD and Δp histograms, logit error, "
+                                              "PPL and Same top p / EAR per variant")] = None,
+    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for the 95% intervals (0: none)")] = 1000,
+    seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
+    max_kld_mean: Annotated[float | None, typer.Option(help=MAX_KLD_HELP)] = None,
+    min_same_top: Annotated[float | None, typer.Option(help=MIN_TOP_HELP)] = None,
+    max_ppl_ratio: Annotated[float | None, typer.Option(help=MAX_PPL_HELP)] = None,
 ) -> None:
-    """Accuracy of quantized LM heads against the baseline: top-1/top-5, KL (global softmax), logit error."""
+    """Accuracy of quantized LM heads against the baseline: top-1/top-5, KL, logit error, and llama.cpp's
+    teacher-forced PPL / KLD / Δp block (with EAR and intervals) where the hidden file has next tokens."""
+    from trtvocab.accuracy.gates import check_gates
     from trtvocab.compare import COLUMNS, plot_report
     from trtvocab.compare import compare as run_compare
-    from trtvocab.hidden import load_hidden
+    from trtvocab.hidden import load_hidden_file
 
     try:
-        states, lens = load_hidden(hidden)
-        calib_states = load_hidden(calib)[0] if calib is not None else None
+        gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
+        _check_output_file(plot, "--plot")
+        data = load_hidden_file(hidden)
+        calib_states = load_hidden_file(calib).states if calib is not None else None
         specs = [s for s in (simulate or "").split(",") if s.strip()]
-        report = run_compare(baseline, list(variants or []), states, lens, simulate=specs, calib=calib_states,
-                             tp=tp, all_tokens=all_tokens, dtype=dtype)
+        report = run_compare(baseline, list(variants or []), data.states, data.seq_lens, simulate=specs,
+                             calib=calib_states, tp=tp, all_tokens=all_tokens, dtype=dtype,
+                             next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed)
+        failures = check_gates(report, gates)
         if plot is not None:
             plot_report(report, plot)
     except (TrtVocabError, OSError) as exc:
@@ -424,8 +525,75 @@ def compare(
         for v in report.variants:
             if v.note:
                 console.print(f"[dim]{escape(v.name)}: {escape(v.note)}[/]", highlight=False)
+        block = report.llamacpp_text()
+        if block:
+            print()
+            print(block, end="")
+    if report.teacher_forced_note and not as_json:
+        err_console.print(f"note: {escape(report.teacher_forced_note)}", highlight=False, soft_wrap=True)
     if plot is not None and not as_json:
         err_console.print(f"wrote {escape(str(plot))}", highlight=False)
+    if failures:
+        for line in failures:
+            err_console.print(escape(line), highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+
+
+# ---- generate -------------------------------------------------------------------------------
+@app.command()
+def generate(
+    model: Annotated[Path, typer.Argument(help="HF causal-LM directory or a llama.cpp .gguf file (transformers, "
+                                          "offline)")],
+    prompt: Annotated[list[str], typer.Option(help="a prompt (repeatable: prompts decode together as one batch)")],
+    chat: Annotated[bool, typer.Option(help="wrap each prompt in the tokenizer's chat template")] = False,
+    tp: Annotated[int | None, typer.Option(help="tensor-parallel ranks of the vocabulary dimension (local gloo "
+                                           "processes; 1 runs in this process); default 1, or the artifact's")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="stop each prompt after this many new tokens")] = 32,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (the default)")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="keep the k largest logits (0 = off)")] = 0,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling (1 = off)")] = 1.0,
+    min_p: Annotated[float, typer.Option(help="keep p >= min_p * p_max (0 = off)")] = 0.0,
+    seed: Annotated[int | None, typer.Option(help="seed of the noise: the same tokens at every --tp")] = None,
+    json_schema: Annotated[Path | None, typer.Option(help="constrain every answer to this JSON schema file "
+                                                     "(xgrammar)")] = None,
+    regex: Annotated[str | None, typer.Option(help="constrain every answer to this regular expression "
+                                              "(xgrammar)")] = None,
+    deterministic: Annotated[bool, typer.Option(help="batch- and tp-invariant head logits (LMHead deterministic "
+                                                "mode, where this trtvocab has it)")] = False,
+    backend: Annotated[str, typer.Option(help="torch (the model's head, or the artifact's fallback) | onnx | "
+                                         "tensorrt | auto; all but torch need --artifact")] = "torch",
+    artifact: Annotated[Path | None, typer.Option(help="run the head from this built artifact "
+                                                  "(trtvocab build)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
+                                          '"text"}]} only')] = False,
+) -> None:
+    """Decode with the vocabulary dimension split over --tp ranks: embedding, head and sampler in trtvocab."""
+    from trtvocab.generate import generate as run_generate
+    from trtvocab.generate import prepare, sampling_params
+
+    try:
+        params = sampling_params(temperature, top_k, top_p, min_p, seed)
+        spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
+                               json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
+                               artifact=artifact)
+        report = run_generate(spec, loaded)
+    except (TrtVocabError, OSError) as exc:
+        raise _fail(exc) from None
+    if as_json:
+        print(json.dumps(report.as_json()))
+        return
+    how = "greedy" if params.temperature == 0 else f"temperature {params.temperature:g}, seed {params.seed}"
+    notes = [f"tp {report.tp}", f"head: {report.head}" + (f" ({artifact})" if artifact is not None else ""), how]
+    if report.grammar:
+        notes.append(report.grammar)
+    if deterministic:
+        notes.append("deterministic" if report.deterministic else "deterministic mode unavailable: default head")
+    console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
+    for i, r in enumerate(report.results):
+        console.print(f"[bold][{i + 1}][/] [dim]{escape(r.prompt)}[/]", highlight=False)
+        console.print(escape(r.text), highlight=False, soft_wrap=True)
+    console.print(f"{report.new_tokens} new tokens in {report.seconds:.2f} s (prefill {report.prefill_s:.2f} s): "
+                  f"{report.tokens_per_s:.1f} tokens/s", highlight=False)
 
 
 def main() -> None:  # pragma: no cover

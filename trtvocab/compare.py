@@ -19,18 +19,26 @@ Rows: by default every token of the hidden states (``all_tokens``): a KL p99
 needs many rows, and a context position is as good a probe of the head as a last
 one. ``all_tokens=False`` keeps only each sequence's last token, through the
 LogitsProcessor and the file's ``seq_lens``: what generation actually samples from.
+
+Teacher-forced block: where the hidden file carries ``next_token_ids`` (``trtvocab
+hidden`` on a causal LM), the rows with a next token also get llama.cpp's ``perplexity
+--kl-divergence`` statistics (PPL(Q), PPL(base), KLD, Δp, Same top p, and EAR, KL both
+ways, JS, bootstrap intervals): :mod:`trtvocab.accuracy.stats`. Only the baseline's and
+one variant's ``[T, V]`` float32 logits are held at a time; the float64 work runs in
+row chunks.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trtvocab.accuracy.stats import DEFAULT_BOOTSTRAP, DEFAULT_SEED, LlamaCppStats, TokenRows, token_rows
 from trtvocab.dtypes import HEAD_DTYPES, head_dtype, short_name
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.formats import Activation, Granularity
@@ -58,6 +66,7 @@ class LogitMetrics:
     mean_abs_logprob_err: float
     kl_per_row: torch.Tensor = field(repr=False)  # float64 [rows]
     logit_err_sample: torch.Tensor = field(repr=False)  # float32, variant - baseline
+    tokens: TokenRows | None = field(default=None, repr=False)  # rows with a next token (teacher-forced)
 
 
 def _check_logits(base: torch.Tensor, var: torch.Tensor) -> None:
@@ -70,10 +79,22 @@ def _check_logits(base: torch.Tensor, var: torch.Tensor) -> None:
 
 
 def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chunk_rows: int | None = None,
-                  max_err_samples: int = MAX_ERR_SAMPLES) -> LogitMetrics:
-    """Compare two ``[N, V]`` logit tensors (see the module docstring for each metric)."""
+                  max_err_samples: int = MAX_ERR_SAMPLES, next_ids: torch.Tensor | None = None) -> LogitMetrics:
+    """Compare two ``[N, V]`` logit tensors (see the module docstring for each metric).
+
+    ``next_ids [N]`` (int, -1 = no next token) adds the teacher-forced per-row numbers
+    (:class:`~trtvocab.accuracy.stats.TokenRows`) of the rows that have one.
+    """
     _check_logits(base, var)
     n, vocab = base.shape
+    if next_ids is not None:
+        next_ids = torch.as_tensor(next_ids).reshape(-1).long()
+        if next_ids.shape[0] != n:
+            raise InputError(f"next_token_ids: {next_ids.shape[0]} entries for {n} rows of logits")
+        if next_ids.numel() and (int(next_ids.min()) < -1 or int(next_ids.max()) >= vocab):
+            raise InputError(f"next_token_ids: ids must be in [-1, {vocab}) (the vocabulary), got "
+                             f"[{int(next_ids.min())}, {int(next_ids.max())}]")
+    parts: list[TokenRows] = []
     chunk_rows = chunk_rows or max(1, CHUNK_ELEMENTS // vocab)
     k = min(k, vocab)
     top1 = overlap = logprob_err = 0.0
@@ -90,6 +111,8 @@ def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chun
         pb = lb.exp()
         kls.append(torch.where(pb > 0, pb * (lb - lv), torch.zeros_like(pb)).sum(-1).clamp_min(0.0))
         arg_b, arg_v = b.argmax(-1), v.argmax(-1)
+        if next_ids is not None:
+            parts.append(token_rows(lb, lv, next_ids[start:start + chunk_rows], arg_b, arg_v))
         top1 += float((arg_b == arg_v).sum())
         tb, tv = b.topk(k, dim=-1).indices, v.topk(k, dim=-1).indices
         overlap += float((tb.unsqueeze(-1) == tv.unsqueeze(-2)).any(-1).sum()) / k
@@ -104,7 +127,8 @@ def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chun
     return LogitMetrics(rows=n, top1_agreement=top1 / n, top5_overlap=overlap / n, kl_mean=float(kl.mean()),
                         kl_p99=float(torch.quantile(kl, 0.99)), kl_max=float(kl.max()),
                         max_abs_logit_err=max_err, mean_abs_logprob_err=logprob_err / n,
-                        kl_per_row=kl, logit_err_sample=torch.cat(errs))
+                        kl_per_row=kl, logit_err_sample=torch.cat(errs),
+                        tokens=None if next_ids is None else TokenRows.concat(parts))
 
 
 # ---- what to run -----------------------------------------------------------------------------
@@ -123,12 +147,17 @@ class HeadSource:
 
 @dataclass(frozen=True)
 class SimSpec:
-    """``fp8[-row][-dyn|-w8a8|-w8a16]`` or ``nvfp4[-w4a16|-w4a4]``."""
+    """``fp8[-row][-dyn|-w8a8|-w8a16]`` or ``nvfp4[-mse|-mse-act][-w4a16|-w4a4]``.
+
+    ``-mse``: block scales by MSE search; ``-mse-act``: the search's squared error weighted
+    per column by the calibration activations' mean square.
+    """
 
     text: str
     algo: QuantAlgo
     per_row: bool
     activation: Activation
+    scale_search: str = "max"
 
     @property
     def config(self) -> QuantConfig:
@@ -136,7 +165,7 @@ class SimSpec:
                            granularity=Granularity.PER_ROW if self.per_row else Granularity.PER_TENSOR)
 
 
-_SIM_RE = re.compile(r"^(fp8|nvfp4)(-row)?(?:-(dyn|w8a8|w8a16|w4a4|w4a16))?$")
+_SIM_RE = re.compile(r"^(fp8|nvfp4)(-mse(?:-act)?)?(-row)?(?:-(dyn|w8a8|w8a16|w4a4|w4a16))?$")
 _SIM_ACT = {"dyn": Activation.DYNAMIC, "w8a8": Activation.STATIC, "w8a16": Activation.NONE,
             "w4a4": Activation.STATIC, "w4a16": Activation.NONE}
 
@@ -145,16 +174,19 @@ def parse_sim_spec(text: str) -> SimSpec:
     m = _SIM_RE.match(text.strip().lower())
     if m is None:
         raise ConfigError(f"--simulate: unknown variant {text!r}; use fp8[-row][-dyn|-w8a8|-w8a16] "
-                          "or nvfp4[-w4a16|-w4a4], comma-separated")
-    algo_s, row, act = m.groups()
+                          "or nvfp4[-mse|-mse-act][-w4a16|-w4a4], comma-separated")
+    algo_s, mse, row, act = m.groups()
     algo = QuantAlgo.FP8 if algo_s == "fp8" else QuantAlgo.NVFP4
+    if algo is QuantAlgo.FP8 and mse:
+        raise ConfigError(f"--simulate {text!r}: -mse (block-scale search) is for NVFP4 only")
     if algo is QuantAlgo.NVFP4 and (row or act in ("dyn", "w8a8", "w8a16")):
         raise ConfigError(f"--simulate {text!r}: NVFP4 takes -w4a16 or -w4a4 (its scales are per 16-block)")
     if algo is QuantAlgo.FP8 and act in ("w4a4", "w4a16"):
         raise ConfigError(f"--simulate {text!r}: FP8 takes -dyn, -w8a8 or -w8a16")
     # Defaults match `trtvocab quantize` without --calib: FP8 dynamic activations, NVFP4 W4A16.
     activation = _SIM_ACT[act] if act else (Activation.DYNAMIC if algo is QuantAlgo.FP8 else Activation.NONE)
-    return SimSpec(text=text.strip().lower(), algo=algo, per_row=bool(row), activation=activation)
+    return SimSpec(text=text.strip().lower(), algo=algo, per_row=bool(row), activation=activation,
+                   scale_search=mse[1:] if mse else "max")
 
 
 def simulate_tensors(weight: torch.Tensor, spec: SimSpec,
@@ -169,11 +201,17 @@ def simulate_tensors(weight: torch.Tensor, spec: SimSpec,
     from trtvocab.quant.writer import quantize_head_tensors
 
     amax = None
-    if spec.activation is Activation.STATIC:
+    weights = None
+    if spec.activation is Activation.STATIC or spec.scale_search == "mse-act":
         if calib is None:
-            raise InputError(f"--simulate {spec.text}: a static activation scale needs calibration rows")
-        amax = calib.to(weight.dtype).abs().amax().float()
-    return quantize_head_tensors(weight, spec.config, input_amax=amax), ""
+            raise InputError(f"--simulate {spec.text}: a static activation scale or an activation-weighted "
+                             "scale search needs calibration rows")
+        rows = calib.to(weight.dtype).float()
+        amax = rows.abs().amax() if spec.activation is Activation.STATIC else None
+        weights = rows.double().square().mean(0) if spec.scale_search == "mse-act" else None
+    search = "mse" if spec.scale_search == "mse-act" else spec.scale_search
+    return quantize_head_tensors(weight, spec.config, input_amax=amax, scale_search=search,
+                                 column_weights=weights), ""
 
 
 def simulate_source(weight: torch.Tensor, spec: SimSpec, calib: torch.Tensor | None) -> HeadSource:
@@ -197,14 +235,77 @@ def build_head(source: HeadSource, mapping: Any, dtype: torch.dtype) -> Any:
     return head
 
 
+def _to_wire(m: LogitMetrics) -> LogitMetrics:
+    """Tensors -> numpy for the trip from a rank process (torch's queue would hand back shared-memory
+    handles that die with the rank)."""
+    return replace(m, kl_per_row=m.kl_per_row.numpy(), logit_err_sample=m.logit_err_sample.numpy())
+
+
+def _from_wire(m: LogitMetrics) -> LogitMetrics:
+    return replace(m, kl_per_row=torch.as_tensor(m.kl_per_row), logit_err_sample=torch.as_tensor(m.logit_err_sample))
+
+
+def _rank_compare(rank: int, world: int, sources: list[HeadSource], hidden: torch.Tensor,
+                  seq_lens: torch.Tensor | None, all_tokens: bool, dtype: torch.dtype,
+                  next_ids: torch.Tensor | None) -> tuple[list[LogitMetrics] | None, list[int], list[str], int]:
+    """One rank: run every head on the same rows; rank 0 compares each variant with the baseline
+    (``sources[0]``) as soon as its logits are gathered, so only two ``[N, V]`` float32 logit
+    tensors exist at a time. Returns (rank 0's metrics, resident bytes, labels, vocab size)."""
+    from trtvocab.logits import LogitsProcessor
+    from trtvocab.mapping import Mapping
+
+    mapping = None if world == 1 else Mapping(world_size=world, rank=rank, tp_size=world)
+    proc = LogitsProcessor()
+    metrics: list[LogitMetrics] = []
+    sizes: list[int] = []
+    labels: list[str] = []
+    base: torch.Tensor | None = None
+    with torch.no_grad():
+        for i, source in enumerate(sources):
+            head = build_head(source, mapping, dtype)
+            out = proc(hidden.to(dtype), head, seq_lens, return_context_logits=all_tokens)
+            sizes.append(head.resident_bytes())
+            labels.append(head.label)
+            del head
+            if rank != 0:
+                continue
+            if i == 0:
+                base = out
+                continue
+            assert base is not None
+            if out.shape != base.shape:
+                raise InputError(f"{source.name}: logits {list(out.shape)} differ from the baseline's "
+                                 f"{list(base.shape)} (different vocabulary?)")
+            metrics.append(_to_wire(logit_metrics(base, out, next_ids=next_ids)))
+            del out
+    vocab = int(base.shape[1]) if base is not None else 0
+    return (metrics if rank == 0 else None), sizes, labels, vocab
+
+
+def compare_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: torch.Tensor | None, *,
+                  tp: int = 1, all_tokens: bool = True, dtype: torch.dtype = torch.float32,
+                  next_ids: torch.Tensor | None = None) -> tuple[list[LogitMetrics], list[int], list[str], int]:
+    """:class:`LogitMetrics` of ``sources[1:]`` against ``sources[0]``, max resident bytes per rank and
+    label of every source, and the vocabulary size. ``next_ids`` align with the compared rows."""
+    if tp < 1:
+        raise ConfigError(f"--tp must be >= 1, got {tp}")
+    args = (sources, hidden, seq_lens, all_tokens, dtype, next_ids)
+    if tp == 1:
+        results = [_rank_compare(0, 1, *args)]
+    else:
+        from trtvocab.launch import run_ranks
+
+        results = run_ranks(_rank_compare, tp, *args, backend="gloo")
+    metrics = results[0][0]
+    assert metrics is not None
+    sizes = [max(r[1][i] for r in results) for i in range(len(sources))]
+    return [_from_wire(m) for m in metrics], sizes, results[0][2], results[0][3]
+
+
 def _rank_logits(rank: int, world: int, sources: list[HeadSource], hidden: torch.Tensor,
                  seq_lens: torch.Tensor | None, all_tokens: bool,
                  dtype: torch.dtype) -> tuple[list[Any] | None, list[int], list[str]]:
-    """One rank: run every head on the same rows; rank 0 returns the gathered logits.
-
-    Logits travel back as numpy arrays: torch's multiprocessing queue would hand the
-    parent a shared-memory handle that dies with the rank's process.
-    """
+    """One rank: run every head on the same rows; rank 0 returns the gathered logits (as numpy)."""
     from trtvocab.logits import LogitsProcessor
     from trtvocab.mapping import Mapping
 
@@ -228,7 +329,10 @@ def _rank_logits(rank: int, world: int, sources: list[HeadSource], hidden: torch
 def run_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: torch.Tensor | None, *,
               tp: int = 1, all_tokens: bool = True,
               dtype: torch.dtype = torch.float32) -> tuple[list[torch.Tensor], list[int], list[str]]:
-    """Gathered float32 logits, max resident bytes per rank and label of every source."""
+    """Gathered float32 logits of every source (all held at once), max resident bytes per rank and labels.
+
+    :func:`compare` uses :func:`compare_heads` instead, which holds two sources' logits at a time.
+    """
     if tp < 1:
         raise ConfigError(f"--tp must be >= 1, got {tp}")
     if tp == 1:
@@ -247,20 +351,27 @@ def run_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: torch.T
 # ---- the report ------------------------------------------------------------------------------
 @dataclass
 class VariantResult:
-    """A compared head: its name, label, resident bytes per rank and :class:`LogitMetrics`."""
+    """A compared head: its name, label, resident bytes per rank, :class:`LogitMetrics` and, where the
+    rows have next tokens, its llama.cpp statistics (:class:`~trtvocab.accuracy.stats.LlamaCppStats`)."""
 
     name: str
     label: str
     head_bytes_per_rank: int
     metrics: LogitMetrics
     note: str = ""
+    llamacpp: LlamaCppStats | None = None
 
     def as_dict(self) -> dict[str, Any]:
         m = self.metrics
         return {"name": self.name, "label": self.label, "rows": m.rows, "top1_agreement": m.top1_agreement,
                 "top5_overlap": m.top5_overlap, "kl_mean": m.kl_mean, "kl_p99": m.kl_p99, "kl_max": m.kl_max,
                 "max_abs_logit_err": m.max_abs_logit_err, "mean_abs_logprob_err": m.mean_abs_logprob_err,
-                "head_bytes_per_rank": self.head_bytes_per_rank, "note": self.note}
+                "head_bytes_per_rank": self.head_bytes_per_rank, "note": self.note,
+                "llamacpp": None if self.llamacpp is None else self.llamacpp.as_dict()}
+
+
+TEACHER_FORCED_NOTE = ("teacher-forced statistics left out: the hidden file has no next_token_ids "
+                       "(write it with `trtvocab hidden` on a causal LM)")
 
 
 @dataclass
@@ -276,12 +387,19 @@ class CompareReport:
     dtype: str
     vocab_size: int
     variants: list[VariantResult]
+    teacher_forced_rows: int = 0  # rows with a next token (0: no llama.cpp block)
+    teacher_forced_note: str = ""  # why there is no llama.cpp block
 
     def as_dict(self) -> dict[str, Any]:
         return {"baseline": {"name": self.baseline, "label": self.baseline_label,
                              "head_bytes_per_rank": self.baseline_bytes_per_rank},
                 "rows": self.rows, "rows_mode": self.rows_mode, "tp": self.tp, "dtype": self.dtype,
                 "vocab_size": self.vocab_size, "kl": "KL(baseline || variant), nats, global softmax in float64",
+                "teacher_forced_rows": self.teacher_forced_rows,
+                "llamacpp": ("llama.cpp perplexity --kl-divergence statistics of the rows with a next token, "
+                             "full vocabulary in float64; probabilities as fractions; *_pm = llama.cpp's ±; "
+                             "ci95 = bootstrap 95% interval"),
+                "teacher_forced_note": self.teacher_forced_note,
                 "variants": [v.as_dict() for v in self.variants]}
 
     def table_rows(self) -> list[list[str]]:
@@ -299,11 +417,32 @@ class CompareReport:
         return (f"{self.rows} rows ({self.rows_mode}), V={self.vocab_size:,}, tp={self.tp}, head dtype {self.dtype}; "
                 "KL(baseline || variant) in nats")
 
+    def llamacpp_named(self) -> list[tuple[str, LlamaCppStats]]:
+        return [(f"{v.label} ({_short(v.name)})", v.llamacpp) for v in self.variants if v.llamacpp is not None]
+
+    def llamacpp_text(self) -> str:
+        """Every variant's llama.cpp block, as ``llama-perplexity --kl-divergence`` prints it."""
+        from trtvocab.accuracy.stats import format_block
+
+        parts = []
+        for name, stats in self.llamacpp_named():
+            parts.append(f"###### {name} vs {self.baseline_label} ({_short(self.baseline)}): {stats.n} "
+                         "teacher-forced rows ######\n" + format_block(stats))
+        return "\n".join(parts)
+
     def to_markdown(self) -> str:
         lines = [f"_{self.title()}_", "", "| " + " | ".join(c.replace("|", "\\|") for c in COLUMNS) + " |",
                  "|" + "|".join(["---"] * 2 + ["---:"] * (len(COLUMNS) - 2)) + "|"]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self.table_rows()]
-        return "\n".join(lines) + "\n"
+        text = "\n".join(lines) + "\n"
+        named = self.llamacpp_named()
+        if named:
+            from trtvocab.accuracy.stats import markdown_table
+
+            text += (f"\n_llama.cpp statistics vs {self.baseline_label}, {self.teacher_forced_rows} teacher-forced "
+                     "rows (full vocabulary, float64); ± = standard error, [ ] = bootstrap 95% interval_\n\n"
+                     + markdown_table(named))
+        return text
 
 
 COLUMNS = ["format", "head", "top-1 agree", "top-5 overlap", "KL mean", "KL p99", "KL max", "max |Δlogit|",
@@ -311,7 +450,7 @@ COLUMNS = ["format", "head", "top-1 agree", "top-5 overlap", "KL mean", "KL p99"
 
 
 def _short(name: str) -> str:
-    return name if name.startswith("sim:") else Path(name).name or name
+    return name if name.startswith(("sim:", "quantized:")) else Path(name).name or name
 
 
 def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
@@ -328,6 +467,26 @@ def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
     return stored if stored in HEAD_DTYPES.values() else torch.bfloat16
 
 
+def _compared_next_ids(next_token_ids: torch.Tensor | None, rows: int, seq_lens: torch.Tensor | None,
+                       all_tokens: bool) -> torch.Tensor | None:
+    """The next token of each compared row (all rows, or each sequence's last), or None."""
+    if next_token_ids is None:
+        return None
+    ids = torch.as_tensor(next_token_ids)
+    if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise InputError(f"next_token_ids: expected a 1-D integer tensor [T], got {ids.dtype} {list(ids.shape)}")
+    if ids.shape[0] != rows:
+        raise InputError(f"next_token_ids: {ids.shape[0]} entries for {rows} rows of hidden_states")
+    ids = ids.long()
+    if all_tokens:
+        return ids
+    assert seq_lens is not None
+    ends = torch.cumsum(torch.as_tensor(seq_lens).long(), 0) - 1
+    if ends.numel() and int(ends[-1]) != rows - 1:
+        return None  # the LogitsProcessor refuses such seq_lens with its own error
+    return ids[ends]
+
+
 def compare(
     baseline: str | Path,
     variants: list[str | Path] | None = None,
@@ -340,21 +499,30 @@ def compare(
     all_tokens: bool = True,
     dtype: str = "auto",
     tensor_name: str | None = None,
+    next_token_ids: torch.Tensor | None = None,
+    heads: list[HeadSource] | None = None,
+    bootstrap: int = DEFAULT_BOOTSTRAP,
+    seed: int = DEFAULT_SEED,
 ) -> CompareReport:
-    """Compare checkpoint ``variants`` and ``simulate`` specs against the ``baseline`` checkpoint.
+    """Compare checkpoint ``variants``, ``simulate`` specs and in-memory ``heads`` against ``baseline``.
 
     ``simulate`` static variants (``fp8-w8a8``, ``nvfp4-w4a4``) take their activation
     scale from ``calib`` or, without it, from ``hidden`` itself (optimistic, and noted).
+    ``next_token_ids [T]`` (-1 = none) adds llama.cpp's teacher-forced statistics of the
+    compared rows that have a next token (``bootstrap`` resamples, ``seed``).
     """
     if hidden is None:
         raise InputError("compare needs hidden_states [T, H]")
     check_hidden_states(hidden)
     if not all_tokens and seq_lens is None:
         raise InputError("last-token comparison needs seq_lens (in the hidden-states file); or compare all tokens")
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
+        raise ConfigError(f"--bootstrap: resamples must be an int >= 0, got {bootstrap!r}")
     variants = list(variants or [])
     specs = [parse_sim_spec(s) for s in (simulate or [])]
-    if not variants and not specs:
+    if not variants and not specs and not heads:
         raise ConfigError("nothing to compare: give VARIANT checkpoints and/or --simulate specs")
+    next_ids = _compared_next_ids(next_token_ids, int(hidden.shape[0]), seq_lens, all_tokens)
     base_src = HeadSource(name=str(baseline), path=str(baseline), tensor_name=tensor_name)
     sources = [base_src] + [HeadSource(name=str(v), path=str(v)) for v in variants]
     if specs:
@@ -366,71 +534,51 @@ def compare(
             src = simulate_source(weight, spec, calib if calib is not None else hidden)
             if spec.activation is Activation.STATIC and calib is None:
                 src.note = (src.note + "; " if src.note else "") + "input_scale calibrated on the compared rows"
+            if spec.scale_search == "mse-act" and calib is None:
+                src.note = (src.note + "; " if src.note else "") + ("scale search weighted by the compared rows "
+                                                                    "(optimistic: give --calib)")
             sources.append(src)
+    sources += list(heads or [])
     dtype_ = resolve_dtype(dtype, base_src)
-    logits, sizes, labels = run_heads(sources, hidden, seq_lens, tp=tp, all_tokens=all_tokens, dtype=dtype_)
-    base = logits[0]
+    if next_ids is not None and next_ids.numel():
+        from trtvocab.checkpoint import open_checkpoint
+
+        ckpt = open_checkpoint(baseline)
+        vocab = int(ckpt.info(ckpt.lm_head_name(tensor_name)[0]).shape[0])
+        if int(next_ids.max()) >= vocab or int(next_ids.min()) < -1:
+            raise InputError(f"next_token_ids: ids must be in [-1, {vocab}) (the baseline's vocabulary), got "
+                             f"[{int(next_ids.min())}, {int(next_ids.max())}]")
+    metrics, sizes, labels, vocab = compare_heads(sources, hidden, seq_lens, tp=tp, all_tokens=all_tokens,
+                                                  dtype=dtype_, next_ids=next_ids)
+    tf_rows = int((next_ids >= 0).sum()) if next_ids is not None else 0
+    if next_token_ids is None:
+        tf_note = TEACHER_FORCED_NOTE
+    elif tf_rows == 0:
+        tf_note = ("teacher-forced statistics left out: no compared row has a next token"
+                   + (" (each sequence's last token has none; compare --all-tokens)" if not all_tokens else ""))
+    else:
+        tf_note = ""
     results = []
-    for src, out, size, label in zip(sources[1:], logits[1:], sizes[1:], labels[1:], strict=True):
-        if out.shape != base.shape:
-            raise InputError(f"{src.name}: logits {list(out.shape)} differ from the baseline's {list(base.shape)} "
-                             "(different vocabulary?)")
-        results.append(VariantResult(name=src.name, label=label, head_bytes_per_rank=size,
-                                     metrics=logit_metrics(base, out), note=src.note))
+    for src, m, size, label in zip(sources[1:], metrics, sizes[1:], labels[1:], strict=True):
+        stats = None
+        if m.tokens is not None and m.tokens.n:
+            from trtvocab.accuracy.stats import llamacpp_stats
+
+            stats = llamacpp_stats(m.tokens, bootstrap=bootstrap, seed=seed)
+        results.append(VariantResult(name=src.name, label=label, head_bytes_per_rank=size, metrics=m,
+                                     note=src.note, llamacpp=stats))
     return CompareReport(baseline=str(baseline), baseline_label=labels[0], baseline_bytes_per_rank=sizes[0],
-                         rows=int(base.shape[0]), rows_mode="all tokens" if all_tokens else "last tokens", tp=tp,
-                         dtype=short_name(dtype_), vocab_size=int(base.shape[1]), variants=results)
+                         rows=metrics[0].rows, rows_mode="all tokens" if all_tokens else "last tokens", tp=tp,
+                         dtype=short_name(dtype_), vocab_size=vocab, variants=results,
+                         teacher_forced_rows=tf_rows, teacher_forced_note=tf_note)
 
 
-# ---- plot ------------------------------------------------------------------------------------
 def plot_report(report: CompareReport, path: str | Path) -> Path:
-    """Per-row KL distribution and logit-error histogram of every variant, as a PNG (matplotlib Agg)."""
-    import matplotlib
+    """The report as a PNG: :func:`trtvocab.accuracy.plot.plot_report`."""
+    from trtvocab.accuracy.plot import plot_report as _plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from trtvocab.fsutil import atomic_write_bytes
-
-    if not report.variants:
-        raise InputError("nothing to plot: the report has no variants")
-    fig, (ax_kl, ax_err) = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
-    # KL as an ECDF (fraction of rows at or below x): six overlapping histograms are
-    # unreadable, six CDF curves are not, and the p99 can be read off the y axis.
-    floor = 1e-12  # identical rows have KL 0: draw them at the floor of the log axis
-    for v in report.variants:
-        k = torch.sort(v.metrics.kl_per_row.clamp_min(floor)).values.numpy()
-        frac = torch.arange(1, len(k) + 1, dtype=torch.float64).numpy() / len(k)
-        ax_kl.step(k, frac, where="post", linewidth=1.8,
-                   label=f"{v.label}  (mean {v.metrics.kl_mean:.1e}, p99 {v.metrics.kl_p99:.1e})")
-    ax_kl.axhline(0.99, color="grey", linewidth=0.8, linestyle=":")
-    ax_kl.set_xscale("log")
-    ax_kl.set_ylim(0, 1.02)
-    ax_kl.set_xlabel("KL(baseline || variant) per row [nats]")
-    ax_kl.set_ylabel("fraction of rows ≤ x")
-    ax_kl.set_title(f"Per-row KL divergence, CDF ({report.rows} rows, {report.rows_mode})")
-    ax_kl.legend(fontsize=8, loc="lower right")
-    span = max(float(v.metrics.logit_err_sample.abs().max()) for v in report.variants) or 1.0
-    edges = torch.linspace(-span, span, 81).numpy()
-    for v in report.variants:
-        ax_err.hist(v.metrics.logit_err_sample.numpy(), bins=edges, histtype="step", linewidth=1.8,
-                    label=f"{v.label}  (max |Δ| {v.metrics.max_abs_logit_err:.3f})")
-    ax_err.set_yscale("log")
-    ax_err.set_xlabel("logit error (variant − baseline)")
-    ax_err.set_ylabel("logits (sampled)" if any(v.metrics.logit_err_sample.numel() < v.metrics.rows *
-                                                 report.vocab_size for v in report.variants) else "logits")
-    ax_err.set_title("Logit error distribution")
-    ax_err.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"LM-head quantization vs {report.baseline_label} (V={report.vocab_size:,}, tp={report.tp})")
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    path = Path(path)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return _plot(report, path)
 
 
 __all__ = ["COLUMNS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult", "compare",
-           "logit_metrics", "parse_sim_spec", "plot_report", "run_heads", "simulate_source"]
+           "compare_heads", "logit_metrics", "parse_sim_spec", "plot_report", "run_heads", "simulate_source"]

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from trtvocab import distributed as D
 from trtvocab.checkpoint import EMBEDDING_NAMES, open_checkpoint
-from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
+from trtvocab.errors import CheckpointError, ConfigError, InputError
 from trtvocab.formats import Activation, Granularity, WeightFormat
 from trtvocab.mapping import Mapping
 from trtvocab.quant import fp8
@@ -40,7 +40,7 @@ from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.sharding import VocabLayout
 from trtvocab.vocab_parallel import DTYPES as _DTYPES
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
-from trtvocab.vocab_parallel import VocabParallelModule
+from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
 
 _FORMATS = tuple(WeightFormat)
@@ -49,9 +49,6 @@ LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", _DTYPES), D.Field("weight format", _FORMATS), D.Field("reduce_output"),
     D.Field("ids", per_rank=True),
-))
-LOAD_HANDSHAKE = D.Handshake("VocabParallelEmbedding.from_checkpoint", (
-    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", _FORMATS),
 ))
 
 
@@ -77,20 +74,10 @@ class VocabParallelEmbedding(VocabParallelModule):
     ``forward(input_ids)``: an integer tensor of any shape ``[...]`` -> ``[..., H]`` in ``dtype``.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        hidden_size: int,
-        *,
-        dtype: torch.dtype = torch.bfloat16,
-        mapping: Mapping | None = None,
-        vocab_layout: VocabLayout = "uneven",
-        pad_to: int = 64,
-        process_group: Any = None,
-        quant_config: QuantConfig | None = None,
-        reduce_output: bool = True,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype = torch.bfloat16,
+                 mapping: Mapping | None = None, vocab_layout: VocabLayout = "uneven", pad_to: int = 64,
+                 process_group: Any = None, quant_config: QuantConfig | None = None, reduce_output: bool = True,
+                 device: torch.device | str | None = None) -> None:
         if quant_config is not None and quant_config.quant_algo is not QuantAlgo.FP8:
             raise ConfigError(f"VocabParallelEmbedding: only FP8 tables are supported, got {quant_config.quant_algo}")
         super().__init__(vocab_size, hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
@@ -125,12 +112,11 @@ class VocabParallelEmbedding(VocabParallelModule):
         ``tensor_name``: the ``[V, H]`` tensor when it is none of ``model.embed_tokens.weight``,
         ``embeddings.word_embeddings.weight``, ``transformer.wte.weight`` (or GGUF's
         ``token_embd.weight``). A ``float8_e4m3fn`` table with its ``weight_scale`` loads as
-        FP8. Split tables meet once after loading (:data:`LOAD_HANDSHAKE`), like the head.
+        FP8. Split tables meet once after loading, like the head
+        (:func:`~trtvocab.vocab_parallel.load_collectively`).
         """
-        split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
-        emb: VocabParallelEmbedding | None = None
-        error: Exception | None = None
-        try:
+
+        def build() -> VocabParallelEmbedding:
             ckpt = open_checkpoint(path)
             name = embedding_name(ckpt, tensor_name)
             info = ckpt.info(name)
@@ -150,17 +136,11 @@ class VocabParallelEmbedding(VocabParallelModule):
             emb = cls(info.shape[0], info.shape[1], dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
                       pad_to=pad_to, process_group=process_group, quant_config=config, reduce_output=reduce_output)
             emb.load_weights(tensors)
-        except Exception as exc:
-            if not split:
-                raise
-            error = exc
-        if split:
-            values = None if emb is None else {"vocab_size": emb.vocab_size, "hidden_size": emb.hidden_size,
-                                               "weight format": emb.weight_format}
-            LOAD_HANDSHAKE.exchange(values, error, process_group,
-                                    what=f"VocabParallelEmbedding.from_checkpoint({path})")
-        assert emb is not None
-        return emb
+            return emb
+
+        split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
+        return load_collectively(build, split=split, group=process_group,
+                                 what=f"VocabParallelEmbedding.from_checkpoint({path})")
 
     # ---- lookup --------------------------------------------------------------------------------------
     def _check_ids(self, input_ids: Any) -> InputError | None:
@@ -210,14 +190,9 @@ class VocabParallelEmbedding(VocabParallelModule):
                 raise error
             rows, scales = self.local_rows(input_ids)
             return self._dequantize(rows, scales).reshape(*input_ids.shape, self.hidden_size)
-        D.require_initialized(self.tp_size)
         count = input_ids.numel() if isinstance(input_ids, torch.Tensor) else 0
-        counts = LOOKUP_HANDSHAKE.exchange(self._identity(count), error, self.process_group, self.device,
-                                           world=self.tp_size)["ids"]
+        counts = self._meet(LOOKUP_HANDSHAKE, self._identity(count), error, "ids", "ids")
         adp = self.mapping.enable_attention_dp
-        if not adp and len(set(counts)) > 1:
-            raise RankMismatchError(f"VocabParallelEmbedding: ranks hold different numbers of ids {counts}; "
-                                    "without attention DP every rank must look up the same ids")
         ids = D.all_gather_rows(input_ids.reshape(-1), counts, self.process_group) if adp else input_ids
         rows, scales = self.local_rows(ids)
         if self.reduce_output:

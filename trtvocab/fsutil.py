@@ -43,7 +43,30 @@ MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors format's own limit on the 
 
 
 # ---- reading ---------------------------------------------------------------------------------------
-def _kind(mode: int) -> str:
+def as_path(path: Any, what: str, expected: str, error: ErrorType = ArtifactError) -> Path:
+    """``path`` as a :class:`Path`: a non-empty ``str`` or ``os.PathLike`` of one, without NUL.
+
+    Anything else (None, an int that ``open`` would take as a file descriptor, bytes, ``""``
+    that would name the current folder) raises ``error`` naming ``what`` and ``expected``.
+    """
+    raw: Any = path
+    if isinstance(path, os.PathLike):
+        try:
+            raw = os.fspath(path)
+        except TypeError:
+            raw = None
+    rule = f"must be a non-empty str or os.PathLike naming {expected}"
+    if not isinstance(raw, str):
+        raise error(f"{what} {rule}, got {type(path).__name__} {path!r:.80}")
+    if not raw:
+        raise error(f"{what} {rule}; it is empty (got str '')")
+    if "\0" in raw:
+        raise error(f"{what} {rule}; {raw!r:.200} contains a NUL character (got str)")
+    return Path(raw)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words (for messages)."""
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
@@ -66,7 +89,7 @@ def open_regular(path: str | Path, what: str, error: ErrorType = ArtifactError) 
     except OSError as exc:
         raise error(f"{what} {path}: cannot stat ({exc.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise error(f"{what} {path}: is {_kind(st.st_mode)}, expected a regular file")
+        raise error(f"{what} {path}: is {file_kind(st.st_mode)}, expected a regular file")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
@@ -74,7 +97,7 @@ def open_regular(path: str | Path, what: str, error: ErrorType = ArtifactError) 
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise error(f"{what} {path}: is {_kind(mode)}, expected a regular file")
+            raise error(f"{what} {path}: is {file_kind(mode)}, expected a regular file")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
@@ -95,18 +118,42 @@ def read_regular(path: str | Path, what: str, *, max_bytes: int, error: ErrorTyp
     return data
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def parse_json(raw: bytes, where: str, error: ErrorType = ArtifactError, *, unique_keys: bool = False) -> Any:
+    """UTF-8 JSON parsed strictly; errors (``error``) name ``where`` and at most a position, never
+    the bytes. ``unique_keys``: a key given twice in one object is refused."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{where} is not UTF-8 text (at byte {exc.start})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None)
+    except _DuplicateKey as exc:
+        raise error(f"{where} holds the key {exc.args[0]!r:.100} twice") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{where} is not JSON ({exc.msg} at character {exc.pos})") from None
+    except RecursionError:
+        raise error(f"{where} is not usable JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise error(f"{where} is not usable JSON ({exc!s:.120})") from None
+
+
 def load_json_file(path: str | Path, what: str, *, max_bytes: int = 64 << 20,
                    error: ErrorType = ArtifactError) -> Any:
     """A JSON file parsed strictly: regular file, bounded size, UTF-8, nesting a parser survives."""
-    data = read_regular(path, what, max_bytes=max_bytes, error=error)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise error(f"{what} {path}: not UTF-8 text (byte {exc.start})") from None
-    except RecursionError:
-        raise error(f"{what} {path}: JSON nested too deeply") from None
-    except ValueError as exc:  # json.JSONDecodeError, and Python's int-digit limit
-        raise error(f"{what} {path}: not valid JSON ({exc})") from None
+    return parse_json(read_regular(path, what, max_bytes=max_bytes, error=error), f"{what} {path}", error)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22, *, limit: int | None = None, what: str = "file",

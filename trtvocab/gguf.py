@@ -36,6 +36,8 @@ import numpy as np
 import torch
 
 from trtvocab.errors import CheckpointError
+from trtvocab.fsutil import as_path
+from trtvocab.lazy_rows import RowReader, read_span
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # version 1 used 32-bit counts; 3 added big-endian files (refused here)
@@ -247,20 +249,6 @@ class _HeaderReader:
         return count, items if keep else None
 
 
-def _gguf_path(path: Any) -> Path:
-    """``path`` as a Path: a non-empty ``str`` or ``os.PathLike`` of one (None, an int, bytes are refused)."""
-    raw: Any = path
-    if isinstance(path, os.PathLike):
-        try:
-            raw = os.fspath(path)
-        except TypeError:
-            raw = None
-    if not isinstance(raw, str) or not raw or "\0" in raw:
-        raise CheckpointError(f"GGUF checkpoint path must be a non-empty str or os.PathLike naming a .gguf file, "
-                              f"got {type(path).__name__} {path!r:.80}")
-    return Path(raw)
-
-
 def _regular_file(path: Path) -> int:
     """The size of ``path``, which must be a regular file (a FIFO or device is never opened)."""
     try:
@@ -328,7 +316,7 @@ class GGUFCheckpoint:
     """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = _gguf_path(path)
+        self.path = as_path(path, "GGUF checkpoint path", "a .gguf file", CheckpointError)
         size = _regular_file(self.path)
         self.directory = self.path.parent
         self.files: list[Path] = [self.path]
@@ -535,7 +523,7 @@ class GGUFCheckpoint:
         return self.get_slice(name)[:]
 
 
-class GGUFRows:
+class GGUFRows(RowReader):
     """A GGUF tensor that reads only the rows it is indexed with.
 
     ``GGUFRows[a:b]`` reads the stored bytes of rows ``a..b`` (one contiguous range: quant
@@ -547,26 +535,15 @@ class GGUFRows:
         info: the tensor's header record.
     """
 
-    def __init__(self, info: GGUFTensorInfo) -> None:
-        self.info = info
-
-    def get_shape(self) -> list[int]:
-        return list(self.info.shape)
-
-    def get_dtype(self) -> str:
-        return self.info.dtype
+    info: GGUFTensorInfo
 
     def __getitem__(self, index: Any) -> torch.Tensor:  # a row slice, or ... for all
         shape = self.info.shape
-        if index is Ellipsis:
-            index = slice(None)
-        if not isinstance(index, slice) or index.step not in (None, 1):
-            raise CheckpointError(f"{self.info.name}: only contiguous row slices can be read lazily")
         if len(shape) <= 1:  # a 0-d or 1-d tensor is one line of blocks: read it whole
+            start, stop = self.row_range(index)
             whole = self._read_lines(0, 1).reshape(shape)
-            return whole if not shape else whole[index].clone()
-        start, stop, _ = index.indices(shape[0])
-        stop = max(start, stop)
+            return whole if not shape else whole[start:stop].clone()
+        start, stop = self.row_range(index)
         lines_per_row = self.info.row_bytes // self.info.line_bytes
         out = self._read_lines(start * lines_per_row, stop * lines_per_row)
         return out.reshape(stop - start, *shape[1:])
@@ -600,15 +577,9 @@ class GGUFRows:
     def _pread(self, offset: int, buf: np.ndarray) -> None:
         want = buf.nbytes
         view = memoryview(buf).cast("B")
-        got = 0
         try:
             with _open_regular(self.info.file) as fh:
-                fh.seek(offset)
-                while got < want:
-                    n = fh.readinto(view[got:])
-                    if not n:
-                        break
-                    got += n
+                got = read_span(fh, offset, view)
         except OSError as exc:
             raise CheckpointError(f"{self.info.file}: cannot read {self.info.gguf_name} ({exc})") from exc
         if got != want:

@@ -1,15 +1,21 @@
-"""Real hidden states from a real model, offline: the input side of examples and the main job.
+"""Real hidden states from a real model, offline: the input side of examples, the main job and compare.
 
-``hidden_states_from_text(model_dir, texts)`` runs the checkpoint's transformer body
-(``transformers.AutoModel``, no hub access) over a few texts and returns the packed
-final hidden states ``[T, H]`` with ``seq_lens [B]``, the way an engine hands them to
-the LM head.
+``text_hidden_states(model, texts)`` runs the transformer body of an HF model folder or a
+llama.cpp ``.gguf`` (transformers, no hub access) over some texts and returns the packed
+hidden states ``[T, H]`` with ``seq_lens [B]``, the way an engine hands them to the LM
+head, and the text itself: ``input_ids [T]`` and, for a causal LM, ``next_token_ids [T]``
+(the teacher-forced targets ``trtvocab compare`` scores). ``hidden_states_from_text`` is
+the older three-field form.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,43 +41,177 @@ class HiddenStates(NamedTuple):
     last_tokens: list[str]  # each text's last input token (for display)
 
 
+class TextHidden(NamedTuple):
+    """:class:`HiddenStates` plus the text itself: each row's token and the token after it."""
+
+    states: torch.Tensor  # float32 [T, H]
+    seq_lens: torch.Tensor  # int32 [B]
+    last_tokens: list[str]
+    input_ids: torch.Tensor  # int64 [T]: the token each row was computed at
+    next_token_ids: torch.Tensor | None  # int64 [T]: the token after it, -1 at each sequence's last row;
+    #                                      None for a model that does not predict the next token (an encoder)
+    causal: bool
+
+
+ProgressFn = Callable[[int, int], None]  # (documents done, documents total)
+
+
 def hidden_states_from_text(model_dir: str | Path, texts: list[str], *, layer: int = -1) -> HiddenStates:
     """Packed hidden states ``[T, H]``, ``seq_lens [B]`` and last tokens of ``texts`` at ``layer``.
 
     No special tokens are added, so each sequence's last row is its last real token.
     ``layer`` indexes ``output_hidden_states`` (0 = embeddings, -1 = final layer).
     """
+    out = text_hidden_states(model_dir, texts, layer=layer)
+    return HiddenStates(out.states, out.seq_lens, out.last_tokens)
+
+
+def _hf_quiet() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a weight-loading bar per call is noise in CLI output
-    if not texts or any(not t.strip() for t in texts):
-        raise InputError("texts: need at least one non-empty text")
-    check_model_dir(model_dir)
+
+
+def load_text_model(model: str | Path) -> tuple[Any, Any, bool]:
+    """``(tokenizer, model, causal)`` of an HF model folder or a llama.cpp ``.gguf`` file, offline.
+
+    A causal LM (a ``.gguf``, or a folder whose ``config.json`` names a ``*ForCausalLM``
+    architecture) loads with its head (``AutoModelForCausalLM``); anything else as
+    ``AutoModel``. Weights come from safetensors or GGUF only, never from a pickle.
+    """
+    _hf_quiet()
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model)
+    gguf = path.suffix.lower() == ".gguf"
+    if gguf:
+        check_gguf_file(path)
+        where, kwargs = str(path.parent), {"gguf_file": path.name}
+        causal = True
+    else:
+        check_model_dir(path)
+        where, kwargs = str(path), {"use_safetensors": True}
+        causal = _is_causal(path)
     try:
-        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(where, local_files_only=True,
+                                            **({"gguf_file": path.name} if gguf else {}))
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad folder
-        raise CheckpointError(f"{model_dir}: cannot load its tokenizer ({type(exc).__name__}: {_first_line(exc)})") \
+        raise CheckpointError(f"{path}: cannot load its tokenizer ({type(exc).__name__}: {_first_line(exc)})") \
             from None
     try:
-        # safetensors only: a pickle (pytorch_model.bin) can run code when loaded.
-        model = AutoModel.from_pretrained(str(model_dir), local_files_only=True, use_safetensors=True).eval()
+        cls = AutoModelForCausalLM if causal else AutoModel
+        with warnings.catch_warnings(), _no_tqdm():
+            warnings.simplefilter("ignore")
+            net = cls.from_pretrained(where, local_files_only=True, **kwargs).eval()
     except Exception as exc:
-        raise CheckpointError(f"{model_dir}: cannot load the model from its safetensors weights "
+        what = "GGUF file" if gguf else "safetensors weights"
+        raise CheckpointError(f"{path}: cannot load the model from its {what} "
                               f"({type(exc).__name__}: {_first_line(exc)})") from None
-    rows, lens, last = [], [], []
+    return tok, net, causal
+
+
+@contextlib.contextmanager
+def _no_tqdm() -> Iterator[None]:
+    """transformers' GGUF loader draws its own tqdm bar ("de-quantizing GGUF tensors") on stderr, which
+    no transformers setting turns off: the load's stderr goes nowhere (its errors still raise)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def _is_causal(path: Path) -> bool:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    return isinstance(archs, list) and any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs)
+
+
+def _windows(ids: list[int], max_len: int | None) -> list[list[int]]:
+    if not max_len or len(ids) <= max_len:
+        return [ids]
+    return [ids[i:i + max_len] for i in range(0, len(ids), max_len)]
+
+
+def text_hidden_states(
+    model: str | Path,
+    texts: list[str],
+    *,
+    layer: int = -1,
+    max_tokens: int | None = None,
+    max_len: int | None = None,
+    progress: ProgressFn | None = None,
+) -> TextHidden:
+    """Hidden states of ``texts`` (one document each) with their token ids, packed.
+
+    For a causal LM at ``layer=-1`` the rows are the states its LM head consumes (the
+    decoder's ``last_hidden_state``, after the final norm), and ``next_token_ids`` is the
+    token that follows each row in its text (-1 at a sequence's last row). A document
+    longer than ``max_len`` tokens (default: the model's ``max_position_embeddings``) is
+    split into consecutive sequences; ``max_tokens`` stops after that many rows in all,
+    cutting the last sequence short. No special tokens are added.
+    """
+    if not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
+        raise InputError("texts: need at least one non-empty text")
+    for option, value in (("--max-tokens", max_tokens), ("--max-len", max_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError(f"{option}: must be a positive integer, got {value!r}")
+    tok, net, causal = load_text_model(model)
+    body = net.base_model if causal else net
+    if max_len is None:
+        limit = getattr(net.config, "max_position_embeddings", None)
+        max_len = int(limit) if isinstance(limit, int) and limit > 0 else None
+    rows, lens, last, ids_out = [], [], [], []
+    total = 0
     with torch.no_grad():
-        for text in texts:
-            enc = tok(text, return_tensors="pt", add_special_tokens=False)
-            states = model(**enc, output_hidden_states=True).hidden_states
-            if not -len(states) <= layer < len(states):
-                raise InputError(f"layer: the model has hidden states 0..{len(states) - 1}, got {layer}")
-            rows.append(states[layer][0])
-            lens.append(rows[-1].shape[0])
-            last.append(tok.convert_ids_to_tokens(int(enc.input_ids[0, -1])))
-    return HiddenStates(torch.cat(rows).float(), torch.tensor(lens, dtype=torch.int32), last)
+        for d, text in enumerate(texts):
+            ids = tok(text, add_special_tokens=False).input_ids
+            for window in _windows(list(ids), max_len):
+                if max_tokens is not None:
+                    window = window[:max_tokens - total]
+                if not window:
+                    break
+                input_ids = torch.tensor([window], dtype=torch.int64)
+                out = body(input_ids=input_ids, output_hidden_states=layer != -1 or not causal)
+                if layer == -1 and causal:
+                    states = out.last_hidden_state
+                else:
+                    hs = out.hidden_states
+                    if not -len(hs) <= layer < len(hs):
+                        raise InputError(f"layer: the model has hidden states 0..{len(hs) - 1}, got {layer}")
+                    states = hs[layer]
+                rows.append(states[0].float())
+                lens.append(len(window))
+                ids_out.append(input_ids[0])
+                last.append(tok.convert_ids_to_tokens(int(window[-1])))
+                total += len(window)
+            if progress is not None:
+                progress(d + 1, len(texts))
+            if max_tokens is not None and total >= max_tokens:
+                break
+    if not rows:
+        raise InputError("texts: no tokens (every text tokenized to nothing)")
+    input_ids = torch.cat(ids_out)
+    next_ids = None
+    if causal:
+        next_ids = torch.cat([torch.cat([seq[1:], torch.tensor([-1])]) for seq in ids_out])
+    return TextHidden(torch.cat(rows), torch.tensor(lens, dtype=torch.int32), last, input_ids, next_ids, causal)
+
+
+def read_text_file(path: str | Path) -> list[str]:
+    """Documents of a UTF-8 text file, one per non-empty line (a regular file only)."""
+    with open_regular(path, "text file", InputError) as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    docs = [line.strip() for line in text.splitlines() if line.strip()]
+    if not docs:
+        raise InputError(f"{path}: holds no text (one document per line expected)")
+    return docs
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
@@ -100,6 +240,16 @@ def check_model_dir(model_dir: str | Path) -> Path:
     return path
 
 
+def check_gguf_file(path: str | Path) -> Path:
+    """Refuse a ``.gguf`` path that is not a regular file with GGUF's magic, before transformers opens it."""
+    path = Path(path)
+    with open_regular(path, "GGUF model", CheckpointError) as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise CheckpointError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    return path
+
+
 def decoder(model_dir: str | Path | None) -> Any:
     """A token-id -> text function from the checkpoint's tokenizer, or plain ids when there is none."""
     if model_dir is not None and Path(model_dir).is_dir():
@@ -114,13 +264,18 @@ def decoder(model_dir: str | Path | None) -> Any:
 
 
 def save_hidden(path: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None,
-                last_tokens: list[str] | None = None) -> None:
-    """Write ``hidden_states`` (+ ``seq_lens``) atomically; ``last_tokens`` go to the metadata."""
+                last_tokens: list[str] | None = None, *, input_ids: torch.Tensor | None = None,
+                next_token_ids: torch.Tensor | None = None) -> None:
+    """Write ``hidden_states`` (+ ``seq_lens``, ``input_ids``, ``next_token_ids`` as int64) atomically;
+    ``last_tokens`` go to the metadata."""
     from safetensors.torch import save
 
     tensors = {"hidden_states": hidden.contiguous()}
     if seq_lens is not None:
         tensors["seq_lens"] = seq_lens.to(torch.int32).contiguous()
+    for name, ids in (("input_ids", input_ids), ("next_token_ids", next_token_ids)):
+        if ids is not None:
+            tensors[name] = ids.to(torch.int64).reshape(-1).contiguous()
     meta = {"last_tokens": json.dumps(last_tokens)} if last_tokens else None
     atomic_write_bytes(Path(path), save(tensors, metadata=meta))
 
@@ -141,6 +296,15 @@ def load_last_tokens(path: str | Path) -> list[str] | None:
     return tokens
 
 
+class HiddenFile(NamedTuple):
+    """Everything a hidden-states file holds (``None`` where the file has no such tensor)."""
+
+    states: torch.Tensor
+    seq_lens: torch.Tensor | None
+    input_ids: torch.Tensor | None
+    next_token_ids: torch.Tensor | None
+
+
 def load_hidden(path: str | Path, *, finite: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(hidden_states [T, H], seq_lens [B] or None)`` from a ``.safetensors`` file.
 
@@ -148,6 +312,13 @@ def load_hidden(path: str | Path, *, finite: bool = True) -> tuple[torch.Tensor,
     refused naming the first bad row unless ``finite=False``; ``seq_lens`` must be a 1-D
     integer tensor (checked against T where it is used).
     """
+    out = load_hidden_file(path, finite=finite)
+    return out.states, out.seq_lens
+
+
+def load_hidden_file(path: str | Path, *, finite: bool = True) -> HiddenFile:
+    """:func:`load_hidden` plus ``input_ids`` / ``next_token_ids`` (1-D integers, one per row;
+    token ids >= 0, next ids >= -1; upper bounds are the vocabulary's, checked where it is known)."""
     read_safetensors_header(path, "hidden states", InputError)  # a regular file, a header of the right shape
     try:
         with open_regular(path, "hidden states", InputError) as fh:
@@ -164,7 +335,22 @@ def load_hidden(path: str | Path, *, finite: bool = True) -> tuple[torch.Tensor,
     lens = data.get("seq_lens")
     if lens is not None and (lens.dim() != 1 or lens.dtype.is_floating_point or lens.dtype == torch.bool):
         raise InputError(f"{path}: seq_lens must be a 1-D integer tensor [B], got {lens.dtype} {list(lens.shape)}")
-    return hidden, lens
+    ids: dict[str, torch.Tensor | None] = {}
+    for name, low in (("input_ids", 0), ("next_token_ids", -1)):
+        t = data.get(name)
+        if t is not None:
+            if t.dim() != 1 or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                raise InputError(f"{path}: {name} must be a 1-D integer tensor [T], got {t.dtype} {list(t.shape)}")
+            if t.shape[0] != hidden.shape[0]:
+                raise InputError(f"{path}: {name} has {t.shape[0]} entries for {hidden.shape[0]} rows of hidden_states")
+            t = t.to(torch.int64)
+            if t.numel() and int(t.min()) < low:
+                bad = int(torch.nonzero(t < low)[0, 0])
+                raise InputError(f"{path}: {name}[{bad}] = {int(t[bad])}; ids must be >= {low}")
+        ids[name] = t
+    return HiddenFile(hidden, lens, ids["input_ids"], ids["next_token_ids"])
 
 
-__all__ = ["DEFAULT_TEXTS", "HiddenStates", "decoder", "hidden_states_from_text", "load_hidden", "save_hidden"]
+__all__ = ["DEFAULT_TEXTS", "HiddenFile", "HiddenStates", "TextHidden", "check_gguf_file", "decoder",
+           "hidden_states_from_text", "load_hidden", "load_hidden_file", "load_text_model", "read_text_file",
+           "save_hidden", "text_hidden_states"]

@@ -27,7 +27,7 @@ import torch
 
 from trtvocab import distributed as D
 from trtvocab.dtypes import short_name
-from trtvocab.errors import ConfigError, InputError, RankMismatchError
+from trtvocab.errors import ConfigError, InputError
 from trtvocab.formats import WeightFormat
 from trtvocab.inputs import hidden_states_error
 from trtvocab.loader import open_head
@@ -36,7 +36,7 @@ from trtvocab.quant.config import HeadQuantDecision, QuantConfig
 from trtvocab.sharding import VocabLayout
 from trtvocab.vocab_parallel import DTYPES as _DTYPES
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
-from trtvocab.vocab_parallel import VocabParallelModule
+from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import WeightMethod, weight_class
 from trtvocab.weights.deterministic import tiled_logits
 
@@ -49,9 +49,6 @@ FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("dtype", _DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
     D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", _DTYPES),
     D.Field("rows", per_rank=True),
-))
-LOAD_HANDSHAKE = D.Handshake("LMHead.from_checkpoint", (
-    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", _FORMATS),
 ))
 
 
@@ -177,14 +174,11 @@ class LMHead(VocabParallelModule):
         known tied embedding. Other arguments: as for :class:`LMHead`.
 
         When the head is split and a process group exists, the ranks meet once after
-        loading (:data:`LOAD_HANDSHAKE`): a rank that failed (a truncated file only it
+        loading (:func:`~trtvocab.vocab_parallel.load_collectively`): a rank that failed (a truncated file only it
         reads, a missing shard file) makes every rank raise now, instead of leaving its
         peers waiting in the first forward's handshake until the collective timeout.
         """
-        split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
-        head: LMHead | None = None
-        error: Exception | None = None
-        try:
+        def build() -> LMHead:
             source = open_head(path, mapping=mapping, tensor_name=tensor_name, quant=quant, weight_only=weight_only)
             head = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping,
                        gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
@@ -192,16 +186,10 @@ class LMHead(VocabParallelModule):
                        output_dtype=output_dtype)
             head.load_weights(source.tensors(head.shard))
             head.quant_decision = source.decision
-        except Exception as exc:
-            if not split:
-                raise
-            error = exc
-        if split:
-            values = None if head is None else {"vocab_size": head.vocab_size, "hidden_size": head.hidden_size,
-                                                "weight format": head.weight_format}
-            LOAD_HANDSHAKE.exchange(values, error, process_group, what=f"LMHead.from_checkpoint({path})")
-        assert head is not None
-        return head
+            return head
+
+        split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
+        return load_collectively(build, split=split, group=process_group, what=f"LMHead.from_checkpoint({path})")
 
     # ---- forward --------------------------------------------------------------------------
     def _check_input(self, hidden: Any) -> InputError | None:
@@ -243,14 +231,9 @@ class LMHead(VocabParallelModule):
             if error is not None:
                 raise error
             return self._owned_logits(hidden_states)
-        D.require_initialized(self.tp_size)
         rows = hidden_states.shape[0] if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() else 0
-        row_counts = FORWARD_HANDSHAKE.exchange(self._identity(rows), error, self.process_group, self.device,
-                                                world=self.tp_size)["rows"]
+        row_counts = self._meet(FORWARD_HANDSHAKE, self._identity(rows), error, "rows", "rows")
         adp = self.mapping.enable_attention_dp
-        if not adp and len(set(row_counts)) > 1:
-            raise RankMismatchError(f"LMHead: ranks hold different numbers of rows {row_counts}; "
-                                    "without attention DP every rank must see the same hidden states")
         if adp:
             if sum(row_counts) == 0:
                 raise InputError("hidden_states: empty batch on every rank")

@@ -27,7 +27,7 @@ import json
 import shutil
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,10 @@ MARKER = "trtvocab_quantize.json"
 MARKER_FORMAT = "trtvocab-quantized-checkpoint"
 MARKER_VERSION = 1
 ProgressFn = Callable[[int, int], None]  # (batches done, batches total)
+# A gate sees the quantized tensors (lm_head.* names) and their QuantConfig before anything is
+# written, and returns one line per missed threshold: any line and nothing is published.
+GateFn = Callable[[dict[str, torch.Tensor], QuantConfig], list[str]]
+SCALE_SEARCHES = ("max", "mse", "mse-act")
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ class QuantizeResult:
     calib_rows: int
     tensors: dict[str, tuple[str, list[int]]]  # name -> (dtype, shape) as written
     notes: list[str] = field(default_factory=list)
+    scale_search: str = "max"  # NVFP4 block scales: "max" (ModelOpt's amax / 6), "mse" / "mse-act" (searched)
+    published: bool = True  # False: a gate failed and nothing was written
+    gate_failures: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -294,6 +301,8 @@ def quantize_checkpoint(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     force: bool = False,
     progress: ProgressFn | None = None,
+    scale_search: str = "max",
+    gate: GateFn | None = None,
 ) -> QuantizeResult:
     """Quantize the LM head of ``checkpoint`` into a new ModelOpt-format directory ``out``.
 
@@ -302,11 +311,24 @@ def quantize_checkpoint(
     ``weight_only``, no ``input_scale`` is written. ``out`` is published atomically, with a
     :data:`MARKER` file (format name and version); ``force`` replaces only a folder holding
     such a marker (:func:`is_quantized_output`), never a foreign checkpoint.
+
+    ``scale_search="mse"`` (NVFP4) replaces ModelOpt's ``amax / 6`` block scales with the
+    per-block MSE search of :func:`trtvocab.quant.nvfp4.block_scales_mse` (same global scale,
+    same tensors, same gating). ``gate`` judges the quantized tensors before anything is
+    written; when it returns failure lines the result has ``published=False`` and ``out`` is
+    left untouched.
     """
     quant_algo = parse_algo(algo)
+    if scale_search not in SCALE_SEARCHES:
+        raise QuantizationError(f"--scale-search must be one of {', '.join(SCALE_SEARCHES)}, got {scale_search!r}")
+    if scale_search != "max" and quant_algo is not QuantAlgo.NVFP4:
+        raise QuantizationError(f"--scale-search {scale_search} is for --algo nvfp4 (its per-block scales)")
     check_batch_rows(batch_rows)
-    if weight_only and calib is not None:
+    if weight_only and calib is not None and scale_search != "mse-act":
         raise QuantizationError("--weight-only writes no activation scale: drop --calib (or --weight-only)")
+    if scale_search == "mse-act" and calib is None:
+        raise QuantizationError("--scale-search mse-act weights the search by calibration activations: "
+                                "give --calib (with --weight-only for W4A16)")
     check_target(Path(out), force, is_quantized_output)  # before the work: never minutes of it for a refusal
     ckpt = open_checkpoint(checkpoint)
     name, tied, weight = read_head(ckpt, tensor_name)
@@ -314,9 +336,18 @@ def quantize_checkpoint(
     if isinstance(calib, (str, Path)):
         calib = load_calibration(calib)
     calib_rows = 0 if calib is None else int(calib.shape[0])
-    tensors, weight_amax, input_amax = quantize_head(weight, quant_algo, calib, batch_rows=batch_rows,
-                                                    progress=progress)
+    column_weights = None
+    if scale_search == "mse-act":
+        assert calib is not None
+        column_weights = _check_calib(calib, hidden).to(weight.dtype).double().square().mean(0)
+    tensors, weight_amax, input_amax = quantize_head(weight, quant_algo, None if weight_only else calib,
+                                                    batch_rows=batch_rows, progress=progress)
     notes: list[str] = []
+    if scale_search != "max":
+        _search_nvfp4_scales(tensors, weight, column_weights)
+        notes.append("NVFP4 block scales chosen by per-block MSE search (e4m3 codes around amax / 6"
+                     + ("; squared error weighted by the calibration rows' E[h^2] per column" if column_weights
+                        is not None else "") + "); weight_scale_2 and input_scale are ModelOpt's")
     if tied:
         notes.append(f"the head is the tied input embedding {name}: it is written as an untied lm_head.weight "
                      "and the output's config.json sets tie_word_embeddings=false, so the gating rule "
@@ -333,15 +364,25 @@ def quantize_checkpoint(
             notes.append("no input_scale written: NVFP4 runs as W4A16")
     hf_quant = hf_quant_config(quant_algo)
     out = Path(out)
+    written = {k: (str(v.dtype).replace("torch.", ""), list(v.shape)) for k, v in tensors.items()}
+    result = QuantizeResult(out=out, algo=quant_algo, activation=activation, source_tensor=name, tied=tied,
+                            vocab_size=vocab, hidden_size=hidden, weight_amax=weight_amax, input_amax=input_amax,
+                            calib_rows=calib_rows, tensors=written, notes=notes, scale_search=scale_search)
+    if gate is not None:
+        failures = gate(tensors, QuantConfig(quant_algo=quant_algo, activation=activation))
+        if failures:
+            return replace(result, published=False, gate_failures=list(failures))
     from safetensors.torch import save_file
 
     with staging(out, force=force, is_ours=is_quantized_output) as stage:
         from trtvocab.version import __version__
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
-                  "algo": quant_algo.value, "source": str(checkpoint), "tensor": name}
+                  "algo": quant_algo.value, "source": str(checkpoint), "tensor": name, "scale_search": scale_search}
         (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        metadata = {"format": "pt", "producer": "trtvocab quantize (modelopt export)"}
+        producer = "trtvocab quantize (modelopt export" + ("; NVFP4 block scales by MSE search)"
+                                                           if scale_search == "mse" else ")")
+        metadata = {"format": "pt", "producer": producer}
         save_file(tensors, str(stage / "model.safetensors"), metadata=metadata)
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
         config = _output_config(ckpt, hf_quant, vocab, hidden, has_input)
@@ -350,11 +391,27 @@ def quantize_checkpoint(
             src = ckpt.directory / fname
             if src.is_file():
                 shutil.copy2(src, stage / fname)
-    written = {k: (str(v.dtype).replace("torch.", ""), list(v.shape)) for k, v in tensors.items()}
-    return QuantizeResult(out=out, algo=quant_algo, activation=activation, source_tensor=name, tied=tied,
-                          vocab_size=vocab, hidden_size=hidden, weight_amax=weight_amax, input_amax=input_amax,
-                          calib_rows=calib_rows, tensors=written, notes=notes)
+    return result
 
 
-__all__ = ["LM_HEAD_NAME", "QuantizeResult", "hf_quant_config", "modelopt_config", "quantize_checkpoint",
+def _search_nvfp4_scales(tensors: dict[str, torch.Tensor], weight: torch.Tensor,
+                         column_weights: torch.Tensor | None) -> None:
+    """Replace ModelOpt's NVFP4 ``weight`` / ``weight_scale`` with the MSE-searched ones, in place.
+
+    The global scale (``weight_scale_2``) is ModelOpt's; trtvocab's own numerics reproduce
+    it bit for bit (tested), which is checked here again before anything is swapped.
+    """
+    from trtvocab.formats import Activation as Act
+    from trtvocab.quant.writer import quantize_head_tensors
+
+    searched = quantize_head_tensors(weight, QuantConfig(quant_algo=QuantAlgo.NVFP4, activation=Act.NONE),
+                                     scale_search="mse", column_weights=column_weights)
+    if not torch.equal(searched["weight_scale_2"].reshape(()), tensors["lm_head.weight_scale_2"].reshape(())):
+        raise QuantizationError("NVFP4 MSE scale search: the global scale differs from ModelOpt's "
+                                f"({float(searched['weight_scale_2'])} vs {float(tensors['lm_head.weight_scale_2'])})")
+    tensors["lm_head.weight"] = searched["weight"].contiguous()
+    tensors["lm_head.weight_scale"] = searched["weight_scale"].contiguous()
+
+
+__all__ = ["LM_HEAD_NAME", "GateFn", "QuantizeResult", "hf_quant_config", "modelopt_config", "quantize_checkpoint",
            "quantize_head", "read_head"]

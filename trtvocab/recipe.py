@@ -69,20 +69,37 @@ class SyntheticSpec(_Section):
 
 
 class CheckpointSection(_Section):
-    """``[checkpoint]``: exactly one of ``path``, ``package`` (an installed package that ships it)
-    or ``synthetic``; ``tensor`` names the head tensor when it is not found by name."""
+    """``[checkpoint]``: exactly one of ``path``, ``package`` (an installed package that ships it),
+    ``gguf_package`` (an installed package that ships a ``.gguf`` file, named by ``file``) or
+    ``synthetic``; ``tensor`` names the head tensor when it is not found by name.
 
-    path: str | None = None  # HF directory or .safetensors file (relative to the recipe file)
-    package: str | None = None  # or: an installed Python package that ships the checkpoint
+    ``gguf_package`` is located with ``importlib.util.find_spec`` and never imported (a
+    top-level name only: finding ``a.b`` would import ``a``); ``file`` is a plain file name
+    inside it, no folders.
+    """
+
+    path: str | None = None  # HF directory, .safetensors or .gguf file (relative to the recipe file)
+    package: str | None = None  # or: an installed Python package that ships the checkpoint (imported)
     package_subdir: str = "model"
+    gguf_package: str | None = None  # or: an installed package shipping a .gguf file (found, not imported)
+    file: str | None = None  # the .gguf file inside gguf_package
     tensor: str | None = None  # head tensor name; default lm_head.weight or the tied embedding
     synthetic: SyntheticSpec | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> CheckpointSection:
-        given = [k for k in ("path", "package", "synthetic") if getattr(self, k) is not None]
+        given = [k for k in ("path", "package", "gguf_package", "synthetic") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of path, package, synthetic (got {given or 'none'})")
+            raise ValueError(f"give exactly one of path, package, gguf_package, synthetic (got {given or 'none'})")
+        if (self.file is None) != (self.gguf_package is None):
+            raise ValueError("file and gguf_package go together: file names the .gguf inside gguf_package")
+        if self.gguf_package is not None:
+            if not self.gguf_package.isidentifier():
+                raise ValueError(f"gguf_package must be a top-level package name (found, never imported), "
+                                 f"got {self.gguf_package!r}")
+            name = self.file or ""
+            if not name.endswith(".gguf") or "/" in name or "\\" in name or name.startswith("."):
+                raise ValueError(f"file must be a plain .gguf file name inside gguf_package, got {name!r}")
         return self
 
 
@@ -255,6 +272,18 @@ class BuildRecipe(_Section):
         ck = self.checkpoint
         if ck.synthetic is not None:
             return None
+        if ck.gguf_package is not None:
+            from importlib.util import find_spec
+
+            spec = find_spec(ck.gguf_package)  # a top-level name: nothing is imported
+            if spec is None or not spec.submodule_search_locations:
+                raise ConfigError(f"{self.source or 'recipe'}: [checkpoint] gguf_package {ck.gguf_package!r} is not "
+                                  "installed (as a package folder)")
+            path = Path(next(iter(spec.submodule_search_locations))).resolve() / str(ck.file)
+            if not path.is_file():
+                raise ConfigError(f"{self.source or 'recipe'}: [checkpoint] {ck.gguf_package} ships no file "
+                                  f"{ck.file!r} ({path})")
+            return path
         if ck.package is not None:
             try:
                 module = importlib.import_module(ck.package)

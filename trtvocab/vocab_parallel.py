@@ -9,13 +9,15 @@ the questions asked about it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from trtvocab import distributed as D
 from trtvocab.dtypes import HEAD_DTYPES
-from trtvocab.errors import ConfigError
+from trtvocab.errors import ConfigError, RankMismatchError
 from trtvocab.formats import WeightFormat
 from trtvocab.mapping import Mapping
 from trtvocab.sharding import VocabLayout, VocabShard, all_shards
@@ -24,6 +26,11 @@ from trtvocab.weights.base import normalize_keys
 
 DTYPES = tuple(HEAD_DTYPES.values())
 LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"  # how handshakes name layout + pad_to
+# What the ranks agree on once after loading a shard from a checkpoint (trtvocab.distributed.Handshake).
+LOAD_HANDSHAKE = D.Handshake("from_checkpoint", (
+    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", tuple(WeightFormat)),
+))
+M = TypeVar("M", bound="VocabParallelModule")
 
 
 class VocabParallelModule(nn.Module):
@@ -100,7 +107,43 @@ class VocabParallelModule(nn.Module):
         """Load from tensors (or lazy safetensors / GGUF slices) holding all V rows or this shard's rows."""
         self.weights.load(normalize_keys(tensors))
 
+    def _meet(self, handshake: D.Handshake, values: dict[str, Any], error: BaseException | None, field: str,
+              noun: str) -> list[int]:
+        """Run ``handshake`` before any data moves; return every rank's ``field`` count.
+
+        Without attention DP every rank must bring the same input, so the counts must agree.
+        """
+        D.require_initialized(self.tp_size)
+        counts = handshake.exchange(values, error, self.process_group, self.device, world=self.tp_size)[field]
+        if not self.mapping.enable_attention_dp and len(set(counts)) > 1:
+            raise RankMismatchError(f"{type(self).__name__}: ranks hold different numbers of {noun} {counts}; "
+                                    f"without attention DP every rank must bring the same {noun}")
+        return counts
+
     def _placement(self) -> str:
         split = f"tp={self.tp_size} rank={self.tp_rank} [{self.vocab_start}, {self.vocab_end})"
         return (f"vocab={self.vocab_size}, hidden={self.hidden_size}, dtype={self.dtype}, "
                 f"format={self.weight_format}, {split if self.is_split else 'replicated'}, layout={self.vocab_layout}")
+
+
+def load_collectively(build: Callable[[], M], *, split: bool, group: Any, what: str) -> M:
+    """``build()`` a shard from a checkpoint; when ``split``, meet the peers once afterwards.
+
+    A rank whose load failed (a truncated file only it reads, a missing shard) raises its own
+    error and every peer raises :class:`~trtvocab.errors.PeerRankError` now, instead of the
+    peers waiting in the first forward's handshake until the collective timeout.
+    """
+    module: M | None = None
+    error: Exception | None = None
+    try:
+        module = build()
+    except Exception as exc:
+        if not split:
+            raise
+        error = exc
+    if split:
+        values = None if module is None else {"vocab_size": module.vocab_size, "hidden_size": module.hidden_size,
+                                              "weight format": module.weight_format}
+        LOAD_HANDSHAKE.exchange(values, error, group, what=what)
+    assert module is not None
+    return module

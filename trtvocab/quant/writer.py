@@ -19,13 +19,20 @@ def quantize_head_tensors(
     quant_config: QuantConfig,
     input_amax: float | torch.Tensor | None = None,
     chunk_rows: int = 4096,
+    scale_search: str = "max",
+    column_weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """A dense ``[V, H]`` head -> checkpoint tensors (``weight``, scales) in the ModelOpt layout.
 
     Works through ``chunk_rows`` rows at a time so a large head needs no full float32
     copy. ``input_amax`` (calibrated ``amax(|x|)``) gives ``input_scale`` for static
-    activations: ``amax / 448`` (FP8) or ``amax / (6 * 448)`` (NVFP4).
+    activations: ``amax / 448`` (FP8) or ``amax / (6 * 448)`` (NVFP4). ``scale_search="mse"``
+    (NVFP4 only) chooses each block scale by :func:`trtvocab.quant.nvfp4.block_scales_mse`; the
+    tensors are those of an ordinary NVFP4 checkpoint. ``column_weights [H]`` weights the
+    search's squared error per column (``E[h_j^2]`` of calibration rows: ``mse-act``).
     """
+    if scale_search != "max" and quant_config.quant_algo is not QuantAlgo.NVFP4:
+        raise QuantizationError(f"scale search {scale_search!r} is for NVFP4 block scales only")
     if weight.dim() != 2:
         raise QuantizationError(f"weight: expected [V, H], got {list(weight.shape)}")
     static = quant_config.activation is Activation.STATIC
@@ -44,7 +51,8 @@ def quantize_head_tensors(
             out["input_scale"] = fp8.fp8_scale_from_amax(torch.as_tensor(input_amax))
     elif quant_config.quant_algo is QuantAlgo.NVFP4:
         g = nvfp4.global_scale_from_amax(amax)
-        pieces4 = [nvfp4.quantize_nvfp4(weight[s : s + chunk_rows], g) for s in chunks]
+        pieces4 = [nvfp4.quantize_nvfp4(weight[s : s + chunk_rows], g, scale_search=scale_search,
+                                         column_weights=column_weights) for s in chunks]
         out["weight"] = torch.cat([p for p, _, _ in pieces4])
         out["weight_scale"] = torch.cat([b for _, b, _ in pieces4])
         out["weight_scale_2"] = g
