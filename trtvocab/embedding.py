@@ -268,13 +268,17 @@ def load_tied(
     pad_to: int = 64,
     process_group: Any = None,
     gather_output: bool = True,
+    deterministic: bool = False,
+    output_dtype: torch.dtype | None = None,
 ) -> tuple[VocabParallelEmbedding, Any]:
     """``(embedding, head)`` of a checkpoint. A tied checkpoint's shard is read once and shared
-    (:func:`tie_weights`); an untied one loads each matrix."""
+    (:func:`tie_weights`); an untied one loads each matrix. ``deterministic`` / ``output_dtype``:
+    the head's (see :class:`~trtvocab.lm_head.LMHead`)."""
     from trtvocab.lm_head import LMHead
 
     head = LMHead.from_checkpoint(path, mapping=mapping, gather_output=gather_output, dtype=dtype,
-                                  vocab_layout=vocab_layout, pad_to=pad_to, process_group=process_group)
+                                  vocab_layout=vocab_layout, pad_to=pad_to, process_group=process_group,
+                                  deterministic=deterministic, output_dtype=output_dtype)
     decision = head.quant_decision
     if decision is not None and decision.tensor_name != "lm_head.weight" and head.weight_format is WeightFormat.DENSE:
         embedding = VocabParallelEmbedding(head.vocab_size, head.hidden_size, dtype=dtype, mapping=mapping,

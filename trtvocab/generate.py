@@ -24,25 +24,29 @@ unfinished prompt. A prompt stops at an end-of-sequence id (the model's generati
 else the tokenizer's; the id is kept in ``token_ids``) or after ``max_new_tokens``; a finished
 prompt stays in the body's batch (fed padding, as ``generate`` does) but produces no more tokens.
 
-Structured output: one ``xgrammar.GrammarMatcher`` per prompt on every rank, compiled against
-the tokenizer with the model's config vocab; each step fills the bitmask of the unfinished
-rows and every rank applies it to its own columns. JSON schemas compile with
-``any_whitespace=False`` (:data:`JSON_ANY_WHITESPACE`): compact JSON, no runaway whitespace.
+Structured output: one ``xgrammar.GrammarMatcher`` per constrained prompt on every rank,
+compiled against the tokenizer with the model's config vocab (the CLI constrains every prompt;
+the Python API takes one grammar per prompt, or none); each step fills the bitmask of the
+unfinished rows (all ones for an unconstrained row) and every rank applies it to its own
+columns. JSON schemas compile with ``any_whitespace=False`` (:data:`JSON_ANY_WHITESPACE`):
+compact JSON, no runaway whitespace.
 
 ``tp == 1`` runs in this process (a replicated head); ``tp > 1`` starts ``tp`` gloo ranks with
-:func:`trtvocab.launch.run_ranks`, which receive the loaded model in shared memory (nothing is
-loaded twice). Everything that can be refused is refused before any rank starts
-(:func:`prepare`): typed errors naming the argument.
+:func:`trtvocab.launch.run_ranks`, which receive the loaded body in shared memory (it is not
+loaded again); each rank reads only its own rows of the vocabulary matrix (``load_tied``).
+Everything that can be refused is refused before any rank starts (:func:`prepare`): typed
+errors naming the argument.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import inspect
+import io
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -95,7 +99,7 @@ class GenerateSpec:
     tp: int
     max_new_tokens: int
     params: tuple[SamplingParams, ...]  # one per prompt
-    grammar: GrammarSpec | None = None
+    grammars: tuple[GrammarSpec | None, ...] = ()  # one per prompt (empty: none)
     artifact: ArtifactSpec | None = None
     deterministic: bool = False
 
@@ -195,9 +199,11 @@ def _load_cached(key: tuple[str, int, int]) -> LoadedModel:
         {"pretrained_model_name_or_path": str(path)}
     dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
-        model = transformers.AutoModelForCausalLM.from_pretrained(**where, **{dtype_kw: torch.float32})
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        # transformers' GGUF reader draws its own tqdm bar on stderr: keep it off the terminal.
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
+            model = transformers.AutoModelForCausalLM.from_pretrained(**where, **{dtype_kw: torch.float32})
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise CheckpointError(f"MODEL {path}: transformers cannot load it as a causal LM: "
                               f"{type(exc).__name__}: {str(exc)[:300]}") from None
     model.eval()
@@ -365,6 +371,7 @@ def prepare(
     params: SamplingParams | list[SamplingParams] | None = None,
     json_schema: str | Path | None = None,
     regex: str | None = None,
+    grammars: list[GrammarSpec | None] | None = None,
     deterministic: bool = False,
     backend: str = "torch",
     artifact: str | Path | None = None,
@@ -372,6 +379,8 @@ def prepare(
     """Validate everything, then load the model: the run's spec and the loaded model.
 
     ``params``: one :class:`SamplingParams` for every prompt, or one per prompt; default greedy.
+    ``json_schema`` / ``regex`` constrain every prompt; ``grammars`` (from :func:`grammar_spec`)
+    gives one grammar (or None) per prompt instead.
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
@@ -380,6 +389,14 @@ def prepare(
     path = model_path(model)
     per_prompt = _per_prompt(params, len(prompts))
     grammar = grammar_spec(json_schema, regex)
+    if grammars is not None:
+        if grammar is not None:
+            raise InputError("grammars: give either one grammar per prompt or --json-schema / --regex, not both")
+        if len(grammars) != len(prompts) or not all(g is None or isinstance(g, GrammarSpec) for g in grammars):
+            raise InputError(f"grammars: expected one GrammarSpec or None per prompt ({len(prompts)})")
+        per_grammar = tuple(grammars)
+    else:
+        per_grammar = (grammar,) * len(prompts) if grammar is not None else ()
     art = artifact_spec(artifact, backend, path, tp) if artifact is not None else None
     ranks = art.tp if art is not None else (tp or 1)
     vocab, _ = _model_shape(path)
@@ -393,7 +410,7 @@ def prepare(
         raise InputError(f"--max-new-tokens {max_new_tokens}: the longest prompt has {longest} tokens and the model "
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
-                        tuple(per_prompt), grammar, art, deterministic)
+                        tuple(per_prompt), per_grammar, art, deterministic)
     return spec, loaded
 
 
@@ -425,8 +442,11 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     results = [GenerateResult(p, ids, tok.decode(ids, skip_special_tokens=True))
                for p, ids in zip(spec.prompts, out.token_ids, strict=True)]
     head = ", ".join(out.ran_on) if spec.artifact is not None else "torch"
+    labels = {g.label for g in spec.grammars if g is not None}
+    grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \
+        "per-prompt grammars"
     return GenerateReport(results, spec.tp, head, sum(len(r) for r in out.token_ids), out.prefill_s, out.decode_s,
-                          out.deterministic, spec.grammar.label if spec.grammar else None)
+                          out.deterministic, grammar)
 
 
 def _rank_main(rank: int, world: int, spec: GenerateSpec, model: Any, tokenizer: Any) -> _RankOutput:
@@ -471,7 +491,6 @@ class _Body:
 def _load_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None) -> tuple[Any, Any, bool]:
     """``(embedding, head, deterministic)`` of this rank, the artifact's layout where there is one."""
     from trtvocab.embedding import load_tied
-    from trtvocab.lm_head import LMHead
 
     layout: Any = "uneven"
     pad_to = 64
@@ -481,17 +500,10 @@ def _load_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None) -> 
 
         manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)  # verified by prepare
         layout, pad_to = manifest.head.vocab_layout, manifest.head.pad_to
-    kwargs: dict[str, Any] = {}
-    deterministic = False
-    if spec.deterministic and "deterministic" in inspect.signature(load_tied).parameters:
-        kwargs["deterministic"] = True
-        deterministic = True
+    # LMHead refuses deterministic=True for a quantized head (a ConfigError naming it).
     embedding, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,
-                                gather_output=False, **kwargs)
-    if spec.deterministic and not deterministic and "deterministic" in inspect.signature(LMHead.__init__).parameters \
-            and hasattr(head, "deterministic"):
-        head.deterministic = True
-        deterministic = True
+                                gather_output=False, deterministic=spec.deterministic)
+    deterministic = spec.deterministic
     if manifest is not None:
         entry = manifest.entry(rank)
         if (entry.start, entry.end) != (head.vocab_start, head.vocab_end):
@@ -518,8 +530,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
             manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)
             backend = open_backend(spec.artifact.backend, Path(spec.artifact.root), manifest, rank)
             backend_dtype = head_dtype(manifest.head.dtype)
-        grammar = _Grammar(spec.grammar, tokenizer, model.config.vocab_size, len(spec.prompts),
-                           _eos_ids(model, tokenizer)) if spec.grammar is not None else None
+        grammar = _Grammar(spec.grammars, tokenizer, model.config.vocab_size, _eos_ids(model, tokenizer)) \
+            if any(g is not None for g in spec.grammars) else None
     except Exception as exc:
         if not split:
             raise
@@ -575,7 +587,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
         seq_lens = mask.sum(-1)
         logits = head_logits(rows, seq_lens)
         while True:
-            if grammar is not None:
+            if grammar is not None and grammar.constrains(active):
                 apply_token_bitmask(logits, grammar.bitmask(active), head)
             rows_params = [spec.params[b] for b in active]
             next_ids = sample(logits, head, rows_params, step=step, vocab_limit=vocab_limit).tolist()
@@ -605,29 +617,41 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
 
 
 class _Grammar:
-    """One xgrammar matcher per prompt (on every rank) and the bitmask of the unfinished rows."""
+    """One xgrammar matcher per constrained prompt (on every rank) and the bitmask of the unfinished rows."""
 
-    def __init__(self, spec: GrammarSpec, tokenizer: Any, vocab_size: int, prompts: int, stop_ids: set[int]) -> None:
+    def __init__(self, specs: tuple[GrammarSpec | None, ...], tokenizer: Any, vocab_size: int,
+                 stop_ids: set[int]) -> None:
         xgr = _xgrammar()
-        stop = sorted(stop_ids)
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop or None)
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=sorted(stop_ids) or None)
         compiler = xgr.GrammarCompiler(info, max_threads=max(1, min(4, os.cpu_count() or 1)))
-        if spec.kind == "json_schema":
-            compiled = compiler.compile_json_schema(spec.source, any_whitespace=JSON_ANY_WHITESPACE)
-        else:
-            compiled = compiler.compile_regex(spec.source)
-        self.matchers = [xgr.GrammarMatcher(compiled) for _ in range(prompts)]
-        self.words = math.ceil(info.vocab_size / 32)
-        self._mask = xgr.allocate_token_bitmask(prompts, info.vocab_size)
+        compiled: dict[GrammarSpec, Any] = {}
+        self.matchers: list[Any] = []
+        for spec in specs:
+            if spec is None:
+                self.matchers.append(None)
+                continue
+            if spec not in compiled:
+                compiled[spec] = compiler.compile_json_schema(spec.source, any_whitespace=JSON_ANY_WHITESPACE) \
+                    if spec.kind == "json_schema" else compiler.compile_regex(spec.source)
+            self.matchers.append(xgr.GrammarMatcher(compiled[spec]))
+        self._mask = xgr.allocate_token_bitmask(len(specs), info.vocab_size)  # all ones: everything allowed
+
+    def constrains(self, rows: list[int]) -> bool:
+        return any(self.matchers[b] is not None for b in rows)
 
     def bitmask(self, rows: list[int]) -> torch.Tensor:
+        """The ``int32 [len(rows), W]`` mask of ``rows`` (xgrammar's layout; unconstrained rows allow every id)."""
         for b in rows:
-            self.matchers[b].fill_next_token_bitmask(self._mask, b)
+            if self.matchers[b] is not None:
+                self.matchers[b].fill_next_token_bitmask(self._mask, b)
         return self._mask[rows]
 
     def accept(self, row: int, token: int) -> bool:
-        """Advance ``row``'s matcher by ``token``; True when the grammar has terminated (a stop token)."""
+        """Advance ``row``'s matcher by ``token``; True when its grammar has terminated (a stop token)."""
         matcher = self.matchers[row]
+        if matcher is None:
+            return False
         if not matcher.accept_token(token):
             raise InputError(f"grammar: prompt {row + 1}: token {token} was drawn but the grammar does not accept it")
         return bool(matcher.is_terminated())
@@ -639,5 +663,7 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
     return generate(spec, loaded)
 
 
-__all__ = ["JSON_ANY_WHITESPACE", "ArtifactSpec", "GenerateReport", "GenerateResult", "GenerateSpec", "GrammarSpec",
-           "LoadedModel", "generate", "load_model", "prepare", "run", "sampling_params"]
+__all__ = ["JSON_ANY_WHITESPACE", "SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactSpec", "GenerateReport",
+           "GenerateResult", "GenerateSpec", "GrammarSpec", "LoadedModel", "artifact_spec", "check_options",
+           "encode_prompts", "generate", "grammar_spec", "load_model", "model_path", "prepare", "run",
+           "sampling_params"]

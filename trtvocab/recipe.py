@@ -90,7 +90,8 @@ class CheckpointSection(_Section):
     def _one_source(self) -> CheckpointSection:
         given = [k for k in ("path", "package", "gguf_package", "synthetic") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of path, package, gguf_package, synthetic (got {given or 'none'})")
+            raise ValueError(f"give exactly one of path, package, synthetic, or gguf_package with file "
+                             f"(got {given or 'none'})")
         if (self.file is None) != (self.gguf_package is None):
             raise ValueError("file and gguf_package go together: file names the .gguf inside gguf_package")
         if self.gguf_package is not None:

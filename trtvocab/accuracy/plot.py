@@ -27,6 +27,12 @@ def _no_data(ax: Any, what: str) -> None:
     ax.set_yticks([])
 
 
+def _label(v: Any) -> str:
+    """The format and which head: several variants share a format label (NVFP4 W4A16 and its searches)."""
+    name = v.name if v.name.startswith(("sim:", "quantized:")) else (Path(v.name).name or v.name)
+    return f"{v.label} [{name.removeprefix('sim:')}]"
+
+
 def plot_report(report: Any, path: str | Path) -> Path:
     """Write the six panels of the module docstring for ``report`` (a ``CompareReport``) to ``path``."""
     import matplotlib
@@ -49,7 +55,7 @@ def plot_report(report: Any, path: str | Path) -> Path:
         k = np.sort(np.maximum(np.asarray(v.metrics.kl_per_row, dtype=np.float64), FLOOR))
         frac = np.arange(1, len(k) + 1, dtype=np.float64) / len(k)
         ax_kl.step(k, frac, where="post", linewidth=1.8, color=color[v.name],
-                   label=f"{v.label}  (mean {v.metrics.kl_mean:.1e}, p99 {v.metrics.kl_p99:.1e})")
+                   label=f"{_label(v)}  (mean {v.metrics.kl_mean:.1e}, p99 {v.metrics.kl_p99:.1e})")
     ax_kl.axhline(0.99, color="grey", linewidth=0.8, linestyle=":")
     ax_kl.set_xscale("log")
     ax_kl.set_ylim(0, 1.02)
@@ -66,7 +72,7 @@ def plot_report(report: Any, path: str | Path) -> Path:
         edges = np.logspace(np.log10(lo), np.log10(max(hi, lo * 10)), 60)
         for v, k in zip(tf, klds, strict=True):
             ax_kld.hist(k, bins=edges, histtype="step", linewidth=1.6, color=color[v.name],
-                        label=f"{v.label}  (mean {v.llamacpp.kld_mean:.2e}, p99 {v.llamacpp.kld_p99:.2e})")
+                        label=f"{_label(v)}  (mean {v.llamacpp.kld_mean:.2e}, p99 {v.llamacpp.kld_p99:.2e})")
         ax_kld.set_xscale("log")
         ax_kld.set_yscale("log")
         ax_kld.set_xlabel("KLD(base || Q) per token [nats], log bins")
@@ -76,7 +82,7 @@ def plot_report(report: Any, path: str | Path) -> Path:
         dp_edges = np.linspace(-100 * span, 100 * span, 81)
         for v in tf:
             ax_dp.hist(100 * v.metrics.tokens.dp, bins=dp_edges, histtype="step", linewidth=1.6, color=color[v.name],
-                       label=f"{v.label}  (RMS {100 * v.llamacpp.dp_rms:.3f}%)")
+                       label=f"{_label(v)}  (RMS {100 * v.llamacpp.dp_rms:.3f}%)")
         ax_dp.set_yscale("log")
         ax_dp.set_xlabel("Δp = p_Q(next) − p_base(next) [percentage points]")
         ax_dp.set_ylabel("tokens")
@@ -95,7 +101,7 @@ def plot_report(report: Any, path: str | Path) -> Path:
         errs = np.asarray(v.metrics.logit_err_sample)
         sampled |= errs.size < v.metrics.rows * report.vocab_size
         ax_err.hist(errs, bins=edges, histtype="step", linewidth=1.8, color=color[v.name],
-                    label=f"{v.label}  (max |Δ| {v.metrics.max_abs_logit_err:.3f})")
+                    label=f"{_label(v)}  (max |Δ| {v.metrics.max_abs_logit_err:.3f})")
     ax_err.set_yscale("log")
     ax_err.set_xlabel("logit error (variant − baseline)")
     ax_err.set_ylabel("logits (sampled)" if sampled else "logits")
@@ -114,7 +120,7 @@ def plot_report(report: Any, path: str | Path) -> Path:
             if "ppl_q" in s.ci95:
                 lo, hi = s.ci95["ppl_q"]
                 ax_ppl.plot([lo, hi], [y + 0.18, y + 0.18], color=color[v.name], linewidth=1, linestyle="--")
-        ax_ppl.set_yticks(ys, [v.label for v in tf], fontsize=8)
+        ax_ppl.set_yticks(ys, [_label(v) for v in tf], fontsize=8)
         ax_ppl.set_xlabel("PPL(Q) ± llama.cpp's σ (dashed: bootstrap 95% interval)")
         ax_ppl.legend(fontsize=7, loc="lower right")
         width = 0.38
@@ -124,7 +130,7 @@ def plot_report(report: Any, path: str | Path) -> Path:
                 lo, hi = s.ci95.get(key, (value, value))
                 ax_top.barh(y + off, 100 * value, height=width, color=color[v.name], hatch=hatch, alpha=0.8,
                             xerr=[[100 * (value - lo)], [100 * (hi - value)]], capsize=3)
-        ax_top.set_yticks(ys, [v.label for v in tf], fontsize=8)
+        ax_top.set_yticks(ys, [_label(v) for v in tf], fontsize=8)
         low = min(min(v.llamacpp.same_top, v.llamacpp.ear) for v in tf)
         ax_top.set_xlim(max(0.0, 100 * low - 5), 100.5)
         ax_top.set_xlabel("Same top p (solid) and EAR (hatched), %, bootstrap 95% interval")

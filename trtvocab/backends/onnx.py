@@ -209,7 +209,7 @@ def _hidden_array(hidden: Any, elem_type: int, width: int) -> np.ndarray:
     return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
-def _run_onnxruntime(model: onnx.ModelProto, path: Path | None, feeds: dict[str, np.ndarray]) -> np.ndarray:
+def _ort_session(model: onnx.ModelProto, path: Path | None) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -217,7 +217,12 @@ def _run_onnxruntime(model: onnx.ModelProto, path: Path | None, feeds: dict[str,
     # extended fusions could swap Q/DQ + MatMul for other kernels.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     source = str(path) if path is not None else model.SerializeToString()
-    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def _ort_run(session: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
     values = {}
     for name, arr in feeds.items():
         if arr.dtype == ml_dtypes.bfloat16:
@@ -235,6 +240,53 @@ class OnnxRun(NamedTuple):
     runner: str  # "onnxruntime" | "reference" (onnx.reference)
 
 
+class OnnxGraph:
+    """An exported head graph, loaded once, with its runtime picked once (and onnxruntime's
+    session built once): what a decode loop calls every step.
+
+    Args:
+        path_or_model: the graph file (its external data beside it) or an in-memory model.
+        runner: ``"auto"`` (see the module docstring), ``"onnxruntime"`` or ``"reference"``.
+    """
+
+    def __init__(self, path_or_model: str | Path | onnx.ModelProto, runner: str = "auto") -> None:
+        if runner not in RUNNERS:
+            raise InputError(f"runner (the ONNX backend's runtime) must be one of {RUNNERS}, got {runner!r}")
+        self.model, self.path = _load(path_or_model)
+        self.inputs = {vi.name: vi for vi in self.model.graph.input}
+        if HIDDEN not in self.inputs:
+            raise InputError(f"graph has no {HIDDEN!r} input (inputs: {sorted(self.inputs)})")
+        self.runner = runner if runner != "auto" else ("reference" if reference_reason(self.model) else "onnxruntime")
+        blocker = onnxruntime_blocker(self.model) if self.runner == "onnxruntime" else None
+        if blocker is not None:
+            raise EngineUnavailableError(f"onnxruntime cannot run this graph: {blocker}; use runner='reference'")
+        self._session: Any = None
+        self._evaluator: Any = None
+
+    def run(self, hidden: Any, seq_lens: Any = None) -> OnnxRun:
+        """Float32 logits of ``hidden [T, H]`` (see :func:`run_onnx`)."""
+        tt = self.inputs[HIDDEN].type.tensor_type
+        arr = _hidden_array(hidden, tt.elem_type, tt.shape.dim[1].dim_value)
+        total = arr.shape[0]
+        feeds = {HIDDEN: arr}
+        if seq_lens is not None or SEQ_LENS in self.inputs:
+            lens = [total] if seq_lens is None else seq_lens
+            last_token_rows(lens, total)  # validated even where unused (context graphs), like LogitsProcessor
+            if SEQ_LENS in self.inputs:
+                feeds[SEQ_LENS] = np.asarray(lens.cpu() if isinstance(lens, torch.Tensor) else lens, dtype=np.int32)
+        if self.runner == "onnxruntime":
+            if self._session is None:
+                self._session = _ort_session(self.model, self.path)
+            out = _ort_run(self._session, feeds)
+        else:
+            if self._evaluator is None:
+                if self.path is not None:
+                    onnx.load_external_data_for_model(self.model, str(self.path.parent))
+                self._evaluator = ReferenceEvaluator(self.model, new_ops=REFERENCE_OPS)
+            out = self._evaluator.run([LOGITS], feeds)[0]
+        return OnnxRun(np.asarray(out, dtype=np.float32), self.runner)
+
+
 def run_onnx(
     path_or_model: str | Path | onnx.ModelProto,
     hidden: Any,
@@ -247,34 +299,10 @@ def run_onnx(
     ``torch.bfloat16`` or ``ml_dtypes.bfloat16``). ``seq_lens``: the packed lengths; None
     means one sequence (the last row). Context graphs have no ``seq_lens`` input: a given
     one is validated and otherwise unused. ``runner``: ``"auto"`` (see the module
-    docstring), ``"onnxruntime"`` or ``"reference"``.
+    docstring), ``"onnxruntime"`` or ``"reference"``. One call, one graph load: a loop that
+    runs a graph many times keeps an :class:`OnnxGraph`.
     """
-    if runner not in RUNNERS:
-        raise InputError(f"runner (the ONNX backend's runtime) must be one of {RUNNERS}, got {runner!r}")
-    model, path = _load(path_or_model)
-    inputs = {vi.name: vi for vi in model.graph.input}
-    if HIDDEN not in inputs:
-        raise InputError(f"graph has no {HIDDEN!r} input (inputs: {sorted(inputs)})")
-    tt = inputs[HIDDEN].type.tensor_type
-    arr = _hidden_array(hidden, tt.elem_type, tt.shape.dim[1].dim_value)
-    total = arr.shape[0]
-    feeds = {HIDDEN: arr}
-    if seq_lens is not None or SEQ_LENS in inputs:
-        lens = [total] if seq_lens is None else seq_lens
-        last_token_rows(lens, total)  # validated even where unused (context graphs), like LogitsProcessor
-        if SEQ_LENS in inputs:
-            feeds[SEQ_LENS] = np.asarray(lens.cpu() if isinstance(lens, torch.Tensor) else lens, dtype=np.int32)
-    chosen = runner if runner != "auto" else ("reference" if reference_reason(model) else "onnxruntime")
-    blocker = onnxruntime_blocker(model) if chosen == "onnxruntime" else None
-    if blocker is not None:
-        raise EngineUnavailableError(f"onnxruntime cannot run this graph: {blocker}; use runner='reference'")
-    if chosen == "onnxruntime":
-        out = _run_onnxruntime(model, path, feeds)
-    else:
-        if path is not None:
-            onnx.load_external_data_for_model(model, str(path.parent))
-        out = ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run([LOGITS], feeds)[0]
-    return OnnxRun(np.asarray(out, dtype=np.float32), chosen)
+    return OnnxGraph(path_or_model, runner).run(hidden, seq_lens)
 
 
 class OnnxBackend:
@@ -289,6 +317,7 @@ class OnnxBackend:
             raise EngineUnavailableError(f"rank {rank} of {root} has no ONNX graph")
         self.path = Path(root) / rel
         self.context = manifest.head.context_logits
+        self._graph: OnnxGraph | None = None  # loaded on the first call, kept for the next ones
         # The graph must be what the manifest says it is, and read nothing the manifest does not list.
         model, _ = _load(self.path)
         has_lens = SEQ_LENS in {vi.name for vi in model.graph.input}
@@ -303,6 +332,8 @@ class OnnxBackend:
 
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:
         lens = None if self.context or seq_lens is None else seq_lens.to(torch.int32)
-        out = run_onnx(self.path, hidden, lens)
+        if self._graph is None:
+            self._graph = OnnxGraph(self.path)
+        out = self._graph.run(hidden, lens)
         ran_on = "onnxruntime" if out.runner == "onnxruntime" else "onnx.reference"
         return RankLogits(torch.from_numpy(out.logits), ran_on)

