@@ -125,3 +125,19 @@ def test_split_head_in_the_processor() -> None:
         assert result["none"]["shape"][0] == 1
         assert result["last"]["shape"][0] == 5
         assert result["context"]["shape"][0] > 5
+
+
+def test_last_k_rows_per_sequence_for_speculative_decoding() -> None:
+    """num_logits_per_seq: each sequence's last k rows, in order (an int or one per sequence)."""
+    head = HEADS[torch.float32]
+    x = torch.randn(9, HIDDEN, generator=torch.Generator().manual_seed(3))
+    w = head.weights.weight.double()
+    lens = [4, 2, 3]  # rows 0-3 | 4-5 | 6-8
+    for k, rows in ((2, [2, 3, 4, 5, 7, 8]), ([1, 2, 3], [3, 4, 5, 6, 7, 8]), ([4, 1, 1], [0, 1, 2, 3, 5, 8])):
+        got = LogitsProcessor()(x, head, lens, num_logits_per_seq=k)
+        torch.testing.assert_close(got.double(), x.double()[rows] @ w.t(), rtol=1e-5, atol=1e-5)
+    one = LogitsProcessor()(x, head, None, num_logits_per_seq=3)  # one sequence: its last 3 rows
+    torch.testing.assert_close(one.double(), x.double()[6:] @ w.t(), rtol=1e-5, atol=1e-5)
+    for bad in (0, [1, 3, 1], [1, 1], 2.0, True, "2"):
+        with pytest.raises(InputError, match="num_logits_per_seq"):
+            LogitsProcessor()(x, head, lens, num_logits_per_seq=bad)
