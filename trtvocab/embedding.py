@@ -259,18 +259,10 @@ def tie_weights(embedding: VocabParallelEmbedding, lm_head: Any) -> None:
     embedding.weights = lm_head.weights
 
 
-def load_tied(
-    path: str | Path,
-    *,
-    mapping: Mapping | None = None,
-    dtype: torch.dtype = torch.bfloat16,
-    vocab_layout: VocabLayout = "uneven",
-    pad_to: int = 64,
-    process_group: Any = None,
-    gather_output: bool = True,
-    deterministic: bool = False,
-    output_dtype: torch.dtype | None = None,
-) -> tuple[VocabParallelEmbedding, Any]:
+def load_tied(path: str | Path, *, mapping: Mapping | None = None, dtype: torch.dtype = torch.bfloat16,
+              vocab_layout: VocabLayout = "uneven", pad_to: int = 64, process_group: Any = None,
+              gather_output: bool = True, deterministic: bool = False,
+              output_dtype: torch.dtype | None = None) -> tuple[VocabParallelEmbedding, Any]:
     """``(embedding, head)`` of a checkpoint. A tied checkpoint's shard is read once and shared
     (:func:`tie_weights`); an untied one loads each matrix. ``deterministic`` / ``output_dtype``:
     the head's (see :class:`~trtvocab.lm_head.LMHead`)."""
