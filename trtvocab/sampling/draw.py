@@ -22,8 +22,8 @@ from trtvocab.sampling import noise
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
+    argmax_over_vocab,
     check_logits,
-    gather_stack,
     global_max,
     handshake,
     merged_topk,
@@ -120,26 +120,7 @@ def _draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], seeds: list
         g = noise.gumbel(noise.row_keys(seeds, step).to(device), ids)
         score = torch.where(sampled[:, None], score + g, score)
     score = score.masked_fill(torch.isneginf(scaled), float("-inf"))  # -inf + noise stays excluded
-    return _race(score, ids, head)
-
-
-def _race(score: torch.Tensor, ids: torch.Tensor, head: Any) -> torch.Tensor:
-    """The id of each row's highest float64 score over the whole vocab (lowest id among ties)."""
-    rows = score.shape[0]
-    if score.shape[1]:
-        best, col = torch.max(score, dim=1)  # the first maximum: the lowest local id
-        best_id = ids[col]
-    else:  # a trailing padded-layout rank that owns no columns
-        best = score.new_full((rows,), float("-inf"))
-        best_id = torch.full((rows,), NO_ID, dtype=torch.int64, device=score.device)
-    best_id = torch.where(torch.isneginf(best), torch.full_like(best_id, NO_ID), best_id)
-    if head.is_split:
-        packed = gather_stack(torch.stack([best.view(torch.int64), best_id], dim=-1), head)  # [tp, B, 2]
-        values, cand = packed[..., 0].view(torch.float64), packed[..., 1]
-        top = values.max(dim=0).values
-        chosen = torch.where(values == top, cand, torch.full_like(cand, NO_ID)).min(dim=0).values
-    else:
-        top, chosen = best, best_id
+    top, chosen = argmax_over_vocab(score, head)  # the race: each rank's best (score, id), one all_gather
     empty = torch.isneginf(top) | (chosen == NO_ID)
     if bool(empty.any()):
         # Every rank sees the same gathered values, so every rank raises here.

@@ -162,26 +162,33 @@ def greedy(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     """Token ids ``[B]`` (int64) of the largest logit, lowest id among ties: ``argmax`` of the gathered logits."""
     error = check_logits(local_logits, head, "sampling.greedy")
     handshake(head, local_logits, error, "greedy")
-    x = own(local_logits, head)
-    if not head.is_split:
-        best, chosen = torch.max(x, dim=1) if x.shape[1] else (x.new_full((x.shape[0],), float("-inf")), None)
-    else:
-        if x.shape[1]:
-            values, cols = torch.max(x, dim=1)  # first maximum: the lowest local column
-            ids = cols + head.vocab_start
-        else:  # a trailing padded-layout rank that owns no columns
-            values = x.new_full((x.shape[0],), float("-inf"))
-            ids = torch.full((x.shape[0],), NO_ID, dtype=torch.int64, device=x.device)
-        all_values, all_ids = _unpack(gather_stack(_pack(values, ids), head))  # [tp, B]
-        best = all_values.max(dim=0).values
-        chosen = torch.where(all_values == best, all_ids, torch.full_like(all_ids, NO_ID)).min(dim=0).values
+    best, chosen = argmax_over_vocab(own(local_logits, head), head)
     if bool(torch.isneginf(best).any()):
         # A row masked to -inf everywhere (a bitmask that allows nothing): no id is right. Every
         # rank sees the same gathered maxima, so every rank raises.
         raise InputError(f"sampling.greedy: row(s) {torch.isneginf(best).nonzero()[:, 0].tolist()} allow no token "
                          "(every logit is -inf)")
-    assert chosen is not None
     return chosen
+
+
+def argmax_over_vocab(scores: torch.Tensor, head: LMHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(best [B], token id [B])`` of the largest of every rank's ``scores [B, V_local]`` (owned
+    columns), lowest id among ties; one all_gather of ``[B, 2]`` int64 pairs (values as float64
+    bits: float32 scores widen exactly). A row that is ``-inf`` everywhere gets id ``NO_ID``."""
+    rows = scores.shape[0]
+    if scores.shape[1]:
+        best, cols = torch.max(scores, dim=1)  # the first maximum: the lowest local column
+        chosen = cols + head.vocab_start
+    else:  # a trailing padded-layout rank that owns no columns
+        best = scores.new_full((rows,), float("-inf"))
+        chosen = torch.full((rows,), NO_ID, dtype=torch.int64, device=scores.device)
+    chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
+    if not head.is_split:
+        return best, chosen
+    packed = gather_stack(torch.stack([best.to(torch.float64).view(torch.int64), chosen], dim=-1), head)
+    values, ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
+    top = values.max(dim=0).values
+    return top, torch.where(values == top, ids, torch.full_like(ids, NO_ID)).min(dim=0).values
 
 
 def topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor, torch.Tensor]:
