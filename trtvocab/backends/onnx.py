@@ -317,9 +317,10 @@ class OnnxBackend:
             raise EngineUnavailableError(f"rank {rank} of {root} has no ONNX graph")
         self.path = Path(root) / rel
         self.context = manifest.head.context_logits
-        self._graph: OnnxGraph | None = None  # loaded on the first call, kept for the next ones
+        # Loaded once (onnxruntime's session on the first call), kept for every later step.
+        self._graph = OnnxGraph(self.path)
         # The graph must be what the manifest says it is, and read nothing the manifest does not list.
-        model, _ = _load(self.path)
+        model = self._graph.model
         has_lens = SEQ_LENS in {vi.name for vi in model.graph.input}
         if has_lens == self.context:
             raise ArtifactError(f"{self.path}: graph {'takes' if has_lens else 'lacks'} {SEQ_LENS}, but the manifest "
@@ -332,8 +333,6 @@ class OnnxBackend:
 
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:
         lens = None if self.context or seq_lens is None else seq_lens.to(torch.int32)
-        if self._graph is None:
-            self._graph = OnnxGraph(self.path)
         out = self._graph.run(hidden, lens)
         ran_on = "onnxruntime" if out.runner == "onnxruntime" else "onnx.reference"
         return RankLogits(torch.from_numpy(out.logits), ran_on)
