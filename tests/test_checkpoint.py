@@ -6,15 +6,12 @@ import json
 import os
 import re
 import struct
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import model_config, write_single
+from conftest import model_config, peak_load, write_single
 
 import trtvocab.checkpoint as ckpt_mod
 from trtvocab import LMHead, Mapping
@@ -167,24 +164,6 @@ def test_each_rank_loads_and_reads_only_its_rows(hf_checkpoint, w: torch.Tensor,
         assert shard.size * H * 4 <= data <= shard.size * H * 4 + header_bytes, (rank, counter.bytes_read)
 
 
-PEAK_SCRIPT = textwrap.dedent("""
-    import json, re, sys, psutil, torch
-    from trtvocab import LMHead, Mapping
-
-    def hwm_bytes():
-        return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
-
-    path, tp, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    rss = psutil.Process().memory_info().rss
-    try:  # reset the high-water mark to the current RSS (Linux >= 4.0)
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        exact = True
-    except OSError:
-        exact = False  # the mark then still holds the import peak: an over-estimate
-    head = LMHead.from_checkpoint(path, mapping=Mapping(world_size=tp, rank=rank, tp_size=tp), dtype=torch.float32)
-    print(json.dumps({"peak_delta": hwm_bytes() - rss, "exact": exact, "resident": head.resident_bytes()}))
-""")
 
 
 def test_rank_peak_memory_stays_near_its_shard(tmp_path: Path) -> None:
@@ -201,9 +180,7 @@ def test_rank_peak_memory_stays_near_its_shard(tmp_path: Path) -> None:
     full_bytes = full.numel() * 4
     del full
     for rank in (0, tp - 1):
-        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path), str(tp), str(rank)],
-                             capture_output=True, text=True, timeout=120, check=True)
-        rec = json.loads(out.stdout.strip().splitlines()[-1])
+        rec = peak_load(path, tp, rank)
         shard_bytes = full_bytes // tp
         assert rec["resident"] == shard_bytes
         ratio = rec["peak_delta"] / full_bytes

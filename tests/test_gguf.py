@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import peak_load
 from typer.testing import CliRunner
 
 import trtvocab.gguf as gguf_mod
@@ -125,27 +123,6 @@ def test_smollm2_row_read_is_one_positioned_read_of_its_byte_range(smollm2: Path
     assert calls == [(info.offset + 1000 * row_bytes, 377 * row_bytes)]
 
 
-PEAK_SCRIPT = textwrap.dedent("""
-    import json, re, sys, psutil, torch
-    import trtvocab.gguf  # noqa: F401  (imported before the baseline: its import is not the load)
-    from trtvocab import LMHead, Mapping
-
-    def hwm_bytes():
-        return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
-
-    path, tp, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    # warm up on a 96-row shard: the first load's lazy imports and allocator set-up are not the shard
-    LMHead.from_checkpoint(path, mapping=Mapping(world_size=512, rank=0, tp_size=512), dtype=torch.float32)
-    rss = psutil.Process().memory_info().rss
-    try:  # reset the high-water mark to the current RSS (Linux >= 4.0)
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        exact = True
-    except OSError:
-        exact = False
-    head = LMHead.from_checkpoint(path, mapping=Mapping(world_size=tp, rank=rank, tp_size=tp), dtype=torch.float32)
-    print(json.dumps({"peak_delta": hwm_bytes() - rss, "exact": exact, "resident": head.resident_bytes()}))
-""")
 
 
 def test_rank_peak_memory_stays_near_its_shard(smollm2: Path) -> None:
@@ -160,9 +137,7 @@ def test_rank_peak_memory_stays_near_its_shard(smollm2: Path) -> None:
     tp = 8
     full_bytes = SMOLLM2_V * SMOLLM2_H * 4
     for rank in (0, tp - 1):
-        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(smollm2), str(tp), str(rank)],
-                             capture_output=True, text=True, timeout=120, check=True)
-        rec = json.loads(out.stdout.strip().splitlines()[-1])
+        rec = peak_load(smollm2, tp, rank, warm_up=True)
         shard_bytes = full_bytes // tp
         assert rec["resident"] == shard_bytes
         ratio = rec["peak_delta"] / full_bytes
