@@ -111,6 +111,17 @@ class WeightMethod(nn.Module):
         """``x [N, H]`` in ``self.dtype`` -> logits ``[N, width]`` in ``self.dtype``."""
         raise NotImplementedError
 
+    def prepare(self, x: torch.Tensor) -> Any:
+        """``x [N, H]`` as this format's GEMM takes it (activation quantization applied once for
+        the whole batch): what :meth:`block_logits` multiplies. Dense formats return ``x``."""
+        return x
+
+    def block_logits(self, prepared: Any, start: int, end: int) -> torch.Tensor:  # pragma: no cover - abstract
+        """Logits ``[N, end - start]`` of this shard's owned rows ``[start, end)`` (local row
+        numbers, ``0 <= start <= end <= shard.size``) for ``prepared = self.prepare(x)``; dense
+        formats return their dtype, quantized ones float32. What a vocab-chunked caller streams."""
+        raise NotImplementedError
+
     def resident_bytes(self) -> int:
         """Bytes of every buffer this format keeps resident."""
         return sum(b.numel() * b.element_size() for b in self.buffers())

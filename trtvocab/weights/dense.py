@@ -107,6 +107,9 @@ class DenseWeight(WeightMethod):
         out[:, :size] = x @ self.weight[:size].t()
         return out
 
+    def block_logits(self, prepared: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        return prepared @ self.weight[start:end].t()
+
     def forward_float32(self, x: torch.Tensor, chunk_elements: int = 1 << 20) -> torch.Tensor:
         """``x @ W.T`` accumulated and returned in float32 (both operands upcast chunk by chunk of
         weight rows, so no float32 copy of the whole shard exists): ``[N, width]``."""

@@ -104,17 +104,27 @@ class QuantizedWeight(WeightMethod):
         return (torch.empty(rows, self.hidden_size, dtype=torch.float32, device=device),
                 torch.empty(rows, self.hidden_size, dtype=torch.int16, device=device))
 
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, Dequantizer]:
+        return self._plan(self.quantize_input(x))
+
+    def block_logits(self, prepared: tuple[torch.Tensor, Dequantizer], start: int, end: int,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+        gemm_x, dequant = prepared
+        if out is None:
+            out = torch.empty(gemm_x.shape[0], end - start, dtype=torch.float32, device=gemm_x.device)
+        step = self.rows_per_chunk
+        buffer, work = self._scratch(end - start, gemm_x.device)
+        for lo in range(start, end, step):
+            hi = min(lo + step, end)
+            w = dequant(lo, hi, buffer[: hi - lo], work[: hi - lo])
+            torch.matmul(gemm_x, w.t(), out=out[:, lo - start : hi - start])
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(x.shape[0], self.shard.width, dtype=torch.float32, device=x.device)
         if x.shape[0] == 0:
             return out
-        gemm_x, dequant = self._plan(self.quantize_input(x))
-        size, step = self.shard.size, self.rows_per_chunk
-        buffer, work = self._scratch(size, x.device)
-        for start in range(0, size, step):
-            end = min(start + step, size)
-            w = dequant(start, end, buffer[: end - start], work[: end - start])
-            torch.matmul(gemm_x, w.t(), out=out[:, start:end])
+        self.block_logits(self.prepare(x), 0, self.shard.size, out=out[:, : self.shard.size])
         return out  # padding columns (padded layout) stay 0; the head sets them to -inf
 
     def dense_weight(self) -> torch.Tensor:
