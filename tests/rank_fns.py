@@ -514,3 +514,17 @@ def load_then_forward(rank: int, world: int, paths: list[str]) -> None:
     head = LMHead.from_checkpoint(paths[rank], mapping=Mapping(world_size=world, rank=rank, tp_size=world),
                                   dtype=torch.float32)
     head(torch.zeros(1, head.hidden_size))
+
+
+def load_replicated_next_to_split(rank: int, world: int, path: str, module: str) -> None:
+    """Rank 0 is built replicated (attention DP without LM-head TP), the others split; then one call."""
+    from trtvocab import VocabParallelEmbedding
+
+    mapping = Mapping(world_size=world, rank=rank, tp_size=world, enable_attention_dp=rank == 0)
+    if module == "head":
+        head = LMHead.from_checkpoint(path, mapping=mapping, dtype=torch.float32)
+        head(torch.zeros(1, head.hidden_size))
+    else:
+        emb = VocabParallelEmbedding.from_checkpoint(path, mapping=mapping, dtype=torch.float32,
+                                                     tensor_name="lm_head.weight")
+        emb(torch.zeros(1, dtype=torch.int64))

@@ -17,7 +17,7 @@ import torch
 from conftest import model_config, write_hf_dir
 from rank_fns import bad_input_cases, exit_hard, raise_bad_seq_lens_on
 
-from trtvocab.errors import InputError, PeerRankError
+from trtvocab.errors import InputError, PeerRankError, RankMismatchError
 from trtvocab.launch import RankFailures, run_ranks
 
 TP = 3
@@ -113,6 +113,26 @@ def test_launcher_does_not_wait_for_dead_ranks() -> None:
         run_ranks(exit_hard, 2, timeout_s=TIMEOUT_S)
     assert time.monotonic() - start < TIMEOUT_S
     assert "exited without a result" in str(info.value)
+
+
+@pytest.mark.parametrize("module", ["head", "embedding"])
+def test_replicated_rank_next_to_split_peers_fails_at_load_on_every_rank(tmp_path, module: str) -> None:
+    """Rank 0 built replicated (attention DP without LM-head TP), its peers split: a replicated
+    module makes no per-call collective, so the placement is compared in the load handshake,
+    where every rank of a TP group takes part: every rank raises RankMismatchError naming it."""
+    from rank_fns import load_replicated_next_to_split
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.weight": torch.randn(101, 16)}, str(tmp_path / "model.safetensors"))
+    started = time.monotonic()
+    with pytest.raises(RankFailures) as info:
+        run_ranks(load_replicated_next_to_split, TP, str(tmp_path), module, timeout_s=TIMEOUT_S)
+    assert time.monotonic() - started < TIMEOUT_S
+    errors = info.value.errors
+    assert set(errors) == set(range(TP))
+    for r in range(TP):
+        assert isinstance(errors[r], RankMismatchError), errors[r]
+        assert "mapping" in str(errors[r]) and "replicated" in str(errors[r])
 
 
 def test_one_rank_failing_to_load_stops_every_rank(tmp_path) -> None:

@@ -138,8 +138,7 @@ class VocabParallelEmbedding(VocabParallelModule):
             emb.load_weights(tensors)
             return emb
 
-        split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
-        return load_collectively(build, split=split, group=process_group,
+        return load_collectively(build, mapping=mapping, group=process_group,
                                  what=f"VocabParallelEmbedding.from_checkpoint({path})")
 
     # ---- lookup --------------------------------------------------------------------------------------

@@ -36,12 +36,12 @@ from trtvocab.quant.config import HeadQuantDecision, QuantConfig
 from trtvocab.sharding import VocabLayout
 from trtvocab.vocab_parallel import DTYPES as _DTYPES
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
+from trtvocab.vocab_parallel import MAPPINGS as _MAPPINGS
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import WeightMethod, weight_class
 from trtvocab.weights.deterministic import tiled_logits
 
 _FORMATS = tuple(WeightFormat)
-_MAPPINGS = ("replicated", "tensor parallel", "attention DP + LM-head TP")
 # What the ranks of a split head agree on, at the start of every forward (protocol:
 # trtvocab.distributed.Handshake) and once after loading a checkpoint.
 FORWARD_HANDSHAKE = D.Handshake("LMHead", (
@@ -188,8 +188,7 @@ class LMHead(VocabParallelModule):
             head.quant_decision = source.decision
             return head
 
-        split = mapping is not None and mapping.lm_head_is_split and D.is_initialized()
-        return load_collectively(build, split=split, group=process_group, what=f"LMHead.from_checkpoint({path})")
+        return load_collectively(build, mapping=mapping, group=process_group, what=f"LMHead.from_checkpoint({path})")
 
     # ---- forward --------------------------------------------------------------------------
     def _check_input(self, hidden: Any) -> InputError | None:
@@ -205,7 +204,7 @@ class LMHead(VocabParallelModule):
         return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
                 _LAYOUT: self.layout_code, "dtype": self.dtype,
                 "gather_output": self.gather_output, "weight format": self.weight_format,
-                "mapping": _MAPPINGS[0 if not self.is_split else 2 if self.mapping.enable_attention_dp else 1],
+                "mapping": self.mapping_kind,
                 "deterministic": self.deterministic, "output dtype": self.output_dtype, "rows": rows}
 
     def _owned_logits(self, hidden: torch.Tensor) -> torch.Tensor:

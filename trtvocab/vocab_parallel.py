@@ -27,8 +27,13 @@ from trtvocab.weights.base import normalize_keys
 DTYPES = tuple(HEAD_DTYPES.values())
 LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"  # how handshakes name layout + pad_to
 # What the ranks agree on once after loading a shard from a checkpoint (trtvocab.distributed.Handshake).
+# "mapping" is there so that a rank built replicated (attention DP without LM-head TP) next to a
+# peer built split fails at load on both ranks: a replicated head makes no per-call collective,
+# so without it the split peer would wait in its first forward until the collective timeout.
+MAPPINGS = ("replicated", "tensor parallel", "attention DP + LM-head TP")
 LOAD_HANDSHAKE = D.Handshake("from_checkpoint", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", tuple(WeightFormat)),
+    D.Field("tp_size"), D.Field("mapping", MAPPINGS),
 ))
 M = TypeVar("M", bound="VocabParallelModule")
 
@@ -120,30 +125,53 @@ class VocabParallelModule(nn.Module):
                                     f"without attention DP every rank must bring the same {noun}")
         return counts
 
+    @property
+    def mapping_kind(self) -> str:
+        """One of :data:`MAPPINGS`: how this rank's module is placed, as the handshakes compare it."""
+        if not self.is_split:
+            return MAPPINGS[0]
+        return MAPPINGS[2] if self.mapping.enable_attention_dp else MAPPINGS[1]
+
     def _placement(self) -> str:
         split = f"tp={self.tp_size} rank={self.tp_rank} [{self.vocab_start}, {self.vocab_end})"
         return (f"vocab={self.vocab_size}, hidden={self.hidden_size}, dtype={self.dtype}, "
                 f"format={self.weight_format}, {split if self.is_split else 'replicated'}, layout={self.vocab_layout}")
 
 
-def load_collectively(build: Callable[[], M], *, split: bool, group: Any, what: str) -> M:
-    """``build()`` a shard from a checkpoint; when ``split``, meet the peers once afterwards.
+def meets_peers_at_load(mapping: Mapping | None) -> bool:
+    """Whether loading with ``mapping`` meets the TP group once (see :func:`load_collectively`).
+
+    Every rank of a TP group of size > 1 takes part -- split heads and the replicated heads of
+    attention DP alike -- so a rank built replicated next to a split peer is caught. A rank given
+    no mapping (or tp_size 1) stands alone by definition and meets nobody.
+    """
+    return mapping is not None and mapping.tp_size > 1 and D.is_initialized()
+
+
+def load_collectively(build: Callable[[], M], *, mapping: Mapping | None, group: Any, what: str) -> M:
+    """``build()`` a shard from a checkpoint; meet the TP group once afterwards (when
+    :func:`meets_peers_at_load`).
 
     A rank whose load failed (a truncated file only it reads, a missing shard) raises its own
     error and every peer raises :class:`~trtvocab.errors.PeerRankError` now, instead of the
-    peers waiting in the first forward's handshake until the collective timeout.
+    peers waiting in the first forward's handshake until the collective timeout; ranks that
+    disagree on the vocab, hidden size, format, tp size or placement (replicated vs split)
+    raise :class:`~trtvocab.errors.RankMismatchError` on every rank.
     """
+    meet = meets_peers_at_load(mapping)
     module: M | None = None
     error: Exception | None = None
     try:
         module = build()
     except Exception as exc:
-        if not split:
+        if not meet:
             raise
         error = exc
-    if split:
+    if meet:
+        assert mapping is not None
         values = None if module is None else {"vocab_size": module.vocab_size, "hidden_size": module.hidden_size,
-                                              "weight format": module.weight_format}
+                                              "weight format": module.weight_format, "tp_size": mapping.tp_size,
+                                              "mapping": module.mapping_kind}
         LOAD_HANDSHAKE.exchange(values, error, group, what=what)
     assert module is not None
     return module

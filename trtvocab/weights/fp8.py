@@ -12,7 +12,15 @@ from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo
 from trtvocab.sharding import VocabShard
 from trtvocab.weights.base import read_rows, source_shape
-from trtvocab.weights.quantized import PREFIX, Dequantizer, QuantizedWeight, dtype_of, fp32_scalar, require
+from trtvocab.weights.quantized import (
+    PREFIX,
+    Dequantizer,
+    QuantizedWeight,
+    check_scale_range,
+    dtype_of,
+    fp32_scalar,
+    require,
+)
 
 
 class FP8Weight(QuantizedWeight):
@@ -65,6 +73,7 @@ class FP8Weight(QuantizedWeight):
         rows = read_rows(value, name, self.shard, tuple(shape[1:])).reshape(-1, 1)
         if not bool(torch.isfinite(rows).all()) or not bool((rows > 0).all()):
             raise QuantizationError(f"{name}: per-row scales must be finite and > 0")
+        check_scale_range(rows, name)
         return rows
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:

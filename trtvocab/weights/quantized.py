@@ -47,13 +47,28 @@ def dtype_of(value: Any) -> torch.dtype | str:
     raise CheckpointError(f"expected a torch.Tensor or a safetensors slice, got {type(value).__name__}")
 
 
+# The largest code magnitude any scale multiplies (an FP4 value under an FP8 block scale): a
+# scale whose product with it is not finite would turn valid codes into inf (and then NaN logits).
+MAX_SCALED_CODE = 6.0 * 448.0
+
+
+def check_scale_range(scale: torch.Tensor, name: str) -> None:
+    """Refuse scales that are finite but so large that ``scale * code`` overflows float32."""
+    if not bool(torch.isfinite(scale.float() * MAX_SCALED_CODE).all()):
+        limit = torch.finfo(torch.float32).max / MAX_SCALED_CODE
+        raise QuantizationError(f"{name}: scale {float(scale.max())} is too large (at most {limit:.3e}: "
+                                f"times the largest code {MAX_SCALED_CODE:g} it must stay finite in float32)")
+
+
 def fp32_scalar(tensors: dict[str, Any], key: str) -> torch.Tensor:
     name = PREFIX + key
     value = tensors[key]
     tensor = read_all(value)
     if tensor.dtype != torch.float32:
         raise QuantizationError(f"{name}: expected a float32 scale, got {tensor.dtype}")
-    return read_scalar(tensor, name)
+    scalar = read_scalar(tensor, name)
+    check_scale_range(scalar, name)
+    return scalar
 
 
 def require(tensors: dict[str, Any], key: str, why: str) -> Any:
