@@ -472,8 +472,12 @@ def _compare_all(tag: str, local: torch.Tensor, g: torch.Tensor, head: LMHead, s
         keep_sorted[:, 0] = True
         want = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)[:, s:e]
         near = torch.zeros_like(keep_sorted).scatter(1, order, (before - thr).abs() < 1e-5)[:, s:e]
+        # With the handshake on every call (not only when the call's signature changes), a
+        # public call makes exactly one, however many k-doubling rounds run.
+        head.handshake_every_call = True
         with _counting(D.Handshake, "exchange") as handshakes, _counting(reductions, "merged_topk") as rounds:
             keep = sampling.top_p_mask(local, head, top_p)
+        head.handshake_every_call = False
         filtered = sampling.apply_top_p(local, head, top_p)
         label = "per-row" if isinstance(top_p, torch.Tensor) else top_p
         out.append({"case": f"{tag} top_p={label}",

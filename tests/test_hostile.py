@@ -601,7 +601,7 @@ def test_scales_that_would_give_inf_logits_are_refused(algo: str, key: str, bad:
         tensors[key] = torch.tensor(bad)
     config = QuantConfig(quant_algo=QuantAlgo(algo), activation="static", granularity=granularity)
     head = LMHead(V, 32, dtype=torch.float32, quant_config=config)
-    with pytest.raises(QuantizationError, match="weight_scale|input_scale"):
+    with pytest.raises(QuantizationError, match=r"weight_scale|input_scale"):
         head.load_weights(tensors)
 
 

@@ -10,8 +10,9 @@ moves, instead of leaving the others blocked in a collective.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,12 +88,15 @@ class Field:
 
     ``choices``: a categorical value (dtype, layout, weight format), exchanged as its index
     in ``choices`` and shown by name in errors. ``per_rank``: a value ranks may differ in
-    (a row count); it is returned instead of checked.
+    (a row count); it is returned instead of checked. ``per_call``: a value that changes
+    from call to call (a digest of a decode step's arguments): checked on every call, but
+    not part of the signature an :class:`Agreement` caches.
     """
 
     name: str
     choices: tuple[Any, ...] | None = None
     per_rank: bool = False
+    per_call: bool = False  # compared on every call, but not part of the cached signature (see Agreement)
 
     def encode(self, value: Any) -> int:
         if self.choices is None:
@@ -171,16 +175,202 @@ class Handshake:
         return out
 
 
-def all_gather_columns(local: torch.Tensor, widths: Sequence[int], group: ProcessGroup) -> torch.Tensor:
-    """Concatenate ``[N, widths[r]]`` pieces of every rank along the last dim (pad + trim)."""
+    def digests(self, values: Mapping[str, Any]) -> tuple[int, int]:
+        """``(signature, call digest)`` of this rank's values: the first over the fields an
+        :class:`Agreement` caches, the second over the ``per_call`` ones (63-bit, signed-safe)."""
+        cached = [f.encode(values[f.name]) for f in self.fields if not (f.per_rank or f.per_call)]
+        per_call = [f.encode(values[f.name]) for f in self.fields if f.per_call]
+        return _digest([self.what, *cached]), _digest(per_call)
+
+
+def _digest(items: Sequence[Any]) -> int:
+    h = hashlib.blake2b(repr(list(items)).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+# ---- paying for the handshake once ---------------------------------------------------------
+# Status words of the header that rides on a steady-state call's first data collective.
+_OK, _FAILED, _CHANGED = 0, 1, 2
+_HEADER = 3  # status, signature, call digest
+
+
+@dataclass
+class Agreement:
+    """What a group's ranks agreed on for one kind of call, so that later calls skip the handshake.
+
+    The protocol (a decode loop calls the same operation with the same shapes every step):
+
+    * first call, or any call after a change: the full :class:`Handshake`, then the data;
+      the call's first data collective records its payload size here;
+    * later calls: no handshake. The first data collective carries a header
+      ``[status, signature, call digest]`` in front of the payload (one all_gather moves
+      both). ``status`` is OK, FAILED (this rank's input was bad: it sends zeros of the
+      agreed size, then raises its error) or CHANGED (its signature -- shapes, dtypes,
+      flags -- differs from the agreed one: it sends zeros). After the gather every rank
+      reads the same headers: any FAILED -> every other rank raises :class:`PeerRankError`;
+      any CHANGED -> every rank runs the full handshake now (which names a real mismatch
+      on every rank) and then moves the data plainly; differing call digests (per-call
+      arguments such as top_p values) -> :class:`RankMismatchError` on every rank.
+
+    So a rank's bad input still makes every rank raise within one collective, and an
+    unchanged decode step costs no collective beyond its data. Ranks keep their
+    agreements in step because they make the same calls in the same order (as they must
+    for any collective). ``base_seed`` / ``calls``: a value agreed once (rank 0's fresh
+    seed) and a call counter, from which a sampler derives each call's fresh seed without
+    exchanging it.
+    """
+
+    signature: int | None = None
+    payload_bytes: int | None = None
+    base_seed: int = 0
+    calls: int = 0
+
+    def reset(self) -> None:
+        self.signature = self.payload_bytes = None
+
+
+@dataclass
+class Pending:
+    """A call's verdict waiting to ride on its first data collective (see :class:`Agreement`).
+
+    ``steady``: the call skipped the handshake (the header rides); otherwise the handshake ran
+    and the first collective only records its payload size."""
+
+    handshake: Handshake
+    agreement: Agreement
+    values: Mapping[str, Any]
+    signature: int
+    call_digest: int
+    steady: bool
+    group: ProcessGroup
+    device: torch.device | str
+    world: int | None
+    what: str
+    check: Callable[[dict[str, list[Any]]], None] | None = None
+
+
+def open_call(
+    handshake: Handshake,
+    agreement: Agreement | None,
+    values: Mapping[str, Any] | None,
+    error: BaseException | None,
+    group: ProcessGroup,
+    device: torch.device | str = "cpu",
+    *,
+    world: int | None = None,
+    what: str | None = None,
+    key: Sequence[int] = (),
+    check: Callable[[dict[str, list[Any]]], None] | None = None,
+) -> tuple[dict[str, list[Any]], Pending | None]:
+    """Start a call under ``agreement``: ``(per-rank fields, pending verdict)``.
+
+    ``agreement`` None (caching off) or nothing agreed yet: the full :meth:`Handshake.exchange`
+    runs now (per-rank fields returned). Otherwise nothing is exchanged now; the returned
+    :class:`Pending` must be handed to the call's first data collective (:func:`gather_verdict`).
+    A rank with ``error`` in a steady call sends its FAILED header (zeros of the agreed payload
+    size, the shape every peer's first collective has) and raises ``error`` here.
+    """
+    what = what or handshake.what
+    signature, call_digest = handshake.digests(values) if error is None and values is not None else (0, 0)
+    signature = _digest([signature, *key]) if key else signature
+    if agreement is None or agreement.signature is None or agreement.payload_bytes is None:
+        out = handshake.exchange(values, error, group, device, world=world, what=what)
+        if check is not None:
+            check(out)
+        if agreement is None:
+            return out, None
+        agreement.signature, agreement.payload_bytes = signature, None
+        return out, Pending(handshake, agreement, values or {}, signature, call_digest, False, group, device, world,
+                            what, check)
+    agreement.calls += 1
+    pending = Pending(handshake, agreement, values or {}, signature, call_digest, True, group, device, world, what,
+                      check)
+    if error is not None:
+        _steady_gather(pending, None, _FAILED)
+        raise error
+    return {}, pending
+
+
+def gather_verdict(pending: Pending | None, t: torch.Tensor, world: int, group: ProcessGroup) -> list[torch.Tensor]:
+    """``all_gather`` of ``t`` (the same shape on every rank): every rank's piece, in rank order.
+
+    ``pending`` is the call's verdict from :func:`open_call` when this is the call's first data
+    collective (None otherwise): it records the payload size, or rides on the gather as a header
+    and settles the call's verdict on every rank before the pieces are returned.
+    """
+    if pending is not None and pending.steady:
+        nbytes = t.numel() * t.element_size()
+        status = _OK if pending.signature == pending.agreement.signature else _CHANGED
+        if status == _OK and nbytes != pending.agreement.payload_bytes:
+            status = _CHANGED  # a shape the signature does not capture changed: renegotiate, never mis-read
+        pieces = _steady_gather(pending, t if status == _OK else None, status)
+        if pieces is not None:
+            return [p.view(t.dtype).reshape(t.shape) for p in pieces]
+        # Some rank changed its call: agree again (a real mismatch raises on every rank), then move the data.
+        pending.agreement.reset()
+        out = pending.handshake.exchange(pending.values, None, pending.group, pending.device, world=pending.world,
+                                         what=pending.what)
+        if pending.check is not None:
+            pending.check(out)
+        pending.agreement.signature = pending.signature
+    if pending is not None:
+        pending.agreement.payload_bytes = t.numel() * t.element_size()
+    pieces = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(pieces, t.contiguous(), group=group)
+    return pieces
+
+
+def agreement_of(owner: Any, what: str) -> Agreement | None:
+    """``owner``'s :class:`Agreement` for calls of kind ``what``, kept on the object (None when
+    ``owner.handshake_every_call`` is set: then every call runs the full handshake)."""
+    if getattr(owner, "handshake_every_call", False):
+        return None
+    return owner.__dict__.setdefault("_agreements", {}).setdefault(what, Agreement())
+
+
+def _steady_gather(pending: Pending, t: torch.Tensor | None, status: int) -> list[torch.Tensor] | None:
+    """One all_gather of ``[header | payload bytes]``; raise or return the payloads (uint8), or None
+    when some rank's signature changed (the caller renegotiates)."""
+    nbytes = pending.agreement.payload_bytes
+    assert nbytes is not None
+    words = (nbytes + 7) // 8
+    device = t.device if t is not None else pending.device
+    buf = torch.zeros(_HEADER + words, dtype=torch.int64, device=device)
+    buf[:_HEADER] = torch.tensor([status, pending.signature, pending.call_digest], dtype=torch.int64)
+    if t is not None:
+        buf[_HEADER:].view(torch.uint8)[:nbytes] = t.contiguous().reshape(-1).view(torch.uint8)
+    world = group_size(pending.group)
+    pieces = [torch.empty_like(buf) for _ in range(world)]
+    dist.all_gather(pieces, buf, group=pending.group)
+    headers = torch.stack([p[:_HEADER] for p in pieces]).cpu()
+    if status == _FAILED:
+        return None  # the caller raises its own error
+    failed = [r for r in range(world) if int(headers[r, 0]) == _FAILED]
+    if failed:
+        raise PeerRankError(f"{pending.what}: rank(s) {failed} of the group rejected their input; see their error")
+    if any(int(headers[r, 0]) == _CHANGED for r in range(world)):
+        return None
+    if len(set(headers[:, 1].tolist())) > 1:
+        raise RankMismatchError(f"{pending.what}: ranks are making different calls (signatures "
+                                f"{headers[:, 1].tolist()}); every rank must call the same operation")
+    if len(set(headers[:, 2].tolist())) > 1:
+        names = [f.name for f in pending.handshake.fields if f.per_call]
+        raise RankMismatchError(f"{pending.what}: ranks disagree on {', '.join(names)} "
+                                f"(digests {headers[:, 2].tolist()}, rank i -> value i)")
+    return [p[_HEADER:].view(torch.uint8)[:nbytes] for p in pieces]
+
+
+def all_gather_columns(local: torch.Tensor, widths: Sequence[int], group: ProcessGroup,
+                       pending: Pending | None = None) -> torch.Tensor:
+    """Concatenate ``[N, widths[r]]`` pieces of every rank along the last dim (pad + trim).
+    ``pending``: the call's verdict, when this is its first data collective (:func:`gather_verdict`)."""
     world = len(widths)
     if world == 1:
         return local
     width = max(widths)
     if local.shape[-1] < width:
         local = torch.nn.functional.pad(local, (0, width - local.shape[-1]))
-    pieces = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(pieces, local.contiguous(), group=group)
+    pieces = gather_verdict(pending, local.contiguous(), world, group)
     return torch.cat([p[..., :w] for p, w in zip(pieces, widths, strict=True)], dim=-1)
 
 

@@ -231,8 +231,15 @@ class LMHead(VocabParallelModule):
                 raise error
             return self._owned_logits(hidden_states)
         rows = hidden_states.shape[0] if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() else 0
-        row_counts = self._meet(FORWARD_HANDSHAKE, self._identity(rows), error, "rows", "rows")
         adp = self.mapping.enable_attention_dp
+        pending = None
+        if adp or not self.gather_output:
+            # Attention DP: the handshake is what tells each rank the others' row counts.
+            # gather_output=False: no data moves here that a verdict could ride on (a decode
+            # step that wants one collective uses trtvocab.sampling.decode instead).
+            row_counts = self._meet(FORWARD_HANDSHAKE, self._identity(rows), error, "rows", "rows")
+        else:
+            pending = self._open_gathered_call(rows, error)
         if adp:
             if sum(row_counts) == 0:
                 raise InputError("hidden_states: empty batch on every rank")
@@ -247,9 +254,18 @@ class LMHead(VocabParallelModule):
             return local
         sizes = [s.size for s in self.shards]
         if not adp:
-            return D.all_gather_columns(local, sizes, self.process_group)
+            return D.all_gather_columns(local, sizes, self.process_group, pending)
         blocks = list(torch.split(local, row_counts))
         return D.all_to_all_rows(blocks, row_counts, sizes, self.process_group)
+
+    def _open_gathered_call(self, rows: int, error: BaseException | None) -> D.Pending | None:
+        """Start a gathered, non-attention-DP forward: the handshake on the first call and after a
+        change, otherwise a verdict that rides on the gather (:class:`~trtvocab.distributed.Agreement`)."""
+        D.require_initialized(self.tp_size)
+        _, pending = D.open_call(FORWARD_HANDSHAKE, D.agreement_of(self, "LMHead.forward"), self._identity(rows),
+                                 error, self.process_group, self.device, world=self.tp_size, key=(rows,),
+                                 check=lambda out: self._same_counts(out["rows"], "rows"))
+        return pending
 
     def raise_collectively(self, error: BaseException) -> None:
         """Raise ``error`` after telling the group, for a caller that failed before ``forward``.
@@ -260,7 +276,10 @@ class LMHead(VocabParallelModule):
         peers (inside their ``forward``) raise :class:`PeerRankError`.
         """
         if self.is_split and D.is_initialized():
-            FORWARD_HANDSHAKE.exchange(None, error, self.process_group, self.device)
+            if self.mapping.enable_attention_dp or not self.gather_output:
+                FORWARD_HANDSHAKE.exchange(None, error, self.process_group, self.device)  # raises error
+            else:
+                self._open_gathered_call(0, error)  # raises error (after the peers learn of it)
         raise error
 
     def extra_repr(self) -> str:

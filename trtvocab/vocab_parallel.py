@@ -120,10 +120,13 @@ class VocabParallelModule(nn.Module):
         """
         D.require_initialized(self.tp_size)
         counts = handshake.exchange(values, error, self.process_group, self.device, world=self.tp_size)[field]
+        self._same_counts(counts, noun)
+        return counts
+
+    def _same_counts(self, counts: list[int], noun: str) -> None:
         if not self.mapping.enable_attention_dp and len(set(counts)) > 1:
             raise RankMismatchError(f"{type(self).__name__}: ranks hold different numbers of {noun} {counts}; "
                                     f"without attention DP every rank must bring the same {noun}")
-        return counts
 
     @property
     def mapping_kind(self) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import sample
+from trtvocab.sampling.draw import decode, sample
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     HANDSHAKE,
@@ -50,4 +50,4 @@ def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head:
 
 
 __all__ = ["HANDSHAKE", "TOP_P_FIRST_K", "SamplingParams", "apply_min_p", "apply_token_bitmask", "apply_top_p",
-           "greedy", "log_softmax", "logprobs", "logsumexp", "min_p_mask", "sample", "top_p_mask", "topk"]
+           "decode", "greedy", "log_softmax", "logprobs", "logsumexp", "min_p_mask", "sample", "top_p_mask", "topk"]

@@ -19,6 +19,7 @@ import torch
 
 from trtvocab.errors import InputError
 from trtvocab.sampling import noise
+from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
@@ -65,7 +66,44 @@ def sample(
     (a model whose config vocab is larger than its tokenizer: pass ``len(tokenizer)``).
     A row with no allowed token raises :class:`InputError` on every rank.
     """
-    error = check_logits(local_logits, head, "sampling.sample")
+    return _sample(local_logits, head, params, step, vocab_limit, check_logits(local_logits, head, "sampling.sample"),
+                   "sample", None)
+
+
+def decode(
+    hidden: torch.Tensor,
+    head: Any,
+    params: SamplingParams | list[SamplingParams],
+    *,
+    step: int = 0,
+    vocab_limit: int | None = None,
+    bitmask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One decode step's token ids ``[B]`` from the last hidden rows ``hidden [B, H]``: the head's
+    local logits, xgrammar's ``bitmask`` (optional, ``int32 [B, W]``), then :func:`sample`.
+
+    The same tokens as ``sample(apply_token_bitmask(head.local_logits(hidden), bitmask, head),
+    head, params)``, but every input of the step (hidden, bitmask, params) is validated before one
+    handshake, which runs only on the first step and when the step's signature (batch size,
+    dtypes, filters) changes; on the other steps the verdict rides on the step's first data
+    collective. Without top-k / top-p / min-p a steady step of a split head is therefore **one**
+    collective (the race's ``[tp, B]`` pairs) instead of three (the forward's handshake, the
+    sampler's, the race). A bad input on one rank still raises on every rank.
+    """
+    error = head._check_input(hidden)
+    logits = None
+    if error is None:
+        logits = head.local_logits(hidden)
+        error = bitmask_error(logits, bitmask, head) if bitmask is not None else None
+        if error is None and bitmask is not None:
+            apply_bitmask_(logits, bitmask, head)
+        error = error or check_logits(logits, head, "sampling.decode")
+    return _sample(logits, head, params, step, vocab_limit, error, "decode", bitmask if error is None else None)
+
+
+def _sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_limit: Any, error: InputError | None,
+            op: str, bitmask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`sample` and :func:`decode` after their own validation (``error``)."""
     rows = local_logits.shape[0] if error is None else 0
     per_row = _rows_params(params, rows) if error is None else []
     if error is None and isinstance(per_row, InputError):
@@ -79,10 +117,21 @@ def sample(
                            f"got {vocab_limit!r}")
     digest_of = _params_tensor(per_row, step, vocab_limit) if error is None and isinstance(per_row, list) else None
     fresh = int(torch.randint(0, 2**62, (1,)).item())
-    fresh = handshake(head, local_logits, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
+    if digest_of is not None and bitmask is not None:
+        digest_of = torch.cat([digest_of.reshape(-1), bitmask.reshape(-1).to(torch.float64)])
+    plan = _collective_plan(per_row, head.vocab_size) if digest_of is not None else 0
+    fresh = handshake(head, local_logits, error, op, extra=plan, argument=digest_of, proposal=fresh)
     assert isinstance(per_row, list)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
     return _draw(own(local_logits, head), head, per_row, seeds, step, vocab_limit)
+
+
+def _collective_plan(rows: list[SamplingParams], vocab_size: int) -> int:
+    """Which collectives a call makes, as one integer (part of the handshake's signature: a
+    change of it renegotiates): the merged top-k width, whether top-p and min-p run."""
+    sampled = [p for p in rows if p.temperature != 0]
+    k = min(max([p.top_k for p in sampled] or [0]), vocab_size)
+    return 4 * k + 2 * any(p.top_p < 1 for p in sampled) + any(p.min_p > 0 for p in sampled)
 
 
 def _draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], seeds: list[int], step: int,

@@ -48,13 +48,17 @@ from trtvocab.lm_head import LMHead
 from trtvocab.sampling.treesum import tree_sum
 
 NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
-_OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p", "sample", "bitmask")
+_PLAN = "k / ids per row / sampling plan (top-k width, filters)"
+_OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p", "sample", "bitmask", "decode")
 TOP_P_FIRST_K = 64  # first candidate count for top-p; real nuclei are usually this small
 # What the ranks agree on before every public call (protocol: trtvocab.distributed.Handshake).
+# A decode loop makes the same calls step after step: the handshake runs on an operation's
+# first call and whenever its signature (every field but the per-call argument digest) changes;
+# otherwise its verdict rides on the call's first data collective (trtvocab.distributed.Agreement).
 HANDSHAKE = D.Handshake("sampling", (
     D.Field("vocab_size"), D.Field("tp_size"), D.Field("vocab layout (0 = uneven, else pad_to)"),
-    D.Field("operation", _OPS), D.Field("k / ids per row"), D.Field("batch rows"),
-    D.Field("argument digest (top_p / min_p values, logprobs token ids)"),
+    D.Field("operation", _OPS), D.Field(_PLAN), D.Field("batch rows"),
+    D.Field("argument digest (top_p / min_p values, logprobs token ids)", per_call=True),
     D.Field("proposal", per_rank=True),  # sample: each rank's fresh seed; rank 0's is used
 ))
 _DIGEST = "argument digest (top_p / min_p values, logprobs token ids)"
@@ -95,7 +99,12 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
                argument: torch.Tensor | None = None, proposal: int = 0) -> int:
     """Raise everywhere if any rank failed validation or the ranks disagree on the call.
 
-    Returns rank 0's ``proposal`` (a value one rank picks for all, such as a fresh seed).
+    Returns rank 0's ``proposal`` (a value one rank picks for all, such as a fresh seed). After
+    an operation's first call the handshake is skipped while its signature stays the same (see
+    :class:`~trtvocab.distributed.Agreement`): its verdict rides on the call's first data
+    collective (:func:`gather_stack` / :func:`global_max`), and the proposal is derived from the
+    one agreed first and a call counter (the same on every rank). ``head.handshake_every_call =
+    True`` turns that off (a full handshake on every call, as before).
     """
     if not head.is_split:
         if error is not None:
@@ -105,10 +114,25 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
     rows = local_logits.shape[0] if isinstance(local_logits, torch.Tensor) and local_logits.dim() else 0
     values = {"vocab_size": head.vocab_size, "tp_size": head.tp_size,
               "vocab layout (0 = uneven, else pad_to)": 0 if head.vocab_layout == "uneven" else head.pad_to,
-              "operation": op, "k / ids per row": extra, "batch rows": rows,
+              "operation": op, _PLAN: extra, "batch rows": rows,
               _DIGEST: argument_digest(argument) if error is None else 0, "proposal": proposal}
     device = local_logits.device if isinstance(local_logits, torch.Tensor) else head.device
-    return int(HANDSHAKE.exchange(values, error, head.process_group, device, what=f"sampling.{op}")["proposal"][0])
+    agreement = None if op == "bitmask" else D.agreement_of(head, f"sampling.{op}")  # bitmask moves no data
+    head.__dict__["_pending_verdict"] = None
+    out, pending = D.open_call(HANDSHAKE, agreement, values, error, head.process_group, device,
+                               what=f"sampling.{op}")
+    head.__dict__["_pending_verdict"] = pending
+    if pending is None or not pending.steady:
+        agreed = int(out["proposal"][0])
+        if agreement is not None:
+            agreement.base_seed = agreed
+        return agreed
+    return (pending.agreement.base_seed + pending.agreement.calls * 0x9E3779B97F4A7C15) % 2**62
+
+
+def _take_verdict(head: Any) -> D.Pending | None:
+    """The current call's pending verdict, once: only its first data collective carries it."""
+    return head.__dict__.pop("_pending_verdict", None)
 
 
 def own(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
@@ -118,9 +142,7 @@ def own(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
 
 def gather_stack(t: torch.Tensor, head: LMHead) -> torch.Tensor:
     """``[tp, *t.shape]``: every rank's ``t`` (same shape on every rank)."""
-    pieces = [torch.empty_like(t) for _ in range(head.tp_size)]
-    dist.all_gather(pieces, t.contiguous(), group=head.process_group)
-    return torch.stack(pieces)
+    return torch.stack(D.gather_verdict(_take_verdict(head), t, head.tp_size, head.process_group))
 
 
 def _pack(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -229,7 +251,9 @@ def global_max(x: torch.Tensor, head: LMHead) -> torch.Tensor:
     local = x.amax(dim=1) if x.shape[1] else x.new_full((x.shape[0],), float("-inf"))
     local = local.to(torch.float32)
     if head.is_split:
-        D.all_reduce(local, dist.ReduceOp.MAX, head.process_group)
+        # An all_gather + max rather than an all_reduce MAX (the same exact values): it may be a
+        # call's first data collective, which carries the call's verdict (see handshake).
+        local = gather_stack(local, head).amax(dim=0)
     return local
 
 

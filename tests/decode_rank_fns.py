@@ -1,0 +1,130 @@
+"""Rank functions for tests/test_decode_step.py (importable by spawned processes)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trtvocab import LMHead, LogitsProcessor, Mapping
+from trtvocab.sampling import SamplingParams, decode, sample
+
+V, H, B = 103, 16, 4
+
+
+@contextlib.contextmanager
+def counting_collectives() -> Iterator[list[str]]:
+    """Record every all_gather / all_reduce / all_to_all_single while the block runs."""
+    names = ("all_gather", "all_reduce", "all_to_all_single")
+    real = {n: getattr(dist, n) for n in names}
+    seen: list[str] = []
+
+    def wrap(name: str) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            seen.append(name)
+            return real[name](*args, **kwargs)
+        return counted
+
+    for n in names:
+        setattr(dist, n, wrap(n))
+    try:
+        yield seen
+    finally:
+        for n, fn in real.items():
+            setattr(dist, n, fn)
+
+
+def _head(rank: int, world: int, gather_output: bool = False) -> LMHead:
+    head = LMHead(V, H, dtype=torch.float32, mapping=Mapping(world_size=world, rank=rank, tp_size=world),
+                  gather_output=gather_output)
+    head.load_weights({"weight": torch.randn(V, H, generator=torch.Generator().manual_seed(1))})
+    return head
+
+
+def _hidden(step: int, rows: int = B) -> torch.Tensor:
+    return torch.randn(rows, H, generator=torch.Generator().manual_seed(100 + step))
+
+
+def _catch(fn: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except Exception as exc:  # noqa: BLE001 - the test compares the error types per rank
+        return type(exc).__name__, str(exc)
+
+
+def steady_counts(rank: int, world: int) -> dict[str, Any]:
+    """Tokens and collectives per step: decode (fused) vs forward + sample, greedy and seeded rows."""
+    head = _head(rank, world)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=5),
+              SamplingParams(temperature=1.3, seed=6), SamplingParams(temperature=0.5, seed=7)]
+    out: dict[str, Any] = {"decode": [], "separate": [], "reference": [], "decode_counts": [], "separate_counts": []}
+    for step in range(5):
+        x = _hidden(step)
+        with counting_collectives() as seen:
+            out["decode"].append(decode(x, head, params, step=step).tolist())
+        out["decode_counts"].append(len(seen))
+        with counting_collectives() as seen:
+            out["separate"].append(sample(head(x), head, params, step=step).tolist())
+        out["separate_counts"].append(len(seen))
+    # The reference: the same steps with a handshake before every call.
+    ref = _head(rank, world)
+    ref.handshake_every_call = True
+    for step in range(5):
+        out["reference"].append(sample(ref.local_logits(_hidden(step)), ref, params, step=step).tolist())
+    # top-k on: two data collectives (the merged top-k carries the verdict, then the race)
+    with counting_collectives() as seen:
+        for step in range(3):
+            decode(_hidden(step), head, SamplingParams(temperature=1.0, top_k=5, seed=1), step=step)
+    out["topk_counts"] = len(seen)
+    return out
+
+
+def bad_input_on_later_calls(rank: int, world: int, bad_calls: list[int]) -> dict[str, Any]:
+    """Rank 1 brings NaN hidden states on the calls in ``bad_calls`` (same signature); every call's
+    outcome is recorded on every rank."""
+    head = _head(rank, world)
+    gathered = _head(rank, world, gather_output=True)
+    params = SamplingParams(temperature=0.7, seed=3)
+    out: dict[str, list[tuple[str, Any]]] = {"decode": [], "forward": [], "sample": []}
+    for call in range(max(bad_calls) + 2):
+        x = _hidden(call)
+        if rank == 1 and call in bad_calls:
+            x = x.clone()
+            x[2, 3] = float("nan")
+        out["decode"].append(_catch(lambda x=x, call=call: decode(x, head, params, step=call).tolist()))
+        out["forward"].append(_catch(lambda x=x: gathered(x).sum().item()))
+        logits = head.local_logits(_hidden(call))
+        if rank == 1 and call in bad_calls:
+            logits[1, 0] = float("nan")
+        out["sample"].append(_catch(lambda lg=logits, call=call: sample(lg, head, params, step=call).tolist()))
+    return out
+
+
+def changes_in_steady_state(rank: int, world: int) -> dict[str, Any]:
+    """After two steady calls: one rank alone changes its batch, one rank alone changes a per-call
+    argument, all ranks change the batch together (a renegotiation that succeeds), a bad seq_lens
+    before a gathered forward (LogitsProcessor's raise_collectively)."""
+    head = _head(rank, world)
+    gathered = _head(rank, world, gather_output=True)
+    params = SamplingParams(temperature=0.7, seed=3)
+    out: dict[str, Any] = {}
+    for step in range(2):
+        decode(_hidden(step), head, params, step=step)
+        gathered(_hidden(step))
+    out["one rank's batch"] = _catch(lambda: decode(_hidden(2, B + 1 if rank == 1 else B), head, params, step=2))
+    out["one rank's forward batch"] = _catch(lambda: gathered(_hidden(2, B + 1 if rank == 1 else B)).shape[0])
+    other = SamplingParams(temperature=0.9 if rank == 2 else 0.7, seed=3)
+    out["one rank's temperature"] = _catch(lambda: decode(_hidden(3), head, other, step=3))
+    out["everyone's batch"] = _catch(lambda: decode(_hidden(4, B + 2), head, params, step=4).tolist())
+    out["everyone's forward batch"] = _catch(lambda: list(gathered(_hidden(4, B + 2)).shape))
+    out["healthy after"] = _catch(lambda: decode(_hidden(5, B + 2), head, params, step=5).tolist())
+    hidden = _hidden(6, 8)
+    seq_lens = torch.tensor([3, 5]) if rank != 0 else torch.tensor([3, 6])  # rank 0: sums to 9, not 8
+    processor = LogitsProcessor()
+    processor(_hidden(7, 8), gathered, torch.tensor([3, 5]))  # a steady gathered forward of 2 rows
+    out["bad seq_lens"] = _catch(lambda: processor(hidden, gathered, seq_lens).shape[0])
+    out["forward healthy after"] = _catch(lambda: list(processor(hidden, gathered, torch.tensor([3, 5])).shape))
+    return out
