@@ -514,7 +514,7 @@ def _load_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None) -> 
 
 def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankOutput:
     from trtvocab.logits import LogitsProcessor
-    from trtvocab.sampling import apply_token_bitmask, sample
+    from trtvocab.sampling import apply_token_bitmask, decode, sample
 
     split = spec.tp > 1
     mapping = Mapping(world_size=spec.tp, rank=rank, tp_size=spec.tp) if split else None
@@ -585,12 +585,20 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
         hidden = body(embeds, mask if padded else None, positions)
         rows = hidden[mask.bool()]  # packed non-padding rows, prompt after prompt
         seq_lens = mask.sum(-1)
-        logits = head_logits(rows, seq_lens)
+        logits: torch.Tensor | None = head_logits(rows, seq_lens)
+        last = rows
         while True:
-            if grammar is not None and grammar.constrains(active):
-                apply_token_bitmask(logits, grammar.bitmask(active), head)
+            bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
             rows_params = [spec.params[b] for b in active]
-            next_ids = sample(logits, head, rows_params, step=step, vocab_limit=vocab_limit).tolist()
+            if logits is None:
+                # A torch-path decode step: head + bitmask + draw validated together, one collective
+                # per steady step (trtvocab.sampling.decode).
+                next_ids = decode(last, head, rows_params, step=step, vocab_limit=vocab_limit,
+                                  bitmask=bitmask).tolist()
+            else:
+                if bitmask is not None:
+                    apply_token_bitmask(logits, bitmask, head)
+                next_ids = sample(logits, head, rows_params, step=step, vocab_limit=vocab_limit).tolist()
             if step == 0:
                 prefill_s = time.perf_counter() - start
             feed = torch.full((batch, 1), pad, dtype=torch.int64)
@@ -611,7 +619,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
             positions = positions[:, -1:] + 1
             hidden = body(embedding(feed), mask if padded else None, positions)
             last = hidden[active, -1, :]
-            logits = head_logits(last, torch.ones(len(active), dtype=torch.int64))
+            logits = None if backend is None else head_logits(last, torch.ones(len(active), dtype=torch.int64))
     decode_s = time.perf_counter() - start - prefill_s
     return _RankOutput(generated, sorted(ran_on) or ["torch"], prefill_s, decode_s, deterministic)
 

@@ -52,6 +52,9 @@ FORWARD_HANDSHAKE = D.Handshake("LMHead", (
 ))
 
 
+DEFAULT_LOGITS_BUDGET_BYTES = 256 << 20  # float32 [B, V_local] logits above this are streamed (sampling.chunked)
+
+
 class TensorParallelMode(str, enum.Enum):
     """How a linear layer is split: COLUMN over output features (the vocab, for a head), ROW over inputs."""
 
@@ -94,6 +97,9 @@ class LMHead(VocabParallelModule):
     any batch, at every tp size and layout (dense heads). ``output_dtype=torch.float32``
     returns a dense head's float32 accumulation instead of rounding logits to its dtype
     (TensorRT-LLM's ``lm_head_dtype="float32"``, vLLM's ``head_dtype``).
+    ``logits_budget_bytes`` (default :data:`DEFAULT_LOGITS_BUDGET_BYTES`, 256 MiB): when a batch's
+    float32 ``[B, V_local]`` logits would exceed it, the functions of :mod:`trtvocab.sampling.chunked`
+    stream this rank's weight in vocab chunks of at most that size instead of materializing them.
     """
 
     def __init__(
@@ -112,6 +118,7 @@ class LMHead(VocabParallelModule):
         device: torch.device | str | None = None,
         deterministic: bool = False,
         output_dtype: torch.dtype | None = None,
+        logits_budget_bytes: int | None = None,
     ) -> None:
         if TensorParallelMode(tensor_parallel_mode) is not TensorParallelMode.COLUMN:
             raise ConfigError("LMHead supports only COLUMN tensor parallelism (split over the vocab)")
@@ -123,6 +130,12 @@ class LMHead(VocabParallelModule):
         if deterministic and quant_config is not None:
             raise ConfigError("LMHead deterministic=True supports dense heads (a quantized head's dynamic "
                               "activation scale depends on the whole batch)")
+        budget = logits_budget_bytes
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+            raise ConfigError(f"LMHead logits_budget_bytes must be None or an int > 0, got {logits_budget_bytes!r}")
+        # Above this many bytes of float32 [B, V_local] logits, trtvocab.sampling.chunked streams the
+        # weight in vocab chunks instead of materializing them (None: DEFAULT_LOGITS_BUDGET_BYTES).
+        self.logits_budget_bytes = DEFAULT_LOGITS_BUDGET_BYTES if logits_budget_bytes is None else logits_budget_bytes
         self.deterministic = bool(deterministic)
         # Quantized heads always accumulate and return float32; dense heads their dtype unless asked.
         self.output_dtype = torch.float32 if quant_config is not None else (output_dtype or dtype)

@@ -10,6 +10,9 @@ the head, and returns what the same operation gives on the gathered logits; only
 * :mod:`~trtvocab.sampling.draw`: :func:`sample`, the seeded draw (:class:`SamplingParams`),
   with noise keyed by token id (:mod:`~trtvocab.sampling.noise`);
 * :mod:`~trtvocab.sampling.bitmask`: :func:`apply_token_bitmask`, xgrammar's mask per shard.
+* :mod:`~trtvocab.sampling.chunked`: the same greedy / top-k / logsumexp / logprobs / sample
+  straight from ``hidden``, streaming the weight in vocab chunks (``[B, V_local]`` never held):
+  ``sampling.chunked.greedy(hidden, head, chunk=None)`` etc.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trtvocab.sampling import chunked
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import decode, sample
 from trtvocab.sampling.params import SamplingParams
@@ -50,4 +54,5 @@ def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head:
 
 
 __all__ = ["HANDSHAKE", "TOP_P_FIRST_K", "SamplingParams", "apply_min_p", "apply_token_bitmask", "apply_top_p",
-           "decode", "greedy", "log_softmax", "logprobs", "logsumexp", "min_p_mask", "sample", "top_p_mask", "topk"]
+           "chunked", "decode", "greedy", "log_softmax", "logprobs", "logsumexp", "min_p_mask", "sample", "top_p_mask",
+           "topk"]

@@ -260,17 +260,21 @@ def global_max(x: torch.Tensor, head: LMHead) -> torch.Tensor:
 def _sum_exp_and_picks(
     x: torch.Tensor, head: LMHead, token_ids: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Global ``(max [B], logsumexp [B], picked logits [B, n] or None)`` in float32; two all_reduces."""
+    """Global ``(max [B], logsumexp [B], picked logits [B, n] or None)`` in float32.
+
+    The sum of ``exp(x - max)`` runs over the fixed pairwise tree of global token ids
+    (:mod:`trtvocab.sampling.treesum`): bitwise the same at every tp size and layout, and the
+    same as a vocab-chunked caller that builds the tree's node sums chunk by chunk
+    (:mod:`trtvocab.sampling.chunked`). Collectives: the max, the node sums, and for picks one SUM.
+    """
     x = x.to(torch.float32)
     m = global_max(x, head)
     # Shift by a finite max: all -inf rows give logsumexp -inf, a +inf logit gives +inf
     # (what torch.logsumexp returns), never NaN from inf - inf.
     shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     exps = torch.exp(x - shift[:, None])
-    deterministic = bool(getattr(head, "deterministic", False))
-    # A deterministic head sums over the fixed tree of global ids (bitwise the same at every tp
-    # size); otherwise each rank sums its columns and the all_reduce adds the ranks' sums.
-    parts = [exps.new_zeros(x.shape[0], 1) if deterministic else exps.sum(dim=1, keepdim=True)]
+    total = tree_sum(exps, head.vocab_start, head.vocab_size, head.tp_size, head.process_group)
+    picked = None
     if token_ids is not None:
         local = token_ids - head.vocab_start
         mine = (local >= 0) & (local < x.shape[1])
@@ -279,14 +283,10 @@ def _sum_exp_and_picks(
             got = x.gather(1, local.clamp(0, x.shape[1] - 1))
             # Exactly one rank owns each id; the others add an exact 0 in the SUM below.
             picked = torch.where(mine, got, picked)
-        parts.append(picked)
-    summed = torch.cat(parts, dim=1)
-    if head.is_split:
-        D.all_reduce(summed, dist.ReduceOp.SUM, head.process_group)
-    if deterministic:
-        summed[:, 0] = tree_sum(exps, head.vocab_start, head.vocab_size, head.tp_size, head.process_group)
-    lse = shift + torch.log(summed[:, 0])
-    return m, lse, (summed[:, 1:] if token_ids is not None else None)
+        if head.is_split:
+            D.all_reduce(picked, dist.ReduceOp.SUM, head.process_group)
+    lse = shift + torch.log(total)
+    return m, lse, picked
 
 
 def logsumexp(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
@@ -305,23 +305,28 @@ def log_softmax(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     return x.to(torch.float32) - lse[:, None]
 
 
+def token_ids_error(token_ids: Any, rows: int, vocab_size: int, what: str) -> tuple[InputError | None, int]:
+    """``(why token_ids cannot be scored, ids per row)``: an integer ``[B]`` or ``[B, n]`` tensor
+    with ``B = rows`` and every id in ``[0, vocab_size)``."""
+    if not isinstance(token_ids, torch.Tensor) or token_ids.dtype.is_floating_point \
+            or token_ids.dtype in (torch.bool, torch.complex64, torch.complex128):
+        kind = token_ids.dtype if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
+        return InputError(f"{what}: token_ids must be an integer tensor, got {kind}"), 0
+    if token_ids.dim() not in (1, 2) or token_ids.shape[0] != rows:
+        return InputError(f"{what}: token_ids must have shape [B] or [B, n] with B = {rows}, "
+                          f"got {list(token_ids.shape)}"), 0
+    if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size):
+        return InputError(f"{what}: token_ids must be in [0, {vocab_size}), "
+                          f"got values in [{int(token_ids.min())}, {int(token_ids.max())}]"), 0
+    return None, 1 if token_ids.dim() == 1 else token_ids.shape[1]
+
+
 def logprobs(local_logits: torch.Tensor, head: LMHead, token_ids: torch.Tensor) -> torch.Tensor:
     """Log-probabilities (float32, global softmax) of ``token_ids`` (``[B]`` or ``[B, n]``, global ids)."""
     error = check_logits(local_logits, head, "sampling.logprobs")
     n = 0
     if error is None:
-        if not isinstance(token_ids, torch.Tensor) or token_ids.dtype.is_floating_point \
-                or token_ids.dtype in (torch.bool, torch.complex64, torch.complex128):
-            kind = token_ids.dtype if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
-            error = InputError(f"sampling.logprobs: token_ids must be an integer tensor, got {kind}")
-        elif token_ids.dim() not in (1, 2) or token_ids.shape[0] != local_logits.shape[0]:
-            error = InputError(f"sampling.logprobs: token_ids must have shape [B] or [B, n] with "
-                               f"B = {local_logits.shape[0]}, got {list(token_ids.shape)}")
-        elif token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= head.vocab_size):
-            error = InputError(f"sampling.logprobs: token_ids must be in [0, {head.vocab_size}), "
-                               f"got values in [{int(token_ids.min())}, {int(token_ids.max())}]")
-        else:
-            n = 1 if token_ids.dim() == 1 else token_ids.shape[1]
+        error, n = token_ids_error(token_ids, local_logits.shape[0], head.vocab_size, "sampling.logprobs")
     handshake(head, local_logits, error, "logprobs", extra=n,
                argument=token_ids.to(torch.int64) if error is None else None)
     ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(local_logits.device)

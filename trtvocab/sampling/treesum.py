@@ -40,9 +40,20 @@ def _pairwise(values: torch.Tensor) -> torch.Tensor:
 
 def tree_sum(local: torch.Tensor, start: int, vocab_size: int, tp_size: int, group: Any) -> torch.Tensor:
     """Per-row sum of every rank's ``local [B, n]`` (columns ``start .. start + n``) over the vocab tree."""
-    rows, n = local.shape
+    n = local.shape[1]
     nodes = aligned_nodes(start, start + n)
     sums = [_pairwise(local[:, (i << lv) - start : ((i + 1) << lv) - start]) for lv, i in nodes]
+    return merge_node_sums(nodes, sums, vocab_size, tp_size, group, like=local)
+
+
+def merge_node_sums(nodes: list[tuple[int, int]], sums: list[torch.Tensor], vocab_size: int, tp_size: int,
+                    group: Any, *, like: torch.Tensor) -> torch.Tensor:
+    """The tree total ``[B]`` from this rank's node sums (``nodes`` = :func:`aligned_nodes` of its
+    range, ``sums`` their ``[B]`` pairwise sums) and every other rank's: one all_gather, then the
+    bottom-up merge. ``like``: a ``[B, *]`` tensor giving the rows, dtype and device. A caller that
+    streams its columns (:mod:`trtvocab.sampling.chunked`) builds the same node sums chunk by chunk."""
+    rows = like.shape[0]
+    local = like
     width = 2 * max(1, vocab_size.bit_length()) + 2  # bound on the node count of any range
     ids = torch.full((width,), -1, dtype=torch.int64)
     vals = torch.zeros(rows, width, dtype=local.dtype, device=local.device)

@@ -1,0 +1,143 @@
+"""Per-rank bodies of tests/test_chunked_head.py (spawned ranks import this module by name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, sampling
+from trtvocab.errors import TrtVocabError
+from trtvocab.sampling import SamplingParams, chunked
+from trtvocab.weights import quantized
+
+VOCAB = 3001  # prime: no tp divides it
+HIDDEN = 512
+ROWS = 6
+TOPK = 10
+QUANT_ROWS_PER_CHUNK = 100  # the quantized heads' GEMM rows (CHUNK_ELEMENTS patched), so shards span tiles
+FORMATS = ("bf16", "fp32", "bf16->fp32", "bf16 deterministic", "FP8 W8A8-dyn", "NVFP4 W4A4", "NVFP4 W4A16")
+SPLITS = ((1, "uneven"), (3, "uneven"), (3, "padded"))
+
+
+def row_params() -> list[SamplingParams]:
+    """Every filter the chunked sampler supports (top-p is refused), seeded."""
+    return [
+        SamplingParams(temperature=1.0, seed=1),
+        SamplingParams(temperature=0.7, top_k=50, seed=2),
+        SamplingParams(temperature=1.0, min_p=0.05, seed=4),
+        SamplingParams(temperature=0.9, top_k=200, min_p=0.02, seed=5),
+        SamplingParams(temperature=0.0, seed=6),  # greedy
+        SamplingParams(temperature=2.0, top_k=1, seed=7),
+    ]
+
+
+def quant_tensors(algo: QuantAlgo, vocab: int, hidden: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Valid checkpoint tensors (as benchmarks/quantized_head.py's random_tensors): no NaN codes."""
+    if algo is QuantAlgo.FP8:
+        codes = torch.randint(0, 256, (vocab, hidden), dtype=torch.uint8, generator=gen)
+        codes[(codes & 0x7F) == 0x7F] = 0
+        return {"weight": codes.view(torch.float8_e4m3fn), "weight_scale": torch.tensor(2e-4)}
+    packed = torch.randint(0, 256, (vocab, hidden // 2), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(0x30, 0x60, (vocab, hidden // 16), dtype=torch.uint8, generator=gen)
+    return {"weight": packed, "weight_scale": scales.view(torch.float8_e4m3fn), "weight_scale_2": torch.tensor(3e-5)}
+
+
+def make_head(fmt: str, mapping: Mapping | None, layout: str, group: Any, seed: int = 0,
+              vocab: int = VOCAB, **kw: Any) -> LMHead:
+    gen = torch.Generator().manual_seed(seed)
+    common = dict(mapping=mapping, vocab_layout=layout, pad_to=16, process_group=group, gather_output=False, **kw)
+    if fmt.startswith(("FP8", "NVFP4")):
+        algo = QuantAlgo.FP8 if fmt.startswith("FP8") else QuantAlgo.NVFP4
+        activation = {"FP8 W8A8-dyn": "dynamic", "FP8 W8A16": "none", "NVFP4 W4A4": "static",
+                      "NVFP4 W4A16": "none"}[fmt]
+        head = LMHead(vocab, HIDDEN, dtype=torch.bfloat16, quant_config=QuantConfig(quant_algo=algo,
+                                                                                     activation=activation), **common)
+        tensors = quant_tensors(algo, vocab, HIDDEN, gen)
+        if activation == "static":
+            tensors["input_scale"] = torch.tensor(4.0 / (6 * 448))
+        head.load_weights(tensors)
+        return head
+    dtype = torch.float32 if fmt == "fp32" else torch.bfloat16
+    head = LMHead(vocab, HIDDEN, dtype=dtype, output_dtype=torch.float32 if fmt == "bf16->fp32" else None,
+                  deterministic="deterministic" in fmt, **common)
+    head.load_weights({"weight": (torch.randn(vocab, HIDDEN, generator=gen) / HIDDEN**0.5).to(dtype)})
+    return head
+
+
+def _groups(world: int) -> dict[int, Any]:
+    return {tp: (dist.new_group(list(range(tp))) if 1 < tp < world else None) for tp in range(2, world + 1)}
+
+
+def equality_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
+    """For every format and (tp, layout) this launch can run: chunked vs materialized, per chunk size."""
+    quantized.CHUNK_ELEMENTS = HIDDEN * QUANT_ROWS_PER_CHUNK
+    groups = _groups(world) if world > 1 else {}
+    splits = [(tp, layout) for tp, layout in SPLITS if tp == world]
+    x32 = torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(seed)) * 2
+    token_ids = torch.tensor([[0, 1, VOCAB - 1], [999, 1000, 2001], [7, 2000, 3000]] * 2)
+    out: list[dict[str, Any]] = []
+    for fmt in FORMATS:
+        for tp, layout in splits:
+            mapping = Mapping(world_size=tp, rank=rank, tp_size=tp) if tp > 1 else None
+            head = make_head(fmt, mapping, layout, groups.get(tp))
+            x = x32.to(head.dtype)
+            local = head.local_logits(x)
+            want_greedy = sampling.greedy(local, head)
+            want_v, want_i = sampling.topk(local, head, TOPK)
+            want_lse = sampling.logsumexp(local, head)
+            want_lp = sampling.logprobs(local, head, token_ids)
+            want_ids = sampling.sample(local, head, row_params(), step=3)
+            want_limited = sampling.sample(local, head, row_params(), step=3, vocab_limit=2000)
+            size = head.shard.size
+            for chunk in (1, 7, max(1, size), 10**9):
+                rec: dict[str, Any] = {"case": f"{fmt} tp={tp} {layout} chunk={chunk}", "fmt": fmt,
+                                       "deterministic": head.deterministic}
+                rec["greedy"] = bool(torch.equal(chunked.greedy(x, head, chunk=chunk), want_greedy))
+                v, i = chunked.topk(x, head, TOPK, chunk=chunk)
+                rec["topk"] = bool(torch.equal(v, want_v) and torch.equal(i, want_i) and v.dtype == want_v.dtype)
+                lse = chunked.logsumexp(x, head, chunk=chunk)
+                lp = chunked.logprobs(x, head, token_ids, chunk=chunk)
+                rec["lse_materialized"] = bool(torch.equal(lse, want_lse))
+                rec["logprobs_materialized"] = bool(torch.equal(lp, want_lp))
+                rec["lse_err"] = float((lse - want_lse).abs().max())
+                rec["logprobs_err"] = float((lp - want_lp).abs().max())
+                rec["sample"] = chunked.sample(x, head, row_params(), step=3, chunk=chunk).tolist() == want_ids.tolist()
+                if chunk == 7:  # the variants once per head (chunk 1 and 7 stream the same tiles)
+                    one = chunked.logsumexp(x, head, chunk=chunk, exact=False)
+                    one_lp = chunked.logprobs(x, head, token_ids, chunk=chunk, exact=False)
+                    rec["one_pass_err"] = max(float((one - want_lse).abs().max()),
+                                              float((one_lp - want_lp).abs().max()))
+                    limited = chunked.sample(x, head, row_params(), step=3, vocab_limit=2000, chunk=chunk)
+                    rec["sample_limited"] = limited.tolist() == want_limited.tolist()
+                rec["ids"] = want_ids.tolist()
+                out.append(rec)
+    return out
+
+
+def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
+    """One rank passes bad input; every rank reports what it raised (then a good call works)."""
+    head = make_head("fp32", Mapping(world_size=world, rank=rank, tp_size=world), "uneven", None, vocab=1009)
+    x = torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    nan = x.clone()
+    nan[2, 5] = float("nan")
+    out: dict[str, tuple[str, str]] = {}
+
+    def catch(fn: Any) -> tuple[str, str]:
+        try:
+            fn()
+        except TrtVocabError as exc:
+            return type(exc).__name__, str(exc)
+        return "ok", ""
+
+    out["nan hidden"] = catch(lambda: chunked.greedy(nan if rank == 1 else x, head))
+    out["wrong shape"] = catch(lambda: chunked.topk(x[:, :-1] if rank == 2 else x, head, 5))
+    out["wrong rows"] = catch(lambda: chunked.logsumexp(x[:3] if rank == 0 else x, head))
+    out["bad k"] = catch(lambda: chunked.topk(x, head, 0 if rank == 1 else 5))
+    out["bad chunk"] = catch(lambda: chunked.greedy(x, head, chunk=0 if rank == 2 else None))
+    out["bad token ids"] = catch(lambda: chunked.logprobs(x, head, torch.tensor([0, 1, 2, 3, 4, 1009 if rank else 5])))
+    out["top_p"] = catch(lambda: chunked.sample(x, head, SamplingParams(top_p=0.9, seed=1)))
+    out["different params"] = catch(lambda: chunked.sample(x, head, SamplingParams(seed=rank)))
+    out["healthy after"] = catch(lambda: chunked.sample(x, head, SamplingParams(seed=1, top_k=5)))
+    return out

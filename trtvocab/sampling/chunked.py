@@ -1,0 +1,587 @@
+"""Greedy, top-k, logsumexp / logprobs and seeded sampling straight from ``hidden``, streaming the
+head's weight in vocab chunks: the ``[B, V_local]`` logits are never materialized.
+
+Each function takes the rows to score, ``hidden [B, H]`` (in the head dtype), and the
+:class:`~trtvocab.lm_head.LMHead`, computes this rank's logits a chunk of vocab columns at a time
+and merges as it goes (a running best ``(value, id)``, a running top-k, the node sums of the
+vocab tree); the cross-rank merges are those of :mod:`trtvocab.sampling.reductions` (a gather of
+``[B]`` pairs, of ``[B, k]`` candidates, :func:`~trtvocab.sampling.treesum.merge_node_sums`).
+Every public call starts with one handshake (``sampling.reductions.handshake``) before any data
+moves: bad input on one rank (NaN hidden, a wrong shape, a bad argument) raises on every rank.
+
+**Chunks and GEMM tiles.** A CPU BLAS does not always give a column the same bits when it is
+computed in a narrower GEMM (MKL float32, measured: ``x @ W[s:s+n].T`` differs from the full GEMM
+at n = 1 .. 8). So the GEMMs run on *tiles* whose boundaries are a fixed function of the shard, and
+``chunk`` (columns) is only the memory granularity: it is rounded up to whole tiles.
+
+=====================================  ==================================================================
+head                                   tiles (local rows of the shard)
+=====================================  ==================================================================
+dense, logits in the head dtype        ``DENSE_TILE`` (128) from the shard start, the remainder merged
+                                       into the last tile (every GEMM is at least 128 columns wide,
+                                       or the whole shard); one GEMM per chunk
+dense, ``output_dtype=float32``        the float32 GEMMs of ``DenseWeight.forward_float32``:
+                                       ``FLOAT32_CHUNK_ELEMENTS // H`` rows from the shard start
+FP8 / NVFP4                            the format's ``rows_per_chunk`` from the shard start: the
+                                       sub-GEMMs of ``block_logits`` over the whole shard, exactly;
+                                       activations quantized once for the whole batch (``prepare``)
+``deterministic=True``                 the global vocab tiles of :func:`~trtvocab.weights.deterministic.tiled_logits`
+=====================================  ==================================================================
+
+``chunk=None`` picks the chunk from the head's budget: the whole shard (the materialized path's
+one GEMM) when ``B * V_local * 4`` bytes fit in ``head.logits_budget_bytes``, else
+``budget // (4 * B)`` columns (``sample``: ``budget // (32 * B)``, for its float64 scores and
+integer noise keys), so a chunk's temporaries stay about one budget.
+
+**What is bitwise.** Against the materialized path -- ``head.local_logits(hidden)`` then
+``sampling.greedy / topk / logsumexp / logprobs / sample`` -- at every chunk size:
+
+* ``greedy`` ids, ``topk`` values and ids (value descending, then id ascending; lowest id wins
+  among ties), seeded ``sample`` ids: bitwise whenever the logits are, i.e. for FP8 / NVFP4 and
+  dense ``output_dtype=float32`` heads by construction (the same GEMM calls), for deterministic
+  heads by construction (the same tiles), and for dense heads in their dtype because every tile is
+  at least ``DENSE_TILE`` columns wide (measured on this CPU's MKL for float32, bf16 and fp16:
+  tiles of 16 columns and more already give the full GEMM's bits; the tests check it at the
+  shapes they use).
+* ``logsumexp`` / ``logprobs``: with ``exact=True`` (default; two passes over the weight: the
+  global max first, then the sum) the sum is the fixed pairwise tree over global token ids of
+  :mod:`~trtvocab.sampling.treesum`, streamed node by node (partial node sums are carried across
+  chunk boundaries and merged sibling by sibling, so every addition is the tree's): bitwise equal
+  to the materialized path, which sums that same tree for every head. ``exact=False`` makes
+  one pass (an online max-rescaled sum): float32 rounding of the exact result, never bitwise.
+* ``sample``: temperature, greedy rows (T = 0), top-k (one pass; the kept tokens are the merged
+  top-k candidates, raced there), ``vocab_limit``, and min-p (rows with top-k: one pass, on the
+  candidates; rows without: a second streaming pass after the global max). **top-p is refused**
+  (``InputError`` on every rank) for sampled rows: its nucleus needs the global denominator and the
+  sorted prefix, i.e. several passes; use ``sampling.sample(head.local_logits(hidden), ...)``.
+
+NaN logits (an overflowing GEMM) are detected per chunk and raise :class:`InputError` on every rank
+after the merge. Attention DP with LM-head TP (ranks bring different rows) is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trtvocab import distributed as D
+from trtvocab.errors import ConfigError, InputError
+from trtvocab.formats import WeightFormat
+from trtvocab.lm_head import LMHead
+from trtvocab.sampling import noise
+from trtvocab.sampling.draw import _params_tensor, _rows_params
+from trtvocab.sampling.params import SamplingParams
+from trtvocab.sampling.reductions import (
+    NO_ID,
+    _local_topk,
+    _order_by_value_then_id,
+    _pack,
+    _unpack,
+    gather_stack,
+    handshake,
+    token_ids_error,
+)
+from trtvocab.sampling.treesum import _pairwise, aligned_nodes, merge_node_sums
+from trtvocab.weights import deterministic as det
+
+DENSE_TILE = 128  # dense heads in their dtype: no GEMM narrower than this (or than the whole shard)
+SAMPLE_BYTES_PER_LOGIT = 32  # sample's temporaries per logit of a chunk (float64 scores, int64 noise keys)
+FLOAT32_CHUNK_ELEMENTS = 1 << 20  # DenseWeight.forward_float32's chunk_elements default: its GEMM rows
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FORMATS = tuple(WeightFormat)
+
+
+# ---- tiles, chunks and the stream ---------------------------------------------------------------
+def gemm_tiles(head: LMHead) -> list[tuple[int, int]]:
+    """``[(lo, hi)]``: the local owned rows of every GEMM tile, in order (see the module docstring)."""
+    size, start = head.shard.size, head.shard.start
+    if size == 0:
+        return []
+    if head.deterministic:
+        tile = det.TILE if head.output_dtype == torch.float32 else det.HALF_TILE
+        return [(lo - start, hi - start) for _, lo, hi in det._tiles(start, size, tile)]
+    if head.weight_format is not WeightFormat.DENSE:
+        step = int(head.weights.rows_per_chunk)
+        return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
+    if head.output_dtype != head.weights.dtype:
+        step = max(1, FLOAT32_CHUNK_ELEMENTS // head.hidden_size)
+        return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
+    bounds = [i * DENSE_TILE for i in range(max(1, size // DENSE_TILE))] + [size]
+    return list(itertools.pairwise(bounds))
+
+
+def chunk_columns(head: LMHead, rows: int, chunk: int | None, bytes_per_logit: int = 4) -> int:
+    """Columns per chunk before rounding to tiles: ``chunk``, or what the head's budget allows: the
+    whole shard when its float32 logits fit, else ``budget // (bytes_per_logit * rows)`` (``sample``
+    counts :data:`SAMPLE_BYTES_PER_LOGIT` for its float64 scores and noise)."""
+    if chunk is not None:
+        return chunk
+    budget = head.logits_budget_bytes
+    if rows * head.shard.size * 4 <= budget:
+        return max(1, head.shard.size)
+    return max(1, budget // (bytes_per_logit * max(1, rows)))
+
+
+def plan_chunks(head: LMHead, rows: int, chunk: int | None, bytes_per_logit: int = 4) -> list[list[tuple[int, int]]]:
+    """The tiles grouped into chunks: consecutive tiles until a chunk holds ``chunk`` columns."""
+    want = chunk_columns(head, rows, chunk, bytes_per_logit)
+    chunks: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    for lo, hi in gemm_tiles(head):
+        current.append((lo, hi))
+        if hi - current[0][0] >= want:
+            chunks.append(current)
+            current = []
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+class _Stream:
+    """This rank's logits, chunk by chunk: iterating yields ``(lo, hi, logits [B, hi - lo])`` (local
+    owned columns, :attr:`LMHead.output_dtype`). Iterate again for a second pass (activations are
+    prepared once)."""
+
+    def __init__(self, hidden: torch.Tensor, head: LMHead, chunk: int | None, bytes_per_logit: int = 4) -> None:
+        self.hidden, self.head = hidden, head
+        self.chunks = plan_chunks(head, hidden.shape[0], chunk, bytes_per_logit)
+        w = head.weights
+        self.mode = ("deterministic" if head.deterministic else "dense" if head.weight_format is WeightFormat.DENSE
+                     and head.output_dtype == w.dtype else "float32" if head.weight_format is WeightFormat.DENSE
+                     else "quantized")
+        self.prepared = w.prepare(hidden) if self.mode == "quantized" else hidden
+        self.xf = hidden.float() if self.mode == "float32" else None
+        self.passes = 0
+        self.gemm_calls = 0
+
+    def __iter__(self) -> Iterator[tuple[int, int, torch.Tensor]]:
+        self.passes += 1
+        head, w = self.head, self.head.weights
+        for tiles in self.chunks:
+            lo, hi = tiles[0][0], tiles[-1][1]
+            if self.mode == "deterministic":
+                out = det.tiled_logits(self.hidden, w.weight[lo:hi], head.shard.start + lo, hi - lo, head.output_dtype)
+            elif self.mode == "float32":
+                assert self.xf is not None
+                out = torch.empty(self.hidden.shape[0], hi - lo, dtype=torch.float32, device=self.hidden.device)
+                for a, b in tiles:  # forward_float32's GEMMs: both operands upcast, tile by tile
+                    torch.matmul(self.xf, w.weight[a:b].float().t(), out=out[:, a - lo : b - lo])
+            else:  # dense in its dtype (one GEMM over whole tiles) or quantized (its own sub-GEMMs)
+                out = w.block_logits(self.prepared, lo, hi)
+            self.gemm_calls += 1
+            yield lo, hi, out
+
+
+# ---- validation and the handshake -----------------------------------------------------------------
+def _identity(head: LMHead) -> list[int]:
+    """What the ranks must also agree on for a chunked call (folded into the handshake's digest)."""
+    def code(dtype: torch.dtype) -> int:
+        return _DTYPES.index(dtype) if dtype in _DTYPES else -1
+    return [head.hidden_size, code(head.dtype), _FORMATS.index(head.weight_format), int(head.deterministic),
+            code(head.output_dtype)]
+
+
+def _check(hidden: Any, head: Any, chunk: Any, what: str) -> InputError | None:
+    if not isinstance(head, LMHead):
+        raise ConfigError(f"{what}: head must be an LMHead, got {type(head).__name__}")
+    if head.is_split and head.mapping.enable_attention_dp:
+        raise ConfigError(f"{what}: attention DP with LM-head TP (ranks bring different rows) is not supported "
+                          "by the chunked head; use head(hidden) with gather_output=False and trtvocab.sampling")
+    error = head._check_input(hidden)
+    if error is not None:
+        return InputError(f"{what}: {error}")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        return InputError(f"{what}: chunk must be None or an int >= 1 (columns per chunk), got {chunk!r}")
+    return None
+
+
+def _meet(head: LMHead, hidden: Any, error: InputError | None, op: str, extra: int = 0,
+          argument: torch.Tensor | None = None, proposal: int = 0) -> int:
+    ident = torch.tensor(_identity(head), dtype=torch.int64)
+    if argument is not None:
+        ident = torch.cat([ident.to(argument.dtype), argument.reshape(-1).cpu()])
+    return handshake(head, hidden, error, op, extra=extra, argument=ident if error is None else None,
+                     proposal=proposal)
+
+
+def _raise_nan(bad: torch.Tensor, what: str) -> None:
+    if bool(bad.any()):
+        raise InputError(f"{what}: the logits of row(s) {bad.nonzero()[:, 0].tolist()} contain NaN "
+                         "(the head's GEMM overflowed)")
+
+
+# ---- merges ------------------------------------------------------------------------------------------
+def _update_best(best: torch.Tensor, ids: torch.Tensor, scores: torch.Tensor, first_id: int) -> None:
+    """Fold a chunk's ``scores [B, n]`` (columns ``first_id ..``) into the running best, in place: a
+    later chunk wins only when strictly larger, so the lowest id wins among ties."""
+    if scores.shape[1] == 0:
+        return
+    value, col = torch.max(scores, dim=1)  # the first maximum: the lowest column
+    value = value.to(best.dtype)
+    better = value > best
+    best.copy_(torch.where(better, value, best))
+    ids.copy_(torch.where(better, col + first_id, ids))
+
+
+def _merge_best(best: torch.Tensor, ids: torch.Tensor, nan: torch.Tensor, head: LMHead,
+                what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's running ``(best, id)`` -> the global ``(best, id)``, lowest id among ties (what
+    ``reductions.argmax_over_vocab`` does with a rank's whole shard); one all_gather of ``[B, 3]``
+    int64 (value as float64 bits, id, NaN flag), so a NaN on any rank raises on every rank."""
+    ids = torch.where(torch.isneginf(best), torch.full_like(ids, NO_ID), ids)
+    best = best.to(torch.float64)
+    if head.is_split:
+        packed = gather_stack(torch.stack([best.view(torch.int64), ids, nan.to(torch.int64)], dim=-1), head)
+        values, all_ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
+        nan = packed[..., 2].amax(dim=0) > 0
+        best = values.max(dim=0).values
+        ids = torch.where(values == best, all_ids, torch.full_like(all_ids, NO_ID)).min(dim=0).values
+    _raise_nan(nan, what)
+    return best, ids
+
+
+def _merge_candidates(vals: torch.Tensor, ids: torch.Tensor, new_vals: torch.Tensor, new_ids: torch.Tensor,
+                      k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` of two candidate lists under (value descending, id ascending)."""
+    vals, ids = torch.cat([vals, new_vals], dim=1), torch.cat([ids, new_ids], dim=1)
+    order = _order_by_value_then_id(vals, ids)[:, :k]
+    return vals.gather(1, order), ids.gather(1, order)
+
+
+class _TopK:
+    """A running top-k of the streamed columns (float32 values, global ids), ties to the lower id."""
+
+    def __init__(self, rows: int, k: int, head: LMHead, device: torch.device) -> None:
+        self.k, self.head = k, head
+        self.vals = torch.empty(rows, 0, dtype=torch.float32, device=device)
+        self.ids = torch.empty(rows, 0, dtype=torch.int64, device=device)
+
+    def add(self, x: torch.Tensor, lo: int) -> None:
+        kc = min(self.k, x.shape[1])
+        if kc == 0:
+            return
+        v, c = _local_topk(x, kc)
+        self.vals, self.ids = _merge_candidates(self.vals, self.ids, v.to(torch.float32),
+                                                c + self.head.vocab_start + lo, self.k)
+
+    def merged(self, nan: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global top-k ``(float32 [B, k], int64 [B, k])``: one all_gather when split (what
+        ``reductions.merged_topk`` does with the ranks' local top-k)."""
+        head, k = self.head, self.k
+        rows = self.vals.shape[0]
+        if not head.is_split:
+            _raise_nan(nan, what)
+            return self.vals, self.ids
+        have = self.vals.shape[1]
+        vals = torch.full((rows, k), float("-inf"), device=self.vals.device)
+        ids = torch.full((rows, k), NO_ID, dtype=torch.int64, device=self.vals.device)
+        vals[:, :have], ids[:, :have] = self.vals, self.ids
+        vals = torch.where(nan[:, None], torch.full_like(vals, float("nan")), vals)  # travels with the candidates
+        all_values, all_ids = _unpack(gather_stack(_pack(vals, ids), head))  # [tp, B, k]
+        _raise_nan(torch.isnan(all_values).any(dim=2).any(dim=0), what)
+        all_values = all_values.permute(1, 0, 2).reshape(rows, -1)
+        all_ids = all_ids.permute(1, 0, 2).reshape(rows, -1)
+        order = _order_by_value_then_id(all_values, all_ids)[:, :k]
+        return all_values.gather(1, order), all_ids.gather(1, order)
+
+
+class _TreeSum:
+    """The node sums of :mod:`~trtvocab.sampling.treesum`'s tree over this rank's ids, built chunk by
+    chunk: each chunk's maximal aligned blocks are summed pairwise and pushed; a block whose left
+    sibling is on top of the stack merges with it (``left + right``), so every addition is one of the
+    tree's and the stack ends as the shard's ``aligned_nodes``, with the same bits."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.stack: list[tuple[int, int, torch.Tensor]] = []
+
+    def add(self, exps: torch.Tensor, first_id: int) -> None:
+        for level, index in aligned_nodes(first_id, first_id + exps.shape[1]):
+            lo = (index << level) - first_id
+            self._push(level, index, _pairwise(exps[:, lo : lo + (1 << level)]))
+
+    def _push(self, level: int, index: int, total: torch.Tensor) -> None:
+        while self.stack and index % 2 == 1 and self.stack[-1][:2] == (level, index - 1):
+            total = self.stack.pop()[2] + total
+            level, index = level + 1, index // 2
+        self.stack.append((level, index, total))
+
+    def total(self, head: LMHead, like: torch.Tensor) -> torch.Tensor:
+        nodes = [(lv, i) for lv, i, _ in self.stack]
+        if nodes != aligned_nodes(self.start, self.end):  # pragma: no cover - a bug, not an input
+            raise AssertionError(f"chunked tree sum: nodes {nodes} != {aligned_nodes(self.start, self.end)}")
+        return merge_node_sums(nodes, [t for _, _, t in self.stack], head.vocab_size, head.tp_size,
+                               head.process_group, like=like)
+
+
+# ---- public functions ----------------------------------------------------------------------------------
+def greedy(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> torch.Tensor:
+    """Token ids ``[B]`` (int64) of the largest logit, lowest id among ties: ``sampling.greedy`` of
+    ``head.local_logits(hidden)``, one streaming pass."""
+    what = "sampling.chunked.greedy"
+    error = _check(hidden, head, chunk, what)
+    _meet(head, hidden, error, "greedy")
+    stream = _Stream(hidden, head, chunk)
+    rows = hidden.shape[0]
+    best = torch.full((rows,), float("-inf"), dtype=torch.float32, device=hidden.device)
+    ids = torch.full((rows,), NO_ID, dtype=torch.int64, device=hidden.device)
+    nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
+    for lo, _, x in stream:
+        nan |= torch.isnan(x).any(dim=1)
+        _update_best(best, ids, x, head.vocab_start + lo)
+    top, chosen = _merge_best(best, ids, nan, head, what)
+    if bool(torch.isneginf(top).any()):
+        raise InputError(f"{what}: row(s) {torch.isneginf(top).nonzero()[:, 0].tolist()} allow no token "
+                         "(every logit is -inf)")
+    return chosen
+
+
+def topk(hidden: torch.Tensor, head: LMHead, k: int, *, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values [B, k], ids [B, k] int64)`` by value descending then id ascending, values in
+    ``head.output_dtype``: ``sampling.topk`` of ``head.local_logits(hidden)``, one streaming pass."""
+    what = "sampling.chunked.topk"
+    error = _check(hidden, head, chunk, what)
+    if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= head.vocab_size):
+        error = InputError(f"{what}: k must be an int in [1, vocab_size={head.vocab_size}], got {k!r}")
+    _meet(head, hidden, error, "topk", extra=int(k) if error is None else 0)
+    rows = hidden.shape[0]
+    running = _TopK(rows, k, head, hidden.device)
+    nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
+    for lo, _, x in _Stream(hidden, head, chunk):
+        nan |= torch.isnan(x).any(dim=1)
+        running.add(x, lo)
+    vals, ids = running.merged(nan, what)
+    return vals.to(head.output_dtype), ids
+
+
+def _global_max(stream: _Stream, head: LMHead, what: str) -> torch.Tensor:
+    """Pass 1: the ``[B]`` float32 max over the whole vocab (one all_reduce MAX, NaN flag folded in)."""
+    rows = stream.hidden.shape[0]
+    acc = torch.full((rows + 1,), float("-inf"), dtype=torch.float32, device=stream.hidden.device)
+    acc[rows] = 0.0
+    for _, _, x in stream:
+        x = x.to(torch.float32)
+        acc[:rows] = torch.maximum(acc[:rows], x.amax(dim=1))
+        if bool(torch.isnan(x).any()):
+            acc[rows] = 1.0
+    if head.is_split:
+        D.all_reduce(acc, dist.ReduceOp.MAX, head.process_group)
+    _raise_nan(torch.isnan(acc[:rows]) | (acc[rows] > 0), what)
+    return acc[:rows]
+
+
+def _lse_and_picks(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor | None, chunk: int | None,
+                   exact: bool, what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    stream = _Stream(hidden, head, chunk)
+    rows, start = hidden.shape[0], head.vocab_start
+    picked = None if token_ids is None else torch.zeros(token_ids.shape, dtype=torch.float32, device=hidden.device)
+
+    def pick(x: torch.Tensor, lo: int) -> None:
+        nonlocal picked
+        if token_ids is None or picked is None or x.shape[1] == 0:
+            return
+        local = token_ids - (start + lo)
+        mine = (local >= 0) & (local < x.shape[1])
+        picked = torch.where(mine, x.gather(1, local.clamp(0, x.shape[1] - 1)), picked)
+
+    if exact:
+        m = _global_max(stream, head, what)
+        shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        tree = _TreeSum(start, start + head.shard.size)
+        for lo, _, x in stream:
+            x = x.to(torch.float32)
+            tree.add(torch.exp(x - shift[:, None]), start + lo)
+            pick(x, lo)
+        if picked is not None and head.is_split:
+            D.all_reduce(picked, dist.ReduceOp.SUM, head.process_group)
+        total = tree.total(head, torch.empty(rows, 0, dtype=torch.float32, device=hidden.device))
+        return shift + torch.log(total), picked
+    # One pass: a running max and the sum of exp(x - running max), rescaled when the max grows.
+    m = torch.full((rows,), float("-inf"), dtype=torch.float32, device=hidden.device)
+    s = torch.zeros(rows, dtype=torch.float32, device=hidden.device)
+    nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
+    for lo, _, x in stream:
+        x = x.to(torch.float32)
+        nan |= torch.isnan(x).any(dim=1)
+        m_new = torch.maximum(m, x.amax(dim=1))
+        old = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        new = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        s = s * torch.exp(old - new) + torch.exp(x - new[:, None]).sum(dim=1)
+        m = m_new
+        pick(x, lo)
+    own_shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    if head.is_split:
+        M = torch.cat([m, nan.to(torch.float32)])
+        D.all_reduce(M, dist.ReduceOp.MAX, head.process_group)
+        nan = M[rows:] > 0
+        M = M[:rows]
+    else:
+        M = m
+    _raise_nan(nan, what)
+    shift = torch.where(torch.isinf(M), torch.zeros_like(M), M)
+    parts = [(s * torch.exp(own_shift - shift))[:, None]]
+    if picked is not None:
+        parts.append(picked)
+    summed = torch.cat(parts, dim=1)
+    if head.is_split:
+        D.all_reduce(summed, dist.ReduceOp.SUM, head.process_group)
+    return shift + torch.log(summed[:, 0]), (summed[:, 1:] if picked is not None else None)
+
+
+def logsumexp(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None, exact: bool = True) -> torch.Tensor:
+    """``[B]`` float32 ``log(sum(exp(logits)))`` over the whole vocab. ``exact=True``: two streaming
+    passes, the vocab-tree sum (bitwise what a deterministic head's ``sampling.logsumexp`` gives);
+    ``exact=False``: one pass, to float32 rounding (see the module docstring)."""
+    what = "sampling.chunked.logsumexp"
+    error = _check(hidden, head, chunk, what)
+    _meet(head, hidden, error, "logsumexp", extra=int(bool(exact)))
+    return _lse_and_picks(hidden, head, None, chunk, bool(exact), what)[0]
+
+
+def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chunk: int | None = None,
+             exact: bool = True) -> torch.Tensor:
+    """Log-probabilities (float32, global softmax) of ``token_ids`` (``[B]`` or ``[B, n]``, global
+    ids): ``sampling.logprobs`` of ``head.local_logits(hidden)``; passes as for :func:`logsumexp`."""
+    what = "sampling.chunked.logprobs"
+    error = _check(hidden, head, chunk, what)
+    n = 0
+    if error is None:
+        error, n = token_ids_error(token_ids, hidden.shape[0], head.vocab_size, what)
+    argument = None
+    if error is None:
+        argument = torch.cat([torch.tensor([int(bool(exact))]), token_ids.to(torch.int64).reshape(-1).cpu()])
+    _meet(head, hidden, error, "logprobs", extra=n, argument=argument)
+    ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(hidden.device)
+    lse, picked = _lse_and_picks(hidden, head, ids, chunk, bool(exact), what)
+    assert picked is not None
+    return (picked - lse[:, None]).reshape(token_ids.shape)
+
+
+def _gumbel_at(keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``noise.gumbel`` of per-row ids ``[B, k]`` (the same elementwise numbers: noise keyed by
+    ``(seed, step, global id)``)."""
+    h = noise.mix_tensor(keys + (ids + 1) * noise._signed(noise._GAMMA))
+    u = (noise._srl(h, 11).to(torch.float64) + 0.5) * 2.0**-53
+    return -torch.log(-torch.log(u))
+
+
+def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
+           vocab_limit: int | None = None, chunk: int | None = None) -> torch.Tensor:
+    """Token ids ``[B]`` (int64), the same on every rank: ``sampling.sample`` of
+    ``head.local_logits(hidden)`` with the same params, step and vocab_limit, streamed.
+
+    One pass, or two when a sampled row without top-k has min-p (its threshold needs the global
+    max first). top-p < 1 on a sampled row is refused (module docstring)."""
+    what = "sampling.chunked.sample"
+    error = _check(hidden, head, chunk, what)
+    rows = hidden.shape[0] if error is None else 0
+    per_row: list[SamplingParams] | InputError = _rows_params(params, rows) if error is None else []
+    if isinstance(per_row, InputError):
+        error, per_row = InputError(f"{what}: {per_row}"), []
+    if error is None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        error = InputError(f"{what}: step must be an int >= 0, got {step!r}")
+    if error is None and vocab_limit is not None and (
+            isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
+            or not 1 <= vocab_limit <= head.vocab_size):
+        error = InputError(f"{what}: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
+                           f"got {vocab_limit!r}")
+    if error is None and any(p.top_p < 1 and p.temperature > 0 for p in per_row):
+        bad = [r for r, p in enumerate(per_row) if p.top_p < 1 and p.temperature > 0]
+        error = InputError(f"{what}: top_p < 1 (rows {bad}) is not supported by the chunked head (the nucleus "
+                           "needs the global softmax denominator and the sorted prefix: several passes); use "
+                           "sampling.sample(head.local_logits(hidden), head, params)")
+    digest_of = _params_tensor(per_row, step, vocab_limit) if error is None else None
+    fresh = int(torch.randint(0, 2**62, (1,)).item())
+    fresh = _meet(head, hidden, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
+    seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
+    return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what)
+
+
+def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], seeds: list[int], step: int,
+          vocab_limit: int | None, chunk: int | None, what: str) -> torch.Tensor:
+    device, rows = hidden.device, hidden.shape[0]
+    temps = torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=device)[:, None]
+    greedy_rows = temps == 0
+    divisor = torch.where(greedy_rows, torch.ones_like(temps), temps)
+    sampled = ~greedy_rows[:, 0]
+    top_k = [p.top_k if p.temperature > 0 else 0 for p in per_row]
+    k = min(max(top_k), head.vocab_size) if max(top_k) > 0 else 0
+    by_topk = torch.tensor([kr > 0 for kr in top_k], device=device)
+    min_p = torch.tensor([p.min_p for p in per_row], dtype=torch.float32, device=device)
+    min_p_on = (min_p > 0) & sampled
+    two_pass = bool((min_p_on & ~by_topk).any())  # streamed rows whose min-p needs the global max first
+    keys = noise.row_keys(seeds, step).to(device)
+    stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT)
+    nan = torch.zeros(rows, dtype=torch.bool, device=device)
+    running = _TopK(rows, k, head, device) if k else None
+    best = torch.full((rows,), float("-inf"), dtype=torch.float64, device=device)
+    ids = torch.full((rows,), NO_ID, dtype=torch.int64, device=device)
+    local_max = torch.full((rows,), float("-inf"), dtype=torch.float32, device=device)
+
+    def scaled_of(x: torch.Tensor, lo: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.to(torch.float32)
+        col_ids = torch.arange(head.vocab_start + lo, head.vocab_start + lo + x.shape[1], device=device)
+        scaled = torch.where(greedy_rows, x, x / divisor)
+        if vocab_limit is not None:
+            scaled = scaled.masked_fill(col_ids[None, :] >= vocab_limit, float("-inf"))
+        return scaled, col_ids
+
+    def race(scaled: torch.Tensor, col_ids: torch.Tensor, lo: int, m: torch.Tensor | None) -> None:
+        if m is not None:  # min-p of the streamed rows, against the global max of pass 1
+            keep = torch.exp(scaled - m[:, None]) >= min_p[:, None]
+            scaled = scaled.masked_fill((min_p_on & ~by_topk)[:, None] & ~keep, float("-inf"))
+        score = scaled.to(torch.float64)
+        if bool(sampled.any()):
+            score = torch.where(sampled[:, None], score + noise.gumbel(keys, col_ids), score)
+        score = score.masked_fill(torch.isneginf(scaled), float("-inf"))
+        _update_best(best, ids, score, head.vocab_start + lo)
+
+    for lo, _, x in stream:
+        scaled, col_ids = scaled_of(x, lo)
+        nan |= torch.isnan(scaled).any(dim=1)
+        if running is not None:
+            running.add(scaled, lo)
+        if two_pass:
+            local_max = torch.maximum(local_max, scaled.amax(dim=1) if scaled.shape[1] else local_max)
+        else:
+            race(scaled, col_ids, lo, None)
+    cand_vals = cand_ids = None
+    if running is not None:
+        cand_vals, cand_ids = running.merged(nan, what)  # every rank: the same merged candidates
+    if two_pass:
+        acc = torch.cat([local_max, nan.to(torch.float32)])
+        if head.is_split:
+            D.all_reduce(acc, dist.ReduceOp.MAX, head.process_group)
+        _raise_nan(torch.isnan(acc[:rows]) | (acc[rows:] > 0), what)
+        m = acc[:rows]
+        for lo, _, x in stream:
+            scaled, col_ids = scaled_of(x, lo)
+            race(scaled, col_ids, lo, m)
+    top, chosen = _merge_best(best, ids, nan, head, what)
+    if cand_vals is not None and cand_ids is not None:
+        # Rows with top-k: the kept tokens are exactly their first min(top_k, k) candidates; min-p
+        # against the global max of what is kept (the first candidate); the race among them.
+        cut = torch.tensor([min(kr, k) if kr else 0 for kr in top_k], device=device)[:, None]
+        valid = torch.arange(k, device=device)[None, :] < cut
+        keep = torch.exp(cand_vals - cand_vals[:, :1]) >= min_p[:, None]
+        valid &= ~min_p_on[:, None] | keep
+        score = cand_vals.to(torch.float64) + _gumbel_at(keys, cand_ids)
+        score = score.masked_fill(~valid | torch.isneginf(cand_vals), float("-inf"))
+        c_top = score.max(dim=1).values
+        c_chosen = torch.where(score == c_top[:, None], cand_ids, torch.full_like(cand_ids, NO_ID)).min(dim=1).values
+        top = torch.where(by_topk, c_top, top)
+        chosen = torch.where(by_topk, c_chosen, chosen)
+    empty = torch.isneginf(top) | (chosen == NO_ID)
+    if bool(empty.any()):
+        # Every rank sees the same merged values, so every rank raises here.
+        raise InputError(f"{what}: row(s) {empty.nonzero()[:, 0].tolist()} allow no token (every logit is -inf "
+                         "after the vocab_limit / filters)")
+    return chosen
+
+
+__all__ = ["DENSE_TILE", "chunk_columns", "gemm_tiles", "greedy", "logprobs", "logsumexp", "plan_chunks", "sample",
+           "topk"]
