@@ -68,12 +68,14 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--ops", default="greedy,topk,logsumexp,logsumexp 1-pass,sample")
+    parser.add_argument("--budget-fraction", type=float, default=1 / 16,
+                        help="the head's logits budget as a fraction of the float32 [B, V] logits")
     args = parser.parse_args()
     args.batch = args.batch or (256 if args.small else 1024)
     args.vocab = args.vocab or (32768 if args.small else 129280)
     args.hidden = args.hidden or (512 if args.small else 1024)
     logits = args.batch * args.vocab * 4
-    args.budget = max(1 << 20, logits // 40)  # a chunk's float32 logits: 1/40 of the whole
+    args.budget = max(1 << 20, int(logits * args.budget_fraction))  # a chunk's float32 logits
     print(f"B={args.batch} V={args.vocab} H={args.hidden} bf16 tp 1; float32 logits {logits / 2**20:.0f} MiB, "
           f"budget {args.budget / 2**20:.1f} MiB; best of {args.rounds}")
     print(f"{'op':18} {'mat. peak MiB':>14} {'chunk peak MiB':>15} {'peak ratio':>11} {'mat. s':>8} {'chunk s':>8} "
