@@ -26,6 +26,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 setup: $(VENV)/.installed
+	$(BIN)/python -m trtvocab.weights.kernels --build  # the fused CPU kernels (cached; the torch path if this fails)
 
 lint: setup
 	$(BIN)/ruff check trtvocab tests benchmarks examples

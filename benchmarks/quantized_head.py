@@ -3,25 +3,38 @@
     python benchmarks/quantized_head.py            # V=129280, H=5120 (DeepSeek-V3 sized head)
     python benchmarks/quantized_head.py --small    # V=32000, H=2048, a quick run
 
-Every head keeps its weights quantized in memory and dequantizes them per call in
-chunks of ``trtvocab.weights.quantized.CHUNK_ELEMENTS`` float32 values, so the temporary
-stays a few MiB. Timings interleave the heads round by round so that a busy machine
-slows all of them alike (best-of and median are both printed); the ratios are the
-result, the absolute numbers depend on the machine. Weight values do not change the work done,
-so the quantized heads hold random valid codes instead of a (slow) quantized copy of
-the bf16 matrix; accuracy is covered by the tests, not here.
+Every head keeps its weights quantized in memory. Two paths are timed on the same head:
+"fused" (trtvocab.weights.kernels: the codes are decoded inside the multiply; where the
+kernels cannot be built the line says so and shows the torch path) and "torch path" (the
+fallback: rows dequantized in chunks of ``trtvocab.weights.quantized.CHUNK_ELEMENTS`` float32
+values, then a float32 GEMM). As peers a user might pick instead: torch's own CPU weight-only
+kernels on the same shape, ``_weight_int8pack_mm`` (int8, per-row scales) and
+``_weight_int4pack_mm_for_cpu`` (int4 in groups along H), bf16 activations.
+
+For each batch B: best and median ms, speed against bf16, weight bytes read per token (the
+weights are read once per call, so per token = bytes / B) and the achieved GB/s (weight bytes
+/ best time). Timings interleave the variants round by round so that a busy machine slows all
+of them alike; the ratios are the result, the absolute numbers depend on the machine. Weight
+values do not change the work done, so the heads hold random valid codes instead of a (slow)
+quantized copy of the bf16 matrix; accuracy is covered by the tests, not here.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Callable
 
 import torch
 
 from trtvocab import LMHead, QuantAlgo, QuantConfig
+from trtvocab.weights import kernels
 from trtvocab.weights import quantized as methods
+
+BATCHES = (1, 8, 64)
+Variant = tuple[Callable[[torch.Tensor], object], int]  # (call on bf16 x, weight bytes read per call)
 
 
 def random_tensors(algo: QuantAlgo, vocab: int, hidden: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -61,9 +74,48 @@ def build_heads(vocab: int, hidden: int) -> dict[str, LMHead]:
     return heads
 
 
-def time_call(head: LMHead, x: torch.Tensor) -> float:
+def torch_path(head: LMHead) -> Callable[[torch.Tensor], object]:
+    def call(x: torch.Tensor) -> object:
+        with kernels.disabled():
+            return head(x)
+
+    return call
+
+
+def peers(vocab: int, hidden: int, gen: torch.Generator) -> tuple[dict[str, Variant], list[str]]:
+    """torch's CPU weight-only kernels on the same shape (random weights: values do not change the work)."""
+    out: dict[str, Variant] = {}
+    notes: list[str] = []
+    aten = torch.ops.aten
+    try:
+        w8 = torch.randint(-127, 128, (vocab, hidden), dtype=torch.int8, generator=gen)
+        s8 = (torch.rand(vocab, generator=gen) * 1e-3).bfloat16()
+        aten._weight_int8pack_mm(torch.zeros(1, hidden).bfloat16(), w8[:8], s8[:8])
+        out["torch int8pack (per row)"] = (lambda x: aten._weight_int8pack_mm(x, w8, s8),
+                                           w8.numel() + s8.numel() * 2)
+    except (AttributeError, RuntimeError) as exc:
+        notes.append(f"torch._weight_int8pack_mm unavailable: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    try:
+        # The packed layout is [V, H/2] bytes (checked on a small block); random bytes are valid codes.
+        probe = aten._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (16, hidden), dtype=torch.int32), 1)
+        packed = torch.randint(0, 256, (vocab, probe.shape[1]), dtype=torch.uint8, generator=gen)
+        for group in (32, 128):
+            if hidden % group:
+                continue
+            sz = (torch.rand(hidden // group, vocab, 2, generator=gen) * 1e-3).bfloat16()
+            aten._weight_int4pack_mm_for_cpu(torch.zeros(1, hidden).bfloat16(), packed[:16], group, sz[:, :16])
+            out[f"torch int4pack g{group}"] = (
+                lambda x, sz=sz, group=group: aten._weight_int4pack_mm_for_cpu(x, packed, group, sz),
+                packed.numel() + sz.numel() * 2)
+    except (AttributeError, RuntimeError) as exc:
+        notes.append(f"torch._weight_int4pack_mm_for_cpu unavailable: {type(exc).__name__}: "
+                     f"{str(exc).splitlines()[0]}")
+    return out, notes
+
+
+def time_call(fn: Callable[[torch.Tensor], object], x: torch.Tensor) -> float:
     start = time.perf_counter()
-    head(x)
+    fn(x)
     return time.perf_counter() - start
 
 
@@ -73,41 +125,68 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per head and batch size")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes (default 1 8 64)")
     parser.add_argument("--chunk-elements", type=int, default=methods.CHUNK_ELEMENTS,
                         help="float32 values dequantized per GEMM chunk")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe or a file
     vocab = args.vocab or (32000 if args.small else 129280)
     hidden = args.hidden or (2048 if args.small else 5120)
     rounds = args.rounds or (7 if args.small else 3)
     methods.CHUNK_ELEMENTS = args.chunk_elements
 
+    reason = kernels.unavailable_reason()
+    fused_label = "fused" if reason is None else "fused unavailable -> torch path"
     print(f"LM head V={vocab} H={hidden}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"chunk {methods.CHUNK_ELEMENTS} float32 values")
+          f"torch-path chunk {methods.CHUNK_ELEMENTS} float32 values")
+    if reason is None:
+        loaded = kernels.load()
+        print(f"fused kernels: {loaded.isa}, {loaded.path}")
+    else:
+        print(f"fused kernels unavailable ({reason}): the 'fused' lines run the torch path")
     t0 = time.perf_counter()
     heads = build_heads(vocab, hidden)
-    print(f"built heads in {time.perf_counter() - t0:.1f} s\n")
-
-    base_bytes = heads["bf16"].resident_bytes()
-    print(f"{'head':<20} {'resident bytes':>16} {'vs bf16':>8}")
+    variants: dict[str, Variant] = {"bf16": (heads["bf16"], heads["bf16"].resident_bytes())}
     for name, head in heads.items():
-        nbytes = head.resident_bytes()
-        print(f"{name:<20} {nbytes:>16,} {nbytes / base_bytes:>8.3f}")
+        if name != "bf16":
+            variants[f"{name} {fused_label}"] = (head, head.resident_bytes())
+            variants[f"{name} torch path"] = (torch_path(head), head.resident_bytes())
+    peer_variants, notes = peers(vocab, hidden, torch.Generator().manual_seed(1))
+    variants.update(peer_variants)
+    print(f"built heads in {time.perf_counter() - t0:.1f} s")
+    for note in notes:
+        print(note)
 
-    for batch in (1, 8):
+    base_bytes = variants["bf16"][1]
+    width = max(map(len, variants)) + 1
+    print(f"\n{'head':<{width}} {'weight bytes':>15} {'vs bf16':>8}")
+    for name, (_, nbytes) in variants.items():
+        print(f"{name:<{width}} {nbytes:>15,} {nbytes / base_bytes:>8.3f}")
+
+    for batch in args.batches:
         x = torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)).bfloat16()
-        for head in heads.values():  # warm-up: allocator, thread pool, caches
-            head(x)
-        times: dict[str, list[float]] = {name: [] for name in heads}
-        for _ in range(rounds):
-            for name, head in heads.items():
-                times[name].append(time_call(head, x))
+        slow = batch >= 64 and not args.small
+        runs = rounds if not slow else max(1, rounds - 1)
+        if batch == 1 or args.small:
+            for fn, _ in variants.values():  # warm-up: allocator, thread pool, caches
+                fn(x)
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for r in range(runs):
+            for name, (fn, _) in variants.items():
+                if slow and r and name.endswith("torch path"):
+                    continue  # seconds per call: one round is enough to place it
+                times[name].append(time_call(fn, x))
         best_base, median_base = min(times["bf16"]), statistics.median(times["bf16"])
-        print(f"\ndecode B={batch}: {rounds} interleaved rounds; best-of (robust to a busy machine) and median")
-        print(f"{'head':<20} {'best ms':>9} {'median ms':>10} {'tokens/s':>10} {'speed vs bf16':>14} {'(median)':>9}")
+        print(f"\ndecode B={batch}: {runs} interleaved rounds; best-of (robust to a busy machine) and median")
+        print(f"{'head':<{width}} {'best ms':>9} {'median ms':>10} {'tokens/s':>9} {'vs bf16':>8} {'(median)':>9} "
+              f"{'MB/token':>9} {'GB/s':>6}")
         for name, ts in times.items():
             best, median = min(ts), statistics.median(ts)
-            print(f"{name:<20} {best * 1e3:>9.1f} {median * 1e3:>10.1f} {batch / best:>10.1f} "
-                  f"{best_base / best:>13.2f}x {median_base / median:>8.2f}x")
+            nbytes = variants[name][1]
+            print(f"{name:<{width}} {best * 1e3:>9.1f} {median * 1e3:>10.1f} {batch / best:>9.1f} "
+                  f"{best_base / best:>7.2f}x {median_base / median:>8.2f}x {nbytes / batch / 1e6:>9.2f} "
+                  f"{nbytes / best / 1e9:>6.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,7 @@ from trtvocab.formats import Activation, Granularity, WeightFormat
 from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo
 from trtvocab.sharding import VocabShard
+from trtvocab.weights import kernels
 from trtvocab.weights.base import read_rows, source_shape
 from trtvocab.weights.quantized import (
     PREFIX,
@@ -94,6 +95,14 @@ class FP8Weight(QuantizedWeight):
             return out.copy_(fp8.dequantize_fp8(q, scale))
 
         return x_dq, rows
+
+    def _fused_x(self, x_dq: torch.Tensor) -> torch.Tensor:
+        return kernels.fp8_x(x_dq)
+
+    def _fused_rows(self, x: torch.Tensor, start: int, end: int, out: torch.Tensor | None) -> torch.Tensor:
+        # weight_scale (scalar or per row) is applied after each row's dot product (kernels docstring).
+        scale = self.weight_scale[start:end] if self.per_row else self.weight_scale
+        return kernels.fp8_logits(x, self.hidden_size, self.weight[start:end], scale, out)
 
     def export_tensors(self) -> dict[str, torch.Tensor]:
         size = self.shard.size

@@ -11,6 +11,7 @@ from trtvocab.formats import Activation, WeightFormat
 from trtvocab.quant import fp8, nvfp4
 from trtvocab.quant.config import QuantAlgo
 from trtvocab.sharding import VocabShard
+from trtvocab.weights import kernels
 from trtvocab.weights.base import read_rows, source_shape
 from trtvocab.weights.quantized import PREFIX, Dequantizer, QuantizedWeight, dtype_of, fp32_scalar, require
 
@@ -97,6 +98,14 @@ class NVFP4Weight(QuantizedWeight):
             return out.copy_(nvfp4.dequantize_nvfp4(packed, bs, self.weight_scale_2))
 
         return (nvfp4.block_major_columns(x_dq) if permuted else x_dq), rows
+
+    def _fused_x(self, x_dq: torch.Tensor) -> torch.Tensor:
+        return kernels.nvfp4_x(x_dq)
+
+    def _fused_rows(self, x: torch.Tensor, start: int, end: int, out: torch.Tensor | None) -> torch.Tensor:
+        # Block scales are applied once per block sum, weight_scale_2 once per logit (kernels docstring).
+        return kernels.nvfp4_logits(x, self.hidden_size, self.packed_block_major[start:end],
+                                    self.weight_scale[start:end], float(self.weight_scale_2), out)
 
     def export_tensors(self) -> dict[str, torch.Tensor]:
         size = self.shard.size

@@ -15,6 +15,11 @@ the temporary stays a few MiB) into the GEMM::
 The formats themselves (:mod:`trtvocab.weights.fp8`, :mod:`trtvocab.weights.nvfp4`)
 say how rows are dequantized and inputs quantized; the ONNX export implements the
 same contract from :meth:`~trtvocab.weights.base.WeightMethod.export_tensors`.
+
+On CPU, where the fused kernels build (:mod:`trtvocab.weights.kernels`), ``prepare`` returns a
+:class:`~trtvocab.weights.kernels.FusedInput` instead and ``block_logits`` decodes the codes
+inside the multiply (same numbers up to float32 reassociation; every logit bitwise independent
+of the ``[start, end)`` partition). The chunked torch path above is the fallback.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.formats import Activation
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.sharding import VocabShard
+from trtvocab.weights import kernels
 from trtvocab.weights.base import WeightMethod, read_all, read_scalar
 
 CHUNK_ELEMENTS = 1 << 20
@@ -106,6 +112,14 @@ class QuantizedWeight(WeightMethod):
         """
         raise NotImplementedError  # pragma: no cover - abstract
 
+    def _fused_x(self, x_dq: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """``x_dq`` in the fused kernel's layout (:mod:`trtvocab.weights.kernels`)."""
+        raise NotImplementedError
+
+    def _fused_rows(self, x: torch.Tensor, start: int, end: int, out: torch.Tensor | None) -> torch.Tensor:
+        """The fused kernel's logits of owned rows ``[start, end)``."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
     # -- shared -------------------------------------------------------------------------------
     @property
     def rows_per_chunk(self) -> int:
@@ -119,11 +133,18 @@ class QuantizedWeight(WeightMethod):
         return (torch.empty(rows, self.hidden_size, dtype=torch.float32, device=device),
                 torch.empty(rows, self.hidden_size, dtype=torch.int16, device=device))
 
-    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, Dequantizer]:
-        return self._plan(self.quantize_input(x))
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, Dequantizer] | kernels.FusedInput:
+        x_dq = self.quantize_input(x)
+        if kernels.usable(x_dq, *self.buffers()):
+            return kernels.FusedInput(self._fused_x(x_dq))
+        return self._plan(x_dq)
 
-    def block_logits(self, prepared: tuple[torch.Tensor, Dequantizer], start: int, end: int,
+    def block_logits(self, prepared: tuple[torch.Tensor, Dequantizer] | kernels.FusedInput, start: int, end: int,
                      out: torch.Tensor | None = None) -> torch.Tensor:
+        if not 0 <= start <= end <= self.shard.size:
+            raise ValueError(f"block_logits: rows [{start}, {end}) outside this shard's [0, {self.shard.size})")
+        if isinstance(prepared, kernels.FusedInput):
+            return self._fused_rows(prepared.x, start, end, out)
         gemm_x, dequant = prepared
         if out is None:
             out = torch.empty(gemm_x.shape[0], end - start, dtype=torch.float32, device=gemm_x.device)

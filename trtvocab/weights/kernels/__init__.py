@@ -1,0 +1,385 @@
+"""Fused dequantize-multiply CPU kernels for the FP8 and NVFP4 heads (a JIT-built C++ extension).
+
+Why: the torch path (:meth:`QuantizedWeight.block_logits` over ``_plan``) decodes each chunk
+of rows to a float32 temporary and hands it to the GEMM; the decode passes and the temporary's
+round trip through memory cost more than the bytes the quantized format saves, so an FP8 /
+NVFP4 head was ~6x slower than bf16 although it reads 2x / 3.5x fewer bytes. Here the codes
+are decoded *inside* the multiply, in registers (batch 1) or into an L1-sized tile that every
+input row reuses (batch >= 2).
+
+What (``trtvocab/weights/csrc/fused.cpp``, called through :mod:`ctypes`; threads from
+``at::parallel_for``, i.e. torch's intra-op pool and its OpenMP runtime, never a second one):
+
+- **Chains.** Logit ``(n, v)`` is one chain of 8 float32 lanes over H in a fixed order,
+  ``acc = fma(w_s, x_s, acc)`` for steps ``s = 0 .. S-1`` of 8 values (NVFP4: block-scaled,
+  below), reduced by a fixed tree
+  ``((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))``, then ``(sum * 256) * scale``. The tile, thread,
+  batch and row range a logit is computed in never change its chain, so a logit is bitwise
+  the same for any ``[start, end)`` partition of the rows (what a vocab-chunked caller
+  streams), for batch 1 and batch N, and at every tp size and layout (the shard's rows are
+  the same codes). This holds for the fused kernel only; the torch fallback is BLAS-shaped.
+- **Exact decode.** FP8: an e4m3 byte sign-extended to int16 and shifted left by 7 is the fp16
+  number ``q * 2**-8`` (bit 14 masked); F16C converts it to a normal float32, exactly, e4m3
+  subnormals included (the portable build uses a 256-entry table of the same values). NVFP4:
+  ``e2m1`` through an 8-entry table (``vpermps``) and the sign bit; block scales decode like
+  FP8 codes. NaN codes never reach the kernel (refused at load).
+- **NVFP4 chains are block-scaled**: a lane is one 16-block, whose 16 products
+  ``e2m1_j * x_j`` are summed from zero, then added as ``acc = fma(block sum, e4m3(block scale)
+  * 2**-8, acc)``: one multiply per block instead of one per weight.
+- **Reassociation** (the only change in rounding against the torch path, which rounds each
+  weight ``q * scale`` first): scales factor out of a dot product. FP8's scalar / per-row
+  ``weight_scale`` and NVFP4's global ``weight_scale_2`` are applied once per logit,
+  ``sum_i x_i q_i s = (sum_i x_i q_i) s``; NVFP4's block scale once per block,
+  ``sum_{j in b} x_j e_j bs_b = (sum_{j in b} x_j e_j) bs_b``. Error against the exact dot
+  product of the decoded weights, ``gamma(m) = m * 2**-24 / (1 - m * 2**-24)``:
+  FP8 ``|err| <= gamma(ceil(H / 8) + 4) * sum_i |x_i w_i|`` (8 lanes of ``ceil(H / 8)`` FMAs,
+  3 tree levels, 1 scale rounding); NVFP4 ``<= gamma(16 + G + 4) * sum_i |x_i w_i|`` with
+  ``G = ceil(H / 128)`` lane groups (16 FMAs per block, G block FMAs per lane, tree, scale).
+- **Layouts.** FP8 codes are read as stored (``[width, H]``); ``x`` is zero-padded to a
+  multiple of 8 columns. NVFP4 reads the head's block-major bytes
+  (:func:`~trtvocab.quant.nvfp4.to_block_major`): 8 consecutive bytes are byte ``k`` of 8
+  consecutive blocks, so the lanes are blocks and each lane's block scale is one decoded
+  e4m3 byte; ``x`` is permuted once per call into that step order (:func:`nvfp4_x`).
+- **Activations** stay in torch (``quantize_input``: fake-quant e4m3, NVFP4 16-wide blocks, or
+  none); only the weight decode and the multiply move here. Accumulation is float32.
+
+Building: the first use in a process compiles the C++ with ``-O3 -march=native -fopenmp
+-ffp-contract=off`` (``torch.utils.cpp_extension.load``, cached under torch's
+extensions folder in a directory named by a hash of the source, the flags, torch's version and
+this CPU's feature flags, so a cache shared between different CPUs never runs foreign code).
+``python -m trtvocab.weights.kernels --build`` does it ahead of time (``make setup`` calls it).
+Off x86 or without AVX2/FMA/F16C the same chains run as portable C++ (correct, not tuned; an
+AVX-512 machine runs the AVX2 code). A compiler without OpenMP (Apple clang) fails the build.
+``TRTVOCAB_KERNELS=0`` disables the kernels; no compiler, a failed build or a failed
+self-check (every FP8 code and every FP4 nibble under every block scale, decoded by the
+kernel and compared bit for bit with torch's) means the torch path, with one log line saying
+why, never an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trtvocab.quant import nvfp4
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "TRTVOCAB_KERNELS"
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "fused.cpp"
+ABI = 1  # trtvocab_fused_abi() of the source this module expects
+LANES = 8
+NVFP4_GROUP = 8 * 16  # elements per NVFP4 lane group: 8 blocks of 16
+ISA_NAMES = {2: "avx2+fma+f16c", 0: "portable"}
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The built library of this process: its handle, file, lane implementation and build time."""
+
+    lib: ctypes.CDLL
+    path: str
+    isa: str
+    seconds: float  # build (or cache load) time
+
+
+@dataclass(frozen=True)
+class FusedInput:
+    """What :meth:`QuantizedWeight.prepare` returns when the kernel runs: ``x`` in the kernel's
+    layout (float32 ``[N, S * 8]``, contiguous)."""
+
+    x: torch.Tensor
+
+
+_lock = threading.Lock()
+_loaded: Loaded | None = None
+_failure: str | None = None  # why the kernels cannot load in this process (set once, logged once)
+
+
+def disabled_reason() -> str | None:
+    """Why the environment turns the kernels off (``TRTVOCAB_KERNELS=0``), else None."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in ("0", "false", "off", "no"):
+        return f"{ENV_VAR}={os.environ[ENV_VAR]}"
+    return None
+
+
+def _arch_flags() -> list[str]:
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i686", "x86"):
+        return ["-march=native"]
+    if machine in ("aarch64", "arm64"):
+        return ["-mcpu=native"]
+    return []
+
+
+def cflags() -> list[str]:
+    return ["-O3", *_arch_flags(), "-fopenmp", "-ffp-contract=off"]
+
+
+def _cpu_fingerprint() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def build_name() -> str:
+    """The extension's name: a hash of everything the built code depends on."""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(cflags()).encode(), torch.__version__.encode(),
+                 _cpu_fingerprint().encode(), str(ABI).encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return f"trtvocab_fused_{digest.hexdigest()[:16]}"
+
+
+def _build(verbose: bool = False) -> Loaded:
+    from torch.utils import cpp_extension
+
+    start = time.perf_counter()
+    name = build_name()
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    build_dir = Path(root) / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    path = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=cflags(), extra_ldflags=["-fopenmp"],
+                              build_directory=str(build_dir), is_python_module=False, verbose=verbose)
+    lib = ctypes.CDLL(str(path))
+    if lib.trtvocab_fused_abi() != ABI:
+        raise RuntimeError(f"{path}: kernel ABI {lib.trtvocab_fused_abi()}, expected {ABI}")
+    lib.trtvocab_fp8_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, _P, _I, _P, _I]
+    lib.trtvocab_fp8_logits.restype = ctypes.c_int
+    lib.trtvocab_nvfp4_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, _P, _I, ctypes.c_float, _P, _I]
+    lib.trtvocab_nvfp4_logits.restype = ctypes.c_int
+    isa = ISA_NAMES.get(lib.trtvocab_fused_isa(), "unknown")
+    loaded = Loaded(lib=lib, path=str(path), isa=isa, seconds=time.perf_counter() - start)
+    problem = self_check(loaded)
+    if problem:
+        raise RuntimeError(f"self-check failed: {problem}")
+    return loaded
+
+
+def load(verbose: bool = False) -> Loaded | None:
+    """The built kernels, building them on first use; None (the torch path) when disabled or
+    when they cannot be built here (the reason is logged once: :func:`unavailable_reason`)."""
+    global _loaded, _failure
+    if disabled_reason() is not None:
+        return None
+    if _loaded is not None or _failure is not None:
+        return _loaded
+    with _lock:
+        if _loaded is None and _failure is None:
+            try:
+                _loaded = _build(verbose)
+                log.info("trtvocab fused kernels: %s (%s, %.1f s)", _loaded.path, _loaded.isa, _loaded.seconds)
+            except Exception as exc:  # no compiler, no ninja, a compile error, a failed self-check
+                _failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                log.warning("trtvocab fused CPU kernels unavailable, using the torch path (%s)", _failure)
+    return _loaded
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the torch path inside this block (sets ``TRTVOCAB_KERNELS=0``, then restores it)."""
+    before = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = before
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`load` returns None (None when the kernels are available)."""
+    if disabled_reason() is not None:
+        return disabled_reason()
+    load()
+    return _failure
+
+
+def usable(x: torch.Tensor, *buffers: torch.Tensor) -> bool:
+    """Whether the kernel can run this call: loaded, CPU tensors, no autograd through ``x``."""
+    if x.device.type != "cpu" or any(b.device.type != "cpu" for b in buffers):
+        return False
+    if x.requires_grad and torch.is_grad_enabled():
+        return False
+    return available()
+
+
+# ---- input layouts ----------------------------------------------------------------------------------
+def fp8_x(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x [N, H]`` zero-padded to ``[N, 8 * ceil(H / 8)]``, contiguous."""
+    pad = -x.shape[1] % LANES
+    x = x.float()
+    return torch.nn.functional.pad(x, (0, pad)).contiguous() if pad else x.contiguous()
+
+
+def nvfp4_x(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x [N, H]`` (element order) in the NVFP4 kernel's step order ``[N, 128 * ceil(H / 128)]``.
+
+    Element ``16 b + 2 k + h`` (block ``b = 8 g + l``) goes to ``128 g + 16 k + 8 h + l``; lanes past
+    the last block are zero.
+    """
+    n, hidden = x.shape
+    blocks = hidden // 16
+    groups = -(-blocks // LANES)
+    xb = x.float().reshape(n, blocks, 8, 2)
+    if groups * LANES != blocks:
+        xb = torch.nn.functional.pad(xb, (0, 0, 0, 0, 0, groups * LANES - blocks))
+    return xb.reshape(n, groups, LANES, 8, 2).permute(0, 1, 3, 4, 2).reshape(n, groups * NVFP4_GROUP).contiguous()
+
+
+# ---- calls ------------------------------------------------------------------------------------------
+def _out(out: torch.Tensor | None, n: int, rows: int, like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(n, rows, dtype=torch.float32, device=like.device)
+    if out.dtype != torch.float32 or tuple(out.shape) != (n, rows) or (rows > 1 and out.stride(1) != 1):
+        raise ValueError(f"out must be float32 [{n}, {rows}] with unit column stride, got {out.dtype} "
+                         f"{list(out.shape)} strides {out.stride()}")
+    return out
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"trtvocab fused kernel {what} failed (status {status})")
+
+
+def fp8_logits(x: torch.Tensor, hidden: int, codes: torch.Tensor, scale: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [N, >= H]`` (:func:`fp8_x`) times the e4m3 ``codes [rows, H]`` (rows contiguous) under
+    ``scale`` (0-d, or ``[rows]`` / ``[rows, 1]``): float32 ``[N, rows]``."""
+    loaded = load()
+    if loaded is None:
+        raise RuntimeError(f"fused kernels unavailable: {unavailable_reason()}")
+    n, rows = x.shape[0], codes.shape[0]
+    codes = codes.view(torch.uint8)
+    if codes.shape[1] != hidden or codes.stride(1) != 1 or x.stride(1) != 1 or x.shape[1] < -(-hidden // 8) * 8:
+        raise ValueError("fp8_logits: layout mismatch")
+    if x.dtype != torch.float32 or scale.dtype != torch.float32:
+        raise ValueError("fp8_logits: x and scale must be float32")
+    if scale.numel() == 1:
+        scale_stride = 0
+    elif scale.numel() == rows:
+        scale = scale.reshape(rows)
+        scale_stride = scale.stride(0)
+    else:
+        raise ValueError(f"fp8_logits: {scale.numel()} scales for {rows} rows")
+    out = _out(out, n, rows, x)
+    if n and rows:
+        _check(loaded.lib.trtvocab_fp8_logits(x.data_ptr(), n, x.stride(0), hidden, codes.data_ptr(), rows,
+                                              codes.stride(0), scale.data_ptr(), scale_stride, out.data_ptr(),
+                                              out.stride(0)), "fp8")
+    return out
+
+
+def nvfp4_logits(x: torch.Tensor, hidden: int, packed_block_major: torch.Tensor, block_scales: torch.Tensor,
+                 global_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` (:func:`nvfp4_x`) times block-major packed E2M1 ``[rows, H / 2]`` under e4m3
+    ``block_scales [rows, H / 16]`` and ``global_scale``: float32 ``[N, rows]``."""
+    loaded = load()
+    if loaded is None:
+        raise RuntimeError(f"fused kernels unavailable: {unavailable_reason()}")
+    n, rows = x.shape[0], packed_block_major.shape[0]
+    bs = block_scales.view(torch.uint8)
+    if (hidden % 16 or packed_block_major.shape[1] != hidden // 2 or bs.shape[1] != hidden // 16
+            or packed_block_major.stride(1) != 1 or bs.stride(1) != 1 or x.stride(1) != 1
+            or x.shape[1] != -(-hidden // NVFP4_GROUP) * NVFP4_GROUP or x.dtype != torch.float32):
+        raise ValueError("nvfp4_logits: layout mismatch")
+    out = _out(out, n, rows, x)
+    if n and rows:
+        _check(loaded.lib.trtvocab_nvfp4_logits(x.data_ptr(), n, x.stride(0), hidden, packed_block_major.data_ptr(),
+                                                rows, packed_block_major.stride(0), bs.data_ptr(), bs.stride(0),
+                                                float(global_scale), out.data_ptr(), out.stride(0)), "nvfp4")
+    return out
+
+
+# ---- self-check -------------------------------------------------------------------------------------
+def self_check(loaded: Loaded) -> str | None:
+    """Decode every FP8 code and every FP4 nibble under every block scale through the kernel
+    (batch 1 and batch 2, full lane groups and a partial one) and compare bit for bit with
+    torch's decode. None: all equal."""
+    global _loaded
+    previous = _loaded
+    _loaded = loaded  # the calls below go to the library being checked
+    try:
+        codes = torch.arange(256, dtype=torch.uint8)
+        codes = codes[(codes & 0x7F) != 0x7F]
+        for hidden in (8, 13):  # one full step; a zero-padded tail step
+            w = torch.zeros(codes.numel(), hidden, dtype=torch.uint8)
+            w[torch.arange(codes.numel()), torch.arange(codes.numel()) % hidden] = codes
+            want = codes.view(torch.float8_e4m3fn).float() * 0.75
+            for n in (1, 2):
+                got = fp8_logits(fp8_x(torch.ones(n, hidden)), hidden, w, torch.tensor(0.75))
+                if not torch.equal(got, want.expand(n, -1)):
+                    return f"FP8 decode (H={hidden}, batch {n})"
+        scale_codes = torch.arange(1, 0x7F, dtype=torch.uint8)  # every finite positive e4m3 scale
+        nib = torch.arange(16, dtype=torch.uint8).repeat_interleave(scale_codes.numel())
+        scl = scale_codes.repeat(16)
+        for hidden in (128, 16):  # one full group of 8 blocks; a partial group
+            rows = nib.numel()
+            codes_el = torch.zeros(rows, hidden, dtype=torch.uint8)
+            col = torch.arange(rows) % hidden
+            codes_el[torch.arange(rows), col] = nib
+            packed = codes_el[:, 0::2] | (codes_el[:, 1::2] << 4)
+            bs = scl.reshape(-1, 1).expand(rows, hidden // 16).contiguous().view(torch.float8_e4m3fn)
+            want = nvfp4.dequantize_nvfp4(packed, bs, torch.tensor(0.375)).sum(1) + 0.0
+            for n in (1, 2):
+                got = nvfp4_logits(nvfp4_x(torch.ones(n, hidden)), hidden, nvfp4.to_block_major(packed), bs, 0.375)
+                if not torch.equal(got, want.expand(n, -1)):
+                    return f"NVFP4 decode (H={hidden}, batch {n})"
+        return None
+    finally:
+        _loaded = previous
+
+
+# ---- command line -----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trtvocab.weights.kernels", description=__doc__.splitlines()[0])
+    parser.add_argument("--build", action="store_true", help="build (or find in the cache) and self-check the kernels")
+    parser.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    args = parser.parse_args(argv)
+    if not args.build:
+        parser.print_help()
+        return 0
+    if disabled_reason() is not None:
+        print(f"trtvocab fused kernels: disabled ({disabled_reason()}); the torch path is used")
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    loaded = load(verbose=args.verbose)
+    if loaded is None:
+        # Not an error for `make setup`: the heads fall back to torch, and say so once.
+        print(f"trtvocab fused kernels: unavailable ({unavailable_reason()}); the torch path is used")
+        return 0
+    print(f"trtvocab fused kernels: {loaded.path} ({loaded.isa}, {loaded.seconds:.1f} s, self-check passed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
