@@ -79,7 +79,8 @@ def test_bad_input_on_one_rank_raises_on_every_rank() -> None:
 
 
 def test_budget_chooses_chunking() -> None:
-    head = make_head("fp32", None, "uneven", None, vocab=3001, logits_budget_bytes=4 * 8 * 1000)
+    budget = chunked.STREAM_BYTES_PER_LOGIT * 8 * 1000
+    head = make_head("fp32", None, "uneven", None, vocab=3001, logits_budget_bytes=budget)
     assert chunked.chunk_columns(head, 8, None) == 1000  # 8 rows x 3001 columns of float32 > the budget
     assert len(chunked.plan_chunks(head, 8, None)) > 1
     assert chunked.plan_chunks(head, 2, None) == [chunked.gemm_tiles(head)]  # fits: one chunk, one GEMM

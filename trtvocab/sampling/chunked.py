@@ -30,7 +30,7 @@ FP8 / NVFP4                            the format's ``rows_per_chunk`` from the 
 
 ``chunk=None`` picks the chunk from the head's budget: the whole shard (the materialized path's
 one GEMM) when ``B * V_local * 4`` bytes fit in ``head.logits_budget_bytes``, else
-``budget // (4 * B)`` columns (``sample``: ``budget // (32 * B)``, for its float64 scores and
+``budget // (8 * B)`` columns (``sample``: ``budget // (32 * B)``, for its float64 scores and
 integer noise keys), so a chunk's temporaries stay about one budget.
 
 **What is bitwise.** Against the materialized path -- ``head.local_logits(hidden)`` then
@@ -90,6 +90,10 @@ from trtvocab.weights import deterministic as det
 
 DENSE_TILE = 128  # dense heads in their dtype: no GEMM narrower than this (or than the whole shard)
 SAMPLE_BYTES_PER_LOGIT = 32  # sample's temporaries per logit of a chunk (float64 scores, int64 noise keys)
+# The other passes' temporaries per logit of a chunk: the logits themselves, a NaN mask, and the
+# float32 accumulator a half-precision GEMM allocates on CPUs without native bf16 (measured: 8
+# bytes keeps a bf16 greedy chunk's peak at about one budget; 4 let it reach 1.5 budgets).
+STREAM_BYTES_PER_LOGIT = 8
 FLOAT32_CHUNK_ELEMENTS = 1 << 20  # DenseWeight.forward_float32's chunk_elements default: its GEMM rows
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FORMATS = tuple(WeightFormat)
@@ -114,7 +118,7 @@ def gemm_tiles(head: LMHead) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
-def chunk_columns(head: LMHead, rows: int, chunk: int | None, bytes_per_logit: int = 4) -> int:
+def chunk_columns(head: LMHead, rows: int, chunk: int | None, bytes_per_logit: int = STREAM_BYTES_PER_LOGIT) -> int:
     """Columns per chunk before rounding to tiles: ``chunk``, or what the head's budget allows: the
     whole shard when its float32 logits fit, else ``budget // (bytes_per_logit * rows)`` (``sample``
     counts :data:`SAMPLE_BYTES_PER_LOGIT` for its float64 scores and noise)."""
@@ -126,7 +130,8 @@ def chunk_columns(head: LMHead, rows: int, chunk: int | None, bytes_per_logit: i
     return max(1, budget // (bytes_per_logit * max(1, rows)))
 
 
-def plan_chunks(head: LMHead, rows: int, chunk: int | None, bytes_per_logit: int = 4) -> list[list[tuple[int, int]]]:
+def plan_chunks(head: LMHead, rows: int, chunk: int | None,
+                bytes_per_logit: int = STREAM_BYTES_PER_LOGIT) -> list[list[tuple[int, int]]]:
     """The tiles grouped into chunks: consecutive tiles until a chunk holds ``chunk`` columns."""
     want = chunk_columns(head, rows, chunk, bytes_per_logit)
     chunks: list[list[tuple[int, int]]] = []
@@ -146,7 +151,8 @@ class _Stream:
     owned columns, :attr:`LMHead.output_dtype`). Iterate again for a second pass (activations are
     prepared once)."""
 
-    def __init__(self, hidden: torch.Tensor, head: LMHead, chunk: int | None, bytes_per_logit: int = 4) -> None:
+    def __init__(self, hidden: torch.Tensor, head: LMHead, chunk: int | None,
+                 bytes_per_logit: int = STREAM_BYTES_PER_LOGIT) -> None:
         self.hidden, self.head = hidden, head
         self.chunks = plan_chunks(head, hidden.shape[0], chunk, bytes_per_logit)
         w = head.weights
