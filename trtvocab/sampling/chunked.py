@@ -321,7 +321,7 @@ class _TreeSum:
         if nodes != aligned_nodes(self.start, self.end):  # pragma: no cover - a bug, not an input
             raise AssertionError(f"chunked tree sum: nodes {nodes} != {aligned_nodes(self.start, self.end)}")
         return merge_node_sums(nodes, [t for _, _, t in self.stack], head.vocab_size, head.tp_size,
-                               head.process_group, like=like)
+                               head.process_group, like=like, ranges=[(s.start, s.start + s.size) for s in head.shards])
 
 
 # ---- public functions ----------------------------------------------------------------------------------

@@ -273,7 +273,8 @@ def _sum_exp_and_picks(
     # (what torch.logsumexp returns), never NaN from inf - inf.
     shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     exps = torch.exp(x - shift[:, None])
-    total = tree_sum(exps, head.vocab_start, head.vocab_size, head.tp_size, head.process_group)
+    total = tree_sum(exps, head.vocab_start, head.vocab_size, head.tp_size, head.process_group,
+                     ranges=[(s.start, s.start + s.size) for s in head.shards])
     picked = None
     if token_ids is not None:
         local = token_ids - head.vocab_start

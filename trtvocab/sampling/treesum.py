@@ -12,6 +12,7 @@ its result is the same bits.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -38,32 +39,45 @@ def _pairwise(values: torch.Tensor) -> torch.Tensor:
     return values[:, 0]
 
 
-def tree_sum(local: torch.Tensor, start: int, vocab_size: int, tp_size: int, group: Any) -> torch.Tensor:
-    """Per-row sum of every rank's ``local [B, n]`` (columns ``start .. start + n``) over the vocab tree."""
+def tree_sum(local: torch.Tensor, start: int, vocab_size: int, tp_size: int, group: Any,
+             ranges: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
+    """Per-row sum of every rank's ``local [B, n]`` (columns ``start .. start + n``) over the vocab tree.
+    ``ranges``: every rank's ``[start, end)`` when the caller knows them (a head's shards): the node
+    ids then need no exchange, only the node sums move."""
     n = local.shape[1]
     nodes = aligned_nodes(start, start + n)
     sums = [_pairwise(local[:, (i << lv) - start : ((i + 1) << lv) - start]) for lv, i in nodes]
-    return merge_node_sums(nodes, sums, vocab_size, tp_size, group, like=local)
+    return merge_node_sums(nodes, sums, vocab_size, tp_size, group, like=local, ranges=ranges)
+
+
+def _node_ids(nodes: list[tuple[int, int]], width: int) -> torch.Tensor:
+    ids = torch.full((width,), -1, dtype=torch.int64)
+    for j, (level, index) in enumerate(nodes):
+        ids[j] = (level << 48) | index
+    return ids
 
 
 def merge_node_sums(nodes: list[tuple[int, int]], sums: list[torch.Tensor], vocab_size: int, tp_size: int,
-                    group: Any, *, like: torch.Tensor) -> torch.Tensor:
+                    group: Any, *, like: torch.Tensor, ranges: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
     """The tree total ``[B]`` from this rank's node sums (``nodes`` = :func:`aligned_nodes` of its
-    range, ``sums`` their ``[B]`` pairwise sums) and every other rank's: one all_gather, then the
-    bottom-up merge. ``like``: a ``[B, *]`` tensor giving the rows, dtype and device. A caller that
-    streams its columns (:mod:`trtvocab.sampling.chunked`) builds the same node sums chunk by chunk."""
+    range, ``sums`` their ``[B]`` pairwise sums) and every other rank's: one all_gather (two
+    without ``ranges``, every rank's ``[start, end)``: then the node ids are exchanged too), then
+    the bottom-up merge. ``like``: a ``[B, *]`` tensor giving the rows, dtype and device. A caller
+    that streams its columns (:mod:`trtvocab.sampling.chunked`) builds the same node sums chunk by chunk."""
     rows = like.shape[0]
     local = like
     width = 2 * max(1, vocab_size.bit_length()) + 2  # bound on the node count of any range
-    ids = torch.full((width,), -1, dtype=torch.int64)
+    ids = _node_ids(nodes, width)
     vals = torch.zeros(rows, width, dtype=local.dtype, device=local.device)
-    for j, ((level, index), total) in enumerate(zip(nodes, sums, strict=True)):
-        ids[j] = (level << 48) | index
+    for j, total in enumerate(sums):
         vals[:, j] = total
     if tp_size > 1:
-        all_ids = [torch.empty_like(ids) for _ in range(tp_size)]
         all_vals = [torch.empty_like(vals) for _ in range(tp_size)]
-        dist.all_gather(all_ids, ids, group=group)
+        if ranges is None:
+            all_ids = [torch.empty_like(ids) for _ in range(tp_size)]
+            dist.all_gather(all_ids, ids, group=group)
+        else:
+            all_ids = [_node_ids(aligned_nodes(a, b), width) for a, b in ranges]
         dist.all_gather(all_vals, vals, group=group)
         ids, vals = torch.cat(all_ids), torch.cat(all_vals, dim=1)
     level_of: dict[tuple[int, int], torch.Tensor] = {}
