@@ -309,6 +309,7 @@ def nvfp4_logits(x: torch.Tensor, hidden: int, packed_block_major: torch.Tensor,
     n, rows = x.shape[0], packed_block_major.shape[0]
     bs = block_scales.view(torch.uint8)
     if (hidden % 16 or packed_block_major.shape[1] != hidden // 2 or bs.shape[1] != hidden // 16
+            or bs.shape[0] != rows or x.shape[0] != n
             or packed_block_major.stride(1) != 1 or bs.stride(1) != 1 or x.stride(1) != 1
             or x.shape[1] != -(-hidden // NVFP4_GROUP) * NVFP4_GROUP or x.dtype != torch.float32):
         raise ValueError("nvfp4_logits: layout mismatch")
