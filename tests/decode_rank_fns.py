@@ -128,3 +128,21 @@ def changes_in_steady_state(rank: int, world: int) -> dict[str, Any]:
     out["bad seq_lens"] = _catch(lambda: processor(hidden, gathered, seq_lens).shape[0])
     out["forward healthy after"] = _catch(lambda: list(processor(hidden, gathered, torch.tensor([3, 5])).shape))
     return out
+
+
+def materialized_then_chunked(rank: int, world: int) -> dict[str, Any]:
+    """Steady materialized logsumexp calls, then a chunked one with NaN on rank 1: the chunked path
+    handshakes every call (its first collective carries no verdict), so every rank still raises."""
+    from trtvocab import sampling
+    from trtvocab.sampling import chunked
+
+    head = _head(rank, world)
+    x = _hidden(0)
+    for _ in range(3):
+        sampling.logsumexp(head.local_logits(x), head)
+    bad = x.clone()
+    if rank == 1:
+        bad[0, 0] = float("nan")
+    return {"chunked": _catch(lambda: chunked.logsumexp(bad, head).tolist()),
+            "greedy": _catch(lambda: chunked.greedy(bad, head).tolist()),
+            "after": _catch(lambda: sampling.logsumexp(head.local_logits(x), head).tolist())}

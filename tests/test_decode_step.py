@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import time
 
-from decode_rank_fns import bad_input_on_later_calls, changes_in_steady_state, steady_counts
+from decode_rank_fns import (
+    bad_input_on_later_calls,
+    changes_in_steady_state,
+    materialized_then_chunked,
+    steady_counts,
+)
 
 from trtvocab.launch import run_ranks
 
@@ -66,3 +71,13 @@ def test_changes_in_steady_state_renegotiate_or_raise_on_every_rank() -> None:
         assert r["forward healthy after"] == ("ok", [2, 103])
     assert [r["bad seq_lens"][0] for r in results] == ["InputError", "PeerRankError", "PeerRankError"]
     assert len({str(r["healthy after"][1]) for r in results}) == 1
+
+
+def test_chunked_calls_after_steady_materialized_ones_still_fail_together() -> None:
+    started = time.monotonic()
+    results = run_ranks(materialized_then_chunked, TP, timeout_s=TIMEOUT_S)
+    assert time.monotonic() - started < TIMEOUT_S
+    for key in ("chunked", "greedy"):
+        assert [r[key][0] for r in results] == ["PeerRankError", "InputError", "PeerRankError"], key
+    assert all(r["after"][0] == "ok" for r in results)
+    assert len({str(r["after"][1]) for r in results}) == 1

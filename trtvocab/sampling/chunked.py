@@ -210,8 +210,10 @@ def _meet(head: LMHead, hidden: Any, error: InputError | None, op: str, extra: i
     ident = torch.tensor(_identity(head), dtype=torch.int64)
     if argument is not None:
         ident = torch.cat([ident.to(argument.dtype), argument.reshape(-1).cpu()])
+    # A full handshake on every call (cache=False): the streamed passes' first collectives (an
+    # all_reduce, the tree's node sums) do not carry the verdict of a skipped handshake.
     return handshake(head, hidden, error, op, extra=extra, argument=ident if error is None else None,
-                     proposal=proposal)
+                     proposal=proposal, cache=False)
 
 
 def _raise_nan(bad: torch.Tensor, what: str) -> None:

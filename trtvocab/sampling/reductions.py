@@ -96,7 +96,7 @@ def check_logits(local_logits: Any, head: LMHead, what: str) -> InputError | Non
 
 
 def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str, extra: int = 0,
-               argument: torch.Tensor | None = None, proposal: int = 0) -> int:
+              argument: torch.Tensor | None = None, proposal: int = 0, cache: bool = True) -> int:
     """Raise everywhere if any rank failed validation or the ranks disagree on the call.
 
     Returns rank 0's ``proposal`` (a value one rank picks for all, such as a fresh seed). After
@@ -104,7 +104,8 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
     :class:`~trtvocab.distributed.Agreement`): its verdict rides on the call's first data
     collective (:func:`gather_stack` / :func:`global_max`), and the proposal is derived from the
     one agreed first and a call counter (the same on every rank). ``head.handshake_every_call =
-    True`` turns that off (a full handshake on every call, as before).
+    True`` (or ``cache=False``, for a caller whose first data collective does not carry the
+    verdict, such as :mod:`trtvocab.sampling.chunked`) turns that off: a full handshake on every call.
     """
     if not head.is_split:
         if error is not None:
@@ -117,7 +118,8 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
               "operation": op, _PLAN: extra, "batch rows": rows,
               _DIGEST: argument_digest(argument) if error is None else 0, "proposal": proposal}
     device = local_logits.device if isinstance(local_logits, torch.Tensor) else head.device
-    agreement = None if op == "bitmask" else D.agreement_of(head, f"sampling.{op}")  # bitmask moves no data
+    # bitmask moves no data that could carry a verdict
+    agreement = None if op == "bitmask" or not cache else D.agreement_of(head, f"sampling.{op}")
     head.__dict__["_pending_verdict"] = None
     out, pending = D.open_call(HANDSHAKE, agreement, values, error, head.process_group, device,
                                what=f"sampling.{op}")
