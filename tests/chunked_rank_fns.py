@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from rank_fns import catch, subgroups
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, sampling
-from trtvocab.errors import TrtVocabError
 from trtvocab.sampling import SamplingParams, chunked
 from trtvocab.weights import quantized
 
@@ -66,14 +65,10 @@ def make_head(fmt: str, mapping: Mapping | None, layout: str, group: Any, seed: 
     return head
 
 
-def _groups(world: int) -> dict[int, Any]:
-    return {tp: (dist.new_group(list(range(tp))) if 1 < tp < world else None) for tp in range(2, world + 1)}
-
-
 def equality_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
     """For every format and (tp, layout) this launch can run: chunked vs materialized, per chunk size."""
     quantized.CHUNK_ELEMENTS = HIDDEN * QUANT_ROWS_PER_CHUNK
-    groups = _groups(world) if world > 1 else {}
+    groups = subgroups(world) if world > 1 else {}
     splits = [(tp, layout) for tp, layout in SPLITS if tp == world]
     x32 = torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(seed)) * 2
     token_ids = torch.tensor([[0, 1, VOCAB - 1], [999, 1000, 2001], [7, 2000, 3000]] * 2)
@@ -123,13 +118,6 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     nan = x.clone()
     nan[2, 5] = float("nan")
     out: dict[str, tuple[str, str]] = {}
-
-    def catch(fn: Any) -> tuple[str, str]:
-        try:
-            fn()
-        except TrtVocabError as exc:
-            return type(exc).__name__, str(exc)
-        return "ok", ""
 
     out["nan hidden"] = catch(lambda: chunked.greedy(nan if rank == 1 else x, head))
     out["wrong shape"] = catch(lambda: chunked.topk(x[:, :-1] if rank == 2 else x, head, 5))

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rank_fns import catch
 
 from trtvocab import LMHead, Mapping
 from trtvocab import distributed as D
@@ -99,13 +100,6 @@ def bad_sample_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     good = row_params()
     bad = rank == 1
     out: dict[str, tuple[str, str]] = {}
-
-    def catch(fn: Any) -> tuple[str, str]:
-        try:
-            fn()
-        except TrtVocabError as exc:
-            return type(exc).__name__, str(exc)
-        return "ok", ""
 
     out["params count"] = catch(lambda: sample(local, head, good[:3] if bad else good))
     out["params type"] = catch(lambda: sample(local, head, {"temperature": 1.0} if bad else good))  # type: ignore

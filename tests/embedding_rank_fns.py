@@ -7,13 +7,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from rank_fns import catch, subgroups
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig
 from trtvocab import distributed as D
 from trtvocab.embedding import VocabParallelEmbedding, resident_bytes, tie_weights
-from trtvocab.errors import TrtVocabError
 from trtvocab.quant import fp8
 
 HIDDEN = 24
@@ -58,21 +57,9 @@ def recording_reduces() -> Iterator[list[torch.dtype]]:
         D.all_reduce = real
 
 
-def _groups(world: int) -> dict[int, Any]:
-    return {tp: (dist.new_group(list(range(tp))) if tp < world else None) for tp in range(2, world + 1)}
-
-
-def _catch(fn: Any) -> tuple[str, str]:
-    try:
-        fn()
-    except TrtVocabError as exc:
-        return type(exc).__name__, str(exc)
-    return "ok", ""
-
-
 def parity_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
     """Every (tp, layout) of SPLITS on ranks [0, tp): dense bf16 / fp32 and FP8 per-tensor / per-row."""
-    groups = _groups(world)
+    groups = subgroups(world)
     out: list[dict[str, Any]] = []
     for vocab in (PRIME_V, 49152):
         w32 = table(vocab, seed + vocab)
@@ -146,17 +133,17 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     ids = torch.tensor([1, 50, 100, -1])
     bad_one = rank == 1
     out: dict[str, tuple[str, str]] = {}
-    out["float ids"] = _catch(lambda: good(ids.float() if bad_one else ids))
-    out["bool ids"] = _catch(lambda: good(ids.bool() if bad_one else ids))
-    out["ids on another device"] = _catch(lambda: good(ids.to("meta") if bad_one else ids))
-    out["not a tensor"] = _catch(lambda: good([1, 2, 3, 4] if bad_one else ids))  # type: ignore[arg-type]
-    out["different id count"] = _catch(lambda: good(ids[:3] if bad_one else ids))
-    out["different vocab"] = _catch(lambda: make(vocab=vocab + 1 if bad_one else vocab)(ids))
-    out["different layout"] = _catch(lambda: make(vocab_layout="padded" if bad_one else "uneven")(ids))
-    out["different reduce_output"] = _catch(lambda: make(reduce_output=not bad_one)(ids))
-    out["wrong table shape"] = _catch(lambda: VocabParallelEmbedding(
+    out["float ids"] = catch(lambda: good(ids.float() if bad_one else ids))
+    out["bool ids"] = catch(lambda: good(ids.bool() if bad_one else ids))
+    out["ids on another device"] = catch(lambda: good(ids.to("meta") if bad_one else ids))
+    out["not a tensor"] = catch(lambda: good([1, 2, 3, 4] if bad_one else ids))  # type: ignore[arg-type]
+    out["different id count"] = catch(lambda: good(ids[:3] if bad_one else ids))
+    out["different vocab"] = catch(lambda: make(vocab=vocab + 1 if bad_one else vocab)(ids))
+    out["different layout"] = catch(lambda: make(vocab_layout="padded" if bad_one else "uneven")(ids))
+    out["different reduce_output"] = catch(lambda: make(reduce_output=not bad_one)(ids))
+    out["wrong table shape"] = catch(lambda: VocabParallelEmbedding(
         vocab, HIDDEN, mapping=mapping).load_weights({"weight": w[:, :-1] if bad_one else w}))
-    out["healthy after"] = _catch(lambda: good(ids))
+    out["healthy after"] = catch(lambda: good(ids))
     return out
 
 
