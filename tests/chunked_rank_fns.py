@@ -99,11 +99,7 @@ def equality_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
                 rec["lse_err"] = float((lse - want_lse).abs().max())
                 rec["logprobs_err"] = float((lp - want_lp).abs().max())
                 rec["sample"] = chunked.sample(x, head, row_params(), step=3, chunk=chunk).tolist() == want_ids.tolist()
-                if chunk == 7:  # the variants once per head (chunk 1 and 7 stream the same tiles)
-                    one = chunked.logsumexp(x, head, chunk=chunk, exact=False)
-                    one_lp = chunked.logprobs(x, head, token_ids, chunk=chunk, exact=False)
-                    rec["one_pass_err"] = max(float((one - want_lse).abs().max()),
-                                              float((one_lp - want_lp).abs().max()))
+                if chunk == 7:  # the variant once per head (chunk 1 and 7 stream the same tiles)
                     limited = chunked.sample(x, head, row_params(), step=3, vocab_limit=2000, chunk=chunk)
                     rec["sample_limited"] = limited.tolist() == want_limited.tolist()
                 rec["ids"] = want_ids.tolist()

@@ -5,7 +5,7 @@ vocab chunks equal the materialized path (``head.local_logits`` then trtvocab.sa
   chunk sizes 1, 7, the shard's size and larger, dense bf16 / fp32 / bf16 with float32 logits /
   deterministic bf16, FP8 W8A8 (dynamic), NVFP4 W4A4 and W4A16, tp 1 and tp 3 (uneven and padded).
 * logsumexp / logprobs against ``sampling.logsumexp`` / ``logprobs``: bitwise for every head (both
-  sum the fixed vocab tree of ``trtvocab.sampling.treesum``); the one-pass variant to float32 rounding.
+  compute the fixed vocab tree of ``trtvocab.sampling.treesum``, in one pass).
 * the budget picks chunking by itself; the chunked peak memory stays far below ``[B, V]`` float32;
   bad input on one rank raises on every rank.
 """
@@ -26,7 +26,6 @@ from trtvocab.launch import run_ranks
 from trtvocab.sampling import chunked
 
 SEED = 5
-SUM_TOL = 2e-5  # the one-pass (online-rescaled) logsumexp of a few thousand float32 terms
 
 
 def _check(records: list[dict]) -> None:
@@ -38,9 +37,6 @@ def _check(records: list[dict]) -> None:
                 failures.append(f"{r['case']}: {key} differs")
         if not (r["lse_materialized"] and r["logprobs_materialized"]):
             failures.append(f"{r['case']}: logsumexp / logprobs not bitwise (max err {r['lse_err']:.3g})")
-        for key in ("one_pass_err",):
-            if r.get(key, 0.0) > SUM_TOL:
-                failures.append(f"{r['case']}: {key} {r[key]:.3g}")
     assert not failures, "\n".join(failures[:20])
 
 

@@ -5,7 +5,7 @@ Each function takes the rows to score, ``hidden [B, H]`` (in the head dtype), an
 :class:`~trtvocab.lm_head.LMHead`, computes this rank's logits a chunk of vocab columns at a time
 and merges as it goes (a running best ``(value, id)``, a running top-k, the node sums of the
 vocab tree); the cross-rank merges are those of :mod:`trtvocab.sampling.reductions` (a gather of
-``[B]`` pairs, of ``[B, k]`` candidates, :func:`~trtvocab.sampling.treesum.merge_node_sums`).
+``[B]`` pairs, of ``[B, k]`` candidates, :func:`~trtvocab.sampling.treesum.merge_ranges`).
 Every public call starts with one handshake (``sampling.reductions.handshake``) before any data
 moves: bad input on one rank (NaN hidden, a wrong shape, a bad argument) raises on every rank.
 
@@ -43,12 +43,11 @@ integer noise keys), so a chunk's temporaries stay about one budget.
   at least ``DENSE_TILE`` columns wide (measured on this CPU's MKL for float32, bf16 and fp16:
   tiles of 16 columns and more already give the full GEMM's bits; the tests check it at the
   shapes they use).
-* ``logsumexp`` / ``logprobs``: with ``exact=True`` (default; two passes over the weight: the
-  global max first, then the sum) the sum is the fixed pairwise tree over global token ids of
-  :mod:`~trtvocab.sampling.treesum`, streamed node by node (partial node sums are carried across
-  chunk boundaries and merged sibling by sibling, so every addition is the tree's): bitwise equal
-  to the materialized path, which sums that same tree for every head. ``exact=False`` makes
-  one pass (an online max-rescaled sum): float32 rounding of the exact result, never bitwise.
+* ``logsumexp`` / ``logprobs``: one pass. The sum is the fixed pairwise tree of ``(max, sum exp)``
+  pairs over global token ids of :mod:`~trtvocab.sampling.treesum`, streamed node by node (a
+  chunk's nodes are pushed and merged sibling by sibling with those of the chunks before it, so
+  every merge is the tree's): bitwise equal to the materialized path, which computes that same
+  tree for every head.
 * ``sample``: temperature, greedy rows (T = 0), top-k (one pass; the kept tokens are the merged
   top-k candidates, raced there), ``vocab_limit``, and min-p (rows with top-k: one pass, on the
   candidates; rows without: a second streaming pass after the global max). **top-p is refused**
@@ -85,7 +84,7 @@ from trtvocab.sampling.reductions import (
     handshake,
     token_ids_error,
 )
-from trtvocab.sampling.treesum import _pairwise, aligned_nodes, merge_node_sums
+from trtvocab.sampling.treesum import Node, aligned_nodes, merge, merge_ranges, range_nodes
 from trtvocab.weights import deterministic as det
 
 DENSE_TILE = 128  # dense heads in their dtype: no GEMM narrower than this (or than the whole shard)
@@ -298,32 +297,29 @@ class _TopK:
 
 
 class _TreeSum:
-    """The node sums of :mod:`~trtvocab.sampling.treesum`'s tree over this rank's ids, built chunk by
-    chunk: each chunk's maximal aligned blocks are summed pairwise and pushed; a block whose left
-    sibling is on top of the stack merges with it (``left + right``), so every addition is one of the
-    tree's and the stack ends as the shard's ``aligned_nodes``, with the same bits."""
+    """The vocab tree's nodes (:mod:`~trtvocab.sampling.treesum`) over this rank's ids, built chunk by
+    chunk: each chunk's maximal aligned nodes come from ``range_nodes`` and are pushed; a node whose
+    left sibling is on top of the stack merges with it, so every merge is one of the tree's and the
+    stack ends as the shard's ``aligned_nodes``, with the same bits."""
 
     def __init__(self, start: int, end: int) -> None:
         self.start, self.end = start, end
-        self.stack: list[tuple[int, int, torch.Tensor]] = []
+        self.stack: list[Node] = []
 
-    def add(self, exps: torch.Tensor, first_id: int) -> None:
-        for level, index in aligned_nodes(first_id, first_id + exps.shape[1]):
-            lo = (index << level) - first_id
-            self._push(level, index, _pairwise(exps[:, lo : lo + (1 << level)]))
+    def add(self, x: torch.Tensor, first_id: int) -> None:
+        for level, index, m, s in range_nodes(x, first_id):
+            while self.stack and index % 2 == 1 and self.stack[-1][:2] == (level, index - 1):
+                m, s = merge(*self.stack.pop()[2:], m, s)
+                level, index = level + 1, index // 2
+            self.stack.append((level, index, m, s))
 
-    def _push(self, level: int, index: int, total: torch.Tensor) -> None:
-        while self.stack and index % 2 == 1 and self.stack[-1][:2] == (level, index - 1):
-            total = self.stack.pop()[2] + total
-            level, index = level + 1, index // 2
-        self.stack.append((level, index, total))
-
-    def total(self, head: LMHead, like: torch.Tensor) -> torch.Tensor:
-        nodes = [(lv, i) for lv, i, _ in self.stack]
+    def total(self, head: LMHead, like: torch.Tensor,
+              extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        nodes = [(lv, i) for lv, i, _, _ in self.stack]
         if nodes != aligned_nodes(self.start, self.end):  # pragma: no cover - a bug, not an input
-            raise AssertionError(f"chunked tree sum: nodes {nodes} != {aligned_nodes(self.start, self.end)}")
-        return merge_node_sums(nodes, [t for _, _, t in self.stack], head.vocab_size, head.tp_size,
-                               head.process_group, like=like, ranges=[(s.start, s.start + s.size) for s in head.shards])
+            raise AssertionError(f"chunked tree: nodes {nodes} != {aligned_nodes(self.start, self.end)}")
+        return merge_ranges(self.stack, head.vocab_size, head.tp_size, head.process_group,
+                            [(s.start, s.start + s.size) for s in head.shards], like=like, extra=extra)
 
 
 # ---- public functions ----------------------------------------------------------------------------------
@@ -366,105 +362,49 @@ def topk(hidden: torch.Tensor, head: LMHead, k: int, *, chunk: int | None = None
     return vals.to(head.output_dtype), ids
 
 
-def _global_max(stream: _Stream, head: LMHead, what: str) -> torch.Tensor:
-    """Pass 1: the ``[B]`` float32 max over the whole vocab (one all_reduce MAX, NaN flag folded in)."""
-    rows = stream.hidden.shape[0]
-    acc = torch.full((rows + 1,), float("-inf"), dtype=torch.float32, device=stream.hidden.device)
-    acc[rows] = 0.0
-    for _, _, x in stream:
-        x = x.to(torch.float32)
-        acc[:rows] = torch.maximum(acc[:rows], x.amax(dim=1))
-        if bool(torch.isnan(x).any()):
-            acc[rows] = 1.0
-    if head.is_split:
-        D.all_reduce(acc, dist.ReduceOp.MAX, head.process_group)
-    _raise_nan(torch.isnan(acc[:rows]) | (acc[rows] > 0), what)
-    return acc[:rows]
-
-
 def _lse_and_picks(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor | None, chunk: int | None,
-                   exact: bool, what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    stream = _Stream(hidden, head, chunk)
+                   what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One streaming pass: the vocab tree's nodes, the picked logits and a NaN flag per row, then
+    one all_gather (the picks and the flag ride with the node pairs)."""
     rows, start = hidden.shape[0], head.vocab_start
-    picked = None if token_ids is None else torch.zeros(token_ids.shape, dtype=torch.float32, device=hidden.device)
-
-    def pick(x: torch.Tensor, lo: int) -> None:
-        nonlocal picked
-        if token_ids is None or picked is None or x.shape[1] == 0:
-            return
-        local = token_ids - (start + lo)
-        mine = (local >= 0) & (local < x.shape[1])
-        picked = torch.where(mine, x.gather(1, local.clamp(0, x.shape[1] - 1)), picked)
-
-    if exact:
-        m = _global_max(stream, head, what)
-        shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        tree = _TreeSum(start, start + head.shard.size)
-        for lo, _, x in stream:
-            x = x.to(torch.float32)
-            tree.add(torch.exp(x - shift[:, None]), start + lo)
-            pick(x, lo)
-        if picked is not None and head.is_split:
-            D.all_reduce(picked, dist.ReduceOp.SUM, head.process_group)
-        total = tree.total(head, torch.empty(rows, 0, dtype=torch.float32, device=hidden.device))
-        return shift + torch.log(total), picked
-    # One pass: a running max and the sum of exp(x - running max), rescaled when the max grows.
-    m = torch.full((rows,), float("-inf"), dtype=torch.float32, device=hidden.device)
-    s = torch.zeros(rows, dtype=torch.float32, device=hidden.device)
-    nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
-    for lo, _, x in stream:
+    n = 0 if token_ids is None else token_ids.shape[1]
+    extra = torch.zeros(rows, n + 1, dtype=torch.float32, device=hidden.device)  # picks, then the NaN flag
+    tree = _TreeSum(start, start + head.shard.size)
+    for lo, _, x in _Stream(hidden, head, chunk):
         x = x.to(torch.float32)
-        nan |= torch.isnan(x).any(dim=1)
-        m_new = torch.maximum(m, x.amax(dim=1))
-        old = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        new = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        s = s * torch.exp(old - new) + torch.exp(x - new[:, None]).sum(dim=1)
-        m = m_new
-        pick(x, lo)
-    own_shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    if head.is_split:
-        M = torch.cat([m, nan.to(torch.float32)])
-        D.all_reduce(M, dist.ReduceOp.MAX, head.process_group)
-        nan = M[rows:] > 0
-        M = M[:rows]
-    else:
-        M = m
-    _raise_nan(nan, what)
-    shift = torch.where(torch.isinf(M), torch.zeros_like(M), M)
-    parts = [(s * torch.exp(own_shift - shift))[:, None]]
-    if picked is not None:
-        parts.append(picked)
-    summed = torch.cat(parts, dim=1)
-    if head.is_split:
-        D.all_reduce(summed, dist.ReduceOp.SUM, head.process_group)
-    return shift + torch.log(summed[:, 0]), (summed[:, 1:] if picked is not None else None)
+        tree.add(x, start + lo)
+        extra[:, n] += torch.isnan(x).any(dim=1).to(torch.float32)
+        if token_ids is not None and x.shape[1]:
+            local = token_ids - (start + lo)
+            mine = (local >= 0) & (local < x.shape[1])
+            extra[:, :n] = torch.where(mine, x.gather(1, local.clamp(0, x.shape[1] - 1)), extra[:, :n])
+    _, lse, summed = tree.total(head, hidden, extra)
+    assert summed is not None
+    _raise_nan(summed[:, n] > 0, what)
+    return lse, (summed[:, :n] if token_ids is not None else None)
 
 
-def logsumexp(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None, exact: bool = True) -> torch.Tensor:
-    """``[B]`` float32 ``log(sum(exp(logits)))`` over the whole vocab. ``exact=True``: two streaming
-    passes, the vocab-tree sum (bitwise what a deterministic head's ``sampling.logsumexp`` gives);
-    ``exact=False``: one pass, to float32 rounding (see the module docstring)."""
+def logsumexp(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> torch.Tensor:
+    """``[B]`` float32 ``log(sum(exp(logits)))`` over the whole vocab, one streaming pass: bitwise
+    ``sampling.logsumexp`` of ``head.local_logits(hidden)`` (the same vocab tree)."""
     what = "sampling.chunked.logsumexp"
     error = _check(hidden, head, chunk, what)
-    _meet(head, hidden, error, "logsumexp", extra=int(bool(exact)))
-    return _lse_and_picks(hidden, head, None, chunk, bool(exact), what)[0]
+    _meet(head, hidden, error, "logsumexp")
+    return _lse_and_picks(hidden, head, None, chunk, what)[0]
 
 
-def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chunk: int | None = None,
-             exact: bool = True) -> torch.Tensor:
+def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
     """Log-probabilities (float32, global softmax) of ``token_ids`` (``[B]`` or ``[B, n]``, global
-    ids): ``sampling.logprobs`` of ``head.local_logits(hidden)``; passes as for :func:`logsumexp`."""
+    ids): bitwise ``sampling.logprobs`` of ``head.local_logits(hidden)``, one streaming pass."""
     what = "sampling.chunked.logprobs"
     error = _check(hidden, head, chunk, what)
     n = 0
     if error is None:
         error, n = token_ids_error(token_ids, hidden.shape[0], head.vocab_size, what)
-    argument = None
-    if error is None:
-        argument = torch.cat([torch.tensor([int(bool(exact))]), token_ids.to(torch.int64).reshape(-1).cpu()])
+    argument = token_ids.to(torch.int64).reshape(-1).cpu() if error is None else None
     _meet(head, hidden, error, "logprobs", extra=n, argument=argument)
     ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(hidden.device)
-    lse, picked = _lse_and_picks(hidden, head, ids, chunk, bool(exact), what)
+    lse, picked = _lse_and_picks(hidden, head, ids, chunk, what)
     assert picked is not None
     return (picked - lse[:, None]).reshape(token_ids.shape)
 

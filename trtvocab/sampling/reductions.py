@@ -8,8 +8,8 @@ numbers cross ranks::
 
     greedy      local (max, global id)   -> all_gather [tp, B] pairs  -> pick
     topk        local top-k (vals, ids)  -> all_gather [tp, B, k]     -> merge
-    logsumexp   local max -> all_reduce MAX; local sum exp(x - max) -> all_reduce SUM
-    logprobs    logsumexp + the owner rank's logit of each id (others add 0)
+    logsumexp   local (max, sum exp) pairs of the vocab tree's nodes -> all_gather -> merge
+    logprobs    logsumexp + the owner rank's logit of each id (others add 0), in the same gather
     min_p       keep x where exp(x - global max) >= min_p  (no denominator needed)
     top_p       logsumexp, then the exact global top-k with k doubling until the
                 nucleus ends inside it; each rank keeps what sorts before the cut
@@ -40,12 +40,11 @@ import hashlib
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from trtvocab import distributed as D
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
-from trtvocab.sampling.treesum import tree_sum
+from trtvocab.sampling.treesum import tree_logsumexp
 
 NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
 _PLAN = "k / ids per row / sampling plan (top-k width, filters)"
@@ -264,32 +263,23 @@ def _sum_exp_and_picks(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Global ``(max [B], logsumexp [B], picked logits [B, n] or None)`` in float32.
 
-    The sum of ``exp(x - max)`` runs over the fixed pairwise tree of global token ids
-    (:mod:`trtvocab.sampling.treesum`): bitwise the same at every tp size and layout, and the
-    same as a vocab-chunked caller that builds the tree's node sums chunk by chunk
-    (:mod:`trtvocab.sampling.chunked`). Collectives: the max, the node sums, and for picks one SUM.
-    """
+    The logsumexp is the fixed pairwise tree of ``(max, sum exp)`` pairs over global token ids
+    (:mod:`trtvocab.sampling.treesum`): bitwise the same at every tp size and layout, and the same
+    as a vocab-chunked caller that builds the tree's nodes chunk by chunk while the logits stream
+    (:mod:`trtvocab.sampling.chunked`). One collective: the node pairs, with the picked logits
+    riding along (exactly one rank owns each id; the others add an exact 0)."""
     x = x.to(torch.float32)
-    m = global_max(x, head)
-    # Shift by a finite max: all -inf rows give logsumexp -inf, a +inf logit gives +inf
-    # (what torch.logsumexp returns), never NaN from inf - inf.
-    shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    exps = torch.exp(x - shift[:, None])
-    total = tree_sum(exps, head.vocab_start, head.vocab_size, head.tp_size, head.process_group,
-                     ranges=[(s.start, s.start + s.size) for s in head.shards])
     picked = None
     if token_ids is not None:
         local = token_ids - head.vocab_start
         mine = (local >= 0) & (local < x.shape[1])
         picked = torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device)
         if x.shape[1]:
-            got = x.gather(1, local.clamp(0, x.shape[1] - 1))
-            # Exactly one rank owns each id; the others add an exact 0 in the SUM below.
-            picked = torch.where(mine, got, picked)
-        if head.is_split:
-            D.all_reduce(picked, dist.ReduceOp.SUM, head.process_group)
-    lse = shift + torch.log(total)
-    return m, lse, picked
+            picked = torch.where(mine, x.gather(1, local.clamp(0, x.shape[1] - 1)), picked)
+    m, lse, summed = tree_logsumexp(x, head.vocab_start, head.vocab_size, head.tp_size, head.process_group,
+                                    [(s.start, s.start + s.size) for s in head.shards], extra=picked,
+                                    pending=_take_verdict(head) if head.is_split else None)
+    return m, lse, summed
 
 
 def logsumexp(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:

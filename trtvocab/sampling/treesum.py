@@ -1,13 +1,25 @@
-"""A sum over the vocabulary that is bitwise the same at every tp size: a tree on global token ids.
+"""A logsumexp over the vocabulary that is bitwise the same at every tp size and chunking, in one pass.
 
 The tree is the pairwise tree over the (power-of-two padded) global id range: node
-``(level, i)`` holds ids ``[i * 2**level, (i + 1) * 2**level)`` and is ``left + right``.
-A rank owning ``[start, end)`` cuts its range into the largest aligned nodes that fit
-(at most ``2 * log2(V)`` of them) and sums each node's elements pairwise: the same adds,
-in the same order, that the whole tree does there. The node sums of all ranks are then
-gathered (``O(B log V)`` numbers) and every rank merges them bottom-up in the one tree
-order (a node beyond the vocabulary is 0). tp 1 runs the same code with one range, so
-its result is the same bits.
+``(level, i)`` holds ids ``[i * 2**level, (i + 1) * 2**level)``. A node's value is a pair
+``(m, s)``: the largest logit under it and ``s = sum exp(x - m)`` over its ids, built by one
+fixed merge of its two children (:func:`merge`)::
+
+    leaf x        (x, 1)   (-inf, 0 for a -inf logit: it carries no mass)
+    merge         m = max(m1, m2);  e = exp(min(m1, m2) - m);  s = s_of_max + s_of_min * e
+    root          logsumexp = m + log(s)
+
+Because each node needs only its children -- never the global max -- a rank (or a chunk of a
+rank's columns) computes its subtrees while its logits stream by, and nothing is rescaled
+afterwards: no second pass over the weight. A rank owning ``[start, end)`` cuts its range into
+the largest aligned nodes that fit (:func:`aligned_nodes`, at most ``2 * log2(V)`` of them) and
+computes each the way the whole tree does there, level by level over all of them at once
+(:func:`range_nodes`). The node pairs of all ranks are gathered (``O(B log V)`` numbers) and
+every rank merges them bottom-up in the one tree order (a node beyond the vocabulary is
+``(-inf, 0)``). tp 1 runs the same code with one range, so its result is the same bits.
+
+Every operation is elementwise (max, min, sub, exp, mul, add, select), so a node's bits do not
+depend on which tensor, batch or thread computed it.
 """
 
 from __future__ import annotations
@@ -16,7 +28,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from trtvocab import distributed as D
+from trtvocab.weights import kernels
+
+Pair = tuple[torch.Tensor, torch.Tensor]  # (m [B, ...], s [B, ...]) float32
+Node = tuple[int, int, torch.Tensor, torch.Tensor]  # (level, index, m [B], s [B])
 
 
 def aligned_nodes(start: int, end: int) -> list[tuple[int, int]]:
@@ -32,66 +49,131 @@ def aligned_nodes(start: int, end: int) -> list[tuple[int, int]]:
     return nodes
 
 
-def _pairwise(values: torch.Tensor) -> torch.Tensor:
-    """Sum of ``values [B, 2**k]`` along dim 1 by the pairwise tree (adjacent pairs first)."""
-    while values.shape[1] > 1:
-        values = values[:, 0::2] + values[:, 1::2]
-    return values[:, 0]
+def merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch.Tensor) -> Pair:
+    """The parent of sibling nodes ``(m1, s1)`` (left) and ``(m2, s2)`` (right), elementwise."""
+    m = torch.maximum(m1, m2)
+    # min - max is -|m1 - m2| exactly; NaN only when both are the same infinity: then both sides
+    # count in full (e = 1): two -inf nodes give s = 0, two +inf nodes a positive s (lse = +inf).
+    e = torch.exp(torch.nan_to_num(torch.minimum(m1, m2) - m, nan=0.0, posinf=float("inf"), neginf=float("-inf")))
+    first = m1 >= m2
+    return m, torch.where(first, s1, s2) + torch.where(first, s2, s1) * e
 
 
-def tree_sum(local: torch.Tensor, start: int, vocab_size: int, tp_size: int, group: Any,
-             ranges: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
-    """Per-row sum of every rank's ``local [B, n]`` (columns ``start .. start + n``) over the vocab tree.
-    ``ranges``: every rank's ``[start, end)`` when the caller knows them (a head's shards): the node
-    ids then need no exchange, only the node sums move."""
-    n = local.shape[1]
-    nodes = aligned_nodes(start, start + n)
-    sums = [_pairwise(local[:, (i << lv) - start : ((i + 1) << lv) - start]) for lv, i in nodes]
-    return merge_node_sums(nodes, sums, vocab_size, tp_size, group, like=local, ranges=ranges)
+def leaf(x: torch.Tensor) -> Pair:
+    """Leaves ``(x, 1)``, ``(-inf, 0)`` for masked logits, in float32."""
+    x = x.to(torch.float32)
+    return x, (x != float("-inf")).to(torch.float32)
 
 
-def _node_ids(nodes: list[tuple[int, int]], width: int) -> torch.Tensor:
-    ids = torch.full((width,), -1, dtype=torch.int64)
+def _leaf_pairs(a: torch.Tensor, b: torch.Tensor) -> Pair:
+    """:func:`merge` of two leaves, fewer operations, the same bits: the larger side's s is 1 unless
+    both are -inf (then s = 0), the smaller side's s is 0 only when it is -inf, and then e = 0."""
+    m = torch.maximum(a, b)
+    e = torch.exp(torch.nan_to_num(torch.minimum(a, b) - m, nan=0.0, posinf=float("inf"), neginf=float("-inf")))
+    return m, torch.where(m == float("-inf"), torch.zeros_like(e), 1.0 + e)
+
+
+def range_nodes(x: torch.Tensor, first_id: int) -> list[Node]:
+    """The tree's nodes :func:`aligned_nodes` of ``[first_id, first_id + n)`` from logits ``x [B, n]``.
+
+    Level by level over the whole range: at each level the first node, when it is a right child,
+    and the last, when it is a left child, are whole (their sibling lies outside the range) and
+    are taken out; the rest pair up. So ~ 8 operations per level, whatever the node count."""
+    n = x.shape[1]
+    left: list[Node] = []
+    right: list[Node] = []
+    if n == 0:
+        return []
+    if (x.device.type == "cpu" and n <= kernels.TREE_MAX_LOGITS and kernels.tree_available()
+            and not (x.requires_grad and torch.is_grad_enabled())):
+        # The same nodes, the same bits, in one pass over the logits (trtvocab/weights/csrc/treesum.cpp).
+        ids = aligned_nodes(first_id, first_id + n)
+        m, s = kernels.tree_nodes(x.to(torch.float32).contiguous(), first_id, len(ids))
+        return [(level, index, m[:, j], s[:, j]) for j, (level, index) in enumerate(ids)]
+    m, s = leaf(x)
+    index, level = first_id, 0
+    while m.shape[1]:
+        if index % 2 == 1:
+            left.append((level, index, m[:, 0], s[:, 0]))
+            m, s, index = m[:, 1:], s[:, 1:], index + 1
+        if m.shape[1] and (index + m.shape[1] - 1) % 2 == 0:
+            right.append((level, index + m.shape[1] - 1, m[:, -1], s[:, -1]))
+            m, s = m[:, :-1], s[:, :-1]
+        if not m.shape[1]:
+            break
+        if level == 0:
+            m, s = _leaf_pairs(m[:, 0::2], m[:, 1::2])
+        else:
+            m, s = merge(m[:, 0::2], s[:, 0::2], m[:, 1::2], s[:, 1::2])
+        index, level = index // 2, level + 1
+    return left + right[::-1]
+
+
+def _node_ids(nodes: Sequence[tuple[int, int]], width: int) -> list[int]:
+    ids = [-1] * width
     for j, (level, index) in enumerate(nodes):
         ids[j] = (level << 48) | index
     return ids
 
 
-def merge_node_sums(nodes: list[tuple[int, int]], sums: list[torch.Tensor], vocab_size: int, tp_size: int,
-                    group: Any, *, like: torch.Tensor, ranges: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
-    """The tree total ``[B]`` from this rank's node sums (``nodes`` = :func:`aligned_nodes` of its
-    range, ``sums`` their ``[B]`` pairwise sums) and every other rank's: one all_gather (two
-    without ``ranges``, every rank's ``[start, end)``: then the node ids are exchanged too), then
-    the bottom-up merge. ``like``: a ``[B, *]`` tensor giving the rows, dtype and device. A caller
-    that streams its columns (:mod:`trtvocab.sampling.chunked`) builds the same node sums chunk by chunk."""
-    rows = like.shape[0]
-    local = like
-    width = 2 * max(1, vocab_size.bit_length()) + 2  # bound on the node count of any range
-    ids = _node_ids(nodes, width)
-    vals = torch.zeros(rows, width, dtype=local.dtype, device=local.device)
-    for j, total in enumerate(sums):
-        vals[:, j] = total
+def node_width(vocab_size: int) -> int:
+    """Slots per rank for node pairs: a bound on the node count of any range of the vocab."""
+    return 2 * max(1, vocab_size.bit_length()) + 2
+
+
+def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: Any,
+                 ranges: Sequence[tuple[int, int]], *, like: torch.Tensor, extra: torch.Tensor | None = None,
+                 pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(max [B], logsumexp [B], extra summed over ranks or None)`` from this rank's nodes (those
+    of its range, :func:`range_nodes` or built chunk by chunk) and every other rank's.
+
+    ``ranges``: every rank's ``[start, end)``, so only the node pairs move: one all_gather of
+    ``[B, 2 * width + e]`` float32, ``extra [B, e]`` riding along (summed over ranks in rank
+    order: per-rank picks where only the owner is non-zero stay exact). ``pending``: the call's
+    verdict when this is its first data collective (:func:`trtvocab.distributed.gather_verdict`).
+    ``like``: a ``[B, *]`` tensor giving the rows and device."""
+    rows, device = like.shape[0], like.device
+    width = node_width(vocab_size)
+    n_extra = 0 if extra is None else extra.shape[1]
+    packed = torch.zeros(rows, 2 * width + n_extra, dtype=torch.float32, device=device)
+    packed[:, 0 : 2 * width : 2] = float("-inf")
+    for j, (_, _, m, s) in enumerate(nodes):
+        packed[:, 2 * j], packed[:, 2 * j + 1] = m, s
+    if extra is not None:
+        packed[:, 2 * width :] = extra
     if tp_size > 1:
-        all_vals = [torch.empty_like(vals) for _ in range(tp_size)]
-        if ranges is None:
-            all_ids = [torch.empty_like(ids) for _ in range(tp_size)]
-            dist.all_gather(all_ids, ids, group=group)
-        else:
-            all_ids = [_node_ids(aligned_nodes(a, b), width) for a, b in ranges]
-        dist.all_gather(all_vals, vals, group=group)
-        ids, vals = torch.cat(all_ids), torch.cat(all_vals, dim=1)
-    level_of: dict[tuple[int, int], torch.Tensor] = {}
-    for j, key in enumerate(ids.tolist()):
+        pieces = D.gather_verdict(pending, packed, tp_size, group)
+        ids = [key for a, b in ranges for key in _node_ids(aligned_nodes(a, b), width)]
+    else:
+        pieces, ids = [packed], _node_ids([(lv, i) for lv, i, _, _ in nodes], width)
+    pairs = torch.cat([p[:, : 2 * width] for p in pieces], dim=1)
+    summed = None
+    if extra is not None:
+        summed = pieces[0][:, 2 * width :]
+        for p in pieces[1:]:
+            summed = summed + p[:, 2 * width :]
+    at: dict[tuple[int, int], Pair] = {}
+    for j, key in enumerate(ids):
         if key >= 0:
-            level_of[(key >> 48, key & ((1 << 48) - 1))] = vals[:, j]
+            at[(key >> 48, key & ((1 << 48) - 1))] = (pairs[:, 2 * j], pairs[:, 2 * j + 1])
     top = max(1, (vocab_size - 1).bit_length())
     for level in range(top):
-        for (lv, i) in sorted(k for k in level_of if k[0] == level):
-            if (lv, i) not in level_of:
+        for lv, i in sorted(k for k in at if k[0] == level):
+            if (lv, i) not in at:
                 continue  # already merged as the right sibling
             left, right = (i, i + 1) if i % 2 == 0 else (i - 1, i)
-            if (level, left) in level_of and (level, right) not in level_of and right * 2**level >= vocab_size:
-                level_of[(level, right)] = torch.zeros_like(level_of[(level, left)])  # beyond the vocab: 0
-            if (level, left) in level_of and (level, right) in level_of:
-                level_of[(level + 1, left // 2)] = level_of.pop((level, left)) + level_of.pop((level, right))
-    return level_of[(top, 0)] if (top, 0) in level_of else next(iter(level_of.values()))
+            if (level, left) in at and (level, right) not in at and right * 2**level >= vocab_size:
+                m0 = at[(level, left)][0]  # beyond the vocab: no logits, no mass
+                at[(level, right)] = (torch.full_like(m0, float("-inf")), torch.zeros_like(m0))
+            if (level, left) in at and (level, right) in at:
+                at[(level + 1, left // 2)] = merge(*at.pop((level, left)), *at.pop((level, right)))
+    m, s = at[(top, 0)]
+    return m, m + torch.log(s), summed
+
+
+def tree_logsumexp(local: torch.Tensor, start: int, vocab_size: int, tp_size: int, group: Any,
+                   ranges: Sequence[tuple[int, int]], *, extra: torch.Tensor | None = None,
+                   pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`merge_ranges` of this rank's logits ``local [B, n]`` (global ids ``start .. start + n``)."""
+    return merge_ranges(range_nodes(local, start), vocab_size, tp_size, group, ranges, like=local, extra=extra,
+                        pending=pending)

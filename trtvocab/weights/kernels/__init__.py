@@ -80,6 +80,8 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "TRTVOCAB_KERNELS"
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "fused.cpp"
+# The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
+TREE_SOURCE = SOURCE.parent / "treesum.cpp"
 ABI = 1  # trtvocab_fused_abi() of the source this module expects
 LANES = 8
 NVFP4_GROUP = 8 * 16  # elements per NVFP4 lane group: 8 blocks of 16
@@ -147,7 +149,7 @@ def _cpu_fingerprint() -> str:
 def build_name() -> str:
     """The extension's name: a hash of everything the built code depends on."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(cflags()).encode(), torch.__version__.encode(),
+    for part in (SOURCE.read_bytes(), TREE_SOURCE.read_bytes(), " ".join(cflags()).encode(), torch.__version__.encode(),
                  _cpu_fingerprint().encode(), str(ABI).encode()):
         digest.update(part)
         digest.update(b"\0")
@@ -162,7 +164,8 @@ def _build(verbose: bool = False) -> Loaded:
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     build_dir = Path(root) / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    path = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=cflags(), extra_ldflags=["-fopenmp"],
+    path = cpp_extension.load(name=name, sources=[str(SOURCE), str(TREE_SOURCE)], extra_cflags=cflags(),
+                              extra_ldflags=["-fopenmp"],
                               build_directory=str(build_dir), is_python_module=False, verbose=verbose)
     lib = ctypes.CDLL(str(path))
     if lib.trtvocab_fused_abi() != ABI:
@@ -171,6 +174,12 @@ def _build(verbose: bool = False) -> Loaded:
     lib.trtvocab_fp8_logits.restype = ctypes.c_int
     lib.trtvocab_nvfp4_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, _P, _I, ctypes.c_float, _P, _I]
     lib.trtvocab_nvfp4_logits.restype = ctypes.c_int
+    lib.trtvocab_tree_set_exp.argtypes = [ctypes.c_int]
+    lib.trtvocab_tree_set_exp.restype = ctypes.c_int
+    lib.trtvocab_tree_exp.argtypes = [_P, _I, _P]
+    lib.trtvocab_tree_exp.restype = ctypes.c_int
+    lib.trtvocab_tree_nodes.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I]
+    lib.trtvocab_tree_nodes.restype = ctypes.c_int
     isa = ISA_NAMES.get(lib.trtvocab_fused_isa(), "unknown")
     loaded = Loaded(lib=lib, path=str(path), isa=isa, seconds=time.perf_counter() - start)
     problem = self_check(loaded)
@@ -321,6 +330,99 @@ def nvfp4_logits(x: torch.Tensor, hidden: int, packed_block_major: torch.Tensor,
     return out
 
 
+# ---- the vocab tree (trtvocab.sampling.treesum) -------------------------------------------------------
+_tree_failure: str | None = None  # why the tree kernel is not used (checked once per process)
+_tree_checked = False
+TREE_MAX_LOGITS = (1 << 21) - 1  # longer ranges may hold a node of more blocks than the kernel buffers
+EXP_SAMPLE = 1 << 22  # non-positive float32 values the load-time exp check compares (plus the edges)
+
+
+def _tree_exp(d: torch.Tensor) -> torch.Tensor:
+    loaded = load()
+    assert loaded is not None
+    d = d.contiguous()
+    out = torch.empty_like(d)
+    _check(loaded.lib.trtvocab_tree_exp(d.data_ptr(), d.numel(), out.data_ptr()), "tree exp")
+    return out
+
+
+def _exp_mismatch(d: torch.Tensor) -> int:
+    """How many of ``d`` the kernel's exp and ``torch.exp(nan_to_num(d, nan=0))`` disagree on (bits)."""
+    want = torch.exp(torch.nan_to_num(d, nan=0.0, posinf=float("inf"), neginf=float("-inf")))
+    return int((_tree_exp(d).view(torch.int32) != want.view(torch.int32)).sum())
+
+
+def tree_exp_check(exhaustive: bool = False) -> str | None:
+    """Compare the tree kernel's exp with torch's, bit for bit, on what the tree feeds it (``min -
+    max <= 0``): a spread sample of every binade and the edges, or (``exhaustive``, ~1e9 values,
+    what ``--build`` runs) every float32 in ``[-104, 0]``, below which both give 0. None: equal."""
+    edges = torch.tensor([0.0, -0.0, float("-inf"), float("nan"), -87.33654, -88.72284, -103.27893, -103.97208,
+                          -104.0, -1e-45, -1e-38, -1.0, -0.5, -2.0**-24])
+    bad = _exp_mismatch(edges)
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randint(0, 0x42D00000, (EXP_SAMPLE,), generator=gen, dtype=torch.int64) | 0x80000000
+    bad += _exp_mismatch(bits.to(torch.uint32).view(torch.int32).view(torch.float32))
+    if exhaustive:
+        step = 1 << 26
+        for lo in range(0, 0x42D00001, step):
+            bits = torch.arange(lo, min(lo + step, 0x42D00001), dtype=torch.int64) | 0x80000000
+            bad += _exp_mismatch(bits.to(torch.uint32).view(torch.int32).view(torch.float32))
+    return None if bad == 0 else f"exp differs from torch.exp on {bad} value(s)"
+
+
+EXP_NAMES = {1: "MKL vmsExp", 0: "Sleef_expf8_u10"}  # tried in this order
+
+
+def _choose_exp(loaded: Loaded) -> str | None:
+    """Set the tree kernel's exp to the first one that matches torch.exp; None, or why none does."""
+    if loaded.lib.trtvocab_tree_isa() != 1:
+        return "this build has no tree kernel (needs AVX2 + FMA)"
+    why = []
+    for mode, name in EXP_NAMES.items():
+        if loaded.lib.trtvocab_tree_set_exp(mode) != 0:
+            why.append(f"{name}: not in this torch build")
+            continue
+        problem = tree_exp_check()
+        if problem is None:
+            return None
+        why.append(f"{name}: {problem}")
+    loaded.lib.trtvocab_tree_set_exp(-1)  # refuses: the kernel stays off
+    return "; ".join(why)
+
+
+def tree_available() -> bool:
+    """Whether :func:`tree_nodes` runs here: the library loaded, its build has the tree kernel
+    (AVX2 + FMA), and its exp matched torch's (checked once per process; on a mismatch the torch
+    path is used, with one log line)."""
+    global _tree_failure, _tree_checked
+    loaded = load()
+    if loaded is None:
+        return False
+    if not _tree_checked:
+        with _lock:
+            if not _tree_checked:
+                _tree_failure = _choose_exp(loaded)
+                if _tree_failure:
+                    log.warning("trtvocab tree kernel unavailable, using the torch path (%s)", _tree_failure)
+                _tree_checked = True
+    return _tree_failure is None
+
+
+def tree_nodes(x: torch.Tensor, first_id: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, s)`` float32 ``[B, count]``: the vocab tree's nodes ``aligned_nodes(first_id, first_id
+    + n)`` (``count`` of them) of the float32 logits ``x [B, n]`` (unit column stride)."""
+    loaded = load()
+    if loaded is None or x.dtype != torch.float32 or x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1):
+        raise ValueError("tree_nodes: float32 [B, n] logits with unit column stride, kernels loaded")
+    rows, n = x.shape
+    m = torch.empty(rows, count, dtype=torch.float32)
+    s = torch.empty(rows, count, dtype=torch.float32)
+    if rows and n:
+        _check(loaded.lib.trtvocab_tree_nodes(x.data_ptr(), rows, x.stride(0), n, first_id, m.data_ptr(),
+                                              s.data_ptr(), count), "tree nodes")
+    return m, s
+
+
 # ---- self-check -------------------------------------------------------------------------------------
 def self_check(loaded: Loaded) -> str | None:
     """Decode every FP8 code and every FP4 nibble under every block scale through the kernel
@@ -379,6 +481,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trtvocab fused kernels: unavailable ({unavailable_reason()}); the torch path is used")
         return 0
     print(f"trtvocab fused kernels: {loaded.path} ({loaded.isa}, {loaded.seconds:.1f} s, self-check passed)")
+    if tree_available():
+        start = time.perf_counter()
+        problem = tree_exp_check(exhaustive=True)
+        verdict = f"differs ({problem}): the torch path is used" if problem else "matches torch.exp on [-104, 0]"
+        print(f"trtvocab tree kernel: exp {verdict} ({time.perf_counter() - start:.1f} s)")
     return 0
 
 
