@@ -3,7 +3,7 @@
     python benchmarks/chunked_head.py            # B=1024, V=129280, H=1024, bf16, tp 1
     python benchmarks/chunked_head.py --small    # B=256, V=32768, H=512: a quick run
 
-For greedy, top-k, logsumexp, logprobs (4 ids per row; one pass, bitwise) and seeded sample,
+For greedy, top-k, logsumexp, logprobs (4 ids per row; one pass, bitwise) and seeded sample (top-k 50; top-p 0.9),
 each path runs in a fresh subprocess that reports its peak extra RSS (VmHWM reset through
 /proc/self/clear_refs, minus the RSS before the call) and its best-of-N time; the ratios
 chunked / materialized are printed in one table. bf16 GEMMs are slow on CPUs without native
@@ -29,8 +29,12 @@ B, V, H, op, mode, rounds, budget = (int(sys.argv[1]), int(sys.argv[2]), int(sys
 head = LMHead(V, H, dtype=torch.bfloat16, logits_budget_bytes=budget)
 with torch.no_grad():
     head.weights.weight.uniform_(-0.04, 0.04, generator=torch.Generator().manual_seed(0))
-x = torch.randn(B, H, generator=torch.Generator().manual_seed(1)).bfloat16()
+x = torch.randn(B, H, generator=torch.Generator().manual_seed(1))
+# "sample top-p": peaked logits (std ~ 4, as an LM's: the nucleus is a few dozen tokens);
+# "sample top-p flat": the other ops' flat logits (std ~ 0.5: the nucleus is most of the vocab).
+x = (x * 8 if op == "sample top-p" else x).bfloat16()
 params = SamplingParams(temperature=0.8, top_k=50, seed=3)
+nucleus = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
 ids = torch.randint(0, V, (B, 4), generator=torch.Generator().manual_seed(2))
 def call(x):
     if mode == "materialized":
@@ -38,12 +42,16 @@ def call(x):
         f = {"greedy": lambda: sampling.greedy(local, head), "topk": lambda: sampling.topk(local, head, 50),
              "logsumexp": lambda: sampling.logsumexp(local, head),
              "logprobs": lambda: sampling.logprobs(local, head, ids[: x.shape[0]]),
-             "sample": lambda: sampling.sample(local, head, params)}[op]
+             "sample": lambda: sampling.sample(local, head, params),
+             "sample top-p": lambda: sampling.sample(local, head, nucleus),
+             "sample top-p flat": lambda: sampling.sample(local, head, nucleus)}[op]
         return f()
     return {"greedy": lambda: chunked.greedy(x, head), "topk": lambda: chunked.topk(x, head, 50),
             "logsumexp": lambda: chunked.logsumexp(x, head),
             "logprobs": lambda: chunked.logprobs(x, head, ids[: x.shape[0]]),
-            "sample": lambda: chunked.sample(x, head, params)}[op]()
+            "sample": lambda: chunked.sample(x, head, params),
+            "sample top-p": lambda: chunked.sample(x, head, nucleus),
+            "sample top-p flat": lambda: chunked.sample(x, head, nucleus)}[op]()
 call(x[:2])
 base = status("VmRSS")
 open("/proc/self/clear_refs", "w").write("5")
@@ -68,7 +76,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--ops", default="greedy,topk,logsumexp,logprobs,sample")
+    parser.add_argument("--ops", default="greedy,topk,logsumexp,logprobs,sample,sample top-p,sample top-p flat")
     parser.add_argument("--budget-fraction", type=float, default=1 / 16,
                         help="the head's logits budget as a fraction of the float32 [B, V] logits")
     args = parser.parse_args()

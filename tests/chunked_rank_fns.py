@@ -21,7 +21,7 @@ SPLITS = ((1, "uneven"), (3, "uneven"), (3, "padded"))
 
 
 def row_params() -> list[SamplingParams]:
-    """Every filter the chunked sampler supports (top-p is refused), seeded."""
+    """Temperature, top-k and min-p (streamed and on candidates), greedy, seeded."""
     return [
         SamplingParams(temperature=1.0, seed=1),
         SamplingParams(temperature=0.7, top_k=50, seed=2),
@@ -29,6 +29,19 @@ def row_params() -> list[SamplingParams]:
         SamplingParams(temperature=0.9, top_k=200, min_p=0.02, seed=5),
         SamplingParams(temperature=0.0, seed=6),  # greedy
         SamplingParams(temperature=2.0, top_k=1, seed=7),
+    ]
+
+
+def top_p_params() -> list[SamplingParams]:
+    """Top-p rows: alone, after top-k, with min-p, a long nucleus (T = 5: past the first candidates,
+    so they are streamed again), a greedy row (top-p ignored) and an unfiltered row in the batch."""
+    return [
+        SamplingParams(temperature=1.0, top_p=0.9, seed=8),
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.5, seed=9),
+        SamplingParams(temperature=1.0, top_p=0.95, min_p=0.05, seed=10),
+        SamplingParams(temperature=5.0, top_p=0.99, seed=11),
+        SamplingParams(temperature=0.0, top_p=0.5, seed=12),
+        SamplingParams(temperature=1.0, seed=13),
     ]
 
 
@@ -85,6 +98,7 @@ def equality_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
             want_lp = sampling.logprobs(local, head, token_ids)
             want_ids = sampling.sample(local, head, row_params(), step=3)
             want_limited = sampling.sample(local, head, row_params(), step=3, vocab_limit=2000)
+            want_top_p = sampling.sample(local, head, top_p_params(), step=3)
             size = head.shard.size
             for chunk in (1, 7, max(1, size), 10**9):
                 rec: dict[str, Any] = {"case": f"{fmt} tp={tp} {layout} chunk={chunk}", "fmt": fmt,
@@ -99,6 +113,8 @@ def equality_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
                 rec["lse_err"] = float((lse - want_lse).abs().max())
                 rec["logprobs_err"] = float((lp - want_lp).abs().max())
                 rec["sample"] = chunked.sample(x, head, row_params(), step=3, chunk=chunk).tolist() == want_ids.tolist()
+                top_p = chunked.sample(x, head, top_p_params(), step=3, chunk=chunk)
+                rec["sample_top_p"] = top_p.tolist() == want_top_p.tolist()
                 if chunk == 7:  # the variant once per head (chunk 1 and 7 stream the same tiles)
                     limited = chunked.sample(x, head, row_params(), step=3, vocab_limit=2000, chunk=chunk)
                     rec["sample_limited"] = limited.tolist() == want_limited.tolist()
@@ -121,7 +137,36 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     out["bad k"] = catch(lambda: chunked.topk(x, head, 0 if rank == 1 else 5))
     out["bad chunk"] = catch(lambda: chunked.greedy(x, head, chunk=0 if rank == 2 else None))
     out["bad token ids"] = catch(lambda: chunked.logprobs(x, head, torch.tensor([0, 1, 2, 3, 4, 1009 if rank else 5])))
-    out["top_p"] = catch(lambda: chunked.sample(x, head, SamplingParams(top_p=0.9, seed=1)))
+    out["top_p"] = catch(lambda: chunked.sample(x, head, SamplingParams(top_p=0.9, seed=1)))  # supported
     out["different params"] = catch(lambda: chunked.sample(x, head, SamplingParams(seed=rank)))
     out["healthy after"] = catch(lambda: chunked.sample(x, head, SamplingParams(seed=1, top_k=5)))
+    return out
+
+
+def long_nucleus_cases(rank: int, world: int) -> dict[str, Any]:
+    """A head whose budget holds fewer top-p candidates than a flat row's nucleus: those rows are
+    streamed again and drawn by the materialized sampler; the ids still equal the materialized path's."""
+    groups = subgroups(world) if world > 1 else {}
+    out: dict[str, Any] = {}
+    taken: list[int] = []
+    original = chunked._long_nuclei
+
+    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
+        taken.append(len(args[2]))
+        return original(*args, **kwargs)
+
+    chunked._long_nuclei = counting
+    try:
+        for fmt, layout in (("bf16", "uneven"), ("FP8 W8A8-dyn", "padded"), ("fp32", "uneven")):
+            mapping = Mapping(world_size=world, rank=rank, tp_size=world) if world > 1 else None
+            head = make_head(fmt, mapping, layout, groups.get(world), logits_budget_bytes=64 * 1024)
+            x = (torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(3)) * 2).to(head.dtype)
+            params = top_p_params()
+            want = sampling.sample(head.local_logits(x), head, params, step=5)
+            before = len(taken)
+            got = chunked.sample(x, head, params, step=5)
+            out[fmt] = {"equal": got.tolist() == want.tolist(), "long rows": sum(taken[before:]),
+                        "ids": got.tolist()}
+    finally:
+        chunked._long_nuclei = original
     return out

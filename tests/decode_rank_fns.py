@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trtvocab import LMHead, LogitsProcessor, Mapping
+from trtvocab import LMHead, LogitsProcessor, Mapping, sampling
 from trtvocab.sampling import SamplingParams, decode, sample
 
 V, H, B = 103, 16, 4
@@ -79,6 +79,15 @@ def steady_counts(rank: int, world: int) -> dict[str, Any]:
         for step in range(3):
             decode(_hidden(step), head, SamplingParams(temperature=1.0, top_k=5, seed=1), step=step)
     out["topk_counts"] = len(seen)
+    # logprobs: its handshake once, then one collective a call (the vocab tree's node pairs carry
+    # the verdict and the picked logits)
+    ids = torch.tensor([[0, 1], [5, 90], [7, 7], [100, 3]])
+    counts = []
+    for step in range(3):
+        with counting_collectives() as seen:
+            sampling.logprobs(head.local_logits(_hidden(step)), head, ids)
+        counts.append(len(seen))
+    out["logprobs_counts"] = counts
     return out
 
 
@@ -88,7 +97,10 @@ def bad_input_on_later_calls(rank: int, world: int, bad_calls: list[int]) -> dic
     head = _head(rank, world)
     gathered = _head(rank, world, gather_output=True)
     params = SamplingParams(temperature=0.7, seed=3)
-    out: dict[str, list[tuple[str, Any]]] = {"decode": [], "forward": [], "sample": []}
+    out: dict[str, list[tuple[str, Any]]] = {"decode": [], "forward": [], "sample": [], "logprobs": [],
+                                             "top_p": []}
+    nucleus = SamplingParams(temperature=0.9, top_p=0.8, seed=4)
+    ids = torch.tensor([[0, 1], [5, 90], [7, 7], [100, 3]])
     for call in range(max(bad_calls) + 2):
         x = _hidden(call)
         if rank == 1 and call in bad_calls:
@@ -100,6 +112,8 @@ def bad_input_on_later_calls(rank: int, world: int, bad_calls: list[int]) -> dic
         if rank == 1 and call in bad_calls:
             logits[1, 0] = float("nan")
         out["sample"].append(_catch(lambda lg=logits, call=call: sample(lg, head, params, step=call).tolist()))
+        out["logprobs"].append(_catch(lambda lg=logits: sampling.logprobs(lg, head, ids).tolist()))
+        out["top_p"].append(_catch(lambda x=x, call=call: decode(x, head, nucleus, step=call).tolist()))
     return out
 
 

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from chunked_rank_fns import bad_input_cases, equality_cases, make_head
+from chunked_rank_fns import bad_input_cases, equality_cases, long_nucleus_cases, make_head
 
 from trtvocab import LMHead
 from trtvocab.errors import ConfigError
@@ -32,7 +32,7 @@ def _check(records: list[dict]) -> None:
     assert records
     failures = []
     for r in records:
-        for key in ("greedy", "topk", "sample", "sample_limited"):
+        for key in ("greedy", "topk", "sample", "sample_limited", "sample_top_p"):
             if r.get(key) is False:
                 failures.append(f"{r['case']}: {key} differs")
         if not (r["lse_materialized"] and r["logprobs_materialized"]):
@@ -69,7 +69,7 @@ def test_bad_input_on_one_rank_raises_on_every_rank() -> None:
     assert "NaN" in per_rank[1]["nan hidden"][1] or "finite" in per_rank[1]["nan hidden"][1]
     for out in per_rank:
         assert out["wrong rows"][0] == "RankMismatchError" and "batch rows" in out["wrong rows"][1]
-        assert out["top_p"][0] == "InputError" and "top_p" in out["top_p"][1]
+        assert out["top_p"] == ("ok", "")
         assert out["different params"][0] == "RankMismatchError"
         assert out["healthy after"] == ("ok", "")
 
@@ -142,3 +142,13 @@ def test_chunked_peak_memory_is_far_below_the_logits(op: str) -> None:
     materialized_peak = _peak(op, "materialized")
     assert materialized_peak >= logits_bytes * 0.9, materialized_peak
     assert chunked_peak <= 0.35 * logits_bytes, (chunked_peak, materialized_peak)
+
+
+@pytest.mark.parametrize("tp", [1, 3])
+def test_long_nuclei_past_the_candidates_still_equal_the_materialized_path(tp: int) -> None:
+    per_rank = [long_nucleus_cases(0, 1)] if tp == 1 else run_ranks(long_nucleus_cases, tp, timeout_s=120)
+    for out in per_rank:
+        for fmt, r in out.items():
+            assert r["equal"], fmt
+            assert r["long rows"] >= 1, fmt  # the T = 5, top-p 0.99 row's nucleus outgrew 1024 candidates
+    assert len({str(out) for out in per_rank}) == 1

@@ -35,6 +35,7 @@ def test_steady_decode_step_is_one_collective_and_gives_the_same_tokens() -> Non
         # renegotiates (1), then moves the merged top-k (1) and races (1); later steps: top-k
         # (carrying the verdict) + race.
         assert r["topk_counts"] == 4 + 2 + 2
+        assert r["logprobs_counts"] == [2, 1, 1]
         assert r["decode"] == r["separate"] == r["reference"]
     assert all(r["decode"] == results[0]["decode"] for r in results)
 
@@ -44,7 +45,7 @@ def test_bad_input_on_one_rank_raises_everywhere_on_first_second_and_later_calls
     started = time.monotonic()
     results = run_ranks(bad_input_on_later_calls, TP, bad_calls, timeout_s=TIMEOUT_S)
     assert time.monotonic() - started < TIMEOUT_S
-    for kind in ("decode", "forward", "sample"):
+    for kind in ("decode", "forward", "sample", "logprobs", "top_p"):
         for call in range(max(bad_calls) + 2):
             outcomes = [r[kind][call][0] for r in results]
             if call in bad_calls:

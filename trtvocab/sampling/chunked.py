@@ -48,11 +48,16 @@ integer noise keys), so a chunk's temporaries stay about one budget.
   chunk's nodes are pushed and merged sibling by sibling with those of the chunks before it, so
   every merge is the tree's): bitwise equal to the materialized path, which computes that same
   tree for every head.
-* ``sample``: temperature, greedy rows (T = 0), top-k (one pass; the kept tokens are the merged
-  top-k candidates, raced there), ``vocab_limit``, and min-p (rows with top-k: one pass, on the
-  candidates; rows without: a second streaming pass after the global max). **top-p is refused**
-  (``InputError`` on every rank) for sampled rows: its nucleus needs the global denominator and the
-  sorted prefix, i.e. several passes; use ``sampling.sample(head.local_logits(hidden), ...)``.
+* ``sample``: temperature, greedy rows (T = 0), ``vocab_limit``, top-k (the kept tokens are the
+  merged top-k candidates, raced there), top-p (the nucleus, exactly as ``reductions.nucleus``
+  cuts it: the same pass also tracks the first :data:`TOP_P_CANDIDATES` candidates and the vocab
+  tree of the scaled logits, so the denominator and the sorted prefix are both at hand after one
+  pass; after top-k the denominator is the tree of the kept candidates,
+  ``treesum.sparse_logsumexp``; the rows whose nucleus is longer than the candidates -- flat
+  distributions -- stream their logits again, a budget's worth of rows at a time, and draw with
+  the materialized sampler), and min-p (on the candidates for rows with top-k / top-p; otherwise a second
+  streaming pass after the global max). One pass unless a row needs min-p without top-k /
+  top-p or a nucleus outgrows the candidates.
 
 NaN logits (an overflowing GEMM) are detected per chunk and raise :class:`InputError` on every rank
 after the merge. Attention DP with LM-head TP (ranks bring different rows) is refused.
@@ -71,7 +76,8 @@ from trtvocab import distributed as D
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.formats import WeightFormat
 from trtvocab.lm_head import LMHead
-from trtvocab.sampling import noise
+from trtvocab.sampling import noise, treesum
+from trtvocab.sampling.draw import _draw as draw_rows
 from trtvocab.sampling.draw import _params_tensor, _rows_params
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
@@ -88,6 +94,7 @@ from trtvocab.sampling.treesum import Node, aligned_nodes, merge, merge_ranges, 
 from trtvocab.weights import deterministic as det
 
 DENSE_TILE = 128  # dense heads in their dtype: no GEMM narrower than this (or than the whole shard)
+TOP_P_CANDIDATES = 1024  # candidates a top-p row without top-k tracks (at least; more when the budget allows)
 SAMPLE_BYTES_PER_LOGIT = 32  # sample's temporaries per logit of a chunk (float64 scores, int64 noise keys)
 # The other passes' temporaries per logit of a chunk: the logits themselves, a NaN mask, and the
 # float32 accumulator a half-precision GEMM allocates on CPUs without native bf16 (measured: 8
@@ -251,14 +258,6 @@ def _merge_best(best: torch.Tensor, ids: torch.Tensor, nan: torch.Tensor, head: 
     return best, ids
 
 
-def _merge_candidates(vals: torch.Tensor, ids: torch.Tensor, new_vals: torch.Tensor, new_ids: torch.Tensor,
-                      k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``k`` of two candidate lists under (value descending, id ascending)."""
-    vals, ids = torch.cat([vals, new_vals], dim=1), torch.cat([ids, new_ids], dim=1)
-    order = _order_by_value_then_id(vals, ids)[:, :k]
-    return vals.gather(1, order), ids.gather(1, order)
-
-
 class _TopK:
     """A running top-k of the streamed columns (float32 values, global ids), ties to the lower id."""
 
@@ -269,11 +268,18 @@ class _TopK:
 
     def add(self, x: torch.Tensor, lo: int) -> None:
         kc = min(self.k, x.shape[1])
+        if kc and self.vals.shape[1] == self.k:
+            # Full: only values above the k-th can enter (a tie loses to the lower id already here).
+            kc = min(kc, int((x > self.vals[:, -1:]).sum(dim=1).max()))
         if kc == 0:
             return
         v, c = _local_topk(x, kc)
-        self.vals, self.ids = _merge_candidates(self.vals, self.ids, v.to(torch.float32),
-                                                c + self.head.vocab_start + lo, self.k)
+        # Every streamed id is above every id held, so a stable sort by value alone keeps (value
+        # descending, id ascending): held entries first among equal values, the chunk's in its order.
+        vals, ids = torch.cat([self.vals, v.to(torch.float32)], dim=1), torch.cat([self.ids, c + self.head.vocab_start
+                                                                                   + lo], dim=1)
+        order = torch.argsort(vals, dim=1, descending=True, stable=True)[:, : self.k]
+        self.vals, self.ids = vals.gather(1, order), ids.gather(1, order)
 
     def merged(self, nan: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The global top-k ``(float32 [B, k], int64 [B, k])``: one all_gather when split (what
@@ -422,8 +428,8 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
     """Token ids ``[B]`` (int64), the same on every rank: ``sampling.sample`` of
     ``head.local_logits(hidden)`` with the same params, step and vocab_limit, streamed.
 
-    One pass, or two when a sampled row without top-k has min-p (its threshold needs the global
-    max first). top-p < 1 on a sampled row is refused (module docstring)."""
+    One pass, or two when a sampled row without top-k / top-p has min-p (its threshold needs the
+    global max first) or a nucleus is longer than the first candidates (module docstring)."""
     what = "sampling.chunked.sample"
     error = _check(hidden, head, chunk, what)
     rows = hidden.shape[0] if error is None else 0
@@ -437,11 +443,6 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
             or not 1 <= vocab_limit <= head.vocab_size):
         error = InputError(f"{what}: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
                            f"got {vocab_limit!r}")
-    if error is None and any(p.top_p < 1 and p.temperature > 0 for p in per_row):
-        bad = [r for r, p in enumerate(per_row) if p.top_p < 1 and p.temperature > 0]
-        error = InputError(f"{what}: top_p < 1 (rows {bad}) is not supported by the chunked head (the nucleus "
-                           "needs the global softmax denominator and the sorted prefix: several passes); use "
-                           "sampling.sample(head.local_logits(hidden), head, params)")
     digest_of = _params_tensor(per_row, step, vocab_limit) if error is None else None
     fresh = int(torch.randint(0, 2**62, (1,)).item())
     fresh = _meet(head, hidden, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
@@ -452,20 +453,29 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
 def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], seeds: list[int], step: int,
           vocab_limit: int | None, chunk: int | None, what: str) -> torch.Tensor:
     device, rows = hidden.device, hidden.shape[0]
+    vocab = head.vocab_size
     temps = torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=device)[:, None]
     greedy_rows = temps == 0
     divisor = torch.where(greedy_rows, torch.ones_like(temps), temps)
     sampled = ~greedy_rows[:, 0]
     top_k = [p.top_k if p.temperature > 0 else 0 for p in per_row]
-    k = min(max(top_k), head.vocab_size) if max(top_k) > 0 else 0
     by_topk = torch.tensor([kr > 0 for kr in top_k], device=device)
+    top_p = torch.tensor([p.top_p for p in per_row], dtype=torch.float32, device=device)
+    p_on = (top_p < 1) & sampled
+    by_cand = by_topk | p_on  # rows whose kept tokens are a prefix of the merged candidates
+    nucleus_rows = p_on & ~by_topk  # top-p over the whole vocab: its nucleus may outgrow the candidates
+    k = min(max(top_k), vocab) if max(top_k) > 0 else 0
+    if bool(nucleus_rows.any()):  # as many candidates as the budget holds (~64 bytes each), at least 1024
+        k = max(k, min(vocab, max(TOP_P_CANDIDATES, min(4 * TOP_P_CANDIDATES,
+                                                         head.logits_budget_bytes // (64 * rows)))))
     min_p = torch.tensor([p.min_p for p in per_row], dtype=torch.float32, device=device)
     min_p_on = (min_p > 0) & sampled
-    two_pass = bool((min_p_on & ~by_topk).any())  # streamed rows whose min-p needs the global max first
+    two_pass = bool((min_p_on & ~by_cand).any())  # streamed rows whose min-p needs the global max first
     keys = noise.row_keys(seeds, step).to(device)
     stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT)
     nan = torch.zeros(rows, dtype=torch.bool, device=device)
     running = _TopK(rows, k, head, device) if k else None
+    tree = _TreeSum(head.vocab_start, head.vocab_start + head.shard.size) if bool(nucleus_rows.any()) else None
     best = torch.full((rows,), float("-inf"), dtype=torch.float64, device=device)
     ids = torch.full((rows,), NO_ID, dtype=torch.int64, device=device)
     local_max = torch.full((rows,), float("-inf"), dtype=torch.float32, device=device)
@@ -481,7 +491,7 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     def race(scaled: torch.Tensor, col_ids: torch.Tensor, lo: int, m: torch.Tensor | None) -> None:
         if m is not None:  # min-p of the streamed rows, against the global max of pass 1
             keep = torch.exp(scaled - m[:, None]) >= min_p[:, None]
-            scaled = scaled.masked_fill((min_p_on & ~by_topk)[:, None] & ~keep, float("-inf"))
+            scaled = scaled.masked_fill((min_p_on & ~by_cand)[:, None] & ~keep, float("-inf"))
         score = scaled.to(torch.float64)
         if bool(sampled.any()):
             score = torch.where(sampled[:, None], score + noise.gumbel(keys, col_ids), score)
@@ -493,6 +503,8 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
         nan |= torch.isnan(scaled).any(dim=1)
         if running is not None:
             running.add(scaled, lo)
+        if tree is not None:
+            tree.add(scaled, head.vocab_start + lo)
         if two_pass:
             local_max = torch.maximum(local_max, scaled.amax(dim=1) if scaled.shape[1] else local_max)
         else:
@@ -511,24 +523,81 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
             race(scaled, col_ids, lo, m)
     top, chosen = _merge_best(best, ids, nan, head, what)
     if cand_vals is not None and cand_ids is not None:
-        # Rows with top-k: the kept tokens are exactly their first min(top_k, k) candidates; min-p
+        cut, long = _candidate_cut(hidden, head, tree, top_k, top_p, p_on, by_topk, nucleus_rows, cand_vals,
+                                   cand_ids)
+        # Rows with top-k / top-p: the kept tokens are exactly their first `cut` candidates; min-p
         # against the global max of what is kept (the first candidate); the race among them.
-        cut = torch.tensor([min(kr, k) if kr else 0 for kr in top_k], device=device)[:, None]
-        valid = torch.arange(k, device=device)[None, :] < cut
+        width = cand_vals.shape[1]
+        valid = torch.arange(width, device=device)[None, :] < cut[:, None]
         keep = torch.exp(cand_vals - cand_vals[:, :1]) >= min_p[:, None]
         valid &= ~min_p_on[:, None] | keep
         score = cand_vals.to(torch.float64) + _gumbel_at(keys, cand_ids)
         score = score.masked_fill(~valid | torch.isneginf(cand_vals), float("-inf"))
         c_top = score.max(dim=1).values
         c_chosen = torch.where(score == c_top[:, None], cand_ids, torch.full_like(cand_ids, NO_ID)).min(dim=1).values
-        top = torch.where(by_topk, c_top, top)
-        chosen = torch.where(by_topk, c_chosen, chosen)
+        top = torch.where(by_cand, c_top, top)
+        chosen = torch.where(by_cand, c_chosen, chosen)
+        if bool(long.any()):  # the same decision on every rank: candidates and denominator are global
+            rows_long = long.nonzero()[:, 0].tolist()
+            chosen[long] = _long_nuclei(stream, head, rows_long, per_row, seeds, step, vocab_limit)
+            top = top.masked_fill(long, 0.0)  # drawn (or refused) by the materialized sampler
     empty = torch.isneginf(top) | (chosen == NO_ID)
     if bool(empty.any()):
         # Every rank sees the same merged values, so every rank raises here.
         raise InputError(f"{what}: row(s) {empty.nonzero()[:, 0].tolist()} allow no token (every logit is -inf "
                          "after the vocab_limit / filters)")
     return chosen
+
+
+def _candidate_cut(hidden: torch.Tensor, head: LMHead, tree: _TreeSum | None, top_k: list[int],
+                   top_p: torch.Tensor, p_on: torch.Tensor, by_topk: torch.Tensor, nucleus_rows: torch.Tensor,
+                   cand_vals: torch.Tensor, cand_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cut [B], long [B])``: how many merged candidates each row keeps (top-k, then top-p as
+    ``reductions.nucleus`` decides it; rows without either get the width), and the top-p rows
+    whose nucleus may run past the candidates (:func:`_long_nuclei` draws those)."""
+    device, rows = hidden.device, hidden.shape[0]
+    width = cand_vals.shape[1]
+    cut_k = torch.tensor([min(kr, width) if kr else width for kr in top_k], device=device)
+    if not bool(p_on.any()):
+        return cut_k, torch.zeros(rows, dtype=torch.bool, device=device)
+    lse = torch.zeros(rows, dtype=torch.float32, device=device)
+    if tree is not None:  # top-p over the whole vocab: the tree of every (scaled) logit
+        _, lse, _ = tree.total(head, hidden, torch.zeros(rows, 1, device=device))
+    beyond = torch.arange(width, device=device)[None, :] >= cut_k[:, None]
+    vals = cand_vals.masked_fill(beyond, float("-inf"))  # what top-k left: the rest is -inf
+    if bool((p_on & by_topk).any()):  # top-p after top-k: the tree of the kept candidates only
+        sparse = treesum.sparse_logsumexp(cand_ids.masked_fill(beyond, NO_ID), vals, head.vocab_size)
+        lse = torch.where(by_topk, sparse, lse)
+    probs = torch.exp(vals - lse[:, None])
+    before = torch.cumsum(probs, dim=1) - probs  # the mass strictly before each candidate
+    kept = (before < top_p[:, None]).sum(dim=1).clamp(min=1)
+    long = nucleus_rows & (kept >= width) & (width < head.vocab_size)
+    return torch.where(p_on, torch.minimum(cut_k, kept), cut_k), long
+
+
+def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], per_row: list[SamplingParams], seeds: list[int],
+                 step: int, vocab_limit: int | None) -> torch.Tensor:
+    """Token ids of ``rows`` (top-p rows whose nucleus is longer than the candidates): their logits
+    are streamed again, bitwise the same (the same GEMM calls over the whole batch), as many rows
+    at a time as the head's budget holds, and drawn by the materialized sampler (``draw._draw``,
+    on sub-groups its temporaries fit in): the same tokens. Flat distributions only; each group
+    costs one more pass over the weight."""
+    width = max(1, head.shard.size)
+    budget = head.logits_budget_bytes
+    group = max(1, budget // (torch.finfo(head.output_dtype).bits // 8 * width))
+    sub = max(1, budget // (SAMPLE_BYTES_PER_LOGIT * width))
+    out = []
+    for g0 in range(0, len(rows), group):
+        sel = rows[g0 : g0 + group]
+        index = torch.tensor(sel, device=stream.hidden.device)
+        logits = torch.empty(len(sel), head.shard.size, dtype=head.output_dtype, device=stream.hidden.device)
+        for lo, hi, x in stream:
+            logits[:, lo:hi] = x.index_select(0, index)
+        for s0 in range(0, len(sel), sub):
+            part = sel[s0 : s0 + sub]
+            out.append(draw_rows(logits[s0 : s0 + sub], head, [per_row[r] for r in part], [seeds[r] for r in part],
+                                 step, vocab_limit))
+    return torch.cat(out)
 
 
 __all__ = ["DENSE_TILE", "chunk_columns", "gemm_tiles", "greedy", "logprobs", "logsumexp", "plan_chunks", "sample",

@@ -157,7 +157,9 @@ def _draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], seeds: list
         scaled = scaled.masked_fill(active & ~keep, float("-inf"))
     top_p = torch.tensor([p.top_p for p in per_row], dtype=torch.float32, device=device)
     if bool(((top_p < 1) & sampled).any()):
-        keep = nucleus(scaled, head, top_p)
+        # Threshold 0 for the other rows: their nucleus is one token at once, so they never make
+        # the candidate count double (their mask is not applied anyway).
+        keep = nucleus(scaled, head, torch.where((top_p < 1) & sampled, top_p, torch.zeros_like(top_p)))
         scaled = scaled.masked_fill(((top_p < 1) & sampled)[:, None] & ~keep, float("-inf"))
     min_p = torch.tensor([p.min_p for p in per_row], dtype=torch.float32, device=device)
     if bool(((min_p > 0) & sampled).any()):

@@ -171,6 +171,37 @@ def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: An
     return m, m + torch.log(s), summed
 
 
+def sparse_logsumexp(ids: torch.Tensor, values: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[B]``: the tree's logsumexp of rows whose logits are ``-inf`` except at ``ids [B, k]``
+    (distinct per row, any order; ``NO_ID``-like ids ``>= vocab_size`` are empty slots), where they
+    are ``values [B, k]``: the bits the whole tree gives on the full ``[B, V]`` row, from ``k`` leaves.
+
+    A ``(-inf, 0)`` subtree is the identity of :func:`merge` (``m`` stays, ``s + 0 * e`` is ``s``),
+    so only nodes with leaves on both sides merge: level by level, siblings (ids ``2j``, ``2j + 1``)
+    merge into slot ``2j``'s place, every id halves, and the slots are re-sorted by id."""
+    rows, k = ids.shape
+    empty = torch.iinfo(torch.int64).max
+    ids = torch.where(ids < vocab_size, ids, torch.full_like(ids, empty))
+    m, s = leaf(torch.where(ids == empty, torch.full_like(values, float("-inf"), dtype=torch.float32),
+                            values.to(torch.float32)))
+    order = torch.argsort(ids, dim=1, stable=True)
+    ids, m, s = ids.gather(1, order), m.gather(1, order), s.gather(1, order)
+    for _ in range(max(1, (vocab_size - 1).bit_length())):
+        if k > 1:
+            real = (ids[:, :-1] != empty) & (ids[:, 1:] != empty)
+            pair = real & (ids[:, :-1] >> 1 == ids[:, 1:] >> 1)  # a left child next to its right sibling
+            pm, ps = merge(m[:, :-1], s[:, :-1], m[:, 1:], s[:, 1:])
+            take = torch.cat([pair, torch.zeros(rows, 1, dtype=torch.bool, device=pair.device)], dim=1)
+            gone = torch.cat([torch.zeros(rows, 1, dtype=torch.bool, device=pair.device), pair], dim=1)
+            m = torch.where(take, torch.cat([pm, m[:, -1:]], dim=1), m)
+            s = torch.where(take, torch.cat([ps, s[:, -1:]], dim=1), s)
+            ids = torch.where(gone, torch.full_like(ids, empty), ids)
+        ids = torch.where(ids == empty, ids, ids >> 1)
+        order = torch.argsort(ids, dim=1, stable=True)
+        ids, m, s = ids.gather(1, order), m.gather(1, order), s.gather(1, order)
+    return m[:, 0] + torch.log(s[:, 0])
+
+
 def tree_logsumexp(local: torch.Tensor, start: int, vocab_size: int, tp_size: int, group: Any,
                    ranges: Sequence[tuple[int, int]], *, extra: torch.Tensor | None = None,
                    pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
