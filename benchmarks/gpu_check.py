@@ -13,7 +13,11 @@ the figures), also written as JSON (``--out``, default ``artifacts/gpu_check.jso
    against the dequantized float32 product.
 4. **Head benchmarks**: bf16 GEMM time and TFLOP/s at B = 1, 256, 1024 (V = 129280,
    H = 5120), and FP8 (``_scaled_mm``) vs bf16 at B >= 256, side by side.
-5. **TensorRT**: build and run the default recipe's engine where ``import tensorrt`` works.
+5. **Vocab tree and chunked head on the device**: the tree logsumexp (torch ops there; the C++
+   kernel is CPU only) against float64 and its time beside ``torch.logsumexp`` at B = 1, 64, 1024
+   (V = 129280); whether chunked greedy / logsumexp / top-p sample equal the materialized path
+   bitwise there (reported, not failed: cuBLAS may pick other kernels for narrower GEMMs).
+6. **TensorRT**: build and run the default recipe's engine where ``import tensorrt`` works.
 
 This script has not run on a GPU yet: the development machines have none.
 """
@@ -150,6 +154,44 @@ def head_benchmarks() -> dict[str, Any]:
     return out
 
 
+def vocab_tree(device: str = "cuda") -> dict[str, Any]:
+    from trtvocab import LMHead, sampling
+    from trtvocab.sampling import SamplingParams, chunked, treesum
+
+    def tree(x: torch.Tensor) -> torch.Tensor:
+        return treesum.tree_logsumexp(x, 0, x.shape[1], 1, None, [(0, x.shape[1])])[1]
+
+    out: dict[str, Any] = {}
+    vocab = 129280
+    for batch in (1, 64, 1024):
+        x = torch.randn(batch, vocab, device=device) * 3
+        lse = tree(x)
+        out[f"tree B={batch}"] = {
+            "max_abs_err_vs_float64": float((lse.double() - torch.logsumexp(x.double(), 1)).abs().max()),
+            "ms": _time(lambda x=x: tree(x), device) * 1e3,
+            "torch_logsumexp_ms": _time(lambda x=x: torch.logsumexp(x, 1), device) * 1e3}
+    head = LMHead(32768, 1024, dtype=torch.bfloat16, device=device, logits_budget_bytes=8 << 20)
+    head.load_weights({"weight": (torch.randn(32768, 1024) * 0.03).bfloat16().to(device)})
+    hidden = (torch.randn(256, 1024) * 4).bfloat16().to(device)
+    local = head.local_logits(hidden)
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+    out["chunked == materialized (bitwise)"] = {
+        "greedy": bool(torch.equal(chunked.greedy(hidden, head), sampling.greedy(local, head))),
+        "logsumexp": bool(torch.equal(chunked.logsumexp(hidden, head), sampling.logsumexp(local, head))),
+        "sample top-p": bool(torch.equal(chunked.sample(hidden, head, params), sampling.sample(local, head, params)))}
+    return out
+
+
+def _time(fn: Any, device: str) -> float:
+    if device == "cuda":
+        return _time_cuda(fn)
+    fn()
+    start = time.perf_counter()
+    for _ in range(3):
+        fn()
+    return (time.perf_counter() - start) / 3
+
+
 def _time_cuda(fn: Any, repeats: int = 20) -> float:
     fn()
     torch.cuda.synchronize()
@@ -197,7 +239,7 @@ def main() -> int:
     deadline = time.monotonic() + args.budget_s
     for name, fn in (("cuda fallback parity", cuda_fallback_parity), ("nccl parity", nccl_parity),
                      ("fp8 _scaled_mm", scaled_mm_fp8), ("head benchmarks", head_benchmarks),
-                     ("tensorrt engine", tensorrt_engine)):
+                     ("vocab tree", vocab_tree), ("tensorrt engine", tensorrt_engine)):
         _section(name, fn, deadline)
     print(json.dumps(REPORT, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
