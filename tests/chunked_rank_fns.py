@@ -33,15 +33,15 @@ def row_params() -> list[SamplingParams]:
 
 
 def top_p_params() -> list[SamplingParams]:
-    """Top-p rows: alone, after top-k, with min-p, a long nucleus (T = 5: past the first candidates,
-    so they are streamed again), a greedy row (top-p ignored) and an unfiltered row in the batch."""
+    """Top-p rows: alone, after top-k, with min-p, two long nuclei (T = 5 and 8: past the first
+    candidates where the budget is small, so they are streamed again) and a greedy row (top-p ignored)."""
     return [
         SamplingParams(temperature=1.0, top_p=0.9, seed=8),
         SamplingParams(temperature=0.8, top_k=40, top_p=0.5, seed=9),
         SamplingParams(temperature=1.0, top_p=0.95, min_p=0.05, seed=10),
         SamplingParams(temperature=5.0, top_p=0.99, seed=11),
         SamplingParams(temperature=0.0, top_p=0.5, seed=12),
-        SamplingParams(temperature=1.0, seed=13),
+        SamplingParams(temperature=8.0, top_p=0.995, seed=13),  # a second long nucleus
     ]
 
 
@@ -143,7 +143,7 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     return out
 
 
-def long_nucleus_cases(rank: int, world: int) -> dict[str, Any]:
+def long_nucleus_cases(rank: int, world: int, budget: int = 64 * 1024) -> dict[str, Any]:
     """A head whose budget holds fewer top-p candidates than a flat row's nucleus: those rows are
     streamed again and drawn by the materialized sampler; the ids still equal the materialized path's."""
     groups = subgroups(world) if world > 1 else {}
@@ -159,7 +159,7 @@ def long_nucleus_cases(rank: int, world: int) -> dict[str, Any]:
     try:
         for fmt, layout in (("bf16", "uneven"), ("FP8 W8A8-dyn", "padded"), ("fp32", "uneven")):
             mapping = Mapping(world_size=world, rank=rank, tp_size=world) if world > 1 else None
-            head = make_head(fmt, mapping, layout, groups.get(world), logits_budget_bytes=64 * 1024)
+            head = make_head(fmt, mapping, layout, groups.get(world), logits_budget_bytes=budget)
             x = (torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(3)) * 2).to(head.dtype)
             params = top_p_params()
             want = sampling.sample(head.local_logits(x), head, params, step=5)

@@ -21,9 +21,9 @@ import torch
 from chunked_rank_fns import bad_input_cases, equality_cases, long_nucleus_cases, make_head
 
 from trtvocab import LMHead
-from trtvocab.errors import ConfigError
+from trtvocab.errors import ConfigError, InputError
 from trtvocab.launch import run_ranks
-from trtvocab.sampling import chunked
+from trtvocab.sampling import SamplingParams, chunked
 
 SEED = 5
 
@@ -144,11 +144,31 @@ def test_chunked_peak_memory_is_far_below_the_logits(op: str) -> None:
     assert chunked_peak <= 0.35 * logits_bytes, (chunked_peak, materialized_peak)
 
 
-@pytest.mark.parametrize("tp", [1, 3])
-def test_long_nuclei_past_the_candidates_still_equal_the_materialized_path(tp: int) -> None:
-    per_rank = [long_nucleus_cases(0, 1)] if tp == 1 else run_ranks(long_nucleus_cases, tp, timeout_s=120)
+@pytest.mark.parametrize(("tp", "budget"), [(1, 64 * 1024), (3, 64 * 1024), (2, 96000)])
+def test_long_nuclei_past_the_candidates_still_equal_the_materialized_path(tp: int, budget: int) -> None:
+    # tp 2, 96000 bytes: shards of 1501 and 1500 columns, where a per-rank group size would differ
+    per_rank = [long_nucleus_cases(0, 1, budget)] if tp == 1 else run_ranks(long_nucleus_cases, tp, budget,
+                                                                             timeout_s=120)
     for out in per_rank:
         for fmt, r in out.items():
             assert r["equal"], fmt
             assert r["long rows"] >= 1, fmt  # the T = 5, top-p 0.99 row's nucleus outgrew 1024 candidates
     assert len({str(out) for out in per_rank}) == 1
+
+
+def test_nan_logits_from_an_overflowing_gemm_raise_input_error() -> None:
+    # Hidden states near float32's max: the GEMM's partial sums overflow to +inf and -inf, so some
+    # logits are NaN. Every streamed operation must say so (not fail inside its top-k selection).
+    torch.manual_seed(0)
+    head = LMHead(300, 4, dtype=torch.float32)
+    head.load_weights({"weight": torch.randn(300, 4)})
+    x = torch.full((2, 4), 3e38)
+    assert bool(torch.isnan(head.local_logits(x)).any())
+    calls = {"topk": lambda: chunked.topk(x, head, 3, chunk=100),
+             "sample top-k": lambda: chunked.sample(x, head, SamplingParams(top_k=3, seed=1), chunk=100),
+             "sample top-p": lambda: chunked.sample(x, head, SamplingParams(top_p=0.9, seed=1), chunk=100),
+             "logsumexp": lambda: chunked.logsumexp(x, head, chunk=100),
+             "greedy": lambda: chunked.greedy(x, head, chunk=100)}
+    for call in calls.values():
+        with pytest.raises(InputError, match="NaN"):
+            call()

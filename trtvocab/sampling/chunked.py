@@ -193,8 +193,9 @@ def _identity(head: LMHead) -> list[int]:
     """What the ranks must also agree on for a chunked call (folded into the handshake's digest)."""
     def code(dtype: torch.dtype) -> int:
         return _DTYPES.index(dtype) if dtype in _DTYPES else -1
+    # The budget sets chunk and candidate counts, hence collective sizes: ranks must share it.
     return [head.hidden_size, code(head.dtype), _FORMATS.index(head.weight_format), int(head.deterministic),
-            code(head.output_dtype)]
+            code(head.output_dtype), int(head.logits_budget_bytes)]
 
 
 def _check(hidden: Any, head: Any, chunk: Any, what: str) -> InputError | None:
@@ -268,6 +269,10 @@ class _TopK:
 
     def add(self, x: torch.Tensor, lo: int) -> None:
         kc = min(self.k, x.shape[1])
+        if kc and bool(torch.isnan(x).any()):
+            # NaN rows are flagged by the caller and raise on every rank after the merge; here they
+            # only must not break the selection (a NaN compares false).
+            x = x.masked_fill(torch.isnan(x), float("-inf"))
         if kc and self.vals.shape[1] == self.k:
             # Full: only values above the k-th can enter (a tie loses to the lower id already here).
             kc = min(kc, int((x > self.vals[:, -1:]).sum(dim=1).max()))
@@ -582,7 +587,7 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], per_row: list[S
     at a time as the head's budget holds, and drawn by the materialized sampler (``draw._draw``,
     on sub-groups its temporaries fit in): the same tokens. Flat distributions only; each group
     costs one more pass over the weight."""
-    width = max(1, head.shard.size)
+    width = max(1, max(sh.size for sh in head.shards))  # the same on every rank: the same groups, collectives
     budget = head.logits_budget_bytes
     group = max(1, budget // (torch.finfo(head.output_dtype).bits // 8 * width))
     sub = max(1, budget // (SAMPLE_BYTES_PER_LOGIT * width))
