@@ -62,11 +62,8 @@ def merged(pieces: list[tuple[int, torch.Tensor]]) -> list[treesum.Node]:
     """Nodes of consecutive pieces ``(first_id, logits)``, merged sibling by sibling (as chunked does)."""
     stack: list[treesum.Node] = []
     for first, x in pieces:
-        for level, index, m, s in treesum.range_nodes(x, first):
-            while stack and index % 2 == 1 and stack[-1][:2] == (level, index - 1):
-                m, s = treesum.merge(*stack.pop()[2:], m, s)
-                level, index = level + 1, index // 2
-            stack.append((level, index, m, s))
+        for node in treesum.range_nodes(x, first):
+            treesum.push(stack, node)
     return stack
 
 

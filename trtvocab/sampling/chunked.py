@@ -83,14 +83,14 @@ from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
     _local_topk,
-    _order_by_value_then_id,
-    _pack,
-    _unpack,
+    gather_candidates,
     gather_stack,
     handshake,
+    owned_ranges,
+    pick_logits,
     token_ids_error,
 )
-from trtvocab.sampling.treesum import Node, aligned_nodes, merge, merge_ranges, range_nodes
+from trtvocab.sampling.treesum import Node, aligned_nodes, merge_ranges, range_nodes
 from trtvocab.weights import deterministic as det
 
 DENSE_TILE = 128  # dense heads in their dtype: no GEMM narrower than this (or than the whole shard)
@@ -267,9 +267,10 @@ class _TopK:
         self.vals = torch.empty(rows, 0, dtype=torch.float32, device=device)
         self.ids = torch.empty(rows, 0, dtype=torch.int64, device=device)
 
-    def add(self, x: torch.Tensor, lo: int) -> None:
+    def add(self, x: torch.Tensor, lo: int, bad: torch.Tensor) -> None:
+        """Fold in chunk ``x`` (local columns from ``lo``); ``bad [B]``: its rows holding NaN."""
         kc = min(self.k, x.shape[1])
-        if kc and bool(torch.isnan(x).any()):
+        if kc and bool(bad.any()):
             # NaN rows are flagged by the caller and raise on every rank after the merge; here they
             # only must not break the selection (a NaN compares false).
             x = x.masked_fill(torch.isnan(x), float("-inf"))
@@ -289,22 +290,13 @@ class _TopK:
     def merged(self, nan: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The global top-k ``(float32 [B, k], int64 [B, k])``: one all_gather when split (what
         ``reductions.merged_topk`` does with the ranks' local top-k)."""
-        head, k = self.head, self.k
-        rows = self.vals.shape[0]
-        if not head.is_split:
+        if not self.head.is_split:
             _raise_nan(nan, what)
             return self.vals, self.ids
-        have = self.vals.shape[1]
-        vals = torch.full((rows, k), float("-inf"), device=self.vals.device)
-        ids = torch.full((rows, k), NO_ID, dtype=torch.int64, device=self.vals.device)
-        vals[:, :have], ids[:, :have] = self.vals, self.ids
-        vals = torch.where(nan[:, None], torch.full_like(vals, float("nan")), vals)  # travels with the candidates
-        all_values, all_ids = _unpack(gather_stack(_pack(vals, ids), head))  # [tp, B, k]
-        _raise_nan(torch.isnan(all_values).any(dim=2).any(dim=0), what)
-        all_values = all_values.permute(1, 0, 2).reshape(rows, -1)
-        all_ids = all_ids.permute(1, 0, 2).reshape(rows, -1)
-        order = _order_by_value_then_id(all_values, all_ids)[:, :k]
-        return all_values.gather(1, order), all_ids.gather(1, order)
+        vals = torch.where(nan[:, None], torch.full_like(self.vals, float("nan")), self.vals)  # travels along
+        values, ids = gather_candidates(vals, self.ids, self.head, self.k)
+        _raise_nan(torch.isnan(values).any(dim=1), what)
+        return values, ids
 
 
 class _TreeSum:
@@ -318,11 +310,8 @@ class _TreeSum:
         self.stack: list[Node] = []
 
     def add(self, x: torch.Tensor, first_id: int) -> None:
-        for level, index, m, s in range_nodes(x, first_id):
-            while self.stack and index % 2 == 1 and self.stack[-1][:2] == (level, index - 1):
-                m, s = merge(*self.stack.pop()[2:], m, s)
-                level, index = level + 1, index // 2
-            self.stack.append((level, index, m, s))
+        for node in range_nodes(x, first_id):
+            treesum.push(self.stack, node)
 
     def total(self, head: LMHead, like: torch.Tensor,
               extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -330,7 +319,7 @@ class _TreeSum:
         if nodes != aligned_nodes(self.start, self.end):  # pragma: no cover - a bug, not an input
             raise AssertionError(f"chunked tree: nodes {nodes} != {aligned_nodes(self.start, self.end)}")
         return merge_ranges(self.stack, head.vocab_size, head.tp_size, head.process_group,
-                            [(s.start, s.start + s.size) for s in head.shards], like=like, extra=extra)
+                            owned_ranges(head), like=like, extra=extra)
 
 
 # ---- public functions ----------------------------------------------------------------------------------
@@ -367,8 +356,9 @@ def topk(hidden: torch.Tensor, head: LMHead, k: int, *, chunk: int | None = None
     running = _TopK(rows, k, head, hidden.device)
     nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
     for lo, _, x in _Stream(hidden, head, chunk):
-        nan |= torch.isnan(x).any(dim=1)
-        running.add(x, lo)
+        bad = torch.isnan(x).any(dim=1)
+        nan |= bad
+        running.add(x, lo, bad)
     vals, ids = running.merged(nan, what)
     return vals.to(head.output_dtype), ids
 
@@ -385,10 +375,8 @@ def _lse_and_picks(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor |
         x = x.to(torch.float32)
         tree.add(x, start + lo)
         extra[:, n] += torch.isnan(x).any(dim=1).to(torch.float32)
-        if token_ids is not None and x.shape[1]:
-            local = token_ids - (start + lo)
-            mine = (local >= 0) & (local < x.shape[1])
-            extra[:, :n] = torch.where(mine, x.gather(1, local.clamp(0, x.shape[1] - 1)), extra[:, :n])
+        if token_ids is not None:
+            extra[:, :n] = pick_logits(x, token_ids, start + lo, extra[:, :n])
     _, lse, summed = tree.total(head, hidden, extra)
     assert summed is not None
     _raise_nan(summed[:, n] > 0, what)
@@ -505,9 +493,10 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
 
     for lo, _, x in stream:
         scaled, col_ids = scaled_of(x, lo)
-        nan |= torch.isnan(scaled).any(dim=1)
+        bad = torch.isnan(scaled).any(dim=1)
+        nan |= bad
         if running is not None:
-            running.add(scaled, lo)
+            running.add(scaled, lo, bad)
         if tree is not None:
             tree.add(scaled, head.vocab_start + lo)
         if two_pass:
@@ -587,7 +576,7 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], per_row: list[S
     at a time as the head's budget holds, and drawn by the materialized sampler (``draw._draw``,
     on sub-groups its temporaries fit in): the same tokens. Flat distributions only; each group
     costs one more pass over the weight."""
-    width = max(1, max(sh.size for sh in head.shards))  # the same on every rank: the same groups, collectives
+    width = max(1, max(b - a for a, b in owned_ranges(head)))  # the same on every rank: same groups, collectives
     budget = head.logits_budget_bytes
     group = max(1, budget // (torch.finfo(head.output_dtype).bits // 8 * width))
     sub = max(1, budget // (SAMPLE_BYTES_PER_LOGIT * width))

@@ -101,7 +101,7 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
     Returns rank 0's ``proposal`` (a value one rank picks for all, such as a fresh seed). After
     an operation's first call the handshake is skipped while its signature stays the same (see
     :class:`~trtvocab.distributed.Agreement`): its verdict rides on the call's first data
-    collective (:func:`gather_stack` / :func:`global_max`), and the proposal is derived from the
+    collective (:func:`gather_stack`, :func:`global_max`, the vocab tree's gather), and the proposal is derived from the
     one agreed first and a call counter (the same on every rank). ``head.handshake_every_call =
     True`` (or ``cache=False``, for a caller whose first data collective does not carry the
     verdict, such as :mod:`trtvocab.sampling.chunked`) turns that off: a full handshake on every call.
@@ -231,19 +231,46 @@ def merged_topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch
     x = own(local_logits, head)
     if not head.is_split:
         return _local_topk(x, k)
-    rows = x.shape[0]
     k_local = min(k, x.shape[1])
-    packed = _pack(torch.full((rows, k), float("-inf"), device=x.device),
-                   torch.full((rows, k), NO_ID, dtype=torch.int64, device=x.device))
+    vals = x.new_empty(x.shape[0], 0)
+    cols = torch.empty(x.shape[0], 0, dtype=torch.int64, device=x.device)
     if k_local:
         vals, cols = _local_topk(x, k_local)
-        packed[:, :k_local] = _pack(vals, cols + head.vocab_start)
+    values, ids = gather_candidates(vals, cols + head.vocab_start, head, k)
+    return values.to(local_logits.dtype), ids
+
+
+def gather_candidates(vals: torch.Tensor, ids: torch.Tensor, head: LMHead,
+                      k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` (value descending, id ascending) of every rank's candidates ``vals`` / ``ids
+    [B, <= k]`` (global ids; padded with empty slots): float32 ``[B, k]`` and int64 ``[B, k]``, one
+    all_gather. A NaN value sorts first, so it stays in the result."""
+    rows, have = vals.shape
+    packed = _pack(torch.full((rows, k), float("-inf"), device=vals.device),
+                   torch.full((rows, k), NO_ID, dtype=torch.int64, device=vals.device))
+    if have:
+        packed[:, :have] = _pack(vals, ids)
     all_values, all_ids = _unpack(gather_stack(packed, head))  # [tp, B, k]
     all_values = all_values.permute(1, 0, 2).reshape(rows, -1)
     all_ids = all_ids.permute(1, 0, 2).reshape(rows, -1)
     order = _order_by_value_then_id(all_values, all_ids)[:, :k]
     # Sum of the shards' sizes is V >= k, so the first k are real candidates, never empty slots.
-    return all_values.gather(1, order).to(local_logits.dtype), all_ids.gather(1, order)
+    return all_values.gather(1, order), all_ids.gather(1, order)
+
+
+def owned_ranges(head: LMHead) -> list[tuple[int, int]]:
+    """Every rank's owned global ids ``[start, end)``, in rank order (what the vocab tree needs)."""
+    return [(s.start, s.start + s.size) for s in head.shards]
+
+
+def pick_logits(x: torch.Tensor, token_ids: torch.Tensor, first_id: int, into: torch.Tensor) -> torch.Tensor:
+    """``into`` with the logits of ``token_ids [B, n]`` (global ids) that fall in ``x``'s columns
+    (ids ``first_id .. first_id + x.shape[1]``) filled in; the other entries unchanged."""
+    if not x.shape[1]:
+        return into
+    local = token_ids - first_id
+    mine = (local >= 0) & (local < x.shape[1])
+    return torch.where(mine, x.gather(1, local.clamp(0, x.shape[1] - 1)), into)
 
 
 # ---- normalization: global log-softmax ------------------------------------------------------------
@@ -271,15 +298,10 @@ def _sum_exp_and_picks(
     x = x.to(torch.float32)
     picked = None
     if token_ids is not None:
-        local = token_ids - head.vocab_start
-        mine = (local >= 0) & (local < x.shape[1])
-        picked = torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device)
-        if x.shape[1]:
-            picked = torch.where(mine, x.gather(1, local.clamp(0, x.shape[1] - 1)), picked)
-    m, lse, summed = tree_logsumexp(x, head.vocab_start, head.vocab_size, head.tp_size, head.process_group,
-                                    [(s.start, s.start + s.size) for s in head.shards], extra=picked,
-                                    pending=_take_verdict(head) if head.is_split else None)
-    return m, lse, summed
+        picked = pick_logits(x, token_ids, head.vocab_start,
+                             torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device))
+    return tree_logsumexp(x, head.vocab_start, head.vocab_size, head.tp_size, head.process_group, owned_ranges(head),
+                          extra=picked, pending=_take_verdict(head) if head.is_split else None)
 
 
 def logsumexp(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:

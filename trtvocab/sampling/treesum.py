@@ -49,12 +49,17 @@ def aligned_nodes(start: int, end: int) -> list[tuple[int, int]]:
     return nodes
 
 
+def _weight(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``exp(lo - hi)`` for ``lo = min, hi = max`` of two sibling maxima. ``lo - hi`` is
+    ``-|m1 - m2|`` exactly; NaN only when both are the same infinity: then both sides count in full
+    (e = 1): two -inf nodes give s = 0, two +inf nodes a positive s (logsumexp = +inf)."""
+    return torch.exp(torch.nan_to_num(lo - hi, nan=0.0, posinf=float("inf"), neginf=float("-inf")))
+
+
 def merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch.Tensor) -> Pair:
     """The parent of sibling nodes ``(m1, s1)`` (left) and ``(m2, s2)`` (right), elementwise."""
     m = torch.maximum(m1, m2)
-    # min - max is -|m1 - m2| exactly; NaN only when both are the same infinity: then both sides
-    # count in full (e = 1): two -inf nodes give s = 0, two +inf nodes a positive s (lse = +inf).
-    e = torch.exp(torch.nan_to_num(torch.minimum(m1, m2) - m, nan=0.0, posinf=float("inf"), neginf=float("-inf")))
+    e = _weight(torch.minimum(m1, m2), m)
     first = m1 >= m2
     return m, torch.where(first, s1, s2) + torch.where(first, s2, s1) * e
 
@@ -69,7 +74,7 @@ def _leaf_pairs(a: torch.Tensor, b: torch.Tensor) -> Pair:
     """:func:`merge` of two leaves, fewer operations, the same bits: the larger side's s is 1 unless
     both are -inf (then s = 0), the smaller side's s is 0 only when it is -inf, and then e = 0."""
     m = torch.maximum(a, b)
-    e = torch.exp(torch.nan_to_num(torch.minimum(a, b) - m, nan=0.0, posinf=float("inf"), neginf=float("-inf")))
+    e = _weight(torch.minimum(a, b), m)
     return m, torch.where(m == float("-inf"), torch.zeros_like(e), 1.0 + e)
 
 
@@ -107,6 +112,17 @@ def range_nodes(x: torch.Tensor, first_id: int) -> list[Node]:
             m, s = merge(m[:, 0::2], s[:, 0::2], m[:, 1::2], s[:, 1::2])
         index, level = index // 2, level + 1
     return left + right[::-1]
+
+
+def push(stack: list[Node], node: Node) -> None:
+    """Append ``node`` to ``stack`` (nodes of consecutive ids, in order), first merging it with its
+    left sibling while that is on top: what a streaming caller does chunk after chunk, so every
+    merge is one of the tree's and a whole range ends as its :func:`aligned_nodes`."""
+    level, index, m, s = node
+    while stack and index % 2 == 1 and stack[-1][:2] == (level, index - 1):
+        m, s = merge(*stack.pop()[2:], m, s)
+        level, index = level + 1, index // 2
+    stack.append((level, index, m, s))
 
 
 def _node_ids(nodes: Sequence[tuple[int, int]], width: int) -> list[int]:
