@@ -95,13 +95,14 @@ def parity_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
 
 
 def tied_cases(rank: int, world: int, seed: int) -> dict[str, Any]:
-    """tp = world, uneven: one buffer for both ends; logits and rows right."""
+    """tp = world, uneven: one buffer for both ends; logits and rows right. Hugging Face's
+    direction: the embedding holds the loaded table, the head is fresh and takes it."""
     vocab = PRIME_V
     w = table(vocab, seed).bfloat16()
     mapping = Mapping(world_size=world, rank=rank, tp_size=world)
-    head = LMHead(vocab, HIDDEN, dtype=torch.bfloat16, mapping=mapping)
-    head.load_weights({"weight": w})
     emb = VocabParallelEmbedding(vocab, HIDDEN, dtype=torch.bfloat16, mapping=mapping)
+    emb.load_weights({"weight": w})
+    head = LMHead(vocab, HIDDEN, dtype=torch.bfloat16, mapping=mapping)
     before = resident_bytes(emb, head)
     tie_weights(emb, head)
     ids = sample_ids(vocab, seed)

@@ -107,6 +107,59 @@ def test_tie_weights_refuses_mismatches() -> None:
         tie_weights(VocabParallelEmbedding(50, 16), qhead)
 
 
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_tie_weights_head_takes_the_embeddings_table(tp: int) -> None:
+    """Issue 19 High 1: a loaded embedding and a fresh head -> the head computes with the
+    embedding's table (HF's direction), the embedding keeps its rows."""
+    w = table(PRIME_V, 4)
+    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(5))
+    ids = sample_ids(PRIME_V, 4)
+    for rank in range(tp):
+        mapping = None if tp == 1 else Mapping(world_size=tp, rank=rank, tp_size=tp)
+        emb = VocabParallelEmbedding(PRIME_V, HIDDEN, dtype=torch.float32, mapping=mapping, reduce_output=False)
+        emb.load_weights({"weight": w})
+        head = LMHead(PRIME_V, HIDDEN, dtype=torch.float32, mapping=mapping, gather_output=False)
+        tie_weights(emb, head)
+        assert head.weights is emb.weights
+        lo, hi = head.vocab_start, head.vocab_end
+        assert torch.equal(head.weight, w[lo:hi])
+        assert torch.allclose(head.weights(x)[:, : hi - lo], x @ w[lo:hi].t())
+        owned = ((ids >= lo) & (ids < hi))[..., None]
+        assert torch.equal(emb.local_rows(ids)[0].reshape(*ids.shape, HIDDEN), reference(w, ids) * owned)
+
+
+def test_tie_weights_refuses_an_empty_embedding_and_two_tables() -> None:
+    w = table(50, 1)[:, :16]
+    head = LMHead(50, 16, dtype=torch.float32)
+    head.load_weights({"weight": w})
+    with pytest.raises(ConfigError, match="the embedding holds no loaded table"):
+        tie_weights(VocabParallelEmbedding(50, 16, dtype=torch.float32), head)
+    with pytest.raises(ConfigError, match="the embedding holds no loaded table"):
+        tie_weights(VocabParallelEmbedding(50, 16, dtype=torch.float32), LMHead(50, 16, dtype=torch.float32))
+    emb = VocabParallelEmbedding(50, 16, dtype=torch.float32)
+    emb.load_weights({"weight": w + 1})
+    with pytest.raises(ConfigError, match="both hold loaded tables and they differ"):
+        tie_weights(emb, head)
+    assert torch.equal(head.weight, w)  # nothing changed by the refusal
+    same = VocabParallelEmbedding(50, 16, dtype=torch.float32)
+    same.load_weights({"weight": w})
+    tie_weights(same, head)  # two loaded tables that are bitwise equal: one table, tied
+    assert same.weights is head.weights
+    tie_weights(same, head)  # tying again is a no-op
+
+
+def test_from_head_shares_a_loaded_heads_table() -> None:
+    w = table(50, 2)[:, :16]
+    with pytest.raises(ConfigError, match="the head holds no loaded table"):
+        VocabParallelEmbedding.from_head(LMHead(50, 16, dtype=torch.float32))
+    head = LMHead(50, 16, dtype=torch.float32, mapping=Mapping(world_size=2, rank=1, tp_size=2))
+    head.load_weights({"weight": w})
+    emb = VocabParallelEmbedding.from_head(head, reduce_output=False)
+    assert emb.weights is head.weights and not emb.reduce_output and emb.vocab_start == 25
+    ids = torch.tensor([0, 25, 49, 50])
+    assert torch.equal(emb.local_rows(ids)[0], reference(w, ids) * torch.tensor([0, 1, 1, 0])[:, None])
+
+
 def test_load_tied_reads_the_shard_once(tmp_path) -> None:
     w = table(300, 9)
     path = tmp_path / "model.safetensors"

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from trtvocab import artifacts
 from trtvocab.dtypes import head_dtype
-from trtvocab.embedding import VocabParallelEmbedding, tie_weights
+from trtvocab.embedding import VocabParallelEmbedding
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.formats import WeightFormat
 from trtvocab.lm_head import LMHead
@@ -65,10 +65,8 @@ def make_embedding(recipe: BuildRecipe, rank: int, head: LMHead) -> VocabParalle
     """
     tied = head.quant_decision is None or head.quant_decision.tensor_name != "lm_head.weight"
     if tied and recipe.embedding.tensor is None and head.weight_format is WeightFormat.DENSE:
-        emb = VocabParallelEmbedding(head.vocab_size, head.hidden_size, dtype=head.dtype, mapping=head.mapping,
-                                     vocab_layout=head.vocab_layout, pad_to=head.pad_to, reduce_output=False)
-        tie_weights(emb, head)
-        return emb
+        # The head holds the one table (tie_weights goes the other way: the head takes the embedding's).
+        return VocabParallelEmbedding.from_head(head, reduce_output=False)
     lh = recipe.lm_head
     return VocabParallelEmbedding.from_checkpoint(
         recipe.checkpoint_path(), mapping=recipe.mapping.for_rank(rank), dtype=head_dtype(lh.dtype),

@@ -141,6 +141,25 @@ class VocabParallelEmbedding(VocabParallelModule):
         return load_collectively(build, mapping=mapping, group=process_group,
                                  what=f"VocabParallelEmbedding.from_checkpoint({path})")
 
+    @classmethod
+    def from_head(cls, lm_head: Any, *, reduce_output: bool = True) -> VocabParallelEmbedding:
+        """An embedding that shares a loaded dense head's shard (the checkpoint's one table was
+        read into the head): same vocab, hidden size, dtype, mapping, layout, process group and
+        device; ``embedding.weights is lm_head.weights`` afterwards. A head that holds no loaded
+        table, or a quantized one, is refused (:class:`ConfigError` naming the head)."""
+        if lm_head.weight_format is not WeightFormat.DENSE:
+            raise ConfigError(f"VocabParallelEmbedding.from_head: the head is {lm_head.weight_format}; "
+                              "only dense tables can be tied (the gating rule keeps tied heads dense)")
+        if not lm_head.weights.loaded:
+            raise ConfigError("VocabParallelEmbedding.from_head: the head holds no loaded table "
+                              "(load_weights / from_checkpoint first)")
+        emb = cls(lm_head.vocab_size, lm_head.hidden_size, dtype=lm_head.dtype, mapping=lm_head.mapping,
+                  vocab_layout=lm_head.vocab_layout, pad_to=lm_head.pad_to, process_group=lm_head.process_group,
+                  reduce_output=reduce_output, device=lm_head.device)
+        _tie_checks(emb, lm_head)
+        emb.weights = lm_head.weights
+        return emb
+
     # ---- lookup --------------------------------------------------------------------------------------
     def _check_ids(self, input_ids: Any) -> InputError | None:
         if not isinstance(input_ids, torch.Tensor):
@@ -233,21 +252,16 @@ def embedding_name(ckpt: Any, tensor_name: str | None = None) -> str:
                           "pass tensor_name= to name it")
 
 
-def tie_weights(embedding: VocabParallelEmbedding, lm_head: Any) -> None:
-    """Make ``embedding`` and ``lm_head`` share one shard buffer on this rank (a tied model).
-
-    Both must have the same vocab, hidden size, tp size and rank, layout (and pad_to) and
-    dtype, and both must be dense (the gating rule keeps tied heads dense): otherwise a
-    :class:`ConfigError` names the difference. Afterwards ``embedding.weights is
-    lm_head.weights``: the same storage, counted once.
-    """
+def _tie_checks(embedding: VocabParallelEmbedding, lm_head: Any) -> None:
+    """Refuse (ConfigError naming the difference) a pair that cannot share one shard buffer."""
     checks = [("vocab_size", embedding.vocab_size, lm_head.vocab_size),
               ("hidden_size", embedding.hidden_size, lm_head.hidden_size),
               ("tp_size", embedding.tp_size, lm_head.tp_size), ("tp_rank", embedding.tp_rank, lm_head.tp_rank),
               ("vocab_layout", embedding.vocab_layout, lm_head.vocab_layout),
               ("dtype", embedding.dtype, lm_head.dtype),
               ("shard", (embedding.shard.start, embedding.shard.end, embedding.shard.width),
-               (lm_head.shard.start, lm_head.shard.end, lm_head.shard.width))]
+               (lm_head.shard.start, lm_head.shard.end, lm_head.shard.width)),
+              ("device", embedding.device, lm_head.device)]
     for name, a, b in checks:
         if a != b:
             raise ConfigError(f"tie_weights: the embedding and the head differ in {name}: {a} vs {b}")
@@ -255,7 +269,36 @@ def tie_weights(embedding: VocabParallelEmbedding, lm_head: Any) -> None:
         if fmt is not WeightFormat.DENSE:
             raise ConfigError(f"tie_weights: the {what} is {fmt}; only dense tables can be tied "
                               "(the gating rule keeps tied heads dense)")
-    embedding.weights = lm_head.weights
+
+
+def tie_weights(embedding: VocabParallelEmbedding, lm_head: Any) -> None:
+    """Make ``lm_head`` use ``embedding``'s shard on this rank (a tied model, Hugging Face's
+    direction: the output embedding takes the input embedding's weight).
+
+    Both must have the same vocab, hidden size, tp size and rank, layout (and pad_to), dtype
+    and device, and both must be dense (the gating rule keeps tied heads dense): otherwise a
+    :class:`ConfigError` names the difference. The embedding provides the table, so it must
+    hold a loaded one (``embedding.load_weights`` or ``from_checkpoint``): an empty embedding
+    is refused naming the embedding (for the other direction, a loaded head and no embedding
+    table, use :meth:`VocabParallelEmbedding.from_head`). A head that holds a loaded table
+    too is accepted only when that table is bitwise the embedding's; two different loaded
+    tables are refused naming both. Afterwards ``embedding.weights is lm_head.weights``: the
+    same storage, counted once.
+    """
+    _tie_checks(embedding, lm_head)
+    if embedding.weights is lm_head.weights:
+        return
+    if not embedding.weights.loaded:
+        raise ConfigError(
+            "tie_weights: the embedding holds no loaded table, and the head takes the embedding's shard "
+            "(Hugging Face's direction); load the embedding first (load_weights / from_checkpoint), or build "
+            "the embedding from a loaded head with VocabParallelEmbedding.from_head(head)")
+    if lm_head.weights.loaded and not torch.equal(lm_head.weights.weight, embedding.weights.weight):
+        raise ConfigError(
+            "tie_weights: the embedding and the head both hold loaded tables and they differ "
+            f"(shard [{embedding.vocab_start}, {embedding.vocab_end})); a tied model has one table: "
+            "load only the embedding, or leave the model untied")
+    lm_head.weights = embedding.weights
 
 
 def load_tied(path: str | Path, *, mapping: Mapping | None = None, dtype: torch.dtype = torch.bfloat16,
@@ -272,10 +315,7 @@ def load_tied(path: str | Path, *, mapping: Mapping | None = None, dtype: torch.
                                   deterministic=deterministic, output_dtype=output_dtype)
     decision = head.quant_decision
     if decision is not None and decision.tensor_name != "lm_head.weight" and head.weight_format is WeightFormat.DENSE:
-        embedding = VocabParallelEmbedding(head.vocab_size, head.hidden_size, dtype=dtype, mapping=mapping,
-                                           vocab_layout=vocab_layout, pad_to=pad_to, process_group=process_group)
-        tie_weights(embedding, head)
-        return embedding, head
+        return VocabParallelEmbedding.from_head(head), head
     embedding = VocabParallelEmbedding.from_checkpoint(path, mapping=mapping, dtype=dtype, vocab_layout=vocab_layout,
                                                        pad_to=pad_to, process_group=process_group)
     return embedding, head

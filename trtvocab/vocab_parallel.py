@@ -111,6 +111,7 @@ class VocabParallelModule(nn.Module):
     def load_weights(self, tensors: dict[str, Any]) -> None:
         """Load from tensors (or lazy safetensors / GGUF slices) holding all V rows or this shard's rows."""
         self.weights.load(normalize_keys(tensors))
+        self.weights.loaded = True
 
     def _meet(self, handshake: D.Handshake, values: dict[str, Any], error: BaseException | None, field: str,
               noun: str) -> list[int]:

@@ -96,6 +96,9 @@ class WeightMethod(nn.Module):
     """
 
     weight_format: ClassVar[WeightFormat]
+    # Set by VocabParallelModule.load_weights once a table has been loaded; a fresh instance holds
+    # only its zero-filled initial buffers (what tie_weights refuses to hand out as a table).
+    loaded: bool = False
 
     def __init__(self, shard: VocabShard, hidden_size: int, dtype: torch.dtype, quant_config: Any = None):
         super().__init__()
