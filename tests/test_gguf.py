@@ -385,3 +385,68 @@ def test_data_truncated_after_opening_is_reported_on_read(tmp_path: Path) -> Non
         fh.truncate(ckpt.info("lm_head.weight").offset + 10)
     with pytest.raises(CheckpointError, match=r"shrinks\.gguf: output\.weight is truncated"):
         lazy[0:V]
+
+
+# ---- the data section (issue 19 High 2): the real file with its offsets moved ---------------------------
+def _offset_field(data: bytes, tensor: str) -> int:
+    """Where the data offset of ``tensor``'s header record is (after its name, dims and type)."""
+    return _type_field_offset(data, tensor) + 4
+
+
+def _relative_offset(data: bytes, tensor: str) -> int:
+    (offset,) = struct.unpack_from("<Q", data, _offset_field(data, tensor))
+    return offset
+
+
+DATA_SECTION_CASES = {  # case -> (tensor whose offset moves, how: new offset from the old ones, bytes appended, text)
+    # the embedding (at 0) moved 4896 bytes on, aligned: it overlaps the first block's tensors
+    "embedding moved": ("token_embd.weight", lambda old: 4896, 0, r"tensor data overlap"),
+    # two tensors sharing offset 0
+    "shared offset": ("blk.0.attn_norm.weight", lambda old: 0, 0, r"tensor data overlap"),
+    # a tensor shifted back into its predecessor's bytes, still aligned
+    "shifted inside": ("blk.0.ffn_down.weight", lambda old: old - 32, 0, r"tensor data overlap"),
+    # the last tensor moved on into bytes appended to the file: unowned bytes before it
+    "gap": ("", lambda old: old + 4096, 4096, r"data starts at offset \d+ of the data section; expected"),
+    # bytes after the last tensor
+    "trailing": ("", lambda old: old, 4096, r"data section size does not match the file"),
+    # a misaligned offset
+    "misaligned": ("blk.0.ffn_up.weight", lambda old: old + 8, 0, r"is not aligned to 32"),
+}
+
+
+def test_smollm2_data_section_is_validated(smollm2: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "smollm2.gguf"
+    copy.write_bytes(smollm2.read_bytes())
+    original = GGUFCheckpoint(copy)  # the real file tiles its data section exactly
+    size = copy.stat().st_size
+    header = copy.read_bytes()[: original.data_offset]  # the tensor records are in it
+    last = max(original._tensors.values(), key=lambda info: info.offset).gguf_name
+    for case, (tensor, move, extra, text) in DATA_SECTION_CASES.items():
+        tensor = tensor or last
+        at = _offset_field(header, tensor)
+        old = _relative_offset(header, tensor)
+        with open(copy, "r+b") as fh:
+            fh.seek(at)
+            fh.write(struct.pack("<Q", move(old)))
+            if extra:
+                fh.seek(size)
+                fh.write(b"\0" * extra)
+        with pytest.raises(CheckpointError, match=rf"smollm2\.gguf: .*{text}"):
+            GGUFCheckpoint(copy)
+        with pytest.raises(CheckpointError, match=r"smollm2\.gguf"):
+            LMHead.from_checkpoint(copy, dtype=torch.float32)
+        with open(copy, "r+b") as fh:  # back to the real file for the next case
+            fh.seek(at)
+            fh.write(struct.pack("<Q", old))
+            fh.truncate(size)
+        assert GGUFCheckpoint(copy).data_offset == original.data_offset, case
+
+
+def test_overlap_message_names_both_tensors(smollm2: Path, tmp_path: Path) -> None:
+    data = bytearray(smollm2.read_bytes())
+    struct.pack_into("<Q", data, _offset_field(bytes(data[:2_000_000]), "blk.0.attn_norm.weight"), 0)
+    path = tmp_path / "shared.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"'blk\.0\.attn_norm\.weight' occupies \[0, 2304\) and "
+                                              r"'token_embd\.weight' \[0, 30081024\)"):
+        GGUFCheckpoint(path)

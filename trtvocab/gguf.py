@@ -24,6 +24,7 @@ imports nothing of trtvocab but its errors.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import stat
 import struct
@@ -386,6 +387,46 @@ class GGUFCheckpoint:
         self.data_offset = data_start
         for name, dims, type_id, offset in records:
             self._add_tensor(name, dims, _ggml_type(path, name, type_id), data_start, offset, alignment, r.size)
+        self._check_data_section(data_start, alignment, r.size)
+
+    def _check_data_section(self, data_start: int, alignment: int, file_size: int) -> None:
+        """The tensors tile the data section as llama.cpp writes (and requires) it.
+
+        Every tensor's bytes lie inside ``[data_start, file size)`` and start aligned (checked
+        per tensor in :meth:`_add_tensor`); here, over all tensors in offset order: no two byte
+        ranges overlap; each tensor starts where the previous one ends, padded to
+        ``general.alignment`` (the first at offset 0), so no byte of the section is unowned; and
+        the file ends with the last tensor's data (plus at most its alignment padding). A file
+        whose offsets were moved, shared or shifted inside the data is refused, naming the
+        tensors, instead of reading another tensor's bytes as the head.
+        """
+        spans = sorted((info.offset, info.offset + info.nbytes, info.gguf_name) for info in self._tensors.values())
+        path = self.path
+
+        def rel(at: int) -> int:
+            return at - data_start
+
+        for (b0, e0, n0), (b1, e1, n1) in itertools.pairwise(spans):
+            if b1 < e0:
+                raise CheckpointError(
+                    f"{path}: GGUF tensor data overlap: {n0!r} occupies [{rel(b0)}, {rel(e0)}) and {n1!r} "
+                    f"[{rel(b1)}, {rel(e1)}) of the data section (offsets relative to byte {data_start}); "
+                    "every tensor must have bytes of its own")
+        expected, previous = data_start, None
+        for begin, end, name in spans:
+            if begin != expected:
+                after = f"the end of {previous!r}, padded to {alignment}" if previous else "the start of the section"
+                raise CheckpointError(
+                    f"{path}: GGUF tensor {name!r} data starts at offset {rel(begin)} of the data section; "
+                    f"expected {rel(expected)} ({after}): the data section must hold the tensors back to back "
+                    "(as llama.cpp writes and requires it), with no unowned bytes")
+            expected, previous = -(-end // alignment) * alignment, name
+        if spans and file_size > expected:
+            last_end = spans[-1][1]
+            raise CheckpointError(
+                f"{path}: GGUF data section size does not match the file: the tensors end at byte {last_end} "
+                f"(padded: {expected}), but the file has {file_size} bytes ({file_size - last_end} after the "
+                "last tensor's data)")
 
     def _add_tensor(self, name: str, dims: list[int], qtype: gguf.GGMLQuantizationType, data_start: int,
                     offset: int, alignment: int, file_size: int) -> None:
