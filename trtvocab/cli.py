@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trtvocab.errors import InputError, PeerRankError, RankFailures, TrtVocabError
+from trtvocab.errors import ConfigError, InputError, PeerRankError, RankFailures, TrtVocabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="The vocabulary dimension of LLM inference: plan, build and run TP-sharded LM heads.")
@@ -142,6 +143,10 @@ def build(
     ranks: Annotated[str | None, typer.Option(help="comma-separated ranks to build (default: all)")] = None,
     force: Annotated[bool, typer.Option(help="replace an existing artifact (atomically)")] = False,
     require_engine: Annotated[bool, typer.Option(help="fail unless a TensorRT engine is built")] = False,
+    compiler: Annotated[str | None, typer.Option(help="engine compiler: auto | tensorrt | tensorrt-rtx "
+                                                 "(overrides [engine] compiler)")] = None,
+    targets: Annotated[str | None, typer.Option(help="comma-separated TensorRT-RTX targets, e.g. sm89,sm120 "
+                                                "(overrides [engine] targets)")] = None,
 ) -> None:
     """Build per-rank weights, ONNX graphs (checked on CPU) and TensorRT engines where possible."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -152,10 +157,10 @@ def build(
 
     try:
         rec = load_recipe(recipe)
-        if require_engine:
-            rec = rec.model_copy(update={"engine": rec.engine.model_copy(update={"require": True})})
+        rec = _engine_overrides(rec, require_engine, compiler, targets)
         rank_list = _int_list(ranks, "--ranks", 0, 4095) if ranks else None
-        stages = ["load shard", "save weights", "export onnx", "verify onnx", "build engine", "export embedding"]
+        stages = ["load shard", "save weights", "export onnx", "verify onnx", "build engine", "export embedding",
+                  "build embedding engine"]
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stage]}"),
                       TimeElapsedColumn(), console=err_console, transient=False) as bar:
             tasks: dict[int, int] = {}
@@ -179,12 +184,52 @@ def build(
         check = (f"{'ok' if v.ok else 'FAILED'} on {v.backend}: {v.max_abs_err:.2e} / {v.tolerance:.2e}"
                  if v else "skipped")
         table.add_row(str(e.rank), escape(f"[{e.start:,}, {e.end:,})"), str(e.weight_format),
-                      human(e.resident_bytes), escape(check), "built" if e.engine.built else "skipped")
+                      human(e.resident_bytes), escape(check), escape(engine_summary(e.engine)))
     console.print(table)
+    for e in manifest.ranks:
+        for warning in e.engine.build.warnings if e.engine.build is not None else []:
+            console.print(f"[yellow]rank {e.rank} engine warning:[/] {escape(warning)}", highlight=False)
     reasons = {e.engine.reason for e in manifest.ranks if not e.engine.built}
     for reason in sorted(r for r in reasons if r):
         console.print(f"[yellow]TensorRT engine not built:[/] {escape(reason)}. "
                       "Wrote the ONNX graphs and the PyTorch fallback weights instead.", highlight=False)
+
+
+def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: str | None) -> Any:
+    """The recipe with the command line's engine options applied (validated as the recipe is)."""
+    from trtvocab.recipe import EngineSection
+
+    update = rec.engine.model_dump()
+    if require:
+        update["require"] = True
+    if compiler is not None:
+        update["compiler"] = compiler
+    if targets is not None:
+        update["targets"] = [t for t in targets.split(",") if t.strip()]
+    try:
+        section = EngineSection(**update)
+    except ValidationError as exc:
+        raise ConfigError("--compiler / --targets: " + "; ".join(e["msg"] for e in exc.errors())) from None
+    return rec.model_copy(update={"engine": section})
+
+
+def engine_summary(engine: Any) -> str:
+    """One cell: the compiler, targets, engine size and the GEMM's datatypes (or why there is no engine)."""
+    from trtvocab.units import human_bytes as human
+
+    if not engine.built or engine.build is None:
+        return "skipped"
+    b = engine.build
+    where = ",".join(b.targets) if b.targets else (b.compute_capability or "")
+    text = f"{b.compiler} {b.tensorrt_version} [{where}] {human(b.bytes)}"
+    c = b.compute
+    if c is not None and c.gemm is not None:
+        text += f" {c.gemm.activation} x {c.gemm.weight}"
+    elif c is not None and c.table is not None:
+        text += f" table {c.table}"
+    if c is not None and c.problems:
+        text += " CONTRACT BROKEN"
+    return text
 
 
 # ---- infer ----------------------------------------------------------------------------------
@@ -298,9 +343,32 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
         size = sum(manifest.files[f].bytes for f in files)
         table.add_row(str(e.rank), escape(f"[{e.start:,}, {e.end:,})"), f"{e.end - e.start:,}",
                       escape(", ".join(Path(f).name for f in files)), human(size),
-                      "built" if e.engine.built else escape(f"skipped: {e.engine.reason or ''}"))
+                      escape(engine_summary(e.engine)) if e.engine.built
+                      else escape(f"skipped: {e.engine.reason or ''}"))
     console.print(table)
-    console.print(f"[green]checksums ok[/] ({len(manifest.files)} files)")
+    for e in manifest.ranks:
+        for what, rec in (("lm_head", e.engine), ("embedding", e.embedding_engine)):
+            b = rec.build if rec is not None else None
+            if b is None or b.compute is None:
+                continue
+            c = b.compute
+            verdict = "[green]holds[/]" if c.ok else "[red]BROKEN: " + escape("; ".join(c.problems)) + "[/]"
+            gemm = (f"GEMM {c.gemm.layer} ({c.gemm.kind}): {c.gemm.activation} x {c.gemm.weight} -> {c.gemm.output}"
+                    if c.gemm is not None else f"table {c.table}")
+            det = "; DISTRIBUTIVE_INDEPENDENCE" if b.distributive_independence else ""
+            console.print(f"rank {e.rank} {what}.plan: {escape(b.compiler)} {escape(b.tensorrt_version)} for "
+                          f"{escape(', '.join(b.targets))}, {human(b.bytes)} (ONNX {human(b.onnx_bytes)}), "
+                          f"{c.layers} layers, {escape(gemm)}{det}; contract ({escape(c.expected)}) {verdict}",
+                          highlight=False)
+    if manifest.head.deterministic:
+        engines = [e.engine.build for e in manifest.ranks if e.engine.build is not None]
+        if engines and all(b.distributive_independence for b in engines):
+            console.print("deterministic: the PyTorch fallback is bitwise tp/batch-invariant; the engines are built "
+                          "with DISTRIBUTIVE_INDEPENDENCE (a row's logits do not depend on the rest of the batch)",
+                          highlight=False)
+        else:
+            console.print("deterministic: the guarantee holds for the PyTorch fallback only", highlight=False)
+    console.print(f"[green]checksums ok[/] ({len(manifest.files)} files, every plan's sha256 included)")
 
 
 # ---- hidden ---------------------------------------------------------------------------------
@@ -589,6 +657,9 @@ def generate(
     if deterministic:
         notes.append("deterministic" if report.deterministic else "deterministic mode unavailable: default head")
     console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
+    if spec.artifact is not None and spec.artifact.note:
+        console.print(escape(f"({spec.artifact.note}; the head ran on {spec.artifact.backend} instead)"),
+                      highlight=False)
     for i, r in enumerate(report.results):
         console.print(f"[bold][{i + 1}][/] [dim]{escape(r.prompt)}[/]", highlight=False)
         console.print(escape(r.text.rstrip("\n")), highlight=False, soft_wrap=True)

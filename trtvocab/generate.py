@@ -87,6 +87,7 @@ class ArtifactSpec:
     root: str
     backend: str  # canonical, chosen (torch | onnx | tensorrt)
     tp: int
+    note: str | None = None  # why auto did not take the artifact's TensorRT engines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,8 +318,11 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None) -
     art_tp = manifest.mapping.tp_size
     if tp is not None and tp != art_tp:
         raise ConfigError(f"--tp {tp}: the artifact {root} is built for tp {art_tp} (omit --tp, or pass --tp {art_tp})")
-    chosen, _ = pick_backend(manifest, backend)
-    return ArtifactSpec(str(root.resolve()), chosen, art_tp)
+    chosen, usable = pick_backend(manifest, backend)
+    note = None
+    if chosen != "tensorrt" and manifest.backends.tensorrt and usable["tensorrt"] is not None:
+        note = f"TensorRT engines not run: {usable['tensorrt']}"
+    return ArtifactSpec(str(root.resolve()), chosen, art_tp, note)
 
 
 def check_options(*, max_new_tokens: int, tp: int | None, prompts: list[str] | tuple[str, ...] | None,

@@ -31,7 +31,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 try:  # Python >= 3.11
     import tomllib
@@ -212,11 +212,36 @@ def validate_profile(profile: Profile | dict[str, Any]) -> Profile:
 
 
 class EngineSection(_Section):
-    """``[engine]``: TensorRT workspace, timing cache file, and whether a missing engine fails the build."""
+    """``[engine]``: which compiler and targets, TensorRT workspace, timing cache file, whether a
+    missing engine fails the build, and whether a layer table that breaks the head's contract
+    fails it (``contract = "error"``) or is recorded as a warning (``"warn"``).
 
+    ``compiler``: ``auto`` (standard TensorRT where it and a GPU exist, else TensorRT-RTX where
+    it imports, else no engine), ``tensorrt`` or ``tensorrt-rtx``. ``targets``: TensorRT-RTX
+    compute targets (``["sm89", "sm120"]``); None: every target whose hardware has the graph's
+    datatypes, in one engine per rank.
+    """
+
+    compiler: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"
+    targets: list[str] | None = None
     workspace_mib: int = Field(default=4096, ge=64, le=MAX_WORKSPACE_MIB)
     timing_cache: str | None = None
     require: bool = False  # fail the build if no TensorRT engine can be built
+    contract: Literal["error", "warn"] = "error"
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, targets: list[str] | None) -> list[str] | None:
+        if targets is None:
+            return None
+        from trtvocab.export.targets import parse_targets
+
+        if not targets:
+            raise ValueError("must name at least one target (or be left out for the default set)")
+        try:
+            return parse_targets(targets)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class OutputSection(_Section):
@@ -417,24 +442,72 @@ class VerifyRecord(_Record):
     argmax_equal: bool
 
 
+class GemmRecord(_Record):
+    """The engine layer that multiplies by the weight: its kind, and the datatypes of the activation,
+    of the weight operand (``weight_resident``: a constant of the engine, not computed per call)
+    and of its output (names of :data:`trtvocab.export.layer_table.DATATYPES`)."""
+
+    layer: str
+    kind: str
+    activation: str | None
+    weight: str
+    weight_resident: bool
+    output: str | None
+
+
+class EngineCompute(_Record):
+    """What an engine computes, from the builder's layer table, checked against the head's contract.
+
+    ``expected`` says the contract in words; ``problems`` name the layer and datatypes where the
+    engine breaks it (empty: it holds). ``gemm`` is None for an embedding engine (``table`` is
+    then the datatype of its lookup table as stored in the engine).
+    """
+
+    layers: int
+    kinds: dict[str, int]
+    gemm: GemmRecord | None = None
+    table: str | None = None
+    weights_bytes: int | None = None
+    activation_bytes: int | None = None
+    expected: str
+    problems: list[str] = []
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
 class EngineBuild(_Record):
-    """What :func:`trtvocab.export.tensorrt.build_engine` produced."""
+    """What :func:`trtvocab.export.tensorrt.build_engine` produced.
+
+    ``compiler``: ``tensorrt`` (built for the local GPU: ``device`` and ``compute_capability``
+    name it) or ``tensorrt-rtx`` (ahead of time for ``targets``; no device).
+    ``distributive_independence``: built with TensorRT's ``DISTRIBUTIVE_INDEPENDENCE`` flag (a
+    deterministic head): a row's output does not depend on the other rows of the batch.
+    """
 
     plan_path: str
     sha256: str
     bytes: int
     onnx_path: str  # the graph actually parsed (the dequantized variant in dequantize_fp4 mode)
+    onnx_bytes: int = 0  # the graph's file(s) on disk, for the engine-vs-ONNX size
+    graph: Literal["lm_head", "embedding"] = "lm_head"
     mode: str  # "native" | "dequantize_fp4"
     weight_format: WeightFormat
-    tensorrt_version: str
-    device: str  # the GPU's name: an engine runs only on the GPU model it was built for
-    compute_capability: str
+    compiler: Literal["tensorrt", "tensorrt-rtx"] = "tensorrt"
+    tensorrt_version: str  # the compiler's version
+    targets: list[str] = []  # the compute targets the engine holds ("sm89", ...)
+    device: str | None  # the GPU's name (standard TensorRT: an engine runs only on that GPU model); None for AOT
+    compute_capability: str | None
     profile: Profile
     workspace_bytes: int
     timing_cache_path: str | None
     inputs: list[str]
     outputs: list[str]
     build_seconds: float
+    distributive_independence: bool = False
+    compute: EngineCompute | None = None
+    warnings: list[str] = []
 
 
 class EngineRecord(_Record):
@@ -452,6 +525,7 @@ class RankFiles(_Record):
     onnx: str | None = None
     plan: str | None = None
     embedding_onnx: str | None = None
+    embedding_plan: str | None = None
 
 
 class RankEntry(_Record):
@@ -468,6 +542,7 @@ class RankEntry(_Record):
     engine: EngineRecord
     quant: QuantRecord
     embedding_verify: VerifyRecord | None = None  # the embedding graph against the PyTorch module
+    embedding_engine: EngineRecord | None = None  # the embedding graph's engine (when exported)
 
 
 class FileRecord(_Record):

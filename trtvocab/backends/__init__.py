@@ -2,7 +2,8 @@
 
 ::
 
-    tensorrt   rank{r}/lm_head.plan on a CUDA GPU (an engine built for this GPU and TensorRT)
+    tensorrt   rank{r}/lm_head.plan on a CUDA GPU (standard TensorRT: built for this GPU;
+               TensorRT-RTX: built ahead of time for targets that include this GPU)
     onnx       rank{r}/lm_head.onnx on CPU: onnxruntime, or onnx.reference where onnxruntime
                has no kernels (bf16 MatMul, FP4); the result says which ran
     torch      rank{r}/weights.safetensors through the PyTorch LMHead (always there)
@@ -48,17 +49,25 @@ def _tensorrt_unusable(manifest: Manifest) -> str | None:
     if not manifest.backends.tensorrt:
         reasons = sorted({e.engine.reason for e in manifest.ranks if not e.engine.built and e.engine.reason})
         return "no engine in the artifact" + (f": {'; '.join(reasons)}" if reasons else "")
-    from trtvocab.export.tensorrt import tensorrt_available
-
-    ok, reason = tensorrt_available()
-    if not ok:
-        return reason
-    import tensorrt  # type: ignore[import-not-found]
-
     from trtvocab.backends.tensorrt import current_gpu, engine_mismatch
+    from trtvocab.export.tensorrt import import_compiler
 
     gpu = current_gpu()
-    whys = [(e.files.plan, engine_mismatch(e.engine, gpu, tensorrt.__version__)) for e in manifest.ranks]
+    versions: dict[str, str | None] = {}
+    whys = []
+    for e in manifest.ranks:
+        compiler = e.engine.build.compiler if e.engine.build is not None else "tensorrt"
+        if compiler not in versions:
+            try:
+                versions[compiler] = import_compiler(compiler).version
+            except EngineUnavailableError as exc:
+                if gpu is not None:
+                    return str(exc)
+                versions[compiler] = None  # no GPU either: engine_mismatch says so first
+        whys.append((e.files.plan, engine_mismatch(e.engine, gpu, versions[compiler])))
+    reasons = [why for _, why in whys if why]
+    if reasons and len(set(reasons)) == 1 and gpu is None:
+        return reasons[0]  # one line for the whole artifact: every plan has the same reason
     return "; ".join(f"{plan}: {why}" for plan, why in whys if why) or None
 
 

@@ -1,9 +1,17 @@
-"""The TensorRT backend: ``rank{r}/lm_head.plan`` on a CUDA GPU, where TensorRT and that GPU exist.
+"""The TensorRT backend: ``rank{r}/lm_head.plan`` (and ``embedding.plan``) on a CUDA GPU.
 
-An engine is specific to the GPU model and the TensorRT version that built it, so the
-artifact's engine record is checked against both before a plan is opened
-(:func:`engine_mismatch`). Never run on the development machines (no TensorRT, no GPU):
-its glue is tested with a named test double, never as verification of TensorRT.
+Which GPU may run a plan depends on its compiler (the engine record says which):
+
+* standard TensorRT: the GPU model and TensorRT version that built it, exactly;
+* TensorRT-RTX: any GPU whose compute capability is one of the plan's targets, checked
+  by the runtime itself (``Runtime.get_engine_validity`` reads the plan's header). Such a
+  plan is run with an ``IRuntimeConfig``: a runtime cache file beside the plan keeps the
+  kernels compiled for this GPU across processes, and the EAGER kernel-specialization
+  strategy compiles shape-specialized kernels before the first call rather than during
+  decode.
+
+Never run on the development machines (no GPU): :func:`engine_mismatch` says so in one
+line, and the standard-TensorRT glue is tested with a named test double.
 """
 
 from __future__ import annotations
@@ -16,13 +24,15 @@ import torch
 
 from trtvocab.backends.base import RankLogits
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
-from trtvocab.export.tensorrt import cuda_device, import_tensorrt, recording_logger
-from trtvocab.formats import HIDDEN, LOGITS, SEQ_LENS
-from trtvocab.fsutil import read_regular, sha256_bytes
+from trtvocab.export.targets import Compiler, target_name
+from trtvocab.export.tensorrt import cuda_device, import_compiler, recording_logger
+from trtvocab.formats import EMBED_IDS, EMBED_ROWS, HIDDEN, LOGITS, SEQ_LENS
+from trtvocab.fsutil import atomic_write_bytes, read_regular, sha256_bytes
 from trtvocab.inputs import check_hidden_states, last_token_rows
 from trtvocab.recipe import EngineRecord, Manifest
 
 MAX_PLAN_BYTES = 64 << 30  # a plan read without a recorded size (direct EngineRunner use)
+MAX_RUNTIME_CACHE_BYTES = 1 << 30
 
 
 def current_gpu() -> tuple[str, str] | None:
@@ -34,35 +44,53 @@ def current_gpu() -> tuple[str, str] | None:
 
 
 def engine_mismatch(engine: EngineRecord, gpu: tuple[str, str] | None, trt_version: str | None) -> str | None:
-    """Why the engine of ``engine`` cannot run on ``gpu`` with TensorRT ``trt_version`` (None: it can).
+    """Why the engine of ``engine`` cannot run on ``gpu`` with compiler version ``trt_version`` (None: it can).
 
-    TensorRT engines are specific to the GPU model and the TensorRT version that built
-    them; running one elsewhere fails or, worse, runs kernels tuned for another chip.
+    Standard TensorRT engines are specific to the GPU model and the TensorRT version that
+    built them; TensorRT-RTX engines to their targets and the TensorRT-RTX version.
     """
     if not engine.built or engine.build is None:
         return engine.reason or "no engine was built"
-    if gpu is None:
-        return "no CUDA GPU here"
     built = engine.build
-    if (built.device, built.compute_capability) != gpu:
-        return (f"engine was built for {built.device} (CC {built.compute_capability}), "
-                f"this GPU is {gpu[0]} (CC {gpu[1]}); rebuild it here")
+    if built.compiler == Compiler.TENSORRT_RTX:
+        where = f"built ahead of time by TensorRT-RTX {built.tensorrt_version} for {', '.join(built.targets)}"
+        if gpu is None:
+            return f"the engine was {where}; this machine has no CUDA GPU to run it"
+        major, minor = (int(p) for p in gpu[1].split("."))
+        if target_name((major, minor)) not in built.targets:
+            return f"the engine was {where}; this GPU is {gpu[0]} ({target_name((major, minor))}): rebuild with it"
+    else:
+        if gpu is None:
+            return "no CUDA GPU here"
+        if (built.device, built.compute_capability) != gpu:
+            return (f"engine was built for {built.device} (CC {built.compute_capability}), "
+                    f"this GPU is {gpu[0]} (CC {gpu[1]}); rebuild it here")
     if trt_version is not None and built.tensorrt_version != trt_version:
-        return f"engine was built with TensorRT {built.tensorrt_version}, this is TensorRT {trt_version}; rebuild it"
+        return (f"engine was built with {built.compiler} {built.tensorrt_version}, this is {trt_version}; "
+                "rebuild it")
     return None
 
 
 class EngineRunner:
     """Deserialize a plan once; run it on torch CUDA tensors (``execute_async_v3`` on a torch stream).
 
+    Args:
+        plan_path: the plan file (a regular file, at most ``nbytes`` bytes when given).
+        sha256: the recorded digest (None: not checked).
+        nbytes: the recorded size.
+        compiler: ``"tensorrt"`` or ``"tensorrt-rtx"`` (which runtime deserializes it).
+
     ``run(hidden [T, H], seq_lens [B] | None)`` -> float32 logits ``[B, V_local]`` (or
-    ``[T, V_local]`` for a context engine) on the GPU. Inputs are validated on the host
+    ``[T, V_local]`` for a context engine) on the GPU; an embedding plan's
+    ``run(input_ids [T] int64)`` -> partial rows ``[T, H]``. Inputs are validated on the host
     first (dtype, width, profile range, seq_lens) so that a bad input raises
     :class:`InputError` instead of reaching the engine.
     """
 
-    def __init__(self, plan_path: str | Path, sha256: str | None = None, nbytes: int | None = None):
-        self.trt = import_tensorrt()
+    def __init__(self, plan_path: str | Path, sha256: str | None = None, nbytes: int | None = None,
+                 compiler: str = "tensorrt") -> None:
+        kit = import_compiler(compiler)
+        self.trt = kit.trt
         self.device = cuda_device()
         path = Path(plan_path)
         if not os.path.lexists(path):
@@ -75,24 +103,52 @@ class EngineRunner:
             raise ArtifactError(f"{path}: sha256 does not match the recorded one (partial or replaced plan)")
         self.logger = recording_logger(self.trt, self.trt.ILogger.Severity.WARNING)
         self.runtime = self.trt.Runtime(self.logger)
+        if kit.aot:
+            validity, diagnostics = self.runtime.get_engine_validity(blob)
+            if validity != self.trt.EngineValidity.VALID:
+                raise ArtifactError(f"{path}: TensorRT-RTX {kit.version} says this plan cannot run on this GPU "
+                                    f"({validity}, diagnostics {diagnostics})")
         self.engine = self.runtime.deserialize_cuda_engine(blob)
         if self.engine is None:
-            raise ArtifactError(f"{path}: TensorRT {self.trt.__version__} cannot deserialize this plan (built by "
-                                f"another TensorRT version or for another GPU): {'; '.join(self.logger.errors)}")
-        self.context = self.engine.create_execution_context()
+            raise ArtifactError(f"{path}: {compiler} {kit.version} cannot deserialize this plan (built by "
+                                f"another version or for another GPU): {'; '.join(self.logger.errors)}")
+        self.cache_path = path.with_name(path.name + ".runtime-cache") if kit.aot else None
+        self.runtime_config = self._runtime_config() if kit.aot else None
+        self.context = (self.engine.create_execution_context(self.runtime_config) if self.runtime_config is not None
+                        else self.engine.create_execution_context())
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         mode_in = self.trt.TensorIOMode.INPUT
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == mode_in]
         self.outputs = [n for n in names if n not in self.inputs]
-        if HIDDEN not in self.inputs or self.outputs != [LOGITS]:
-            raise ArtifactError(f"{path}: engine I/O {names} is not a trtvocab LM head")
+        self.kind = "embedding" if self.inputs == [EMBED_IDS] and self.outputs == [EMBED_ROWS] else "lm_head"
+        if self.kind == "lm_head" and (HIDDEN not in self.inputs or self.outputs != [LOGITS]):
+            raise ArtifactError(f"{path}: engine I/O {names} is not a trtvocab LM head or embedding")
+
+    def _runtime_config(self) -> Any:
+        """TensorRT-RTX: compiled kernels cached beside the plan; shape-specialized kernels built eagerly."""
+        config = self.engine.create_runtime_config()
+        config.dynamic_shapes_kernel_specialization_strategy = \
+            self.trt.DynamicShapesKernelSpecializationStrategy.EAGER
+        cache = config.create_runtime_cache()
+        assert self.cache_path is not None
+        if self.cache_path.is_file():
+            blob = read_regular(self.cache_path, "TensorRT-RTX runtime cache", max_bytes=MAX_RUNTIME_CACHE_BYTES)
+            if not cache.deserialize(blob):  # a stale or foreign cache is rebuilt, not trusted
+                cache.reset()
+        config.set_runtime_cache(cache)
+        self._cache = cache
+        return config
+
+    def save_runtime_cache(self) -> None:
+        """Write the kernels compiled so far beside the plan (atomically), for the next process."""
+        if self.cache_path is not None:
+            atomic_write_bytes(self.cache_path, memoryview(self._cache.serialize()))
 
     def _torch_dtype(self, name: str) -> Any:
-        import torch
-
         dt = self.engine.get_tensor_dtype(name)
         table = {self.trt.DataType.FLOAT: torch.float32, self.trt.DataType.HALF: torch.float16,
-                 self.trt.DataType.BF16: torch.bfloat16, self.trt.DataType.INT32: torch.int32}
+                 self.trt.DataType.BF16: torch.bfloat16, self.trt.DataType.INT32: torch.int32,
+                 self.trt.DataType.INT64: torch.int64}
         if dt not in table:
             raise ArtifactError(f"engine tensor {name} has unsupported type {dt}")
         return table[dt]
@@ -103,9 +159,34 @@ class EngineRunner:
             raise InputError(f"{what} = {extent} is outside the engine's profile [{lo[0]}, {hi[0]}]; "
                              "rebuild with a wider [profile]")
 
-    def run(self, hidden: Any, seq_lens: Any = None, stream: Any = None) -> Any:
-        import torch
+    def _execute(self, feeds: dict[str, torch.Tensor], output: str, stream: Any) -> torch.Tensor:
+        for name, tensor in feeds.items():
+            self.context.set_input_shape(name, tuple(tensor.shape))
+            self.context.set_tensor_address(name, tensor.data_ptr())
+        out = torch.empty(tuple(self.context.get_tensor_shape(output)), dtype=self._torch_dtype(output),
+                          device=self.device)
+        self.context.set_tensor_address(output, out.data_ptr())
+        stream = stream or torch.cuda.current_stream(self.device)
+        if not self.context.execute_async_v3(stream.cuda_stream):
+            raise EngineUnavailableError(f"TensorRT execution failed: {'; '.join(self.logger.errors[-3:])}")
+        # Inputs may be temporaries: keep them alive until the engine has read them.
+        for tensor in feeds.values():
+            tensor.record_stream(stream)
+        return out
 
+    def lookup(self, input_ids: Any, stream: Any = None) -> torch.Tensor:
+        """An embedding plan: ``input_ids [T]`` (int64) -> this rank's partial rows ``[T, H]``."""
+        if self.kind != "embedding":
+            raise ArtifactError("lookup() needs an embedding plan; this one is an LM head")
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
+            raise InputError(f"{EMBED_IDS}: expected a 1-D integer tensor, got {ids.dtype} {list(ids.shape)}")
+        self._check_range(EMBED_IDS, ids.shape[0], "T (tokens)")
+        return self._execute({EMBED_IDS: ids.to(self.device, torch.int64).contiguous()}, EMBED_ROWS, stream)
+
+    def run(self, hidden: Any, seq_lens: Any = None, stream: Any = None) -> Any:
+        if self.kind != "lm_head":
+            raise ArtifactError("run() needs an LM-head plan; use lookup() for an embedding plan")
         want_dtype = self._torch_dtype(HIDDEN)
         check_hidden_states(hidden, hidden_size=self.engine.get_tensor_shape(HIDDEN)[1], dtype=want_dtype,
                             what=HIDDEN)
@@ -120,23 +201,17 @@ class EngineRunner:
             feeds[SEQ_LENS] = lens
         elif seq_lens is not None:
             last_token_rows(seq_lens, total)
-        for name, tensor in feeds.items():
-            self.context.set_input_shape(name, tuple(tensor.shape))
-            self.context.set_tensor_address(name, tensor.data_ptr())
-        out = torch.empty(tuple(self.context.get_tensor_shape(LOGITS)), dtype=self._torch_dtype(LOGITS),
-                          device=self.device)
-        self.context.set_tensor_address(LOGITS, out.data_ptr())
-        stream = stream or torch.cuda.current_stream(self.device)
-        if not self.context.execute_async_v3(stream.cuda_stream):
-            raise EngineUnavailableError(f"TensorRT execution failed: {'; '.join(self.logger.errors[-3:])}")
-        # Inputs may be temporaries: keep them alive until the engine has read them.
-        for tensor in feeds.values():
-            tensor.record_stream(stream)
-        return out
+        return self._execute(feeds, LOGITS, stream)
 
 
 class TensorRTBackend:
-    """One rank's engine; logits come back to the CPU as float32."""
+    """One rank's engine; logits come back to the CPU as float32.
+
+    Args:
+        root: the artifact folder.
+        manifest: its manifest.
+        rank: the rank whose plan to run.
+    """
 
     name: ClassVar[str] = "tensorrt"
 
@@ -144,7 +219,8 @@ class TensorRTBackend:
         entry = manifest.entry(rank)
         if entry.files.plan is None or entry.engine.build is None:
             raise EngineUnavailableError(f"rank {rank} of {root} has no engine: {entry.engine.reason}")
-        self.runner = EngineRunner(Path(root) / entry.files.plan, entry.engine.build.sha256, entry.engine.build.bytes)
+        build = entry.engine.build
+        self.runner = EngineRunner(Path(root) / entry.files.plan, build.sha256, build.bytes, build.compiler)
         self.context = manifest.head.context_logits
 
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:

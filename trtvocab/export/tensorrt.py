@@ -1,66 +1,115 @@
-"""``lm_head.onnx`` -> ``lm_head.plan`` with the TensorRT 11 Python API (the runner of a plan is
-:mod:`trtvocab.backends.tensorrt`).
+"""``lm_head.onnx`` / ``embedding.onnx`` -> a TensorRT plan, with either of two real compilers.
 
-TensorRT (and ``onnx``) are optional dependencies: this module imports them only inside the
-functions that need them, so importing the module (and everything that is not TensorRT
-itself: the compute-capability gate, profile validation, the atomic plan write) works
-without them.
+One builder, two compilers (:class:`Toolkit` holds what differs):
 
-Build, in order::
+===================  =====================================  ===================================
+                     standard TensorRT (``tensorrt``)        TensorRT-RTX (``tensorrt_rtx``)
+===================  =====================================  ===================================
+version gate         >= 10.8 (strongly typed FP4)            >= 1.7
+where it builds      on the GPU it builds for                ahead of time, no GPU needed
+targets              the local GPU's compute capability      named: sm75 ... sm121 (one engine
+                                                             may hold several)
+timing cache         loaded and saved back                   a deprecated no-op: not used
+===================  =====================================  ===================================
 
-    validate the profile            (ConfigError: before anything expensive)
-    import tensorrt, find a GPU     (EngineUnavailableError with a one-line reason)
-    compute-capability gate         FP8 needs >= 8.9, NVFP4 >= 10.0; on Hopper an NVFP4
-                                    head may be rebuilt with dequantized weights
-                                    (``dequantize_fp4=True``, W4A16 numbers)
-    Builder -> strongly typed network -> OnnxParser.parse_from_file (errors name the node)
-    config: workspace pool limit, optimization profile, timing cache (loaded, saved back)
-    build_serialized_network -> atomic write of the plan
-
-Strongly typed: TensorRT 11 removed the precision builder flags (FP16/BF16/FP8/FP4/INT8);
-every tensor's type comes from the ONNX graph (casts and Q/DQ nodes). On TensorRT 11 the
-STRONGLY_TYPED creation flag is accepted and ignored (always on); on 10.x it is required,
-so it is always set when the enum has it.
+Build, in order: validate the profile; read the graph's header (its contract and the
+hardware datatypes it needs, :mod:`trtvocab.export.contract`); pick the compiler; refuse
+a target that cannot run the graph (the datatype is the reason); parse (errors name the
+node); configure (workspace, profile, targets, ``DISTRIBUTIVE_INDEPENDENCE`` for a
+deterministic head, ``ProfilingVerbosity.DETAILED``); build; parse the builder's layer
+table and check it against the contract (a break fails the build unless
+``contract="warn"``); write the plan atomically. No ``torch.cuda`` call on the
+TensorRT-RTX path: it runs on machines without a GPU.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError, QuantizationError
-from trtvocab.formats import HIDDEN, SEQ_LENS, WeightFormat
+from trtvocab.errors import ConfigError, EngineUnavailableError, QuantizationError
+from trtvocab.export.contract import GraphInfo, check_engine, describe_graph
+from trtvocab.export.layer_table import parse_layer_table
+from trtvocab.export.targets import (
+    _MIN_CC,
+    RTX_TARGETS,
+    Compiler,
+    HwType,
+    cc_name,
+    choose_targets,
+    target_name,
+)
+from trtvocab.formats import EMBED_IDS, SEQ_LENS, WeightFormat
 from trtvocab.fsutil import atomic_write_bytes, sha256_bytes
 from trtvocab.recipe import EngineBuild, Profile, validate_profile
 
-if TYPE_CHECKING:
-    from trtvocab.export.onnx import GraphSpec
-
-__all__ = ["EngineBuild", "Profile", "build_engine", "check_compute_capability", "sha256_bytes",
-           "tensorrt_available", "validate_profile", "write_plan_atomic"]
-MIN_TENSORRT = (10, 8)  # strongly typed networks with FP4 (DynamicQuantize) exist from 10.8
-FP8_MIN_CC = (8, 9)
-FP4_MIN_CC = (10, 0)
-BF16_MIN_CC = (8, 0)
+__all__ = ["EngineBuild", "Profile", "Toolkit", "build_engine", "check_compute_capability", "import_compiler",
+           "resolve_compiler", "sha256_bytes", "tensorrt_available", "validate_profile", "write_plan_atomic"]
+MIN_VERSION = {Compiler.TENSORRT: (10, 8), Compiler.TENSORRT_RTX: (1, 7)}
+MODULE = {Compiler.TENSORRT: "tensorrt", Compiler.TENSORRT_RTX: "tensorrt_rtx"}
+EXTRA = {Compiler.TENSORRT: "tensorrt", Compiler.TENSORRT_RTX: "tensorrt-rtx"}
 NATIVE, DEQUANTIZE_FP4 = "native", "dequantize_fp4"
 
 
-# ---- availability -------------------------------------------------------------------------------
-def import_tensorrt() -> Any:
+# ---- the two compilers ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Toolkit:
+    """One compiler: its Python module and what differs between standard TensorRT and TensorRT-RTX.
+
+    Args:
+        compiler: ``Compiler.TENSORRT`` or ``Compiler.TENSORRT_RTX``.
+        trt: the imported module (``tensorrt`` or ``tensorrt_rtx``: the same API otherwise).
+    """
+
+    compiler: Compiler
+    trt: Any
+
+    @property
+    def version(self) -> str:
+        return str(self.trt.__version__)
+
+    @property
+    def aot(self) -> bool:
+        """Builds ahead of time for named targets, without a GPU (TensorRT-RTX)."""
+        return self.compiler is Compiler.TENSORRT_RTX
+
+    def set_targets(self, config: Any, targets: list[str]) -> None:
+        """Name the engine's compute targets (TensorRT-RTX; its default set would be silent)."""
+        config.num_compute_capabilities = len(targets)
+        for i, name in enumerate(targets):
+            config.set_compute_capability(getattr(self.trt.ComputeCapability, name.upper()), i)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
+def import_compiler(compiler: Compiler | str) -> Toolkit:
+    """The toolkit of ``compiler`` (not ``auto``); EngineUnavailableError in one line otherwise."""
+    compiler = Compiler(compiler)
+    if compiler is Compiler.AUTO:
+        return resolve_compiler(compiler)
+    module = MODULE[compiler]
     try:
-        import tensorrt as trt
+        trt = __import__(module)
     except ImportError as exc:
+        where = " on a machine with a CUDA GPU" if compiler is Compiler.TENSORRT else ""
         raise EngineUnavailableError(
-            f"TensorRT is not importable ({exc}); install the 'tensorrt' extra with NVIDIA's TensorRT "
-            "libraries on a machine with a CUDA GPU") from None
-    version = tuple(int(p) for p in trt.__version__.split(".")[:2] if p.isdigit())
-    if version < MIN_TENSORRT:
-        raise EngineUnavailableError(
-            f"TensorRT {trt.__version__} is too old: strongly typed FP8/FP4 builds need >= "
-            f"{'.'.join(map(str, MIN_TENSORRT))}")
-    return trt
+            f"{'TensorRT' if compiler is Compiler.TENSORRT else 'TensorRT-RTX'} is not importable ({exc}); "
+            f"install the '{EXTRA[compiler]}' extra{where}") from None
+    version, need = _version(trt.__version__), MIN_VERSION[compiler]
+    if version < need:
+        raise EngineUnavailableError(f"{module} {trt.__version__} is too old: trtvocab's strongly typed "
+                                     f"FP8/FP4 graphs need >= {'.'.join(map(str, need))}")
+    return Toolkit(compiler, trt)
+
+
+def import_tensorrt() -> Any:
+    """Standard TensorRT's module (the runner of standard plans)."""
+    return import_compiler(Compiler.TENSORRT).trt
 
 
 def cuda_device() -> Any:
@@ -71,23 +120,47 @@ def cuda_device() -> Any:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def tensorrt_available() -> tuple[bool, str]:
-    """(True, "TensorRT x.y on <GPU> (CC a.b)") or (False, one-line reason); never raises."""
+def resolve_compiler(requested: Compiler | str = Compiler.AUTO) -> Toolkit:
+    """``auto``: standard TensorRT where it and a GPU exist, else TensorRT-RTX where it imports."""
+    requested = Compiler(requested)
+    if requested is not Compiler.AUTO:
+        kit = import_compiler(requested)
+        if kit.compiler is Compiler.TENSORRT:
+            cuda_device()  # standard TensorRT builds for the GPU it runs on
+        return kit
+    reasons = []
     try:
-        trt = import_tensorrt()
-        device = cuda_device()
+        kit = import_compiler(Compiler.TENSORRT)
+        cuda_device()
+        return kit
+    except EngineUnavailableError as exc:
+        reasons.append(str(exc))
+    try:
+        return import_compiler(Compiler.TENSORRT_RTX)
+    except EngineUnavailableError as exc:
+        reasons.append(str(exc))
+    raise EngineUnavailableError("no engine compiler: " + "; ".join(reasons))
+
+
+def tensorrt_available(compiler: Compiler | str = Compiler.AUTO) -> tuple[bool, str]:
+    """(True, "<compiler> x.y ...") or (False, one-line reason); never raises."""
+    try:
+        kit = resolve_compiler(compiler)
     except EngineUnavailableError as exc:
         return False, str(exc)
+    if kit.aot:
+        return True, f"TensorRT-RTX {kit.version} (ahead of time, no GPU needed)"
     import torch
 
+    device = cuda_device()
     cc = torch.cuda.get_device_capability(device)
-    return True, f"TensorRT {trt.__version__} on {torch.cuda.get_device_name(device)} (CC {cc[0]}.{cc[1]})"
+    return True, f"TensorRT {kit.version} on {torch.cuda.get_device_name(device)} (CC {cc[0]}.{cc[1]})"
 
 
-# ---- compute-capability gate ----------------------------------------------------------------------
+# ---- compute-capability gate (standard TensorRT: the local GPU) -----------------------------------------
 def check_compute_capability(weight_format: WeightFormat | str, cc: tuple[int, int] | None = None, *,
                              dequantize_fp4: bool = False, dtype: str | None = None) -> str:
-    """How an engine of ``weight_format`` can be built on a GPU of compute capability ``cc``.
+    """How standard TensorRT can build an engine of ``weight_format`` for a GPU of compute capability ``cc``.
 
     Returns ``"native"`` or ``"dequantize_fp4"`` (NVFP4 below 10.0 when asked to: the FP4
     weights are dequantized to the head dtype at build time). Raises
@@ -98,26 +171,29 @@ def check_compute_capability(weight_format: WeightFormat | str, cc: tuple[int, i
 
         cc = torch.cuda.get_device_capability(cuda_device())
     cc = (int(cc[0]), int(cc[1]))
-    have = f"{cc[0]}.{cc[1]}"
-    if dtype == "bfloat16" and cc < BF16_MIN_CC:
-        raise EngineUnavailableError(f"bfloat16 engines need compute capability >= 8.0 (Ampere); this GPU is {have}")
+    have, rules = cc_name(cc), _MIN_CC[Compiler.TENSORRT]
+    bf16, fp8, fp4 = rules[HwType.BF16], rules[HwType.FP8], rules[HwType.FP4]
+    assert bf16 is not None and fp8 is not None and fp4 is not None
+    if dtype == "bfloat16" and cc < bf16:
+        raise EngineUnavailableError(f"bfloat16 engines need compute capability >= {cc_name(bf16)} (Ampere); "
+                                     f"this GPU is {have}")
     if weight_format == WeightFormat.DENSE:
         return NATIVE
     if weight_format == WeightFormat.FP8:
-        if cc < FP8_MIN_CC:
+        if cc < fp8:
             raise EngineUnavailableError(
-                f"FP8 engines need compute capability >= 8.9 (Ada, Hopper or newer); this GPU is {have}")
+                f"FP8 engines need compute capability >= {cc_name(fp8)} (Ada, Hopper or newer); this GPU is {have}")
         return NATIVE
     if weight_format == WeightFormat.NVFP4:
-        if cc >= FP4_MIN_CC:
+        if cc >= fp4:
             return NATIVE
-        if dequantize_fp4 and cc >= BF16_MIN_CC:
+        if dequantize_fp4 and cc >= bf16:
             return DEQUANTIZE_FP4
         hint = ("" if dequantize_fp4 else
                 "; pass dequantize_fp4=True to build it with the FP4 weights dequantized (W4A16 numbers, "
                 "no memory saving)")
         raise EngineUnavailableError(
-            f"NVFP4 engines need compute capability >= 10.0 (Blackwell); this GPU is {have}{hint}")
+            f"NVFP4 engines need compute capability >= {cc_name(fp4)} (Blackwell); this GPU is {have}{hint}")
     raise EngineUnavailableError(f"no TensorRT engine for weight format {weight_format!r}")
 
 
@@ -137,34 +213,29 @@ def write_plan_atomic(path: str | Path, blob: Any) -> str:
     return sha256_bytes(view)
 
 
-# ---- the graph's header (no weights read) -------------------------------------------------------------
-def _graph_header(onnx_path: Path) -> tuple[GraphSpec, list[str]]:
-    """(the exporter's GraphSpec, input names) of an exported graph, weights not loaded."""
-    import onnx
-
-    from trtvocab.export.onnx import GraphSpec
-
-    if not onnx_path.is_file():
-        raise ArtifactError(f"no ONNX graph at {onnx_path}")
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    inputs = [vi.name for vi in model.graph.input]
-    if HIDDEN not in inputs:
-        raise ArtifactError(f"{onnx_path}: no {HIDDEN!r} input (inputs: {inputs}); not a trtvocab LM-head graph")
-    return GraphSpec.from_model(model), inputs
+def _graph_bytes(onnx_path: Path) -> int:
+    data = onnx_path.parent / f"{onnx_path.name}.data"
+    return onnx_path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
 # ---- build ------------------------------------------------------------------------------------------
 def recording_logger(trt: Any, severity: Any) -> Any:
-    """A TensorRT logger that keeps errors (for the exception message) and prints at ``severity``."""
+    """A TensorRT logger that keeps every message (errors for the exception, the layer table for the
+    record) and prints those at ``severity`` or worse."""
 
     class _Logger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.errors: list[str] = []
+            self.warnings: list[str] = []
+            self.messages: list[str] = []
 
         def log(self, sev: Any, msg: str) -> None:
+            self.messages.append(msg)
             if sev in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
                 self.errors.append(msg)
+            elif sev == trt.ILogger.Severity.WARNING:
+                self.warnings.append(msg)
             if int(sev) <= int(severity):
                 print(f"[TensorRT] {msg}")
 
@@ -180,6 +251,45 @@ def _parser_errors(parser: Any) -> str:
     return "; ".join(lines) or "no details from the parser"
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Where and for what one engine is built (the compiler-specific half of a build)."""
+
+    kit: Toolkit
+    mode: str
+    targets: list[str]
+    device: str | None
+    cc: tuple[int, int] | None
+
+
+def _plan_standard(kit: Toolkit, info: GraphInfo, cc: tuple[int, int] | None, dequantize_fp4: bool) -> _Plan:
+    import torch
+
+    device = cuda_device()
+    cc = cc or tuple(torch.cuda.get_device_capability(device))  # type: ignore[assignment]
+    assert cc is not None
+    if info.dequantize_fp4 or info.graph == "embedding":
+        check_compute_capability(WeightFormat.DENSE, cc, dtype=info.dtype)
+        if info.weight_format is WeightFormat.FP8:
+            check_compute_capability(WeightFormat.FP8, cc)
+        mode = DEQUANTIZE_FP4 if info.dequantize_fp4 else NATIVE
+    else:
+        mode = check_compute_capability(info.weight_format, cc, dequantize_fp4=dequantize_fp4, dtype=info.dtype)
+    return _Plan(kit, mode, [target_name(cc)], torch.cuda.get_device_name(device), cc)
+
+
+def _plan_rtx(kit: Toolkit, info: GraphInfo, targets: list[str] | None, cc: tuple[int, int] | None) -> _Plan:
+    if cc is not None:
+        name = target_name(cc)
+        if name not in RTX_TARGETS:
+            raise EngineUnavailableError(f"compute capability {cc_name(cc)} is not a TensorRT-RTX target (allowed: "
+                                         f"{list(RTX_TARGETS)}); Hopper and data-center Blackwell need standard "
+                                         "TensorRT")
+        targets = [name]
+    chosen = choose_targets(set(info.needs), targets)
+    return _Plan(kit, DEQUANTIZE_FP4 if info.dequantize_fp4 else NATIVE, chosen, None, None)
+
+
 def build_engine(
     onnx_path: str | Path,
     plan_path: str | Path,
@@ -187,63 +297,82 @@ def build_engine(
     workspace_bytes: int = 4 << 30,
     timing_cache_path: str | Path | None = None,
     *,
+    compiler: Compiler | str = Compiler.AUTO,
+    targets: list[str] | None = None,
     weight_format: WeightFormat | str | None = None,
     dequantize_fp4: bool = False,
     compute_capability: tuple[int, int] | None = None,
     tf32: bool = False,
     builder_optimization_level: int | None = None,
     verbose: bool = False,
+    contract: str = "error",
 ) -> EngineBuild:
-    """Build ``plan_path`` from an exported LM-head graph (see the module docstring).
+    """Build ``plan_path`` from an exported LM-head or embedding graph (see the module docstring).
 
-    ``weight_format`` None: read from the graph's metadata. ``tf32`` False clears
-    TensorRT's TF32 flag (where it still exists) so float32 GEMMs stay float32, like the
-    fallback. Raises :class:`ConfigError` for a bad profile and
-    :class:`EngineUnavailableError` (one line) when TensorRT, a GPU or the GPU's compute
-    capability is missing, or when parsing or building fails.
+    ``compiler``: ``auto`` | ``tensorrt`` | ``tensorrt-rtx``. ``targets``: TensorRT-RTX target
+    names (None: every target whose hardware has the graph's datatypes).
+    ``compute_capability``: standard TensorRT's target (default: the local GPU), or the one
+    TensorRT-RTX target. ``dequantize_fp4``: an NVFP4 head below FP4 hardware is built with
+    its weights dequantized (W4A16 numbers). ``contract``: ``"error"`` fails the build when the
+    layer table breaks the head's contract, ``"warn"`` records it in ``warnings``.
+    Raises :class:`ConfigError` for bad arguments and :class:`EngineUnavailableError` (one
+    line) when no compiler, GPU or target can build it; nothing is written then.
     """
     onnx_path, plan_path = Path(onnx_path), Path(plan_path)
     prof = validate_profile(profile)
     if not isinstance(workspace_bytes, int) or workspace_bytes <= 0:
         raise ConfigError(f"workspace_bytes must be a positive int, got {workspace_bytes!r}")
-    spec, inputs = _graph_header(onnx_path)
-    hidden_size, fmt = spec.hidden_size, spec.weight_format
-    if weight_format is not None and weight_format != fmt:
-        raise ConfigError(f"weight_format {str(weight_format)!r} but {onnx_path} was exported as {str(fmt)!r}")
-    trt = import_tensorrt()
-    device = cuda_device()
-    import torch
-
-    cc = compute_capability or torch.cuda.get_device_capability(device)
-    already_dequantized = spec.dequantize_fp4
-    if already_dequantized:
-        # Exported with dequantize_fp4: no FP4 tensor is left, it builds like a dense head.
-        check_compute_capability(WeightFormat.DENSE, cc, dtype=spec.dtype)
-        mode = DEQUANTIZE_FP4
-    else:
-        mode = check_compute_capability(fmt, cc, dequantize_fp4=dequantize_fp4, dtype=spec.dtype)
+    if contract not in ("error", "warn"):
+        raise ConfigError(f"contract must be 'error' or 'warn', got {contract!r}")
+    info = describe_graph(onnx_path)
+    if weight_format is not None and weight_format != info.weight_format:
+        raise ConfigError(f"weight_format {str(weight_format)!r} but {onnx_path} was exported as "
+                          f"{str(info.weight_format)!r}")
+    kit = resolve_compiler(compiler)
     plan_path.parent.mkdir(parents=True, exist_ok=True)
     # Scratch space beside the plan (same filesystem; the dequantized graph can be large).
     with tempfile.TemporaryDirectory(prefix=f".{plan_path.name}.build-", dir=plan_path.parent) as scratch:
         parsed = onnx_path
-        if mode == DEQUANTIZE_FP4 and not already_dequantized:
-            from trtvocab.export.onnx import dequantize_fp4_onnx
+        if kit.aot:
+            wants_dequantize = (dequantize_fp4 and info.weight_format is WeightFormat.NVFP4
+                                and not info.dequantize_fp4 and info.graph == "lm_head")
+            if wants_dequantize:
+                parsed = _dequantized(onnx_path, Path(scratch))
+                info = describe_graph(parsed)
+            plan = _plan_rtx(kit, info, targets, compute_capability)
+        else:
+            if targets:
+                raise ConfigError("engine targets name TensorRT-RTX targets; standard TensorRT builds for the "
+                                  "local GPU (use compute_capability)")
+            plan = _plan_standard(kit, info, compute_capability, dequantize_fp4)
+            if plan.mode == DEQUANTIZE_FP4 and not info.dequantize_fp4:
+                parsed = _dequantized(onnx_path, Path(scratch))
+                info = describe_graph(parsed)
+        return _build(plan, info, parsed, plan_path, prof, workspace_bytes, timing_cache_path, tf32,
+                      builder_optimization_level, verbose, contract, onnx_path)
 
-            parsed = Path(scratch) / onnx_path.name
-            try:
-                dequantize_fp4_onnx(onnx_path, parsed)
-            except QuantizationError as exc:
-                raise EngineUnavailableError(str(exc)) from None
-        return _build(trt, parsed, plan_path, prof, workspace_bytes, timing_cache_path, inputs, hidden_size,
-                      fmt, mode, cc, device, tf32, builder_optimization_level, verbose, onnx_path)
+
+def _dequantized(onnx_path: Path, scratch: Path) -> Path:
+    from trtvocab.export.onnx import dequantize_fp4_onnx
+
+    parsed = scratch / onnx_path.name
+    try:
+        dequantize_fp4_onnx(onnx_path, parsed)
+    except QuantizationError as exc:
+        raise EngineUnavailableError(str(exc)) from None
+    return parsed
 
 
-def _build(trt: Any, parsed: Path, plan_path: Path, prof: Profile, workspace_bytes: int,
-           timing_cache_path: str | Path | None, inputs: list[str], hidden_size: int, fmt: WeightFormat, mode: str,
-           cc: tuple[int, int], device: Any, tf32: bool, opt_level: int | None, verbose: bool,
+def _shapes(prof: Profile, info: GraphInfo) -> dict[str, tuple[tuple[int, ...], ...]]:
+    if info.graph == "embedding":
+        return {EMBED_IDS: tuple((t,) for t in (prof.min_tokens, prof.opt_tokens, prof.max_tokens))}
+    return prof.shapes(info.hidden_size, SEQ_LENS in info.inputs)
+
+
+def _build(plan: _Plan, info: GraphInfo, parsed: Path, plan_path: Path, prof: Profile, workspace_bytes: int,
+           timing_cache_path: str | Path | None, tf32: bool, opt_level: int | None, verbose: bool, contract: str,
            source: Path) -> EngineBuild:
-    import torch
-
+    trt = plan.kit.trt
     started = time.monotonic()
     logger = recording_logger(trt, trt.ILogger.Severity.VERBOSE if verbose else trt.ILogger.Severity.WARNING)
     builder = trt.Builder(logger)
@@ -253,39 +382,64 @@ def _build(trt: Any, parsed: Path, plan_path: Path, prof: Profile, workspace_byt
         flags |= 1 << int(strongly_typed)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
-    # parse_from_file resolves lm_head.onnx.data relative to the graph's folder.
+    # parse_from_file resolves <graph>.onnx.data relative to the graph's folder.
     if not parser.parse_from_file(str(parsed)):
         raise EngineUnavailableError(f"TensorRT could not parse {source}: {_parser_errors(parser)}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
+    # The layer table (what the engine computes) is printed only at DETAILED verbosity.
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if not tf32 and hasattr(trt.BuilderFlag, "TF32"):
         config.clear_flag(trt.BuilderFlag.TF32)
+    if info.deterministic:
+        # TensorRT's promise: a row's output does not depend on how the batch is split or
+        # composed (the engine-side half of LMHead(deterministic=True)).
+        config.set_flag(trt.BuilderFlag.DISTRIBUTIVE_INDEPENDENCE)
     if opt_level is not None:
         config.builder_optimization_level = int(opt_level)
     opt_profile = builder.create_optimization_profile()
     network_inputs = {network.get_input(i).name for i in range(network.num_inputs)}
-    for name, (lo, opt, hi) in prof.shapes(hidden_size, SEQ_LENS in inputs).items():
+    for name, (lo, opt, hi) in _shapes(prof, info).items():
         if name not in network_inputs:
             raise EngineUnavailableError(f"{source}: TensorRT's network has no input {name!r} "
                                          f"(it has {sorted(network_inputs)})")
         opt_profile.set_shape(name, lo, opt, hi)
     config.add_optimization_profile(opt_profile)
-    cache_path = Path(timing_cache_path) if timing_cache_path else None
-    cache_blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
-    cache = config.create_timing_cache(cache_blob)
-    config.set_timing_cache(cache, False)
+    cache_path = Path(timing_cache_path) if timing_cache_path and not plan.kit.aot else None
+    config_cache = None
+    if plan.kit.aot:
+        plan.kit.set_targets(config, plan.targets)
+    else:
+        cache_blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
+        config_cache = config.create_timing_cache(cache_blob)
+        config.set_timing_cache(config_cache, False)
     blob = builder.build_serialized_network(network, config)
     if blob is None:
         detail = "; ".join(logger.errors[-3:]) or "see the TensorRT log"
         raise EngineUnavailableError(f"TensorRT failed to build an engine from {source}: {detail}")
+    warnings = list(logger.warnings)
+    try:
+        compute = check_engine(parse_layer_table(logger.messages), info)
+    except ValueError as exc:  # a builder that printed no table: say so, don't guess
+        compute = None
+        warnings.append(str(exc))
+    if compute is not None and compute.problems:
+        if contract == "error":
+            raise EngineUnavailableError(f"{source}: the engine breaks the head's contract ({compute.expected}): "
+                                         + "; ".join(compute.problems) + " (nothing written; [engine] contract = "
+                                         "\"warn\" records it instead)")
+        warnings += compute.problems
     digest = write_plan_atomic(plan_path, blob)
-    if cache_path is not None:
+    if cache_path is not None and config_cache is not None:
         write_plan_atomic(cache_path, config.get_timing_cache().serialize())  # same atomic write
     return EngineBuild(
-        plan_path=str(plan_path), sha256=digest, bytes=memoryview(blob).nbytes, onnx_path=str(source), mode=mode,
-        weight_format=fmt, tensorrt_version=trt.__version__, device=torch.cuda.get_device_name(device),
-        compute_capability=f"{cc[0]}.{cc[1]}", profile=prof.model_dump(), workspace_bytes=workspace_bytes,
+        plan_path=str(plan_path), sha256=digest, bytes=memoryview(blob).nbytes, onnx_path=str(source),
+        onnx_bytes=_graph_bytes(source), graph=info.graph, mode=plan.mode, weight_format=info.weight_format,
+        compiler=plan.kit.compiler.value, tensorrt_version=plan.kit.version, targets=plan.targets,
+        device=plan.device, compute_capability=cc_name(plan.cc) if plan.cc is not None else None,
+        profile=prof.model_dump(), workspace_bytes=workspace_bytes,
         timing_cache_path=str(cache_path) if cache_path is not None else None, inputs=sorted(network_inputs),
         outputs=[network.get_output(i).name for i in range(network.num_outputs)],
-        build_seconds=round(time.monotonic() - started, 3),
+        build_seconds=round(time.monotonic() - started, 3), distributive_independence=info.deterministic,
+        compute=compute, warnings=warnings,
     )
