@@ -149,12 +149,13 @@ def build_rank(
                                     f"{verify.backend}: max |err| {verify.max_abs_err:.3g} > tolerance "
                                     f"{verify.tolerance:.3g}; nothing was written")
         progress(rank, "build engine")
-        engine = build_engine_for(recipe, head, onnx_path, out / "lm_head.plan")
+        engine = build_engine_for(recipe, onnx_path, out / "lm_head.plan", head.weight_format)
         if engine.built:
             files = files.model_copy(update={"plan": f"rank{rank}/lm_head.plan"})
     else:
         engine = EngineRecord(built=False, reason="ONNX export disabled in [output]")
     embedding_verify: VerifyRecord | None = None
+    embedding_engine: EngineRecord | None = None
     if recipe.embedding.export:
         from trtvocab.export.embedding import export_embedding_onnx
 
@@ -167,30 +168,41 @@ def build_rank(
         if not embedding_verify.ok:
             raise ArtifactError(f"rank {rank}: embedding.onnx disagrees with the PyTorch module on onnxruntime: "
                                 f"max |err| {embedding_verify.max_abs_err:.3g}; nothing was written")
+        progress(rank, "build embedding engine")
+        embedding_engine = build_engine_for(recipe, emb_path, out / "embedding.plan")
+        if embedding_engine.built:
+            files = files.model_copy(update={"embedding_plan": f"rank{rank}/embedding.plan"})
     entry = RankEntry(rank=rank, start=head.vocab_start, end=head.vocab_end, width=head.shard.width,
                       weight_format=head.weight_format, resident_bytes=head.resident_bytes(), files=files,
-                      verify=verify, engine=engine, quant=describe_quant(head), embedding_verify=embedding_verify)
+                      verify=verify, engine=engine, quant=describe_quant(head), embedding_verify=embedding_verify,
+                      embedding_engine=embedding_engine)
     return entry, (head.vocab_size, head.hidden_size)
 
 
-def build_engine_for(recipe: BuildRecipe, head: LMHead, onnx_path: Path, plan_path: Path) -> EngineRecord:
+def build_engine_for(recipe: BuildRecipe, onnx_path: Path, plan_path: Path,
+                     weight_format: WeightFormat | None = None) -> EngineRecord:
+    """The engine stage of one graph: built with the recipe's ``[engine]`` compiler and targets, or
+    skipped with the one-line reason (an error instead when ``[engine] require`` is set)."""
     from trtvocab.export import tensorrt as trt_export
 
-    ok, reason = trt_export.tensorrt_available()
+    eng = recipe.engine
+    ok, reason = trt_export.tensorrt_available(eng.compiler)
     if not ok:
-        if recipe.engine.require:
+        if eng.require:
             raise EngineUnavailableError(f"engine required but cannot be built: {reason}")
         return EngineRecord(built=False, reason=reason)
     try:
         info: EngineBuild = trt_export.build_engine(
-            onnx_path, plan_path, profile=recipe.profile, workspace_bytes=recipe.engine.workspace_mib << 20,
-            timing_cache_path=Path(recipe.engine.timing_cache) if recipe.engine.timing_cache else None,
-            weight_format=head.weight_format, dequantize_fp4=recipe.quantization.dequantize_fp4,
+            onnx_path, plan_path, profile=recipe.profile, workspace_bytes=eng.workspace_mib << 20,
+            timing_cache_path=Path(eng.timing_cache) if eng.timing_cache else None, compiler=eng.compiler,
+            targets=eng.targets, weight_format=weight_format, dequantize_fp4=recipe.quantization.dequantize_fp4,
+            contract=eng.contract,
         )
     except EngineUnavailableError as exc:
-        if recipe.engine.require:
+        if eng.require:
             raise
-        return EngineRecord(built=False, reason=str(exc))
+        # Name the graph as the artifact will (rank{r}/lm_head.onnx), not by its staging path.
+        return EngineRecord(built=False, reason=str(exc).replace(f"{onnx_path.parent.parent}/", ""))
     # Paths inside the staging folder are stale once the artifact is published: record them
     # relative to the rank folder.
     info = info.model_copy(update={"plan_path": Path(info.plan_path).name, "onnx_path": Path(info.onnx_path).name})
