@@ -155,3 +155,33 @@ def deterministic_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]
                 "ids": ids.tolist(),
             })
     return out
+
+
+# Temperatures from the smallest positive float32 (and below it) up to just under GREEDY_BELOW,
+# and the filters a row may carry with them (min-p a subnormal too): every one draws the argmax.
+TINY_TEMPERATURES = [1e-46, 1e-45, 3e-45, 1e-44, 1e-42, 1e-40, 1e-39, 1.1754942e-38, 1e-38, 2e-38, 1e-37, 1e-36,
+                     1e-35, 1e-33, 1e-30, 1e-25, 1e-20, 1e-15, 1e-10, 1e-8, 1e-6, 9.99e-6]
+TINY_FILTERS: list[dict[str, Any]] = [{}, {"top_p": 0.9}, {"top_k": 5}, {"min_p": 1e-40}, {"min_p": 0.1},
+                                      {"top_k": 50, "top_p": 0.5, "min_p": 1e-44}]
+
+
+def tiny_temperature_cases(rank: int, world: int, seed: int) -> dict[str, Any]:
+    """``sample`` (materialized) and ``chunked.sample`` at every tiny temperature, against greedy."""
+    from trtvocab.sampling import chunked, greedy
+
+    gen = torch.Generator().manual_seed(seed)
+    hidden_size = 16
+    mapping = Mapping(world_size=world, rank=rank, tp_size=world) if world > 1 else None
+    head = LMHead(VOCAB, hidden_size, dtype=torch.float32, mapping=mapping, gather_output=False)
+    head.load_weights({"weight": torch.randn(VOCAB, hidden_size, generator=gen)})
+    x = torch.randn(ROWS, hidden_size, generator=gen) * 3  # logits of |x| ~ 10: x / 1e-38 overflows
+    local = head.local_logits(x)
+    want = greedy(local, head).tolist()
+    wrong = []
+    for t in TINY_TEMPERATURES:
+        for extra in TINY_FILTERS:
+            params = [SamplingParams(temperature=t, seed=r, **extra) for r in range(ROWS)]
+            got = {"materialized": sample(local.clone(), head, params, step=3).tolist(),
+                   "chunked": chunked.sample(x, head, params, step=3, chunk=97).tolist()}
+            wrong += [f"T={t:g} {extra} {path}: {ids}" for path, ids in got.items() if ids != want]
+    return {"greedy": want, "wrong": wrong}

@@ -12,7 +12,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from draw_rank_fns import ROWS, VOCAB, bad_sample_cases, draw_cases, gathered_logits, random_bitmask, row_params
+from draw_rank_fns import (
+    ROWS,
+    VOCAB,
+    bad_sample_cases,
+    draw_cases,
+    gathered_logits,
+    random_bitmask,
+    row_params,
+    tiny_temperature_cases,
+)
 from scipy import stats
 
 from trtvocab import LMHead
@@ -123,6 +132,35 @@ def test_temperature_zero_equals_greedy_and_unseeded_rows_vary() -> None:
     assert torch.equal(sample(g, head, SamplingParams(temperature=0.0)), greedy(g, head))
     draws = {tuple(sample(g, head, SamplingParams()).tolist()) for _ in range(3)}
     assert len(draws) > 1  # seed=None: a fresh seed per call
+
+
+def test_tiny_and_subnormal_temperatures_draw_the_argmax_tp1() -> None:
+    """Issue 19 High 3 / min-p subnormal: T from below 1e-45 up to GREEDY_BELOW acts as greedy,
+    with or without top-k / top-p / (subnormal) min-p, materialized and chunked."""
+    out = tiny_temperature_cases(0, 1, 11)
+    assert not out["wrong"], "\n".join(out["wrong"][:20])
+
+
+def test_tiny_temperatures_draw_the_argmax_tp2() -> None:
+    per_rank = run_ranks(tiny_temperature_cases, 2, 12, timeout_s=120)
+    for out in per_rank:
+        assert not out["wrong"], "\n".join(out["wrong"][:20])
+    assert per_rank[0]["greedy"] == per_rank[1]["greedy"]
+
+
+def test_greedy_below_is_the_documented_limit() -> None:
+    from trtvocab.sampling.params import GREEDY_BELOW
+
+    assert GREEDY_BELOW == 1e-5
+    assert SamplingParams(temperature=0.0).greedy and SamplingParams(temperature=9.99e-6).greedy
+    assert not SamplingParams(temperature=1e-5).greedy and not SamplingParams().greedy
+    g = gathered_logits(4)
+    head = LMHead(VOCAB, 4, dtype=torch.float32)
+    # just above the limit the draw still samples (a flat row: logits 0, ties everywhere)
+    flat = torch.zeros(ROWS, VOCAB)
+    draws = {tuple(sample(flat, head, SamplingParams(temperature=1e-5, seed=s)).tolist()) for s in range(3)}
+    assert len(draws) > 1
+    assert torch.equal(sample(g, head, SamplingParams(temperature=1e-40, seed=1)), greedy(g, head))
 
 
 def test_sampling_params_are_validated() -> None:

@@ -48,16 +48,17 @@ integer noise keys), so a chunk's temporaries stay about one budget.
   chunk's nodes are pushed and merged sibling by sibling with those of the chunks before it, so
   every merge is the tree's): bitwise equal to the materialized path, which computes that same
   tree for every head.
-* ``sample``: temperature, greedy rows (T = 0), ``vocab_limit``, top-k (the kept tokens are the
-  merged top-k candidates, raced there), top-p (the nucleus, exactly as ``reductions.nucleus``
-  cuts it: the same pass also tracks the first :data:`TOP_P_CANDIDATES` candidates and the vocab
-  tree of the scaled logits, so the denominator and the sorted prefix are both at hand after one
-  pass; after top-k the denominator is the tree of the kept candidates,
-  ``treesum.sparse_logsumexp``; the rows whose nucleus is longer than the candidates -- flat
-  distributions -- stream their logits again, a budget's worth of rows at a time, and draw with
-  the materialized sampler), and min-p (on the candidates for rows with top-k / top-p; otherwise a second
-  streaming pass after the global max). One pass unless a row needs min-p without top-k /
-  top-p or a nucleus outgrows the candidates.
+* ``sample``: temperature, greedy rows (T < ``GREEDY_BELOW``, 0 included), ``vocab_limit``,
+  top-k (the kept tokens are the merged top-k candidates, raced there), top-p (the nucleus,
+  exactly as ``reductions.nucleus`` cuts it: the same pass also tracks the first
+  :data:`TOP_P_CANDIDATES` candidates and the vocab tree of the scaled logits, so the
+  denominator and the sorted prefix are both at hand after one pass; after top-k the
+  denominator is the tree of the kept candidates, ``treesum.sparse_logsumexp``; the rows whose
+  nucleus is longer than the candidates -- flat distributions -- stream their logits again, a
+  budget's worth of rows at a time, and draw with the materialized sampler), and min-p (on the
+  candidates for rows with top-k / top-p; otherwise a second streaming pass after the global
+  max). One pass unless a row needs min-p without top-k / top-p or a nucleus outgrows the
+  candidates.
 
 NaN logits (an overflowing GEMM) are detected per chunk and raise :class:`InputError` on every rank
 after the merge. Attention DP with LM-head TP (ranks bring different rows) is refused.
@@ -448,10 +449,10 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     device, rows = hidden.device, hidden.shape[0]
     vocab = head.vocab_size
     temps = torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=device)[:, None]
-    greedy_rows = temps == 0
+    greedy_rows = torch.tensor([p.greedy for p in per_row], dtype=torch.bool, device=device)[:, None]
     divisor = torch.where(greedy_rows, torch.ones_like(temps), temps)
     sampled = ~greedy_rows[:, 0]
-    top_k = [p.top_k if p.temperature > 0 else 0 for p in per_row]
+    top_k = [0 if p.greedy else p.top_k for p in per_row]
     by_topk = torch.tensor([kr > 0 for kr in top_k], device=device)
     top_p = torch.tensor([p.top_p for p in per_row], dtype=torch.float32, device=device)
     p_on = (top_p < 1) & sampled

@@ -1,6 +1,7 @@
 """Seeded sampling on the shards: the draw of the gathered, filtered softmax, without the gather.
 
-For each row, in vLLM's order: temperature (``x / T``; ``T = 0`` is greedy), top-k (the exact
+For each row, in vLLM's order: temperature (``x / T``; ``T < GREEDY_BELOW = 1e-5``, 0 included, is
+greedy: :attr:`SamplingParams.greedy`), top-k (the exact
 global top-k, ties to the lower id), top-p (the exact nucleus of what is left), min-p, then
 the draw. The draw is a Gumbel-max race: token ``i`` scores ``x_i / T + g_i`` with
 ``g_i = -log(-log(u_i))`` and the highest score wins, which picks ``i`` with probability
@@ -129,7 +130,7 @@ def _sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_limit: A
 def _collective_plan(rows: list[SamplingParams], vocab_size: int) -> int:
     """Which collectives a call makes, as one integer (part of the handshake's signature: a
     change of it renegotiates): the merged top-k width, whether top-p and min-p run."""
-    sampled = [p for p in rows if p.temperature != 0]
+    sampled = [p for p in rows if not p.greedy]
     k = min(max([p.top_k for p in sampled] or [0]), vocab_size)
     return 4 * k + 2 * any(p.top_p < 1 for p in sampled) + any(p.min_p > 0 for p in sampled)
 
@@ -140,7 +141,7 @@ def _draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], seeds: list
     device = x.device
     ids = torch.arange(head.vocab_start, head.vocab_start + n, device=device)
     temps = torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=device)[:, None]
-    greedy = temps == 0
+    greedy = torch.tensor([p.greedy for p in per_row], dtype=torch.bool, device=device)[:, None]
     x = x.to(torch.float32)
     scaled = torch.where(greedy, x, x / torch.where(greedy, torch.ones_like(temps), temps))
     if vocab_limit is not None:

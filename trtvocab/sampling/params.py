@@ -8,12 +8,22 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from trtvocab.errors import InputError
 
+# Temperatures below this draw greedily (vLLM's ``_SAMPLING_EPS``): at such T the softmax of
+# ``logits / T`` is one token wherever the logits differ by more than ~1e-3, and below it
+# ``logits / T`` leaves the float32 range (|logit| > 1e-5 * 3.4e38 ~ 3.4e33 overflows at
+# T = 1e-5, |logit| > 3.4 at a subnormal T ~ 1e-38), where the race would pick among ``inf``
+# ties instead of the argmax. docs/architecture.md "Sampling edge values".
+GREEDY_BELOW = 1e-5
+
 
 class SamplingParams(BaseModel):
     """How one row's next token is drawn (vLLM's order: temperature, top-k, top-p, min-p, draw).
 
     Args:
-        temperature: ``>= 0``; 0 is greedy (the largest logit, lowest id among ties).
+        temperature: ``>= 0``; 0 is greedy (the largest logit, lowest id among ties), and so is
+            every temperature below :data:`GREEDY_BELOW` (``1e-5``, as vLLM): subnormal and tiny
+            temperatures (``1e-45 .. 1e-6``) draw exactly the greedy token and skip top-k / top-p /
+            min-p, instead of overflowing ``logits / T`` (:attr:`greedy`).
         top_k: ``>= 0``; keep the k largest logits (0: off).
         top_p: in ``(0, 1]``; keep the nucleus of the temperature-scaled, top-k-filtered
             distribution (1: off).
@@ -29,6 +39,11 @@ class SamplingParams(BaseModel):
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this row draws greedily: ``temperature < GREEDY_BELOW`` (0 included)."""
+        return self.temperature < GREEDY_BELOW
 
     def __init__(self, **data: Any) -> None:
         try:
