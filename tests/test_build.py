@@ -7,6 +7,7 @@ shard loads, ONNX export, the onnxruntime / onnx.reference check, multi-rank inf
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ from trtvocab.runtime import infer
 from trtvocab.synthetic import SyntheticRows
 
 V, H, TP = 1001, 64, 3
+HAVE_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 
 
 def synthetic_recipe(out: Path, **lm_head) -> dict:
@@ -60,14 +62,21 @@ def test_manifest_records_everything(built) -> None:
         for rel in e.files.model_dump(exclude_none=True).values():
             meta = manifest.files[rel]
             assert artifacts.sha256_file(root / rel) == meta.sha256
-    # TensorRT is absent here: recorded as skipped, with the reason, never as built.
-    try:
-        import tensorrt  # noqa: F401
-
-        has_trt = torch.cuda.is_available()
-    except ImportError:
-        has_trt = False
-    if not has_trt:
+    # Standard TensorRT is absent here; TensorRT-RTX builds ahead of time for every target with
+    # float32 GEMMs (not sm75), and the record says what the engine computes.
+    if HAVE_RTX and not torch.cuda.is_available():
+        assert manifest.backends.tensorrt is True
+        for e in manifest.ranks:
+            b = e.engine.build
+            assert e.engine.built and b is not None and b.compiler == "tensorrt-rtx" and b.device is None
+            assert b.targets == ["sm80", "sm86", "sm89", "sm120", "sm121"]
+            assert b.compute is not None and b.compute.ok and b.compute.gemm is not None
+            assert (b.compute.gemm.activation, b.compute.gemm.weight) == ("float32", "float32")
+            assert artifacts.sha256_file(root / e.files.plan) == b.sha256 == manifest.files[e.files.plan].sha256
+            # The engine holds this rank's float32 weight once: about the shard's bytes, not twice.
+            rows = e.end - e.start
+            assert rows * H * 4 <= b.compute.weights_bytes < 1.5 * (rows + 256) * H * 4
+    elif not HAVE_RTX:
         assert manifest.backends.tensorrt is False
         assert all(not e.engine.built and e.engine.reason for e in manifest.ranks)
         assert not list(root.rglob("*.plan"))
@@ -91,10 +100,14 @@ def test_infer_backends_match_reference(built, backend: str) -> None:
 
 def test_tensorrt_backend_refused_with_reason(built) -> None:
     root, manifest = built
-    if manifest.backends.tensorrt:
-        pytest.skip("an engine was built on this machine")
-    with pytest.raises(EngineUnavailableError, match="tensorrt is not usable"):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the engine may run")
+    match = "ahead of time by TensorRT-RTX .* no CUDA GPU to run it" if manifest.backends.tensorrt else \
+        "tensorrt is not usable"
+    with pytest.raises(EngineUnavailableError, match=match) as err:
         infer(root, torch.randn(2, H), None, "tensorrt")
+    assert "\n" not in str(err.value)
+    assert infer(root, torch.randn(2, H), None, "auto").ran_on == "onnxruntime"  # auto takes the ONNX graph
 
 
 def test_rebuild_refuses_then_force_replaces(built, tmp_path) -> None:
@@ -176,6 +189,16 @@ def test_engine_from_other_gpu_is_refused() -> None:
     assert why is not None and "built for NVIDIA H200" in why and "B200" in why
     assert "TensorRT 11.0.0" in (engine_mismatch(engine, ("NVIDIA H200", "9.0"), "11.1.0") or "")
     assert engine_mismatch(engine, None, "11.0.0") == "no CUDA GPU here"
+    # A TensorRT-RTX plan: any GPU among its targets, none outside them, never without a GPU.
+    rtx = EngineRecord(built=True, build=build_info.model_copy(update={
+        "compiler": "tensorrt-rtx", "tensorrt_version": "1.7.1.116", "targets": ["sm89", "sm120"], "device": None,
+        "compute_capability": None}))
+    assert engine_mismatch(rtx, ("NVIDIA GeForce RTX 4090", "8.9"), "1.7.1.116") is None
+    assert engine_mismatch(rtx, ("NVIDIA GeForce RTX 5090", "12.0"), "1.7.1.116") is None
+    why = engine_mismatch(rtx, ("NVIDIA H200", "9.0"), "1.7.1.116")
+    assert why is not None and "sm89, sm120" in why and "sm90" in why
+    assert "no CUDA GPU to run it" in (engine_mismatch(rtx, None, None) or "")
+    assert "TensorRT-RTX 1.7.1.116" in (engine_mismatch(rtx, ("RTX 4090", "8.9"), "1.8.0") or "")
 
 
 def test_cli_build_inspect_infer(tmp_path) -> None:
@@ -204,21 +227,39 @@ def test_cli_build_inspect_infer(tmp_path) -> None:
 
 
 def test_cli_require_engine_fails_in_one_line(tmp_path) -> None:
-    try:
-        import tensorrt  # noqa: F401
-
+    if importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("TensorRT is installed here")
-    except ImportError:
-        pass
     recipe = tmp_path / "r.toml"
     recipe.write_text(
         f'[checkpoint.synthetic]\nvocab_size = {V}\nhidden_size = {H}\n[output]\ndir = "{tmp_path / "o"}"\n'
     )
-    res = CliRunner().invoke(app, ["build", str(recipe), "--require-engine"])
+    res = CliRunner().invoke(app, ["build", str(recipe), "--require-engine", "--compiler", "tensorrt"])
     assert res.exit_code != 0
     lines = [ln for ln in res.output.splitlines() if "error:" in ln]
-    assert len(lines) == 1 and "engine required" in lines[0]
+    assert len(lines) == 1 and "engine required" in lines[0] and "TensorRT is not importable" in lines[0]
     assert not (tmp_path / "o").exists()
+    res = CliRunner().invoke(app, ["build", str(recipe), "--require-engine", "--targets", "sm90"])
+    assert res.exit_code != 0 and "not a TensorRT-RTX target" in res.output and "standard TensorRT" in res.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not HAVE_RTX, reason="tensorrt_rtx is not installed")
+def test_cli_require_engine_builds_ahead_of_time_with_rtx(tmp_path) -> None:
+    """bf16 synthetic head, targets named on the command line: one engine per rank for both."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[checkpoint.synthetic]\nvocab_size = {V}\nhidden_size = {H}\n[mapping]\ntp_size = 2\n'
+                      f'[output]\ndir = "{tmp_path / "o"}"\n')
+    res = CliRunner().invoke(app, ["build", str(recipe), "--require-engine", "--targets", "sm120,sm86"])
+    assert res.exit_code == 0, res.output
+    manifest = artifacts.read_manifest(tmp_path / "o")
+    for e in manifest.ranks:
+        b = e.engine.build
+        assert b.targets == ["sm86", "sm120"] and b.compute.gemm.activation == "bfloat16" and b.compute.ok
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "o")])
+    assert res.exit_code == 0 and "tensorrt-rtx" in res.output and "holds" in res.output, res.output
+    # bf16 cannot run on Turing: refused before building, with the hardware's reason.
+    res = CliRunner().invoke(app, ["build", str(recipe), "--require-engine", "--targets", "sm75", "--force"])
+    assert res.exit_code != 0 and "bfloat16 kernels need compute capability >= 8.0" in res.output, res.output
 
 
 @pytest.mark.skipif(os.environ.get("TRTVOCAB_SKIP_MODEL") == "1", reason="real-model test disabled")

@@ -66,8 +66,8 @@ def engine_mismatch(engine: EngineRecord, gpu: tuple[str, str] | None, trt_versi
             return (f"engine was built for {built.device} (CC {built.compute_capability}), "
                     f"this GPU is {gpu[0]} (CC {gpu[1]}); rebuild it here")
     if trt_version is not None and built.tensorrt_version != trt_version:
-        return (f"engine was built with {built.compiler} {built.tensorrt_version}, this is {trt_version}; "
-                "rebuild it")
+        name = "TensorRT-RTX" if built.compiler == Compiler.TENSORRT_RTX else "TensorRT"
+        return f"engine was built with {name} {built.tensorrt_version}, this is {name} {trt_version}; rebuild it"
     return None
 
 
