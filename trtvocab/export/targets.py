@@ -48,8 +48,8 @@ _MIN_CC: dict[Compiler, dict[HwType, tuple[int, int] | None]] = {
     Compiler.TENSORRT_RTX: {HwType.BF16: (8, 0), HwType.FP8: (8, 9), HwType.FP4: (12, 0),
                             HwType.FP32_GEMM: (8, 0)},
 }
-_WHY = {HwType.BF16: "bfloat16 kernels", HwType.FP8: "FP8 (e4m3) kernels", HwType.FP4: "FP4 (e2m1) kernels",
-        HwType.FP32_GEMM: "a float32 GEMM"}
+_WHY = {HwType.BF16: "bfloat16 kernels need", HwType.FP8: "FP8 (e4m3) kernels need",
+        HwType.FP4: "FP4 (e2m1) kernels need", HwType.FP32_GEMM: "a float32 GEMM needs"}
 
 
 def cc_name(cc: tuple[int, int]) -> str:
@@ -83,7 +83,7 @@ def refusal(needs: set[HwType], cc: tuple[int, int], compiler: Compiler) -> str 
         first = table[hw]
         if first is not None and cc < first:
             where = "TensorRT-RTX" if compiler is Compiler.TENSORRT_RTX else "TensorRT"
-            return (f"{_WHY[hw]} need compute capability >= {cc_name(first)} in {where}; "
+            return (f"{_WHY[hw]} compute capability >= {cc_name(first)} in {where}; "
                     f"{target_name(cc)} is {cc_name(cc)}")
     return None
 

@@ -1,0 +1,188 @@
+"""The engine builder with the real TensorRT-RTX compiler (ahead of time, no GPU needed).
+
+What is verified here is what exists without a GPU: the refusals before building, the
+targets an engine holds, the builder's own layer table (parsed and checked against the
+head's contract), the flags, and that a plan is never left on disk without its record.
+Engine *numbers* need a GPU (``make gpu-check``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtvocab import LMHead, Mapping
+from trtvocab.errors import ConfigError, EngineUnavailableError
+from trtvocab.export import tensorrt as T
+from trtvocab.export.contract import check_engine, describe_graph
+from trtvocab.export.layer_table import parse_layer_table
+from trtvocab.export.onnx import export_onnx
+from trtvocab.export.targets import RTX_TARGETS, Compiler, HwType, choose_targets, refusal
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None,
+                                reason="tensorrt_rtx (the tensorrt-rtx extra) is not installed")
+PROFILE = {"min_tokens": 1, "opt_tokens": 16, "max_tokens": 64, "min_batch": 1, "opt_batch": 4, "max_batch": 32}
+V, H = 301, 64
+
+
+def dense_graph(tmp_path: Path, dtype: torch.dtype = torch.bfloat16, **kw) -> str:
+    head = LMHead(V, H, dtype=dtype, mapping=Mapping(world_size=2, rank=1, tp_size=2), **kw)
+    head.load_weights({"weight": (torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.05).to(dtype)})
+    return export_onnx(head, tmp_path / f"{str(dtype)[6:]}.onnx").path
+
+
+def quant_graph(tmp_path: Path, algo: str, activation: str) -> str:
+    from test_export_onnx import make_head
+
+    return export_onnx(make_head(algo, activation=activation), tmp_path / f"{algo}-{activation}.onnx").path
+
+
+# ---- the hardware rules, independent of any graph ------------------------------------------------------
+def test_rules_follow_the_hardware() -> None:
+    rtx = Compiler.TENSORRT_RTX
+    assert refusal({HwType.FP8}, RTX_TARGETS["sm86"], rtx) is not None
+    assert refusal({HwType.FP8}, RTX_TARGETS["sm89"], rtx) is None
+    assert refusal({HwType.FP4}, RTX_TARGETS["sm89"], rtx) is not None
+    assert refusal({HwType.FP4}, (10, 0), Compiler.TENSORRT) is None  # standard TensorRT: Blackwell SM100
+    assert refusal({HwType.FP32_GEMM}, RTX_TARGETS["sm75"], rtx) is not None
+    assert refusal({HwType.FP32_GEMM}, (7, 5), Compiler.TENSORRT) is None
+    assert choose_targets({HwType.BF16}, None) == ["sm80", "sm86", "sm89", "sm120", "sm121"]
+    assert choose_targets(set(), None) == list(RTX_TARGETS)  # fp16: Turing too
+    assert choose_targets({HwType.FP4, HwType.FP8, HwType.BF16}, None) == ["sm120", "sm121"]
+    assert choose_targets({HwType.BF16}, ["SM120", "sm86", "sm120"]) == ["sm86", "sm120"]
+    with pytest.raises(ConfigError, match="standard TensorRT"):
+        choose_targets(set(), ["sm90"])
+
+
+# ---- refusals before building ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("kind", "target", "reason"), [
+    ("fp8", "sm80", r"sm80: FP8 \(e4m3\) kernels need compute capability >= 8\.9"),
+    ("fp4", "sm89", r"sm89: FP4 \(e2m1\) kernels need compute capability >= 12\.0"),
+    ("fp32", "sm75", r"sm75: a float32 GEMM needs compute capability >= 8\.0"),
+    ("bf16", "sm75", r"sm75: bfloat16 kernels need compute capability >= 8\.0"),
+])
+def test_target_that_cannot_run_the_graph_is_refused_before_building(tmp_path, kind, target, reason) -> None:
+    graph = {"fp8": lambda: quant_graph(tmp_path, "FP8", "static"),
+             "fp4": lambda: quant_graph(tmp_path, "NVFP4", "static"),
+             "fp32": lambda: dense_graph(tmp_path, torch.float32),
+             "bf16": lambda: dense_graph(tmp_path)}[kind]()
+    plan = tmp_path / "x.plan"
+    with pytest.raises(EngineUnavailableError, match=reason) as err:
+        T.build_engine(graph, plan, PROFILE, 1 << 30, compiler="tensorrt-rtx", targets=[target])
+    assert "before building" in str(err.value) and "\n" not in str(err.value)
+    assert not plan.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_standard_tensorrt_without_it_is_one_line(tmp_path) -> None:
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("standard TensorRT is installed here")
+    with pytest.raises(EngineUnavailableError, match="TensorRT is not importable") as err:
+        T.build_engine(dense_graph(tmp_path), tmp_path / "x.plan", PROFILE, compiler="tensorrt")
+    assert "\n" not in str(err.value) and not (tmp_path / "x.plan").exists()
+
+
+# ---- real builds --------------------------------------------------------------------------------------------
+def test_default_targets_one_multi_target_engine_and_its_record(tmp_path) -> None:
+    graph = dense_graph(tmp_path)
+    info = T.build_engine(graph, tmp_path / "bf16.plan", PROFILE, 1 << 30, compiler="tensorrt-rtx")
+    assert info.compiler == "tensorrt-rtx" and info.tensorrt_version.startswith("1.")
+    assert info.targets == ["sm80", "sm86", "sm89", "sm120", "sm121"] and info.device is None
+    blob = (tmp_path / "bf16.plan").read_bytes()
+    assert len(blob) == info.bytes and T.sha256_bytes(blob) == info.sha256
+    assert blob[:4] == b"vtrt"  # TensorRT-RTX's plan header
+    assert info.onnx_bytes == Path(graph).stat().st_size
+    c = info.compute
+    assert c is not None and c.ok and c.gemm is not None
+    assert (c.gemm.activation, c.gemm.weight, c.gemm.output) == ("bfloat16", "bfloat16", "float32")
+    assert c.gemm.weight_resident
+    # This rank holds 150 rows (301 = 151 + 150): the engine's weights are that shard in bf16, once.
+    assert 150 * H * 2 <= c.weights_bytes < 2 * 150 * H * 2
+    assert not info.distributive_independence
+
+
+def test_layer_table_names_a_per_call_weight_and_a_broken_contract(tmp_path) -> None:
+    """The contract check on a real table: a GEMM whose weight operand is computed on every call
+    (what an fp32-dequantizing W4A16 graph compiles to) is a broken contract; with contract="warn"
+    the plan is written and the problem recorded; with "error" nothing is written."""
+    graph = dense_graph(tmp_path)
+    info = describe_graph(Path(graph))
+    kit = T.import_compiler("tensorrt-rtx")
+    messages: list[str] = []
+    logger = T.recording_logger(kit.trt, kit.trt.ILogger.Severity.ERROR)
+    builder = kit.trt.Builder(logger)
+    network = builder.create_network(0)
+    assert kit.trt.OnnxParser(network, logger).parse_from_file(graph)
+    config = builder.create_builder_config()
+    config.profiling_verbosity = kit.trt.ProfilingVerbosity.DETAILED
+    kit.set_targets(config, ["sm89"])
+    prof = builder.create_optimization_profile()
+    for name, shapes in T.validate_profile(PROFILE).shapes(H, True).items():
+        prof.set_shape(name, *shapes)
+    config.add_optimization_profile(prof)
+    assert builder.build_serialized_network(network, config) is not None
+    messages = logger.messages
+    table = parse_layer_table(messages)
+    assert table.weights_bytes and table.activation_bytes and table.layers
+    assert check_engine(table, info).ok
+    # The same table, as if the GEMM took its weight from a kernel that computes it per call:
+    gemm = next(layer for layer in table.layers if layer.constants and len(layer.constants[0].dims) == 2)
+    moved = gemm.model_copy(update={"inputs": [*gemm.inputs, gemm.constants[0]], "constants": []})
+    broken = table.model_copy(update={"layers": [moved if layer is gemm else layer for layer in table.layers]})
+    problems = check_engine(broken, info).problems
+    assert len(problems) == 1 and "computed on every call" in problems[0] and gemm.name in problems[0]
+    with pytest.raises(ValueError, match="no layer table"):
+        parse_layer_table(["Total Weights Memory: 12 bytes"])
+
+
+def test_contract_error_writes_nothing_and_warn_records_it(tmp_path, monkeypatch) -> None:
+    graph = dense_graph(tmp_path)
+    real = T.check_engine
+
+    def wrong_expectation(table, info):  # the contract of another graph: FP8 x FP8
+        from dataclasses import replace
+
+        return real(table, replace(info, expected=replace(info.expected, activation=frozenset({"fp8_e4m3"}))))
+
+    monkeypatch.setattr(T, "check_engine", wrong_expectation)
+    plan = tmp_path / "p.plan"
+    with pytest.raises(EngineUnavailableError, match=r"breaks the head's contract.*activation bfloat16") as err:
+        T.build_engine(graph, plan, PROFILE, compiler="tensorrt-rtx", targets=["sm89"])
+    assert "nothing written" in str(err.value)
+    assert not plan.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    info = T.build_engine(graph, plan, PROFILE, compiler="tensorrt-rtx", targets=["sm89"], contract="warn")
+    assert plan.is_file() and any("activation bfloat16" in w for w in info.warnings)
+    assert info.compute is not None and not info.compute.ok
+
+
+def test_deterministic_head_sets_distributive_independence(tmp_path, monkeypatch) -> None:
+    graph = dense_graph(tmp_path, torch.float32, deterministic=True)
+    if not describe_graph(Path(graph)).deterministic:
+        pytest.skip("this exporter does not record deterministic in the graph")
+    kit = T.import_compiler("tensorrt-rtx")
+    flags = []
+    original = kit.trt.IBuilderConfig.set_flag
+
+    def spy(self, flag):
+        flags.append(flag)
+        return original(self, flag)
+
+    monkeypatch.setattr(kit.trt.IBuilderConfig, "set_flag", spy)
+    info = T.build_engine(graph, tmp_path / "d.plan", PROFILE, compiler="tensorrt-rtx", targets=["sm89"])
+    assert info.distributive_independence and kit.trt.BuilderFlag.DISTRIBUTIVE_INDEPENDENCE in flags
+
+
+def test_embedding_engine_is_built_with_its_int64_ids_profile(tmp_path) -> None:
+    from trtvocab import VocabParallelEmbedding
+    from trtvocab.export.embedding import export_embedding_onnx
+
+    emb = VocabParallelEmbedding(V, H, dtype=torch.float16, mapping=Mapping(world_size=3, rank=2, tp_size=3),
+                                 reduce_output=False)
+    emb.load_weights({"weight": torch.randn(V, H).half()})
+    path = tmp_path / "embedding.onnx"
+    export_embedding_onnx(emb, path)
+    info = T.build_engine(path, tmp_path / "embedding.plan", PROFILE, compiler="tensorrt-rtx")
+    assert info.graph == "embedding" and info.inputs == ["input_ids"] and info.targets == list(RTX_TARGETS)
+    assert info.compute is not None and info.compute.ok and info.compute.table == "float16"
