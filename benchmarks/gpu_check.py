@@ -206,22 +206,35 @@ def _time_cuda(fn: Any, repeats: int = 20) -> float:
 
 
 def tensorrt_engine() -> dict[str, Any] | str:
+    """The default-compiler engines run on this GPU against the PyTorch fallback: standard TensorRT
+    where it imports, else TensorRT-RTX where this GPU is one of its targets (not Hopper/SM100)."""
+    from trtvocab.export.targets import RTX_TARGETS, target_name
     from trtvocab.export.tensorrt import tensorrt_available
 
-    ok, reason = tensorrt_available()
+    target = target_name(torch.cuda.get_device_capability())
+    ok, reason = tensorrt_available("tensorrt")
+    compiler, targets = "tensorrt", None
     if not ok:
-        return reason
+        rtx_ok, rtx_reason = tensorrt_available("tensorrt-rtx")
+        if not rtx_ok:
+            return f"{reason}; {rtx_reason}"
+        if target not in RTX_TARGETS:
+            return (f"{reason}; TensorRT-RTX is installed but cannot target this GPU ({target}): "
+                    "Hopper and data-center Blackwell need standard TensorRT")
+        compiler, targets = "tensorrt-rtx", [target]
     from trtvocab.build import build
     from trtvocab.recipe import load_recipe
     from trtvocab.runtime import infer
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "builders" / "minilm.toml")
-    recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(update={"require": True})})
+    recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(
+        update={"require": True, "compiler": compiler, "targets": targets})})
     root, manifest = build(recipe, Path("artifacts") / "gpu_check_engine", force=True)
     hidden = torch.randn(6, manifest.head.hidden_size)
     by_engine = infer(root, hidden, torch.tensor([2, 4]), "tensorrt").logits
     by_torch = infer(root, hidden, torch.tensor([2, 4]), "torch").logits
-    return {"max_abs_diff_vs_torch": float((by_engine - by_torch).abs().max()),
+    return {"compiler": compiler, "targets": manifest.ranks[0].engine.build.targets,
+            "max_abs_diff_vs_torch": float((by_engine - by_torch).abs().max()),
             "argmax_equal": bool(torch.equal(by_engine.argmax(-1), by_torch.argmax(-1)))}
 
 
