@@ -6,8 +6,13 @@ Tolerances, and why they are what they are:
   accumulation, rounded once to the head dtype); only the float32 summation order
   differs, which can flip the final rounding. Allowed: 1 ulp of the head dtype at the
   value's magnitude (``rtol = eps(dtype)``) plus a float32-order term.
-* dense float32 and every quantized format: after (bit-exact) quantization and
-  dequantization both sides run a float32 GEMM; only the summation order differs.
+* FP8 W8A16 and NVFP4 W4A16 heads in bf16 / fp16 (and ``dequantize_fp4``): the graph
+  multiplies the exactly dequantized weight in the head dtype and rounds each logit once
+  to it (``gemm_rounding``), the fallback keeps the float32 sum: 1 ulp of the head dtype,
+  as for dense half heads.
+* dense float32, W8A8 / W4A4 and float32 weight-only heads: after (bit-exact)
+  quantization and dequantization both sides run a float32 GEMM; only the summation
+  order (and, for dynamic FP8, where the activation scale is multiplied) differs.
   Allowed: ``1e-5 * max|logit|`` (measured error is ~1e-7 relative; an FP8/FP4
   rounding flip anywhere would be orders of magnitude larger).
 
@@ -35,10 +40,13 @@ from trtvocab.errors import EngineUnavailableError, InputError, QuantizationErro
 from trtvocab.export.onnx import (
     FP4_QUANTIZE_OP,
     TRT_DOMAIN,
+    GraphSpec,
     build_model_for_head,
     dequantize_fp4_onnx,
+    exact_prescale,
     export_onnx,
     fp4_proto,
+    gemm_rounding,
 )
 from trtvocab.formats import WeightFormat
 from trtvocab.weights.base import WeightMethod
@@ -211,7 +219,11 @@ def fallback(head: LMHead, x: torch.Tensor, context: bool) -> torch.Tensor:
 MEASURED: dict[str, tuple[float, float]] = {}  # label -> (max abs err, max abs err / max|logit|)
 
 
-def compare(label: str, got: np.ndarray, want: torch.Tensor, *, rtol: float, atol_scale: float) -> None:
+def compare(label: str, got: np.ndarray, want: torch.Tensor, *, rtol: float, atol_scale: float,
+            rounded: bool = False) -> None:
+    """``rounded``: the graph rounds each logit to a half type where the fallback keeps float32,
+    so two logits within an ulp may tie or swap: the graph's argmax must then be a logit within
+    the tolerance of the row's maximum, not necessarily the same column."""
     got_t = torch.from_numpy(got)
     assert got_t.shape == want.shape, (got_t.shape, want.shape)
     err = (got_t - want).abs()
@@ -220,7 +232,12 @@ def compare(label: str, got: np.ndarray, want: torch.Tensor, *, rtol: float, ato
     prev = MEASURED.get(label, (0.0, 0.0))
     MEASURED[label] = (max(prev[0], err.max().item()), max(prev[1], rel))
     torch.testing.assert_close(got_t, want, rtol=rtol, atol=atol_scale * scale)
-    assert torch.equal(got_t.argmax(-1), want.argmax(-1))
+    if not rounded:
+        assert torch.equal(got_t.argmax(-1), want.argmax(-1))
+        return
+    top = want.max(-1).values
+    picked = want.gather(-1, got_t.argmax(-1, keepdim=True))[:, 0]
+    assert bool(((top - picked) <= 2 * (rtol * top.abs() + atol_scale * scale)).all())
 
 
 def check_graph(path: Path) -> onnx.ModelProto:
@@ -241,6 +258,19 @@ def check_graph(path: Path) -> onnx.ModelProto:
 
 # ---- dense ---------------------------------------------------------------------------------------
 EPS = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 0.0}
+EPS_BY_NAME = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+
+
+def graph_rtol(model: onnx.ModelProto) -> tuple[float, str]:
+    """(rtol, label suffix): one ulp of the dtype the graph's GEMM output is rounded to, else 1e-5.
+
+    The suffix names that dtype ("bf16 GEMM" / "float16 GEMM"), which the measured-tolerance
+    report reads to pick the half-precision bound.
+    """
+    rounding = gemm_rounding(GraphSpec.from_model(model))
+    if rounding is None:
+        return 1e-5, ""
+    return EPS_BY_NAME[rounding], " (bf16 GEMM)" if rounding == "bfloat16" else " (float16 GEMM)"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
@@ -295,11 +325,14 @@ def test_fp8_parity(tmp_path, impl, activation, tp, context):
         assert ("QuantizeLinear" in ops) == (activation != "none")
         assert ("ReduceMax" in ops) == (activation == "dynamic")
         got, backend = run_onnx(info.path, x, None if context else SEQ_LENS)
-        assert backend == "onnxruntime"  # bf16 input fed as an OrtValue, float32 GEMM
+        # W8A8: bf16 input fed as an OrtValue, float32 GEMM; W8A16: a bf16 GEMM (no onnxruntime kernel)
+        assert backend == ("reference" if activation == "none" else "onnxruntime")
         want = fallback(head, x, context)
-        compare(f"FP8 {activation} ({impl})", got, want, rtol=1e-5, atol_scale=1e-5)
+        rtol, kind = graph_rtol(model)
+        compare(f"FP8 {activation}{kind} ({impl})", got, want, rtol=rtol, atol_scale=1e-5, rounded=bool(kind))
         ref = run_onnx(info.path, x, None if context else SEQ_LENS, runner="reference").logits
-        compare(f"FP8 {activation} reference ({impl})", ref, want, rtol=1e-5, atol_scale=1e-5)
+        compare(f"FP8 {activation}{kind} reference ({impl})", ref, want, rtol=rtol, atol_scale=1e-5,
+                rounded=bool(kind))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -338,7 +371,9 @@ def test_nvfp4_parity(tmp_path, impl, activation, tp, context):
         assert w.data_type == onnx.TensorProto.FLOAT4E2M1 and list(w.dims) == [head.local_vocab_size, H]
         got, backend = run_onnx(info.path, x, None if context else SEQ_LENS)
         assert backend == "reference"
-        compare(f"NVFP4 {activation} ({impl})", got, fallback(head, x, context), rtol=1e-5, atol_scale=1e-5)
+        rtol, kind = graph_rtol(model)
+        compare(f"NVFP4 {activation}{kind} ({impl})", got, fallback(head, x, context), rtol=rtol, atol_scale=1e-5,
+                rounded=bool(kind))
 
 
 def test_nvfp4_graph_passes_checker_with_registered_schema(tmp_path):
@@ -393,7 +428,7 @@ def test_dequantize_fp4_variant(tmp_path):
         assert onnx.TensorProto.FLOAT4E2M1 not in types and onnx.TensorProto.BFLOAT16 in types
         # bf16 GEMM output (rounded once) times weight_scale_2: 1 bf16 ulp of the fallback's fp32 result.
         compare("NVFP4 dequantize_fp4 (bf16 GEMM)", run_onnx(info.path, x, SEQ_LENS).logits, fallback(head, x, False),
-                rtol=2.0**-7, atol_scale=1e-5)
+                rtol=2.0**-7, atol_scale=1e-5, rounded=True)
         native = export_onnx(head, tmp_path / "native.onnx")
         rebuilt = dequantize_fp4_onnx(native.path, tmp_path / "rebuilt.onnx")
         assert Path(rebuilt.path).read_bytes() == Path(info.path).read_bytes()
@@ -417,9 +452,128 @@ def test_parity_at_a_larger_shape(tmp_path, fmt, activation, dtype):
     head = make_head(fmt, activation=activation, dtype=dtype, impl=impl, vocab=1000, hidden=1024)
     x = hidden_states(dtype, hidden=1024)
     info = export_onnx(head, tmp_path / "m.onnx")
-    rtol = EPS[dtype] if fmt == "dense" else 0.0
-    compare(f"{fmt} {activation} {dtype} H=1024 ({impl})", run_onnx(info.path, x, SEQ_LENS).logits,
-            fallback(head, x, False), rtol=rtol or 1e-5, atol_scale=1e-5)
+    rtol, kind = graph_rtol(onnx.load(info.path))
+    compare(f"{fmt} {activation} {dtype}{kind} H=1024 ({impl})", run_onnx(info.path, x, SEQ_LENS).logits,
+            fallback(head, x, False), rtol=rtol, atol_scale=1e-5, rounded=bool(kind) and fmt != "dense")
+
+
+# ---- graph forms (what TensorRT compiles them to: tests/test_engine_graphs.py) ---------------------
+E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+E4M3_VALUES = E4M3_VALUES[torch.isfinite(E4M3_VALUES)]
+E2M1_BY_E4M3 = (E2M1_GRID[:, None] * E4M3_VALUES[None, :]).reshape(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fmt", [WeightFormat.FP8, WeightFormat.NVFP4], ids=str)
+def test_exact_prescale_keeps_every_dequantized_weight_exact(dtype, fmt):
+    """Every e4m3 code (FP8) or e2m1 x e4m3 product (NVFP4) times the chosen 2**k is a value
+    of the head dtype, for scales from tiny to huge; 2**k follows the scale inside that range."""
+    values = E4M3_VALUES if fmt is WeightFormat.FP8 else E2M1_BY_E4M3
+    name = str(dtype).replace("torch.", "")
+    seen = set()
+    for log2 in range(-40, 41):
+        p = exact_prescale(2.0**log2 * 1.3, fmt, name)
+        assert p != 1.0 and p == 2.0 ** round(np.log2(p))
+        scaled = values.double() * p
+        assert torch.equal(scaled.to(dtype).double(), scaled), (log2, p)
+        seen.add(p)
+    assert exact_prescale(2.0**-12, fmt, name) == 2.0**-12  # typical weight scales are not clamped
+    assert exact_prescale(1.0, fmt, name) == 0.5  # never 1.0 (TensorRT drops it and the fusion with it)
+    # The clamp is tight for fp16: one power of two further and the values stop being exact.
+    if dtype == torch.float16:
+        lo, hi = min(seen), max(seen)
+        for out in (lo / 2, hi * 2):
+            scaled = values.double() * out
+            assert not torch.equal(scaled.to(dtype).double(), scaled)
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def _matmul(model: onnx.ModelProto) -> onnx.NodeProto:
+    (mm,) = [n for n in model.graph.node if n.op_type == "MatMul"]
+    return mm
+
+
+def _elem_type(model: onnx.ModelProto, name: str) -> int:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    values = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    return values[name].type.tensor_type.elem_type
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("fmt", "granularity"), [("FP8", "per_tensor"), ("FP8", "per_row"), ("NVFP4", "per_tensor")])
+def test_weight_only_graph_multiplies_in_the_head_dtype(tmp_path, dtype, fmt, granularity):
+    """W8A16 / W4A16: no float32 activation or weight: the MatMul's operands are the head dtype,
+    the DQ scale is a power of two in the head dtype, and the real scale multiplies the output."""
+    head = make_head(fmt, granularity=granularity, dtype=dtype, impl="real" if HAVE_REAL_METHODS else "stand-in")
+    model = build_model_for_head(head)
+    onnx.checker.check_model(model, full_check=True)
+    half = onnx.TensorProto.BFLOAT16 if dtype == torch.bfloat16 else onnx.TensorProto.FLOAT16
+    mm = _matmul(model)
+    assert [_elem_type(model, i) for i in mm.input] == [half, half]
+    inits = {t.name: t for t in model.graph.initializer}
+    prescale = onnx.numpy_helper.to_array(inits["lm_head/weight_prescale"]).astype(np.float64)
+    assert inits["lm_head/weight_prescale"].data_type == half and prescale != 1.0
+    assert prescale == 2.0 ** round(np.log2(prescale))
+    assert "Cast" in _ops(model) and _ops(model)[-1] == "Mul"  # float32 output times the scale
+    assert gemm_rounding(GraphSpec.from_model(model)) == str(dtype).replace("torch.", "")
+    x = hidden_states(dtype)
+    compare(f"{fmt} {granularity} weight-only {dtype} (bf16 GEMM)" if dtype == torch.bfloat16 else
+            f"{fmt} {granularity} weight-only (float16 GEMM)", run_onnx(model, x, SEQ_LENS).logits,
+            fallback(head, x, False), rtol=EPS[dtype], atol_scale=1e-5, rounded=True)
+
+
+def test_float32_weight_only_graph_stays_float32():
+    head = make_head("FP8", dtype=torch.float32, impl="real" if HAVE_REAL_METHODS else "stand-in")
+    model = build_model_for_head(head)
+    assert [_elem_type(model, i) for i in _matmul(model).input] == [onnx.TensorProto.FLOAT] * 2
+    assert gemm_rounding(GraphSpec.from_model(model)) is None
+
+
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_row"])
+def test_fp8_dynamic_graph_quantizes_with_a_constant_scale(granularity):
+    """The computed amax/448 divides x before Q and multiplies the GEMM output; the Q/DQ pair
+    itself has constant scales (what TensorRT needs for an FP8 x FP8 GEMM)."""
+    head = make_head("FP8", activation="dynamic", granularity=granularity,
+                     impl="real" if HAVE_REAL_METHODS else "stand-in")
+    model = build_model_for_head(head)
+    inits = {t.name for t in model.graph.initializer}
+    q = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    dq_x = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q[0].output[0]]
+    assert len(q) == 1 and len(dq_x) == 1
+    assert q[0].input[1] in inits and dq_x[0].input[1] in inits
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert producers[q[0].input[0]].op_type == "Div"
+    last = model.graph.node[-1]
+    assert last.op_type == "Mul" and producers[last.input[1]].op_type == "Where"  # times the dynamic scale
+    assert [_elem_type(model, i) for i in _matmul(model).input] == [onnx.TensorProto.FLOAT] * 2
+
+
+def test_float32_logits_graph_has_no_float32_weight():
+    """output_dtype=float32 on a bf16 head: the same bf16 GEMM as the plain head (no Cast of W,
+    which TensorRT folds into a float32 copy of it), rounded once (gemm_rounding) then cast."""
+    head = make_head("dense")
+    head.output_dtype = torch.float32
+    model = build_model_for_head(head)
+    spec = GraphSpec.from_model(model)
+    assert spec.float32_logits and gemm_rounding(spec) == "bfloat16"
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert producers[_matmul(model).input[1]].op_type == "Transpose"
+    assert [_elem_type(model, i) for i in _matmul(model).input] == [onnx.TensorProto.BFLOAT16] * 2
+    x = hidden_states(torch.bfloat16)
+    compare("dense output_dtype=float32 (bf16 GEMM)", run_onnx(model, x, SEQ_LENS).logits,
+            fallback(head, x, False), rtol=EPS[torch.bfloat16], atol_scale=1e-5, rounded=True)
+
+
+def test_graph_metadata_carries_deterministic():
+    head = LMHead(V, H, dtype=torch.float32, deterministic=True)
+    head.load_weights({"weight": torch.randn(V, H)})
+    model = build_model_for_head(head)
+    assert GraphSpec.from_model(model).deterministic is True
+    assert {p.key: p.value for p in model.metadata_props}["trtvocab.deterministic"] == "True"
+    assert GraphSpec.from_model(build_model_for_head(make_head("dense"))).deterministic is False
 
 
 # ---- files ----------------------------------------------------------------------------------------

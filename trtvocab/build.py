@@ -98,7 +98,10 @@ def verification_input(head: LMHead, seed: int = 0) -> tuple[torch.Tensor, torch
 
 def verify_export(head: LMHead, onnx_path: Path, context: bool) -> VerifyRecord:
     """Run the exported graph on CPU and compare it with the fallback, column for column."""
+    import onnx
+
     from trtvocab.backends.onnx import run_onnx
+    from trtvocab.export.onnx import GraphSpec, gemm_rounding
 
     hidden, seq_lens = verification_input(head)
     want = shard_logits(head, hidden, seq_lens, return_context_logits=context)
@@ -106,13 +109,16 @@ def verify_export(head: LMHead, onnx_path: Path, context: bool) -> VerifyRecord:
     got = torch.from_numpy(run.logits)
     err = (got - want).abs().max().item()
     scale = want.abs().max().item()
-    # Same arithmetic in both, so the only differences are float32 summation order and,
-    # for half-precision dense heads, the one rounding of the GEMM output: allow one ulp
-    # of the output format (half), or a few float32 ulps growing with sqrt(H) (float32).
-    out_dtype = head.output_dtype  # float32 for quantized heads and for output_dtype=float32
-    ulp = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}[out_dtype]
-    ulps = 1.0 if out_dtype != torch.float32 else 4 + head.hidden_size**0.5 / 4
-    tol = ulps * ulp * max(scale, 2.0**-10)
+    # Same arithmetic in both, so the only differences are float32 summation order (a few
+    # float32 ulps growing with sqrt(H)) and, where the graph's GEMM runs in the head dtype
+    # (gemm_rounding: dense half heads, output_dtype=float32 heads, FP8 W8A16 and NVFP4
+    # W4A16), the one rounding of its output to that dtype, which the fallback's float32
+    # result may not have: one ulp of that dtype on top.
+    spec = GraphSpec.from_model(onnx.load(str(onnx_path), load_external_data=False))
+    rounding = gemm_rounding(spec)
+    f32_ulps = (4 + head.hidden_size**0.5 / 4) * 2.0**-23
+    half_ulp = {None: 0.0, "float16": 2.0**-10, "bfloat16": 2.0**-7}[rounding]
+    tol = (half_ulp + f32_ulps) * max(scale, 2.0**-10)
     return VerifyRecord(backend=run.runner, max_abs_err=err, tolerance=tol, ok=bool(err <= tol),
                         argmax_equal=bool(torch.equal(got.argmax(-1), want.argmax(-1))))
 

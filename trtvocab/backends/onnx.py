@@ -3,11 +3,12 @@
 It serves ``trtvocab infer --backend onnx`` and the build's check of every exported graph
 against the PyTorch fallback. Which runtime runs which graph (``runner="auto"``)::
 
-    FP8 graphs, dense float32      onnxruntime CPU (float32 GEMM; FP8 Q/DQ kernels exist)
-    dense bfloat16 / float16       onnx.reference: onnxruntime CPU has no bf16 MatMul
-                                   kernel ("NOT_IMPLEMENTED"), and runs fp16 MatMul in
+    FP8 W8A8 graphs, float32 heads onnxruntime CPU (float32 GEMM; FP8 Q/DQ kernels exist)
+    dense bfloat16 / float16,      onnx.reference: onnxruntime CPU has no bf16 MatMul
+    FP8 W8A16 bf16 / fp16          kernel ("NOT_IMPLEMENTED"), and runs fp16 MatMul in
                                    float32 without rounding the output to fp16, which is
-                                   not what the graph (or TensorRT, or the fallback) does
+                                   not what the graph does (these graphs multiply in the
+                                   head dtype: trtvocab.export.onnx.gemm_rounding)
     NVFP4 graphs                   onnx.reference: onnxruntime has no FLOAT4E2M1 kernels
                                    and no TRT_FP4DynamicQuantize
 

@@ -5,15 +5,23 @@
         index = Where(mine, local, size)            non-owned and invalid ids -> row `size`,
                                                    an extra all-zero row appended to the table
     dense   rows = Gather(W_local+zero_row, index)                        [T, H] head dtype
-    FP8     codes = Gather(codes_local+zero_row, index)  (uint8: ONNX Gather takes no float8)
-            rows  = Cast(Gather(E4M3_TO_F32[256], codes) * scale, dtype)  scale per tensor,
-                    or Gather(row_scales+0, index) per row
+    FP8     rows = Cast(Gather(DequantizeLinear(codes_local+zero_row, scale), index), dtype)
+                   codes FLOAT8E4M3FN [size+1, H]; scale per tensor, or per row
+                   (axis 0, 1.0 for the zero row)
     rows [T, H]  = this rank's partial rows: zero where it owns no id
 
 The appended zero row replaces a float ``Where`` (which onnxruntime CPU lacks for bf16)
-and costs one row. The FP8 decode table holds the float32 value of each of the 256 e4m3
-codes, so ``Gather`` + ``Mul`` is ``q.float() * scale`` exactly, as the PyTorch module
-dequantizes. Summing the ranks' outputs gives the full lookup (one owner per id).
+and costs one row. Summing the ranks' outputs gives the full lookup (one owner per id).
+
+Why the FP8 table is a DequantizeLinear *before* the Gather: ONNX's Gather takes no
+float8, and TensorRT accepts an FP8 or INT8 constant only as the input of a dequantize
+(or a plugin, shuffle, concatenation); uint8 codes are converted to int32 by TensorRT's
+ONNX parser (4x the table). DQ -> Gather -> Cast is fused by TensorRT-RTX 1.7.1 into one
+gather kernel that reads the 1-byte FP8 table. The numbers are the module's
+(``q.float() * scale``, then the cast to the head dtype): a DequantizeLinear with a
+float32 scale computes exactly that product, and gathering before or after an
+elementwise op gives the same rows. On onnxruntime the DQ dequantizes the whole shard to
+float32 on each call (CPU check only).
 """
 
 from __future__ import annotations
@@ -76,22 +84,21 @@ def build_embedding_model(emb: VocabParallelEmbedding, opset: int = DEFAULT_OPSE
         nodes.append(helper.make_node("Gather", ["embedding.weight", "index"], [EMBED_ROWS], axis=0))
     else:
         codes = torch.cat([stored.view(torch.uint8), torch.zeros(1, hidden, dtype=torch.uint8)])
-        decode = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-        inits += [helper.make_tensor("embedding.weight", TensorProto.UINT8, list(codes.shape),
-                                     codes.numpy().tobytes(), raw=True),
-                  tensor_proto("embedding/e4m3_to_f32", decode)]
-        nodes += [helper.make_node("Gather", ["embedding.weight", "index"], ["codes"], axis=0),
-                  helper.make_node("Cast", ["codes"], ["code_index"], to=TensorProto.INT32),
-                  helper.make_node("Gather", ["embedding/e4m3_to_f32", "code_index"], ["values"], axis=0)]
+        inits.append(helper.make_tensor("embedding.weight", TensorProto.FLOAT8E4M3FN, list(codes.shape),
+                                        codes.numpy().tobytes(), raw=True))
         scale = emb.weights.weight_scale
+        dq_attrs = {}
         if emb.weights.per_row:
-            rows_scale = torch.cat([scale[:size].reshape(size, 1), torch.zeros(1, 1)])
-            inits.append(tensor_proto("embedding.weight_scale", rows_scale))
-            nodes.append(helper.make_node("Gather", ["embedding.weight_scale", "index"], ["scale"], axis=0))
+            # Scale 1.0 for the zero row: its codes are +0, so its rows are +0 as the module's
+            # (zeroed codes and scales); TensorRT refuses a DequantizeLinear scale that is not > 0.
+            inits.append(tensor_proto("embedding.weight_scale",
+                                      torch.cat([scale[:size].reshape(size).float(), torch.ones(1)])))
+            dq_attrs["axis"] = 0
         else:
             inits.append(tensor_proto("embedding.weight_scale", scale.reshape(()).float()))
-            nodes.append(helper.make_node("Identity", ["embedding.weight_scale"], ["scale"]))
-        nodes.append(helper.make_node("Mul", ["values", "scale"], ["rows_f32"]))
+        nodes += [helper.make_node("DequantizeLinear", ["embedding.weight", "embedding.weight_scale"], ["table"],
+                                   **dq_attrs),
+                  helper.make_node("Gather", ["table", "index"], ["rows_f32"], axis=0)]
         if dtype == "float32":
             nodes.append(helper.make_node("Identity", ["rows_f32"], [EMBED_ROWS]))
         else:

@@ -10,10 +10,21 @@ Every graph has the same frame; only the weight (and activation) path differs::
           x [B, H]  (context graph: x = hidden_states [T, H], and there is no seq_lens)
           |
     dense   MatMul(x, Transpose(W))  in the head dtype -> Cast float32
-    FP8     Cast f32 -> [Q/DQ: static input_scale | dynamic amax/448 | none]
-            MatMul(., Transpose(DQ(W_fp8, weight_scale)))  float32
-    NVFP4   Cast f32 -> [TRT_FP4DynamicQuantize(x, input_scale) -> DQ(DQ(scales, input_scale)) | none]
+            (also for output_dtype=float32: see "16-bit GEMMs" below)
+    FP8 W8A16 (half head)
+            MatMul(x, Transpose(DQ(W_fp8, 2**k)))  in the head dtype -> Cast f32 -> Mul weight_scale / 2**k
+    FP8 W8A8 static
+            Cast f32 -> Q/DQ(input_scale) -> MatMul(., Transpose(DQ(W_fp8, weight_scale)))  float32
+    FP8 W8A8 dynamic
+            Cast f32 -> s = amax/448 (1.0 if amax == 0) -> Div s -> Q/DQ(1.0)
+            -> MatMul(., Transpose(DQ(W_fp8, weight_scale))) float32 -> Mul s
+    NVFP4 W4A4
+            Cast f32 -> TRT_FP4DynamicQuantize(x, input_scale) -> DQ(DQ(scales, input_scale))
             MatMul(., Transpose(DQ(W_fp4, DQ(block_scales, weight_scale_2), block 16)))  float32
+    NVFP4 W4A16 (half head)
+            MatMul(x, Transpose(DQ(W_fp4, DQ(block_scales, 2**k), block 16)))  in the head dtype
+            -> Cast f32 -> Mul weight_scale_2 / 2**k
+    float32 heads: weight-only FP8 / NVFP4 dequantize to float32 and multiply in float32.
           |
     logits [B, V_local] float32
 
@@ -30,10 +41,37 @@ Choices, and why:
 * **The context graph has no ``seq_lens`` input.** It would be unused, and TensorRT
   drops unused inputs (an optimization profile naming it then fails); callers validate
   ``seq_lens`` on the host, as :class:`~trtvocab.logits.LogitsProcessor` does.
-* **Quantized graphs multiply in float32** after dequantization, which is exactly the
-  PyTorch fallback's arithmetic (``x_dq @ W.T`` in float32); TensorRT fuses the DQ
-  nodes into its FP8 / FP4 GEMMs. Dense graphs multiply in the head dtype (as the
-  fallback does) and cast the result to float32.
+* **W8A8 graphs multiply in float32** after dequantization, which is exactly the
+  PyTorch fallback's arithmetic (``x_dq @ W.T`` in float32); TensorRT fuses the Q/DQ
+  pairs into an FP8 x FP8 GEMM with a float32 output.
+* **Dynamic FP8 keeps its scale out of the Q/DQ pair.** TensorRT fuses Q/DQ into an FP8
+  GEMM only when their scales are build-time constants: with the computed ``amax/448``
+  as the Q/DQ scale (or a scale fed as a graph input) it runs a float32 x FP8-weight
+  kernel instead (TensorRT-RTX 1.7.1 layer table). So the graph divides by ``s`` itself,
+  quantizes with a constant scale 1.0 (the same FP8 codes: QuantizeLinear divides by its
+  scale, here 1.0, and the fallback divides by ``s`` the same way) and multiplies the
+  float32 GEMM output by ``s``. The one difference from the fallback is where ``s`` is
+  multiplied (after the sum instead of into each ``x_dq`` element): float32 rounding.
+* **16-bit GEMMs for weight-only heads.** The weight is dequantized in the head dtype,
+  exactly: e4m3 codes (multiples of 2**-9 up to 448) and e2m1 x e4m3 products (multiples
+  of 2**-10 up to 2688) times a power of two ``2**k`` are bf16 / fp16 values, for ``k``
+  in the range :func:`exact_prescale` computes. The real per-tensor scale (FP8
+  ``weight_scale``, or the per-row vector as a per-column Mul; NVFP4 ``weight_scale_2``)
+  is applied to the float32 GEMM output, divided by ``2**k`` (exact). ``2**k`` is the
+  power of two nearest the scale, so the GEMM output has the logits' magnitude (fp16
+  range), and never 1.0: TensorRT drops a DQ scale of 1.0 and the bare cast then no
+  longer fuses into the GEMM. TensorRT builds this as a 16-bit x FP8-constant GEMM
+  (``CastMulFc``); FP4 weights are dequantized to a head-dtype buffer per call (no
+  FP4 weight-only GEMM exists in TensorRT-RTX 1.7.1) and multiplied 16 x 16 bit.
+* **The rounding this costs.** ONNX has no "16-bit inputs, float32 output" MatMul: the
+  MatMul output is the head dtype, so these graphs round each logit once to the head
+  dtype (as a dense half-precision head does), where the fallback keeps the float32
+  sum. :func:`gemm_rounding` names that dtype per graph; the build's check allows one
+  ulp of it (``trtvocab.build.verify_export``). The same holds for a half-precision
+  head with ``output_dtype=float32`` (``float32_logits``): upcasting the weight inside
+  the graph is folded by TensorRT into a float32 copy of the weight (2x the bytes, a
+  float32 GEMM), so the graph keeps the head-dtype GEMM and casts its output; TensorRT
+  fuses that into one ``FcCast`` kernel (16-bit operands, float32 output).
 * **IR version is the lowest that carries the opset** (11 for opset 23): the widest
   range of ONNX parsers accepts it.
 
@@ -46,6 +84,7 @@ float32 result. These are the W4A16 numbers without the memory saving.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -104,6 +143,7 @@ class GraphSpec:
     context_logits: bool = False
     dequantize_fp4: bool = False
     float32_logits: bool = False  # a dense half-precision head with output_dtype=float32
+    deterministic: bool = False  # the head's deterministic=True (TensorRT: distributive independence)
     opset: int = DEFAULT_OPSET
     # Where the shard sits (provenance; does not change the graph).
     vocab_start: int = 0
@@ -285,6 +325,7 @@ def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_
         context_logits=context_logits, dequantize_fp4=dequantize_fp4, opset=opset,
         float32_logits=fmt is WeightFormat.DENSE and head.dtype != torch.float32
         and getattr(head, "output_dtype", head.dtype) == torch.float32,
+        deterministic=bool(getattr(head, "deterministic", False)),
         vocab_start=head.vocab_start, vocab_end=head.vocab_end, vocab_size=head.vocab_size,
         tp_size=head.tp_size, tp_rank=head.tp_rank,
     )
@@ -320,42 +361,109 @@ def _to_float32(g: _Graph, x: str, spec: GraphSpec) -> str:
     return x if spec.dtype == "float32" else g.node("Cast", [x], to=TensorProto.FLOAT)
 
 
+def gemm_rounding(spec: GraphSpec) -> str | None:
+    """The dtype the graph rounds each logit to before the float32 output (None: the GEMM is float32).
+
+    Half-precision dense heads (``float32_logits`` included), FP8 W8A16, NVFP4 W4A16 and
+    ``dequantize_fp4`` graphs multiply in the head dtype, and an ONNX MatMul's output has
+    its operands' type; float32 heads and W8A8 / W4A4 graphs multiply in float32.
+    """
+    if spec.dtype == "float32":
+        return None
+    if spec.weight_format is WeightFormat.DENSE or spec.activation is Activation.NONE:
+        return spec.dtype
+    return None
+
+
+# Dequantized weight values: e4m3 codes are multiples of 2**-9 (the smallest subnormal) up
+# to 448; e2m1 (multiples of 0.5, up to 6) times an e4m3 block scale: multiples of 2**-10 up
+# to 2688. Each 16-bit type: the exponent of its smallest subnormal and its largest value.
+_WEIGHT_GRID = {WeightFormat.FP8: (-9, float(FP8_MAX)), WeightFormat.NVFP4: (-10, 6.0 * FP8_MAX)}
+_HALF_RANGE = {"float16": (-24, 65504.0), "bfloat16": (-133, float(torch.finfo(torch.bfloat16).max))}
+
+
+def exact_prescale(scale: float, fmt: WeightFormat, dtype: str) -> float:
+    """The power of two ``2**k`` nearest ``scale`` such that every dequantized ``fmt`` value
+    times ``2**k`` is exact in ``dtype`` (on its grid and in range), and never 1.0.
+
+    1.0 is skipped because TensorRT removes a DequantizeLinear scale of 1.0 and the plain
+    cast left behind is not fused into the GEMM (TensorRT-RTX 1.7.1: a separate dequantize
+    kernel writes the weight in 16 bits on every call).
+    """
+    lsb, top = _WEIGHT_GRID[fmt]
+    tiny, big = _HALF_RANGE[dtype]
+    lo, hi = tiny - lsb, math.floor(math.log2(big / top))
+    k = round(math.log2(scale)) if math.isfinite(scale) and scale > 0 else 0
+    k = min(max(k, lo), hi)
+    return 2.0 ** (k if k != 0 else -1)
+
+
+def _prescaled(g: _Graph, y: str, spec: GraphSpec, scale: TensorProto, prescale: float) -> None:
+    """``logits = float32(y) * (scale / prescale)``: the weight's real scale, applied after the GEMM.
+
+    The division is a constant expression (folded by TensorRT and onnxruntime), so the
+    checkpoint's scale stays in the graph under its own name; dividing by a power of two is exact.
+    """
+    post = g.node("Div", [g.init(scale), g.const("weight_prescale_f32", prescale, np.float32)])
+    g.node("Mul", [g.node("Cast", [y], to=TensorProto.FLOAT), post], out=LOGITS)
+
+
 def _dense(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
     wt = g.node("Transpose", [g.init(t[WEIGHT])], perm=[1, 0])
-    if spec.float32_logits:
-        # The float32 accumulation of the half-precision operands (upcasts are exact), not
-        # rounded to the head dtype: the fallback's output_dtype=torch.float32.
-        wt32 = g.node("Cast", [wt], to=TensorProto.FLOAT)
-        g.node("MatMul", [_to_float32(g, x, spec), wt32], out=LOGITS)
-    elif spec.dtype == "float32":
+    if spec.dtype == "float32":
         g.node("MatMul", [x, wt], out=LOGITS)
     else:
+        # float32_logits too: Cast(W) to float32 would be folded into a float32 copy of the
+        # weight; the head-dtype GEMM + Cast is one 16-bit GEMM with a float32 output in TensorRT.
         g.node("Cast", [g.node("MatMul", [x, wt])], out=LOGITS, to=TensorProto.FLOAT)
 
 
 def _fp8(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
     per_row = spec.granularity is Granularity.PER_ROW
+    if spec.activation is Activation.NONE and spec.dtype != "float32":
+        _fp8_weight_only(g, x, t, spec)
+        return
     w = g.node("DequantizeLinear", [g.init(t[WEIGHT]), g.init(t[WEIGHT_SCALE])], **({"axis": 0} if per_row else {}))
     wt = g.node("Transpose", [w], perm=[1, 0])
     x32 = _to_float32(g, x, spec)
     if spec.activation is Activation.NONE:
         g.node("MatMul", [x32, wt], out=LOGITS)
         return
+    zero_point = g.init(helper.make_tensor("lm_head/fp8_zero_point", TensorProto.FLOAT8E4M3FN, [], [0.0]))
     if spec.activation is Activation.STATIC:
         scale = g.init(t[INPUT_SCALE])
-    elif spec.activation is Activation.DYNAMIC:
-        # Per-tensor scale of the rows actually multiplied: amax / 448, and 1.0 unless amax > 0
-        # (an all-zero input), as trtvocab.quant.fp8.fp8_scale_from_amax.
-        amax = g.node("ReduceMax", [g.node("Abs", [x32])], keepdims=0)
-        scaled = g.node("Div", [amax, g.const("fp8_max", FP8_MAX, np.float32)])
-        positive = g.node("Greater", [amax, g.const("zero", 0.0, np.float32)])
-        scale = g.node("Where", [positive, scaled, g.const("one", 1.0, np.float32)])
-    else:
+        q = g.node("QuantizeLinear", [x32, scale, zero_point], saturate=1)
+        xq = g.node("DequantizeLinear", [q, scale, zero_point])
+        g.node("MatMul", [xq, wt], out=LOGITS)
+        return
+    if spec.activation is not Activation.DYNAMIC:
         raise QuantizationError(f"FP8 activation must be static, dynamic or none, got {spec.activation!r}")
-    zero_point = g.init(helper.make_tensor("lm_head/fp8_zero_point", TensorProto.FLOAT8E4M3FN, [], [0.0]))
-    q = g.node("QuantizeLinear", [x32, scale, zero_point], saturate=1)
-    xq = g.node("DequantizeLinear", [q, scale, zero_point])
-    g.node("MatMul", [xq, wt], out=LOGITS)
+    # Per-tensor scale of the rows actually multiplied: amax / 448, and 1.0 unless amax > 0
+    # (an all-zero input), as trtvocab.quant.fp8.fp8_scale_from_amax.
+    amax = g.node("ReduceMax", [g.node("Abs", [x32])], keepdims=0)
+    scaled = g.node("Div", [amax, g.const("fp8_max", FP8_MAX, np.float32)])
+    positive = g.node("Greater", [amax, g.const("zero", 0.0, np.float32)])
+    scale = g.node("Where", [positive, scaled, g.const("one", 1.0, np.float32)])
+    # x / s here and Q/DQ with the constant 1.0: the FP8 codes of Q(x, s), in a form TensorRT
+    # fuses into an FP8 x FP8 GEMM (module docstring); s multiplies the float32 result.
+    unit = g.const("fp8_unit_scale", 1.0, np.float32)
+    q = g.node("QuantizeLinear", [g.node("Div", [x32, scale]), unit, zero_point], saturate=1)
+    xq = g.node("DequantizeLinear", [q, unit, zero_point])
+    g.node("Mul", [g.node("MatMul", [xq, wt]), scale], out=LOGITS)
+
+
+def _half_const(g: _Graph, name: str, value: float, dtype: str) -> str:
+    return g.init(tensor_proto(f"lm_head/{name}", torch.tensor(value, dtype=HEAD_DTYPES[dtype])))
+
+
+def _fp8_weight_only(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
+    """W8A16 in the head dtype: ``x @ (q * 2**k).T`` rounded once, times ``weight_scale / 2**k``."""
+    ws = numpy_helper.to_array(t[WEIGHT_SCALE]).astype(np.float32)
+    prescale = exact_prescale(float(ws.max()), WeightFormat.FP8, spec.dtype)
+    w = g.node("DequantizeLinear", [g.init(t[WEIGHT]), _half_const(g, "weight_prescale", prescale, spec.dtype)])
+    y = g.node("MatMul", [x, g.node("Transpose", [w], perm=[1, 0])])
+    # Per row, the [V] scale vector broadcasts over the logits' columns.
+    _prescaled(g, y, spec, t[WEIGHT_SCALE], prescale)
 
 
 def _nvfp4(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec, rows: str) -> None:
@@ -363,6 +471,15 @@ def _nvfp4(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec, rows: 
         _nvfp4_dequantized(g, x, t, spec)
         return
     block = spec.block_size
+    if spec.activation is Activation.NONE and spec.dtype != "float32":
+        # W4A16 in the head dtype: block scales times 2**k, then e2m1 times those, both exact.
+        prescale = exact_prescale(float(numpy_helper.to_array(t[WEIGHT_SCALE_2])), WeightFormat.NVFP4, spec.dtype)
+        scales = g.node("DequantizeLinear", [g.init(t[WEIGHT_SCALE]),
+                                             _half_const(g, "weight_prescale", prescale, spec.dtype)])
+        w = g.node("DequantizeLinear", [g.init(t[WEIGHT]), scales], axis=-1, block_size=block)
+        y = g.node("MatMul", [x, g.node("Transpose", [w], perm=[1, 0])])
+        _prescaled(g, y, spec, t[WEIGHT_SCALE_2], prescale)
+        return
     # Two-level DQ: fp32 scales = block_scale * weight_scale_2 first, then values * scales.
     scales = g.node("DequantizeLinear", [g.init(t[WEIGHT_SCALE]), g.init(t[WEIGHT_SCALE_2])])
     w = g.node("DequantizeLinear", [g.init(t[WEIGHT]), scales], axis=-1, block_size=block)
