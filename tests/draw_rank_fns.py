@@ -185,3 +185,26 @@ def tiny_temperature_cases(rank: int, world: int, seed: int) -> dict[str, Any]:
                    "chunked": chunked.sample(x, head, params, step=3, chunk=97).tolist()}
             wrong += [f"T={t:g} {extra} {path}: {ids}" for path, ids in got.items() if ids != want]
     return {"greedy": want, "wrong": wrong}
+
+
+def seed_mismatch_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
+    """Rank 1's seed (or step) differs from rank 0's by one, at 2**60 where float64 cannot tell
+    them apart: every rank must raise RankMismatchError (materialized, decode and chunked)."""
+    from trtvocab.sampling import chunked, decode
+
+    gen = torch.Generator().manual_seed(0)
+    head = LMHead(VOCAB, 4, dtype=torch.float32, mapping=Mapping(world_size=world, rank=rank, tp_size=world))
+    head.load_weights({"weight": torch.randn(VOCAB, 4, generator=gen)})
+    x = torch.randn(ROWS, 4, generator=gen)
+    local = head.local_logits(x)
+    seed = 2**60 + (1 if rank == 1 else 0)
+    params = [SamplingParams(temperature=1.0, seed=seed)] * ROWS
+    same = [SamplingParams(temperature=1.0, seed=2**60)] * ROWS
+    out: dict[str, tuple[str, str]] = {}
+    out["sample seed"] = catch(lambda: sample(local, head, params))
+    out["decode seed"] = catch(lambda: decode(x, head, params))
+    out["chunked seed"] = catch(lambda: chunked.sample(x, head, params, chunk=101))
+    out["sample step"] = catch(lambda: sample(local, head, same, step=seed))
+    out["chunked step"] = catch(lambda: chunked.sample(x, head, same, step=seed, chunk=101))
+    out["healthy after"] = catch(lambda: sample(local, head, same, step=2**60))
+    return out

@@ -20,12 +20,13 @@ from draw_rank_fns import (
     gathered_logits,
     random_bitmask,
     row_params,
+    seed_mismatch_cases,
     tiny_temperature_cases,
 )
 from scipy import stats
 
 from trtvocab import LMHead
-from trtvocab.errors import InputError
+from trtvocab.errors import InputError, KeywordOnlyError
 from trtvocab.launch import run_ranks
 from trtvocab.sampling import SamplingParams, greedy, sample
 from trtvocab.sampling.noise import row_keys, uniforms
@@ -163,10 +164,28 @@ def test_greedy_below_is_the_documented_limit() -> None:
     assert torch.equal(sample(g, head, SamplingParams(temperature=1e-40, seed=1)), greedy(g, head))
 
 
+def test_seeds_equal_as_float64_are_a_mismatch() -> None:
+    """Issue 19 Medium: seeds (and steps) 2**60 vs 2**60 + 1 on two ranks fail the handshake on both."""
+    results = run_ranks(seed_mismatch_cases, 2, timeout_s=60)
+    for case in ("sample seed", "decode seed", "chunked seed", "sample step", "chunked step"):
+        for rank, got in enumerate(results):
+            kind, message = got[case]
+            assert kind == "RankMismatchError", (case, rank, kind, message)
+    assert all(r["healthy after"] == ("ok", "") for r in results)
+
+
+def test_sampling_params_are_keyword_only() -> None:
+    with pytest.raises(TypeError, match=r"keyword-only.*temperature=0\.5"):
+        SamplingParams(0.5)  # type: ignore[misc]
+    with pytest.raises(KeywordOnlyError, match="keyword-only"):
+        SamplingParams(0.5, 3, seed=1)  # type: ignore[misc]
+    assert SamplingParams(temperature=0.5).temperature == 0.5
+
+
 def test_sampling_params_are_validated() -> None:
     for field, value in (("temperature", -0.1), ("temperature", float("nan")), ("top_k", -1), ("top_k", 1.5),
                          ("top_p", 0.0), ("top_p", 1.5), ("min_p", -0.1), ("min_p", 2), ("seed", -3),
-                         ("seed", True), ("temperature", "hot")):
+                         ("seed", True), ("temperature", "hot"), ("top_k", 2**63)):
         with pytest.raises(InputError, match=f"SamplingParams.{field}"):
             SamplingParams(**{field: value})
 

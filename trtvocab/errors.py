@@ -25,6 +25,11 @@ class CheckpointError(TrtVocabError, ValueError):
     """A checkpoint is missing a tensor, or holds one of the wrong shape or dtype."""
 
 
+class KeywordOnlyError(TrtVocabError, TypeError):
+    """A call passed positional arguments to something whose fields are keyword-only
+    (``SamplingParams(0.5)``); the message names the fields to pass by name."""
+
+
 class QuantizationError(TrtVocabError, ValueError):
     """A quantization config or stored scale is unusable."""
 

@@ -79,7 +79,7 @@ from trtvocab.formats import WeightFormat
 from trtvocab.lm_head import LMHead
 from trtvocab.sampling import noise, treesum
 from trtvocab.sampling.draw import _draw as draw_rows
-from trtvocab.sampling.draw import _params_tensor, _rows_params
+from trtvocab.sampling.draw import _params_tensor, _rows_params, step_error
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
@@ -430,8 +430,8 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
     per_row: list[SamplingParams] | InputError = _rows_params(params, rows) if error is None else []
     if isinstance(per_row, InputError):
         error, per_row = InputError(f"{what}: {per_row}"), []
-    if error is None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        error = InputError(f"{what}: step must be an int >= 0, got {step!r}")
+    if error is None:
+        error = step_error(step, what)
     if error is None and vocab_limit is not None and (
             isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
             or not 1 <= vocab_limit <= head.vocab_size):

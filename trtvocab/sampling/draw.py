@@ -14,6 +14,7 @@ the same token at every tp size and layout, and as at tp 1, whenever the logits 
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import torch
@@ -45,10 +46,27 @@ def _rows_params(params: Any, rows: int) -> list[SamplingParams] | InputError:
     return InputError(f"sample: params must be a SamplingParams or a list of them, got {type(params).__name__}")
 
 
+def _float_bits(value: float) -> int:
+    """The float64 bit pattern of ``value`` as a signed int64 (exact: distinct floats, distinct ints)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
+
 def _params_tensor(rows: list[SamplingParams], step: int, vocab_limit: int | None) -> torch.Tensor:
-    """Every argument the ranks must agree on, as one float64 tensor (for the handshake digest)."""
-    table = [[p.temperature, p.top_k, p.top_p, p.min_p, -1 if p.seed is None else p.seed] for p in rows]
-    return torch.tensor([[step, -1 if vocab_limit is None else vocab_limit, 0, 0, 0], *table], dtype=torch.float64)
+    """Every argument the ranks must agree on, as one int64 tensor (for the handshake digest).
+
+    Integers (step, vocab_limit, top_k, seed) go as themselves and floats as their float64 bit
+    patterns, so nothing is rounded: seeds ``2**60`` and ``2**60 + 1``, equal as float64, differ here.
+    """
+    table = [[_float_bits(p.temperature), p.top_k, _float_bits(p.top_p), _float_bits(p.min_p),
+              -1 if p.seed is None else p.seed] for p in rows]
+    return torch.tensor([[step, -1 if vocab_limit is None else vocab_limit, 0, 0, 0], *table], dtype=torch.int64)
+
+
+def step_error(step: Any, what: str) -> InputError | None:
+    """Why ``step`` is not a decode step (None: it is): an int in ``[0, 2**63)``."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        return InputError(f"{what}: step must be an int >= 0 (below 2**63), got {step!r}")
+    return None
 
 
 def sample(
@@ -109,8 +127,8 @@ def _sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_limit: A
     per_row = _rows_params(params, rows) if error is None else []
     if error is None and isinstance(per_row, InputError):
         error, per_row = per_row, []
-    if error is None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        error = InputError(f"sample: step must be an int >= 0, got {step!r}")
+    if error is None:
+        error = step_error(step, "sample")
     bad_limit = vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
                                              or not 1 <= vocab_limit <= head.vocab_size)
     if error is None and bad_limit:
@@ -119,7 +137,7 @@ def _sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_limit: A
     digest_of = _params_tensor(per_row, step, vocab_limit) if error is None and isinstance(per_row, list) else None
     fresh = int(torch.randint(0, 2**62, (1,)).item())
     if digest_of is not None and bitmask is not None:
-        digest_of = torch.cat([digest_of.reshape(-1), bitmask.reshape(-1).to(torch.float64)])
+        digest_of = torch.cat([digest_of.reshape(-1), bitmask.reshape(-1).to(torch.int64)])
     plan = _collective_plan(per_row, head.vocab_size) if digest_of is not None else 0
     fresh = handshake(head, local_logits, error, op, extra=plan, argument=digest_of, proposal=fresh)
     assert isinstance(per_row, list)

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from trtvocab.errors import InputError
+from trtvocab.errors import InputError, KeywordOnlyError
 
 # Temperatures below this draw greedily (vLLM's ``_SAMPLING_EPS``): at such T the softmax of
 # ``logits / T`` is one token wherever the logits differ by more than ~1e-3, and below it
@@ -18,6 +18,9 @@ GREEDY_BELOW = 1e-5
 
 class SamplingParams(BaseModel):
     """How one row's next token is drawn (vLLM's order: temperature, top-k, top-p, min-p, draw).
+
+    Every field is keyword-only: ``SamplingParams(temperature=0.5)``; a positional argument
+    raises :class:`~trtvocab.errors.KeywordOnlyError` (a ``TypeError``) saying so.
 
     Args:
         temperature: ``>= 0``; 0 is greedy (the largest logit, lowest id among ties), and so is
@@ -45,7 +48,12 @@ class SamplingParams(BaseModel):
         """Whether this row draws greedily: ``temperature < GREEDY_BELOW`` (0 included)."""
         return self.temperature < GREEDY_BELOW
 
-    def __init__(self, **data: Any) -> None:
+    def __init__(self, *args: Any, **data: Any) -> None:
+        if args:
+            names = list(type(self).model_fields)
+            hint = ", ".join(f"{n}={v!r}" for n, v in zip(names, args, strict=False))
+            raise KeywordOnlyError(f"SamplingParams fields are keyword-only ({', '.join(n + '=' for n in names)}); "
+                                   f"got {len(args)} positional argument(s): write SamplingParams({hint})")
         try:
             super().__init__(**data)
         except ValidationError as exc:
@@ -78,8 +86,8 @@ class SamplingParams(BaseModel):
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError("must be >= 0 (0 = off)")
+        if not 0 <= value < 2**63:
+            raise ValueError("must be >= 0 (0 = off) and below 2**63")
         return value
 
     @field_validator("top_p")
