@@ -453,6 +453,7 @@ class GemmRecord(_Record):
     weight: str
     weight_resident: bool
     output: str | None
+    weight_source: str | None = None  # not resident: the datatype of the constant it is computed from
 
 
 class EngineCompute(_Record):
@@ -471,6 +472,7 @@ class EngineCompute(_Record):
     activation_bytes: int | None = None
     expected: str
     problems: list[str] = []
+    notes: list[str] = []  # what costs time or memory without breaking the contract
 
     @property
     def ok(self) -> bool:

@@ -163,10 +163,21 @@ def _gemm(table: LayerTable, info: GraphInfo) -> GemmRecord | None:
         return None
     layer = gemms[-1]  # a per-call dequantize kernel comes first; the GEMM consumes its output
     weight, resident = _weight_operand(layer, info)  # type: ignore[misc]
+    source = None
+    if not resident:  # computed per call: from which constant (through which layers)?
+        producers = [p for p in table.layers if any(o.name == weight.name for o in p.outputs)]
+        source = next((c.dtype for p in producers for c in p.constants if _is_weight_shaped(c, info)), None)
     acts = [t for t in layer.inputs if len(t.dims) == 2 and t.dims[-1] == info.hidden_size and t.dims[0] == -1]
     return GemmRecord(layer=layer.name, kind=layer.kind, activation=acts[0].dtype if acts else None,
                       weight=weight.dtype, weight_resident=resident,
-                      output=layer.outputs[0].dtype if layer.outputs else None)
+                      output=layer.outputs[0].dtype if layer.outputs else None, weight_source=source)
+
+
+def weight_dims(table: LayerTable, gemm: GemmRecord) -> list[int]:
+    """The dims of the GEMM layer's weight operand as the engine holds it."""
+    layer = next(layer for layer in table.layers if layer.name == gemm.layer)
+    return next((t.dims for t in [*layer.inputs, *layer.constants] if t.dtype == gemm.weight and len(t.dims) == 2
+                 and -1 not in t.dims), [0])
 
 
 def check_engine(table: LayerTable, info: GraphInfo) -> EngineCompute:
@@ -176,6 +187,7 @@ def check_engine(table: LayerTable, info: GraphInfo) -> EngineCompute:
         kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
     exp = info.expected
     problems: list[str] = []
+    notes: list[str] = []
     common: dict[str, Any] = {"layers": len(table.layers), "kinds": kinds, "weights_bytes": table.weights_bytes,
                               "activation_bytes": table.activation_bytes, "expected": exp.text}
     if info.graph == "embedding":
@@ -199,13 +211,18 @@ def check_engine(table: LayerTable, info: GraphInfo) -> EngineCompute:
         if gemm.activation not in exp.activation:
             problems.append(f"{where}: activation {gemm.activation}, the contract wants {sorted(exp.activation)} "
                             f"({exp.text})")
-        if exp.resident and not gemm.weight_resident:
-            problems.append(f"{where}: the weight operand is {gemm.weight} computed on every call, not resident "
-                            f"in the engine ({exp.text})")
-        elif gemm.weight not in exp.weight:
+        if exp.resident and not gemm.weight_resident and gemm.weight_source != gemm.weight:
+            problems.append(f"{where}: the weight operand is {gemm.weight} computed on every call"
+                            + (f" from the {gemm.weight_source} constant" if gemm.weight_source else "")
+                            + f", not resident in the engine ({exp.text})")
+        elif not gemm.weight_resident:
+            # Same datatype, copied per call (the builder pads an odd number of rows this way).
+            notes.append(f"{where}: the {gemm.weight} weight is copied on every call (padded to "
+                         f"{max(d for d in weight_dims(table, gemm))} rows); an even shard avoids it")
+        if gemm.weight not in exp.weight and (gemm.weight_resident or gemm.weight_source == gemm.weight):
             problems.append(f"{where}: weight operand {gemm.weight}, the contract wants {sorted(exp.weight)} "
                             f"({exp.text})")
-    return EngineCompute(gemm=gemm, problems=problems, **common)
+    return EngineCompute(gemm=gemm, problems=problems, notes=notes, **common)
 
 
 __all__ = ["Expected", "GraphInfo", "check_engine", "describe_graph"]

@@ -374,7 +374,8 @@ def _build(plan: _Plan, info: GraphInfo, parsed: Path, plan_path: Path, prof: Pr
            source: Path) -> EngineBuild:
     trt = plan.kit.trt
     started = time.monotonic()
-    logger = recording_logger(trt, trt.ILogger.Severity.VERBOSE if verbose else trt.ILogger.Severity.WARNING)
+    # Warnings are kept in the record (and printed by `trtvocab build`), not printed mid-build.
+    logger = recording_logger(trt, trt.ILogger.Severity.VERBOSE if verbose else trt.ILogger.Severity.ERROR)
     builder = trt.Builder(logger)
     flags = 0
     strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
@@ -429,6 +430,8 @@ def _build(plan: _Plan, info: GraphInfo, parsed: Path, plan_path: Path, prof: Pr
                                          + "; ".join(compute.problems) + " (nothing written; [engine] contract = "
                                          "\"warn\" records it instead)")
         warnings += compute.problems
+    if compute is not None:
+        warnings += compute.notes
     digest = write_plan_atomic(plan_path, blob)
     if cache_path is not None and config_cache is not None:
         write_plan_atomic(cache_path, config.get_timing_cache().serialize())  # same atomic write
