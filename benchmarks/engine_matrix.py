@@ -43,7 +43,7 @@ def kinds(v: int, h: int) -> dict[str, Callable[[Path], Path]]:
         def make(path: Path) -> Path:
             qc = QuantConfig(quant_algo=algo, activation=activation, granularity=granularity)
             head = LMHead(v, h, dtype=torch.bfloat16, quant_config=qc)
-            head.load_weights(quantize_head_tensors(w, qc, input_amax=float(4.0)))
+            head.load_weights(quantize_head_tensors(w, qc, input_amax=4.0))
             return Path(export_onnx(head, path, dequantize_fp4=dequantize_fp4).path)
         return make
 
