@@ -139,6 +139,9 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     out["ids on another device"] = catch(lambda: good(ids.to("meta") if bad_one else ids))
     out["not a tensor"] = catch(lambda: good([1, 2, 3, 4] if bad_one else ids))  # type: ignore[arg-type]
     out["different id count"] = catch(lambda: good(ids[:3] if bad_one else ids))
+    # issue 19 High 4: the same count, different ids (rank 0 [1, 40], rank 1 [1, 41], the rest [1, 40])
+    out["different ids"] = catch(lambda: good(torch.tensor([1, 41] if bad_one else [1, 40])))
+    out["different ids, same bag"] = catch(lambda: good(torch.tensor([40, 1] if bad_one else [1, 40])))
     out["different vocab"] = catch(lambda: make(vocab=vocab + 1 if bad_one else vocab)(ids))
     out["different layout"] = catch(lambda: make(vocab_layout="padded" if bad_one else "uneven")(ids))
     out["different reduce_output"] = catch(lambda: make(reduce_output=not bad_one)(ids))
@@ -162,4 +165,21 @@ def attention_dp_cases(rank: int, world: int, seed: int) -> dict[str, Any]:
         emb.load_weights({"weight": w})
         got = emb(mine)
         out[f"lm_head_tp={lm_head_tp}"] = {"split": emb.is_split, "ok": bool(torch.equal(got, reference(w, mine)))}
+    return out
+
+
+def different_ids_cases(rank: int, world: int) -> dict[str, Any]:
+    """Two ranks: rank 0 looks up [1, 40], rank 1 [1, 41]; both must raise (not return W[41] on rank 0)."""
+    vocab = 101
+    w = table(vocab, 3)
+    out: dict[str, Any] = {}
+    for adp in (False, True):
+        mapping = Mapping(world_size=world, rank=rank, tp_size=world, enable_attention_dp=adp,
+                          enable_lm_head_tp_in_adp=adp)
+        emb = VocabParallelEmbedding(vocab, HIDDEN, dtype=torch.float32, mapping=mapping)
+        emb.load_weights({"weight": w})
+        mine = torch.tensor([1, 40 + rank])
+        result = catch(lambda emb=emb, mine=mine: emb(mine))
+        ok = result == ("ok", "") and bool(torch.equal(emb(mine), reference(w, mine)))
+        out[f"adp={adp}"] = {"result": result, "rows_ok": ok}
     return out

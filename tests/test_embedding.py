@@ -13,6 +13,7 @@ from embedding_rank_fns import (
     PRIME_V,
     attention_dp_cases,
     bad_input_cases,
+    different_ids_cases,
     parity_cases,
     reference,
     sample_ids,
@@ -215,6 +216,8 @@ BAD = {
     "ids on another device": ("InputError", "PeerRankError", "input_ids: on meta"),
     "not a tensor": ("InputError", "PeerRankError", "input_ids: expected a torch.Tensor"),
     "different id count": ("RankMismatchError", "RankMismatchError", "different numbers of ids"),
+    "different ids": ("RankMismatchError", "RankMismatchError", "look up different input_ids"),
+    "different ids, same bag": ("RankMismatchError", "RankMismatchError", "look up different input_ids"),
     "different vocab": ("RankMismatchError", "RankMismatchError", "vocab_size"),
     "different layout": ("RankMismatchError", "RankMismatchError", "vocab layout"),
     "different reduce_output": ("RankMismatchError", "RankMismatchError", "reduce_output"),
@@ -234,6 +237,16 @@ def test_bad_input_on_one_rank_raises_on_every_rank() -> None:
             assert kind == want, (case, rank, kind, message)
             if rank == 1:
                 assert fragment in message, (case, message)
+
+
+def test_split_lookup_refuses_different_ids_on_every_rank() -> None:
+    """Issue 19 High 4: rank 0 [1, 40], rank 1 [1, 41] (same count) -> RankMismatchError on both
+    ranks; under attention DP + LM-head TP each rank's own ids are looked up."""
+    results = run_ranks(different_ids_cases, 2, timeout_s=30)
+    for rank, out in enumerate(results):
+        kind, message = out["adp=False"]["result"]
+        assert kind == "RankMismatchError" and "look up different input_ids" in message, (rank, kind, message)
+        assert out["adp=True"] == {"result": ("ok", ""), "rows_ok": True}, (rank, out["adp=True"])
 
 
 def test_attention_dp_split_and_replicated() -> None:

@@ -183,6 +183,19 @@ class Handshake:
         return _digest([self.what, *cached]), _digest(per_call)
 
 
+def tensor_digest(value: torch.Tensor | None) -> int:
+    """A non-negative 63-bit digest of a tensor's dtype, shape and bytes (0 for None): what the
+    ranks compare for an argument that must be equal everywhere but is too long for a handshake
+    row (sampling's ``[B]`` top-p, the embedding's ids). Equal tensors give equal digests."""
+    if value is None:
+        return 0
+    t = value.detach().cpu().contiguous()
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{t.dtype}:{list(t.shape)}:".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
 def _digest(items: Sequence[Any]) -> int:
     h = hashlib.blake2b(repr(list(items)).encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little") >> 1

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from trtvocab import distributed as D
 from trtvocab.checkpoint import EMBEDDING_NAMES, open_checkpoint
-from trtvocab.errors import CheckpointError, ConfigError, InputError
+from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
 from trtvocab.formats import Activation, Granularity, WeightFormat
 from trtvocab.mapping import Mapping
 from trtvocab.quant import fp8
@@ -48,7 +48,7 @@ _FORMATS = tuple(WeightFormat)
 LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", _DTYPES), D.Field("weight format", _FORMATS), D.Field("reduce_output"),
-    D.Field("ids", per_rank=True),
+    D.Field("ids", per_rank=True), D.Field("ids digest", per_rank=True),
 ))
 
 
@@ -170,11 +170,25 @@ class VocabParallelEmbedding(VocabParallelModule):
             return InputError(f"input_ids: on {input_ids.device}, the table is on {self.device}")
         return None
 
-    def _identity(self, ids: int) -> dict[str, Any]:
+    def _identity(self, ids: int, digest: int = 0) -> dict[str, Any]:
         """This rank's values of :data:`LOOKUP_HANDSHAKE`."""
         return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
                 _LAYOUT: self.layout_code, "dtype": self.dtype,
-                "weight format": self.weight_format, "reduce_output": self.reduce_output, "ids": ids}
+                "weight format": self.weight_format, "reduce_output": self.reduce_output, "ids": ids,
+                "ids digest": digest}
+
+    def _same_ids(self, digests: list[int], counts: list[int]) -> None:
+        """Without attention DP every rank of the TP group must look up the same ids: a rank
+        whose ids differ (same count) would get its peers' rows summed into its own."""
+        if self.mapping.enable_attention_dp or len(set(digests)) <= 1:
+            return
+        groups: dict[int, list[int]] = {}
+        for rank, digest in enumerate(digests):
+            groups.setdefault(digest, []).append(rank)
+        raise RankMismatchError(
+            f"VocabParallelEmbedding: ranks of the TP group look up different input_ids ({counts[0]} ids each; "
+            f"ranks holding equal ids: {sorted(groups.values())}); without attention DP every rank must bring "
+            "the same input_ids (with attention DP + LM-head TP each rank brings its own)")
 
     def local_rows(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """This rank's partial rows of ``input_ids`` (flattened to ``[N]``), as stored.
@@ -209,8 +223,15 @@ class VocabParallelEmbedding(VocabParallelModule):
             rows, scales = self.local_rows(input_ids)
             return self._dequantize(rows, scales).reshape(*input_ids.shape, self.hidden_size)
         count = input_ids.numel() if isinstance(input_ids, torch.Tensor) else 0
-        counts = self._meet(LOOKUP_HANDSHAKE, self._identity(count), error, "ids", "ids")
         adp = self.mapping.enable_attention_dp
+        # The ids themselves must agree without attention DP: their digest (int64 values and shape).
+        digest = D.tensor_digest(input_ids.to(torch.int64)) if error is None and not adp else 0
+        D.require_initialized(self.tp_size)
+        agreed = LOOKUP_HANDSHAKE.exchange(self._identity(count, digest), error, self.process_group, self.device,
+                                           world=self.tp_size)
+        counts = agreed["ids"]
+        self._same_counts(counts, "ids")
+        self._same_ids(agreed["ids digest"], counts)
         ids = D.all_gather_rows(input_ids.reshape(-1), counts, self.process_group) if adp else input_ids
         rows, scales = self.local_rows(ids)
         if self.reduce_output:

@@ -36,7 +36,6 @@ A replicated head (no mapping, or attention DP without LM-head TP) runs plain to
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
@@ -67,13 +66,7 @@ def argument_digest(value: torch.Tensor | None) -> int:
     """A signed 63-bit digest of a tensor's dtype, shape and bytes (0 for None): what the ranks
     compare for arguments that must be equal everywhere but are too long for the handshake row
     (a ``[B]`` top_p, ``[B, n]`` token ids). Equal tensors give equal digests on every rank."""
-    if value is None:
-        return 0
-    t = value.detach().cpu().contiguous()
-    h = hashlib.blake2b(digest_size=8)
-    h.update(f"{t.dtype}:{list(t.shape)}:".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return int.from_bytes(h.digest(), "little") >> 1
+    return D.tensor_digest(value)
 
 
 # ---- validation and plumbing ---------------------------------------------------------------
