@@ -20,6 +20,7 @@ from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.formats import WeightFormat
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import shard_logits
+from trtvocab.provenance import head_digest
 from trtvocab.recipe import (
     BackendsRecord,
     BuildRecipe,
@@ -248,6 +249,8 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
             created=started.isoformat(timespec="seconds"), versions=artifacts.versions(), recipe=recipe,
             recipe_file=recipe.source,
             checkpoint=str(recipe.checkpoint_path()) if recipe.checkpoint.synthetic is None else "synthetic",
+            checkpoint_sha256=None if recipe.checkpoint.synthetic is not None
+            else head_digest(recipe.checkpoint_path(), recipe.checkpoint.tensor),
             head=HeadRecord(vocab_size=vocab, hidden_size=hidden, tensor=recipe.checkpoint.tensor,
                             **recipe.lm_head.model_dump()),
             mapping=recipe.mapping, quant=entries[0].quant, profile=recipe.profile, ranks=entries,

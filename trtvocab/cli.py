@@ -632,6 +632,8 @@ def generate(
                                          "tensorrt | auto; all but torch need --artifact")] = "torch",
     artifact: Annotated[Path | None, typer.Option(help="run the head from this built artifact "
                                                   "(trtvocab build)")] = None,
+    allow_other_checkpoint: Annotated[bool, typer.Option(help="run an --artifact built from another checkpoint "
+                                                          "than MODEL anyway (said in the output)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
                                           '"text"}]} only')] = False,
 ) -> None:
@@ -643,7 +645,7 @@ def generate(
         params = sampling_params(temperature, top_k, top_p, min_p, seed)
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
-                               artifact=artifact)
+                               artifact=artifact, allow_other_checkpoint=allow_other_checkpoint)
         report = run_generate(spec, loaded)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
@@ -658,8 +660,7 @@ def generate(
         notes.append("deterministic" if report.deterministic else "deterministic mode unavailable: default head")
     console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
     if spec.artifact is not None and spec.artifact.note:
-        console.print(escape(f"({spec.artifact.note}; the head ran on {spec.artifact.backend} instead)"),
-                      highlight=False)
+        console.print(escape(f"({spec.artifact.note})"), highlight=False)
     for i, r in enumerate(report.results):
         console.print(f"[bold][{i + 1}][/] [dim]{escape(r.prompt)}[/]", highlight=False)
         console.print(escape(r.text.rstrip("\n")), highlight=False, soft_wrap=True)

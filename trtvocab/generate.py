@@ -291,8 +291,13 @@ def _model_shape(path: Path) -> tuple[int, int]:
         raise CheckpointError(f"MODEL {path}: its config has no vocab_size / hidden_size") from None
 
 
-def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None) -> ArtifactSpec:
-    """Check an artifact against the model and pick its backend (:class:`ArtifactError`, naming ``--artifact``)."""
+def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
+                  allow_other_checkpoint: bool = False) -> ArtifactSpec:
+    """Check an artifact against the model and pick its backend (:class:`ArtifactError`, naming ``--artifact``).
+
+    The artifact must have been built from ``model``'s head (the manifest's ``checkpoint_sha256``,
+    :func:`trtvocab.provenance.head_digest`); ``allow_other_checkpoint`` runs it anyway, and the
+    report says so."""
     from trtvocab import artifacts
     from trtvocab.backends import canonical, pick_backend
 
@@ -315,14 +320,34 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None) -
     if (h.vocab_size, h.hidden_size) != (vocab, hidden):
         raise ArtifactError(f"--artifact {root}: its head is vocab {h.vocab_size} x hidden {h.hidden_size}, the model "
                             f"{model.name} is vocab {vocab} x hidden {hidden}")
+    note = _provenance(root, manifest, model, allow_other_checkpoint)
     art_tp = manifest.mapping.tp_size
     if tp is not None and tp != art_tp:
         raise ConfigError(f"--tp {tp}: the artifact {root} is built for tp {art_tp} (omit --tp, or pass --tp {art_tp})")
     chosen, usable = pick_backend(manifest, backend)
-    note = None
+    notes = [note] if note else []
     if chosen != "tensorrt" and manifest.backends.tensorrt and usable["tensorrt"] is not None:
-        note = f"TensorRT engines not run: {usable['tensorrt']}"
-    return ArtifactSpec(str(root.resolve()), chosen, art_tp, note)
+        notes.append(f"TensorRT engines not run: {usable['tensorrt']}; the head ran on {chosen} instead")
+    return ArtifactSpec(str(root.resolve()), chosen, art_tp, "; ".join(notes) or None)
+
+
+def _provenance(root: Path, manifest: Any, model: Path, allow: bool) -> str | None:
+    """None when the artifact's head is ``model``'s; else refuse (or, allowed, say so)."""
+    from trtvocab.provenance import head_digest
+
+    if manifest.checkpoint_sha256 is None:
+        why = ("was built from synthetic weights" if manifest.checkpoint == "synthetic"
+               else "records no checkpoint digest")
+    else:
+        mine = head_digest(model, manifest.head.tensor)
+        if mine == manifest.checkpoint_sha256:
+            return None
+        why = (f"was built from another checkpoint ({manifest.checkpoint}, head sha256 "
+               f"{manifest.checkpoint_sha256[:12]}...; {model.name}'s is {mine[:12]}...)")
+    if not allow:
+        raise ArtifactError(f"--artifact {root} {why}: its logits are not {model.name}'s head; rebuild it from "
+                            "the model, or pass --allow-other-checkpoint to run it anyway")
+    return f"WARNING: the artifact {why}; running it anyway (--allow-other-checkpoint)"
 
 
 def check_options(*, max_new_tokens: int, tp: int | None, prompts: list[str] | tuple[str, ...] | None,
@@ -379,6 +404,7 @@ def prepare(
     deterministic: bool = False,
     backend: str = "torch",
     artifact: str | Path | None = None,
+    allow_other_checkpoint: bool = False,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -401,7 +427,7 @@ def prepare(
         per_grammar = tuple(grammars)
     else:
         per_grammar = (grammar,) * len(prompts) if grammar is not None else ()
-    art = artifact_spec(artifact, backend, path, tp) if artifact is not None else None
+    art = artifact_spec(artifact, backend, path, tp, allow_other_checkpoint) if artifact is not None else None
     ranks = art.tp if art is not None else (tp or 1)
     vocab, _ = _model_shape(path)
     if ranks > vocab:

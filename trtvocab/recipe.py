@@ -572,6 +572,7 @@ class Manifest(_Record):
     recipe: BuildRecipe
     recipe_file: str | None
     checkpoint: str  # the checkpoint path, or "synthetic"
+    checkpoint_sha256: str | None = None  # trtvocab.provenance.head_digest of it (None: synthetic weights)
     head: HeadRecord
     mapping: MappingSection
     quant: QuantRecord
