@@ -16,6 +16,7 @@ line, and the standard-TensorRT glue is tested with a named test double.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -105,7 +106,7 @@ class EngineRunner:
         self.runtime = self.trt.Runtime(self.logger)
         if kit.aot:
             validity, diagnostics = self.runtime.get_engine_validity(blob)
-            if validity != self.trt.EngineValidity.VALID:
+            if validity == self.trt.EngineValidity.INVALID:  # SUBOPTIMAL runs (JIT fills the gap)
                 raise ArtifactError(f"{path}: TensorRT-RTX {kit.version} says this plan cannot run on this GPU "
                                     f"({validity}, diagnostics {diagnostics})")
         self.engine = self.runtime.deserialize_cuda_engine(blob)
@@ -113,6 +114,7 @@ class EngineRunner:
             raise ArtifactError(f"{path}: {compiler} {kit.version} cannot deserialize this plan (built by "
                                 f"another version or for another GPU): {'; '.join(self.logger.errors)}")
         self.cache_path = path.with_name(path.name + ".runtime-cache") if kit.aot else None
+        self._cache_saved = False
         self.runtime_config = self._runtime_config() if kit.aot else None
         self.context = (self.engine.create_execution_context(self.runtime_config) if self.runtime_config is not None
                         else self.engine.create_execution_context())
@@ -172,6 +174,11 @@ class EngineRunner:
         # Inputs may be temporaries: keep them alive until the engine has read them.
         for tensor in feeds.values():
             tensor.record_stream(stream)
+        if self.cache_path is not None and not self._cache_saved:
+            self._cache_saved = True
+            with contextlib.suppress(OSError):  # a read-only artifact still runs, only slower next time
+                stream.synchronize()
+                self.save_runtime_cache()
         return out
 
     def lookup(self, input_ids: Any, stream: Any = None) -> torch.Tensor:
