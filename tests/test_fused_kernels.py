@@ -21,7 +21,13 @@ when the kernels cannot be built here; the fallback is tested either way.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -322,3 +328,129 @@ def test_cli_build(capsys, monkeypatch):
 def test_source_ships_with_the_package():
     assert kernels.SOURCE.is_file() and kernels.SOURCE.parent.name == "csrc"
     assert kernels.build_name().startswith("trtvocab_fused_")
+
+
+# ---- the build cache (issue 19 High 6): stale locks, FIFOs, truncated or rewritten libraries ------------
+# Each load runs in a child process under a timeout (a regression hangs the child, not the suite)
+# against a private copy of the cache (TRTVOCAB_KERNELS_DIR), so the user's cache is never touched.
+CHILD_TIMEOUT_S = 600  # a cold compile on a slow machine; a hang is caught by the timeout, not by timing
+LOAD_IN_CHILD = """
+import json
+from trtvocab.weights import kernels
+loaded = kernels.load()
+print(json.dumps({"ok": loaded is not None, "reason": kernels.unavailable_reason(),
+                  "path": loaded.path if loaded else None}))
+"""
+
+
+def load_in_child(cache: Path, lock_timeout_s: float = 60.0) -> tuple[dict, str]:
+    env = {**os.environ, kernels.CACHE_ENV_VAR: str(cache), kernels.LOCK_TIMEOUT_ENV_VAR: str(lock_timeout_s)}
+    env.pop(kernels.ENV_VAR, None)
+    proc = subprocess.run([sys.executable, "-c", LOAD_IN_CHILD], env=env, capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S)
+    assert proc.returncode == 0, f"the loading process died (status {proc.returncode}): {proc.stderr[-2000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private cache root holding a built, recorded library (copied from the user's cache when
+    it has this build, so only the link step runs)."""
+    if kernels.disabled_reason() is None and not kernels.available():
+        pytest.skip(f"fused kernels cannot be built here: {kernels.unavailable_reason()}")
+    root = tmp_path_factory.mktemp("kernel_cache")
+    mine = Path(kernels.load().path).parent if kernels.load() is not None else None
+    if mine is not None and mine.is_dir():
+        shutil.copytree(mine, root / mine.name, ignore=shutil.ignore_patterns(kernels.LOCK_NAME, kernels.TORCH_BATON))
+    out, err = load_in_child(root)
+    assert out["ok"], (out, err)
+    return root
+
+
+def _library_in(cache: Path) -> Path:
+    return cache / kernels.build_name() / f"{kernels.build_name()}.so"
+
+
+def _fresh_copy(warm: Path, tmp_path: Path) -> Path:
+    cache = tmp_path / "cache"
+    shutil.copytree(warm, cache)
+    return cache
+
+
+def test_stale_locks_of_a_killed_build_are_recovered(warm_cache: Path, tmp_path: Path) -> None:
+    cache = _fresh_copy(warm_cache, tmp_path)
+    build_dir = _library_in(cache).parent
+    (build_dir / kernels.TORCH_BATON).write_text("")  # torch's baton, left by a build killed mid-way
+    (build_dir / kernels.LOCK_NAME).write_text("999999\n")  # our lock file, its owner dead (no flock held)
+    os.unlink(_library_in(cache))  # forces the build path, where torch would wait for its baton forever
+    out, err = load_in_child(cache)
+    assert out["ok"], (out, err)
+    assert not (build_dir / kernels.TORCH_BATON).exists()
+    assert kernels.cache_problem(_library_in(cache)) is None
+
+
+def test_a_lock_held_by_a_live_build_times_out_to_the_torch_path(warm_cache: Path, tmp_path: Path) -> None:
+    cache = _fresh_copy(warm_cache, tmp_path)
+    build_dir = _library_in(cache).parent
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(build_dir / kernels.LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(120)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        out, err = load_in_child(cache, lock_timeout_s=1.0)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not out["ok"] and "TimeoutError" in out["reason"] and "held by a live process" in out["reason"], out
+    assert err.count("using the torch path") == 1, err  # one log line
+
+
+@pytest.mark.parametrize("damage", ["fifo", "truncated", "rewritten", "no record", "symlink"])
+def test_a_damaged_cached_library_is_rebuilt_never_opened(warm_cache: Path, tmp_path: Path, damage: str) -> None:
+    cache = _fresh_copy(warm_cache, tmp_path)
+    library = _library_in(cache)
+    data = library.read_bytes()
+    if damage == "fifo":
+        library.unlink()
+        os.mkfifo(library)
+    elif damage == "truncated":  # dlopen of this would SIGBUS
+        library.write_bytes(data[: len(data) // 3])
+    elif damage == "rewritten":  # same size, one byte changed
+        library.write_bytes(data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:])
+    elif damage == "no record":
+        kernels.record_path(library).unlink()
+    else:
+        elsewhere = tmp_path / "elsewhere.so"
+        elsewhere.write_bytes(data)
+        library.unlink()
+        library.symlink_to(elsewhere)
+    assert kernels.cache_problem(library) is not None
+    out, err = load_in_child(cache)
+    assert out["ok"], (out, err)
+    assert library.is_file() and not library.is_symlink() and library.read_bytes() == data  # rebuilt, same bits
+    assert kernels.cache_problem(library) is None
+
+
+def test_cache_problem_names_what_is_wrong(tmp_path: Path) -> None:
+    library = tmp_path / "lib.so"
+    assert kernels.cache_problem(library) == "not built yet"
+    library.write_bytes(b"\x7fELF" + bytes(60))
+    assert "no build record" in (kernels.cache_problem(library) or "")
+    kernels.write_record(library)
+    assert kernels.cache_problem(library) is None
+    library.write_bytes(b"\x7fELF" + bytes(30))
+    assert "34 bytes, 64 were recorded at build" in (kernels.cache_problem(library) or "")  # truncated
+    kernels.record_path(library).unlink()
+    os.mkfifo(kernels.record_path(library))  # a FIFO as the record: refused, not read
+    assert "unreadable" in (kernels.cache_problem(library) or "")
+
+
+def test_lock_timeout_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernels.LOCK_TIMEOUT_ENV_VAR, "2.5")
+    assert kernels.lock_timeout() == 2.5
+    for bad in ("0", "-1", "inf", "soon"):
+        monkeypatch.setenv(kernels.LOCK_TIMEOUT_ENV_VAR, bad)
+        with pytest.raises(ValueError, match=kernels.LOCK_TIMEOUT_ENV_VAR):
+            kernels.lock_timeout()

@@ -50,8 +50,16 @@ this CPU's feature flags, so a cache shared between different CPUs never runs fo
 ``python -m trtvocab.weights.kernels --build`` does it ahead of time (``make setup`` calls it).
 Off x86 or without AVX2/FMA/F16C the same chains run as portable C++ (correct, not tuned; an
 AVX-512 machine runs the AVX2 code). A compiler without OpenMP (Apple clang) fails the build.
-``TRTVOCAB_KERNELS=0`` disables the kernels; no compiler, a failed build or a failed
-self-check (every FP8 code and every FP4 nibble under every block scale, decoded by the
+The cache is guarded (docs/threat_model.md, "The kernel cache"): the build folder is
+``$TRTVOCAB_KERNELS_DIR/<name>`` (else ``$TORCH_EXTENSIONS_DIR``, else torch's default root);
+builders take an ``flock`` on ``trtvocab.lock`` there, waited for at most
+``$TRTVOCAB_KERNELS_LOCK_TIMEOUT_S`` (300 s) -- the kernel drops a dead owner's lock, so a build
+killed by Ctrl-C or SIGKILL never blocks the next run, and torch's own ``lock`` baton left by such
+a build is removed under it; the built library's size and sha256 are recorded beside it at build
+time and checked (read through a non-blocking descriptor of a regular file) before every
+``dlopen``: a FIFO, a truncated or a rewritten library is discarded and rebuilt, never opened.
+``TRTVOCAB_KERNELS=0`` disables the kernels; no compiler, a failed build, a lock held past its
+timeout or a failed self-check (every FP8 code and every FP4 nibble under every block scale, decoded by the
 kernel and compared bit for bit with torch's) means the torch path, with one log line saying
 why, never an error.
 """
@@ -61,10 +69,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
+import fcntl
 import hashlib
+import json
 import logging
 import os
 import platform
+import shutil
+import stat
 import sys
 import threading
 import time
@@ -79,6 +92,13 @@ from trtvocab.quant import nvfp4
 log = logging.getLogger(__name__)
 
 ENV_VAR = "TRTVOCAB_KERNELS"
+CACHE_ENV_VAR = "TRTVOCAB_KERNELS_DIR"  # the build cache root (default: $TORCH_EXTENSIONS_DIR, torch's)
+LOCK_TIMEOUT_ENV_VAR = "TRTVOCAB_KERNELS_LOCK_TIMEOUT_S"
+DEFAULT_LOCK_TIMEOUT_S = 300.0  # a live build of this library takes about a minute
+LOCK_NAME = "trtvocab.lock"  # flock-ed by the process building in a build folder
+TORCH_BATON = "lock"  # torch.utils.cpp_extension's O_EXCL baton (waited for forever by torch)
+RECORD_SUFFIX = ".sha256.json"  # {"size", "sha256"} of the built library, written after the build
+MAX_LIBRARY_BYTES = 1 << 30
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "fused.cpp"
 # The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
 TREE_SOURCE = SOURCE.parent / "treesum.cpp"
@@ -156,17 +176,177 @@ def build_name() -> str:
     return f"trtvocab_fused_{digest.hexdigest()[:16]}"
 
 
-def _build(verbose: bool = False) -> Loaded:
+def build_root() -> Path:
+    """Where build folders live: ``$TRTVOCAB_KERNELS_DIR``, else ``$TORCH_EXTENSIONS_DIR``, else torch's default."""
+    root = os.environ.get(CACHE_ENV_VAR) or os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        from torch.utils import cpp_extension
+
+        root = cpp_extension.get_default_build_root()
+    return Path(root)
+
+
+def lock_timeout() -> float:
+    """Seconds to wait for another live build of the same library (``$TRTVOCAB_KERNELS_LOCK_TIMEOUT_S``)."""
+    raw = os.environ.get(LOCK_TIMEOUT_ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_LOCK_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{LOCK_TIMEOUT_ENV_VAR} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def _open_nonblocking(path: Path, flags: int) -> int:
+    """A descriptor of the regular file ``path`` (never a FIFO, device or symlink: opened with
+    ``O_NONBLOCK | O_NOFOLLOW`` and ``fstat``-ed), else ``OSError``."""
+    fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _discard(path: Path) -> None:
+    """Remove whatever ``path`` is (a file, FIFO, symlink or folder); absent is fine."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path, timeout: float) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``build_dir/trtvocab.lock`` (waiting at most ``timeout``
+    seconds, then ``TimeoutError``). The kernel releases the lock of a process that died, so a
+    lock file left by a killed build is taken at once; anything but a regular file there is
+    replaced."""
+    path = build_dir / LOCK_NAME
+    try:
+        fd = _open_nonblocking(path, os.O_RDWR | os.O_CREAT)
+    except OSError:
+        _discard(path)  # a FIFO, symlink or folder in the lock's place
+        fd = _open_nonblocking(path, os.O_RDWR | os.O_CREAT)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                    raise TimeoutError(f"{path} is held by a live process (pid {owner}) for more than {timeout:g} s "
+                                       f"(set {LOCK_TIMEOUT_ENV_VAR} to wait longer)") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def _file_digest(path: Path, limit: int = MAX_LIBRARY_BYTES) -> tuple[int, str]:
+    """``(size, sha256)`` of the regular file ``path`` (at most ``limit`` bytes; ``OSError`` otherwise)."""
+    fd = _open_nonblocking(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        h, size = hashlib.sha256(), 0
+        while chunk := fh.read(1 << 20):
+            size += len(chunk)
+            if size > limit:
+                raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+            h.update(chunk)
+    return size, h.hexdigest()
+
+
+def record_path(library: Path) -> Path:
+    return library.with_name(library.name + RECORD_SUFFIX)
+
+
+def write_record(library: Path) -> None:
+    """Record the built library's size and sha256 beside it (temp file + rename)."""
+    size, digest = _file_digest(library)
+    target = record_path(library)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    _discard(tmp)
+    tmp.write_text(json.dumps({"size": size, "sha256": digest}), encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def cache_problem(library: Path) -> str | None:
+    """Why the cached ``library`` must not be ``dlopen``-ed (None: it matches its build record).
+
+    Checked without ever opening a non-regular file: the library and its record are
+    ``lstat``-ed, then read through a non-blocking descriptor that is ``fstat``-ed again."""
+    try:
+        st = os.lstat(library)
+    except FileNotFoundError:
+        return "not built yet"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{library} is not a regular file"
+    record = record_path(library)
+    try:
+        fd = _open_nonblocking(record, os.O_RDONLY)
+        with os.fdopen(fd, "rb", buffering=0) as fh:
+            data = json.loads(fh.read(4096).decode("utf-8"))
+        size, digest = data["size"], data["sha256"]
+        if not isinstance(size, int) or not isinstance(digest, str):
+            raise ValueError("bad field types")
+    except FileNotFoundError:
+        return f"{library} has no build record ({record.name})"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{record} is unreadable ({exc})"
+    if st.st_size != size:
+        return f"{library} has {st.st_size} bytes, {size} were recorded at build (truncated or replaced)"
+    try:
+        got_size, got = _file_digest(library, limit=size)
+    except OSError as exc:
+        return f"{library} is unreadable ({exc})"
+    if (got_size, got) != (size, digest):
+        return f"{library} sha256 {got[:16]}... differs from the one recorded at build ({digest[:16]}...)"
+    return None
+
+
+def _library(verbose: bool) -> Path:
+    """The verified library of this build, building (or rebuilding) it under the build lock."""
     from torch.utils import cpp_extension
 
-    start = time.perf_counter()
     name = build_name()
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    build_dir = Path(root) / name
+    build_dir = build_root() / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    path = cpp_extension.load(name=name, sources=[str(SOURCE), str(TREE_SOURCE)], extra_cflags=cflags(),
-                              extra_ldflags=["-fopenmp"],
-                              build_directory=str(build_dir), is_python_module=False, verbose=verbose)
+    library = build_dir / f"{name}.so"
+    with build_lock(build_dir, lock_timeout()):
+        problem = cache_problem(library)
+        if problem is None:
+            return library
+        if os.path.lexists(library):
+            log.info("trtvocab fused kernels: rebuilding (%s)", problem)
+        for stale in (library, record_path(library), build_dir / TORCH_BATON):
+            _discard(stale)  # torch's baton: whoever left it died (builders hold our lock first)
+        with os.scandir(build_dir) as entries:  # nothing but files and folders reaches ninja or the linker
+            for entry in entries:
+                if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
+                    _discard(Path(entry.path))
+        path = Path(cpp_extension.load(name=name, sources=[str(SOURCE), str(TREE_SOURCE)], extra_cflags=cflags(),
+                                       extra_ldflags=["-fopenmp"], build_directory=str(build_dir),
+                                       is_python_module=False, verbose=verbose))
+        write_record(path)
+        problem = cache_problem(path)
+        if problem is not None:
+            raise RuntimeError(f"the freshly built library fails its own record: {problem}")
+        return path
+
+
+def _build(verbose: bool = False) -> Loaded:
+    start = time.perf_counter()
+    path = _library(verbose)
     lib = ctypes.CDLL(str(path))
     if lib.trtvocab_fused_abi() != ABI:
         raise RuntimeError(f"{path}: kernel ABI {lib.trtvocab_fused_abi()}, expected {ABI}")
