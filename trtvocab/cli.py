@@ -652,7 +652,7 @@ def generate(
     if as_json:
         print(json.dumps(report.as_json()))
         return
-    how = "greedy" if params.temperature == 0 else f"temperature {params.temperature:g}, seed {params.seed}"
+    how = "greedy" if params.greedy else f"temperature {params.temperature:g}, seed {params.seed}"
     notes = [f"tp {report.tp}", f"head: {report.head}" + (f" ({artifact})" if artifact is not None else ""), how]
     if report.grammar:
         notes.append(report.grammar)
