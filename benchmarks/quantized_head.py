@@ -11,29 +11,37 @@ values, then a float32 GEMM). As peers a user might pick instead: torch's own CP
 kernels on the same shape, ``_weight_int8pack_mm`` (int8, per-row scales) and
 ``_weight_int4pack_mm_for_cpu`` (int4 in groups along H), bf16 activations.
 
-For each batch B: best and median ms, speed against bf16, weight bytes read per token (the
-weights are read once per call, so per token = bytes / B) and the achieved GB/s (weight bytes
-/ best time). Timings interleave the variants round by round so that a busy machine slows all
-of them alike; the ratios are the result, the absolute numbers depend on the machine. Weight
-values do not change the work done, so the heads hold random valid codes instead of a (slow)
-quantized copy of the bf16 matrix; accuracy is covered by the tests, not here.
+For each batch B: best and median ms, speed against bf16 and against the torch peer of the same
+width (FP8: int8pack; NVFP4: the faster int4pack), weight bytes read per token (the weights are
+read once per call, so per token = bytes / B), the achieved GB/s (weight bytes / best time) and
+its fraction of the machine's read bandwidth, measured in the same rounds by the probe of
+``benchmarks/bandwidth.py`` (a STREAM-like read of a buffer larger than the caches, with the
+heads' threads). Timings interleave the variants round by round, the probe included, so that a
+busy machine slows all of them alike; the ratios are the result, the absolute numbers depend on
+the machine. Weight values do not change the work done, so the heads hold random valid codes
+instead of a (slow) quantized copy of the bf16 matrix; accuracy is covered by the tests, not here.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bandwidth import make_probe
 
 from trtvocab import LMHead, QuantAlgo, QuantConfig
 from trtvocab.weights import kernels
 from trtvocab.weights import quantized as methods
 
-BATCHES = (1, 8, 64)
+BATCHES = (1, 2, 4, 8, 64)
 Variant = tuple[Callable[[torch.Tensor], object], int]  # (call on bf16 x, weight bytes read per call)
 
 
@@ -56,6 +64,10 @@ def build_heads(vocab: int, hidden: int) -> dict[str, LMHead]:
     with torch.no_grad():
         dense.weights.weight.uniform_(-0.04, 0.04, generator=gen)  # in place: no second full-size copy
     heads["bf16"] = dense
+    half = LMHead(vocab, hidden, dtype=torch.float16)
+    with torch.no_grad():
+        half.weights.weight.uniform_(-0.04, 0.04, generator=gen)
+    heads["fp16"] = half
     variants = [
         ("FP8 W8A8 (dynamic)", QuantAlgo.FP8, "dynamic"),
         ("FP8 W8A16", QuantAlgo.FP8, "none"),
@@ -119,15 +131,28 @@ def time_call(fn: Callable[[torch.Tensor], object], x: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
+def peer_of(name: str) -> str | None:
+    """The torch weight-only kernel a head of this format is compared with (None: none)."""
+    if name.startswith("FP8"):
+        return "int8"
+    if name.startswith("NVFP4"):
+        return "int4"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="V=32000, H=2048: a quick run")
     parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per head and batch size")
-    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes (default 1 8 64)")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES),
+                        help="batch sizes (default 1 2 4 8 64)")
     parser.add_argument("--chunk-elements", type=int, default=methods.CHUNK_ELEMENTS,
                         help="float32 values dequantized per GEMM chunk")
+    parser.add_argument("--no-torch-path", action="store_true", help="skip the torch-path lines (slow at large B)")
+    parser.add_argument("--only", nargs="+", default=None, help="heads to time (prefixes: bf16 fp16 FP8 NVFP4)")
+    parser.add_argument("--probe-mib", type=int, default=1024, help="bandwidth probe buffer (MiB)")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe or a file
     vocab = args.vocab or (32000 if args.small else 129280)
@@ -144,16 +169,32 @@ def main() -> None:
         print(f"fused kernels: {loaded.isa}, {loaded.path}")
     else:
         print(f"fused kernels unavailable ({reason}): the 'fused' lines run the torch path")
+    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} ({os.cpu_count()} CPUs): "
+          "timings are noisy when it exceeds the thread count")
     t0 = time.perf_counter()
     heads = build_heads(vocab, hidden)
-    variants: dict[str, Variant] = {"bf16": (heads["bf16"], heads["bf16"].resident_bytes())}
+    if args.only:
+        heads = {k: v for k, v in heads.items() if any(k.startswith(p) for p in args.only) or k == "bf16"}
+    variants: dict[str, Variant] = {}
     for name, head in heads.items():
-        if name != "bf16":
-            variants[f"{name} {fused_label}"] = (head, head.resident_bytes())
+        if name in ("bf16", "fp16"):
+            dtype = head.weights.weight.dtype
+            variants[name] = (lambda x, head=head, dtype=dtype: head(x.to(dtype)), head.resident_bytes())
+            if not args.no_torch_path:
+                fallback = torch_path(head)
+                variants[f"{name} torch GEMM"] = (lambda x, f=fallback, dtype=dtype: f(x.to(dtype)),
+                                                  head.resident_bytes())
+            continue
+        variants[f"{name} {fused_label}"] = (head, head.resident_bytes())
+        if not args.no_torch_path:
             variants[f"{name} torch path"] = (torch_path(head), head.resident_bytes())
     peer_variants, notes = peers(vocab, hidden, torch.Generator().manual_seed(1))
     variants.update(peer_variants)
-    print(f"built heads in {time.perf_counter() - t0:.1f} s")
+    probe = make_probe(args.probe_mib)
+    for reader, read in probe.readers.items():
+        variants[f"bandwidth probe ({reader})"] = (lambda x, read=read: read(), probe.nbytes)
+    print(f"built heads in {time.perf_counter() - t0:.1f} s; bandwidth probe: {probe.nbytes / 2**20:.0f} MiB read "
+          f"per call ({', '.join(probe.readers)})")
     for note in notes:
         print(note)
 
@@ -161,7 +202,8 @@ def main() -> None:
     width = max(map(len, variants)) + 1
     print(f"\n{'head':<{width}} {'weight bytes':>15} {'vs bf16':>8}")
     for name, (_, nbytes) in variants.items():
-        print(f"{name:<{width}} {nbytes:>15,} {nbytes / base_bytes:>8.3f}")
+        if not name.startswith("bandwidth"):
+            print(f"{name:<{width}} {nbytes:>15,} {nbytes / base_bytes:>8.3f}")
 
     for batch in args.batches:
         x = torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)).bfloat16()
@@ -173,19 +215,29 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in variants}
         for r in range(runs):
             for name, (fn, _) in variants.items():
-                if slow and r and name.endswith("torch path"):
+                if slow and r and (name.endswith("torch path") or name.endswith("torch GEMM")):
                     continue  # seconds per call: one round is enough to place it
                 times[name].append(time_call(fn, x))
-        best_base, median_base = min(times["bf16"]), statistics.median(times["bf16"])
-        print(f"\ndecode B={batch}: {runs} interleaved rounds; best-of (robust to a busy machine) and median")
+        gbs = {name: variants[name][1] / min(ts) / 1e9 for name, ts in times.items()}
+        limit = max(v for k, v in gbs.items() if k.startswith("bandwidth probe"))
+        best = {name: min(ts) for name, ts in times.items()}
+        peer_best = {"int8": min((t for k, t in best.items() if k.startswith("torch int8pack")), default=None),
+                     "int4": min((t for k, t in best.items() if k.startswith("torch int4pack")), default=None)}
+        best_base, median_base = best["bf16"], statistics.median(times["bf16"])
+        print(f"\ndecode B={batch}: {runs} interleaved rounds; best-of (robust to a busy machine) and median; "
+              f"read bandwidth (probe, same rounds) {limit:.2f} GB/s")
         print(f"{'head':<{width}} {'best ms':>9} {'median ms':>10} {'tokens/s':>9} {'vs bf16':>8} {'(median)':>9} "
-              f"{'MB/token':>9} {'GB/s':>6}")
+              f"{'vs peer':>8} {'MB/token':>9} {'GB/s':>6} {'of BW':>6}")
         for name, ts in times.items():
-            best, median = min(ts), statistics.median(ts)
+            if name.startswith("bandwidth"):
+                continue
+            t, median = best[name], statistics.median(ts)
             nbytes = variants[name][1]
-            print(f"{name:<{width}} {best * 1e3:>9.1f} {median * 1e3:>10.1f} {batch / best:>9.1f} "
-                  f"{best_base / best:>7.2f}x {median_base / median:>8.2f}x {nbytes / batch / 1e6:>9.2f} "
-                  f"{nbytes / best / 1e9:>6.2f}")
+            peer = peer_of(name)
+            vs_peer = f"{peer_best[peer] / t:>7.2f}x" if peer and peer_best[peer] else f"{'-':>8}"
+            print(f"{name:<{width}} {t * 1e3:>9.1f} {median * 1e3:>10.1f} {batch / t:>9.1f} "
+                  f"{best_base / t:>7.2f}x {median_base / median:>8.2f}x {vs_peer} {nbytes / batch / 1e6:>9.2f} "
+                  f"{gbs[name]:>6.2f} {gbs[name] / limit:>6.2f}")
 
 
 if __name__ == "__main__":

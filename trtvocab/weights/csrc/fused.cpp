@@ -462,7 +462,45 @@ int run(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64_t ro
 extern "C" {
 
 // Bumped whenever a signature below changes (the Python side checks it).
-int trtvocab_fused_abi() { return 1; }
+int trtvocab_fused_abi() { return 2; }
+
+// The bandwidth probe of benchmarks/bandwidth.py: reads `nbytes` (a multiple of 256) from p with
+// at::parallel_for (the heads' threads), 8 independent 32-byte accumulators per thread, and
+// returns a checksum (so the reads cannot be dropped). A STREAM-like "read" kernel.
+uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
+  const int64_t blocks = nbytes / 256;
+  std::vector<uint64_t> sums(static_cast<size_t>(at::get_num_threads()) + 1, 0);
+  at::parallel_for(0, blocks, 1024, [&](int64_t b0, int64_t b1) {
+    uint64_t total = 0;
+#if TRTVOCAB_AVX2
+    __m256i a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_si256();
+    for (int64_t b = b0; b < b1; ++b) {
+      const __m256i* q = reinterpret_cast<const __m256i*>(p + b * 256);
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_add_epi64(a[i], _mm256_loadu_si256(q + i));
+    }
+    alignas(32) uint64_t t[4];
+    for (int i = 1; i < 8; ++i) a[0] = _mm256_add_epi64(a[0], a[i]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), a[0]);
+    total = t[0] + t[1] + t[2] + t[3];
+#else
+    uint64_t a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* q = p + b * 256;
+      for (int i = 0; i < 32; ++i) {
+        uint64_t v;
+        std::memcpy(&v, q + 8 * i, 8);
+        a[i % 8] += v;
+      }
+    }
+    for (int i = 0; i < 8; ++i) total += a[i];
+#endif
+    sums[static_cast<size_t>(at::get_thread_num())] += total;
+  });
+  uint64_t total = 0;
+  for (uint64_t s : sums) total += s;
+  return total;
+}
 
 // Which lane implementation this build uses: 2 = AVX2 + FMA + F16C, 0 = portable C++.
 int trtvocab_fused_isa() { return TRTVOCAB_AVX2 ? 2 : 0; }

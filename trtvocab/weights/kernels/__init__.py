@@ -102,7 +102,7 @@ MAX_LIBRARY_BYTES = 1 << 30
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "fused.cpp"
 # The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
 TREE_SOURCE = SOURCE.parent / "treesum.cpp"
-ABI = 1  # trtvocab_fused_abi() of the source this module expects
+ABI = 2  # trtvocab_fused_abi() of the source this module expects
 LANES = 8
 NVFP4_GROUP = 8 * 16  # elements per NVFP4 lane group: 8 blocks of 16
 ISA_NAMES = {2: "avx2+fma+f16c", 0: "portable"}
@@ -354,6 +354,8 @@ def _build(verbose: bool = False) -> Loaded:
     lib.trtvocab_fp8_logits.restype = ctypes.c_int
     lib.trtvocab_nvfp4_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, _P, _I, ctypes.c_float, _P, _I]
     lib.trtvocab_nvfp4_logits.restype = ctypes.c_int
+    lib.trtvocab_read_probe.argtypes = [_P, _I]
+    lib.trtvocab_read_probe.restype = ctypes.c_uint64
     lib.trtvocab_tree_set_exp.argtypes = [ctypes.c_int]
     lib.trtvocab_tree_set_exp.restype = ctypes.c_int
     lib.trtvocab_tree_exp.argtypes = [_P, _I, _P]
@@ -508,6 +510,18 @@ def nvfp4_logits(x: torch.Tensor, hidden: int, packed_block_major: torch.Tensor,
                                                 rows, packed_block_major.stride(0), bs.data_ptr(), bs.stride(0),
                                                 float(global_scale), out.data_ptr(), out.stride(0)), "nvfp4")
     return out
+
+
+def read_probe(buffer: torch.Tensor) -> int:
+    """Read all of the contiguous CPU ``buffer`` (its bytes, a multiple of 256) with the heads'
+    threads and return a checksum: the kernel side of ``benchmarks/bandwidth.py``."""
+    loaded = load()
+    if loaded is None:
+        raise RuntimeError(f"fused kernels unavailable: {unavailable_reason()}")
+    nbytes = buffer.numel() * buffer.element_size()
+    if not buffer.is_contiguous() or buffer.device.type != "cpu" or nbytes % 256:
+        raise ValueError("read_probe: a contiguous CPU buffer of a multiple of 256 bytes")
+    return int(loaded.lib.trtvocab_read_probe(buffer.data_ptr(), nbytes))
 
 
 # ---- the vocab tree (trtvocab.sampling.treesum) -------------------------------------------------------

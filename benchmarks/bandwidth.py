@@ -1,0 +1,102 @@
+"""The physical limit of a CPU decode step: how fast this machine reads memory, measured like a head reads it.
+
+    python benchmarks/bandwidth.py                 # 1 GiB buffer, torch's thread count
+    python benchmarks/bandwidth.py --mib 2048 --rounds 10
+
+A STREAM-like *read*: a buffer several times larger than the last-level cache is read once per
+call, with the threads the heads use (torch's intra-op pool: ``torch.get_num_threads()``).
+Two readers, best of the rounds for each:
+
+- ``kernel``: ``trtvocab.weights.kernels.read_probe`` (the fused kernels' library, the same
+  ``at::parallel_for`` as the heads, 8 independent 32-byte integer accumulators per thread);
+- ``torch``: ``int64`` sum over the same buffer (the peers' view of the same memory).
+
+The larger of the two is the limit the head benchmarks divide by (``benchmarks/quantized_head.py``
+measures it interleaved with the heads, round by round, so a busy machine lowers both alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_MIB = 1024  # > 30x the L3 of the machines this runs on
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest cache this CPU reports (sysfs), None where it is not readable."""
+    import glob
+
+    best = None
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path, encoding="ascii").read().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        value = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        best = value if best is None else max(best, value)
+    return best
+
+
+@dataclass
+class Probe:
+    """A read-only pass over ``buffer``; ``readers`` name -> call (each reads every byte once)."""
+
+    buffer: torch.Tensor
+    readers: dict[str, Callable[[], object]]
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+
+def make_probe(mib: int = DEFAULT_MIB) -> Probe:
+    nbytes = max(256, (mib << 20) // 256 * 256)
+    llc = last_level_cache_bytes()
+    if llc is not None and nbytes < 4 * llc:
+        nbytes = (4 * llc + 255) // 256 * 256
+    buffer = torch.ones(nbytes // 8, dtype=torch.int64)  # written once: every page resident
+    readers: dict[str, Callable[[], object]] = {}
+    from trtvocab.weights import kernels
+
+    if kernels.available():
+        readers["kernel"] = lambda: kernels.read_probe(buffer)
+    readers["torch"] = lambda: buffer.sum()
+    return Probe(buffer, readers)
+
+
+def measure(probe: Probe, rounds: int = 5) -> dict[str, float]:
+    """Best GB/s of each reader over ``rounds`` interleaved rounds (after one warm-up call each)."""
+    for read in probe.readers.values():
+        read()
+    best = {name: 0.0 for name in probe.readers}
+    for _ in range(rounds):
+        for name, read in probe.readers.items():
+            start = time.perf_counter()
+            read()
+            best[name] = max(best[name], probe.nbytes / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=DEFAULT_MIB, help="buffer size in MiB (at least 4x the LLC)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    probe = make_probe(args.mib)
+    llc = last_level_cache_bytes()
+    print(f"read probe: {probe.nbytes / 2**20:.0f} MiB buffer (LLC {llc / 2**20 if llc else float('nan'):.0f} MiB), "
+          f"{torch.get_num_threads()} threads, best of {args.rounds}")
+    result = measure(probe, args.rounds)
+    for name, gbs in result.items():
+        print(f"  {name:<7} {gbs:6.2f} GB/s")
+    print(f"limit   {max(result.values()):6.2f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
