@@ -632,6 +632,8 @@ def generate(
                                          "tensorrt | auto; all but torch need --artifact")] = "torch",
     artifact: Annotated[Path | None, typer.Option(help="run the head from this built artifact "
                                                   "(trtvocab build)")] = None,
+    attention_dp: Annotated[bool, typer.Option(help="tp > 1: each rank runs the body for its own block of prompts "
+                                               "(data parallel); the vocabulary stays split over the ranks")] = False,
     allow_other_checkpoint: Annotated[bool, typer.Option(help="run an --artifact built from another checkpoint "
                                                           "than MODEL anyway (said in the output)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
@@ -645,7 +647,8 @@ def generate(
         params = sampling_params(temperature, top_k, top_p, min_p, seed)
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
-                               artifact=artifact, allow_other_checkpoint=allow_other_checkpoint)
+                               artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
+                               attention_dp=attention_dp)
         report = run_generate(spec, loaded)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
@@ -659,6 +662,11 @@ def generate(
     if deterministic:
         notes.append("deterministic" if report.deterministic else "deterministic mode unavailable: default head")
     console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
+    if report.tp > 1:
+        console.print("(attention DP: each rank ran the body for its own prompts; the vocabulary split over "
+                      f"{report.tp} ranks)" if report.attention_dp else
+                      f"(every one of the {report.tp} ranks ran the whole body on every prompt; only the vocabulary "
+                      "is split: --attention-dp gives each rank its own prompts)", highlight=False)
     if spec.artifact is not None and spec.artifact.note:
         console.print(escape(f"({spec.artifact.note})"), highlight=False)
     for i, r in enumerate(report.results):

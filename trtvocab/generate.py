@@ -58,6 +58,7 @@ from trtvocab import distributed as D
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, InputError
 from trtvocab.mapping import Mapping
 from trtvocab.sampling import SamplingParams
+from trtvocab.sharding import calc_shard
 
 JSON_ANY_WHITESPACE = False  # xgrammar JSON: compact separators, no free whitespace
 RAN_ON = ("torch", "onnxruntime", "onnx.reference", "tensorrt")
@@ -103,6 +104,10 @@ class GenerateSpec:
     grammars: tuple[GrammarSpec | None, ...] = ()  # one per prompt (empty: none)
     artifact: ArtifactSpec | None = None
     deterministic: bool = False
+    # Attention DP (tp > 1): rank r runs the body for its own block of prompts only; the last
+    # hidden rows are gathered and the vocabulary stays split (TensorRT-LLM's
+    # enable_lm_head_tp_in_adp). Off: every rank runs the whole body on every prompt.
+    attention_dp: bool = False
 
 
 @dataclasses.dataclass
@@ -126,6 +131,7 @@ class GenerateReport:
     decode_s: float
     deterministic: bool  # whether the head really ran in deterministic mode
     grammar: str | None = None
+    attention_dp: bool = False  # tp > 1: the body ran data-parallel (else every rank ran all of it)
 
     @property
     def seconds(self) -> float:
@@ -405,6 +411,7 @@ def prepare(
     backend: str = "torch",
     artifact: str | Path | None = None,
     allow_other_checkpoint: bool = False,
+    attention_dp: bool = False,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -429,6 +436,9 @@ def prepare(
         per_grammar = (grammar,) * len(prompts) if grammar is not None else ()
     art = artifact_spec(artifact, backend, path, tp, allow_other_checkpoint) if artifact is not None else None
     ranks = art.tp if art is not None else (tp or 1)
+    if attention_dp and ranks == 1:
+        raise ConfigError("--attention-dp splits the prompts over the ranks: it needs --tp > 1 (or a tp > 1 "
+                          "--artifact)")
     vocab, _ = _model_shape(path)
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
@@ -440,7 +450,7 @@ def prepare(
         raise InputError(f"--max-new-tokens {max_new_tokens}: the longest prompt has {longest} tokens and the model "
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
-                        tuple(per_prompt), per_grammar, art, deterministic)
+                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp))
     return spec, loaded
 
 
@@ -476,7 +486,7 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \
         "per-prompt grammars"
     return GenerateReport(results, spec.tp, head, sum(len(r) for r in out.token_ids), out.prefill_s, out.decode_s,
-                          out.deterministic, grammar)
+                          out.deterministic, grammar, spec.attention_dp)
 
 
 def _rank_main(rank: int, world: int, spec: GenerateSpec, model: Any, tokenizer: Any) -> _RankOutput:
@@ -589,6 +599,10 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
     generated: list[list[int]] = [[] for _ in range(batch)]
     active = list(range(batch))
     ran_on: set[str] = set()
+    # The prompts whose body this rank runs: all of them, or (attention DP) its own block.
+    adp = spec.attention_dp and split
+    lo, hi = (calc_shard(batch, spec.tp, rank), calc_shard(batch, spec.tp, rank + 1)) if adp else (0, batch)
+    body_mask = mask[lo:hi]
 
     def head_logits(hidden: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         if backend is None:
@@ -607,16 +621,37 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
         ran_on.add(local.ran_on)
         return local.logits
 
+    def gathered_last(hidden: torch.Tensor | None, rows: list[int]) -> torch.Tensor:
+        """Attention DP: the last hidden row of each prompt in ``rows`` (global ids, sorted), gathered
+        from the ranks that ran their body (every rank gets all of them, in prompt order)."""
+        mine = [b - lo for b in rows if lo <= b < hi]
+        local = hidden[mine, -1, :] if hidden is not None and mine else \
+            torch.zeros((0, model.config.hidden_size), dtype=torch.float32)
+        counts = [sum(1 for b in rows if calc_shard(batch, spec.tp, r) <= b < calc_shard(batch, spec.tp, r + 1))
+                  for r in range(spec.tp)]
+        return D.all_gather_rows(local.float().contiguous(), counts, None)
+
+    def run_body(embeds: torch.Tensor, positions_now: torch.Tensor) -> torch.Tensor | None:
+        if hi == lo:
+            return None  # no prompt of this rank's block: it only takes part in the vocab dimension
+        return body(embeds[lo:hi], body_mask if padded else None, positions_now[lo:hi])
+
     start = time.perf_counter()
     prefill_s = 0.0
     step = 0
     with torch.inference_mode():
-        embeds = embedding(ids)
-        hidden = body(embeds, mask if padded else None, positions)
-        rows = hidden[mask.bool()]  # packed non-padding rows, prompt after prompt
-        seq_lens = mask.sum(-1)
-        logits: torch.Tensor | None = head_logits(rows, seq_lens)
-        last = rows
+        embeds = embedding(ids)  # every rank looks up all prompts' ids: the vocab dimension stays split
+        hidden = run_body(embeds, positions)
+        logits: torch.Tensor | None
+        if adp:
+            # Left padding: the last column is every prompt's last token.
+            last = gathered_last(hidden, active)
+            logits = None if backend is None else head_logits(last, torch.ones(batch, dtype=torch.int64))
+        else:
+            assert hidden is not None
+            rows = hidden[mask.bool()]  # packed non-padding rows, prompt after prompt
+            logits = head_logits(rows, mask.sum(-1))
+            last = rows
         while True:
             bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
             rows_params = [spec.params[b] for b in active]
@@ -646,9 +681,14 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
             if not active:
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.int64)], dim=-1)
+            body_mask = mask[lo:hi]
             positions = positions[:, -1:] + 1
-            hidden = body(embedding(feed), mask if padded else None, positions)
-            last = hidden[active, -1, :]
+            hidden = run_body(embedding(feed), positions)
+            if adp:
+                last = gathered_last(hidden, active)
+            else:
+                assert hidden is not None
+                last = hidden[active, -1, :]
             logits = None if backend is None else head_logits(last, torch.ones(len(active), dtype=torch.int64))
     decode_s = time.perf_counter() - start - prefill_s
     return _RankOutput(generated, sorted(ran_on) or ["torch"], prefill_s, decode_s, deterministic)
