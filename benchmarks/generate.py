@@ -1,7 +1,8 @@
-"""Tokens/s of ``trtvocab generate`` at tp 1 and tp 3 against plain ``transformers`` greedy, on SmolLM2.
+"""Tokens/s of ``trtvocab generate`` at tp 1 and tp N (replicated body and --attention-dp) against
+plain ``transformers`` greedy, on SmolLM2.
 
-    .venv/bin/python benchmarks/generate.py                    # 4 prompts x 16 new tokens, tp 1 and 3
-    .venv/bin/python benchmarks/generate.py --tokens 32 --tp 1,2,3 --batch 8
+    .venv/bin/python benchmarks/generate.py                    # 8 prompts x 32 new tokens, tp 1, 2, 3, 5
+    .venv/bin/python benchmarks/generate.py --tokens 16 --tp 1,3 --batch 4
 
 Same model object, same prompts (one left-padded batch), greedy, one torch thread per process
 (each tp rank runs one thread too). Timed: the decode loop, prefill included, model loading and
@@ -9,10 +10,11 @@ rank start-up not; the best of ``--repeats`` runs (after one warm-up of transfor
 ``transformers`` is ``model.generate(..., do_sample=False)`` with its KV cache. Printed side by
 side with each row's ratio to transformers.
 
-On one CPU host every rank runs the whole body, so tp N does N times the body's work on the same
-cores: the ratio shows what the vocabulary split costs here (its collectives, the handshakes,
-the per-rank body), not what it saves on N accelerators. Run it alone: on 2 cores any parallel
-job swings the timings.
+Without attention DP every rank runs the whole body, so tp N does N times the body's work on the
+same cores. With ``--attention-dp`` each rank runs the body for its own block of prompts (one
+body's work in all) and only the vocabulary dimension is split: the ratio to tp 1 shows what the
+split itself costs (its collectives and the hidden-row gather). Run it alone: on 2 cores any
+parallel job swings the timings.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ def smollm2() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=16, help="new tokens per prompt")
-    parser.add_argument("--batch", type=int, default=4, help=f"prompts decoded together (1..{len(PROMPTS)})")
-    parser.add_argument("--tp", default="1,3", help="comma-separated tp sizes")
+    parser.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
+    parser.add_argument("--batch", type=int, default=8, help=f"prompts decoded together (1..{len(PROMPTS)})")
+    parser.add_argument("--tp", default="1,2,3,5", help="comma-separated tp sizes")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each (tp > 1 starts its ranks each time)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     args = parser.parse_args()
@@ -71,17 +73,21 @@ def main() -> None:
     rows.append(("transformers generate", count / best, count))
     reference = count / best
 
+    tp1 = None
     for tp in (int(t) for t in args.tp.split(",")):
-        spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens)
-        rate, count = 0.0, 0
-        for _ in range(args.repeats):
-            report = G.generate(spec, loaded)
-            rate, count = max(rate, report.tokens_per_s), report.new_tokens
-        rows.append((f"trtvocab generate tp {tp}", rate, count))
+        for adp in ([False] if tp == 1 else [False, True]):
+            spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens, attention_dp=adp)
+            rate, count = 0.0, 0
+            for _ in range(args.repeats):
+                report = G.generate(spec, loaded)
+                rate, count = max(rate, report.tokens_per_s), report.new_tokens
+            tp1 = rate if tp == 1 else tp1
+            rows.append((f"trtvocab generate tp {tp}{' attention-dp' if adp else ''}", rate, count))
 
-    print(f"{'':<26}{'tokens':>8}{'tokens/s':>12}{'vs transformers':>18}")
+    print(f"{'':<36}{'tokens':>8}{'tokens/s':>12}{'vs transformers':>18}{'vs tp 1':>10}")
     for name, rate, count in rows:
-        print(f"{name:<26}{count:>8}{rate:>12.1f}{rate / reference:>17.2f}x")
+        vs_tp1 = f"{rate / tp1:>9.2f}x" if tp1 else ""
+        print(f"{name:<36}{count:>8}{rate:>12.1f}{rate / reference:>17.2f}x{vs_tp1}")
 
 
 if __name__ == "__main__":
