@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from trtvocab.gguf import GGUFCheckpoint
 
 LM_HEAD_NAME = "lm_head.weight"
+# compressed-tensors' NVFP4 head: packed codes under weight_packed, no lm_head.weight at all.
+LM_HEAD_PACKED_NAME = "lm_head.weight_packed"
 EMBEDDING_NAMES = (
     "model.embed_tokens.weight",
     "embeddings.word_embeddings.weight",
@@ -470,9 +472,12 @@ class Checkpoint:
                 raise CheckpointError(f"checkpoint {self.path}: tensor_name must be a string, "
                                       f"got {type(tensor_name).__name__} {tensor_name!r:.80}")
             self.info(tensor_name)
-            return tensor_name, tensor_name != LM_HEAD_NAME and not tensor_name.endswith(LM_HEAD_NAME)
-        if self.has(LM_HEAD_NAME):
-            return LM_HEAD_NAME, False
+            return tensor_name, not tensor_name.rsplit(".", 1)[0].endswith("lm_head")
+        # A stored head is the head whatever tie_word_embeddings says (a quantized one included:
+        # it is never replaced by the tied embedding).
+        for name in (LM_HEAD_NAME, LM_HEAD_PACKED_NAME):
+            if self.has(name):
+                return name, False
         if self.tie_word_embeddings:
             for name in EMBEDDING_NAMES:
                 if self.has(name):

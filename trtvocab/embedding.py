@@ -24,6 +24,7 @@ each rank keeps its own rows.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,9 @@ import torch
 import torch.distributed as dist
 
 from trtvocab import distributed as D
-from trtvocab.checkpoint import EMBEDDING_NAMES, open_checkpoint
+from trtvocab.checkpoint import EMBEDDING_NAMES
 from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
-from trtvocab.formats import Activation, Granularity, WeightFormat
+from trtvocab.formats import Activation, WeightFormat
 from trtvocab.mapping import Mapping
 from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo, QuantConfig
@@ -117,25 +118,15 @@ class VocabParallelEmbedding(VocabParallelModule):
         """
 
         def build() -> VocabParallelEmbedding:
-            ckpt = open_checkpoint(path)
-            name = embedding_name(ckpt, tensor_name)
-            info = ckpt.info(name)
-            if len(info.shape) != 2:
-                raise CheckpointError(f"{name}: expected a 2-D [V, H] table, got {list(info.shape)}")
-            module = name.rsplit(".", 1)[0]
-            tensors: dict[str, Any] = {"weight": ckpt.get_slice(name)}
-            config = None
-            if info.dtype == "F8_E4M3":
-                scale_name = f"{module}.weight_scale"
-                if not ckpt.has(scale_name):
-                    raise CheckpointError(f"{name} is float8_e4m3fn but {scale_name} is missing")
-                per_row = any(d > 1 for d in ckpt.info(scale_name).shape)
-                tensors["weight_scale"] = ckpt.get_slice(scale_name) if per_row else ckpt.read(scale_name)
-                config = QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE,
-                                     granularity=Granularity.PER_ROW if per_row else Granularity.PER_TENSOR)
-            emb = cls(info.shape[0], info.shape[1], dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
-                      pad_to=pad_to, process_group=process_group, quant_config=config, reduce_output=reduce_output)
-            emb.load_weights(tensors)
+            from trtvocab.loader import open_embedding  # ModelOpt and compressed-tensors tables (headers only)
+
+            source = open_embedding(path, tensor_name)
+            if source.notice:
+                warnings.warn(source.notice, stacklevel=4)
+            emb = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
+                      pad_to=pad_to, process_group=process_group, quant_config=source.quant_config,
+                      reduce_output=reduce_output)
+            emb.load_weights(source.tensors)
             return emb
 
         return load_collectively(build, mapping=mapping, group=process_group,
@@ -335,7 +326,7 @@ def load_tied(path: str | Path, *, mapping: Mapping | None = None, dtype: torch.
                                   vocab_layout=vocab_layout, pad_to=pad_to, process_group=process_group,
                                   deterministic=deterministic, output_dtype=output_dtype)
     decision = head.quant_decision
-    if decision is not None and decision.tensor_name != "lm_head.weight" and head.weight_format is WeightFormat.DENSE:
+    if decision is not None and decision.tied and head.weight_format is WeightFormat.DENSE:
         return VocabParallelEmbedding.from_head(head), head
     embedding = VocabParallelEmbedding.from_checkpoint(path, mapping=mapping, dtype=dtype, vocab_layout=vocab_layout,
                                                        pad_to=pad_to, process_group=process_group)

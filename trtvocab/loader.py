@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
-from trtvocab.checkpoint import Checkpoint, open_checkpoint
+from trtvocab.checkpoint import EMBEDDING_NAMES, Checkpoint, open_checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.formats import Activation, Granularity, WeightFormat
 from trtvocab.mapping import Mapping
+from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.config import HeadQuantDecision, QuantAlgo, QuantConfig, resolve_lm_head_quant
 from trtvocab.sharding import VocabShard
 from trtvocab.weights import FP8Weight, NVFP4Weight
@@ -100,6 +101,19 @@ class HeadSource:
 
     def tensors(self, shard: VocabShard) -> dict[str, Any]:
         """What ``load_weights`` of a head with ``shard`` takes: lazy row readers, or dense rows."""
+        if self.decision.notice:
+            warnings.warn(self.decision.notice, stacklevel=3)
+        if self.decision.checkpoint_format == ct.CHECKPOINT_FORMAT:
+            # compressed-tensors: dequantized lazily as its decompress does, or renamed to ModelOpt's tensors.
+            if self.decision.dequantize:
+                warnings.warn(self.decision.warning or "dequantizing the stored LM head", stacklevel=3)
+            config = self.decision.config
+            return ct.head_tensors(
+                self.checkpoint, self.decision.tensor_name,
+                self.decision.stored.value if self.decision.stored is not None else None,
+                dequantize=self.decision.dequantize,
+                granularity=config.granularity if config is not None else Granularity.PER_TENSOR,
+                static=config is not None and config.activation is Activation.STATIC, hidden=self.hidden_size)
         tensors = head_tensors(self.checkpoint, self.decision.tensor_name, self.vocab_size)
         if self.decision.dequantize:
             assert self.decision.stored is not None
@@ -121,3 +135,66 @@ def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: 
     # file whose header claims 32 GiB is refused before the head allocates its shard.
     ckpt.get_slice(decision.tensor_name)
     return HeadSource(ckpt, decision, vocab, hidden)
+
+
+# ---- the input embedding ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EmbeddingSource:
+    """A checkpoint's input embedding, probed but not read: the tensor, ``(V, H)``, the lazy readers
+    ``load_weights`` takes and the table's quantization (None: dense)."""
+
+    checkpoint: Any
+    tensor_name: str
+    vocab_size: int
+    hidden_size: int
+    tensors: dict[str, Any]
+    quant_config: QuantConfig | None
+    notice: str | None = None
+
+
+def embedding_tensor_name(ckpt: Any, tensor_name: str | None = None) -> str:
+    """The checkpoint's input-embedding tensor: ``tensor_name``, or the first known name present
+    (``<module>.weight``, or compressed-tensors' NVFP4 ``<module>.weight_packed``)."""
+    if tensor_name is not None:
+        ckpt.info(tensor_name)  # raises naming the checkpoint when absent
+        return tensor_name
+    for name in EMBEDDING_NAMES:
+        for candidate in (name, name + "_packed"):
+            if ckpt.has(candidate):
+                return candidate
+    raise CheckpointError(f"checkpoint {ckpt.path}: no input embedding among {list(EMBEDDING_NAMES)}; "
+                          "pass tensor_name= to name it")
+
+
+def open_embedding(path: Any, tensor_name: str | None = None) -> EmbeddingSource:
+    """Probe the input embedding of ``path`` (a path or an opened checkpoint; headers only).
+
+    ModelOpt / plain files: a ``float8_e4m3fn`` table with its float32 ``weight_scale`` loads as
+    FP8 (per tensor, or per row when the scale has more than one value), anything else dense.
+    compressed-tensors files: :func:`trtvocab.quant.compressed_tensors.embedding_tensors` (the
+    config and tensors must agree; an NVFP4 table is decompressed exactly, with a notice).
+    """
+    ckpt = open_checkpoint(path) if not hasattr(path, "info") else path
+    name = embedding_tensor_name(ckpt, tensor_name)
+    section = getattr(ckpt, "config", {}).get("quantization_config")
+    if ct.is_compressed_tensors(section):
+        got = ct.embedding_tensors(ckpt, section, f"{ckpt.path / 'config.json'} quantization_config", name)
+        config = None if got.algo is None else QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE,
+                                                           granularity=got.granularity)
+        return EmbeddingSource(ckpt, got.tensor_name, got.vocab_size, got.hidden_size, got.tensors, config,
+                               got.notice)
+    info = ckpt.info(name)
+    if len(info.shape) != 2:
+        raise CheckpointError(f"{name}: expected a 2-D [V, H] table, got {list(info.shape)}")
+    module = name.rsplit(".", 1)[0]
+    tensors: dict[str, Any] = {"weight": ckpt.get_slice(name)}
+    config = None
+    if info.dtype == "F8_E4M3":
+        scale_name = f"{module}.weight_scale"
+        if not ckpt.has(scale_name):
+            raise CheckpointError(f"{name} is float8_e4m3fn but {scale_name} is missing")
+        per_row = any(d > 1 for d in ckpt.info(scale_name).shape)
+        tensors["weight_scale"] = ckpt.get_slice(scale_name) if per_row else ckpt.read(scale_name)
+        config = QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE,
+                             granularity=Granularity.PER_ROW if per_row else Granularity.PER_TENSOR)
+    return EmbeddingSource(ckpt, name, info.shape[0], info.shape[1], tensors, config)

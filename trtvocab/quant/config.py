@@ -1,16 +1,38 @@
-"""Which quantization the LM head runs with: the gating rule (DESIGN §4).
+"""Which quantization the LM head runs with: the gating rule (DESIGN §4), for both checkpoint formats.
 
-The head is quantized only if
+**The rule.** The head runs quantized exactly when the checkpoint *stores* it quantized and its
+config *says* so; a config and tensors that disagree are refused rather than guessed at:
 
-* a per-layer entry (``MIXED_PRECISION`` ``quantized_layers``) names ``lm_head``, or
-* a global ``quant_algo`` is set **and** the safetensors header holds
-  ``lm_head.weight_scale`` (a header probe: no tensor is read).
+* **stored quantized** is read from the safetensors header (no tensor data): FP8 is an
+  ``F8_E4M3`` head with its ``weight_scale``; NVFP4 is a ``U8`` packed head with its E4M3 block
+  ``weight_scale`` and a global scale (``weight_scale_2`` in ModelOpt files,
+  ``weight_global_scale`` in compressed-tensors files, where the packed tensor is
+  ``lm_head.weight_packed``);
+* **the config says so**: ModelOpt (``hf_quant_config.json`` or a non-compressed-tensors
+  ``config.json`` ``quantization_config``) -- a per-layer entry (``MIXED_PRECISION``
+  ``quantized_layers``) names ``lm_head``, or a global ``quant_algo`` is set and the header holds
+  ``lm_head.weight_scale``; compressed-tensors (``quant_method: "compressed-tensors"``) -- a
+  ``config_groups`` target matches ``lm_head`` and no ``ignore`` entry does (exact name,
+  ``re:`` regex with ``re.match``, or class name ``Linear``: compressed-tensors' own matcher;
+  vLLM matches the head by name or regex only, see :mod:`trtvocab.quant.compressed_tensors`).
 
-It is forced dense when ``lm_head`` matches ``exclude_modules`` / ``ignore``
-(fnmatch), when the head is the tied input embedding, when attention DP splits
-the head (LM-head TP in ADP), or when the user asks for ``quant="none"``. A head
-stored quantized but forced dense is dequantized exactly, with a warning: a stored
-scale is never ignored and quantized bytes are never read as dense values.
+It is forced dense when the head is the tied input embedding, when attention DP splits the
+head (LM-head TP in ADP), when the user asks for ``quant="none"``, and (ModelOpt) when
+``lm_head`` matches ``exclude_modules`` / ``ignore`` (fnmatch). A head stored quantized but
+forced dense is dequantized exactly, with a warning: a stored scale is never ignored and
+quantized bytes are never read as dense values. ModelOpt heads dequantize in float32
+(``q * s``, ModelOpt's ``QTensor.dequantize``); compressed-tensors heads as the library's
+``decompress`` does (bit for bit). A stored ``lm_head`` is always the head, whatever
+``tie_word_embeddings`` says: a quantized head is never replaced by the tied embedding.
+
+Disagreements refused (:class:`~trtvocab.errors.QuantizationError` naming the file, the tensor
+and the config entry): a config entry that quantizes the head but no quantized tensors (or the
+wrong ones) in the header; ModelOpt: a global algo the stored bytes contradict (quantized bytes
+that no entry quantizes are dequantized exactly, with a warning, as ModelOpt's exports of an
+excluded head never hold them); compressed-tensors: quantized tensors that no config group
+covers (or that ``ignore`` names: the library could not decompress them either), a file saved
+uncompressed (``format: "dense"`` / ``quantization_status: "frozen"``: dense weights with scales
+beside them -- ``quant="none"`` loads the dense weights), scales of the wrong shape or dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +46,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtvocab.errors import QuantizationError
 from trtvocab.formats import Activation, Granularity, WeightFormat
+from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.nvfp4 import BLOCK
 
 if TYPE_CHECKING:
@@ -118,12 +141,21 @@ class HeadQuantDecision(BaseModel):
     stored: QuantAlgo | None  # the format of the stored bytes (None = dense)
     dequantize: bool  # stored quantized but running dense: dequantize exactly
     reason: str
-    tensor_name: str = "lm_head.weight"
+    tensor_name: str = "lm_head.weight"  # the stored [V, H] tensor (lm_head.weight_packed for compressed-tensors NVFP4)
+    tied: bool = False  # the head is the tied input embedding
+    checkpoint_format: str = "modelopt"  # whose tensor names and scale conventions: "modelopt" | "compressed-tensors"
+    notice: str | None = None  # a warning to give when the head loads (e.g. a mode loaded weight-only)
 
     @property
     def warning(self) -> str | None:
         if not self.dequantize or self.stored is None:
             return None
+        if self.checkpoint_format == "compressed-tensors":
+            how = ("bfloat16(e2m1(q) * fp32(block_scale / global_scale))" if self.stored is QuantAlgo.NVFP4
+                   else "q * weight_scale rounded once to the scale's dtype")
+            return (f"{self.tensor_name} is stored as {self.stored.value} but the head runs dense ({self.reason}): "
+                    f"dequantizing it exactly as compressed-tensors' decompress does ({how}), then casting to the "
+                    "head's dtype")
         return (f"{self.tensor_name} is stored as {self.stored.value} but the head runs dense "
                 f"({self.reason}): dequantizing it exactly in float32, then rounding to the head's dtype")
 
@@ -173,9 +205,11 @@ def stored_format(ckpt: Checkpoint, tensor_name: str) -> QuantAlgo | None:
     if info.dtype == "F8_E4M3":
         return QuantAlgo.FP8
     if info.dtype == "U8":
-        if not ckpt.has(f"{module}.weight_scale_2"):
+        # ModelOpt's global scale is weight_scale_2, compressed-tensors' its reciprocal weight_global_scale.
+        if not ckpt.has(f"{module}.weight_scale_2") and not ckpt.has(f"{module}.weight_global_scale"):
             raise QuantizationError(
-                f"{tensor_name} is uint8 (packed FP4) but {module}.weight_scale_2 is missing"
+                f"{tensor_name} is uint8 (packed FP4) but {module}.weight_scale_2 is missing (ModelOpt's global "
+                f"scale; compressed-tensors files store {module}.weight_global_scale instead)"
             )
         return QuantAlgo.NVFP4
     return None
@@ -200,6 +234,14 @@ def resolve_lm_head_quant(
     module = name.rsplit(".", 1)[0]
     section, source = _quant_section(ckpt)
     where = f"{ckpt.path} {source}".strip()
+    ct_section = ckpt.config.get("quantization_config")
+    if ct.is_compressed_tensors(ct_section):
+        # compressed-tensors (llm-compressor / vLLM): its own names, matcher and scale conventions.
+        forced = (f"the head is the tied input embedding {name}" if tied
+                  else "attention DP with LM-head TP runs the head dense"
+                  if mapping is not None and mapping.enable_attention_dp and mapping.lm_head_is_split else None)
+        return _resolve_ct(ckpt, ct_section, f"{ckpt.path / 'config.json'} quantization_config", name=name, tied=tied,
+                          forced_dense=forced, quant=quant, weight_only=weight_only)
     global_algo = QuantAlgo.parse(section.get("quant_algo"), where)
     patterns = _patterns(section, "exclude_modules", where) + _patterns(section, "ignore", where)
     layers = section.get("quantized_layers") or {}
@@ -214,7 +256,7 @@ def resolve_lm_head_quant(
 
     def dense(reason: str) -> HeadQuantDecision:
         return HeadQuantDecision(config=None, stored=stored, dequantize=stored is not None,
-                                 reason=reason, tensor_name=name)
+                                 reason=reason, tensor_name=name, tied=tied)
 
     # Forced dense, strongest reason first.
     if quant == "none":
@@ -267,5 +309,38 @@ def resolve_lm_head_quant(
     granularity = Granularity.PER_ROW if wanted is QuantAlgo.FP8 and scale_elems > 1 else Granularity.PER_TENSOR
     return HeadQuantDecision(
         config=QuantConfig(quant_algo=wanted, activation=activation, group_size=group, granularity=granularity),
-        stored=stored, dequantize=False, reason=why, tensor_name=name,
+        stored=stored, dequantize=False, reason=why, tensor_name=name, tied=tied,
     )
+
+
+def _resolve_ct(ckpt: Checkpoint, section: dict[str, Any], where: str, *, name: str, tied: bool,
+                forced_dense: str | None, quant: str, weight_only: bool) -> HeadQuantDecision:
+    """The verdict for a compressed-tensors checkpoint: the module's config and tensors must agree
+    (:func:`trtvocab.quant.compressed_tensors.resolve_module` refuses otherwise); then the same
+    forced-dense reasons as for ModelOpt. ``forced_dense``: tied / attention DP, or None."""
+    if ckpt.hf_quant_config is not None:
+        raise QuantizationError(f"{ckpt.path}: config.json says quant_method {ct.CT_METHOD!r} but "
+                                "hf_quant_config.json (ModelOpt) is there too; one checkpoint has one quantization "
+                                "format")
+    cfg = ct.parse_config(section, where)
+    classes = ct.EMBEDDING_CLASSES if tied else ct.HEAD_CLASSES
+    info = ct.resolve_module(ckpt, cfg, name.rsplit(".", 1)[0], classes, where, allow_uncompressed=quant == "none")
+    stored = QuantAlgo(info.algo) if info.algo is not None else None
+
+    def dense(reason: str, notice: str | None = None) -> HeadQuantDecision:
+        return HeadQuantDecision(config=None, stored=stored, dequantize=stored is not None, reason=reason,
+                                 tensor_name=info.tensor_name, tied=tied, checkpoint_format=ct.CHECKPOINT_FORMAT,
+                                 notice=notice)
+
+    if stored is None:
+        return dense(info.reason or "the head is stored dense", info.notice)
+    if quant == "none":
+        return dense("quant='none' requested")
+    if forced_dense is not None:
+        return dense(forced_dense)
+    config = QuantConfig(quant_algo=stored, activation=Activation.NONE if weight_only else info.activation,
+                         group_size=BLOCK, granularity=info.granularity)
+    return HeadQuantDecision(config=config, stored=stored, dequantize=False,
+                             reason=info.reason + (f"; {info.vllm_note}" if info.vllm_note else ""),
+                             tensor_name=info.tensor_name, tied=tied, checkpoint_format=ct.CHECKPOINT_FORMAT,
+                             notice=None if weight_only else info.notice)
