@@ -64,7 +64,7 @@ def make_embedding(recipe: BuildRecipe, rank: int, head: LMHead) -> VocabParalle
     A tied head (the checkpoint's input embedding, or synthetic rows) shares its buffer;
     otherwise the checkpoint's embedding tensor is read, only this rank's rows.
     """
-    tied = head.quant_decision is None or head.quant_decision.tensor_name != "lm_head.weight"
+    tied = head.quant_decision is None or head.quant_decision.tied
     if tied and recipe.embedding.tensor is None and head.weight_format is WeightFormat.DENSE:
         # The head holds the one table (tie_weights goes the other way: the head takes the embedding's).
         return VocabParallelEmbedding.from_head(head, reduce_output=False)
