@@ -71,6 +71,15 @@ def kinds(v: int, h: int) -> dict[str, Callable[[Path], Path]]:
     }
 
 
+def _why(cell: str) -> str:
+    """A refusal, as the datatype the target lacks."""
+    reasons = (("bfloat16", "no bf16"), ("FP8", "no fp8"), ("FP4", "no fp4"), ("float32 GEMM", "no fp32 GEMM"))
+    for text, short in reasons:
+        if text in cell:
+            return short
+    return cell[:24]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=4099)
@@ -110,8 +119,8 @@ def main() -> None:
     print("| graph | " + " | ".join(RTX_TARGETS) + " | engine / ONNX bytes | weights | GEMM | contract |")
     print("|---" * (len(RTX_TARGETS) + 5) + "|")
     for r in rows:
-        short = [("ok" if c.startswith("ok") else "BROKEN" if c.startswith("CONTRACT") else
-                  c.replace("refused: ", "")[:22]) for t, c in r["cells"].items() if t != "default"]
+        short = [("ok" if c.startswith("ok") else "BROKEN" if c.startswith("CONTRACT") else _why(c))
+                 for t, c in r["cells"].items() if t != "default"]
         tail = (f"{r['engine_bytes']:,} / {r['onnx_bytes']:,} | {r['weights_bytes']:,} | {r['gemm']} | "
                 f"{r['contract']}" if "gemm" in r else "- | - | - | -")
         print(f"| {r['graph']} | " + " | ".join(short) + f" | {tail} |")
