@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -454,3 +455,262 @@ def test_lock_timeout_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setenv(kernels.LOCK_TIMEOUT_ENV_VAR, bad)
         with pytest.raises(ValueError, match=kernels.LOCK_TIMEOUT_ENV_VAR):
             kernels.lock_timeout()
+
+
+# ---- issue 21: every path (ISA), the batch-2..8 kernels, the NVFP4 4-group decoder, the dense kernel ------
+# Each build of the library (TRTVOCAB_KERNELS_ISA: native, avx2, portable) runs the same checks; a path
+# this machine cannot run is skipped with the reason. The chains are the same in every build; only the
+# portable build may round a * b + c twice where the CPU has no FMA (still inside the same bounds).
+def _isa_runs_here(isa: str) -> str | None:
+    flags = kernels.cpu_flags()
+    if isa == "avx2" and not {"avx2", "fma", "f16c"} <= flags:
+        return "this CPU has no AVX2 + FMA + F16C"
+    if isa != "native" and platform.machine().lower() not in ("x86_64", "amd64"):
+        return "the avx2 / portable builds are x86 -march targets"
+    return None
+
+
+@pytest.fixture(params=list(kernels.ISAS))
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Route the kernels of this test through the library built for one ISA."""
+    if kernels.disabled_reason() is not None:
+        pytest.skip(kernels.disabled_reason())
+    why = _isa_runs_here(request.param)
+    if why:
+        pytest.skip(why)
+    try:
+        loaded = kernels.load_isa(request.param)
+    except Exception as exc:  # no compiler here: the fused tests above skip for the same reason
+        pytest.skip(f"{request.param} build unavailable: {exc}")
+    monkeypatch.setattr(kernels, "_loaded", loaded)
+    return request.param
+
+
+def test_isa_builds_are_the_paths_they_claim(isa):
+    loaded = kernels.load()
+    assert loaded is not None
+    want = {"portable": "portable", "avx2": "avx2+fma+f16c"}.get(isa)
+    if want is not None:
+        assert loaded.isa == want
+    elif {"avx2", "fma", "f16c"} <= kernels.cpu_flags():
+        assert loaded.isa == "avx2+fma+f16c"  # native on an AVX2 (or AVX-512) CPU: the AVX2 code
+    assert kernels.self_check(loaded) is None
+    assert str(loaded.path) != str(kernels.load_isa("portable").path) or isa == "portable"
+
+
+def test_isa_setting_is_validated(monkeypatch):
+    monkeypatch.setenv(kernels.ISA_ENV_VAR, "avx2")
+    assert kernels.requested_isa() == "avx2"
+    assert kernels.build_name() == kernels.build_name("avx2") != kernels.build_name("portable")
+    monkeypatch.setenv(kernels.ISA_ENV_VAR, "sse9")
+    with pytest.raises(ValueError, match=kernels.ISA_ENV_VAR):
+        kernels.requested_isa()
+    monkeypatch.delenv(kernels.ISA_ENV_VAR)
+    assert kernels.requested_isa() == "native"
+
+
+BATCHES_1_9 = list(range(1, 10))
+
+
+def _batch_invariant(head: LMHead, x: torch.Tensor) -> torch.Tensor:
+    """The head's logits of x; asserts each row equals the row computed alone, and every B' <= B prefix."""
+    got = head.weights(x)
+    for b in range(1, x.shape[0]):
+        assert torch.equal(head.weights(x[:b]), got[:b]), f"batch {b} prefix of {x.shape[0]}"
+    singles = torch.cat([head.weights(x[i : i + 1]) for i in range(x.shape[0])])
+    assert torch.equal(singles, got)
+    return got
+
+
+@pytest.mark.parametrize("hidden", [1, 13, 40, 520, 1029])
+def test_fp8_every_code_batches_1_to_9(isa, hidden):
+    gen = torch.Generator().manual_seed(hidden)
+    v = FINITE_FP8.numel() + 3  # not a multiple of the tiles
+    codes = FINITE_FP8[torch.randint(0, FINITE_FP8.numel(), (v, hidden), generator=gen)]
+    codes[torch.arange(FINITE_FP8.numel()), torch.arange(FINITE_FP8.numel()) % hidden] = FINITE_FP8
+    for per_row in (False, True):
+        t = fp8_tensors(v, hidden, gen, codes=codes, per_row=per_row)
+        head = make_head(FP8, "none", v, hidden, t, per_row=per_row)
+        w64 = exact_weight(FP8, t)
+        x = torch.randn(9, hidden, generator=gen).bfloat16()
+        got = _batch_invariant(head, x)
+        for b in BATCHES_1_9:
+            check(head, x[:b], w64, fused_path=True)
+        assert got.shape[0] == 9
+    eye = torch.eye(hidden)[: min(hidden, 9)]
+    if hidden <= 9:  # one-hot rows read single codes back exactly at batch <= 9
+        assert torch.equal(head.weights(eye.bfloat16()).double(), exact_weight(FP8, t).t().float().double())
+
+
+@pytest.mark.parametrize("hidden", [16, 144, 512, 528, 784, 1040])
+def test_nvfp4_every_nibble_batches_1_to_9(isa, hidden):
+    """Widths that take the 4-group decoder (>= 32 blocks), its pairs and singles, and a partial group."""
+    gen = torch.Generator().manual_seed(hidden)
+    v = 16 * 16 + 5
+    codes = torch.randint(0, 16, (v, hidden), dtype=torch.uint8, generator=gen)
+    codes[torch.arange(v), (torch.arange(v) * 7) % hidden] = torch.arange(v, dtype=torch.uint8) % 16
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    t = nvfp4_tensors(v, hidden, gen, packed=packed, scale_codes=(0x01, 0x7F))
+    w64 = exact_weight(NVFP4, t)
+    for activation in ("none", "static"):
+        head = make_head(NVFP4, activation, v, hidden, t)
+        x = torch.randn(9, hidden, generator=gen).bfloat16()
+        _batch_invariant(head, x)
+        for b in BATCHES_1_9:
+            check(head, x[:b], w64, fused_path=True)
+    for b in BATCHES_1_9:  # one-hot rows: every nibble under every block scale read back exactly
+        cols = (torch.arange(b) * 37) % hidden
+        eye = torch.zeros(b, hidden)
+        eye[torch.arange(b), cols] = 1.0
+        got = make_head(NVFP4, "none", v, hidden, t).weights(eye.bfloat16()).double()
+        assert torch.equal(got, w64[:, cols].t().float().double())
+
+
+@pytest.mark.parametrize(("name", "algo", "spec"), adversarial_cases(), ids=[c[0] for c in adversarial_cases()])
+def test_adversarial_values_every_path_and_batch(isa, name, algo, spec):
+    v, h = 41, 528  # the NVFP4 4-group decoder and a pair; FP8 tail-free
+    gen = torch.Generator().manual_seed(7)
+    spec = dict(spec)
+    if algo is FP8:
+        kind = spec.pop("codes", None)
+        if kind == "max":
+            spec["codes"] = 0x7E | (torch.randint(0, 2, (v, h), dtype=torch.uint8, generator=gen) << 7)
+        elif kind == "zero":
+            spec["codes"] = torch.zeros(v, h, dtype=torch.uint8)
+        t = fp8_tensors(v, h, gen, **spec)
+    else:
+        kind = spec.pop("packed", None)
+        if kind == "max":
+            spec["packed"] = torch.randint(0, 2, (v, h // 2), dtype=torch.uint8, generator=gen) * 0x88 | 0x77
+        elif kind == "negzero":
+            spec["packed"] = torch.full((v, h // 2), 0x88, dtype=torch.uint8)
+        t = nvfp4_tensors(v, h, gen, **spec)
+    w64 = exact_weight(algo, t)
+    head = make_head(algo, "none", v, h, t)
+    for b in (1, 2, 3, 5, 8, 9):
+        for x in (torch.zeros(b, h), torch.full((b, h), 448.0), torch.randn(b, h, generator=gen) * 1e4):
+            got = check(head, x.bfloat16(), w64, fused_path=True)
+            if not bool(x.any()) or not bool(w64.any()):
+                assert torch.equal(got, torch.zeros_like(got)) and not bool(torch.signbit(got).any())
+
+
+@pytest.mark.parametrize("algo", [FP8, NVFP4])
+def test_uneven_shards_and_partitions_every_batch(isa, algo):
+    v, h = 203, 528
+    t = tensors_for(algo, v, h, seed=11, per_row=algo is FP8)
+    w64 = exact_weight(algo, t)
+    single = make_head(algo, "none", v, h, t, per_row=algo is FP8)
+    x = torch.randn(9, h, generator=torch.Generator().manual_seed(12)).bfloat16()
+    for b in BATCHES_1_9:
+        full = check(single, x[:b], w64, fused_path=True)
+        for rank in range(3):
+            mapping = Mapping(world_size=3, rank=rank, tp_size=3)
+            head = make_head(algo, "none", v, h, t, per_row=algo is FP8, mapping=mapping, layout="uneven")
+            assert torch.equal(check(head, x[:b], w64, fused_path=True), full[:, head.shard.start : head.shard.end])
+        prepared = single.weights.prepare(x[:b])
+        pieces = torch.cat([single.weights.block_logits(prepared, lo, min(v, lo + 29)) for lo in range(0, v, 29)], 1)
+        assert torch.equal(pieces.double(), full)
+
+
+# ---- the dense bf16 / fp16 kernel ----------------------------------------------------------------------------
+def _dense_head(dtype: torch.dtype, v: int, h: int, w: torch.Tensor, mapping: Mapping | None = None,
+                layout: str = "uneven") -> LMHead:
+    head = LMHead(v, h, dtype=dtype, mapping=mapping, vocab_layout=layout, pad_to=4)
+    head.load_weights({"weight": w})
+    return head
+
+
+def _dense_check(head: LMHead, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Logits against float64: 8 float32 FMA chains of ceil(H / 8) steps, a 3-level tree, then one
+    rounding to the head dtype (unit roundoff 2**-8 bf16, 2**-11 fp16)."""
+    weights = head.weights
+    assert weights._kernel(x)
+    got = weights(x)
+    shard = head.shard
+    assert got.dtype == w.dtype and torch.equal(got[:, shard.size :], torch.zeros_like(got[:, shard.size :]))
+    got = got[:, : shard.size].double()
+    w64 = w[shard.start : shard.end].double()
+    ref, a = x.double() @ w64.t(), x.double().abs() @ w64.abs().t()
+    fp32_err = gamma(math.ceil(head.hidden_size / 8) + 3) * a
+    u = 2.0**-8 if w.dtype == torch.bfloat16 else 2.0**-11
+    bound = fp32_err + u * (ref.abs() + fp32_err)
+    excess = ((got - ref).abs() - bound).max().item() if got.numel() else 0.0
+    assert excess <= 0, f"error exceeds its bound by {excess:.3g}"
+    return got
+
+
+@pytest.fixture
+def dense_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "1")  # on every CPU, also where torch's GEMM is the default
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", [1, 13, 40, 520, 1029])
+def test_dense_kernel_bounds_batches_and_partitions(isa, dense_kernel, dtype, hidden):
+    gen = torch.Generator().manual_seed(hidden)
+    v = 203
+    w = (torch.randn(v, hidden, generator=gen) * 0.05).to(dtype)
+    head = _dense_head(dtype, v, hidden, w)
+    x = torch.randn(9, hidden, generator=gen).to(dtype)
+    got = _batch_invariant(head, x)
+    for b in BATCHES_1_9:
+        _dense_check(head, x[:b], w)
+        pieces = torch.cat([head.weights.block_logits(x[:b], lo, min(v, lo + 17)) for lo in range(0, v, 17)], 1)
+        assert torch.equal(pieces, got[:b])
+    for rank in range(3):
+        shard_head = _dense_head(dtype, v, hidden, w, mapping=Mapping(world_size=3, rank=rank, tp_size=3))
+        part = _dense_check(shard_head, x, w)
+        assert torch.equal(part, got[:, shard_head.shard.start : shard_head.shard.end].double())
+    # torch's GEMM (the kernel off) gives the same numbers within its own bound (any order, one rounding)
+    with kernels.disabled():
+        assert not head.weights._kernel(x)
+        old = head.weights(x).double()
+    u = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    a = x.double().abs() @ w.double().abs().t()
+    assert ((old - got.double()).abs() <= 2 * (gamma(hidden + 2) * a + u * a) + 1e-30).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dense_kernel_decodes_every_value(isa, dtype):
+    """Every finite bf16 / fp16 bit pattern (subnormals, -0, the extremes) read back through one-hot
+    inputs, at every batch 1..9 and a tail step (H = 13)."""
+    bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+    values = bits.view(dtype)
+    values = values[torch.isfinite(values.float())]
+    h = 13
+    v = -(-values.numel() // h)
+    w = torch.zeros(v * h, dtype=dtype)
+    w[: values.numel()] = values
+    w = w.reshape(v, h)
+    for b in BATCHES_1_9:
+        cols = (torch.arange(b) * 5) % h
+        eye = torch.zeros(b, h, dtype=torch.float32)
+        eye[torch.arange(b), cols] = 1.0
+        x8 = kernels.fp8_x(eye)
+        got = kernels.dense_logits(x8, h, w)
+        want = w.float()[:, cols].t() + 0.0  # -0 weights give +0 logits (sum + 0)
+        assert torch.equal(got, want)
+
+
+def test_dense_kernel_dispatch(monkeypatch):
+    head = _dense_head(torch.bfloat16, 40, 16, torch.randn(40, 16).bfloat16())
+    x = torch.randn(3, 16).bfloat16()
+    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "0")
+    assert not head.weights._kernel(x)
+    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "1")
+    assert head.weights._kernel(x) == kernels.available()
+    assert not head.weights._kernel(torch.randn(kernels.DENSE_MAX_BATCH + 1, 16).bfloat16())
+    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "auto")
+    native = any(f in kernels.cpu_flags() for f in kernels.NATIVE_DOT[torch.bfloat16])
+    assert kernels.dense_max_batch(torch.bfloat16) == (0 if native else kernels.DENSE_MAX_BATCH)
+    assert kernels.dense_max_batch(torch.float32) == 0
+    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "sometimes")
+    with pytest.raises(ValueError, match=kernels.DENSE_ENV_VAR):
+        kernels.dense_max_batch(torch.bfloat16)
+
+
+def test_read_probe_reads_every_byte(isa):
+    buf = torch.arange(1 << 16, dtype=torch.int64)
+    assert kernels.read_probe(buf) == int(buf.sum()) % (1 << 64)
+    with pytest.raises(ValueError):
+        kernels.read_probe(torch.zeros(3, dtype=torch.uint8))

@@ -9,6 +9,7 @@ import torch
 
 from trtvocab.errors import CheckpointError
 from trtvocab.formats import WeightFormat
+from trtvocab.weights import kernels
 from trtvocab.weights.base import WeightMethod, read_rows
 
 DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -97,8 +98,26 @@ class DenseWeight(WeightMethod):
             and tuple(rows.shape) == tuple(self.weight.shape)
         )
 
+    def _kernel(self, x: torch.Tensor) -> bool:
+        """Whether this call multiplies in the fused dense kernel (bf16 / fp16, a batch it beats
+        torch's GEMM at: :func:`kernels.dense_max_batch`): every logit is then one fixed chain of
+        float32 FMAs over H, rounded once to the head dtype, bitwise the same at every batch up to
+        that limit, every ``[start, end)`` split and every tp size."""
+        return (x.dim() == 2 and x.dtype == self.weight.dtype and 0 < x.shape[0] <= kernels.dense_max_batch(x.dtype)
+                and kernels.usable(x, self.weight))
+
+    def _kernel_logits(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        return kernels.dense_logits(kernels.fp8_x(x), self.hidden_size, self.weight[start:end]).to(self.weight.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         size = self.shard.size
+        if self._kernel(x):
+            logits = self._kernel_logits(x, 0, size)
+            if not self.shard.padding:
+                return logits
+            out = x.new_zeros((x.shape[0], self.shard.width))
+            out[:, :size] = logits
+            return out
         if not self.shard.padding:
             return x @ self.weight.t()
         # Multiply by the owned rows only: the GEMM then has the single-device shape, and
@@ -108,6 +127,8 @@ class DenseWeight(WeightMethod):
         return out
 
     def block_logits(self, prepared: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        if self._kernel(prepared):
+            return self._kernel_logits(prepared, start, end)
         return prepared @ self.weight[start:end].t()
 
     def forward_float32(self, x: torch.Tensor, chunk_elements: int = 1 << 20) -> torch.Tensor:

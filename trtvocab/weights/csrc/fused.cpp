@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -84,6 +85,54 @@ inline void fp4_decode8(const uint8_t* p, V& lo, V& hi) {
   lo.v = _mm256_xor_ps(_mm256_permutevar8x32_ps(table, v), _mm256_castsi256_ps(lo_sign));
   hi.v = _mm256_xor_ps(_mm256_permutevar8x32_ps(table, _mm256_srli_epi32(v, 4)), _mm256_castsi256_ps(hi_sign));
 }
+// 32 bytes of block-major packed E2M1 (byte k of 4 consecutive 8-block groups) -> lo[j] / hi[j]:
+// the low / high nibbles' values of group j. A vpshufb table maps each nibble to the high byte of
+// its value in fp16 (every e2m1 value, -0 included, is an fp16 number with a zero low byte), an
+// unpack with zero makes the fp16 words, F16C widens them: exact, 64 values from one load.
+inline void fp4_decode32(const uint8_t* p, V* lo, V* hi) {
+  const __m256i table = _mm256_setr_epi8(
+      0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8), char(0xBC), char(0xBE), char(0xC0),
+      char(0xC2), char(0xC4), char(0xC6), 0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8),
+      char(0xBC), char(0xBE), char(0xC0), char(0xC2), char(0xC4), char(0xC6));
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  __m256i tl = _mm256_shuffle_epi8(table, _mm256_and_si256(b, mask));
+  __m256i th = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(b, 4), mask));
+  // unpack*_epi8 works within 128-bit halves: lo half = bytes 0-15 (groups 0, 1), hi = 16-31 (2, 3).
+  __m256i l02 = _mm256_unpacklo_epi8(zero, tl), l13 = _mm256_unpackhi_epi8(zero, tl);
+  __m256i h02 = _mm256_unpacklo_epi8(zero, th), h13 = _mm256_unpackhi_epi8(zero, th);
+  lo[0].v = _mm256_cvtph_ps(_mm256_castsi256_si128(l02));
+  lo[1].v = _mm256_cvtph_ps(_mm256_castsi256_si128(l13));
+  lo[2].v = _mm256_cvtph_ps(_mm256_extracti128_si256(l02, 1));
+  lo[3].v = _mm256_cvtph_ps(_mm256_extracti128_si256(l13, 1));
+  hi[0].v = _mm256_cvtph_ps(_mm256_castsi256_si128(h02));
+  hi[1].v = _mm256_cvtph_ps(_mm256_castsi256_si128(h13));
+  hi[2].v = _mm256_cvtph_ps(_mm256_extracti128_si256(h02, 1));
+  hi[3].v = _mm256_cvtph_ps(_mm256_extracti128_si256(h13, 1));
+}
+
+// 16 bytes (byte k of 2 groups) -> lo[0..1], hi[0..1]: fp4_decode32's steps on one 128-bit half.
+inline void fp4_decode16(const uint8_t* p, V* lo, V* hi) {
+  const __m128i table = _mm_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8),
+                                      char(0xBC), char(0xBE), char(0xC0), char(0xC2), char(0xC4), char(0xC6));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i zero = _mm_setzero_si128();
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m128i tl = _mm_shuffle_epi8(table, _mm_and_si128(b, mask));
+  __m128i th = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), mask));
+  lo[0].v = _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, tl));
+  lo[1].v = _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, tl));
+  hi[0].v = _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, th));
+  hi[1].v = _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, th));
+}
+
+// 8 bf16 / fp16 values -> float32, exactly (bf16: a 16-bit shift; fp16: F16C).
+inline V bf16_decode8(const uint16_t* p) {
+  __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(h, 16))};
+}
+inline V fp16_decode8(const uint16_t* p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 #else
 // Portable lanes: the same chains and the same reduction tree; built with -ffp-contract=off,
 // so a * b + c is fused only where written (hardware fmaf), identically in both kernels.
@@ -154,11 +203,42 @@ inline void fp4_decode8(const uint8_t* p, V& lo, V& hi) {
     hi.v[i] = t[p[i] >> 4];
   }
 }
+inline void fp4_decode32(const uint8_t* p, V* lo, V* hi) {
+  for (int j = 0; j < 4; ++j) fp4_decode8(p + j * LANES, lo[j], hi[j]);
+}
+inline void fp4_decode16(const uint8_t* p, V* lo, V* hi) {
+  for (int j = 0; j < 2; ++j) fp4_decode8(p + j * LANES, lo[j], hi[j]);
+}
+inline V bf16_decode8(const uint16_t* p) {
+  V r;
+  for (int i = 0; i < LANES; ++i) {
+    uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(&r.v[i], &bits, 4);
+  }
+  return r;
+}
+inline float half_to_float(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  float mag;
+  if (e == 0) {
+    mag = std::ldexp(static_cast<float>(m), -24);  // zero and subnormals: exact
+  } else if (e == 31) {
+    mag = m ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  } else {
+    mag = std::ldexp(static_cast<float>(m | 0x400), e - 25);
+  }
+  return (h & 0x8000) ? -mag : mag;
+}
+inline V fp16_decode8(const uint16_t* p) {
+  V r;
+  for (int i = 0; i < LANES; ++i) r.v[i] = half_to_float(p[i]);
+  return r;
+}
 #endif
 
-inline float finish(V acc, float scale) {
+inline float finish(V acc, float scale, float unbias = UNBIAS) {
   // * 256 is exact; then one rounding for the scale; + 0 makes a -0 logit +0.
-  return (vhsum(acc) * UNBIAS) * scale + 0.0f;
+  return (vhsum(acc) * unbias) * scale + 0.0f;
 }
 
 // ---- formats: how a row's steps are decoded -----------------------------------------------------
@@ -188,10 +268,51 @@ struct FP8Rows {
     std::memcpy(tmp, p, static_cast<size_t>(left));
     return tmp;
   }
+  static constexpr float kUnbias = UNBIAS;
+  static constexpr int64_t kDirectChunk = 64;  // steps per K-chunk of the direct (B = 2..8) kernel
+  int64_t full_steps() const { return hidden / LANES; }
+  int64_t chunk_units() const { return steps(); }
+  V step_full(int64_t r, int64_t s) const { return fp8_decode8(w + r * w_stride + s * LANES); }
+  V step_tail(int64_t r, int64_t s) const {
+    uint8_t tmp[LANES];
+    return fp8_decode8(step_bytes(r, s, tmp));
+  }
+  void prefetch_row(int64_t r, int64_t s) const { prefetch(w + r * w_stride + s * LANES); }
   // Decode steps [s0, s0 + n) of row r into dst (8 floats per step).
   void decode(int64_t r, int64_t s0, int64_t n, float* dst, float*) const {
     uint8_t tmp[LANES];
     for (int64_t s = 0; s < n; ++s) vstore(dst + s * LANES, fp8_decode8(step_bytes(r, s0 + s, tmp)));
+  }
+};
+
+// Dense bf16 / fp16 rows (HALF: fp16): row = H values; step s = values [8s, 8s + 8), the last step
+// zero-padded; decoded exactly to float32; no scale (logit = the tree's sum + 0).
+template <bool HALF>
+struct DenseRows {
+  static constexpr bool kGroupScaled = false;
+  static constexpr int64_t kTileRows = 16, kChunkSteps = 32;
+  static constexpr int kGemvRows = 8;
+  static constexpr float kUnbias = 1.0f;
+  static constexpr int64_t kDirectChunk = 64;
+  const uint16_t* w;
+  int64_t w_stride, hidden;  // in elements
+  int64_t steps() const { return (hidden + LANES - 1) / LANES; }
+  int64_t step_multiple() const { return 1; }
+  int64_t full_steps() const { return hidden / LANES; }
+  int64_t chunk_units() const { return steps(); }
+  float row_scale(int64_t) const { return 1.0f; }
+  static V dec(const uint16_t* p) { return HALF ? fp16_decode8(p) : bf16_decode8(p); }
+  V step_full(int64_t r, int64_t s) const { return dec(w + r * w_stride + s * LANES); }
+  V step_tail(int64_t r, int64_t s) const {
+    uint16_t tmp[LANES] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const int64_t left = std::min<int64_t>(LANES, hidden - s * LANES);
+    std::memcpy(tmp, w + r * w_stride + s * LANES, static_cast<size_t>(left) * 2);
+    return dec(tmp);
+  }
+  void prefetch_row(int64_t r, int64_t s) const { prefetch(w + r * w_stride + s * LANES); }
+  void decode(int64_t r, int64_t s0, int64_t n, float* dst, float*) const {
+    const int64_t full = full_steps();
+    for (int64_t s = s0; s < s0 + n; ++s) vstore(dst + (s - s0) * LANES, s < full ? step_full(r, s) : step_tail(r, s));
   }
 };
 
@@ -206,6 +327,8 @@ struct NVFP4Rows {
   // Rows at a time at batch 1: one, two lane groups interleaved (a row's decode needs most of
   // the 16 registers; more rows spill, measured slower on AVX2).
   static constexpr int kGemvRows = 1;
+  static constexpr float kUnbias = UNBIAS;
+  static constexpr int64_t kDirectChunk = 4;  // groups per K-chunk of the direct (B = 2..8) kernel
   const uint8_t* packed;
   int64_t p_stride, hidden;
   const uint8_t* bscale;
@@ -214,6 +337,7 @@ struct NVFP4Rows {
   int64_t blocks() const { return hidden / 16; }
   int64_t groups() const { return (blocks() + LANES - 1) / LANES; }
   int64_t steps() const { return groups() * 16; }
+  int64_t chunk_units() const { return groups(); }
   int64_t step_multiple() const { return 16; }
   float row_scale(int64_t) const { return global_scale; }
   // Group g of row r: (bytes of k = 0 at base, k stride, 8 block-scale bytes); the partial last
@@ -265,23 +389,20 @@ struct NVFP4Rows {
 };
 
 // ---- batch 1: one streaming pass, kGemvRows chains in registers ----------------------------------
-template <int R>
-void gemv_rows(const FP8Rows& f, const float* x, int64_t r0, float* out) {
+template <int R, class F>
+void gemv_rows(const F& f, const float* x, int64_t r0, float* out) {
   V acc[R];
   for (int i = 0; i < R; ++i) acc[i] = vzero();
-  const int64_t full = f.hidden / LANES, steps = f.steps();
-  const uint8_t* rows[R];
-  for (int i = 0; i < R; ++i) rows[i] = f.w + (r0 + i) * f.w_stride;
+  const int64_t full = f.full_steps(), steps = f.steps();
   for (int64_t s = 0; s < full; ++s) {
     V xv = vload(x + s * LANES);
-    for (int i = 0; i < R; ++i) acc[i] = vfma(fp8_decode8(rows[i] + s * LANES), xv, acc[i]);
+    for (int i = 0; i < R; ++i) acc[i] = vfma(f.step_full(r0 + i, s), xv, acc[i]);
   }
-  uint8_t tmp[LANES];
   for (int64_t s = full; s < steps; ++s) {
     V xv = vload(x + s * LANES);
-    for (int i = 0; i < R; ++i) acc[i] = vfma(fp8_decode8(f.step_bytes(r0 + i, s, tmp)), xv, acc[i]);
+    for (int i = 0; i < R; ++i) acc[i] = vfma(f.step_tail(r0 + i, s), xv, acc[i]);
   }
-  for (int i = 0; i < R; ++i) out[r0 + i] = finish(acc[i], f.row_scale(r0 + i));
+  for (int i = 0; i < R; ++i) out[r0 + i] = finish(acc[i], f.row_scale(r0 + i), F::kUnbias);
 }
 
 // GI groups of row r from g0, their chains interleaved (independent partial sums: more work in
@@ -311,35 +432,62 @@ inline V nvfp4_groups(const NVFP4Rows& f, const float* x, int64_t r, int64_t g0,
   return acc;
 }
 
-template <int R>
-void gemv_rows(const NVFP4Rows& f, const float* x, int64_t r0, float* out) {
+// NVFP4 at batch 1: four full groups at a time (one 32-byte load per k decodes 64 values), their
+// four chains interleaved; then pairs, then single (or partial) groups. Every group's chain and
+// the group order of acc are those of nvfp4_groups<1>.
+template <int GI>
+inline void fp4_decode_groups(const uint8_t* p, V* lo, V* hi) {
+  if constexpr (GI == 4) {
+    fp4_decode32(p, lo, hi);
+  } else if constexpr (GI == 2) {
+    fp4_decode16(p, lo, hi);
+  } else {
+    fp4_decode8(p, lo[0], hi[0]);
+  }
+}
+
+// Row r for N x rows (x_n = x + n * xs): GI full groups at a time (one load per k decodes them
+// all), the GI * N chains in registers; the remaining groups as nvfp4_groups. Every logit's chain
+// is nvfp4_groups<1>'s, group after group.
+template <int N, int GI = 4>
+inline void gemv_rows_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t r, float* out, int64_t os) {
   const int64_t nb = f.blocks();
-  for (int i = 0; i < R; ++i) {
-    const int64_t r = r0 + i;
-    const uint8_t* row = f.packed + r * f.p_stride;
-    const uint8_t* srow = f.bscale + r * f.bs_stride;
-    V acc = vzero();
-    int64_t g = 0;
-    for (; (g + 2) * LANES <= nb; g += 2) {  // two full groups: bytes 8g .. 8g + 15 of each run
-      f.prefetch_group(r, g);
-      const uint8_t* p = row + g * LANES;
-      const float* xa = x + g * 16 * LANES;
-      const float* xb = xa + 16 * LANES;
-      V pa = vzero(), pb = vzero();
-      for (int64_t k = 0; k < LANES; ++k) {
-        V lo, hi;
-        fp4_decode8(p + k * nb, lo, hi);
-        pa = vfma(lo, vload(xa + (2 * k) * LANES), pa);
-        pa = vfma(hi, vload(xa + (2 * k + 1) * LANES), pa);
-        fp4_decode8(p + k * nb + LANES, lo, hi);
-        pb = vfma(lo, vload(xb + (2 * k) * LANES), pb);
-        pb = vfma(hi, vload(xb + (2 * k + 1) * LANES), pb);
-      }
-      acc = vfma(pa, fp8_decode8(srow + g * LANES), acc);
-      acc = vfma(pb, fp8_decode8(srow + (g + 1) * LANES), acc);
+  const uint8_t* row = f.packed + r * f.p_stride;
+  const uint8_t* srow = f.bscale + r * f.bs_stride;
+  V acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = vzero();
+  int64_t g = 0;
+  for (; (g + GI) * LANES <= nb; g += GI) {
+    const uint8_t* p = row + g * LANES;
+    if ((g & 7) == 0 || GI == 1) {  // a 64-byte line of each run serves 8 groups
+      for (int64_t k = 0; k < LANES; ++k) prefetch(p + k * nb + PREFETCH_BYTES / 4);
+      prefetch(srow + g * LANES + PREFETCH_BYTES / 4);
     }
-    for (; g < f.groups(); ++g) acc = nvfp4_groups<1>(f, x, r, g, acc);
-    out[r] = finish(acc, f.row_scale(r));
+    const float* xg = x + g * 16 * LANES;
+    V part[GI][N];
+    for (int j = 0; j < GI; ++j)
+      for (int n = 0; n < N; ++n) part[j][n] = vzero();
+    for (int64_t k = 0; k < LANES; ++k) {
+      V lo[GI], hi[GI];
+      fp4_decode_groups<GI>(p + k * nb, lo, hi);
+      for (int j = 0; j < GI; ++j) {
+        for (int n = 0; n < N; ++n)
+          part[j][n] = vfma(lo[j], vload(xg + n * xs + j * 16 * LANES + (2 * k) * LANES), part[j][n]);
+        for (int n = 0; n < N; ++n)
+          part[j][n] = vfma(hi[j], vload(xg + n * xs + j * 16 * LANES + (2 * k + 1) * LANES), part[j][n]);
+      }
+    }
+    for (int j = 0; j < GI; ++j) {
+      V bs = fp8_decode8(srow + (g + j) * LANES);
+      for (int n = 0; n < N; ++n) acc[n] = vfma(part[j][n], bs, acc[n]);
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    V a = acc[n];
+    int64_t h = g;
+    for (; (h + 2) * LANES <= nb; h += 2) a = nvfp4_groups<2>(f, x + n * xs, r, h, a);
+    for (; h < f.groups(); ++h) a = nvfp4_groups<1>(f, x + n * xs, r, h, a);
+    out[n * os + r] = finish(a, f.row_scale(r), NVFP4Rows::kUnbias);
   }
 }
 
@@ -350,10 +498,132 @@ void gemv(const F& f, const float* x, int64_t rows, float* out) {
   at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       int64_t r0 = g * GEMV_ROWS;
-      if (r0 + GEMV_ROWS <= rows) {
+      if constexpr (F::kGroupScaled) {
+        for (int64_t r = r0; r < std::min(rows, r0 + GEMV_ROWS); ++r) gemv_rows_nvfp4<1>(f, x, 0, r, out, 0);
+      } else if (r0 + GEMV_ROWS <= rows) {
         gemv_rows<GEMV_ROWS>(f, x, r0, out);
       } else {
         for (int64_t r = r0; r < rows; ++r) gemv_rows<1>(f, x, r, out);
+      }
+    }
+  });
+}
+
+// ---- batch 2..8: one pass over the weight, every x row's chains in registers ----------------------
+// A weight step is decoded once into registers and multiplied into the chains of all N x rows
+// (R weight rows at a time, R * N <= 8 accumulators). The x rows are read a K-chunk at a time
+// (kDirectChunk steps / groups, so that N chunks stay in L1) for a tile of DIRECT_TILE weight
+// rows, whose chains wait in memory between chunks (a float32 store is exact). Each logit's chain
+// is the batch-1 chain.
+constexpr int64_t DIRECT_TILE = 32;
+#ifndef NVFP4_REG_MAX
+#define NVFP4_REG_MAX 8
+#endif
+
+template <int N, int R, class F>
+inline void direct_steps(const F& f, const float* x, int64_t xs, int64_t r0, int64_t s0, int64_t s1, float* acc) {
+  // acc: [R][N][8]
+  V a[R][N];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) a[r][n] = vload(acc + (r * N + n) * LANES);
+  const int64_t full = std::min(s1, f.full_steps());
+  int64_t s = s0;
+  for (; s < full; ++s) {
+    V w[R];
+    for (int r = 0; r < R; ++r) w[r] = f.step_full(r0 + r, s);
+    for (int n = 0; n < N; ++n) {
+      V xv = vload(x + n * xs + s * LANES);
+      for (int r = 0; r < R; ++r) a[r][n] = vfma(w[r], xv, a[r][n]);
+    }
+  }
+  for (; s < s1; ++s) {
+    V w[R];
+    for (int r = 0; r < R; ++r) w[r] = f.step_tail(r0 + r, s);
+    for (int n = 0; n < N; ++n) {
+      V xv = vload(x + n * xs + s * LANES);
+      for (int r = 0; r < R; ++r) a[r][n] = vfma(w[r], xv, a[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) vstore(acc + (r * N + n) * LANES, a[r][n]);
+}
+
+// NVFP4: groups [g0, g1) (at most kDirectChunk) of row r for N x rows. The row's groups are
+// decoded once into an L1 buffer (four at a time with fp4_decode32), then each group's block
+// sums run from zero in registers for all N x rows and are added as acc = fma(sum, block scales,
+// acc) in memory: the batch-1 chain of every logit.
+template <int N>
+inline void direct_groups(const NVFP4Rows& f, const float* x, int64_t xs, int64_t r, int64_t g0, int64_t g1,
+                          float* acc) {
+  alignas(32) float w[NVFP4Rows::kDirectChunk * 16 * LANES];
+  alignas(32) float bs[NVFP4Rows::kDirectChunk * LANES];
+  const int64_t nb = f.blocks();
+  const uint8_t* row = f.packed + r * f.p_stride;
+  f.prefetch_group(r, g0);
+  int64_t g = g0;
+  for (; g + 4 <= g1 && (g + 4) * LANES <= nb; g += 4) {
+    float* dst = w + (g - g0) * 16 * LANES;
+    for (int64_t k = 0; k < LANES; ++k) {
+      V lo[4], hi[4];
+      fp4_decode32(row + k * nb + g * LANES, lo, hi);
+      for (int j = 0; j < 4; ++j) {
+        vstore(dst + (j * 16 + 2 * k) * LANES, lo[j]);
+        vstore(dst + (j * 16 + 2 * k + 1) * LANES, hi[j]);
+      }
+    }
+    for (int j = 0; j < 4; ++j) vstore(bs + (g - g0 + j) * LANES, fp8_decode8(f.bscale + r * f.bs_stride + (g + j) * LANES));
+  }
+  for (; g < g1; ++g) f.decode(r, g * 16, 16, w + (g - g0) * 16 * LANES, bs + (g - g0) * LANES);
+  for (g = g0; g < g1; ++g) {
+    const float* wg = w + (g - g0) * 16 * LANES;
+    const float* xg = x + g * 16 * LANES;
+    V part[N];
+    for (int n = 0; n < N; ++n) part[n] = vzero();
+    for (int64_t s = 0; s < 16; ++s) {
+      V wv = vload(wg + s * LANES);
+      for (int n = 0; n < N; ++n) part[n] = vfma(wv, vload(xg + n * xs + s * LANES), part[n]);
+    }
+    V b = vload(bs + (g - g0) * LANES);
+    for (int n = 0; n < N; ++n) vstore(acc + n * LANES, vfma(part[n], b, vload(acc + n * LANES)));
+  }
+}
+
+template <int N, int R, class F>
+inline void direct_chunk(const F& f, const float* x, int64_t xs, int64_t r0, int64_t c0, int64_t c1, float* acc) {
+  if constexpr (F::kGroupScaled) {
+    for (int r = 0; r < R; ++r) direct_groups<N>(f, x, xs, r0 + r, c0, c1, acc + r * N * LANES);
+  } else {
+    direct_steps<N, R>(f, x, xs, r0, c0, c1, acc);
+  }
+}
+
+template <int N, class F>
+void direct(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  if constexpr (F::kGroupScaled && N <= NVFP4_REG_MAX) {  // NVFP4: the batch-1 loop, all rows' chains in registers
+    constexpr int GI = N <= 2 ? 4 : (N == 3 ? 2 : 1);
+    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) gemv_rows_nvfp4<N, GI>(f, x, xs, r, out, os);
+    });
+    return;
+  }
+  constexpr int R = N <= 2 ? 4 : (N <= 4 ? 2 : 1);
+  const int64_t chunks = f.chunk_units();  // K-chunk units: steps (groups for NVFP4)
+  constexpr int64_t KC = F::kDirectChunk;
+  const int64_t tiles = (rows + DIRECT_TILE - 1) / DIRECT_TILE;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[DIRECT_TILE * N * LANES];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t v0 = t * DIRECT_TILE, tr = std::min(DIRECT_TILE, rows - v0);
+      std::fill(acc, acc + tr * N * LANES, 0.0f);
+      for (int64_t c0 = 0; c0 < chunks; c0 += KC) {
+        const int64_t c1 = std::min(chunks, c0 + KC);
+        int64_t v = 0;
+        for (; v + R <= tr; v += R) direct_chunk<N, R>(f, x, xs, v0 + v, c0, c1, acc + v * N * LANES);
+        for (; v < tr; ++v) direct_chunk<N, 1>(f, x, xs, v0 + v, c0, c1, acc + v * N * LANES);
+      }
+      for (int64_t v = 0; v < tr; ++v) {
+        const float scale = f.row_scale(v0 + v);
+        for (int n = 0; n < N; ++n) out[n * os + v0 + v] = finish(vload(acc + (v * N + n) * LANES), scale, F::kUnbias);
       }
     }
   });
@@ -435,7 +705,8 @@ void batched(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64
         for (int64_t v = 0; v < tr; ++v) {
           const float scale = f.row_scale(v0 + v);
           for (int64_t n = 0; n < nb; ++n)
-            out[(b0 + n) * out_stride + v0 + v] = finish(vload(acc.data() + v * acc_v + n * LANES), scale);
+            out[(b0 + n) * out_stride + v0 + v] =
+                finish(vload(acc.data() + v * acc_v + n * LANES), scale, F::kUnbias);
         }
       }
     }
@@ -446,10 +717,16 @@ template <class F>
 int run(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64_t rows, float* out, int64_t out_stride) {
   try {
     if (rows <= 0 || n_rows <= 0) return 0;
-    if (n_rows == 1) {
-      gemv(f, x, rows, out);
-    } else {
-      batched(f, x, n_rows, x_stride, rows, out, out_stride);
+    switch (n_rows) {
+      case 1: gemv(f, x, rows, out); break;
+      case 2: direct<2>(f, x, x_stride, rows, out, out_stride); break;
+      case 3: direct<3>(f, x, x_stride, rows, out, out_stride); break;
+      case 4: direct<4>(f, x, x_stride, rows, out, out_stride); break;
+      case 5: direct<5>(f, x, x_stride, rows, out, out_stride); break;
+      case 6: direct<6>(f, x, x_stride, rows, out, out_stride); break;
+      case 7: direct<7>(f, x, x_stride, rows, out, out_stride); break;
+      case 8: direct<8>(f, x, x_stride, rows, out, out_stride); break;
+      default: batched(f, x, n_rows, x_stride, rows, out, out_stride); break;
     }
     return 0;
   } catch (...) {
@@ -511,6 +788,18 @@ int trtvocab_fp8_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_
                         int64_t rows, int64_t w_stride, const float* scale, int64_t scale_stride, float* out,
                         int64_t out_stride) {
   FP8Rows f{w, w_stride, hidden, scale, scale_stride};
+  return run(f, x, n_rows, x_stride, rows, out, out_stride);
+}
+
+// out[n * out_stride + r] = sum_k x[n * x_stride + k] * w[r * w_stride + k], w bf16 (half = 0) or fp16 (1)
+// x: float32 [n_rows, x_stride], zero-padded past `hidden` to a multiple of 8 columns.
+int trtvocab_dense_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_t hidden, const uint16_t* w,
+                          int64_t rows, int64_t w_stride, int half, float* out, int64_t out_stride) {
+  if (half) {
+    DenseRows<true> f{w, w_stride, hidden};
+    return run(f, x, n_rows, x_stride, rows, out, out_stride);
+  }
+  DenseRows<false> f{w, w_stride, hidden};
   return run(f, x, n_rows, x_stride, rows, out, out_stride);
 }
 

@@ -105,7 +105,7 @@ TREE_SOURCE = SOURCE.parent / "treesum.cpp"
 ABI = 2  # trtvocab_fused_abi() of the source this module expects
 LANES = 8
 NVFP4_GROUP = 8 * 16  # elements per NVFP4 lane group: 8 blocks of 16
-ISA_NAMES = {2: "avx2+fma+f16c", 0: "portable"}
+ISA_NAMES = {2: "avx2+fma+f16c", 0: "portable"}  # trtvocab_fused_isa()
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -142,17 +142,40 @@ def disabled_reason() -> str | None:
     return None
 
 
-def _arch_flags() -> list[str]:
+ISA_ENV_VAR = "TRTVOCAB_KERNELS_ISA"  # native (default) | avx2 | portable: the -march the library is built with
+ISAS = ("native", "avx2", "portable")
+_X86 = ("x86_64", "amd64", "i686", "x86")
+
+
+def requested_isa() -> str:
+    """The build's instruction set (``$TRTVOCAB_KERNELS_ISA``): ``native`` (this CPU's features:
+    the AVX2 code where it has AVX2 + FMA + F16C, else portable C++), ``avx2`` (``-march=haswell``,
+    what CI builds to keep the lowest vector path honest) or ``portable`` (baseline x86-64, no
+    vector intrinsics)."""
+    value = os.environ.get(ISA_ENV_VAR, "").strip().lower() or "native"
+    if value not in ISAS:
+        raise ValueError(f"{ISA_ENV_VAR} must be one of {', '.join(ISAS)}, got {value!r}")
+    return value
+
+
+def _arch_flags(isa: str = "native") -> list[str]:
     machine = platform.machine().lower()
-    if machine in ("x86_64", "amd64", "i686", "x86"):
-        return ["-march=native"]
+    if machine in _X86:
+        return {"native": ["-march=native"], "avx2": ["-march=haswell", "-mtune=generic"],
+                "portable": ["-march=x86-64", "-mtune=generic"]}[isa]
     if machine in ("aarch64", "arm64"):
-        return ["-mcpu=native"]
+        return ["-mcpu=native"] if isa == "native" else []
     return []
 
 
-def cflags() -> list[str]:
-    return ["-O3", *_arch_flags(), "-fopenmp", "-ffp-contract=off"]
+def cflags(isa: str | None = None) -> list[str]:
+    return ["-O3", *_arch_flags(isa or requested_isa()), "-fopenmp", "-ffp-contract=off"]
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (``/proc/cpuinfo``), empty where unreadable."""
+    fingerprint = _cpu_fingerprint()
+    return set(fingerprint.split()) if fingerprint else set()
 
 
 def _cpu_fingerprint() -> str:
@@ -166,10 +189,11 @@ def _cpu_fingerprint() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
-def build_name() -> str:
+def build_name(isa: str | None = None) -> str:
     """The extension's name: a hash of everything the built code depends on."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), TREE_SOURCE.read_bytes(), " ".join(cflags()).encode(), torch.__version__.encode(),
+    for part in (SOURCE.read_bytes(), TREE_SOURCE.read_bytes(), " ".join(cflags(isa)).encode(),
+                 torch.__version__.encode(),
                  _cpu_fingerprint().encode(), str(ABI).encode()):
         digest.update(part)
         digest.update(b"\0")
@@ -314,11 +338,11 @@ def cache_problem(library: Path) -> str | None:
     return None
 
 
-def _library(verbose: bool) -> Path:
+def _library(verbose: bool, isa: str | None = None) -> Path:
     """The verified library of this build, building (or rebuilding) it under the build lock."""
     from torch.utils import cpp_extension
 
-    name = build_name()
+    name = build_name(isa)
     build_dir = build_root() / name
     build_dir.mkdir(parents=True, exist_ok=True)
     library = build_dir / f"{name}.so"
@@ -334,7 +358,7 @@ def _library(verbose: bool) -> Path:
             for entry in entries:
                 if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
                     _discard(Path(entry.path))
-        path = Path(cpp_extension.load(name=name, sources=[str(SOURCE), str(TREE_SOURCE)], extra_cflags=cflags(),
+        path = Path(cpp_extension.load(name=name, sources=[str(SOURCE), str(TREE_SOURCE)], extra_cflags=cflags(isa),
                                        extra_ldflags=["-fopenmp"], build_directory=str(build_dir),
                                        is_python_module=False, verbose=verbose))
         write_record(path)
@@ -344,9 +368,9 @@ def _library(verbose: bool) -> Path:
         return path
 
 
-def _build(verbose: bool = False) -> Loaded:
+def _build(verbose: bool = False, isa: str | None = None) -> Loaded:
     start = time.perf_counter()
-    path = _library(verbose)
+    path = _library(verbose, isa)
     lib = ctypes.CDLL(str(path))
     if lib.trtvocab_fused_abi() != ABI:
         raise RuntimeError(f"{path}: kernel ABI {lib.trtvocab_fused_abi()}, expected {ABI}")
@@ -354,6 +378,8 @@ def _build(verbose: bool = False) -> Loaded:
     lib.trtvocab_fp8_logits.restype = ctypes.c_int
     lib.trtvocab_nvfp4_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, _P, _I, ctypes.c_float, _P, _I]
     lib.trtvocab_nvfp4_logits.restype = ctypes.c_int
+    lib.trtvocab_dense_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, ctypes.c_int, _P, _I]
+    lib.trtvocab_dense_logits.restype = ctypes.c_int
     lib.trtvocab_read_probe.argtypes = [_P, _I]
     lib.trtvocab_read_probe.restype = ctypes.c_uint64
     lib.trtvocab_tree_set_exp.argtypes = [ctypes.c_int]
@@ -368,6 +394,20 @@ def _build(verbose: bool = False) -> Loaded:
     if problem:
         raise RuntimeError(f"self-check failed: {problem}")
     return loaded
+
+
+_by_isa: dict[str, Loaded] = {}
+
+
+def load_isa(isa: str) -> Loaded:
+    """The library built for ``isa`` (one of :data:`ISAS`), self-checked; for tests and benchmarks that
+    compare paths in one process (swap it in as ``_loaded``). Errors are raised, not logged."""
+    if isa not in ISAS:
+        raise ValueError(f"isa must be one of {ISAS}, got {isa!r}")
+    with _lock:
+        if isa not in _by_isa:
+            _by_isa[isa] = _build(False, isa)
+    return _by_isa[isa]
 
 
 def load(verbose: bool = False) -> Loaded | None:
@@ -509,6 +549,54 @@ def nvfp4_logits(x: torch.Tensor, hidden: int, packed_block_major: torch.Tensor,
         _check(loaded.lib.trtvocab_nvfp4_logits(x.data_ptr(), n, x.stride(0), hidden, packed_block_major.data_ptr(),
                                                 rows, packed_block_major.stride(0), bs.data_ptr(), bs.stride(0),
                                                 float(global_scale), out.data_ptr(), out.stride(0)), "nvfp4")
+    return out
+
+
+DENSE_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+DENSE_ENV_VAR = "TRTVOCAB_DENSE_KERNEL"  # auto (default) | 1 (every dense bf16 / fp16 head) | 0 (never)
+DENSE_MAX_BATCH = 64  # larger batches go to torch's GEMM (compute bound there; not measured beyond)
+# CPU flags under which torch's half-precision GEMM has native dot products (oneDNN) and beat the
+# kernel at B >= 2 when measured (avx512_bf16, Zen 4: bf16 B = 8 5.2 ms vs 15.5 ms, one thread).
+NATIVE_DOT = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+
+
+def dense_max_batch(dtype: torch.dtype) -> int:
+    """The largest batch a dense head of ``dtype`` multiplies in :func:`dense_logits` (0: never).
+
+    ``auto``: bf16 / fp16 heads up to :data:`DENSE_MAX_BATCH` rows, unless this CPU has native dot
+    products for that dtype (then torch's GEMM is faster at B >= 2 and is kept at every B, so the
+    head's bits do not depend on B through a switch of kernels)."""
+    value = os.environ.get(DENSE_ENV_VAR, "").strip().lower() or "auto"
+    if value in ("0", "false", "off", "no") or dtype not in DENSE_KERNEL_DTYPES:
+        return 0
+    if value in ("1", "true", "on", "yes"):
+        return DENSE_MAX_BATCH
+    if value != "auto":
+        raise ValueError(f"{DENSE_ENV_VAR} must be auto, 1 or 0, got {value!r}")
+    if any(flag in cpu_flags() for flag in NATIVE_DOT[dtype]):
+        return 0
+    return DENSE_MAX_BATCH
+
+
+
+def dense_logits(x: torch.Tensor, hidden: int, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [N, >= H]`` (:func:`fp8_x`: float32, zero-padded to a multiple of 8 columns) times the
+    bf16 / fp16 ``weight [rows, H]`` (unit column stride): float32 ``[N, rows]``, each logit one
+    chain of 8 float32 FMA lanes over H (the FP8 chain without a scale)."""
+    loaded = load()
+    if loaded is None:
+        raise RuntimeError(f"fused kernels unavailable: {unavailable_reason()}")
+    if weight.dtype not in DENSE_KERNEL_DTYPES:
+        raise ValueError(f"dense_logits: bf16 or fp16 weights, got {weight.dtype}")
+    n, rows = x.shape[0], weight.shape[0]
+    if (weight.shape[1] != hidden or (rows and weight.stride(1) != 1) or x.stride(1) != 1
+            or x.shape[1] < -(-hidden // 8) * 8 or x.dtype != torch.float32):
+        raise ValueError("dense_logits: layout mismatch")
+    out = _out(out, n, rows, x)
+    if n and rows:
+        _check(loaded.lib.trtvocab_dense_logits(x.data_ptr(), n, x.stride(0), hidden, weight.data_ptr(), rows,
+                                                weight.stride(0), int(weight.dtype == torch.float16),
+                                                out.data_ptr(), out.stride(0)), "dense")
     return out
 
 
