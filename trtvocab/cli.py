@@ -438,11 +438,12 @@ MAX_PPL_HELP = "gate: fail (exit 1) when a variant's PPL(Q)/PPL(base) exceeds th
 def quantize(
     checkpoint: Annotated[Path, typer.Argument(help="dense HF directory, .safetensors or .gguf file")],
     algo: Annotated[str, typer.Option(help="fp8 | nvfp4")],
-    out: Annotated[Path, typer.Option(help="output directory (ModelOpt export format, written atomically)")],
+    out: Annotated[Path, typer.Option(help="output directory (in --format's layout, written atomically)")],
     calib: Annotated[Path | None, typer.Option(help=".safetensors with hidden_states [T, H]: static activation "
                                                "scale (FP8 W8A8 / NVFP4 W4A4)")] = None,
-    weight_only: Annotated[bool, typer.Option(help="write no activation scale (FP8 W8A16 at load with "
-                                              "weight_only, NVFP4 W4A16)")] = False,
+    weight_only: Annotated[bool, typer.Option(help="write no activation scale (FP8 W8A16: ModelOpt at load with "
+                                              "weight_only, compressed-tensors as input_activations null; NVFP4 "
+                                              "W4A16)")] = False,
     tensor_name: Annotated[str | None, typer.Option(help="tensor holding the [V, H] head (default: lm_head.weight "
                                                     "or the tied embedding)")] = None,
     batch_rows: Annotated[int, typer.Option(help="calibration rows per batch")] = 256,
@@ -456,14 +457,19 @@ def quantize(
     max_kld_mean: Annotated[float | None, typer.Option(help=MAX_KLD_HELP)] = None,
     min_same_top: Annotated[float | None, typer.Option(help=MIN_TOP_HELP)] = None,
     max_ppl_ratio: Annotated[float | None, typer.Option(help=MAX_PPL_HELP)] = None,
+    checkpoint_format: Annotated[str, typer.Option("--format", help="modelopt (ModelOpt's export, TensorRT-LLM) | "
+                                                   "compressed-tensors (written by the compressed-tensors library: "
+                                                   "llm-compressor / vLLM)")] = "modelopt",
 ) -> None:
-    """Quantize the LM head with ModelOpt (FP8 or NVFP4) into a checkpoint LMHead.from_checkpoint picks up."""
+    """Quantize the LM head (FP8 or NVFP4) with ModelOpt or the compressed-tensors library into a checkpoint
+    LMHead.from_checkpoint picks up."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trtvocab.errors import ConfigError
-    from trtvocab.quantize import quantize_checkpoint
+    from trtvocab.quantize import parse_format, quantize_checkpoint
 
     try:
+        checkpoint_format = parse_format(checkpoint_format)  # before anything else is looked at
         gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
         if gates.active and gate is None:
             raise ConfigError("--max-kld-mean / --min-same-top / --max-ppl-ratio need --gate HIDDEN (the rows "
@@ -480,7 +486,8 @@ def quantize(
 
             result = quantize_checkpoint(checkpoint, out, algo=algo, calib=calib, weight_only=weight_only,
                                          tensor_name=tensor_name, batch_rows=batch_rows, force=force,
-                                         progress=progress, scale_search=scale_search, gate=gate_fn)
+                                         progress=progress, scale_search=scale_search, gate=gate_fn,
+                                         checkpoint_format=checkpoint_format)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     if not result.published:
@@ -488,7 +495,8 @@ def quantize(
             err_console.print(f"{escape(line)}; nothing written to {escape(str(out))}", highlight=False,
                               soft_wrap=True)
         raise typer.Exit(code=1)
-    console.print(f"wrote [bold]{escape(str(result.out))}[/] ({escape(result.label)}) from "
+    console.print(f"wrote [bold]{escape(str(result.out))}[/] ({escape(result.label)}, "
+                  f"{escape(result.checkpoint_format)}) from "
                   f"{escape(result.source_tensor)} {escape(f'[{result.vocab_size:,} x {result.hidden_size:,}]')}",
                   highlight=False)
     table = Table()
@@ -538,6 +546,10 @@ def compare(
     baseline: Annotated[Path, typer.Argument(help="dense (bf16 / fp32) checkpoint: HF dir, .safetensors or .gguf")],
     hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (+ seq_lens, next_token_ids)")],
     variants: Annotated[list[Path] | None, typer.Argument(help="quantized checkpoints to compare")] = None,
+    variant_specs: Annotated[list[str] | None, typer.Option(
+        "--variant", help="a quantized checkpoint named with its toolchain, [TOOLCHAIN:]NAME=DIR (TOOLCHAIN: "
+                          "modelopt | compressed-tensors, checked against DIR), repeatable: e.g. --variant "
+                          "modelopt:NVFP4=a/ --variant compressed-tensors:NVFP4=b/")] = None,
     simulate: Annotated[str | None, typer.Option(help="in-memory variants of the baseline, comma-separated: "
                                                  "fp8[-row][-dyn|-w8a8|-w8a16], "
                                                  "nvfp4[-mse|-mse-act][-w4a16|-w4a4]")] = None,
@@ -573,7 +585,8 @@ def compare(
         specs = [s for s in (simulate or "").split(",") if s.strip()]
         report = run_compare(baseline, list(variants or []), data.states, data.seq_lens, simulate=specs,
                              calib=calib_states, tp=tp, all_tokens=all_tokens, dtype=dtype,
-                             next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed)
+                             next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed,
+                             variant_specs=list(variant_specs or []))
         failures = check_gates(report, gates)
         if plot is not None:
             plot_report(report, plot)
@@ -593,6 +606,10 @@ def compare(
         for v in report.variants:
             if v.note:
                 console.print(f"[dim]{escape(v.name)}: {escape(v.note)}[/]", highlight=False)
+        tools = [v for v in report.variants if v.toolchain and v.toolchain != "dense"]
+        if tools:
+            console.print("[dim]toolchains: " + "; ".join(escape(f"{v.name} {v.toolchain}") for v in tools) + "[/]",
+                          highlight=False)
         block = report.llamacpp_text()
         if block:
             print()

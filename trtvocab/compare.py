@@ -20,6 +20,12 @@ needs many rows, and a context position is as good a probe of the head as a last
 one. ``all_tokens=False`` keeps only each sequence's last token, through the
 LogitsProcessor and the file's ``seq_lens``: what generation actually samples from.
 
+Variants name their toolchain: ``--variant modelopt:NVFP4=DIR --variant compressed-tensors:NVFP4=DIR``
+(``[TOOLCHAIN:]NAME=DIR``, :func:`parse_variant`) compares the heads two toolchains made of the same
+model side by side; the declared toolchain is checked against the checkpoint (ModelOpt or
+compressed-tensors, :func:`checkpoint_toolchain`), and every variant's toolchain and resident bytes
+are reported with it, in the table and in each llama.cpp block.
+
 Teacher-forced block: where the hidden file carries ``next_token_ids`` (``trtvocab
 hidden`` on a causal LM), the rows with a next token also get llama.cpp's ``perplexity
 --kl-divergence`` statistics (PPL(Q), PPL(base), KLD, Δp, Same top p, and EAR, KL both
@@ -38,7 +44,14 @@ from typing import Any
 
 import torch
 
-from trtvocab.accuracy.stats import DEFAULT_BOOTSTRAP, DEFAULT_SEED, LlamaCppStats, TokenRows, token_rows
+from trtvocab.accuracy.stats import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_SEED,
+    LlamaCppStats,
+    TokenRows,
+    check_bootstrap,
+    token_rows,
+)
 from trtvocab.dtypes import HEAD_DTYPES, head_dtype, short_name
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.formats import Activation, Granularity
@@ -143,6 +156,57 @@ class HeadSource:
     shape: tuple[int, int] | None = None  # (V, H) of in-memory tensors
     tensor_name: str | None = None
     note: str = ""
+    toolchain: str = ""  # "modelopt" | "compressed-tensors" | "dense" | "trtvocab (simulated)" | "" (unknown)
+
+
+# ---- toolchain-named variants ------------------------------------------------------------------
+TOOLCHAINS = ("modelopt", "compressed-tensors")
+SIMULATED = "trtvocab (simulated)"
+_VARIANT_RE = re.compile(r"^(?:(?P<tool>[A-Za-z][A-Za-z0-9_-]*):)?(?P<name>[A-Za-z0-9][A-Za-z0-9._+-]*)=(?P<path>.+)$")
+
+
+def checkpoint_toolchain(path: str | Path, tensor_name: str | None = None) -> str:
+    """Whose quantized head ``path`` stores: ``"modelopt"``, ``"compressed-tensors"`` or ``"dense"``
+    (the gating rule's verdict, from headers and config only)."""
+    from trtvocab.quant.config import resolve_lm_head_quant
+
+    decision = resolve_lm_head_quant(path, tensor_name=tensor_name)
+    return decision.checkpoint_format if decision.stored is not None else "dense"
+
+
+def parse_variant(text: str) -> HeadSource:
+    """``[TOOLCHAIN:]NAME=DIR`` -> a checkpoint :class:`HeadSource` named ``TOOLCHAIN:NAME`` (or ``NAME``).
+
+    ``TOOLCHAIN`` (``modelopt`` | ``compressed-tensors``) must be the format ``DIR`` stores its
+    quantized head in; without it the toolchain is read from the checkpoint. A ConfigError names
+    the option otherwise (unknown toolchain, a dense head, the other toolchain's checkpoint).
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"--variant: expected [TOOLCHAIN:]NAME=DIR, got {type(text).__name__}")
+    m = _VARIANT_RE.match(text.strip())
+    if m is None:
+        raise ConfigError(f"--variant {text!r:.120}: expected [TOOLCHAIN:]NAME=DIR (TOOLCHAIN one of "
+                          f"{', '.join(TOOLCHAINS)}; NAME letters, digits, '._+-'), e.g. modelopt:NVFP4=nvfp4/")
+    tool, name, path = m.group("tool"), m.group("name"), m.group("path")
+    if tool is not None and tool.lower() not in TOOLCHAINS:
+        raise ConfigError(f"--variant {text!r:.120}: unknown toolchain {tool!r}; use one of {', '.join(TOOLCHAINS)}")
+    actual = checkpoint_toolchain(path)
+    if actual == "dense":
+        raise ConfigError(f"--variant {text!r:.120}: {path} stores its head dense (not quantized by "
+                          f"{tool or 'any toolchain'}); compare it as a plain VARIANT path")
+    if tool is not None and tool.lower() != actual:
+        raise ConfigError(f"--variant {text!r:.120}: {path} is a {actual} checkpoint, not {tool.lower()}")
+    label = f"{tool.lower()}:{name}" if tool is not None else name
+    return HeadSource(name=label, path=path, toolchain=actual)
+
+
+def _detected_toolchain(path: str) -> str:
+    from trtvocab.errors import TrtVocabError
+
+    try:
+        return checkpoint_toolchain(path)
+    except (TrtVocabError, OSError):
+        return ""  # the head's own loading reports it
 
 
 @dataclass(frozen=True)
@@ -218,7 +282,7 @@ def simulate_source(weight: torch.Tensor, spec: SimSpec, calib: torch.Tensor | N
     """Quantize a dense ``[V, H]`` head in memory (no checkpoint written)."""
     tensors, note = simulate_tensors(weight, spec, calib)
     return HeadSource(name=f"sim:{spec.text}", tensors=tensors, quant_config=spec.config,
-                      shape=(int(weight.shape[0]), int(weight.shape[1])), note=note)
+                      shape=(int(weight.shape[0]), int(weight.shape[1])), note=note, toolchain=SIMULATED)
 
 
 # ---- running heads ---------------------------------------------------------------------------
@@ -360,10 +424,13 @@ class VariantResult:
     metrics: LogitMetrics
     note: str = ""
     llamacpp: LlamaCppStats | None = None
+    toolchain: str = ""
+    path: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         m = self.metrics
-        return {"name": self.name, "label": self.label, "rows": m.rows, "top1_agreement": m.top1_agreement,
+        return {"name": self.name, "label": self.label, "toolchain": self.toolchain, "path": self.path,
+                "rows": m.rows, "top1_agreement": m.top1_agreement,
                 "top5_overlap": m.top5_overlap, "kl_mean": m.kl_mean, "kl_p99": m.kl_p99, "kl_max": m.kl_max,
                 "max_abs_logit_err": m.max_abs_logit_err, "mean_abs_logprob_err": m.mean_abs_logprob_err,
                 "head_bytes_per_rank": self.head_bytes_per_rank, "note": self.note,
@@ -418,7 +485,18 @@ class CompareReport:
                 "KL(baseline || variant) in nats")
 
     def llamacpp_named(self) -> list[tuple[str, LlamaCppStats]]:
-        return [(f"{v.label} ({_short(v.name)})", v.llamacpp) for v in self.variants if v.llamacpp is not None]
+        """``(name, stats)`` per variant with a llama.cpp block; the name carries the variant's toolchain
+        (where its name does not already) and its resident head bytes."""
+        per = " / rank" if self.tp > 1 else ""
+        out = []
+        for v in self.variants:
+            if v.llamacpp is None:
+                continue
+            short = _short(v.name)
+            parts = [short] + ([v.toolchain] if v.toolchain and not short.startswith(v.toolchain + ":") else [])
+            parts.append(human_bytes(v.head_bytes_per_rank, digits=2) + per)
+            out.append((f"{v.label} ({', '.join(parts)})", v.llamacpp))
+        return out
 
     def llamacpp_text(self) -> str:
         """Every variant's llama.cpp block, as ``llama-perplexity --kl-divergence`` prints it."""
@@ -503,6 +581,7 @@ def compare(
     heads: list[HeadSource] | None = None,
     bootstrap: int = DEFAULT_BOOTSTRAP,
     seed: int = DEFAULT_SEED,
+    variant_specs: list[str] | None = None,
 ) -> CompareReport:
     """Compare checkpoint ``variants``, ``simulate`` specs and in-memory ``heads`` against ``baseline``.
 
@@ -510,21 +589,28 @@ def compare(
     scale from ``calib`` or, without it, from ``hidden`` itself (optimistic, and noted).
     ``next_token_ids [T]`` (-1 = none) adds llama.cpp's teacher-forced statistics of the
     compared rows that have a next token (``bootstrap`` resamples, ``seed``).
+    ``variant_specs`` are ``[TOOLCHAIN:]NAME=DIR`` (:func:`parse_variant`), checked before any head runs.
     """
     if hidden is None:
         raise InputError("compare needs hidden_states [T, H]")
     check_hidden_states(hidden)
     if not all_tokens and seq_lens is None:
         raise InputError("last-token comparison needs seq_lens (in the hidden-states file); or compare all tokens")
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
-        raise ConfigError(f"--bootstrap: resamples must be an int >= 0, got {bootstrap!r}")
+    check_bootstrap(bootstrap, seed)
     variants = list(variants or [])
+    named = [parse_variant(v) for v in (variant_specs or [])]
     specs = [parse_sim_spec(s) for s in (simulate or [])]
-    if not variants and not specs and not heads:
-        raise ConfigError("nothing to compare: give VARIANT checkpoints and/or --simulate specs")
+    if not variants and not named and not specs and not heads:
+        raise ConfigError("nothing to compare: give VARIANT checkpoints, --variant and/or --simulate specs")
+    seen: set[str] = set()
+    for src in named:
+        if src.name in seen:
+            raise ConfigError(f"--variant: the name {src.name!r} is given twice")
+        seen.add(src.name)
     next_ids = _compared_next_ids(next_token_ids, int(hidden.shape[0]), seq_lens, all_tokens)
     base_src = HeadSource(name=str(baseline), path=str(baseline), tensor_name=tensor_name)
-    sources = [base_src] + [HeadSource(name=str(v), path=str(v)) for v in variants]
+    sources = [base_src] + [HeadSource(name=str(v), path=str(v), toolchain=_detected_toolchain(str(v)))
+                            for v in variants] + named
     if specs:
         from trtvocab.checkpoint import open_checkpoint
         from trtvocab.quantize import read_head
@@ -566,7 +652,7 @@ def compare(
 
             stats = llamacpp_stats(m.tokens, bootstrap=bootstrap, seed=seed)
         results.append(VariantResult(name=src.name, label=label, head_bytes_per_rank=size, metrics=m,
-                                     note=src.note, llamacpp=stats))
+                                     note=src.note, llamacpp=stats, toolchain=src.toolchain, path=src.path))
     return CompareReport(baseline=str(baseline), baseline_label=labels[0], baseline_bytes_per_rank=sizes[0],
                          rows=metrics[0].rows, rows_mode="all tokens" if all_tokens else "last tokens", tp=tp,
                          dtype=short_name(dtype_), vocab_size=vocab, variants=results,
@@ -580,5 +666,6 @@ def plot_report(report: CompareReport, path: str | Path) -> Path:
     return _plot(report, path)
 
 
-__all__ = ["COLUMNS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult", "compare",
-           "compare_heads", "logit_metrics", "parse_sim_spec", "plot_report", "run_heads", "simulate_source"]
+__all__ = ["COLUMNS", "TOOLCHAINS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult",
+           "checkpoint_toolchain", "compare", "compare_heads", "logit_metrics", "parse_sim_spec", "parse_variant",
+           "plot_report", "run_heads", "simulate_source"]

@@ -1,4 +1,6 @@
-"""Quantize a checkpoint's LM head with ModelOpt and write it in ModelOpt's export format.
+"""Quantize a checkpoint's LM head with ModelOpt (ModelOpt's export format) or with the compressed-tensors
+library (the compressed-tensors format of llm-compressor / vLLM: ``checkpoint_format="compressed-tensors"``,
+:mod:`trtvocab.quant.ct_export`).
 
 Only the head is touched. It is wrapped as ``nn.Linear(H, V, bias=False)`` named
 ``lm_head`` (ModelOpt's quantizer patterns match module names), quantized with
@@ -16,6 +18,10 @@ dynamic per-tensor activations and NVFP4 as W4A16 (DESIGN §4). Everything Model
 does here runs on the CPU: max calibration only *observes* the activations, and the
 export helpers quantize with ``FP8QTensor`` / ``NVFP4QTensor`` (the NVFP4 fake-quant
 *forward* is CUDA-only and is never called).
+
+Both formats are written from the same dense head, with the same ``--calib`` semantics (the
+static activation scale from ``amax(|x|)`` of the calibration rows in the model's dtype), the
+head untied when it is the tied embedding, and the same marker, tokenizer files and gate.
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ ProgressFn = Callable[[int, int], None]  # (batches done, batches total)
 # written, and returns one line per missed threshold: any line and nothing is published.
 GateFn = Callable[[dict[str, torch.Tensor], QuantConfig], list[str]]
 SCALE_SEARCHES = ("max", "mse", "mse-act")
+MODELOPT = "modelopt"
+COMPRESSED_TENSORS = "compressed-tensors"
+FORMATS = (MODELOPT, COMPRESSED_TENSORS)
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,7 @@ class QuantizeResult:
     scale_search: str = "max"  # NVFP4 block scales: "max" (ModelOpt's amax / 6), "mse" / "mse-act" (searched)
     published: bool = True  # False: a gate failed and nothing was written
     gate_failures: list[str] = field(default_factory=list)
+    checkpoint_format: str = MODELOPT  # "modelopt" | "compressed-tensors": whose tensor names and conventions
 
     @property
     def label(self) -> str:
@@ -119,6 +129,13 @@ def import_modelopt() -> tuple[Any, Any]:
     except ImportError as exc:
         raise QuantizationError(f"quantizing needs nvidia-modelopt (pip install 'trtvocab[quant]'): {exc}") from None
     return mtq, qu
+
+
+def parse_format(checkpoint_format: Any) -> str:
+    """``--format``: ``modelopt`` (the default) or ``compressed-tensors``; a QuantizationError otherwise."""
+    if not isinstance(checkpoint_format, str) or checkpoint_format.strip().lower() not in FORMATS:
+        raise QuantizationError(f"--format must be one of {', '.join(FORMATS)}, got {checkpoint_format!r:.80}")
+    return checkpoint_format.strip().lower()
 
 
 def parse_algo(algo: str | QuantAlgo) -> QuantAlgo:
@@ -263,18 +280,25 @@ def hf_quant_config(algo: QuantAlgo) -> dict[str, Any]:
     return {"producer": {"name": "modelopt", "version": modelopt.__version__}, "quantization": quantization}
 
 
+def _untied_config(ckpt: Checkpoint, vocab: int, hidden: int) -> dict[str, Any]:
+    """The source ``config.json`` with the head untied and no quantization_config (the writer adds its own)."""
+    config = dict(ckpt.config)
+    config.pop("quantization_config", None)
+    config.setdefault("vocab_size", vocab)
+    config.setdefault("hidden_size", hidden)
+    # The head is written as its own lm_head.*: the output declares it untied, as llm-compressor does
+    # for a tied head it quantizes (a stored head is the head either way, by the gating rule).
+    config["tie_word_embeddings"] = False
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
+    return config
+
+
 def _output_config(ckpt: Checkpoint, hf_quant: dict[str, Any], vocab: int, hidden: int,
                    has_input_scale: bool) -> dict[str, Any]:
     from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
 
-    config = dict(ckpt.config)
-    config.setdefault("vocab_size", vocab)
-    config.setdefault("hidden_size", hidden)
-    # The head is written as its own lm_head.weight: with tying on, the gating rule would
-    # (rightly) run the tied embedding dense, so the output declares it untied.
-    config["tie_word_embeddings"] = False
-    if isinstance(config.get("text_config"), dict):
-        config["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
+    config = _untied_config(ckpt, vocab, hidden)
     quant = convert_hf_quant_config_format(hf_quant)
     if not has_input_scale:
         for group in quant.get("config_groups", {}).values():
@@ -303,8 +327,10 @@ def quantize_checkpoint(
     progress: ProgressFn | None = None,
     scale_search: str = "max",
     gate: GateFn | None = None,
+    checkpoint_format: str = MODELOPT,
 ) -> QuantizeResult:
-    """Quantize the LM head of ``checkpoint`` into a new ModelOpt-format directory ``out``.
+    """Quantize the LM head of ``checkpoint`` into a new ModelOpt-format directory ``out``
+    (``checkpoint_format="compressed-tensors"``: a compressed-tensors directory, written by that library).
 
     ``calib`` (a ``[T, H]`` tensor or a ``.safetensors`` with ``hidden_states``) gives
     the static activation scale (FP8 W8A8 / NVFP4 W4A4); without it, or with
@@ -317,8 +343,18 @@ def quantize_checkpoint(
     same tensors, same gating). ``gate`` judges the quantized tensors before anything is
     written; when it returns failure lines the result has ``published=False`` and ``out`` is
     left untouched.
+
+    compressed-tensors: FP8 with ``calib`` is the library's ``FP8`` preset (static per-tensor
+    ``input_scale``), without it FP8 with dynamic per-tensor activations, ``weight_only`` FP8
+    W8A16 (``input_activations: null``); NVFP4 with ``calib`` is ``NVFP4`` (W4A4,
+    ``input_global_scale``), otherwise ``NVFP4A16``. The group targets ``lm_head`` by name and
+    ``ignore`` is empty; ``scale_search`` must be ``max`` (the library computes the block scales).
     """
     quant_algo = parse_algo(algo)
+    fmt = parse_format(checkpoint_format)
+    if fmt == COMPRESSED_TENSORS and scale_search != "max":
+        raise QuantizationError(f"--scale-search {scale_search} is for --format {MODELOPT}: with --format "
+                                f"{COMPRESSED_TENSORS} the compressed-tensors library computes the block scales")
     if scale_search not in SCALE_SEARCHES:
         raise QuantizationError(f"--scale-search must be one of {', '.join(SCALE_SEARCHES)}, got {scale_search!r}")
     if scale_search != "max" and quant_algo is not QuantAlgo.NVFP4:
@@ -329,6 +365,10 @@ def quantize_checkpoint(
     if scale_search == "mse-act" and calib is None:
         raise QuantizationError("--scale-search mse-act weights the search by calibration activations: "
                                 "give --calib (with --weight-only for W4A16)")
+    if fmt == COMPRESSED_TENSORS:
+        from trtvocab.quant.ct_export import import_compressed_tensors
+
+        import_compressed_tensors()  # before the work
     check_target(Path(out), force, is_quantized_output)  # before the work: never minutes of it for a refusal
     ckpt = open_checkpoint(checkpoint)
     name, tied, weight = read_head(ckpt, tensor_name)
@@ -336,6 +376,10 @@ def quantize_checkpoint(
     if isinstance(calib, (str, Path)):
         calib = load_calibration(calib)
     calib_rows = 0 if calib is None else int(calib.shape[0])
+    if fmt == COMPRESSED_TENSORS:
+        return _quantize_ct(ckpt, checkpoint, Path(out), quant_algo, name, tied, weight,
+                            None if weight_only or calib is None else calib, weight_only=weight_only,
+                            calib_rows=calib_rows, batch_rows=batch_rows, force=force, progress=progress, gate=gate)
     column_weights = None
     if scale_search == "mse-act":
         assert calib is not None
@@ -378,7 +422,8 @@ def quantize_checkpoint(
         from trtvocab.version import __version__
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
-                  "algo": quant_algo.value, "source": str(checkpoint), "tensor": name, "scale_search": scale_search}
+                  "algo": quant_algo.value, "source": str(checkpoint), "tensor": name, "scale_search": scale_search,
+                  "checkpoint_format": MODELOPT}
         (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         producer = "trtvocab quantize (modelopt export" + ("; NVFP4 block scales by MSE search)"
                                                            if scale_search == "mse" else ")")
@@ -387,6 +432,67 @@ def quantize_checkpoint(
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
         config = _output_config(ckpt, hf_quant, vocab, hidden, has_input)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for fname in TOKENIZER_FILES:
+            src = ckpt.directory / fname
+            if src.is_file():
+                shutil.copy2(src, stage / fname)
+    return result
+
+
+def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: QuantAlgo, name: str, tied: bool,
+                 weight: torch.Tensor, calib: torch.Tensor | None, *, weight_only: bool, calib_rows: int,
+                 batch_rows: int, force: bool, progress: ProgressFn | None, gate: GateFn | None) -> QuantizeResult:
+    """The compressed-tensors branch of :func:`quantize_checkpoint` (``calib`` None: no static scale)."""
+    from trtvocab.quant.ct_export import calib_range, compress_head, modelopt_named
+
+    vocab, hidden = weight.shape
+    notes: list[str] = []
+    if calib is not None:
+        activation = Activation.STATIC
+        rng = calib_range(_check_calib(calib, hidden), weight.dtype, batch_rows, progress)
+    else:
+        rng = None
+        activation = Activation.NONE if weight_only or algo is QuantAlgo.NVFP4 else Activation.DYNAMIC
+    head = compress_head(weight, algo, activation, calib_range_=rng)
+    scale_dtype = str(head.tensors["lm_head.weight_scale"].dtype).replace("torch.", "")
+    if algo is QuantAlgo.FP8:
+        notes.append(f"compressed-tensors FP8: weight_scale{' and input_scale' if rng is not None else ''} in the "
+                     f"model dtype ({scale_dtype}), the weight divided by it in that dtype (ModelOpt: float32)")
+        if activation is Activation.DYNAMIC:
+            notes.append("no input_scale written: input_activations dynamic per tensor (trtvocab's and TensorRT-LLM's "
+                         "dynamic mode; llm-compressor's FP8_DYNAMIC preset is per token)")
+        elif activation is Activation.NONE:
+            notes.append("input_activations: null (naive-quantized): FP8 W8A16")
+    else:
+        notes.append("compressed-tensors NVFP4: weight_global_scale = 448 * 6 / amax (ModelOpt's weight_scale_2 is "
+                     "its reciprocal), block scales e4m3(global_scale * amax_block / 6)"
+                     + ("; input_global_scale = 448 * 6 / activation amax" if rng is not None else
+                        "; no input_global_scale: NVFP4A16 (W4A16)"))
+    if tied:
+        notes.append(f"the head is the tied input embedding {name}: it is written as an untied lm_head.* and the "
+                     "output's config.json sets tie_word_embeddings=false (as llm-compressor does)")
+    written = {k: (str(v.dtype).replace("torch.", ""), list(v.shape)) for k, v in head.tensors.items()}
+    result = QuantizeResult(out=out, algo=algo, activation=activation, source_tensor=name, tied=tied,
+                            vocab_size=vocab, hidden_size=hidden, weight_amax=head.weight_amax,
+                            input_amax=head.input_amax, calib_rows=calib_rows, tensors=written, notes=notes,
+                            checkpoint_format=COMPRESSED_TENSORS)
+    if gate is not None:
+        failures = gate(modelopt_named(head.tensors, algo), QuantConfig(quant_algo=algo, activation=activation))
+        if failures:
+            return replace(result, published=False, gate_failures=list(failures))
+    from safetensors.torch import save_file
+
+    with staging(out, force=force, is_ours=is_quantized_output) as stage:
+        from trtvocab.version import __version__
+
+        marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
+                  "algo": algo.value, "source": str(checkpoint), "tensor": name, "scale_search": "max",
+                  "checkpoint_format": COMPRESSED_TENSORS, "compressed_tensors": head.library_version}
+        (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        metadata = {"format": "pt", "producer": f"trtvocab quantize (compressed-tensors {head.library_version})"}
+        save_file(head.tensors, str(stage / "model.safetensors"), metadata=metadata)
+        (stage / "config.json").write_text(json.dumps(_untied_config(ckpt, vocab, hidden), indent=2) + "\n")
+        head.compressor.update_config(str(stage))  # the library writes quantization_config
         for fname in TOKENIZER_FILES:
             src = ckpt.directory / fname
             if src.is_file():
@@ -413,5 +519,5 @@ def _search_nvfp4_scales(tensors: dict[str, torch.Tensor], weight: torch.Tensor,
     tensors["lm_head.weight_scale"] = searched["weight_scale"].contiguous()
 
 
-__all__ = ["LM_HEAD_NAME", "GateFn", "QuantizeResult", "hf_quant_config", "modelopt_config", "quantize_checkpoint",
-           "quantize_head", "read_head"]
+__all__ = ["FORMATS", "LM_HEAD_NAME", "GateFn", "QuantizeResult", "hf_quant_config", "modelopt_config",
+           "parse_format", "quantize_checkpoint", "quantize_head", "read_head"]
