@@ -47,5 +47,5 @@ def test_attention_dp_with_an_artifact_and_idle_ranks(smollm2: Path, tmp_path: P
 
 
 def test_attention_dp_needs_more_than_one_rank(smollm2: Path) -> None:
-    with pytest.raises(ConfigError, match="--attention-dp .* needs --tp > 1"):
+    with pytest.raises(ConfigError, match=r"--attention-dp .* needs --tp > 1"):
         G.prepare(smollm2, PROMPTS[:1], max_new_tokens=1, attention_dp=True)
