@@ -32,10 +32,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtvocab.errors import InputError
+from trtvocab.errors import ConfigError, InputError
 
 DEFAULT_BOOTSTRAP = 1000
 DEFAULT_SEED = 0
+# Bounds of the bootstrap options: the means of every resample are kept ([resamples, k] float64), so a
+# billion resamples would ask for ~75 GiB; 10**5 resamples already put the 2.5 / 97.5 percentiles within
+# a fraction of a standard error of where 10**7 would. Seeds are numpy's: non-negative, here below 2**63.
+MAX_BOOTSTRAP = 100_000
+MAX_SEED = 2**63 - 1
+
+
+def check_bootstrap(bootstrap: object, seed: object) -> None:
+    """``bootstrap`` an int in ``[0, MAX_BOOTSTRAP]``, ``seed`` an int in ``[0, MAX_SEED]``
+    (:class:`ConfigError` naming the option and the range)."""
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or not 0 <= bootstrap <= MAX_BOOTSTRAP:
+        raise ConfigError(f"--bootstrap: resamples must be an int in [0, {MAX_BOOTSTRAP}] (MAX_BOOTSTRAP; each "
+                          f"resample's means are kept), got {bootstrap!r:.40}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed: the bootstrap seed must be an int in [0, 2**63 - 1], got {seed!r:.40}")
 KLD_PERCENTILES = (0.999, 0.99, 0.95, 0.90, 0.10, 0.05, 0.01, 0.001)
 DP_PERCENTILES = (0.999, 0.99, 0.95, 0.90, 0.75, 0.25, 0.10, 0.05, 0.01, 0.001)
 _BOOT_BYTES = 1 << 26  # resample-count matrix held per batch of bootstrap draws
@@ -241,8 +256,7 @@ def llamacpp_stats(rows: TokenRows, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed:
     n = rows.n
     if n == 0:
         raise InputError("teacher-forced statistics need at least one row with a next token")
-    if bootstrap < 0:
-        raise InputError(f"bootstrap: resamples must be >= 0, got {bootstrap}")
+    check_bootstrap(bootstrap, seed)
     nll_q, nll_b = rows.nll_q, rows.nll_base
     lq, lq_pm = mean_and_uncertainty(nll_q)
     lb, lb_pm = mean_and_uncertainty(nll_b)
@@ -434,6 +448,6 @@ def markdown_table(named: list[tuple[str, LlamaCppStats]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["DEFAULT_BOOTSTRAP", "DEFAULT_SEED", "LlamaCppStats", "TokenRows", "bootstrap_means",
-           "covariance_of_means", "format_block", "llamacpp_stats", "markdown_table", "mean_and_uncertainty",
-           "percentile", "token_rows"]
+__all__ = ["DEFAULT_BOOTSTRAP", "DEFAULT_SEED", "MAX_BOOTSTRAP", "MAX_SEED", "LlamaCppStats", "TokenRows",
+           "bootstrap_means", "check_bootstrap", "covariance_of_means", "format_block", "llamacpp_stats",
+           "markdown_table", "mean_and_uncertainty", "percentile", "token_rows"]
