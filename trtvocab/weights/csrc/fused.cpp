@@ -11,9 +11,12 @@
 //                       acc = fma(part, block scales_g * 2**-8, acc)   (lane = block)
 //   logit  = ((((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))) * 256) * scale + 0
 // where a step is 8 weights decoded exactly to float32 (FP8: q * 2**-8, see below) and the 8
-// matching inputs. The batch-1 kernel runs the chains of 8 (FP8) or 1 (NVFP4) rows in registers; the batched
-// kernel decodes a tile of rows to float32 once per K-chunk, keeps every chain's 8 lanes in
-// memory between chunks (a float32 store is exact) and reuses the tile for all x rows.
+// matching inputs. Dense bf16 / fp16 rows run the FP8 chain with scale 1 and no 256 (DenseRows).
+// The batch-1 kernel runs the chains of 8 (FP8, dense) or 1 (NVFP4, 4 lane groups per load)
+// rows in registers; the direct kernel (batch 2..8) decodes each weight step once into registers
+// for the chains of all x rows; the batched kernel (batch >= 9) decodes a tile of rows to float32
+// once per K-chunk, keeps every chain's 8 lanes in memory between chunks (a float32 store is
+// exact) and reuses the tile for all x rows.
 
 #include <ATen/Parallel.h>
 

@@ -4,8 +4,10 @@ Why: the torch path (:meth:`QuantizedWeight.block_logits` over ``_plan``) decode
 of rows to a float32 temporary and hands it to the GEMM; the decode passes and the temporary's
 round trip through memory cost more than the bytes the quantized format saves, so an FP8 /
 NVFP4 head was ~6x slower than bf16 although it reads 2x / 3.5x fewer bytes. Here the codes
-are decoded *inside* the multiply, in registers (batch 1) or into an L1-sized tile that every
-input row reuses (batch >= 2).
+are decoded *inside* the multiply, in registers (batch 1 to 8: one pass over the weight, every
+input row's chains in registers) or into an L1-sized tile that every input row reuses (batch >= 9).
+The same library multiplies dense bf16 / fp16 heads (:func:`dense_logits`) where torch's GEMM has no
+native dot products for that dtype (:func:`dense_max_batch`).
 
 What (``trtvocab/weights/csrc/fused.cpp``, called through :mod:`ctypes`; threads from
 ``at::parallel_for``, i.e. torch's intra-op pool and its OpenMP runtime, never a second one):
@@ -21,8 +23,12 @@ What (``trtvocab/weights/csrc/fused.cpp``, called through :mod:`ctypes`; threads
 - **Exact decode.** FP8: an e4m3 byte sign-extended to int16 and shifted left by 7 is the fp16
   number ``q * 2**-8`` (bit 14 masked); F16C converts it to a normal float32, exactly, e4m3
   subnormals included (the portable build uses a 256-entry table of the same values). NVFP4:
-  ``e2m1`` through an 8-entry table (``vpermps``) and the sign bit; block scales decode like
-  FP8 codes. NaN codes never reach the kernel (refused at load).
+  every ``e2m1`` value (``-0`` included) is an fp16 number whose low byte is zero, so a 16-entry
+  ``vpshufb`` table maps 32 nibbles at a time to those high bytes, an unpack with zero makes the
+  fp16 words and F16C widens them (batch 1 decodes 4 lane groups, 64 values, per 32-byte load;
+  the older ``vpermps`` 8-value decoder serves the tails); block scales decode like FP8 codes.
+  Dense: bf16 is the high half of a float32 (a 16-bit shift), fp16 goes through F16C. NaN codes
+  never reach the kernel (refused at load).
 - **NVFP4 chains are block-scaled**: a lane is one 16-block, whose 16 products
   ``e2m1_j * x_j`` are summed from zero, then added as ``acc = fma(block sum, e4m3(block scale)
   * 2**-8, acc)``: one multiply per block instead of one per weight.
@@ -40,6 +46,23 @@ What (``trtvocab/weights/csrc/fused.cpp``, called through :mod:`ctypes`; threads
   (:func:`~trtvocab.quant.nvfp4.to_block_major`): 8 consecutive bytes are byte ``k`` of 8
   consecutive blocks, so the lanes are blocks and each lane's block scale is one decoded
   e4m3 byte; ``x`` is permuted once per call into that step order (:func:`nvfp4_x`).
+- **Batches.** B = 1: FP8 / dense run 8 weight rows' chains in registers; NVFP4 one row, four
+  lane groups' chains interleaved. B = 2..8 (one pass over the weight): a decoded weight step is
+  multiplied into the chains of all B input rows at once; FP8 / dense hold ``R * B <= 8`` chains
+  in registers (R weight rows) and read ``x`` a K-chunk of 64 steps at a time for a tile of 32
+  weight rows, whose chains wait in memory between chunks (a float32 store is exact); NVFP4 runs
+  the batch-1 loop with all B rows' block sums in registers (4 groups per load at B <= 2, 2 at
+  B = 3, 1 beyond). B >= 9: the tile kernel. Every logit's chain is the same in all of them.
+- **Paths** (``$TRTVOCAB_KERNELS_ISA``, part of the build's name): ``native`` (``-march=native``:
+  the AVX2 + FMA + F16C code on such a CPU, AVX-512 ones included, else portable C++), ``avx2``
+  (``-march=haswell``) or ``portable`` (``-march=x86-64``: no intrinsics, FMA only where the
+  compiler has a hardware ``fmaf``). :func:`load_isa` builds any of them in one process (the tests
+  run every check on each path this CPU can execute).
+- **Dense heads** (:func:`dense_logits`): the FP8 chain without a scale (``sum + 0``), then one
+  rounding to the head dtype: the bf16 / fp16 logits of a batch up to :data:`DENSE_MAX_BATCH` are
+  bitwise the same at every batch, split and tp size. ``$TRTVOCAB_DENSE_KERNEL``: ``auto`` (not
+  for a dtype this CPU has native dot products for: ``avx512_bf16`` / ``amx_bf16``, ``avx512_fp16``
+  / ``amx_fp16``, where torch's GEMM was measured faster), ``1`` or ``0``.
 - **Activations** stay in torch (``quantize_input``: fake-quant e4m3, NVFP4 16-wide blocks, or
   none); only the weight decode and the multiply move here. Accumulation is float32.
 
