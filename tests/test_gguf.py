@@ -450,3 +450,34 @@ def test_overlap_message_names_both_tensors(smollm2: Path, tmp_path: Path) -> No
     with pytest.raises(CheckpointError, match=r"'blk\.0\.attn_norm\.weight' occupies \[0, 2304\) and "
                                               r"'token_embd\.weight' \[0, 30081024\)"):
         GGUFCheckpoint(path)
+
+
+def _with_nested_array(src: Path, dst: Path, arrays: int) -> Path:
+    """``src`` with one more metadata entry: ``arrays`` arrays nested in each other (one item each,
+    the innermost an empty UINT8 array), inserted as the first entry. The inserted bytes are a multiple
+    of the alignment, so the tensor data stays where its offsets say."""
+    data = src.read_bytes()
+    (n_kv,) = struct.unpack_from("<Q", data, 16)
+    body = (struct.pack("<I", int(gguf.GGUFValueType.ARRAY))
+            + (struct.pack("<I", int(gguf.GGUFValueType.ARRAY)) + struct.pack("<Q", 1)) * (arrays - 1)
+            + struct.pack("<I", int(gguf.GGUFValueType.UINT8)) + struct.pack("<Q", 0))
+    name = "x.nested"
+    name += "_" * (-(8 + len(name) + len(body)) % gguf.GGUF_DEFAULT_ALIGNMENT)
+    entry = struct.pack("<Q", len(name)) + name.encode() + body
+    dst.write_bytes(data[:16] + struct.pack("<Q", n_kv + 1) + entry + data[24:])
+    return dst
+
+
+def test_deeply_nested_metadata_arrays_are_refused_not_recursed(tmp_path: Path) -> None:
+    """Issue 19: metadata arrays nested 900 or 100k deep raised RecursionError; the reader counts the
+    depth and refuses past MAX_ARRAY_DEPTH with a CheckpointError naming the file and the limit."""
+    small = _small(tmp_path)
+    for arrays in (900, 100_000):
+        path = _with_nested_array(small, tmp_path / f"deep{arrays}.gguf", arrays)
+        with pytest.raises(CheckpointError, match=rf"{path.name}.*nests arrays more than \d+ deep"):
+            GGUFCheckpoint(path)
+    limit = gguf_mod.MAX_ARRAY_DEPTH
+    ok = GGUFCheckpoint(_with_nested_array(small, tmp_path / "ok.gguf", limit))
+    assert ok.has("output.weight") and any(k.startswith("x.nested") for k in ok.metadata)
+    with pytest.raises(CheckpointError, match=rf"nests arrays more than {limit} deep.*MAX_ARRAY_DEPTH"):
+        GGUFCheckpoint(_with_nested_array(small, tmp_path / "over.gguf", limit + 1))

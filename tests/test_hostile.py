@@ -9,6 +9,7 @@ names), never recomputed with the code under test.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ from trtvocab.errors import (
     QuantizationError,
     RankFailures,
     RankMismatchError,
+    WriteError,
 )
 from trtvocab.recipe import load_recipe, parse_recipe
 
@@ -890,3 +892,196 @@ def test_cli_prints_a_rank_failure_as_the_failing_ranks_typed_error(capsys) -> N
     assert _fail(exc).exit_code == 2
     err = capsys.readouterr().err
     assert_cli_error(2, err, "ArtifactError: /a/rank1/weights.safetensors: checksum mismatch [bold]", "(rank 1;")
+
+
+# ==== disk full, file too large (issue 19) ================================================================
+def _enospc_safetensors(monkeypatch) -> None:
+    """``save_file`` as it fails on a full disk: a partial file, then safetensors' own error."""
+    from safetensors import SafetensorError
+
+    def full(tensors: Any, path: str, metadata: Any = None) -> None:
+        Path(path).write_bytes(b"\0" * 100)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("trtvocab.build.save_file", full)
+
+
+def _efbig_onnx(monkeypatch) -> None:
+    import trtvocab.export.onnx as onnx_export
+
+    def too_large(head: Any, path: Path, **kwargs: Any) -> None:
+        Path(path).write_bytes(b"\0" * 100)
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(onnx_export, "export_onnx", too_large)
+
+
+def _enospc_manifest(monkeypatch) -> None:
+    real = open
+
+    def full(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "manifest.json" in str(path) and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(fsutil, "open", full, raising=False)
+
+
+DISK_FULL = {"weights ENOSPC": (_enospc_safetensors, "rank0/weights.safetensors", "No space left on device (ENOSPC)"),
+             "onnx EFBIG": (_efbig_onnx, "", "File too large (EFBIG)"),
+             "manifest ENOSPC": (_enospc_manifest, "manifest.json", "No space left on device (ENOSPC)")}
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["build", "build --force"])
+@pytest.mark.parametrize("case", list(DISK_FULL))
+def test_disk_full_during_build_is_one_error_line_and_keeps_the_old_artifact(art: Path, tmp_path: Path,
+                                                                             monkeypatch, case: str,
+                                                                             force: bool) -> None:
+    """Issue 19: ENOSPC / EFBIG while building raised a raw SafetensorError / OSError. Now: a WriteError
+    naming the artifact and the file, the old artifact byte for byte as it was, no private folder left."""
+    fail, file, why = DISK_FULL[case]
+    out = copy_art(art, tmp_path / "a") if force else tmp_path / "a"
+    before = snapshot(out) if force else None
+    recipe = recipe_toml(tmp_path / "r.toml", out, onnx=True)
+    fail(monkeypatch)
+    code, output = cli("build", str(recipe), *(["--force"] if force else []))
+    assert_cli_error(code, output, "WriteError", f"build --out {out}", why, "nothing was published")
+    assert file in output
+    if force:
+        assert snapshot(out) == before
+        assert f"{out} is as it was" in output.replace("\n", "")
+    else:
+        assert not out.exists()
+    assert private_names(tmp_path) == []
+    with pytest.raises(WriteError, match=r"nothing was published"):
+        build(parse_recipe(recipe_dict(out), "r.toml"), force=force)
+    assert private_names(tmp_path) == []
+
+
+_LIMITED = textwrap.dedent("""
+    import resource, signal, sys
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    limit = int(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    from trtvocab.cli import app
+    app(sys.argv[2:], prog_name="trtvocab")
+""")
+
+
+def _limited_cli(limit: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _LIMITED, str(limit), *args], capture_output=True, text=True,
+                          timeout=300, env=ENV)
+
+
+def test_file_size_limit_during_build_force_and_infer_out(art: Path, tmp_path: Path) -> None:
+    """A real EFBIG (RLIMIT_FSIZE, in a child process): `build --force` keeps the old artifact and leaves no
+    staging folder; `infer --out` keeps the old logits file; each prints one error line naming the path."""
+    out = copy_art(art, tmp_path / "a")
+    before = snapshot(out)
+    recipe = recipe_toml(tmp_path / "r.toml", out, onnx=True)
+    res = _limited_cli(2048, "build", str(recipe), "--force")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and "WriteError" in res.stderr and "File too large (EFBIG)" in res.stderr
+    assert f"build --out {out}" in res.stderr.replace("\n", "")
+    assert snapshot(out) == before and private_names(tmp_path) == []
+
+    hidden = tmp_path / "h.safetensors"
+    hidden.write_bytes(save({"hidden_states": torch.randn(2, H), "seq_lens": torch.tensor([1, 1], dtype=torch.int32)}))
+    logits = tmp_path / "logits.safetensors"
+    logits.write_bytes(b"the previous logits")
+    res = _limited_cli(256, "infer", str(art), "--hidden", str(hidden), "--backend", "torch", "--out", str(logits))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and "WriteError" in res.stderr and "File too large (EFBIG)" in res.stderr
+    assert str(logits) in res.stderr.replace("\n", "")
+    assert logits.read_bytes() == b"the previous logits"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_cli_infer_out_on_a_full_disk_is_one_error_line(art: Path, hidden_file: Path, tmp_path: Path,
+                                                        monkeypatch) -> None:
+    logits = tmp_path / "logits.safetensors"
+    logits.write_bytes(b"old")
+    _enospc_file = tmp_path / "x"
+    real = open
+
+    def full(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name.startswith(".logits.safetensors.") and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(fsutil, "open", full, raising=False)
+    assert_cli_error(*cli("infer", str(art), "--hidden", str(hidden_file), "--backend", "torch", "--out", str(logits)),
+                     "WriteError", str(logits), "No space left on device (ENOSPC)")
+    assert logits.read_bytes() == b"old" and not _enospc_file.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+# ==== compare options (issue 19) ==========================================================================
+@pytest.mark.parametrize("args, text", [
+    (["--bootstrap", "1000000000"], "--bootstrap: resamples must be an int in [0, 100000]"),
+    (["--bootstrap", "-1"], "--bootstrap: resamples must be an int in [0, 100000]"),
+    (["--seed", "-1"], "--seed: the bootstrap seed must be an int in [0, 2**63 - 1]"),
+    (["--seed", str(2**63)], "--seed: the bootstrap seed must be an int in [0, 2**63 - 1]"),
+])
+def test_cli_compare_bounds_bootstrap_and_seed(tmp_path: Path, args: list[str], text: str) -> None:
+    """Issue 19: --bootstrap 1000000000 asked numpy for 74.5 GiB (ArrayMemoryError), --seed -1 was a
+    ValueError traceback. Both are ConfigErrors naming the option and its range, before any work."""
+    ckpt = tmp_path / "base.safetensors"
+    save_file({"lm_head.weight": torch.randn(V, H)}, str(ckpt))
+    hidden = tmp_path / "h.safetensors"
+    ids = torch.tensor([5, 7, 9, 11])
+    hidden.write_bytes(save({"hidden_states": torch.randn(4, H), "seq_lens": torch.tensor([4], dtype=torch.int32),
+                             "input_ids": ids, "next_token_ids": torch.tensor([7, 9, 11, -1])}))
+    assert_cli_error(*cli("compare", str(ckpt), "--hidden", str(hidden), "--simulate", "fp8", *args),
+                     "ConfigError", text)
+
+
+def test_llamacpp_stats_bounds_bootstrap_and_seed() -> None:
+    from trtvocab.accuracy.stats import MAX_BOOTSTRAP, check_bootstrap
+
+    check_bootstrap(MAX_BOOTSTRAP, 2**63 - 1)
+    for bootstrap, seed in ((MAX_BOOTSTRAP + 1, 0), (True, 0), (10, -1), (10, 1.5), (10, 2**63)):
+        with pytest.raises(ConfigError, match=r"--bootstrap|--seed"):
+            check_bootstrap(bootstrap, seed)
+
+
+# ==== hidden files: the teacher-forced relation (issue 19) ================================================
+def _tf_file(path: Path, input_ids: list[int], next_ids: list[int], seq_lens: list[int] | None) -> Path:
+    tensors = {"hidden_states": torch.randn(len(input_ids), H), "input_ids": torch.tensor(input_ids),
+               "next_token_ids": torch.tensor(next_ids)}
+    if seq_lens is not None:
+        tensors["seq_lens"] = torch.tensor(seq_lens, dtype=torch.int32)
+    path.write_bytes(save(tensors))
+    return path
+
+
+@pytest.mark.parametrize("input_ids, next_ids, seq_lens, text", [
+    # inside a sequence: the next id is not the input id of the row after it
+    ([1, 2, 3, 4, 5], [2, 9, 4, -1, -1], [4, 1], r"next_token_ids\[1\] = 9 but input_ids\[2\] = 3"),
+    # the last row of sequence 0 points at sequence 1's first id
+    ([1, 2, 3, 4, 5], [2, 3, 4, 5, -1], [4, 1], r"next_token_ids\[3\] = 5 at the last row of sequence 0"),
+    # no seq_lens: one sequence, whose last row must be -1
+    ([1, 2, 3], [2, 3, 4], None, r"next_token_ids\[2\] = 4 at the last row of sequence 0"),
+])
+def test_hidden_files_must_hold_the_teacher_forced_relation(tmp_path: Path, input_ids, next_ids, seq_lens,
+                                                            text: str) -> None:
+    """Issue 19: a hidden file whose next_token_ids disagree with its input_ids was accepted and scored."""
+    from trtvocab.hidden import load_hidden_file
+
+    path = _tf_file(tmp_path / "h.safetensors", input_ids, next_ids, seq_lens)
+    with pytest.raises(InputError, match=text):
+        load_hidden_file(path)
+    ckpt = tmp_path / "base.safetensors"
+    save_file({"lm_head.weight": torch.randn(V, H)}, str(ckpt))
+    assert_cli_error(*cli("compare", str(ckpt), "--hidden", str(path), "--simulate", "fp8"), "InputError",
+                     str(path), "next_token_ids[")
+
+
+def test_hidden_files_holding_the_relation_load(tmp_path: Path) -> None:
+    from trtvocab.hidden import load_hidden_file
+
+    # -1 inside a sequence is a row without a target (not scored); seq_lens that do not tile are left to
+    # the reader that uses them
+    good = _tf_file(tmp_path / "g.safetensors", [1, 2, 3, 4, 5], [2, -1, 4, -1, -1], [4, 1])
+    assert load_hidden_file(good).next_token_ids.tolist() == [2, -1, 4, -1, -1]
+    assert load_hidden_file(_tf_file(tmp_path / "one.safetensors", [1, 2, 3], [2, 3, -1], None)).seq_lens is None

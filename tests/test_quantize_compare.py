@@ -341,7 +341,8 @@ def tf_hidden(data) -> Path:
     ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(7))
     ids[[9, 17, 23]] = -1
     path = data["root"] / "hidden_tf.safetensors"
-    save_hidden(path, data["hidden"], torch.tensor([10, 8, 6], dtype=torch.int32), input_ids=ids.clamp_min(0),
+    inputs = torch.cat([ids[:1], ids[:-1]]).clamp_min(0)  # each row's input is the row before's next id
+    save_hidden(path, data["hidden"], torch.tensor([10, 8, 6], dtype=torch.int32), input_ids=inputs,
                 next_token_ids=ids)
     return path
 

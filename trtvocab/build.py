@@ -7,13 +7,14 @@ Ranks are built one after another in this process: building needs no collective
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from trtvocab import artifacts
+from trtvocab import artifacts, fsutil
 from trtvocab.dtypes import head_dtype
 from trtvocab.embedding import VocabParallelEmbedding
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
@@ -135,8 +136,9 @@ def build_rank(
     head = make_head(recipe, rank)
     progress(rank, "save weights")
     tensors = {k: v.contiguous() for k, v in head.weights.export_tensors().items()}
-    save_file(tensors, str(out / "weights.safetensors"),
-              metadata={"rank": str(rank), "start": str(head.vocab_start), "end": str(head.vocab_end)})
+    with fsutil.writing(f"rank{rank}/weights.safetensors"):
+        save_file(tensors, str(out / "weights.safetensors"),
+                  metadata={"rank": str(rank), "start": str(head.vocab_start), "end": str(head.vocab_end)})
     files = RankFiles(weights=f"rank{rank}/weights.safetensors")
     verify: VerifyRecord | None = None
     if recipe.output.onnx:
@@ -240,7 +242,11 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
     out = Path(out or recipe.output.dir)
     progress = progress or (lambda rank, stage: None)
     started = datetime.datetime.now(datetime.timezone.utc)
-    with artifacts.staging(out, force=force) as stage:
+    existed = os.path.lexists(out)
+    # A full disk or a file-size limit anywhere below (weights, graphs, plans, the manifest, fsync) is a
+    # WriteError naming the artifact and the file; staging removed its private folder, `out` is as it was.
+    untouched = f"; nothing was published and {out} is as it was" if existed else "; nothing was published"
+    with fsutil.writing(f"build --out {out}", note=untouched), artifacts.staging(out, force=force) as stage:
         built = [build_rank(recipe, r, stage, progress) for r in ranks]
         entries = [entry for entry, _ in built]
         vocab, hidden = built[0][1]

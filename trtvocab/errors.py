@@ -21,6 +21,11 @@ class InputError(TrtVocabError, ValueError):
     """A runtime input (hidden states, seq_lens, logits) has the wrong shape, dtype or values."""
 
 
+class GrammarError(InputError):
+    """A ``--json-schema`` / ``--regex`` constraint is refused: larger or deeper than the limits, slower to
+    compile than the time limit, using what xgrammar would ignore or reinterpret, or matching nothing."""
+
+
 class CheckpointError(TrtVocabError, ValueError):
     """A checkpoint is missing a tensor, or holds one of the wrong shape or dtype."""
 
@@ -60,6 +65,11 @@ class RankFailures(DistributedError):
 
 class ArtifactError(TrtVocabError, RuntimeError):
     """A build artifact is missing, partial, corrupt or from another version."""
+
+
+class WriteError(ArtifactError, OSError):
+    """A file could not be written (disk full, file too large, quota, read-only filesystem); the message
+    names the path and what was left as it was. Also an ``OSError``, for callers that catch those."""
 
 
 class EngineUnavailableError(TrtVocabError, RuntimeError):

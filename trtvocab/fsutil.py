@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from trtvocab.errors import ArtifactError, TrtVocabError
+from trtvocab.errors import ArtifactError, TrtVocabError, WriteError
 
 ErrorType = type[TrtVocabError]
 MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors format's own limit on the JSON header (100 MB)
@@ -249,20 +249,63 @@ def fsync_tree(root: str | Path) -> None:
         fsync_dir(folder)
 
 
+# ---- writing ---------------------------------------------------------------------------------------
+# Why a write fails for lack of room or rights, not because of a bug: these become a WriteError naming
+# the path (a raw OSError, or safetensors' "I/O error: No space left on device (os error 28)", otherwise).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
+
+
+def write_errno(exc: BaseException) -> int | None:
+    """The errno of ``exc`` when it is a failed write of :data:`WRITE_ERRNOS` (an ``OSError``, or a
+    library error whose text carries Rust's ``(os error N)``: safetensors' ``SafetensorError``), else None."""
+    code: int | None = None
+    if isinstance(exc, OSError):
+        code = exc.errno
+    else:
+        m = _OS_ERROR_IN_TEXT.search(str(exc))
+        code = int(m.group(1)) if m else None
+    return code if code in WRITE_ERRNOS else None
+
+
+def describe_errno(code: int) -> str:
+    return f"{os.strerror(code)} ({errno.errorcode.get(code, str(code))})"
+
+
+@contextmanager
+def writing(target: str | Path, *, note: str = "") -> Iterator[None]:
+    """Turn a failed write inside (:func:`write_errno`) into a :class:`WriteError` naming ``target``
+    (and ``note``: what was left as it was). A :class:`WriteError` from inside gets ``target`` and
+    ``note`` added when ``note`` is given; every other exception passes unchanged."""
+    try:
+        yield
+    except WriteError as exc:
+        if not note:
+            raise
+        raise WriteError(f"{target}: {exc}{note}") from None
+    except Exception as exc:
+        code = write_errno(exc)
+        if code is None:
+            raise
+        raise WriteError(f"{target}: cannot write it: {describe_errno(code)}{note}") from None
+
+
 def atomic_write_bytes(path: str | Path, data: Any) -> None:
     """Write ``data`` (bytes or any buffer) to ``path`` via a temp file in the same folder + fsync + rename.
 
     A reader sees the old file or the new one, never a partial one; on failure the temp
-    file is removed and ``path`` is untouched.
+    file is removed and ``path`` is untouched. A full disk, a file-size limit (``EFBIG``), a
+    quota or a read-only filesystem is a :class:`WriteError` naming ``path``.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(memoryview(data))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        with writing(path, note=f"; {path} is as it was"):
+            with open(tmp, "wb") as fh:
+                fh.write(memoryview(data))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:
         if tmp.exists():

@@ -62,6 +62,7 @@ DEQUANTIZED = ("F32", torch.float32)
 # Metadata arrays up to this length are kept in ``metadata``; longer ones (the vocabulary,
 # merges, scores) only have their length recorded in ``array_lengths``.
 MAX_KEPT_ARRAY = 1024
+MAX_ARRAY_DEPTH = 8  # arrays of arrays: at most this many levels (deeper files are refused, not recursed into)
 READ_CHUNK = 64 * 1024  # header read size: a probe reads at most this far past the header
 DEQUANT_CHUNK_BYTES = 2**20  # float32 output per gguf.quants.dequantize call
 # scalar GGUF value types -> struct format (little-endian)
@@ -221,19 +222,25 @@ class _HeaderReader:
             return ""
         return self.take(length, what).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, what: str, keep: bool = True) -> Any:
+    def value(self, vtype: int, what: str, keep: bool = True, depth: int = 0) -> Any:
+        """One value of ``vtype``; ``depth`` is how many arrays it sits in (bounded by :data:`MAX_ARRAY_DEPTH`)."""
         fmt = _SCALARS.get(vtype)
         if fmt is not None:
             return self.unpack(fmt, what)
         if vtype == _STRING:
             return self.string(what, keep)
         if vtype == _ARRAY:
-            return self.array(self.unpack("<I", f"{what} item type"), what, keep)
+            return self.array(self.unpack("<I", f"{what} item type"), what, keep, depth + 1)
         raise CheckpointError(f"{self.path}: corrupt GGUF header: {what} has unknown value type {vtype}")
 
-    def array(self, item_type: int, what: str, keep: bool = True) -> tuple[int, list[Any] | None]:
+    def array(self, item_type: int, what: str, keep: bool = True, depth: int = 1) -> tuple[int, list[Any] | None]:
         """``(length, items)`` of an array of ``item_type`` (its type field already read); items only
-        when ``keep`` and at most :data:`MAX_KEPT_ARRAY` of them."""
+        when ``keep`` and at most :data:`MAX_KEPT_ARRAY` of them. ``depth`` counts this array: arrays of
+        arrays nest at most :data:`MAX_ARRAY_DEPTH` deep (a loop, not Python's recursion limit, decides)."""
+        if item_type == _ARRAY and depth >= MAX_ARRAY_DEPTH:
+            raise CheckpointError(f"{self.path}: corrupt GGUF header: {what} nests arrays more than "
+                                  f"{MAX_ARRAY_DEPTH} deep (the limit, MAX_ARRAY_DEPTH; llama.cpp reads no "
+                                  "nested arrays at all)")
         count = self.unpack("<Q", f"{what} length")
         if count > self.size:
             raise CheckpointError(f"{self.path}: corrupt GGUF header: {what} claims {count} items")
@@ -246,7 +253,7 @@ class _HeaderReader:
             for _ in range(count):  # each string has its own length: walk them without decoding
                 self.skip(self.unpack("<Q", what), what)
             return count, None
-        items = [self.value(item_type, what, keep) for _ in range(count)]
+        items = [self.value(item_type, what, keep, depth) for _ in range(count)]
         return count, items if keep else None
 
 

@@ -10,18 +10,15 @@ the older three-field form.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from trtvocab.errors import CheckpointError, InputError
+from trtvocab import hf_loader
+from trtvocab.errors import InputError
 from trtvocab.fsutil import atomic_write_bytes, open_regular, read_safetensors_header
 from trtvocab.inputs import check_hidden_states
 
@@ -66,67 +63,17 @@ def hidden_states_from_text(model_dir: str | Path, texts: list[str], *, layer: i
     return HiddenStates(out.states, out.seq_lens, out.last_tokens)
 
 
-def _hf_quiet() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # a weight-loading bar per call is noise in CLI output
-
-
 def load_text_model(model: str | Path) -> tuple[Any, Any, bool]:
     """``(tokenizer, model, causal)`` of an HF model folder or a llama.cpp ``.gguf`` file, offline.
 
     A causal LM (a ``.gguf``, or a folder whose ``config.json`` names a ``*ForCausalLM``
     architecture) loads with its head (``AutoModelForCausalLM``); anything else as
-    ``AutoModel``. Weights come from safetensors or GGUF only, never from a pickle.
+    ``AutoModel``. Weights come from safetensors or GGUF only, never from a pickle
+    (:mod:`trtvocab.hf_loader`, the loader ``generate`` uses too).
     """
-    _hf_quiet()
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(model)
-    gguf = path.suffix.lower() == ".gguf"
-    if gguf:
-        check_gguf_file(path)
-        where, kwargs = str(path.parent), {"gguf_file": path.name}
-        causal = True
-    else:
-        check_model_dir(path)
-        where, kwargs = str(path), {"use_safetensors": True}
-        causal = _is_causal(path)
-    try:
-        tok = AutoTokenizer.from_pretrained(where, local_files_only=True,
-                                            **({"gguf_file": path.name} if gguf else {}))
-    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad folder
-        raise CheckpointError(f"{path}: cannot load its tokenizer ({type(exc).__name__}: {_first_line(exc)})") \
-            from None
-    try:
-        cls = AutoModelForCausalLM if causal else AutoModel
-        with warnings.catch_warnings(), _no_tqdm():
-            warnings.simplefilter("ignore")
-            net = cls.from_pretrained(where, local_files_only=True, **kwargs).eval()
-    except Exception as exc:
-        what = "GGUF file" if gguf else "safetensors weights"
-        raise CheckpointError(f"{path}: cannot load the model from its {what} "
-                              f"({type(exc).__name__}: {_first_line(exc)})") from None
+    causal = hf_loader.is_causal(model)
+    tok, net = hf_loader.load(model, causal=causal)
     return tok, net, causal
-
-
-@contextlib.contextmanager
-def _no_tqdm() -> Iterator[None]:
-    """transformers' GGUF loader draws its own tqdm bar ("de-quantizing GGUF tensors") on stderr, which
-    no transformers setting turns off: the load's stderr goes nowhere (its errors still raise)."""
-    with contextlib.redirect_stderr(io.StringIO()):
-        yield
-
-
-def _is_causal(path: Path) -> bool:
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    archs = config.get("architectures") if isinstance(config, dict) else None
-    return isinstance(archs, list) and any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs)
 
 
 def _windows(ids: list[int], max_len: int | None) -> list[list[int]]:
@@ -214,40 +161,14 @@ def read_text_file(path: str | Path) -> list[str]:
     return docs
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
+TOKENIZER_FILES = hf_loader.TOKENIZER_FILES
+check_model_dir = hf_loader.check_model_dir
+check_gguf_file = hf_loader.check_gguf_file
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else ""
-
-
-def check_model_dir(model_dir: str | Path) -> Path:
-    """Refuse, before transformers looks at it, a model folder that cannot give hidden states
-    safely: not a folder, no ``config.json``, no tokenizer file, or weights only as pickles
-    (``pytorch_model.bin``, ``*.pt``: loading a pickle can run code, so trtvocab never does)."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a model folder (expected a Hugging Face model directory)")
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"{path}: has no config.json (expected a Hugging Face model directory)")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{path}: has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
-    if not any(path.glob("*.safetensors")):
-        pickles = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in path.glob(pattern))
-        found = f"only pickle weights ({', '.join(pickles)}), which" if pickles else "no weights; pickles"
-        raise CheckpointError(f"{path}: has {found} trtvocab never loads; convert it to safetensors")
-    return path
-
-
-def check_gguf_file(path: str | Path) -> Path:
-    """Refuse a ``.gguf`` path that is not a regular file with GGUF's magic, before transformers opens it."""
-    path = Path(path)
-    with open_regular(path, "GGUF model", CheckpointError) as fh:
-        magic = fh.read(4)
-    if magic != b"GGUF":
-        raise CheckpointError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    return path
 
 
 def decoder(model_dir: str | Path | None) -> Any:
@@ -318,7 +239,8 @@ def load_hidden(path: str | Path, *, finite: bool = True) -> tuple[torch.Tensor,
 
 def load_hidden_file(path: str | Path, *, finite: bool = True) -> HiddenFile:
     """:func:`load_hidden` plus ``input_ids`` / ``next_token_ids`` (1-D integers, one per row;
-    token ids >= 0, next ids >= -1; upper bounds are the vocabulary's, checked where it is known)."""
+    token ids >= 0, next ids >= -1; upper bounds are the vocabulary's, checked where it is known).
+    A file with both holds the teacher-forced relation (:func:`check_next_token_ids`)."""
     read_safetensors_header(path, "hidden states", InputError)  # a regular file, a header of the right shape
     try:
         with open_regular(path, "hidden states", InputError) as fh:
@@ -348,9 +270,47 @@ def load_hidden_file(path: str | Path, *, finite: bool = True) -> HiddenFile:
                 bad = int(torch.nonzero(t < low)[0, 0])
                 raise InputError(f"{path}: {name}[{bad}] = {int(t[bad])}; ids must be >= {low}")
         ids[name] = t
+    if ids["input_ids"] is not None and ids["next_token_ids"] is not None:
+        check_next_token_ids(path, ids["input_ids"], ids["next_token_ids"], lens)
     return HiddenFile(hidden, lens, ids["input_ids"], ids["next_token_ids"])
 
 
-__all__ = ["DEFAULT_TEXTS", "HiddenFile", "HiddenStates", "TextHidden", "check_gguf_file", "decoder",
-           "hidden_states_from_text", "load_hidden", "load_hidden_file", "load_text_model", "read_text_file",
-           "save_hidden", "text_hidden_states"]
+def check_next_token_ids(path: str | Path, input_ids: torch.Tensor, next_ids: torch.Tensor,
+                         seq_lens: torch.Tensor | None) -> None:
+    """The teacher-forced relation of a hidden file: inside a sequence ``next_token_ids[t]`` is
+    ``input_ids[t + 1]`` (or -1: a row without a target, not scored), and each sequence's last row is
+    -1 (the token after it is not in the file; pointing at the next sequence's first id would score a
+    target the row never preceded). ``seq_lens`` that do not tile the rows are left to the reader that
+    uses them (which refuses them); no ``seq_lens`` is one sequence. :class:`InputError` naming the row."""
+    total = int(input_ids.shape[0])
+    if total == 0:
+        return
+    if seq_lens is None:
+        lens = [total]
+    else:
+        lens = [int(n) for n in seq_lens.tolist()]
+        if any(n < 1 for n in lens) or sum(lens) != total:
+            return
+    ends = torch.tensor(lens, dtype=torch.int64).cumsum(0) - 1
+    last = torch.zeros(total, dtype=torch.bool)
+    last[ends] = True
+    bad = torch.nonzero(last & (next_ids != -1))
+    if bad.numel():
+        t = int(bad[0, 0])
+        b = int(torch.searchsorted(ends, t))
+        start = t - lens[b] + 1
+        raise InputError(f"{path}: next_token_ids[{t}] = {int(next_ids[t])} at the last row of sequence {b} "
+                         f"(rows [{start}, {t + 1})); expected -1 there: the token after a sequence's last row "
+                         "is not in the file (the next row belongs to another sequence)")
+    inner = ~last[:-1] & (next_ids[:-1] != -1) & (next_ids[:-1] != input_ids[1:])
+    bad = torch.nonzero(inner)
+    if bad.numel():
+        t = int(bad[0, 0])
+        raise InputError(f"{path}: next_token_ids[{t}] = {int(next_ids[t])} but input_ids[{t + 1}] = "
+                         f"{int(input_ids[t + 1])} (the next row of the same sequence); expected each next id to be "
+                         "the input id of the row after it, or -1")
+
+
+__all__ = ["DEFAULT_TEXTS", "HiddenFile", "HiddenStates", "TextHidden", "check_gguf_file", "check_model_dir",
+           "check_next_token_ids", "decoder", "hidden_states_from_text", "load_hidden", "load_hidden_file",
+           "load_text_model", "read_text_file", "save_hidden", "text_hidden_states"]
