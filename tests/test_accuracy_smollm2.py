@@ -9,12 +9,12 @@ plain NVFP4 block by block.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import modelopt_qtensor
 from llamacpp_reference import per_row, summary
 from typer.testing import CliRunner
 
@@ -22,11 +22,6 @@ from trtvocab.cli import app
 from trtvocab.compare import compare
 from trtvocab.hidden import load_hidden_file
 from trtvocab.quant import nvfp4
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    pytest.importorskip("modelopt", reason="the reference quantizers are ModelOpt's")
-    from modelopt.torch.quantization.qtensor import FP8QTensor, NVFP4QTensor
 
 TEXTS = ["The capital of France is Paris, and the capital of Japan is Tokyo.",
          "def add(a, b):\n    return a + b",
@@ -78,12 +73,12 @@ def test_hidden_equals_transformers_and_next_ids(reference, hidden_file: Path) -
 
 
 def _fp8_dequant(w: torch.Tensor) -> torch.Tensor:
-    q, scale = FP8QTensor.quantize(w)
+    q, scale = modelopt_qtensor().FP8QTensor.quantize(w)
     return q._quantized_data.float() * scale.float()
 
 
 def _nvfp4_dequant(w: torch.Tensor) -> torch.Tensor:
-    q, wsf, wsf2 = NVFP4QTensor.quantize(w, 16)
+    q, wsf, wsf2 = modelopt_qtensor().NVFP4QTensor.quantize(w, 16)
     return nvfp4.dequantize_nvfp4(q._quantized_data, wsf.view(torch.float8_e4m3fn), wsf2.float())
 
 
@@ -128,7 +123,7 @@ def test_nvfp4_mse_block_error_never_above_plain(head_weight: torch.Tensor) -> N
     g = nvfp4.global_scale_from_amax(w.abs().amax())
     packed, bs, _ = nvfp4.quantize_nvfp4(w, g, scale_search="mse")
     mse = (w.double() - nvfp4.dequantize_nvfp4(packed, bs, g).double()).square().reshape(-1, 16).sum(-1)
-    q, wsf, wsf2 = NVFP4QTensor.quantize(w, 16)
+    q, wsf, wsf2 = modelopt_qtensor().NVFP4QTensor.quantize(w, 16)
     assert torch.equal(wsf2.float(), g)  # the same global scale as ModelOpt
     plain = (w.double() - _nvfp4_dequant_with(q, wsf, wsf2).double()).square().reshape(-1, 16).sum(-1)
     assert bool((mse <= plain).all())

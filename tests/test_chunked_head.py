@@ -8,6 +8,9 @@ vocab chunks equal the materialized path (``head.local_logits`` then trtvocab.sa
   compute the fixed vocab tree of ``trtvocab.sampling.treesum``, in one pass).
 * the budget picks chunking by itself; the chunked peak memory stays far below ``[B, V]`` float32;
   bad input on one rank raises on every rank.
+
+Every multi-rank case runs in one launch of three ranks (:func:`chunked_rank_fns.all_cases`; tp 2 on
+a subgroup of it).
 """
 
 from __future__ import annotations
@@ -15,17 +18,25 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
-from chunked_rank_fns import bad_input_cases, equality_cases, long_nucleus_cases, make_head
+from chunked_rank_fns import all_cases, equality_cases, long_nucleus_cases, make_head
 
 from trtvocab import LMHead
 from trtvocab.errors import ConfigError, InputError
-from trtvocab.launch import run_ranks
 from trtvocab.sampling import SamplingParams, chunked
 
 SEED = 5
+WORLD = 3
+NUCLEUS_SPLITS = [(3, 64 * 1024), (2, 96000)]  # (tp, logits budget) of the multi-rank long-nucleus cases
+
+
+@pytest.fixture(scope="module")
+def launched(launch_ranks: Callable[..., list[Any]]) -> list[dict[str, Any]]:
+    return launch_ranks(all_cases, WORLD, SEED, NUCLEUS_SPLITS, timeout_s=120)
 
 
 def _check(records: list[dict]) -> None:
@@ -46,8 +57,8 @@ def test_tp1_chunked_equals_materialized() -> None:
     assert {r["fmt"] for r in records} >= {"bf16", "fp32", "FP8 W8A8-dyn", "NVFP4 W4A4"}
 
 
-def test_tp3_uneven_and_padded_chunked_equals_materialized() -> None:
-    per_rank = run_ranks(equality_cases, 3, SEED, timeout_s=120)
+def test_tp3_uneven_and_padded_chunked_equals_materialized(launched: list[dict[str, Any]]) -> None:
+    per_rank = [r["equality"] for r in launched]
     for records in per_rank:
         _check(records)
         assert {c.split()[-2] for c in (r["case"] for r in records)} == {"uneven", "padded"}
@@ -55,8 +66,8 @@ def test_tp3_uneven_and_padded_chunked_equals_materialized() -> None:
     assert answers[0] == answers[1] == answers[2]  # every rank got the same seeded ids
 
 
-def test_bad_input_on_one_rank_raises_on_every_rank() -> None:
-    per_rank = run_ranks(bad_input_cases, 3, timeout_s=60)
+def test_bad_input_on_one_rank_raises_on_every_rank(launched: list[dict[str, Any]]) -> None:
+    per_rank = [r["bad input"] for r in launched]
     bad_rank = {"nan hidden": 1, "wrong shape": 2, "bad k": 1, "bad chunk": 2, "bad token ids": 1}
     for case, culprit in bad_rank.items():
         for rank, out in enumerate(per_rank):
@@ -144,16 +155,26 @@ def test_chunked_peak_memory_is_far_below_the_logits(op: str) -> None:
     assert chunked_peak <= 0.35 * logits_bytes, (chunked_peak, materialized_peak)
 
 
-@pytest.mark.parametrize(("tp", "budget"), [(1, 64 * 1024), (3, 64 * 1024), (2, 96000)])
-def test_long_nuclei_past_the_candidates_still_equal_the_materialized_path(tp: int, budget: int) -> None:
-    # tp 2, 96000 bytes: shards of 1501 and 1500 columns, where a per-rank group size would differ
-    per_rank = [long_nucleus_cases(0, 1, budget)] if tp == 1 else run_ranks(long_nucleus_cases, tp, budget,
-                                                                             timeout_s=120)
+def _long_nuclei(per_rank: list[dict[str, Any]]) -> None:
+    assert per_rank
     for out in per_rank:
         for fmt, r in out.items():
             assert r["equal"], fmt
             assert r["long rows"] >= 1, fmt  # the T = 5, top-p 0.99 row's nucleus outgrew 1024 candidates
     assert len({str(out) for out in per_rank}) == 1
+
+
+def test_long_nuclei_past_the_candidates_still_equal_the_materialized_path_tp1() -> None:
+    _long_nuclei([long_nucleus_cases(0, 1, 64 * 1024)])
+
+
+@pytest.mark.parametrize(("tp", "budget"), NUCLEUS_SPLITS)
+def test_long_nuclei_past_the_candidates_still_equal_the_materialized_path(launched: list[dict[str, Any]], tp: int,
+                                                                           budget: int) -> None:
+    # tp 2, 96000 bytes: shards of 1501 and 1500 columns, where a per-rank group size would differ
+    per_rank = [r["long nucleus"][tp, budget] for r in launched]
+    assert per_rank[tp:] == [None] * (WORLD - tp)  # ranks outside the tp group sat the case out
+    _long_nuclei(per_rank[:tp])
 
 
 def test_nan_logits_from_an_overflowing_gemm_raise_input_error() -> None:

@@ -15,6 +15,7 @@ small and shared, and two spinning OpenMP threads on two busy cores are ten time
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -26,9 +27,10 @@ from typer.testing import CliRunner
 from trtvocab.cli import app
 from trtvocab.sampling import SamplingParams
 
-transformers = pytest.importorskip("transformers")
-xgr = pytest.importorskip("xgrammar")
 G = pytest.importorskip("trtvocab.generate")
+# transformers and xgrammar are imported where used (collection need not pay seconds for them)
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
+                                reason="trtvocab generate needs transformers and xgrammar")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "examples" / "capital.schema.json"
@@ -52,6 +54,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def loaded(smollm2: Path):
+    pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     return G.load_model(smollm2)
 
@@ -78,32 +81,37 @@ def hf_generate(loaded, prompts: list[str] | list[list[int]], k: int, processors
     return rows
 
 
-class XGrammarRows(transformers.LogitsProcessor):
+def xgrammar_rows(loaded, schema: str, rows: list[int], batch: int):
     """The unsharded reference: xgrammar's matcher per constrained row, its bitmask applied with
-    ``xgrammar.apply_token_bitmask_inplace`` to the full ``[B, V]`` logits."""
+    ``xgrammar.apply_token_bitmask_inplace`` to the full ``[B, V]`` logits (a transformers LogitsProcessor)."""
+    transformers = pytest.importorskip("transformers")
+    xgr = pytest.importorskip("xgrammar")
 
-    def __init__(self, loaded, schema: str, rows: list[int], batch: int) -> None:
-        vocab = loaded.config.vocab_size
-        eos = loaded.model.generation_config.eos_token_id
-        info = xgr.TokenizerInfo.from_huggingface(loaded.tokenizer, vocab_size=vocab,
-                                                  stop_token_ids=eos if isinstance(eos, list) else [eos])
-        compiled = xgr.GrammarCompiler(info).compile_json_schema(schema, any_whitespace=False)
-        self.matchers = {r: xgr.GrammarMatcher(compiled) for r in rows}
-        self.bitmask = xgr.allocate_token_bitmask(batch, vocab)
-        self.start: int | None = None
+    class XGrammarRows(transformers.LogitsProcessor):
+        def __init__(self) -> None:
+            vocab = loaded.config.vocab_size
+            eos = loaded.model.generation_config.eos_token_id
+            info = xgr.TokenizerInfo.from_huggingface(loaded.tokenizer, vocab_size=vocab,
+                                                      stop_token_ids=eos if isinstance(eos, list) else [eos])
+            compiled = xgr.GrammarCompiler(info).compile_json_schema(schema, any_whitespace=False)
+            self.matchers = {r: xgr.GrammarMatcher(compiled) for r in rows}
+            self.bitmask = xgr.allocate_token_bitmask(batch, vocab)
+            self.start: int | None = None
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.start is None:
-            self.start = input_ids.shape[1]
-        for r, m in self.matchers.items():
-            if input_ids.shape[1] > self.start and not m.is_terminated():
-                assert m.accept_token(int(input_ids[r, -1]))
-            if not m.is_terminated():
-                m.fill_next_token_bitmask(self.bitmask, r)
-        live = [r for r, m in self.matchers.items() if not m.is_terminated()]
-        if live:
-            xgr.apply_token_bitmask_inplace(scores, self.bitmask.to(scores.device), indices=live)
-        return scores
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if self.start is None:
+                self.start = input_ids.shape[1]
+            for r, m in self.matchers.items():
+                if input_ids.shape[1] > self.start and not m.is_terminated():
+                    assert m.accept_token(int(input_ids[r, -1]))
+                if not m.is_terminated():
+                    m.fill_next_token_bitmask(self.bitmask, r)
+            live = [r for r, m in self.matchers.items() if not m.is_terminated()]
+            if live:
+                xgr.apply_token_bitmask_inplace(scores, self.bitmask.to(scores.device), indices=live)
+            return scores
+
+    return XGrammarRows()
 
 
 def chat_text(loaded, text: str) -> str:
@@ -132,7 +140,7 @@ def mixed(loaded, smollm2: Path, tmp_path_factory):
         spec, _ = G.prepare(smollm2, prompts, tp=tp, max_new_tokens=K_MIX, params=params,
                             grammars=[None, None, schema], deterministic=True)
         runs[tp] = G.generate(spec, loaded)
-    reference = hf_generate(loaded, prompts, K_MIX, [XGrammarRows(loaded, schema.source, [2], 3)])
+    reference = hf_generate(loaded, prompts, K_MIX, [xgrammar_rows(loaded, schema.source, [2], 3)])
     return runs, reference
 
 

@@ -164,10 +164,9 @@ def test_cli_plan_on_a_fifo_checkpoint_returns_one_error_line(tmp_path: Path) ->
     folder = tmp_path / "model"
     folder.mkdir()
     fifo = _fifo(folder / "model.safetensors")
-    started = time.monotonic()
+    # no hang: subprocess.run's timeout raises TimeoutExpired
     res = subprocess.run([sys.executable, "-c", "from trtvocab.cli import main; main()", "plan", str(folder)],
                          env=ENV, timeout=120, capture_output=True, text=True)
-    assert time.monotonic() - started < 120
     out = res.stdout + res.stderr
     assert res.returncode == 2, out
     assert "Traceback" not in out, out

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import modelopt_qtensor
 from safetensors.torch import save_file
 
 from trtvocab import LMHead, LogitsProcessor, Mapping, QuantAlgo, QuantConfig, resolve_lm_head_quant
@@ -28,11 +29,6 @@ from trtvocab.sharding import vocab_shard
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned ranks import quant_rank_fns from here
 import quant_rank_fns
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    qtensor = pytest.importorskip("modelopt.torch.quantization.qtensor")
-FP8QTensor, NVFP4QTensor = qtensor.FP8QTensor, qtensor.NVFP4QTensor
 
 F8 = torch.float8_e4m3fn
 V, H = 1009, 64  # prime vocab: uneven shards for every tp > 1
@@ -79,9 +75,9 @@ def ref_weight(tensors: dict[str, torch.Tensor], prefix: str = "lm_head.") -> to
     w, ws = tensors[prefix + "weight"], tensors[prefix + "weight_scale"]
     if w.dtype == F8:
         scale = ws.reshape(-1, 1) if ws.numel() > 1 else ws
-        return FP8QTensor(w.shape, torch.float32, w).dequantize(dtype=torch.float32, scale=scale)
+        return modelopt_qtensor().FP8QTensor(w.shape, torch.float32, w).dequantize(dtype=torch.float32, scale=scale)
     shape = torch.Size([w.shape[0], w.shape[1] * 2])
-    return NVFP4QTensor(shape, torch.float32, w).dequantize(
+    return modelopt_qtensor().NVFP4QTensor(shape, torch.float32, w).dequantize(
         dtype=torch.float32, scale=ws, double_scale=tensors[prefix + "weight_scale_2"], block_sizes={-1: 16})
 
 
@@ -92,9 +88,9 @@ def ref_activation(x: torch.Tensor, algo: QuantAlgo, mode: str, input_scale: tor
     if algo is FP8:
         amax = xf.abs().amax()
         scale = input_scale if mode == "static" else (amax / 448 if amax > 0 else torch.tensor(1.0))
-        q, _ = FP8QTensor.quantize(xf, scales=scale)
+        q, _ = modelopt_qtensor().FP8QTensor.quantize(xf, scales=scale)
         return q.dequantize(dtype=torch.float32, scale=scale)
-    qt, bs, g = NVFP4QTensor.quantize(xf, 16, weights_scaling_factor_2=input_scale)
+    qt, bs, g = modelopt_qtensor().NVFP4QTensor.quantize(xf, 16, weights_scaling_factor_2=input_scale)
     return qt.dequantize(dtype=torch.float32, scale=bs, double_scale=g, block_sizes={-1: 16})
 
 

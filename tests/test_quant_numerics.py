@@ -6,20 +6,14 @@ inside trtvocab. Its ``quantize`` staticmethods run on CPU.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from conftest import modelopt_qtensor
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from trtvocab.errors import QuantizationError
 from trtvocab.quant import fp8, nvfp4
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # modelopt warns about the transformers version at import
-    qtensor = pytest.importorskip("modelopt.torch.quantization.qtensor")
-FP8QTensor, NVFP4QTensor = qtensor.FP8QTensor, qtensor.NVFP4QTensor
 
 F8 = torch.float8_e4m3fn
 
@@ -44,18 +38,18 @@ def assert_bits_equal_up_to_zero_sign(a: torch.Tensor, b: torch.Tensor) -> None:
 
 # ---- references --------------------------------------------------------------------------------------
 def mo_fp8(x: torch.Tensor, scale: torch.Tensor | None = None, per_row: bool = False):
-    qt, s = FP8QTensor.quantize(x, scales=scale, axis=0 if per_row else None)
+    qt, s = modelopt_qtensor().FP8QTensor.quantize(x, scales=scale, axis=0 if per_row else None)
     return qt._quantized_data, s
 
 
 def mo_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None):
-    qt, bs, g = NVFP4QTensor.quantize(x, 16, weights_scaling_factor_2=global_scale)
+    qt, bs, g = modelopt_qtensor().NVFP4QTensor.quantize(x, 16, weights_scaling_factor_2=global_scale)
     return qt._quantized_data, bs, g.float()
 
 
 def mo_nvfp4_dequant(packed: torch.Tensor, bs: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     shape = (*packed.shape[:-1], packed.shape[-1] * 2)
-    qt = NVFP4QTensor(torch.Size(shape), torch.float32, packed)
+    qt = modelopt_qtensor().NVFP4QTensor(torch.Size(shape), torch.float32, packed)
     return qt.dequantize(dtype=torch.float32, scale=bs, double_scale=g, block_sizes={-1: 16})
 
 
@@ -82,7 +76,7 @@ def test_fp8_per_tensor_matches_modelopt(seed, magnitude):
     ref_q, ref_s = mo_fp8(x)
     assert_bits_equal(s, ref_s.float())
     assert_bits_equal(q, ref_q)
-    assert_bits_equal(fp8.dequantize_fp8(q, s), FP8QTensor(x.shape, torch.float32, ref_q).dequantize(
+    assert_bits_equal(fp8.dequantize_fp8(q, s), modelopt_qtensor().FP8QTensor(x.shape, torch.float32, ref_q).dequantize(
         dtype=torch.float32, scale=ref_s))
 
 

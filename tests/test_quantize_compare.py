@@ -12,11 +12,11 @@ import importlib.util
 import json
 import math
 import re
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import modelopt_qtensor
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -28,10 +28,8 @@ from trtvocab.hidden import save_hidden
 from trtvocab.quant.config import QuantAlgo, resolve_lm_head_quant
 from trtvocab.quantize import quantize_checkpoint
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    pytest.importorskip("modelopt", reason="trtvocab quantize needs nvidia-modelopt (the quant extra)")
-    from modelopt.torch.quantization.qtensor import FP8QTensor, NVFP4QTensor
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("modelopt") is None,
+                                reason="trtvocab quantize needs nvidia-modelopt (the quant extra)")
 
 VOCAB, HIDDEN = 301, 64  # 301 is odd: tp 2 splits it unevenly
 runner = CliRunner()
@@ -91,7 +89,7 @@ def test_fp8_matches_modelopt(data, calibrated: bool) -> None:
     got = load_file(str(out / "model.safetensors"))
     # ModelOpt's export divides in float32 by the float32 scale it stores; FP8QTensor on a
     # bf16 tensor would divide in bf16 by a bf16 scale, so the reference runs on the (exact) upcast.
-    q, scale = FP8QTensor.quantize(data["weight"].float())
+    q, scale = modelopt_qtensor().FP8QTensor.quantize(data["weight"].float())
     assert got["lm_head.weight"].dtype == torch.float8_e4m3fn
     assert torch.equal(got["lm_head.weight"].view(torch.uint8), q._quantized_data.view(torch.uint8))
     assert got["lm_head.weight_scale"].shape == () and got["lm_head.weight_scale"].dtype == torch.float32
@@ -118,7 +116,7 @@ def test_nvfp4_matches_modelopt(data, calibrated: bool) -> None:
     calib = data["calib"] if calibrated else None
     result = quantize_checkpoint(data["ckpt"], out, algo="nvfp4", calib=calib, batch_rows=16)
     got = load_file(str(out / "model.safetensors"))
-    q, wsf, wsf2 = NVFP4QTensor.quantize(data["weight"], 16)
+    q, wsf, wsf2 = modelopt_qtensor().NVFP4QTensor.quantize(data["weight"], 16)
     assert got["lm_head.weight"].dtype == torch.uint8 and got["lm_head.weight"].shape == (VOCAB, HIDDEN // 2)
     assert torch.equal(got["lm_head.weight"], q._quantized_data)
     assert got["lm_head.weight_scale"].dtype == torch.float8_e4m3fn
@@ -204,11 +202,11 @@ def test_minilm_head_quantizes_bit_exact(tmp_path: Path) -> None:
     nvfp4 = quantize_checkpoint(model, tmp_path / "nvfp4", algo="nvfp4")
     assert fp8.tied and nvfp4.tied
     got = load_file(str(tmp_path / "fp8" / "model.safetensors"))
-    q, scale = FP8QTensor.quantize(weight)
+    q, scale = modelopt_qtensor().FP8QTensor.quantize(weight)
     assert torch.equal(got["lm_head.weight"].view(torch.uint8), q._quantized_data.view(torch.uint8))
     assert torch.equal(got["lm_head.weight_scale"], scale.float().reshape(()))
     got = load_file(str(tmp_path / "nvfp4" / "model.safetensors"))
-    q, wsf, wsf2 = NVFP4QTensor.quantize(weight, 16)
+    q, wsf, wsf2 = modelopt_qtensor().NVFP4QTensor.quantize(weight, 16)
     assert torch.equal(got["lm_head.weight"], q._quantized_data)
     assert torch.equal(got["lm_head.weight_scale"].view(torch.uint8), wsf.view(torch.uint8))
     assert torch.equal(got["lm_head.weight_scale_2"], wsf2.float())
@@ -298,6 +296,7 @@ def test_identical_variant_has_zero_error(data) -> None:
         compare(data["ckpt"], [data["ckpt"]], data["hidden"], all_tokens=False)
 
 
+@pytest.mark.ranks  # compare(tp=2) launches the ranks itself
 def test_tp2_equals_tp1(data, perturbed: Path) -> None:
     kwargs = {"simulate": ["fp8", "nvfp4-w4a4"], "dtype": "fp32"}
     one = compare(data["ckpt"], [perturbed], data["hidden"], **kwargs)
@@ -347,6 +346,7 @@ def tf_hidden(data) -> Path:
     return path
 
 
+@pytest.mark.ranks  # compare(tp=2) launches the ranks itself
 def test_llamacpp_block_is_the_same_at_tp2(data, tf_hidden: Path) -> None:
     from trtvocab.hidden import load_hidden_file
 
