@@ -42,7 +42,10 @@ def test_statistics_equal_the_float64_reference(n: int) -> None:
     want = summary(per_row(base.numpy(), var.numpy(), next_ids.numpy()))
     assert got["n"] == n - 1
     for key, value in want.items():
-        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+        # The uncertainties of PPL ratios/differences come from a covariance of exponentials: with
+        # 2 or 3 rows it cancels, and float64 summation order alone moves the result by ~1e-9.
+        rel = 1e-7 if key.endswith("_pm") else 1e-9
+        assert got[key] == pytest.approx(value, rel=rel, abs=1e-12), key
 
 
 def test_identical_variant_known_answers() -> None:
