@@ -84,6 +84,7 @@ def test_manifest_records_everything(built) -> None:
     assert not [p for p in root.parent.iterdir() if p.name.startswith(".")], "staging folders left behind"
 
 
+@pytest.mark.ranks  # infer() on a tp > 1 artifact launches its ranks
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 def test_infer_backends_match_reference(built, backend: str) -> None:
     root, _ = built
@@ -98,6 +99,7 @@ def test_infer_backends_match_reference(built, backend: str) -> None:
     assert torch.equal(logits.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.ranks  # infer() on a tp > 1 artifact launches its ranks
 def test_tensorrt_backend_refused_with_reason(built) -> None:
     root, manifest = built
     if torch.cuda.is_available():
@@ -201,6 +203,7 @@ def test_engine_from_other_gpu_is_refused() -> None:
     assert "TensorRT-RTX 1.7.1.116" in (engine_mismatch(rtx, ("RTX 4090", "8.9"), "1.8.0") or "")
 
 
+@pytest.mark.ranks  # infer() on a tp > 1 artifact launches its ranks
 def test_cli_build_inspect_infer(tmp_path) -> None:
     runner = CliRunner()
     recipe = tmp_path / "r.toml"
