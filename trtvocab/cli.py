@@ -625,6 +625,16 @@ def compare(
 
 
 # ---- generate -------------------------------------------------------------------------------
+# The limits of trtvocab.generate (MAX_SCHEMA_BYTES, MAX_REGEX_CHARS, MAX_GRAMMAR_DEPTH, GRAMMAR_TIMEOUT_S),
+# spelled out here so that --help needs no import of the decode loop (a test keeps them equal).
+REGEX_CHARS_HELP = "16384"
+GRAMMAR_LIMITS_HELP = ("Limits: a schema of at most 1 MiB nested at most 128 deep, a regex of at most 16384 "
+                       "characters with groups nested at most 128 deep, and 30 s to compile it against the "
+                       "tokenizer (TRTVOCAB_GRAMMAR_TIMEOUT_S); keywords xgrammar would ignore (not, if/then/else, "
+                       "contains, uniqueItems, propertyNames, dependencies), anything xgrammar warns about, and a "
+                       "constraint that matches nothing are refused")
+
+
 @app.command()
 def generate(
     model: Annotated[Path, typer.Argument(help="HF causal-LM directory or a llama.cpp .gguf file (transformers, "
@@ -640,9 +650,10 @@ def generate(
     min_p: Annotated[float, typer.Option(help="keep p >= min_p * p_max (0 = off)")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="seed of the noise: the same tokens at every --tp")] = None,
     json_schema: Annotated[Path | None, typer.Option(help="constrain every answer to this JSON schema file "
-                                                     "(xgrammar)")] = None,
+                                                     f"(xgrammar). {GRAMMAR_LIMITS_HELP}")] = None,
     regex: Annotated[str | None, typer.Option(help="constrain every answer to this regular expression "
-                                              "(xgrammar)")] = None,
+                                              f"(xgrammar; at most {REGEX_CHARS_HELP} characters; the other limits as "
+                                              "for --json-schema)")] = None,
     deterministic: Annotated[bool, typer.Option(help="batch- and tp-invariant head logits (LMHead deterministic "
                                                 "mode, where this trtvocab has it)")] = False,
     backend: Annotated[str, typer.Option(help="torch (the model's head, or the artifact's fallback) | onnx | "

@@ -45,17 +45,22 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import io
 import json
+import math
 import os
+import re
+import sys
+import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from trtvocab import distributed as D
-from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, InputError
+from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, GrammarError, InputError
 from trtvocab.mapping import Mapping
 from trtvocab.sampling import SamplingParams
 from trtvocab.sharding import calc_shard
@@ -184,13 +189,10 @@ def model_path(model: str | Path) -> Path:
 
 
 def _quiet_transformers() -> Any:
-    try:
-        transformers = importlib.import_module("transformers")
-    except ImportError as exc:  # pragma: no cover - the examples extra is missing
-        raise ConfigError(f"generate needs transformers (pip install 'trtvocab[generate]'): {exc}") from None
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    return transformers
+    """``transformers``, offline and quiet (:func:`trtvocab.hf_loader.quiet_transformers`)."""
+    from trtvocab.hf_loader import quiet_transformers
+
+    return quiet_transformers()
 
 
 def _cache_key(path: Path) -> tuple[str, int, int]:
@@ -200,19 +202,16 @@ def _cache_key(path: Path) -> tuple[str, int, int]:
 
 @functools.lru_cache(maxsize=2)
 def _load_cached(key: tuple[str, int, int]) -> LoadedModel:
-    transformers = _quiet_transformers()
+    """The model at ``key[0]`` through :func:`trtvocab.hf_loader.load_causal_lm` (the loader ``hidden``
+    uses: offline, safetensors or GGUF only, never a pickle; a model that is not a causal LM is refused
+    by name), float32, in eval mode, with the decoder stack ``model.model`` the loop drives."""
+    from trtvocab.hf_loader import load_causal_lm
+
     path = Path(key[0])
-    where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name} if path.is_file() else \
-        {"pretrained_model_name_or_path": str(path)}
-    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    try:
-        # transformers' GGUF reader draws its own tqdm bar on stderr: keep it off the terminal.
-        with contextlib.redirect_stderr(io.StringIO()):
-            tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
-            model = transformers.AutoModelForCausalLM.from_pretrained(**where, **{dtype_kw: torch.float32})
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
-        raise CheckpointError(f"MODEL {path}: transformers cannot load it as a causal LM: "
-                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
+    tokenizer, model = load_causal_lm(path, dtype=torch.float32, label="MODEL")
+    if not hasattr(model, "model"):
+        raise CheckpointError(f"MODEL {path}: loads as {type(model).__name__}, which has no decoder stack "
+                              "`.model` (expected a Llama-style *ForCausalLM: embed_tokens, layers, norm)")
     model.eval()
     return LoadedModel(str(path), model, tokenizer)
 
@@ -243,38 +242,305 @@ def _xgrammar() -> Any:
         raise ConfigError(f"--json-schema / --regex need xgrammar (pip install 'trtvocab[generate]'): {exc}") from None
 
 
+# ---- grammar limits -----------------------------------------------------------------------------------
+# xgrammar's compile time grows faster than the grammar: an enum of 20k strings takes ~30 s against
+# SmolLM2's 49k-token vocabulary, one of 500k never ends. So a constraint is bounded before xgrammar
+# sees it (size, nesting), and its conversion and compile run under a time limit.
+MAX_SCHEMA_BYTES = 1 << 20  # --json-schema: at most 1 MiB of JSON text
+MAX_REGEX_CHARS = 1 << 14  # --regex: at most 16384 characters
+MAX_GRAMMAR_DEPTH = 128  # nesting: of the schema's JSON arrays / objects, of a regex's groups
+GRAMMAR_TIMEOUT_S = 30.0  # conversion + compile against the tokenizer; TRTVOCAB_GRAMMAR_TIMEOUT_S overrides
+GRAMMAR_TIMEOUT_ENV = "TRTVOCAB_GRAMMAR_TIMEOUT_S"
+RANK_GRAMMAR_TIMEOUT_FACTOR = 4  # a rank's compile of a grammar prepare() compiled: more time, still bounded
+# JSON Schema keywords that constrain but that xgrammar (0.2.x) ignores: the answer would not obey them.
+UNSUPPORTED_SCHEMA_KEYWORDS = ("not", "if", "then", "else", "contains", "minContains", "maxContains",
+                               "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
+                               "$dynamicRef", "$recursiveRef")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SUBSCHEMAS = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "unevaluatedItems",
+               "not", "if", "then", "else", "contains", "propertyNames", "contentSchema")
+
+
+def grammar_timeout() -> float:
+    """Seconds xgrammar may take to convert and compile one constraint (:data:`GRAMMAR_TIMEOUT_S`, or
+    ``$TRTVOCAB_GRAMMAR_TIMEOUT_S``: a finite number > 0)."""
+    raw = os.environ.get(GRAMMAR_TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return GRAMMAR_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{GRAMMAR_TIMEOUT_ENV}={raw[:40]!r}: expected a number of seconds > 0")
+    return value
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of arrays / objects in JSON ``text`` (strings skipped), without recursion."""
+    depth = deepest = 0
+    for m in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text, flags=re.DOTALL):
+        token = m.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def _regex_depth(pattern: str) -> int:
+    """The deepest nesting of groups in ``pattern`` (escapes and character classes skipped)."""
+    depth = deepest = 0
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "]":
+                i += 1  # "[]...]": a leading "]" is a member
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def _schema_problem(schema: Any) -> str | None:
+    """What makes a parsed schema unusable (an ignored keyword, a choice among nothing), or None.
+    Walks only schema positions (a property *named* "not" is fine), without recursion."""
+    stack: list[tuple[str, Any]] = [("", schema)]
+    while stack:
+        where, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for key in UNSUPPORTED_SCHEMA_KEYWORDS:
+            if key in node:
+                return (f"keyword {key!r} at {where or '/'}{key} is not supported by xgrammar (it would be ignored "
+                        f"and the answer not held to it); remove it or express it without "
+                        f"{', '.join(UNSUPPORTED_SCHEMA_KEYWORDS)}")
+        if node.get("uniqueItems") is True:
+            return f"uniqueItems: true at {where or '/'} is not supported by xgrammar (it would be ignored)"
+        for key in ("anyOf", "oneOf", "enum", "type"):
+            if node.get(key) == []:
+                return f"{key}: [] at {where or '/'} matches nothing"
+        for key in _SUBSCHEMA_MAPS:
+            value = node.get(key)
+            if isinstance(value, dict):
+                stack.extend((f"{where}/{key}/{name}/", sub) for name, sub in value.items())
+        for key in _SUBSCHEMA_LISTS:
+            value = node.get(key)
+            if isinstance(value, list):
+                stack.extend((f"{where}/{key}/{i}/", sub) for i, sub in enumerate(value))
+        for key in _SUBSCHEMAS:
+            if isinstance(node.get(key), dict):
+                stack.append((f"{where}/{key}/", node[key]))
+    return None
+
+
+def check_grammar(spec: GrammarSpec, what: str | None = None) -> None:
+    """The checks that need no xgrammar: size, nesting, and for a JSON schema valid JSON without
+    keywords xgrammar would ignore or choices among nothing (:class:`GrammarError`, naming the limit)."""
+    what = what or ("--json-schema" if spec.kind == "json_schema" else f"--regex {spec.source[:60]!r}")
+    if not isinstance(spec.source, str):
+        raise GrammarError(f"{what}: expected the grammar as text, got {type(spec.source).__name__}")
+    if spec.kind == "regex":
+        if not spec.source:
+            raise GrammarError("--regex: the pattern is empty")
+        if len(spec.source) > MAX_REGEX_CHARS:
+            raise GrammarError(f"{what}: {len(spec.source)} characters, more than the {MAX_REGEX_CHARS} allowed "
+                               "(MAX_REGEX_CHARS)")
+        depth = _regex_depth(spec.source)
+        if depth > MAX_GRAMMAR_DEPTH:
+            raise GrammarError(f"{what}: groups nested {depth} deep, more than the {MAX_GRAMMAR_DEPTH} allowed "
+                               "(MAX_GRAMMAR_DEPTH)")
+        return
+    if spec.kind != "json_schema":
+        raise GrammarError(f"{what}: unknown grammar kind {spec.kind!r} (expected json_schema or regex)")
+    size = len(spec.source.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_SCHEMA_BYTES:
+        raise GrammarError(f"{what}: {size} bytes of schema, more than the {MAX_SCHEMA_BYTES} allowed "
+                           "(MAX_SCHEMA_BYTES)")
+    depth = _json_depth(spec.source)
+    if depth > MAX_GRAMMAR_DEPTH:
+        raise GrammarError(f"{what}: nested {depth} deep, more than the {MAX_GRAMMAR_DEPTH} levels allowed "
+                           "(MAX_GRAMMAR_DEPTH)")
+    try:
+        schema = json.loads(spec.source)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise GrammarError(f"{what}: not valid JSON: {exc}"[:400]) from None
+    if not isinstance(schema, dict | bool):
+        raise GrammarError(f"{what}: a JSON schema is an object (or true / false), got {type(schema).__name__}")
+    if schema is False:
+        raise GrammarError(f"{what}: the schema false matches nothing")
+    problem = _schema_problem(schema)
+    if problem is not None:
+        raise GrammarError(f"{what}: {problem}")
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[list[str]]:
+    """Capture file descriptor 2 while xgrammar runs: its C++ code logs warnings there ("Escape sequence '\\x'
+    is not recognized", "Lookahead ... is ignored", "allOf ... still ongoing") and goes on with a grammar
+    other than the one asked for. Yields the list the captured ``Warning:`` lines land in; other output
+    is passed through to stderr."""
+    found: list[str] = []
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to capture: run uncaptured
+        yield found
+        return
+    with tempfile.TemporaryFile() as tmp:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield found
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read(1 << 16).decode("utf-8", errors="replace")
+            rest = []
+            for line in text.splitlines():
+                if "Warning:" in line:
+                    found.append(line.split("Warning:", 1)[1].strip())
+                elif line.strip():
+                    rest.append(line)
+            if rest:
+                with contextlib.suppress(Exception):
+                    print("\n".join(rest), file=sys.stderr)
+
+
+def _bounded(what: str, fn: Callable[[], Any], timeout: float) -> Any:
+    """``fn()`` (xgrammar work, which releases the GIL) under ``timeout`` seconds, its warnings as errors.
+
+    On a timeout the worker thread cannot be stopped: it is a daemon, left to finish (or to end with
+    the process), and the caller gets a :class:`GrammarError` at once."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    with _native_stderr() as warned:
+        worker = threading.Thread(target=work, name="trtvocab-grammar", daemon=True)
+        worker.start()
+        worker.join(timeout)
+    if worker.is_alive():
+        raise GrammarError(f"{what}: xgrammar did not compile it within {timeout:g} s (the limit; "
+                           f"{GRAMMAR_TIMEOUT_ENV} sets it): give a smaller grammar (fewer enum values or "
+                           "alternatives)")
+    if "error" in box:
+        exc = box["error"]
+        if isinstance(exc, RuntimeError | ValueError | TypeError):
+            raise GrammarError(f"{what}: xgrammar refuses it: {_first_line(exc)}") from None
+        raise exc
+    if warned:
+        raise GrammarError(f"{what}: xgrammar would not apply it as written: {warned[0][:300]}"
+                           + (f" (and {len(warned) - 1} more warning(s))" if len(warned) > 1 else ""))
+    return box["value"]
+
+
+def _convert(spec: GrammarSpec, what: str, timeout: float | None = None) -> Any:
+    """``xgrammar.Grammar`` of ``spec`` (checked, bounded in time, warnings refused)."""
+    check_grammar(spec, what)
+    xgr = _xgrammar()
+    if spec.kind == "json_schema":
+        def fn() -> Any:
+            return xgr.Grammar.from_json_schema(spec.source, any_whitespace=JSON_ANY_WHITESPACE)
+    else:
+        def fn() -> Any:
+            return xgr.Grammar.from_regex(spec.source)
+    return _bounded(what, fn, grammar_timeout() if timeout is None else timeout)
+
+
+_COMPILERS: dict[tuple[int, int, tuple[int, ...]], tuple[Any, Any, Any]] = {}
+
+
+def _compiler(tokenizer: Any, vocab_size: int, stop_ids: set[int]) -> tuple[Any, Any]:
+    """``(TokenizerInfo, GrammarCompiler)`` of a tokenizer, one per process (xgrammar's compile cache
+    then makes the ranks' compile of a grammar :func:`prepare` compiled free at tp 1)."""
+    key = (id(tokenizer), int(vocab_size), tuple(sorted(stop_ids)))
+    if key not in _COMPILERS:
+        xgr = _xgrammar()
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=sorted(stop_ids) or None)
+        compiler = xgr.GrammarCompiler(info, max_threads=max(1, min(4, os.cpu_count() or 1)))
+        if len(_COMPILERS) >= 4:
+            _COMPILERS.pop(next(iter(_COMPILERS)))
+        _COMPILERS[key] = (tokenizer, info, compiler)  # the tokenizer is kept: its id stays its own
+    _, info, compiler = _COMPILERS[key]
+    return info, compiler
+
+
+def compile_grammar(spec: GrammarSpec, tokenizer: Any, vocab_size: int, stop_ids: set[int], *,
+                    timeout: float | None = None, what: str | None = None) -> Any:
+    """``spec`` compiled by xgrammar against the tokenizer, refused (:class:`GrammarError`) when it is
+    too large or too deep (:func:`check_grammar`), uses what xgrammar would ignore or reinterpret (its
+    warnings), takes longer than :func:`grammar_timeout`, or lets the model say nothing: no first token
+    allowed, or only a stop token (the grammar matches nothing, or only the empty answer)."""
+    what = what or ("--json-schema" if spec.kind == "json_schema" else f"--regex {spec.source[:60]!r}")
+    limit = grammar_timeout() if timeout is None else timeout
+    check_grammar(spec, what)
+    xgr = _xgrammar()
+    info, compiler = _compiler(tokenizer, vocab_size, stop_ids)
+
+    def compile_it() -> Any:  # by source: xgrammar's compiler caches these (a second compile is free)
+        if spec.kind == "json_schema":
+            return compiler.compile_json_schema(spec.source, any_whitespace=JSON_ANY_WHITESPACE)
+        return compiler.compile_regex(spec.source)
+
+    compiled = _bounded(what, compile_it, limit)
+    matcher = xgr.GrammarMatcher(compiled)
+    mask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    matcher.fill_next_token_bitmask(mask, 0)
+    bits = (mask[0].to(torch.int64).unsqueeze(-1) >> torch.arange(32)) & 1
+    allowed = torch.nonzero(bits.reshape(-1)[:info.vocab_size]).reshape(-1).tolist()
+    if not allowed:
+        raise GrammarError(f"{what}: matches nothing this tokenizer can write (no first token is allowed)")
+    if set(allowed) <= set(stop_ids):
+        raise GrammarError(f"{what}: matches only the empty answer (the first token allowed is a stop token)")
+    return compiled
+
+
 def grammar_spec(json_schema: str | Path | None = None, regex: str | None = None) -> GrammarSpec | None:
-    """The grammar of ``--json-schema FILE`` or ``--regex PATTERN`` (at most one), checked by xgrammar."""
+    """The grammar of ``--json-schema FILE`` or ``--regex PATTERN`` (at most one), checked: bounded in
+    size (:data:`MAX_SCHEMA_BYTES`, :data:`MAX_REGEX_CHARS`) and nesting (:data:`MAX_GRAMMAR_DEPTH`), free
+    of what xgrammar would ignore or reinterpret, converted by xgrammar within :func:`grammar_timeout`."""
     if json_schema is not None and regex is not None:
         raise InputError("--json-schema and --regex: give at most one of them (one grammar per run)")
     if json_schema is None and regex is None:
         return None
-    xgr = _xgrammar()
+    from trtvocab.fsutil import read_regular
+
     if json_schema is not None:
         path = Path(json_schema)
-        if not path.is_file():
-            raise InputError(f"--json-schema {path}: no such file" if not path.exists() else
-                             f"--json-schema {path}: not a regular file")
+        what = f"--json-schema {path}"
+        raw = read_regular(path, "--json-schema", max_bytes=MAX_SCHEMA_BYTES, error=GrammarError)
         try:
-            text = path.read_text(encoding="utf-8")
-            json.loads(text)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"--json-schema {path}: cannot read it: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--json-schema {path}: not valid JSON: {exc}") from None
-        try:
-            xgr.Grammar.from_json_schema(text, any_whitespace=JSON_ANY_WHITESPACE)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise InputError(f"--json-schema {path}: xgrammar refuses the schema: {_first_line(exc)}") from None
-        return GrammarSpec("json_schema", text, f"json-schema {path.name}")
-    assert regex is not None
-    if not regex:
-        raise InputError("--regex: the pattern is empty")
-    try:
-        xgr.Grammar.from_regex(regex)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise InputError(f"--regex {regex!r}: not a valid regular expression: {_first_line(exc)}") from None
-    return GrammarSpec("regex", regex, f"regex {regex!r}")
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GrammarError(f"{what}: cannot read it: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        spec = GrammarSpec("json_schema", text, f"json-schema {path.name}")
+    else:
+        assert regex is not None
+        if not regex:
+            raise GrammarError("--regex: the pattern is empty")
+        what = f"--regex {regex[:60]!r}"
+        spec = GrammarSpec("regex", regex, f"regex {regex[:60]!r}")
+    _convert(spec, what)
+    return spec
 
 
 def _first_line(exc: BaseException) -> str:
@@ -431,6 +697,9 @@ def prepare(
             raise InputError("grammars: give either one grammar per prompt or --json-schema / --regex, not both")
         if len(grammars) != len(prompts) or not all(g is None or isinstance(g, GrammarSpec) for g in grammars):
             raise InputError(f"grammars: expected one GrammarSpec or None per prompt ({len(prompts)})")
+        for i, g in enumerate(grammars):
+            if g is not None:
+                check_grammar(g, f"grammars[{i}] ({g.label})")
         per_grammar = tuple(grammars)
     else:
         per_grammar = (grammar,) * len(prompts) if grammar is not None else ()
@@ -443,6 +712,12 @@ def prepare(
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
     loaded = load_model(path)
+    # Every distinct grammar compiled once against the tokenizer, before any rank starts: bounded in time,
+    # refused when it lets the model say nothing (the ranks' compile is then xgrammar's cache at tp 1).
+    stops = _eos_ids(loaded.model, loaded.tokenizer)
+    for g in dict.fromkeys(g for g in per_grammar if g is not None):
+        compile_grammar(g, loaded.tokenizer, int(loaded.config.vocab_size), stops,
+                        what=f"--{g.kind.replace('_', '-')} ({g.label})")
     ids = encode_prompts(loaded.tokenizer, prompts, chat)
     limit = getattr(loaded.config, "max_position_embeddings", None)
     longest = max(len(p) for p in ids)
@@ -700,9 +975,7 @@ class _Grammar:
     def __init__(self, specs: tuple[GrammarSpec | None, ...], tokenizer: Any, vocab_size: int,
                  stop_ids: set[int]) -> None:
         xgr = _xgrammar()
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=sorted(stop_ids) or None)
-        compiler = xgr.GrammarCompiler(info, max_threads=max(1, min(4, os.cpu_count() or 1)))
+        info, _ = _compiler(tokenizer, vocab_size, stop_ids)
         compiled: dict[GrammarSpec, Any] = {}
         self.matchers: list[Any] = []
         for spec in specs:
@@ -710,8 +983,10 @@ class _Grammar:
                 self.matchers.append(None)
                 continue
             if spec not in compiled:
-                compiled[spec] = compiler.compile_json_schema(spec.source, any_whitespace=JSON_ANY_WHITESPACE) \
-                    if spec.kind == "json_schema" else compiler.compile_regex(spec.source)
+                # prepare() compiled it within the limit already; a rank may share the cores with its
+                # peers, so it gets more time (still bounded: a GrammarSpec made by hand is checked here).
+                compiled[spec] = compile_grammar(spec, tokenizer, vocab_size, stop_ids,
+                                                 timeout=RANK_GRAMMAR_TIMEOUT_FACTOR * grammar_timeout())
             self.matchers.append(xgr.GrammarMatcher(compiled[spec]))
         self._mask = xgr.allocate_token_bitmask(len(specs), info.vocab_size)  # all ones: everything allowed
 
@@ -741,7 +1016,8 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
     return generate(spec, loaded)
 
 
-__all__ = ["JSON_ANY_WHITESPACE", "SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactSpec", "GenerateReport",
-           "GenerateResult", "GenerateSpec", "GrammarSpec", "LoadedModel", "artifact_spec", "check_options",
-           "encode_prompts", "generate", "grammar_spec", "load_model", "model_path", "prepare", "run",
-           "sampling_params"]
+__all__ = ["GRAMMAR_TIMEOUT_ENV", "GRAMMAR_TIMEOUT_S", "JSON_ANY_WHITESPACE", "MAX_GRAMMAR_DEPTH", "MAX_REGEX_CHARS",
+           "MAX_SCHEMA_BYTES", "SETUP_HANDSHAKE", "STEP_HANDSHAKE", "UNSUPPORTED_SCHEMA_KEYWORDS", "ArtifactSpec",
+           "GenerateReport", "GenerateResult", "GenerateSpec", "GrammarSpec", "LoadedModel", "artifact_spec",
+           "check_grammar", "check_options", "compile_grammar", "encode_prompts", "generate", "grammar_spec",
+           "grammar_timeout", "load_model", "model_path", "prepare", "run", "sampling_params"]
