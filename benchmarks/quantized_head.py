@@ -25,6 +25,7 @@ instead of a (slow) quantized copy of the bf16 matrix; accuracy is covered by th
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import sys
@@ -131,6 +132,27 @@ def time_call(fn: Callable[[torch.Tensor], object], x: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
+def library_call(path: str, head: LMHead) -> Callable[[torch.Tensor], object]:
+    """``head`` with its FP8 / NVFP4 kernels taken from another build of the library (``path``, e.g.
+    an older commit's, ABI 2): before / after in the same interleaved rounds."""
+    lib = ctypes.CDLL(path)
+    lib.trtvocab_fp8_logits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + \
+        [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    lib.trtvocab_nvfp4_logits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + \
+        [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+    loaded = kernels.Loaded(lib=lib, path=path, isa="other build", seconds=0.0)
+
+    def call(x: torch.Tensor) -> object:
+        previous = kernels._loaded
+        kernels._loaded = loaded
+        try:
+            return head(x)
+        finally:
+            kernels._loaded = previous
+
+    return call
+
+
 def peer_of(name: str) -> str | None:
     """The torch weight-only kernel a head of this format is compared with (None: none)."""
     if name.startswith("FP8"):
@@ -153,6 +175,8 @@ def main() -> None:
     parser.add_argument("--no-torch-path", action="store_true", help="skip the torch-path lines (slow at large B)")
     parser.add_argument("--only", nargs="+", default=None, help="heads to time (prefixes: bf16 fp16 FP8 NVFP4)")
     parser.add_argument("--probe-mib", type=int, default=1024, help="bandwidth probe buffer (MiB)")
+    parser.add_argument("--before-library", default=None,
+                        help="another build of the kernels' library (.so): its FP8 / NVFP4 lines, side by side")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe or a file
     vocab = args.vocab or (32000 if args.small else 129280)
@@ -180,12 +204,12 @@ def main() -> None:
         if name in ("bf16", "fp16"):
             dtype = head.weights.weight.dtype
             variants[name] = (lambda x, head=head, dtype=dtype: head(x.to(dtype)), head.resident_bytes())
-            if not args.no_torch_path:
-                fallback = torch_path(head)
-                variants[f"{name} torch GEMM"] = (lambda x, f=fallback, dtype=dtype: f(x.to(dtype)),
-                                                  head.resident_bytes())
+            fallback = torch_path(head)  # torch's GEMM: the dense heads' path before the dense kernel
+            variants[f"{name} torch GEMM"] = (lambda x, f=fallback, dtype=dtype: f(x.to(dtype)), head.resident_bytes())
             continue
         variants[f"{name} {fused_label}"] = (head, head.resident_bytes())
+        if args.before_library:
+            variants[f"{name} before"] = (library_call(args.before_library, head), head.resident_bytes())
         if not args.no_torch_path:
             variants[f"{name} torch path"] = (torch_path(head), head.resident_bytes())
     peer_variants, notes = peers(vocab, hidden, torch.Generator().manual_seed(1))
