@@ -62,6 +62,7 @@ def child_generate(model: Path, *args: str, timeout: float = 240, env: dict[str,
 
 
 # ---- size, depth and time limits -------------------------------------------------------------------------------
+@pytest.mark.subprocess
 def test_a_12mb_schema_is_refused_at_once_naming_the_limit(smollm2: Path, tmp_path: Path) -> None:
     """The issue's case: an enum of 500k strings (12 MB) hung generate past 60 s."""
     big = schema_file(tmp_path, {"enum": [f"value number {i:09d}" for i in range(500_000)]}, "big.json")
@@ -74,6 +75,7 @@ def test_a_12mb_schema_is_refused_at_once_naming_the_limit(smollm2: Path, tmp_pa
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.subprocess
 def test_compile_time_is_bounded(smollm2: Path, tmp_path: Path) -> None:
     """An enum of 20k strings is under the size limit but takes xgrammar ~30 s against SmolLM2's tokenizer:
     the compile runs under the time limit (here 1 s, from the environment) and is refused past it."""
@@ -203,6 +205,7 @@ def minilm_dir() -> Path:
     return Path(pkg.get_model_path())
 
 
+@pytest.mark.model
 def test_an_encoder_is_refused_by_name(minilm_dir: Path) -> None:
     """MiniLM (BertModel) gave ``AttributeError: 'BertLMHeadModel' object has no attribute 'model'``."""
     res = cli(str(minilm_dir), "--prompt", A, "--max-new-tokens", "2")
