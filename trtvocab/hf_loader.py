@@ -12,6 +12,7 @@ causal LM (an encoder such as BERT / MiniLM has no next-token head to decode wit
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import json
@@ -108,6 +109,33 @@ def _quiet_load() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers' GGUF path parses the whole file three times (config, tokenizer, weights: every
+    metadata field, 49k-entry vocab arrays included) and builds gguf's tensor-name map once per
+    tensor: about 25 s of a 35 s load of SmolLM2 here. During one load, one reader per file and one
+    name map per (architecture, layers) serve every call; both are only read. Restored afterwards."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else ""
@@ -128,6 +156,12 @@ def load(path: str | Path, *, causal: bool, dtype: torch.dtype | None = None, la
     else:
         check_model_dir(path)
         where, kwargs = str(path), {"use_safetensors": True}
+    with _gguf_parsed_once():
+        return _load(transformers, path, where, kwargs, prefix, causal, dtype)
+
+
+def _load(transformers: Any, path: Path, where: str, kwargs: dict[str, Any], prefix: str, causal: bool,
+          dtype: torch.dtype | None) -> tuple[Any, Any]:
     try:
         with _quiet_load():
             tok = transformers.AutoTokenizer.from_pretrained(
