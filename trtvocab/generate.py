@@ -747,7 +747,13 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     else:
         from trtvocab.launch import run_ranks
 
-        outs = run_ranks(_rank_main, spec.tp, spec, loaded.model, loaded.tokenizer)
+        # Attention DP: a rank that owns no prompt runs no body, so it is not sent the model
+        # (the largest argument by far; unpickling it also imports transformers there).
+        owns = [calc_shard(len(spec.prompts), spec.tp, r + 1) > calc_shard(len(spec.prompts), spec.tp, r)
+                for r in range(spec.tp)]
+        facts = _ModelFacts.of(loaded.model, loaded.tokenizer)
+        models = [(loaded.model if owns[r] or not spec.attention_dp else None,) for r in range(spec.tp)]
+        outs = run_ranks(_rank_main, spec.tp, spec, loaded.tokenizer, facts, rank_args=models)
         out = outs[0]
         for r, other in enumerate(outs[1:], start=1):
             if other.token_ids != out.token_ids:  # the sampler promises the same ids everywhere
@@ -764,10 +770,28 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
                           out.deterministic, grammar, spec.attention_dp)
 
 
-def _rank_main(rank: int, world: int, spec: GenerateSpec, model: Any, tokenizer: Any) -> _RankOutput:
-    """One rank of a tp > 1 run (spawned by run_ranks: the model arrives in shared memory)."""
+def _rank_main(rank: int, world: int, spec: GenerateSpec, tokenizer: Any, facts: _ModelFacts,
+               model: Any) -> _RankOutput:
+    """One rank of a tp > 1 run (spawned by run_ranks: the model arrives in shared memory; None on an
+    attention-DP rank that owns no prompt)."""
     _quiet_transformers()
-    return _decode(spec, model, tokenizer, rank=rank)
+    return _decode(spec, model, tokenizer, rank=rank, facts=facts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelFacts:
+    """What every rank needs of the model besides its body (a rank without a body has only this)."""
+
+    vocab_size: int
+    hidden_size: int
+    eos: frozenset[int]
+    pad: int
+
+    @classmethod
+    def of(cls, model: Any, tokenizer: Any) -> _ModelFacts:
+        eos = _eos_ids(model, tokenizer)
+        return cls(int(model.config.vocab_size), int(model.config.hidden_size), frozenset(eos),
+                   _pad_id(model, tokenizer, eos))
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -827,7 +851,7 @@ def _load_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None) -> 
     return embedding, head, deterministic
 
 
-def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankOutput:
+def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _ModelFacts | None = None) -> _RankOutput:
     from trtvocab.logits import LogitsProcessor
     from trtvocab.sampling import apply_token_bitmask, decode, sample
 
@@ -845,7 +869,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
             manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)
             backend = open_backend(spec.artifact.backend, Path(spec.artifact.root), manifest, rank)
             backend_dtype = head_dtype(manifest.head.dtype)
-        grammar = _Grammar(spec.grammars, tokenizer, model.config.vocab_size, _eos_ids(model, tokenizer)) \
+        facts = facts or _ModelFacts.of(model, tokenizer)
+        grammar = _Grammar(spec.grammars, tokenizer, facts.vocab_size, set(facts.eos)) \
             if any(g is not None for g in spec.grammars) else None
     except Exception as exc:
         if not split:
@@ -856,12 +881,11 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
                                                  "prompts": len(spec.prompts)}
         SETUP_HANDSHAKE.exchange(values, error, None, world=spec.tp, what="generate (setup)")
 
-    eos = _eos_ids(model, tokenizer)
-    pad = _pad_id(model, tokenizer, eos)
-    config_vocab = int(model.config.vocab_size)
+    facts = facts or _ModelFacts.of(model, tokenizer)
+    eos, pad, config_vocab = set(facts.eos), facts.pad, facts.vocab_size
     vocab_limit = len(tokenizer) if len(tokenizer) < config_vocab else None
     processor = LogitsProcessor()
-    body = _Body(model)
+    body = _Body(model) if model is not None else None
     batch = len(spec.prompt_ids)
     longest = max(len(p) for p in spec.prompt_ids)
     ids = torch.full((batch, longest), pad, dtype=torch.int64)
@@ -901,13 +925,13 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int) -> _RankO
         from the ranks that ran their body (every rank gets all of them, in prompt order)."""
         mine = [b - lo for b in rows if lo <= b < hi]
         local = hidden[mine, -1, :] if hidden is not None and mine else \
-            torch.zeros((0, model.config.hidden_size), dtype=torch.float32)
+            torch.zeros((0, facts.hidden_size), dtype=torch.float32)
         counts = [sum(1 for b in rows if calc_shard(batch, spec.tp, r) <= b < calc_shard(batch, spec.tp, r + 1))
                   for r in range(spec.tp)]
         return D.all_gather_rows(local.float().contiguous(), counts, None)
 
     def run_body(embeds: torch.Tensor, positions_now: torch.Tensor) -> torch.Tensor | None:
-        if hi == lo:
+        if hi == lo or body is None:
             return None  # no prompt of this rank's block: it only takes part in the vocab dimension
         return body(embeds[lo:hi], body_mask if padded else None, positions_now[lo:hi])
 

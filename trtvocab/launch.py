@@ -20,7 +20,7 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -57,13 +57,13 @@ def _worker(
     backend: str,
     timeout_s: float,
     results: Any,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
+    inbox: Any,
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     # Each rank gets one thread on small machines: N ranks x all cores would oversubscribe.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
+        fn, args = inbox.get(timeout=timeout_s)
         if "nccl" in backend:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
@@ -91,8 +91,12 @@ def run_ranks(
     *args: Any,
     backend: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    rank_args: Sequence[tuple[Any, ...]] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return results by rank.
+
+    ``rank_args[r]``, when given, is appended to rank ``r``'s arguments (what only some ranks
+    need, e.g. a model only the ranks that run it: every argument is sent to its process).
 
     ``fn`` must be importable (a module-level function). Raises :class:`RankFailures`
     when any rank raised, with every rank's exception in ``.errors``; ranks still
@@ -106,6 +110,8 @@ def run_ranks(
     """
     if world_size < 1:
         raise DistributedError(f"world_size must be >= 1, got {world_size}")
+    if rank_args is not None and len(rank_args) != world_size:
+        raise DistributedError(f"rank_args: expected one tuple per rank ({world_size}), got {len(rank_args)}")
     if backend is None:
         # One GPU per rank where there are enough; gloo alone otherwise (CPU tensors only).
         enough = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
@@ -113,12 +119,17 @@ def run_ranks(
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, results, fn, args), daemon=True)
-        for r in range(world_size)
-    ]
+    # The function and its arguments go through a queue once every process has started, not as
+    # Process arguments: spawn writes those into a pipe the child reads only after its interpreter
+    # and imports are up, so a large argument (a model, a tokenizer) would start the ranks one
+    # after another. From a queue, each child unpickles its share while the others start too.
+    inboxes = [ctx.Queue() for _ in range(world_size)]
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, results, inboxes[r]),
+                         daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
+    for r, inbox in enumerate(inboxes):
+        inbox.put((fn, args + (tuple(rank_args[r]) if rank_args is not None else ())))
     outputs: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     traces: dict[int, str] = {}
