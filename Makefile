@@ -45,13 +45,14 @@ test: setup lint
 test-fast: setup
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider -m "not slow"
 
-# The head is built (tp 5, uneven: 49152 = 2 x 9831 + 3 x 9830), then runs from the artifact inside
-# the decode loop (--backend auto: a TensorRT engine where one was built, else the ONNX graphs).
+# The head is built (tp 5, uneven: 49152 = 2 x 9831 + 3 x 9830; a TensorRT engine per rank), then
+# runs from the artifact inside the decode loop (--backend auto: the engines where this machine can
+# run them, else the ONNX graphs; --attention-dp: the body runs once per prompt, not on every rank).
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab build builders/default.toml --out $(OUT) --force
-	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto \
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto --attention-dp \
 		--prompt "The capital of France is" --max-new-tokens 3
-	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto --chat \
+	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto --attention-dp --chat \
 		--prompt "What is the capital of France? Answer in JSON with the keys country and capital." \
 		--json-schema examples/capital.schema.json --max-new-tokens 40
 
