@@ -46,6 +46,7 @@ from trtvocab.formats import Activation
 from trtvocab.fsutil import check_target, staging
 from trtvocab.inputs import check_hidden_states
 from trtvocab.quant.config import QuantAlgo, QuantConfig, stored_format
+from trtvocab.quant.head_module import HeadOnly
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_GROUP
 
 # Files copied next to the quantized head so the output still decodes token ids.
@@ -102,21 +103,6 @@ class QuantizeResult:
     def label(self) -> str:
         """The label ``LMHead.from_checkpoint(out)`` runs with (``weight_only`` at load gives W8A16)."""
         return QuantConfig(quant_algo=self.algo, activation=self.activation).label
-
-
-class _HeadOnly(nn.Module):
-    """A model whose only layer is ``lm_head``: ModelOpt's configs match quantizers by module name."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        vocab, hidden = weight.shape
-        self.lm_head = nn.Linear(hidden, vocab, bias=False, dtype=weight.dtype)
-        with torch.no_grad():
-            self.lm_head.weight.copy_(weight)
-        self.lm_head.weight.requires_grad_(False)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
 
 
 def import_modelopt() -> tuple[Any, Any]:
@@ -230,7 +216,7 @@ def quantize_head(
         raise QuantizationError("the head weight contains NaN or Inf; it cannot be quantized")
     if float(weight.abs().max()) == 0.0:
         raise QuantizationError("the head weight is all zeros: its scale would be 0")
-    model = _HeadOnly(weight)
+    model = HeadOnly(weight)
     forward_loop = None
     if calib is not None:
         batches = _calib_batches(_check_calib(calib, hidden).to(weight.dtype), batch_rows)

@@ -47,6 +47,7 @@ from trtvocab.errors import QuantizationError
 from trtvocab.formats import Activation
 from trtvocab.quant.compressed_tensors import reciprocal
 from trtvocab.quant.config import QuantAlgo
+from trtvocab.quant.head_module import HeadOnly
 from trtvocab.quant.nvfp4 import BLOCK
 
 HEAD = "lm_head"
@@ -87,18 +88,6 @@ def library_scheme(algo: QuantAlgo, activation: Activation) -> Any:
             raise QuantizationError("NVFP4 has no dynamic-activation mode here: W4A4 (with --calib) or W4A16")
         return preset_name_to_scheme("NVFP4" if activation is Activation.STATIC else "NVFP4A16", list(TARGETS))
     raise QuantizationError(f"cannot write an LM head as {algo.value} in the compressed-tensors format")
-
-
-class _HeadOnly(nn.Module):
-    """A model whose only module is ``lm_head`` (an ``nn.Linear``, as HF's head is)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        vocab, hidden = weight.shape
-        self.lm_head = nn.Linear(hidden, vocab, bias=False, dtype=weight.dtype)
-        with torch.no_grad():
-            self.lm_head.weight.copy_(weight)
-        self.lm_head.weight.requires_grad_(False)
 
 
 @dataclass(frozen=True)
@@ -191,7 +180,7 @@ def compress_head(weight: torch.Tensor, algo: QuantAlgo, activation: Activation,
     if static and calib_range_ is None:
         raise QuantizationError("static activations need calibration rows (--calib)")
     scheme = library_scheme(algo, activation)
-    model = _HeadOnly(weight)
+    model = HeadOnly(weight)
     # The library logs (loguru) and shows tqdm bars on stderr: keep both out of the CLI's output.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
