@@ -211,3 +211,36 @@ def test_real_recipes_build_engines_that_keep_the_contract(tmp_path, recipe, pac
     assert rows * manifest.head.hidden_size * itemsize <= b.compute.weights_bytes  # the shard, resident
     assert b.compute.weights_bytes < 1.05 * (rows + 256) * manifest.head.hidden_size * itemsize  # once, not twice
     assert (root / entry.files.plan).stat().st_size == b.bytes
+
+
+def test_the_runner_uses_names_the_real_tensorrt_rtx_has() -> None:
+    """The RTX runner cannot run here (deserializing needs a GPU); what it calls must at least exist."""
+    kit = T.import_compiler("tensorrt-rtx")
+    trt = kit.trt
+    assert kit.aot and hasattr(trt.Runtime, "get_engine_validity")
+    assert {"VALID", "SUBOPTIMAL", "INVALID"} <= set(trt.EngineValidity.__members__)
+    assert hasattr(trt.ICudaEngine, "create_runtime_config")
+    for name in ("create_runtime_cache", "set_runtime_cache", "dynamic_shapes_kernel_specialization_strategy"):
+        assert hasattr(trt.IRuntimeConfig, name), name
+    assert "EAGER" in trt.DynamicShapesKernelSpecializationStrategy.__members__
+    for name in ("deserialize", "serialize", "reset"):
+        assert hasattr(trt.IRuntimeCache, name), name
+    assert trt.DataType.INT64 and trt.TensorIOMode.INPUT
+    for name in RTX_TARGETS:
+        assert hasattr(trt.ComputeCapability, name.upper()), name
+
+
+def test_runner_refuses_a_plan_the_rtx_header_check_calls_invalid(tmp_path, monkeypatch) -> None:
+    """With a GPU pretended (torch.cuda patched) and TensorRT-RTX's real header check: on this
+    machine it cannot read GPU properties and says INVALID; the runner refuses before deserializing."""
+    from trtvocab.backends.tensorrt import EngineRunner
+    from trtvocab.errors import ArtifactError
+
+    info = T.build_engine(dense_graph(tmp_path), tmp_path / "p.plan", PROFILE, compiler="tensorrt-rtx",
+                          targets=["sm89"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(ArtifactError, match=r"TensorRT-RTX .* cannot run on this GPU \(EngineValidity\.INVALID"):
+        EngineRunner(info.plan_path, info.sha256, info.bytes, "tensorrt-rtx")
+    with pytest.raises(ArtifactError, match="sha256 does not match"):
+        EngineRunner(info.plan_path, "0" * 64, info.bytes, "tensorrt-rtx")
