@@ -12,27 +12,19 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from trtvocab.checkpoint import open_checkpoint
+from trtvocab.checkpoint import TensorInfo, open_checkpoint
 from trtvocab.errors import CheckpointError
 from trtvocab.fsutil import open_regular
+
+if TYPE_CHECKING:
+    from trtvocab.gguf import GGUFTensorInfo
 
 CHUNK = 8 << 20
 
 
-class _Stored(Protocol):
-    """What both checkpoint readers' tensor infos hold (safetensors and GGUF)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    file: Path
-    offset: int
-    nbytes: int
-
-
-def _feed(h: Any, info: _Stored) -> None:
+def _feed(h: Any, info: TensorInfo | GGUFTensorInfo) -> None:
     stored = str(getattr(info, "ggml_type", info.dtype))  # GGUF: the block type, not what a read returns
     h.update(f"{info.name}|{stored}|{list(info.shape)}|".encode())
     with open_regular(info.file, "checkpoint file", CheckpointError) as fh:
