@@ -346,6 +346,13 @@ def _schema_problem(schema: Any) -> str | None:
     return None
 
 
+def _within(what: str, value: int, counted: str, limit: int, name: str) -> None:
+    """GrammarError naming ``what``, the measured ``value`` (``counted`` says of what) and the limit."""
+    if value > limit:
+        unit = " levels" if "deep" in counted else ""
+        raise GrammarError(f"{what}: {counted.format(value)}, more than the {limit}{unit} allowed ({name})")
+
+
 def check_grammar(spec: GrammarSpec, what: str | None = None) -> None:
     """The checks that need no xgrammar: size, nesting, and for a JSON schema valid JSON without
     keywords xgrammar would ignore or choices among nothing (:class:`GrammarError`, naming the limit)."""
@@ -355,24 +362,14 @@ def check_grammar(spec: GrammarSpec, what: str | None = None) -> None:
     if spec.kind == "regex":
         if not spec.source:
             raise GrammarError("--regex: the pattern is empty")
-        if len(spec.source) > MAX_REGEX_CHARS:
-            raise GrammarError(f"{what}: {len(spec.source)} characters, more than the {MAX_REGEX_CHARS} allowed "
-                               "(MAX_REGEX_CHARS)")
-        depth = _regex_depth(spec.source)
-        if depth > MAX_GRAMMAR_DEPTH:
-            raise GrammarError(f"{what}: groups nested {depth} deep, more than the {MAX_GRAMMAR_DEPTH} allowed "
-                               "(MAX_GRAMMAR_DEPTH)")
+        _within(what, len(spec.source), "{} characters", MAX_REGEX_CHARS, "MAX_REGEX_CHARS")
+        _within(what, _regex_depth(spec.source), "groups nested {} deep", MAX_GRAMMAR_DEPTH, "MAX_GRAMMAR_DEPTH")
         return
     if spec.kind != "json_schema":
         raise GrammarError(f"{what}: unknown grammar kind {spec.kind!r} (expected json_schema or regex)")
     size = len(spec.source.encode("utf-8", errors="surrogatepass"))
-    if size > MAX_SCHEMA_BYTES:
-        raise GrammarError(f"{what}: {size} bytes of schema, more than the {MAX_SCHEMA_BYTES} allowed "
-                           "(MAX_SCHEMA_BYTES)")
-    depth = _json_depth(spec.source)
-    if depth > MAX_GRAMMAR_DEPTH:
-        raise GrammarError(f"{what}: nested {depth} deep, more than the {MAX_GRAMMAR_DEPTH} levels allowed "
-                           "(MAX_GRAMMAR_DEPTH)")
+    _within(what, size, "{} bytes of schema", MAX_SCHEMA_BYTES, "MAX_SCHEMA_BYTES")
+    _within(what, _json_depth(spec.source), "nested {} deep", MAX_GRAMMAR_DEPTH, "MAX_GRAMMAR_DEPTH")
     try:
         schema = json.loads(spec.source)
     except (json.JSONDecodeError, RecursionError) as exc:
