@@ -29,19 +29,13 @@ trt = pytest.importorskip("tensorrt_rtx")
 from trtvocab import LMHead, QuantAlgo, QuantConfig  # noqa: E402
 from trtvocab.embedding import VocabParallelEmbedding  # noqa: E402
 from trtvocab.export.embedding import build_embedding_model  # noqa: E402
+from trtvocab.export.layer_table import EngineLayer, EngineTensor, LayerTable, parse_layer_table  # noqa: E402
 from trtvocab.export.onnx import build_model_for_head  # noqa: E402
 from trtvocab.quant import fp8  # noqa: E402
 from trtvocab.quant.writer import quantize_head_tensors  # noqa: E402
 
-try:  # the typed parser of the builder's table (trtvocab.export.layer_table), when it exists
-    from trtvocab.export.layer_table import parse_layer_table
-except ImportError:  # pragma: no cover - older trees
-    parse_layer_table = None
-
 V, H = 256, 128  # weights large enough that the engine's own constants are small beside them
 F32, BF16, F16, FP8, FP4 = "float32", "bfloat16", "float16", "fp8_e4m3", "fp4_e2m1"
-_DT = {"Float": F32, "Half": F16, "BFloat16": BF16, "FP8": FP8, "FP4E2M1": FP4, "Int32": "int32",
-       "Int64": "int64", "UInt8": "uint8", "Int8": "int8"}
 
 
 # ---- building and reading an engine -----------------------------------------------------------------
@@ -54,66 +48,7 @@ class _Logger(trt.ILogger):
         self.messages.append(msg)
 
 
-@dataclass
-class Tensor:
-    name: str
-    dims: list[int]
-    dtype: str
-
-
-@dataclass
-class Layer:
-    name: str
-    kind: str
-    inputs: list[Tensor]
-    constants: list[Tensor]
-    outputs: list[Tensor]
-    onnx_nodes: list[str]
-
-
-@dataclass
-class Engine:
-    layers: list[Layer]
-    weights_bytes: int
-
-
-def _local_parse(messages: list[str]) -> Engine:
-    """A minimal reader of the ``Layers:`` message, for trees without trtvocab.export.layer_table."""
-    import re
-
-    text = next(m for m in messages if m.startswith("Layers:"))
-    tensor = re.compile(r"\{ Name: ([^,]*), Dimensions: \[([^\]]*)\].*?Datatype: ([^,}]*)")
-
-    def tensors(part: str) -> list[Tensor]:
-        return [Tensor(n.strip(), [int(d) for d in dims.split(",") if d.strip()], _DT.get(t.strip(), t.strip()))
-                for n, dims, t in tensor.findall(part)]
-
-    layers = []
-    for line in text.split("\n\n", 1)[0].splitlines()[1:]:
-        m = re.match(r"Name: (.*?), LayerType: ([^,]*), Inputs: \[(.*?)\], Constants: \[(.*?)\], "
-                     r"Outputs: \[(.*?)\], TacticName: .*?Metadata: (.*)$", line.strip())
-        if m:
-            layers.append(Layer(m.group(1), m.group(2).strip(), tensors(m.group(3)), tensors(m.group(4)),
-                                tensors(m.group(5)), re.findall(r"\[ONNX Layer: ([^\]]+)\]", m.group(6))))
-    weights = max(int(w) for m in messages for w in re.findall(r"Total Weights Memory: (\d+)", m))
-    return Engine(layers, weights)
-
-
-def _parse(messages: list[str]) -> Engine:
-    if parse_layer_table is None:
-        return _local_parse(messages)
-    table = parse_layer_table(messages)
-
-    def conv(tensors) -> list[Tensor]:
-        return [Tensor(t.name, list(t.dims), t.dtype) for t in tensors]
-
-    layers = [Layer(x.name, x.kind, conv(x.inputs), conv(x.constants), conv(x.outputs), list(x.onnx_nodes))
-              for x in table.layers]
-    assert table.weights_bytes is not None
-    return Engine(layers, table.weights_bytes)
-
-
-def build(model, sm: str = "89") -> Engine:
+def build(model, sm: str = "89") -> LayerTable:
     """Parse and AOT-build ``model`` for one compute capability; the engine's layer table."""
     logger = _Logger()
     builder = trt.Builder(logger)
@@ -134,26 +69,28 @@ def build(model, sm: str = "89") -> Engine:
     config.add_optimization_profile(profile)
     blob = builder.build_serialized_network(network, config)
     assert blob is not None, [m for m in logger.messages if "rror" in m][-3:]
-    return _parse(logger.messages)
+    table = parse_layer_table(logger.messages)
+    assert table.weights_bytes is not None
+    return table
 
 
 def onnx_weight_bytes(model) -> int:
     return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
 
 
-def _weight_shaped(t: Tensor, rows: int) -> bool:
+def _weight_shaped(t: EngineTensor, rows: int) -> bool:
     return sorted(t.dims) == sorted([rows, H])
 
 
 @dataclass
 class Gemm:
-    layer: Layer
+    layer: EngineLayer
     activation: str
     weight: str
     resident: bool  # the weight is a constant of the engine, not a tensor written per call
 
 
-def gemm(engine: Engine, rows: int = V) -> Gemm:
+def gemm(engine: LayerTable, rows: int = V) -> Gemm:
     """The engine layer built from the graph's MatMul, with its activation and weight operands."""
     layers = [x for x in engine.layers if any("MatMul" in n for n in x.onnx_nodes)
               and x.kind in ("gemm", "runtime_fusion")]
@@ -166,12 +103,12 @@ def gemm(engine: Engine, rows: int = V) -> Gemm:
     return Gemm(layer, acts[0].dtype, weights[0][0].dtype, weights[0][1])
 
 
-def per_call_weight_copies(engine: Engine, rows: int = V) -> list[Tensor]:
+def per_call_weight_copies(engine: LayerTable, rows: int = V) -> list[EngineTensor]:
     """Weight-shaped tensors some layer writes on every call (a dequantized copy of the weight)."""
     return [t for x in engine.layers for t in x.outputs if _weight_shaped(t, rows)]
 
 
-def assert_weight_bytes(engine: Engine, model) -> None:
+def assert_weight_bytes(engine: LayerTable, model) -> None:
     """The engine holds the graph's weights at their own width: within a few percent of the
     initializers (the builder adds small constants and alignment), never 2x or 4x."""
     stored = onnx_weight_bytes(model)
@@ -292,7 +229,7 @@ def test_nvfp4_dequantize_fp4_is_a_16_bit_gemm(dtype):
 
 
 # ---- embedding --------------------------------------------------------------------------------------
-def _table(engine: Engine, rows: int) -> Tensor:
+def _table(engine: LayerTable, rows: int) -> EngineTensor:
     (table,) = [t for x in engine.layers for t in x.constants if _weight_shaped(t, rows)]
     return table
 
