@@ -36,12 +36,11 @@ _GEMM_KINDS = ("gemm", "runtime_fusion")
 @dataclass(frozen=True)
 class Expected:
     """The contract of one graph: allowed datatypes of the GEMM's activation and weight (or of the
-    embedding table), whether the weight must stay a constant of the engine, and in words."""
+    embedding table), and in words. Every contract keeps the weight a constant of the engine."""
 
     graph: str  # "lm_head" | "embedding"
     activation: frozenset[str]
     weight: frozenset[str]
-    resident: bool
     text: str
 
 
@@ -66,22 +65,22 @@ def _expected_head(fmt: WeightFormat, activation: Activation, dtype: str, dequan
     head = _HEAD_DTYPE[dtype]
     if fmt is WeightFormat.DENSE or dequantized:
         what = "NVFP4 dequantize_fp4" if dequantized else f"dense {head}"
-        return Expected("lm_head", frozenset({head}), frozenset({head}), True,
+        return Expected("lm_head", frozenset({head}), frozenset({head}),
                         f"{what}: a {head} x {head} GEMM")
     code = {WeightFormat.FP8: "fp8_e4m3", WeightFormat.NVFP4: "fp4_e2m1"}[fmt]
     if activation is Activation.NONE:
         bits = "8" if fmt is WeightFormat.FP8 else "4"
-        return Expected("lm_head", frozenset({head}), frozenset({code}), True,
+        return Expected("lm_head", frozenset({head}), frozenset({code}),
                         f"{fmt} weight-only: a {head} x {code} GEMM on {bits}-bit weights resident in the engine")
-    return Expected("lm_head", frozenset({code}), frozenset({code}), True,
+    return Expected("lm_head", frozenset({code}), frozenset({code}),
                     f"{fmt} {activation}: a {code} x {code} GEMM")
 
 
 def _expected_table(fmt: WeightFormat, dtype: str) -> Expected:
     if fmt is WeightFormat.FP8:
-        return Expected("embedding", frozenset(), frozenset({"fp8_e4m3", "uint8", "int8"}), True,
+        return Expected("embedding", frozenset(), frozenset({"fp8_e4m3", "uint8", "int8"}),
                         "FP8 embedding: a 1-byte lookup table")
-    return Expected("embedding", frozenset(), frozenset({_HEAD_DTYPE[dtype]}), True,
+    return Expected("embedding", frozenset(), frozenset({_HEAD_DTYPE[dtype]}),
                     f"dense embedding: a {dtype} lookup table")
 
 
@@ -134,17 +133,21 @@ def describe_graph(onnx_path: Path) -> GraphInfo:
     if "float32" in expected.activation:
         needs.add(HwType.FP32_GEMM)
     return GraphInfo("lm_head", spec.weight_format, spec.dtype, spec.hidden_size, spec.local_vocab_size,
-                     spec.dequantize_fp4, bool(getattr(spec, "deterministic", False)), spec.context_logits, inputs,
+                     spec.dequantize_fp4, spec.deterministic, spec.context_logits, inputs,
                      expected, frozenset(needs))
 
 
-def _is_weight_shaped(t: EngineTensor, info: GraphInfo) -> bool:
-    """``[H, rows]`` or ``[rows, H]``, where the builder may pad ``rows`` up (it pads an odd GEMM N
-    to an aligned one and slices the output)."""
+def _engine_rows(t: EngineTensor, info: GraphInfo) -> int | None:
+    """The rows of ``t`` if it is the weight (``[H, rows]`` or ``[rows, H]``), else None. The
+    builder may pad ``rows`` up: it pads an odd GEMM N to an aligned one and slices the output."""
     if len(t.dims) != 2 or -1 in t.dims or info.hidden_size not in t.dims:
-        return False
+        return None
     other = t.dims[1] if t.dims[0] == info.hidden_size else t.dims[0]
-    return info.rows <= other < info.rows + 256
+    return other if info.rows <= other < info.rows + 256 else None
+
+
+def _is_weight_shaped(t: EngineTensor, info: GraphInfo) -> bool:
+    return _engine_rows(t, info) is not None
 
 
 def _weight_operand(layer: EngineLayer, info: GraphInfo) -> tuple[EngineTensor, bool] | None:
@@ -156,7 +159,8 @@ def _weight_operand(layer: EngineLayer, info: GraphInfo) -> tuple[EngineTensor, 
     return None
 
 
-def _gemm(table: LayerTable, info: GraphInfo) -> GemmRecord | None:
+def _gemm(table: LayerTable, info: GraphInfo) -> tuple[GemmRecord, int] | None:
+    """The GEMM's record and the weight rows it reads (padded, where the builder pads)."""
     candidates = [layer for layer in table.layers if _weight_operand(layer, info) is not None]
     gemms = [layer for layer in candidates if layer.kind in _GEMM_KINDS] or candidates
     if not gemms:
@@ -168,16 +172,10 @@ def _gemm(table: LayerTable, info: GraphInfo) -> GemmRecord | None:
         producers = [p for p in table.layers if any(o.name == weight.name for o in p.outputs)]
         source = next((c.dtype for p in producers for c in p.constants if _is_weight_shaped(c, info)), None)
     acts = [t for t in layer.inputs if len(t.dims) == 2 and t.dims[-1] == info.hidden_size and t.dims[0] == -1]
-    return GemmRecord(layer=layer.name, kind=layer.kind, activation=acts[0].dtype if acts else None,
-                      weight=weight.dtype, weight_resident=resident,
-                      output=layer.outputs[0].dtype if layer.outputs else None, weight_source=source)
-
-
-def weight_dims(table: LayerTable, gemm: GemmRecord) -> list[int]:
-    """The dims of the GEMM layer's weight operand as the engine holds it."""
-    layer = next(layer for layer in table.layers if layer.name == gemm.layer)
-    return next((t.dims for t in [*layer.inputs, *layer.constants] if t.dtype == gemm.weight and len(t.dims) == 2
-                 and -1 not in t.dims), [0])
+    record = GemmRecord(layer=layer.name, kind=layer.kind, activation=acts[0].dtype if acts else None,
+                        weight=weight.dtype, weight_resident=resident,
+                        output=layer.outputs[0].dtype if layer.outputs else None, weight_source=source)
+    return record, _engine_rows(weight, info) or info.rows
 
 
 def check_engine(table: LayerTable, info: GraphInfo) -> EngineCompute:
@@ -203,25 +201,29 @@ def check_engine(table: LayerTable, info: GraphInfo) -> EngineCompute:
         if found is None:
             problems.append(f"no engine layer holds the {info.rows} x {info.hidden_size} table ({exp.text})")
         return EngineCompute(table=found, problems=problems, **common)
-    gemm = _gemm(table, info)
-    if gemm is None:
+    found = _gemm(table, info)
+    gemm: GemmRecord | None = None
+    if found is None:
         problems.append(f"no engine layer multiplies by the {info.rows} x {info.hidden_size} weight ({exp.text})")
     else:
+        gemm, rows = found
         where = f"layer {gemm.layer} ({gemm.kind})"
         if gemm.activation not in exp.activation:
             problems.append(f"{where}: activation {gemm.activation}, the contract wants {sorted(exp.activation)} "
                             f"({exp.text})")
-        if exp.resident and not gemm.weight_resident and gemm.weight_source != gemm.weight:
+        # Computed per call: a dequantize (another datatype) breaks the contract; a copy in the
+        # weight's own datatype (the builder pads an odd number of rows this way) is a note.
+        dequantized_per_call = not gemm.weight_resident and gemm.weight_source != gemm.weight
+        if dequantized_per_call:
             problems.append(f"{where}: the weight operand is {gemm.weight} computed on every call"
                             + (f" from the {gemm.weight_source} constant" if gemm.weight_source else "")
                             + f", not resident in the engine ({exp.text})")
-        elif not gemm.weight_resident:
-            # Same datatype, copied per call (the builder pads an odd number of rows this way).
-            notes.append(f"{where}: the {gemm.weight} weight is copied on every call (padded to "
-                         f"{max(d for d in weight_dims(table, gemm))} rows); an even shard avoids it")
-        if gemm.weight not in exp.weight and (gemm.weight_resident or gemm.weight_source == gemm.weight):
+        elif gemm.weight not in exp.weight:
             problems.append(f"{where}: weight operand {gemm.weight}, the contract wants {sorted(exp.weight)} "
                             f"({exp.text})")
+        if not gemm.weight_resident and not dequantized_per_call:
+            notes.append(f"{where}: the {gemm.weight} weight is copied on every call (padded to {rows} rows); "
+                         "an even shard avoids it")
     return EngineCompute(gemm=gemm, problems=problems, notes=notes, **common)
 
 

@@ -43,7 +43,7 @@ RTX_TARGETS: dict[str, tuple[int, int]] = {
     "sm75": (7, 5), "sm80": (8, 0), "sm86": (8, 6), "sm89": (8, 9), "sm120": (12, 0), "sm121": (12, 1)}
 
 # First compute capability with each datatype, per compiler (None: every target has it).
-_MIN_CC: dict[Compiler, dict[HwType, tuple[int, int] | None]] = {
+MIN_CC: dict[Compiler, dict[HwType, tuple[int, int] | None]] = {
     Compiler.TENSORRT: {HwType.BF16: (8, 0), HwType.FP8: (8, 9), HwType.FP4: (10, 0), HwType.FP32_GEMM: None},
     Compiler.TENSORRT_RTX: {HwType.BF16: (8, 0), HwType.FP8: (8, 9), HwType.FP4: (12, 0),
                             HwType.FP32_GEMM: (8, 0)},
@@ -78,7 +78,7 @@ def parse_targets(names: list[str] | tuple[str, ...]) -> list[str]:
 
 def refusal(needs: set[HwType], cc: tuple[int, int], compiler: Compiler) -> str | None:
     """Why a GPU of compute capability ``cc`` cannot run a graph needing ``needs`` (None: it can)."""
-    table = _MIN_CC[compiler]
+    table = MIN_CC[compiler]
     for hw in sorted(needs, key=lambda h: list(HwType).index(h)):
         first = table[hw]
         if first is not None and cc < first:
@@ -103,5 +103,5 @@ def choose_targets(needs: set[HwType], requested: list[str] | None) -> list[str]
     return names
 
 
-__all__ = ["RTX_TARGETS", "Compiler", "HwType", "cc_name", "choose_targets", "parse_targets", "refusal",
+__all__ = ["MIN_CC", "RTX_TARGETS", "Compiler", "HwType", "cc_name", "choose_targets", "parse_targets", "refusal",
            "target_name"]

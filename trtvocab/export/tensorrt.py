@@ -34,7 +34,7 @@ from trtvocab.errors import ConfigError, EngineUnavailableError, QuantizationErr
 from trtvocab.export.contract import GraphInfo, check_engine, describe_graph
 from trtvocab.export.layer_table import parse_layer_table
 from trtvocab.export.targets import (
-    _MIN_CC,
+    MIN_CC,
     RTX_TARGETS,
     Compiler,
     HwType,
@@ -171,7 +171,7 @@ def check_compute_capability(weight_format: WeightFormat | str, cc: tuple[int, i
 
         cc = torch.cuda.get_device_capability(cuda_device())
     cc = (int(cc[0]), int(cc[1]))
-    have, rules = cc_name(cc), _MIN_CC[Compiler.TENSORRT]
+    have, rules = cc_name(cc), MIN_CC[Compiler.TENSORRT]
     bf16, fp8, fp4 = rules[HwType.BF16], rules[HwType.FP8], rules[HwType.FP4]
     assert bf16 is not None and fp8 is not None and fp4 is not None
     if dtype == "bfloat16" and cc < bf16:
@@ -406,14 +406,13 @@ def _build(plan: _Plan, info: GraphInfo, parsed: Path, plan_path: Path, prof: Pr
                                          f"(it has {sorted(network_inputs)})")
         opt_profile.set_shape(name, lo, opt, hi)
     config.add_optimization_profile(opt_profile)
-    cache_path = Path(timing_cache_path) if timing_cache_path and not plan.kit.aot else None
-    config_cache = None
+    cache_path = None
     if plan.kit.aot:
-        plan.kit.set_targets(config, plan.targets)
+        plan.kit.set_targets(config, plan.targets)  # and no timing cache: a no-op in TensorRT-RTX
     else:
+        cache_path = Path(timing_cache_path) if timing_cache_path else None
         cache_blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
-        config_cache = config.create_timing_cache(cache_blob)
-        config.set_timing_cache(config_cache, False)
+        config.set_timing_cache(config.create_timing_cache(cache_blob), False)
     blob = builder.build_serialized_network(network, config)
     if blob is None:
         detail = "; ".join(logger.errors[-3:]) or "see the TensorRT log"
@@ -433,7 +432,7 @@ def _build(plan: _Plan, info: GraphInfo, parsed: Path, plan_path: Path, prof: Pr
     if compute is not None:
         warnings += compute.notes
     digest = write_plan_atomic(plan_path, blob)
-    if cache_path is not None and config_cache is not None:
+    if cache_path is not None:
         write_plan_atomic(cache_path, config.get_timing_cache().serialize())  # same atomic write
     return EngineBuild(
         plan_path=str(plan_path), sha256=digest, bytes=memoryview(blob).nbytes, onnx_path=str(source),
