@@ -25,6 +25,7 @@ import torch
 from typer.testing import CliRunner
 
 from trtvocab.cli import app
+from trtvocab.grammar import grammar_spec
 from trtvocab.sampling import SamplingParams
 
 G = pytest.importorskip("trtvocab.generate")
@@ -132,7 +133,7 @@ def mixed(loaded, smollm2: Path, tmp_path_factory):
     at tp 1 and tp 3, and transformers' greedy reference of the same batch (C constrained by xgrammar)."""
     path = tmp_path_factory.mktemp("schema") / "capital_only.json"
     path.write_text(json.dumps(CAPITAL))
-    schema = G.grammar_spec(json_schema=path)
+    schema = grammar_spec(json_schema=path)
     prompts = [A, B, chat_text(loaded, "What is the capital of France? Answer in JSON.")]
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0)]
     runs = {}

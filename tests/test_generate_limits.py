@@ -28,6 +28,7 @@ from trtvocab.cli import app
 from trtvocab.errors import CheckpointError, GrammarError, InputError
 
 G = pytest.importorskip("trtvocab.generate")
+Gr = pytest.importorskip("trtvocab.grammar")
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
                                 reason="trtvocab generate needs transformers and xgrammar")
 
@@ -67,11 +68,11 @@ def test_a_12mb_schema_is_refused_at_once_naming_the_limit(smollm2: Path, tmp_pa
     """The issue's case: an enum of 500k strings (12 MB) hung generate past 60 s."""
     big = schema_file(tmp_path, {"enum": [f"value number {i:09d}" for i in range(500_000)]}, "big.json")
     assert big.stat().st_size > 12_000_000
-    with pytest.raises(GrammarError, match=rf"bytes, more than the {G.MAX_SCHEMA_BYTES} allowed"):
-        G.grammar_spec(json_schema=big)
+    with pytest.raises(GrammarError, match=rf"bytes, more than the {Gr.MAX_SCHEMA_BYTES} allowed"):
+        Gr.grammar_spec(json_schema=big)
     res = child_generate(smollm2, "--prompt", A, "--json-schema", str(big), timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
-    assert "GrammarError" in res.stderr and f"more than the {G.MAX_SCHEMA_BYTES} allowed" in res.stderr
+    assert "GrammarError" in res.stderr and f"more than the {Gr.MAX_SCHEMA_BYTES} allowed" in res.stderr
     assert "Traceback" not in res.stderr
 
 
@@ -80,41 +81,41 @@ def test_compile_time_is_bounded(smollm2: Path, tmp_path: Path) -> None:
     """An enum of 20k strings is under the size limit but takes xgrammar ~30 s against SmolLM2's tokenizer:
     the compile runs under the time limit (here 1 s, from the environment) and is refused past it."""
     slow = schema_file(tmp_path, {"enum": [f"value-{i}-abc" for i in range(20_000)]}, "slow.json")
-    assert slow.stat().st_size < G.MAX_SCHEMA_BYTES
+    assert slow.stat().st_size < Gr.MAX_SCHEMA_BYTES
     res = child_generate(smollm2, "--prompt", A, "--json-schema", str(slow), "--max-new-tokens", "2",
-                         env={**ENV, G.GRAMMAR_TIMEOUT_ENV: "1"})
+                         env={**ENV, Gr.GRAMMAR_TIMEOUT_ENV: "1"})
     assert res.returncode == 2, res.stdout + res.stderr
-    assert "GrammarError" in res.stderr and "within 1 s" in res.stderr and G.GRAMMAR_TIMEOUT_ENV in res.stderr
+    assert "GrammarError" in res.stderr and "within 1 s" in res.stderr and Gr.GRAMMAR_TIMEOUT_ENV in res.stderr
     assert "Traceback" not in res.stderr
 
 
 @pytest.mark.parametrize("bad", ["0", "-3", "nan", "inf", "soon"])
 def test_a_bad_time_limit_is_refused(monkeypatch, bad: str) -> None:
-    monkeypatch.setenv(G.GRAMMAR_TIMEOUT_ENV, bad)
-    with pytest.raises(Exception, match=G.GRAMMAR_TIMEOUT_ENV):
-        G.grammar_timeout()
+    monkeypatch.setenv(Gr.GRAMMAR_TIMEOUT_ENV, bad)
+    with pytest.raises(Exception, match=Gr.GRAMMAR_TIMEOUT_ENV):
+        Gr.grammar_timeout()
 
 
 def test_deep_schemas_and_regexes_are_refused_not_recursed(tmp_path: Path) -> None:
     """A 3000-deep schema raised RecursionError (json.loads); groups nested past the limit likewise refused."""
     deep = schema_file(tmp_path, '{"type": "array", "items": ' * 3000 + "{}" + "}" * 3000)
-    with pytest.raises(GrammarError, match=rf"nested 3001 deep, more than the {G.MAX_GRAMMAR_DEPTH} levels"):
-        G.grammar_spec(json_schema=deep)
-    n = G.MAX_GRAMMAR_DEPTH + 1
-    with pytest.raises(GrammarError, match=rf"groups nested {n} deep, more than the {G.MAX_GRAMMAR_DEPTH}"):
-        G.grammar_spec(regex="(" * n + "a" + ")" * n)
-    with pytest.raises(GrammarError, match=rf"more than the {G.MAX_REGEX_CHARS} allowed"):
-        G.grammar_spec(regex="a" * (G.MAX_REGEX_CHARS + 1))
-    ok = G.MAX_GRAMMAR_DEPTH // 2  # an object in an object: two JSON levels each
+    with pytest.raises(GrammarError, match=rf"nested 3001 deep, more than the {Gr.MAX_GRAMMAR_DEPTH} levels"):
+        Gr.grammar_spec(json_schema=deep)
+    n = Gr.MAX_GRAMMAR_DEPTH + 1
+    with pytest.raises(GrammarError, match=rf"groups nested {n} deep, more than the {Gr.MAX_GRAMMAR_DEPTH}"):
+        Gr.grammar_spec(regex="(" * n + "a" + ")" * n)
+    with pytest.raises(GrammarError, match=rf"more than the {Gr.MAX_REGEX_CHARS} allowed"):
+        Gr.grammar_spec(regex="a" * (Gr.MAX_REGEX_CHARS + 1))
+    ok = Gr.MAX_GRAMMAR_DEPTH // 2  # an object in an object: two JSON levels each
     nested: dict = {"type": "integer"}
     for _ in range(ok - 1):
         nested = {"type": "object", "properties": {"a": nested}, "required": ["a"]}
-    assert G.grammar_spec(json_schema=schema_file(tmp_path, nested, "ok.json")).kind == "json_schema"
+    assert Gr.grammar_spec(json_schema=schema_file(tmp_path, nested, "ok.json")).kind == "json_schema"
 
 
 def test_per_prompt_grammars_are_checked_too(smollm2: Path) -> None:
     """A GrammarSpec made by hand (the Python API's ``grammars=``) meets the same limits before loading."""
-    spec = G.GrammarSpec("regex", "(" * 200 + "a" + ")" * 200, "deep")
+    spec = Gr.GrammarSpec("regex", "(" * 200 + "a" + ")" * 200, "deep")
     with pytest.raises(GrammarError, match=r"grammars\[0\].*MAX_GRAMMAR_DEPTH"):
         G.prepare(smollm2, [A], grammars=[spec])
 
@@ -127,9 +128,9 @@ def test_help_states_the_limits() -> None:
     assert "Limits: a schema of at most 1 MiB nested at most 128 deep" in text, text
     assert "TRTVOCAB_GRAMMAR_TIMEOUT_S" in text and "at most 16384 characters" in text
     # the help spells the limits out without importing the loop: they must stay the code's
-    assert G.MAX_SCHEMA_BYTES == 1 << 20 and G.MAX_GRAMMAR_DEPTH == 128 and G.GRAMMAR_TIMEOUT_S == 30.0
-    assert cli_mod.REGEX_CHARS_HELP == str(G.MAX_REGEX_CHARS)
-    assert f"{G.GRAMMAR_TIMEOUT_S:g} s" in cli_mod.GRAMMAR_LIMITS_HELP
+    assert Gr.MAX_SCHEMA_BYTES == 1 << 20 and Gr.MAX_GRAMMAR_DEPTH == 128 and Gr.GRAMMAR_TIMEOUT_S == 30.0
+    assert cli_mod.REGEX_CHARS_HELP == str(Gr.MAX_REGEX_CHARS)
+    assert f"{Gr.GRAMMAR_TIMEOUT_S:g} s" in cli_mod.GRAMMAR_LIMITS_HELP
 
 
 # ---- unsupported and unsatisfiable constraints ------------------------------------------------------------------
@@ -153,14 +154,14 @@ def test_schemas_xgrammar_would_ignore_or_that_match_nothing_are_refused(tmp_pat
     """``{"not": {}}`` matches nothing, yet generated "-1000000": xgrammar ignores "not". Every keyword it
     ignores, every warning it prints (it then applies another grammar) and every empty choice is an error."""
     with pytest.raises(GrammarError, match=None) as info:
-        G.grammar_spec(json_schema=schema_file(tmp_path, schema))
+        Gr.grammar_spec(json_schema=schema_file(tmp_path, schema))
     assert text in str(info.value)
 
 
 def test_a_property_named_like_a_keyword_is_fine(tmp_path: Path) -> None:
     schema = {"type": "object", "properties": {"not": {"type": "integer"}, "if": {"enum": ["a", "b"]}},
               "required": ["not", "if"]}
-    assert G.grammar_spec(json_schema=schema_file(tmp_path, schema)) is not None
+    assert Gr.grammar_spec(json_schema=schema_file(tmp_path, schema)) is not None
 
 
 @pytest.mark.parametrize(("pattern", "text"), [
@@ -170,13 +171,13 @@ def test_a_property_named_like_a_keyword_is_fine(tmp_path: Path) -> None:
 ])
 def test_regexes_xgrammar_would_reinterpret_are_refused(pattern: str, text: str) -> None:
     with pytest.raises(GrammarError) as info:
-        G.grammar_spec(regex=pattern)
+        Gr.grammar_spec(regex=pattern)
     assert text in str(info.value) and "--regex" in str(info.value)
 
 
 def test_supported_escapes_still_work() -> None:
     for pattern in (r"\x41", r"\u0041", r"[\x41-\x5a]+", r"\d+", r"(Paris|Lyon|Marseille)\."):
-        assert G.grammar_spec(regex=pattern).source == pattern
+        assert Gr.grammar_spec(regex=pattern).source == pattern
 
 
 @pytest.mark.parametrize(("pattern", "text"), [
@@ -194,8 +195,8 @@ def test_the_shipped_schema_still_compiles(smollm2: Path) -> None:
     from trtvocab.hf_loader import load_causal_lm
 
     tok, model = load_causal_lm(smollm2, dtype=torch.float32)
-    spec = G.grammar_spec(json_schema=Path(__file__).resolve().parents[1] / "examples" / "capital.schema.json")
-    assert G.compile_grammar(spec, tok, int(model.config.vocab_size), {2}) is not None
+    spec = Gr.grammar_spec(json_schema=Path(__file__).resolve().parents[1] / "examples" / "capital.schema.json")
+    assert Gr.compile_grammar(spec, tok, int(model.config.vocab_size), {2}) is not None
 
 
 # ---- which models are loaded, and how ---------------------------------------------------------------------------

@@ -136,7 +136,8 @@ def _gguf_parsed_once() -> Iterator[None]:
         gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, at most 300 characters (for one-line errors)."""
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else ""
 
@@ -167,7 +168,7 @@ def _load(transformers: Any, path: Path, where: str, kwargs: dict[str, Any], pre
             tok = transformers.AutoTokenizer.from_pretrained(
                 where, local_files_only=True, **({"gguf_file": path.name} if is_gguf(path) else {}))
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad folder
-        raise CheckpointError(f"{prefix}: cannot load its tokenizer ({type(exc).__name__}: {_first_line(exc)})") \
+        raise CheckpointError(f"{prefix}: cannot load its tokenizer ({type(exc).__name__}: {first_line(exc)})") \
             from None
     extra: dict[str, Any] = {}
     if dtype is not None:
@@ -179,7 +180,7 @@ def _load(transformers: Any, path: Path, where: str, kwargs: dict[str, Any], pre
     except Exception as exc:
         what = "GGUF file" if is_gguf(path) else "safetensors weights"
         raise CheckpointError(f"{prefix}: cannot load the model{' as a causal LM' if causal else ''} from its "
-                              f"{what} ({type(exc).__name__}: {_first_line(exc)})") from None
+                              f"{what} ({type(exc).__name__}: {first_line(exc)})") from None
     return tok, model
 
 
@@ -201,5 +202,5 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype | None = None, label:
     return load(path, causal=True, dtype=dtype, label=label)
 
 
-__all__ = ["PICKLE_PATTERNS", "TOKENIZER_FILES", "architectures", "check_gguf_file", "check_model_dir", "is_causal",
-           "is_gguf", "load", "load_causal_lm", "model_config", "quiet_transformers"]
+__all__ = ["PICKLE_PATTERNS", "TOKENIZER_FILES", "architectures", "check_gguf_file", "check_model_dir", "first_line",
+           "is_causal", "is_gguf", "load", "load_causal_lm", "model_config", "quiet_transformers"]

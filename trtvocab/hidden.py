@@ -166,11 +166,6 @@ check_model_dir = hf_loader.check_model_dir
 check_gguf_file = hf_loader.check_gguf_file
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""
-
-
 def decoder(model_dir: str | Path | None) -> Any:
     """A token-id -> text function from the checkpoint's tokenizer, or plain ids when there is none."""
     if model_dir is not None and Path(model_dir).is_dir():
@@ -250,7 +245,8 @@ def load_hidden_file(path: str | Path, *, finite: bool = True) -> HiddenFile:
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(f"{path}: cannot read hidden states ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise InputError(f"{path}: cannot read hidden states "
+                         f"({type(exc).__name__}: {hf_loader.first_line(exc)})") from None
     if "hidden_states" not in data:
         raise InputError(f"{path}: expected a tensor named 'hidden_states' [T, H], found {sorted(data)}")
     hidden = check_hidden_states(data["hidden_states"], what=f"{path}: hidden_states", finite=finite)
