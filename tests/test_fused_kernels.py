@@ -180,26 +180,30 @@ def adversarial_cases() -> list[tuple[str, QuantAlgo, dict]]:
     ]
 
 
-@pytest.mark.parametrize(("name", "algo", "spec"), adversarial_cases(), ids=[c[0] for c in adversarial_cases()])
-def test_adversarial_values(fused, name, algo, spec):
-    v, h = 37, 80
-    gen = torch.Generator().manual_seed(3)
+def adversarial_tensors(algo, spec: dict, v: int, h: int, gen: torch.Generator) -> dict:
+    """A head's checkpoint tensors with ``spec``'s adversarial codes: FP8 ``codes`` "max" (+-448) or
+    "zero", NVFP4 ``packed`` "max" (+-6) or "negzero" (every nibble -0), the other keys as given."""
     spec = dict(spec)
     if algo is FP8:
         kind = spec.pop("codes", None)
         if kind == "max":
-            signs = torch.randint(0, 2, (v, h), dtype=torch.uint8, generator=gen) << 7
-            spec["codes"] = 0x7E | signs  # +-448
+            spec["codes"] = 0x7E | (torch.randint(0, 2, (v, h), dtype=torch.uint8, generator=gen) << 7)
         elif kind == "zero":
             spec["codes"] = torch.zeros(v, h, dtype=torch.uint8)
-        t = fp8_tensors(v, h, gen, **spec)
-    else:
-        kind = spec.pop("packed", None)
-        if kind == "max":
-            spec["packed"] = torch.randint(0, 2, (v, h // 2), dtype=torch.uint8, generator=gen) * 0x88 | 0x77
-        elif kind == "negzero":
-            spec["packed"] = torch.full((v, h // 2), 0x88, dtype=torch.uint8)
-        t = nvfp4_tensors(v, h, gen, **spec)
+        return fp8_tensors(v, h, gen, **spec)
+    kind = spec.pop("packed", None)
+    if kind == "max":
+        spec["packed"] = torch.randint(0, 2, (v, h // 2), dtype=torch.uint8, generator=gen) * 0x88 | 0x77
+    elif kind == "negzero":
+        spec["packed"] = torch.full((v, h // 2), 0x88, dtype=torch.uint8)
+    return nvfp4_tensors(v, h, gen, **spec)
+
+
+@pytest.mark.parametrize(("name", "algo", "spec"), adversarial_cases(), ids=[c[0] for c in adversarial_cases()])
+def test_adversarial_values(fused, name, algo, spec):
+    v, h = 37, 80
+    gen = torch.Generator().manual_seed(3)
+    t = adversarial_tensors(algo, spec, v, h, gen)
     w64 = exact_weight(algo, t)
     head = make_head(algo, "none", v, h, t)
     inputs = [torch.zeros(4, h), torch.full((3, h), 448.0), torch.randn(8, h, generator=gen) * 1e4,
@@ -570,21 +574,7 @@ def test_nvfp4_every_nibble_batches_1_to_9(isa, hidden):
 def test_adversarial_values_every_path_and_batch(isa, name, algo, spec):
     v, h = 41, 528  # the NVFP4 4-group decoder and a pair; FP8 tail-free
     gen = torch.Generator().manual_seed(7)
-    spec = dict(spec)
-    if algo is FP8:
-        kind = spec.pop("codes", None)
-        if kind == "max":
-            spec["codes"] = 0x7E | (torch.randint(0, 2, (v, h), dtype=torch.uint8, generator=gen) << 7)
-        elif kind == "zero":
-            spec["codes"] = torch.zeros(v, h, dtype=torch.uint8)
-        t = fp8_tensors(v, h, gen, **spec)
-    else:
-        kind = spec.pop("packed", None)
-        if kind == "max":
-            spec["packed"] = torch.randint(0, 2, (v, h // 2), dtype=torch.uint8, generator=gen) * 0x88 | 0x77
-        elif kind == "negzero":
-            spec["packed"] = torch.full((v, h // 2), 0x88, dtype=torch.uint8)
-        t = nvfp4_tensors(v, h, gen, **spec)
+    t = adversarial_tensors(algo, spec, v, h, gen)
     w64 = exact_weight(algo, t)
     head = make_head(algo, "none", v, h, t)
     for b in (1, 2, 3, 5, 8, 9):
