@@ -88,15 +88,18 @@ inline void fp4_decode8(const uint8_t* p, V& lo, V& hi) {
   lo.v = _mm256_xor_ps(_mm256_permutevar8x32_ps(table, v), _mm256_castsi256_ps(lo_sign));
   hi.v = _mm256_xor_ps(_mm256_permutevar8x32_ps(table, _mm256_srli_epi32(v, 4)), _mm256_castsi256_ps(hi_sign));
 }
+// The vpshufb table of the decoders below: nibble (e2m1 code) -> the high byte of its value in fp16
+// (every e2m1 value, -0 included, is an fp16 number with a zero low byte).
+inline __m128i e2m1_fp16_high_bytes() {
+  return _mm_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8), char(0xBC),
+                       char(0xBE), char(0xC0), char(0xC2), char(0xC4), char(0xC6));
+}
+
 // 32 bytes of block-major packed E2M1 (byte k of 4 consecutive 8-block groups) -> lo[j] / hi[j]:
-// the low / high nibbles' values of group j. A vpshufb table maps each nibble to the high byte of
-// its value in fp16 (every e2m1 value, -0 included, is an fp16 number with a zero low byte), an
+// the low / high nibbles' values of group j. The table maps each nibble to its fp16 high byte, an
 // unpack with zero makes the fp16 words, F16C widens them: exact, 64 values from one load.
 inline void fp4_decode32(const uint8_t* p, V* lo, V* hi) {
-  const __m256i table = _mm256_setr_epi8(
-      0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8), char(0xBC), char(0xBE), char(0xC0),
-      char(0xC2), char(0xC4), char(0xC6), 0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8),
-      char(0xBC), char(0xBE), char(0xC0), char(0xC2), char(0xC4), char(0xC6));
+  const __m256i table = _mm256_broadcastsi128_si256(e2m1_fp16_high_bytes());  // the same table in both halves
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i zero = _mm256_setzero_si256();
   __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -117,8 +120,7 @@ inline void fp4_decode32(const uint8_t* p, V* lo, V* hi) {
 
 // 16 bytes (byte k of 2 groups) -> lo[0..1], hi[0..1]: fp4_decode32's steps on one 128-bit half.
 inline void fp4_decode16(const uint8_t* p, V* lo, V* hi) {
-  const __m128i table = _mm_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8),
-                                      char(0xBC), char(0xBE), char(0xC0), char(0xC2), char(0xC4), char(0xC6));
+  const __m128i table = e2m1_fp16_high_bytes();
   const __m128i mask = _mm_set1_epi8(0x0F);
   const __m128i zero = _mm_setzero_si128();
   __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
