@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from trtvocab.compare import COLUMNS, compare, plot_report
+from trtvocab.compare import compare, plot_report
 from trtvocab.hidden import hidden_states_from_text
 from trtvocab.quantize import quantize_checkpoint
 
@@ -96,12 +95,7 @@ def main() -> None:
         report = compare(model, variants, hidden, eval_lens, simulate=["fp8", "fp8-row", "fp8-w8a16"],
                          tp=args.tp, all_tokens=True)
 
-    table = Table(title=f"MiniLM-L6 head vs {report.baseline_label}: " + report.title())
-    for i, col in enumerate(COLUMNS):
-        table.add_column(col, justify="left" if i < 2 else "right")
-    for row in report.table_rows():
-        table.add_row(*row)
-    console.print(table)
+    console.print(report.rich_table(f"MiniLM-L6 head vs {report.baseline_label}: " + report.title()))
     if args.markdown:
         print(report.to_markdown())
     if args.plot:

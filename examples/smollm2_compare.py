@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from trtvocab.compare import COLUMNS, compare, plot_report
+from trtvocab.compare import compare, plot_report
 from trtvocab.hidden import read_text_file, text_hidden_states
 
 TEXTS = Path(__file__).resolve().parent / "texts"
@@ -63,12 +62,7 @@ def main() -> None:
                   f"calibration rows; hidden states in {time.perf_counter() - t0:.0f}s")
     report = compare(model, [], hidden.states, hidden.seq_lens, simulate=args.simulate.split(","),
                      calib=calib.states, tp=args.tp, next_token_ids=hidden.next_token_ids)
-    table = Table(title=f"SmolLM2-135M head vs {report.baseline_label}: " + report.title())
-    for i, col in enumerate(COLUMNS):
-        table.add_column(col, justify="left" if i < 2 else "right")
-    for row in report.table_rows():
-        table.add_row(*row)
-    console.print(table)
+    console.print(report.rich_table(f"SmolLM2-135M head vs {report.baseline_label}: " + report.title()))
     print(report.llamacpp_text())
     if args.markdown:
         print(report.to_markdown())

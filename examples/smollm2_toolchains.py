@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.table import Table
 from safetensors.torch import load_file, save_file
 
-from trtvocab.compare import COLUMNS, compare
+from trtvocab.compare import compare
 from trtvocab.hidden import load_hidden_file, read_text_file, save_hidden, text_hidden_states
 from trtvocab.quantize import quantize_checkpoint
 
@@ -145,13 +144,8 @@ def main() -> None:
         data = load_hidden_file(hidden)
         report = compare(source, [], data.states, data.seq_lens, variant_specs=specs, tp=args.tp,
                          next_token_ids=data.next_token_ids)
-    table = Table(title=f"SmolLM2-135M head ({args.source_dtype} source) vs {report.baseline_label}: "
-                  + report.title())
-    for i, col in enumerate(COLUMNS):
-        table.add_column(col, justify="left" if i < 2 else "right")
-    for row in report.table_rows():
-        table.add_row(*row)
-    console.print(table)
+    console.print(report.rich_table(f"SmolLM2-135M head ({args.source_dtype} source) vs {report.baseline_label}: "
+                  + report.title()))
     print(report.llamacpp_text())
     console.print("stored bytes, modelopt vs compressed-tensors:")
     for name, d in diffs.items():

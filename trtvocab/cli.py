@@ -573,8 +573,8 @@ def compare(
     """Accuracy of quantized LM heads against the baseline: top-1/top-5, KL, logit error, and llama.cpp's
     teacher-forced PPL / KLD / Δp block (with EAR and intervals) where the hidden file has next tokens."""
     from trtvocab.accuracy.gates import check_gates
-    from trtvocab.compare import COLUMNS, plot_report
     from trtvocab.compare import compare as run_compare
+    from trtvocab.compare import plot_report
     from trtvocab.hidden import load_hidden_file
 
     try:
@@ -597,12 +597,7 @@ def compare(
     elif markdown:
         print(report.to_markdown(), end="")
     else:
-        table = Table(title=escape(report.title()))
-        for i, col in enumerate(COLUMNS):
-            table.add_column(escape(col), justify="left" if i < 2 else "right")
-        for row in report.table_rows():
-            table.add_row(*(escape(str(cell)) for cell in row))
-        console.print(table)
+        console.print(report.rich_table())
         for v in report.variants:
             if v.note:
                 console.print(f"[dim]{escape(v.name)}: {escape(v.note)}[/]", highlight=False)

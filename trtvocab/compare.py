@@ -469,6 +469,19 @@ class CompareReport:
                 "teacher_forced_note": self.teacher_forced_note,
                 "variants": [v.as_dict() for v in self.variants]}
 
+    def rich_table(self, title: str | None = None) -> Any:
+        """The report as a ``rich`` table (title: :meth:`title` by default); every cell escaped, so names
+        and paths print as themselves."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=escape(self.title() if title is None else title))
+        for i, col in enumerate(COLUMNS):
+            table.add_column(escape(col), justify="left" if i < 2 else "right")
+        for row in self.table_rows():
+            table.add_row(*(escape(str(cell)) for cell in row))
+        return table
+
     def table_rows(self) -> list[list[str]]:
         """Rows for a text table (rich or markdown), baseline first."""
         out = [[self.baseline_label, _short(self.baseline), "—", "—", "—", "—", "—", "—", "—",
