@@ -217,11 +217,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         adp = self.mapping.enable_attention_dp
         # The ids themselves must agree without attention DP: their digest (int64 values and shape).
         digest = D.tensor_digest(input_ids.to(torch.int64)) if error is None and not adp else 0
-        D.require_initialized(self.tp_size)
-        agreed = LOOKUP_HANDSHAKE.exchange(self._identity(count, digest), error, self.process_group, self.device,
-                                           world=self.tp_size)
+        agreed = self._meet(LOOKUP_HANDSHAKE, self._identity(count, digest), error, "ids", "ids")
         counts = agreed["ids"]
-        self._same_counts(counts, "ids")
         self._same_ids(agreed["ids digest"], counts)
         ids = D.all_gather_rows(input_ids.reshape(-1), counts, self.process_group) if adp else input_ids
         rows, scales = self.local_rows(ids)

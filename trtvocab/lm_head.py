@@ -250,7 +250,7 @@ class LMHead(VocabParallelModule):
             # Attention DP: the handshake is what tells each rank the others' row counts.
             # gather_output=False: no data moves here that a verdict could ride on (a decode
             # step that wants one collective uses trtvocab.sampling.decode instead).
-            row_counts = self._meet(FORWARD_HANDSHAKE, self._identity(rows), error, "rows", "rows")
+            row_counts = self._meet(FORWARD_HANDSHAKE, self._identity(rows), error, "rows", "rows")["rows"]
         else:
             pending = self._open_gathered_call(rows, error)
         if adp:

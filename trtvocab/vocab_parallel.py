@@ -114,15 +114,16 @@ class VocabParallelModule(nn.Module):
         self.weights.loaded = True
 
     def _meet(self, handshake: D.Handshake, values: dict[str, Any], error: BaseException | None, field: str,
-              noun: str) -> list[int]:
-        """Run ``handshake`` before any data moves; return every rank's ``field`` count.
+              noun: str) -> dict[str, Any]:
+        """Run ``handshake`` before any data moves; return what the ranks agreed on (``field``: every
+        rank's count).
 
-        Without attention DP every rank must bring the same input, so the counts must agree.
+        Without attention DP every rank must bring the same input, so the ``field`` counts must agree.
         """
         D.require_initialized(self.tp_size)
-        counts = handshake.exchange(values, error, self.process_group, self.device, world=self.tp_size)[field]
-        self._same_counts(counts, noun)
-        return counts
+        agreed = handshake.exchange(values, error, self.process_group, self.device, world=self.tp_size)
+        self._same_counts(agreed[field], noun)
+        return agreed
 
     def _same_counts(self, counts: list[int], noun: str) -> None:
         if not self.mapping.enable_attention_dp and len(set(counts)) > 1:
