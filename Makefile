@@ -30,8 +30,8 @@ setup: $(VENV)/.kernels
 
 # The fused CPU kernels (cached; the torch path if this fails), with their exhaustive self-check:
 # run again only when the installed packages or the kernel sources change.
-$(VENV)/.kernels: $(VENV)/.installed $(wildcard trtvocab/weights/csrc/*.cpp trtvocab/weights/kernels/*.py)
-	$(BIN)/python -m trtvocab.weights.kernels --build
+$(VENV)/.kernels: $(VENV)/.installed $(wildcard trtvocab/kernels/csrc/*.cpp trtvocab/kernels/*.py)
+	$(BIN)/python -m trtvocab.kernels --build
 	touch $@
 
 lint: setup

@@ -7,7 +7,7 @@ A STREAM-like *read*: a buffer several times larger than the last-level cache is
 call, with the threads the heads use (torch's intra-op pool: ``torch.get_num_threads()``).
 Two readers, best of the rounds for each:
 
-- ``kernel``: ``trtvocab.weights.kernels.read_probe`` (the fused kernels' library, the same
+- ``kernel``: ``trtvocab.kernels.read_probe`` (the fused kernels' library, the same
   ``at::parallel_for`` as the heads, 8 independent 32-byte integer accumulators per thread);
 - ``torch``: ``int64`` sum over the same buffer (the peers' view of the same memory).
 
@@ -62,7 +62,7 @@ def make_probe(mib: int = DEFAULT_MIB) -> Probe:
         nbytes = (4 * llc + 255) // 256 * 256
     buffer = torch.ones(nbytes // 8, dtype=torch.int64)  # written once: every page resident
     readers: dict[str, Callable[[], object]] = {}
-    from trtvocab.weights import kernels
+    from trtvocab import kernels
 
     if kernels.available():
         readers["kernel"] = lambda: kernels.read_probe(buffer)

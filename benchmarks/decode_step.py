@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
 
-    from trtvocab.launch import run_ranks
+    from trtvocab.parallel.launch import run_ranks
 
     results = run_ranks(_rank, args.tp, args.vocab, args.hidden, args.batch, args.steps, backend="gloo",
                         timeout_s=900)

@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from trtvocab import VocabParallelEmbedding
-    from trtvocab.launch import run_ranks
+    from trtvocab.parallel.launch import run_ranks
 
     results = run_ranks(_rank, args.tp, args.vocab, args.hidden, args.tokens, args.repeats, backend="gloo")
     r = {k: max(res[k] for res in results) for k in results[0]}  # the slowest rank sets the step

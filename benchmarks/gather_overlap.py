@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/gather_overlap.py --repeats 7 --bf16-hidden 4096
 
 A split head with ``gather_output=True`` computes its ``[N, V_local]`` logits and then
-all-gathers them (pad to the largest shard, trim: ``trtvocab.distributed.all_gather_columns``).
+all-gathers them (pad to the largest shard, trim: ``trtvocab.parallel.distributed.all_gather_columns``).
 The candidate splits the local columns into ``k`` chunks and starts the all-gather of chunk
 ``j`` (``dist.all_gather(..., async_op=True)``) before computing chunk ``j + 1``, so that the
 transfer can run behind the next GEMM. Side by side in one launch of ``tp`` gloo processes,
@@ -116,7 +116,7 @@ def _make_head(vocab: int, hidden: int, dtype: torch.dtype, rank: int, world: in
 
 
 def _variants(head, chunk_counts: Sequence[int]):
-    from trtvocab import distributed as D
+    from trtvocab.parallel import distributed as D
 
     sizes = [s.size for s in head.shards]
     starts = [s.start for s in head.shards]
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--small-vocab", type=int, default=1003, help="uneven vocab of the pad + trim check")
     args = parser.parse_args()
 
-    from trtvocab.launch import run_ranks
+    from trtvocab.parallel.launch import run_ranks
 
     print("column-chunk GEMM vs the same columns of the full GEMM (chunk width: = bitwise equal, offsets 0/64/1):")
     for line in _probe(args.hidden, args.bf16_hidden, args.batch):

@@ -47,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from trtvocab import generate as G
+    from trtvocab.commands import generate as G
 
     path = smollm2()
     prompts = PROMPTS[: max(1, min(args.batch, len(PROMPTS)))]

@@ -112,7 +112,7 @@ def nccl_parity() -> dict[str, Any] | str:
     n = torch.cuda.device_count()
     if n < 2:
         return "one GPU: NCCL refuses two ranks on the same device (needs >= 2 GPUs)"
-    from trtvocab.launch import run_ranks
+    from trtvocab.parallel.launch import run_ranks
 
     world = min(n, 4)
     errs = run_ranks(_nccl_rank, world, timeout_s=120)
@@ -222,9 +222,9 @@ def tensorrt_engine() -> dict[str, Any] | str:
             return (f"{reason}; TensorRT-RTX is installed but cannot target this GPU ({target}): "
                     "Hopper and data-center Blackwell need standard TensorRT")
         compiler, targets = "tensorrt-rtx", [target]
-    from trtvocab.build import build
-    from trtvocab.recipe import load_recipe
-    from trtvocab.runtime import infer
+    from trtvocab.artifact.recipe import load_recipe
+    from trtvocab.pipeline.build import build
+    from trtvocab.pipeline.runtime import infer
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "builders" / "minilm.toml")
     recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(

@@ -4,7 +4,7 @@
     python benchmarks/quantized_head.py --small    # V=32000, H=2048, a quick run
 
 Every head keeps its weights quantized in memory. Two paths are timed on the same head:
-"fused" (trtvocab.weights.kernels: the codes are decoded inside the multiply; where the
+"fused" (trtvocab.kernels: the codes are decoded inside the multiply; where the
 kernels cannot be built the line says so and shows the torch path) and "torch path" (the
 fallback: rows dequantized in chunks of ``trtvocab.weights.quantized.CHUNK_ELEMENTS`` float32
 values, then a float32 GEMM). As peers a user might pick instead: torch's own CPU weight-only
@@ -38,8 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bandwidth import make_probe
 
-from trtvocab import LMHead, QuantAlgo, QuantConfig
-from trtvocab.weights import kernels
+from trtvocab import LMHead, QuantAlgo, QuantConfig, kernels
 from trtvocab.weights import quantized as methods
 
 BATCHES = (1, 2, 4, 8, 64)

@@ -45,7 +45,7 @@ def _count_bytes(counter: list[int]) -> Any:
 
 def _rank(rank: int, world: int, vocab: int, batch: int, repeats: int) -> dict[str, float]:
     from trtvocab import LMHead, Mapping
-    from trtvocab import distributed as D
+    from trtvocab.parallel import distributed as D
     from trtvocab.sampling import SamplingParams, sample
 
     head = LMHead(vocab, 8, dtype=torch.float32, mapping=Mapping(world_size=world, rank=rank, tp_size=world))
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
-    from trtvocab.launch import run_ranks
+    from trtvocab.parallel.launch import run_ranks
 
     results = run_ranks(_rank, args.tp, args.vocab, args.batch, args.repeats, backend="gloo", timeout_s=600)
     r = {k: max(res[k] for res in results) for k in results[0]}

@@ -40,7 +40,7 @@ CHILD = r"""
 import json, re, sys, time
 import torch
 from trtvocab import LMHead, Mapping
-from trtvocab.checkpoint import Checkpoint
+from trtvocab.checkpoints.checkpoint import Checkpoint
 
 def status(key):
     with open("/proc/self/status") as fh:

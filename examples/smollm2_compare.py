@@ -28,8 +28,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trtvocab.compare import compare, plot_report
-from trtvocab.hidden import read_text_file, text_hidden_states
+from trtvocab.commands.compare import compare, plot_report
+from trtvocab.commands.hidden import read_text_file, text_hidden_states
 
 TEXTS = Path(__file__).resolve().parent / "texts"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

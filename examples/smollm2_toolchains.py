@@ -36,9 +36,9 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file, save_file
 
-from trtvocab.compare import compare
-from trtvocab.hidden import load_hidden_file, read_text_file, save_hidden, text_hidden_states
-from trtvocab.quantize import quantize_checkpoint
+from trtvocab.commands.compare import compare
+from trtvocab.commands.hidden import load_hidden_file, read_text_file, save_hidden, text_hidden_states
+from trtvocab.commands.quantize import quantize_checkpoint
 
 TEXTS = Path(__file__).resolve().parent / "texts"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -66,7 +66,7 @@ def hidden_file(model: Path, texts: str, given: Path | None, root: Path) -> Path
 
 def bf16_source(model: Path, root: Path) -> Path:
     """The GGUF's head rounded to bfloat16, as an HF folder (a tied embedding, as SmolLM2 ships it)."""
-    from trtvocab.checkpoint import open_checkpoint
+    from trtvocab.checkpoints.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(model)
     name, _ = ckpt.lm_head_name(None)

@@ -1,6 +1,6 @@
 """Shared fixtures: real safetensors checkpoints on disk, and importable rank functions.
 
-Multi-rank tests spawn processes (``trtvocab.launch.run_ranks``); a spawned child
+Multi-rank tests spawn processes (``trtvocab.parallel.launch.run_ranks``); a spawned child
 unpickles its function by module name, so ``tests/rank_fns.py`` must be importable
 there. Putting ``tests/`` on ``sys.path`` here is enough: spawn passes the parent's
 ``sys.path`` to every child (``multiprocessing.spawn.get_preparation_data``), and it
@@ -124,7 +124,7 @@ def hf_weights(smollm2: Path) -> dict[str, torch.Tensor]:
     """transformers' own dequantized head and embedding of SmolLM2 (float32, offline)."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from trtvocab.generate import load_model  # transformers' own GGUF load, once per test session
+    from trtvocab.commands.generate import load_model  # transformers' own GGUF load, once per test session
 
     model = load_model(smollm2).model
     assert model.config.tie_word_embeddings
@@ -135,7 +135,7 @@ def hf_weights(smollm2: Path) -> dict[str, torch.Tensor]:
 # ---- a rank's peak memory while it loads its shard, measured in a fresh process -------------------------
 PEAK_SCRIPT = """
 import json, re, sys, psutil, torch
-import trtvocab.gguf  # noqa: F401  (imported before the baseline: its import is not the load)
+import trtvocab.checkpoints.gguf  # noqa: F401  (imported before the baseline: its import is not the load)
 from trtvocab import LMHead, Mapping
 
 def hwm_bytes():
@@ -169,7 +169,7 @@ def peak_load(path: Path, tp: int, rank: int, *, warm_up: bool = False) -> dict[
 
 # ---- test tiers -------------------------------------------------------------------------------------------
 # `make test-fast` (pytest -m "not slow") skips three slow tiers, each of which implies `slow`:
-#   ranks       spawns a process group (trtvocab.launch.run_ranks, torchrun)
+#   ranks       spawns a process group (trtvocab.parallel.launch.run_ranks, torchrun)
 #   model       a real model or ModelOpt (transformers, ModelOpt, the SmolLM2 GGUF, MiniLM)
 #   subprocess  a fresh interpreter
 # A test gets them from what it uses: a fixture in TIER_FIXTURES (directly or through another fixture), or
@@ -250,7 +250,7 @@ def item_tiers(item: pytest.Item) -> set[str]:
 
 # A library call that launches ranks by itself (compare(tp=2), infer on a tp > 1 artifact, generate at
 # tp > 1) is invisible to the scan above: such a test says so with @pytest.mark.ranks. So that none is
-# missed, trtvocab.launch.run_ranks reports every launch; a test of the fast tier (no `slow` marker) that
+# missed, trtvocab.parallel.launch.run_ranks reports every launch; a test of the fast tier (no `slow` marker) that
 # launched ranks is listed at the end of the run (it slows `make test-fast` down).
 _UNTIERED_LAUNCHES: dict[str, int] = {}
 _CURRENT: list[pytest.Item] = []
@@ -276,7 +276,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
 @pytest.fixture(autouse=True, scope="session")
 def _watch_rank_launches() -> Any:
-    from trtvocab import launch
+    from trtvocab.parallel import launch
 
     real = launch.run_ranks
 
@@ -310,8 +310,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def launch_ranks() -> Callable[..., list[Any]]:
-    """``launch_ranks(fn, world_size, *args, timeout_s=...)``: trtvocab.launch.run_ranks (tier `ranks`)."""
-    from trtvocab.launch import run_ranks
+    """``launch_ranks(fn, world_size, *args, timeout_s=...)``: trtvocab.parallel.launch.run_ranks (tier `ranks`)."""
+    from trtvocab.parallel.launch import run_ranks
 
     return run_ranks
 

@@ -9,8 +9,8 @@ import torch.distributed as dist
 from rank_fns import catch
 
 from trtvocab import LMHead, Mapping
-from trtvocab import distributed as D
 from trtvocab.errors import TrtVocabError
+from trtvocab.parallel import distributed as D
 from trtvocab.sampling import SamplingParams, apply_token_bitmask, sample
 
 VOCAB = 1009

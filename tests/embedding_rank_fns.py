@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from rank_fns import catch, subgroups
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig
-from trtvocab import distributed as D
 from trtvocab.embedding import VocabParallelEmbedding, resident_bytes, tie_weights
+from trtvocab.parallel import distributed as D
 from trtvocab.quant import fp8
 
 HIDDEN = 24
@@ -42,7 +42,7 @@ def reference(w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def recording_reduces() -> Iterator[list[torch.dtype]]:
-    """The dtypes of every all-reduce issued through trtvocab.distributed while the block runs."""
+    """The dtypes of every all-reduce issued through trtvocab.parallel.distributed while the block runs."""
     real = D.all_reduce
     seen: list[torch.dtype] = []
 

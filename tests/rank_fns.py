@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from trtvocab import LMHead, LogitsProcessor, Mapping, sampling
-from trtvocab import distributed as D
 from trtvocab.errors import TrtVocabError
+from trtvocab.parallel import distributed as D
 from trtvocab.sampling import reductions
 
 VOCABS = (30522, 30011)  # BERT's vocab, and a prime (no tp divides it)

@@ -19,7 +19,7 @@ _spec.loader.exec_module(import_graph)
 
 def test_import_graph_has_no_cycle_counting_lazy_imports() -> None:
     graph = import_graph.edges(ROOT)
-    assert "trtvocab.lm_head" in graph and "trtvocab.loader" in graph["trtvocab.lm_head"]  # the scan sees imports
+    assert "trtvocab.weights.loader" in graph["trtvocab.lm_head"]  # the scan sees imports
     assert import_graph.cycles(graph) == []
 
 
@@ -33,14 +33,30 @@ def test_cycle_detection_finds_a_lazy_cycle(tmp_path: Path) -> None:
     assert import_graph.cycles(import_graph.edges(tmp_path)) == [["trtvocab.a", "trtvocab.b"]]
 
 
-def test_layers_point_one_way() -> None:
-    """Writers never import runners; the head never imports what is built on it."""
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    """The layer order of tools/import_graph.py holds for every module, lazy imports included."""
     graph = import_graph.edges(ROOT)
-    below_the_head = {"trtvocab.export.onnx", "trtvocab.export.tensorrt", "trtvocab.build", "trtvocab.runtime",
-                      "trtvocab.artifacts", "trtvocab.cli"}
-    for low in ("trtvocab.checkpoint", "trtvocab.loader", "trtvocab.lm_head", "trtvocab.weights",
-                "trtvocab.quant.config", "trtvocab.sampling"):
-        assert not graph[low] & below_the_head, (low, graph[low] & below_the_head)
+    assert import_graph.upward(graph) == []
+    # Every folder and top-level module has a layer (a new folder must be placed in the order).
+    for mod in graph:
+        import_graph.layer_of(mod)
+
+
+def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "trtvocab"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "high").mkdir()
+    for d in (pkg, pkg / "low", pkg / "high"):
+        (d / "__init__.py").write_text("")
+    (pkg / "high" / "h.py").write_text("from trtvocab.low import l\n")  # downward: allowed
+    (pkg / "low" / "l.py").write_text("def f():\n    from trtvocab.high.h import x\n")  # upward, lazily
+    layers = [("low",), ("high",)]
+    assert import_graph.upward(import_graph.edges(tmp_path), layers) == [
+        "trtvocab.low.l (low) -> trtvocab.high.h (high)"]
+
+
+def test_writers_never_import_runners() -> None:
+    graph = import_graph.edges(ROOT)
     for writer in ("trtvocab.export.onnx", "trtvocab.export.tensorrt"):
         assert not any(dep.startswith("trtvocab.backends") for dep in graph[writer]), writer
 

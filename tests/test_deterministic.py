@@ -12,7 +12,7 @@ from draw_rank_fns import deterministic_cases
 
 from trtvocab import LMHead
 from trtvocab.errors import ConfigError
-from trtvocab.launch import run_ranks
+from trtvocab.parallel.launch import run_ranks
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 
 
@@ -64,10 +64,10 @@ def test_float32_logits_build_exports_them_and_the_graph_matches(tmp_path) -> No
     """`[lm_head] output_dtype = "float32"`: the fallback returns the float32 accumulation; the exported
     graph keeps the 16-bit GEMM (so TensorRT holds no float32 copy of the weight) and rounds each logit
     to bf16 once, so it matches the fallback to one bf16 rounding (checked at build time too)."""
+    from trtvocab.artifact.recipe import parse_recipe
     from trtvocab.backends.onnx import run_onnx
     from trtvocab.backends.torch import head_from_artifact
-    from trtvocab.build import build
-    from trtvocab.recipe import parse_recipe
+    from trtvocab.pipeline.build import build
 
     recipe = parse_recipe({"checkpoint": {"synthetic": {"vocab_size": 700, "hidden_size": 64, "seed": 1}},
                            "mapping": {"tp_size": 2}, "lm_head": {"output_dtype": "float32", "deterministic": True},

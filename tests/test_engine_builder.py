@@ -197,8 +197,8 @@ def test_real_recipes_build_engines_that_keep_the_contract(tmp_path, recipe, pac
     """`trtvocab build RECIPE --require-engine` on this GPU-less machine: one rank of each real model."""
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} is not installed")
-    from trtvocab.build import build
-    from trtvocab.recipe import load_recipe
+    from trtvocab.artifact.recipe import load_recipe
+    from trtvocab.pipeline.build import build
 
     rec = load_recipe(Path(__file__).resolve().parents[1] / "builders" / recipe)
     rec = rec.model_copy(update={"engine": rec.engine.model_copy(update={"require": True})})

@@ -36,6 +36,7 @@ import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig
 from trtvocab.backends.onnx import fp4_dynamic_quantize, register_trt_schemas, run_onnx
+from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import EngineUnavailableError, InputError, QuantizationError
 from trtvocab.export.onnx import (
     FP4_QUANTIZE_OP,
@@ -48,7 +49,6 @@ from trtvocab.export.onnx import (
     fp4_proto,
     gemm_rounding,
 )
-from trtvocab.formats import WeightFormat
 from trtvocab.weights.base import WeightMethod
 
 V, H = 37, 64  # V not divisible by 3: uneven shards 13/12/12
@@ -585,7 +585,7 @@ def test_external_data(tmp_path, fmt):
     data = tmp_path / "lm_head.onnx.data"
     assert info.data_path == str(data) and data.is_file()
     assert set(info.sha256) == {"lm_head.onnx", "lm_head.onnx.data"}
-    from trtvocab.artifacts import sha256_file
+    from trtvocab.artifact.store import sha256_file
 
     assert info.sha256["lm_head.onnx.data"] == sha256_file(data)
     assert info.sha256["lm_head.onnx"] == sha256_file(path)

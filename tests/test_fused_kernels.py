@@ -1,4 +1,4 @@
-"""The fused dequantize-multiply CPU kernels (trtvocab/weights/kernels.py) against float64 and the torch path.
+"""The fused dequantize-multiply CPU kernels (trtvocab/kernels.py) against float64 and the torch path.
 
 Reference: the exact weights in float64 (``e4m3(code) * weight_scale``, ``e2m1 * e4m3(block) *
 weight_scale_2``: every such product is exact in float64) times the head's own quantized input
@@ -33,9 +33,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig
+from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, kernels
 from trtvocab.quant import nvfp4
-from trtvocab.weights import kernels
 
 F8 = torch.float8_e4m3fn
 FP8, NVFP4 = QuantAlgo.FP8, QuantAlgo.NVFP4
@@ -341,7 +340,7 @@ def test_source_ships_with_the_package():
 CHILD_TIMEOUT_S = 600  # a cold compile on a slow machine; a hang is caught by the timeout, not by timing
 LOAD_IN_CHILD = """
 import json
-from trtvocab.weights import kernels
+from trtvocab import kernels
 loaded = kernels.load()
 print(json.dumps({"ok": loaded is not None, "reason": kernels.unavailable_reason(),
                   "path": loaded.path if loaded else None}))

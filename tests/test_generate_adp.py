@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trtvocab import generate as G
+from trtvocab.commands import generate as G
 from trtvocab.errors import ConfigError
 from trtvocab.sampling import SamplingParams
 
@@ -33,8 +33,8 @@ def test_attention_dp_tp3_equals_tp1_greedy_and_seeded(smollm2: Path) -> None:
 
 def test_attention_dp_with_an_artifact_and_idle_ranks(smollm2: Path, tmp_path: Path) -> None:
     """tp 5, two prompts: ranks 2, 3 and 4 run no body at all, yet hold their vocab slices."""
-    from trtvocab.build import build
-    from trtvocab.recipe import parse_recipe
+    from trtvocab.artifact.recipe import parse_recipe
+    from trtvocab.pipeline.build import build
 
     out = tmp_path / "smollm2-tp5"
     build(parse_recipe({"checkpoint": {"path": str(smollm2)}, "mapping": {"tp_size": 5},

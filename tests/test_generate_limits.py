@@ -5,7 +5,7 @@
   RecursionError. Limits are named in the error and in ``--help``.
 * A constraint xgrammar would ignore (``not``, ``if``), reinterpret (its warnings: an unknown escape,
   a lookahead) or that matches nothing is refused instead of constraining nothing.
-* MODEL is loaded through the one loader ``hidden`` uses (:mod:`trtvocab.hf_loader`): never a
+* MODEL is loaded through the one loader ``hidden`` uses (:mod:`trtvocab.commands.hf_loader`): never a
   pickle, and an encoder (MiniLM) is refused by name instead of an AttributeError.
 
 Cases that used to hang run in a child process under a timeout (a hang guard, not a speed check).
@@ -24,11 +24,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from trtvocab.cli import app
+from trtvocab.commands.cli import app
 from trtvocab.errors import CheckpointError, GrammarError, InputError
 
-G = pytest.importorskip("trtvocab.generate")
-Gr = pytest.importorskip("trtvocab.grammar")
+G = pytest.importorskip("trtvocab.commands.generate")
+Gr = pytest.importorskip("trtvocab.commands.grammar")
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
                                 reason="trtvocab generate needs transformers and xgrammar")
 
@@ -57,7 +57,7 @@ def schema_file(tmp_path: Path, schema: object, name: str = "s.json") -> Path:
 
 
 def child_generate(model: Path, *args: str, timeout: float = 240, env: dict[str, str] | None = None):
-    script = "import sys; from trtvocab.cli import app; app(sys.argv[1:], prog_name='trtvocab')"
+    script = "import sys; from trtvocab.commands.cli import app; app(sys.argv[1:], prog_name='trtvocab')"
     return subprocess.run([sys.executable, "-c", script, "generate", str(model), *args], capture_output=True,
                           text=True, timeout=timeout, env=env or ENV)
 
@@ -121,7 +121,7 @@ def test_per_prompt_grammars_are_checked_too(smollm2: Path) -> None:
 
 
 def test_help_states_the_limits() -> None:
-    from trtvocab import cli as cli_mod
+    from trtvocab.commands import cli as cli_mod
 
     res = CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
     text = " ".join(res.output.split())
@@ -192,7 +192,7 @@ def test_unsatisfiable_regexes_are_refused_before_decoding(smollm2: Path, patter
 
 
 def test_the_shipped_schema_still_compiles(smollm2: Path) -> None:
-    from trtvocab.hf_loader import load_causal_lm
+    from trtvocab.commands.hf_loader import load_causal_lm
 
     tok, model = load_causal_lm(smollm2, dtype=torch.float32)
     spec = Gr.grammar_spec(json_schema=Path(__file__).resolve().parents[1] / "examples" / "capital.schema.json")
@@ -233,7 +233,7 @@ def test_generate_never_unpickles_a_model(tmp_path: Path, monkeypatch) -> None:
     folder = _pickle_only(tmp_path)
     with pytest.raises(CheckpointError, match=r"only pickle weights \(pytorch_model.bin\)"):
         G.load_model(folder)
-    from trtvocab.hidden import load_text_model
+    from trtvocab.commands.hidden import load_text_model
 
     with pytest.raises(CheckpointError, match=r"only pickle weights \(pytorch_model.bin\)"):
         load_text_model(folder)
@@ -241,9 +241,9 @@ def test_generate_never_unpickles_a_model(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_one_loader_for_hidden_and_generate(smollm2: Path, monkeypatch) -> None:
-    """Both commands call :func:`trtvocab.hf_loader.load` (safetensors or GGUF only, offline)."""
-    import trtvocab.hf_loader as hf_loader
-    from trtvocab.hidden import load_text_model
+    """Both commands call :func:`trtvocab.commands.hf_loader.load` (safetensors or GGUF only, offline)."""
+    import trtvocab.commands.hf_loader as hf_loader
+    from trtvocab.commands.hidden import load_text_model
 
     seen: list[tuple[str, bool]] = []
     real = hf_loader.load

@@ -19,14 +19,14 @@ import torch
 from conftest import peak_load
 from typer.testing import CliRunner
 
-import trtvocab.gguf as gguf_mod
+import trtvocab.checkpoints.gguf as gguf_mod
 from trtvocab import LMHead, Mapping
-from trtvocab.checkpoint import Checkpoint, open_checkpoint
+from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
+from trtvocab.checkpoints.gguf import GGUFCheckpoint, GGUFRows
 from trtvocab.errors import CheckpointError
-from trtvocab.gguf import GGUFCheckpoint, GGUFRows
-from trtvocab.loader import open_head
+from trtvocab.parallel.sharding import vocab_shard
 from trtvocab.quant.config import resolve_lm_head_quant
-from trtvocab.sharding import vocab_shard
+from trtvocab.weights.loader import open_head
 
 Q = gguf.GGMLQuantizationType
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,7 +73,7 @@ def test_header_probes_read_no_tensor_data(smollm2: Path, monkeypatch: pytest.Mo
     source = open_head(smollm2)
     assert (source.vocab_size, source.hidden_size) == (SMOLLM2_V, SMOLLM2_H)
     # the CLI's plan is a header probe too
-    from trtvocab.cli import app
+    from trtvocab.commands.cli import app
 
     result = CliRunner().invoke(app, ["plan", str(smollm2), "--tp", "3", "--json"])
     assert result.exit_code == 0, result.output
@@ -83,7 +83,7 @@ def test_header_probes_read_no_tensor_data(smollm2: Path, monkeypatch: pytest.Mo
 
 
 def test_cli_plan_prints_a_table_for_a_gguf(smollm2: Path) -> None:
-    from trtvocab.cli import app
+    from trtvocab.commands.cli import app
 
     result = CliRunner().invoke(app, ["plan", str(smollm2), "--tp", "2"])
     assert result.exit_code == 0, result.output
@@ -270,7 +270,7 @@ def test_vocab_and_hidden_fall_back_to_the_embedding(tmp_path: Path) -> None:
 
 
 def test_compare_accepts_a_gguf_baseline(synthetic: Path) -> None:
-    from trtvocab.compare import compare
+    from trtvocab.commands.compare import compare
 
     hidden = torch.randn(6, H)
     report = compare(synthetic, [synthetic], hidden)
@@ -280,7 +280,7 @@ def test_compare_accepts_a_gguf_baseline(synthetic: Path) -> None:
 def test_quantize_reads_a_gguf_head(synthetic: Path, tmp_path: Path) -> None:
     """``trtvocab quantize`` takes a GGUF: its dequantized head becomes a ModelOpt FP8 checkpoint."""
     pytest.importorskip("modelopt")
-    from trtvocab.quantize import quantize_checkpoint
+    from trtvocab.commands.quantize import quantize_checkpoint
 
     result = quantize_checkpoint(synthetic, tmp_path / "fp8", algo="fp8")
     assert (result.source_tensor, result.tied, result.vocab_size, result.hidden_size) == ("lm_head.weight", False, V, H)

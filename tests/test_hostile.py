@@ -28,9 +28,10 @@ from conftest import model_config, write_hf_dir
 from safetensors.torch import save, save_file
 from typer.testing import CliRunner
 
-from trtvocab import artifacts, fsutil
-from trtvocab.build import build
-from trtvocab.cli import app
+from trtvocab.artifact import store as artifacts
+from trtvocab.artifact.recipe import load_recipe, parse_recipe
+from trtvocab.base import fsutil
+from trtvocab.commands.cli import app
 from trtvocab.errors import (
     ArtifactError,
     CheckpointError,
@@ -42,7 +43,7 @@ from trtvocab.errors import (
     RankMismatchError,
     WriteError,
 )
-from trtvocab.recipe import load_recipe, parse_recipe
+from trtvocab.pipeline.build import build
 
 REPO = Path(__file__).resolve().parents[1]
 V, H, TP = 101, 16, 2  # 101 = 51 + 50: rank 0 owns [0, 51), rank 1 [51, 101)
@@ -168,7 +169,7 @@ def _foreign_modelopt(folder: Path) -> dict[str, bytes]:
 
 
 def test_quantize_force_keeps_a_foreign_modelopt_checkpoint(tmp_path: Path) -> None:
-    from trtvocab.quantize import quantize_checkpoint
+    from trtvocab.commands.quantize import quantize_checkpoint
 
     source = write_hf_dir(tmp_path / "dense", {"lm_head.weight": torch.randn(V, H)}, model_config(V, H))
     foreign = tmp_path / "their-fp8"
@@ -181,7 +182,7 @@ def test_quantize_force_keeps_a_foreign_modelopt_checkpoint(tmp_path: Path) -> N
 
 def test_quantize_writes_a_marker_and_force_replaces_only_that(tmp_path: Path) -> None:
     pytest.importorskip("modelopt")
-    from trtvocab.quantize import MARKER, quantize_checkpoint
+    from trtvocab.commands.quantize import MARKER, quantize_checkpoint
 
     source = write_hf_dir(tmp_path / "dense", {"lm_head.weight": torch.randn(V, H)}, model_config(V, H))
     out = tmp_path / "q"
@@ -212,7 +213,7 @@ def test_concurrent_publication_exactly_one_wins(tmp_path: Path) -> None:
 def test_two_concurrent_cli_builds_one_wins(tmp_path: Path) -> None:
     out = tmp_path / "same"
     recipe = recipe_toml(tmp_path / "r.toml", out, onnx=False)
-    cmd = [sys.executable, "-c", "from trtvocab.cli import main; main()", "build", str(recipe)]
+    cmd = [sys.executable, "-c", "from trtvocab.commands.cli import main; main()", "build", str(recipe)]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for _ in range(2)]
     results = [(p.wait(timeout=240), p.stdout.read()) for p in procs]  # type: ignore[union-attr]
@@ -324,15 +325,15 @@ HANG_SCRIPT = textwrap.dedent("""
         return path
 
     def redigest(root, mutate):
-        from trtvocab.artifacts import body_digest
+        from trtvocab.artifact.store import body_digest
         m = json.loads((root / "manifest.json").read_text())
         mutate(m)
         m["digest"] = body_digest(m)
         (root / "manifest.json").write_text(json.dumps(m))
 
-    from trtvocab.hidden import load_hidden, load_last_tokens
-    from trtvocab.artifacts import read_manifest
-    from trtvocab.recipe import load_recipe
+    from trtvocab.commands.hidden import load_hidden, load_last_tokens
+    from trtvocab.artifact.store import read_manifest
+    from trtvocab.artifact.recipe import load_recipe
     case("hidden fifo", lambda: load_hidden(fifo(work / "h.safetensors")))
     case("last_tokens fifo", lambda: load_last_tokens(work / "h.safetensors"))
     case("recipe fifo", lambda: load_recipe(fifo(work / "r.toml")))
@@ -356,7 +357,7 @@ HANG_SCRIPT = textwrap.dedent("""
     redigest(d, lambda m: m["files"].update({"rank0/weights.safetensors": empty}))
     case("weights symlink to /dev/zero", lambda: read_manifest(d))
 
-    from trtvocab.fsutil import read_safetensors_header, sha256_file
+    from trtvocab.base.fsutil import read_safetensors_header, sha256_file
     from trtvocab.errors import InputError
     case("hash of /dev/zero, 0 bytes recorded", lambda: sha256_file("/dev/zero", limit=0))
     case("safetensors header of /dev/zero", lambda: read_safetensors_header("/dev/zero", "hidden states", InputError))
@@ -403,7 +404,7 @@ def test_cli_infer_with_a_fifo_as_hidden_returns(art: Path, tmp_path: Path) -> N
     os.mkfifo(fifo)
     # no hang: subprocess.run's timeout raises TimeoutExpired (a wall-clock bound on a fresh interpreter's
     # start-up would depend on the machine's load)
-    res = subprocess.run([sys.executable, "-c", "from trtvocab.cli import main; main()", "infer", str(art),
+    res = subprocess.run([sys.executable, "-c", "from trtvocab.commands.cli import main; main()", "infer", str(art),
                           "--hidden", str(fifo), "--backend", "torch"], env=ENV, timeout=120,
                          capture_output=True, text=True)
     assert_cli_error(res.returncode, res.stdout + res.stderr, "InputError", str(fifo), "FIFO")
@@ -422,7 +423,7 @@ def fail_or_block(rank: int, world: int, stamp: str) -> None:
 
 @pytest.mark.timeout(180)
 def test_run_ranks_returns_once_a_peer_failed(tmp_path: Path) -> None:
-    from trtvocab.launch import run_ranks
+    from trtvocab.parallel.launch import run_ranks
 
     stamp = tmp_path / "failed_at"
     with pytest.raises(RankFailures) as info:
@@ -532,7 +533,7 @@ def test_listed_symlink_leading_outside_is_refused(art: Path, tmp_path: Path) ->
 
 @pytest.mark.ranks  # infer on the tp 2 artifact launches the ranks itself
 def test_context_logits_edited_everywhere_is_caught_by_the_graph(art: Path, tmp_path: Path) -> None:
-    from trtvocab.runtime import infer
+    from trtvocab.pipeline.runtime import infer
 
     root = copy_art(art, tmp_path / "c")
     edit_manifest(root, _both(_set("head.context_logits", True), _set("recipe.lm_head.context_logits", True)))
@@ -622,7 +623,7 @@ def test_inf_in_a_checkpoint_is_refused(tmp_path: Path) -> None:
 
 def test_nan_hidden_states_are_refused_by_head_processor_and_runtime(art: Path) -> None:
     from trtvocab import LMHead, LogitsProcessor
-    from trtvocab.runtime import infer
+    from trtvocab.pipeline.runtime import infer
 
     head = LMHead(V, H, dtype=torch.float32)
     head.load_weights({"weight": torch.randn(V, H)})
@@ -640,7 +641,7 @@ def test_nan_hidden_states_are_refused_by_head_processor_and_runtime(art: Path) 
 
 
 def test_nan_in_a_hidden_file_is_refused_by_infer_and_compare(art: Path, tmp_path: Path) -> None:
-    from trtvocab.hidden import load_hidden
+    from trtvocab.commands.hidden import load_hidden
 
     x = torch.randn(6, H)
     x[3, 0] = float("nan")
@@ -686,7 +687,7 @@ def cross_rank_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def cross_rank() -> list[dict[str, tuple[str, str]]]:
-    from trtvocab.launch import run_ranks
+    from trtvocab.parallel.launch import run_ranks
 
     return run_ranks(cross_rank_cases, TP, timeout_s=60)
 
@@ -786,7 +787,7 @@ def test_hf_quant_config_values_are_typed(tmp_path: Path, quantization: dict[str
 
 def test_seq_lens_whose_int64_sum_wraps_are_refused() -> None:
     from trtvocab import LMHead, LogitsProcessor
-    from trtvocab.inputs import last_token_rows
+    from trtvocab.base.inputs import last_token_rows
 
     wrapping = [2**62, 2**62, 2**62, 2**62 + 6]  # sums to 6 modulo 2**64
     with pytest.raises(InputError, match=r"seq_lens: length 4611686018427387904 \(sequence 0\) is longer .* T = 6"):
@@ -800,12 +801,12 @@ def test_seq_lens_whose_int64_sum_wraps_are_refused() -> None:
 @pytest.fixture
 def no_inference(monkeypatch) -> None:
     """Fail the test if the CLI runs inference: every refusal below must come before it."""
-    import trtvocab.runtime
+    import trtvocab.pipeline.runtime
 
     def ran(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("inference ran before the arguments were checked")
 
-    monkeypatch.setattr(trtvocab.runtime, "infer", ran)
+    monkeypatch.setattr(trtvocab.pipeline.runtime, "infer", ran)
 
 
 @pytest.fixture
@@ -883,7 +884,7 @@ def test_cli_messages_are_text_not_markup(tmp_path: Path) -> None:
 
 
 def test_cli_prints_a_rank_failure_as_the_failing_ranks_typed_error(capsys) -> None:
-    from trtvocab.cli import _fail
+    from trtvocab.commands.cli import _fail
 
     exc = RankFailures("2 of 2 ranks failed:\nrank 0: PeerRankError: ...\nrank 1: ArtifactError: ...\n"
                        "--- traceback of rank 1 ---\nTraceback (most recent call last): ...",
@@ -903,7 +904,7 @@ def _enospc_safetensors(monkeypatch) -> None:
         Path(path).write_bytes(b"\0" * 100)
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr("trtvocab.build.save_file", full)
+    monkeypatch.setattr("trtvocab.pipeline.build.save_file", full)
 
 
 def _efbig_onnx(monkeypatch) -> None:
@@ -963,7 +964,7 @@ _LIMITED = textwrap.dedent("""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     limit = int(sys.argv[1])
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    from trtvocab.cli import app
+    from trtvocab.commands.cli import app
     app(sys.argv[2:], prog_name="trtvocab")
 """)
 
@@ -1067,7 +1068,7 @@ def _tf_file(path: Path, input_ids: list[int], next_ids: list[int], seq_lens: li
 def test_hidden_files_must_hold_the_teacher_forced_relation(tmp_path: Path, input_ids, next_ids, seq_lens,
                                                             text: str) -> None:
     """Issue 19: a hidden file whose next_token_ids disagree with its input_ids was accepted and scored."""
-    from trtvocab.hidden import load_hidden_file
+    from trtvocab.commands.hidden import load_hidden_file
 
     path = _tf_file(tmp_path / "h.safetensors", input_ids, next_ids, seq_lens)
     with pytest.raises(InputError, match=text):
@@ -1079,7 +1080,7 @@ def test_hidden_files_must_hold_the_teacher_forced_relation(tmp_path: Path, inpu
 
 
 def test_hidden_files_holding_the_relation_load(tmp_path: Path) -> None:
-    from trtvocab.hidden import load_hidden_file
+    from trtvocab.commands.hidden import load_hidden_file
 
     # -1 inside a sequence is a row without a target (not scored); seq_lens that do not tile are left to
     # the reader that uses them

@@ -29,11 +29,11 @@ import torch
 from conftest import model_config, write_hf_dir
 from safetensors.torch import save_file
 
-import trtvocab.checkpoint as ckpt_mod
+import trtvocab.checkpoints.checkpoint as ckpt_mod
 from trtvocab import LMHead
-from trtvocab.checkpoint import Checkpoint, open_checkpoint, read_safetensors_header
+from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint, read_safetensors_header
+from trtvocab.checkpoints.gguf import GGUFCheckpoint
 from trtvocab.errors import CheckpointError
-from trtvocab.gguf import GGUFCheckpoint
 from trtvocab.quant.config import resolve_lm_head_quant
 
 V, H = 8, 4
@@ -165,7 +165,7 @@ def test_cli_plan_on_a_fifo_checkpoint_returns_one_error_line(tmp_path: Path) ->
     folder.mkdir()
     fifo = _fifo(folder / "model.safetensors")
     # no hang: subprocess.run's timeout raises TimeoutExpired
-    res = subprocess.run([sys.executable, "-c", "from trtvocab.cli import main; main()", "plan", str(folder)],
+    res = subprocess.run([sys.executable, "-c", "from trtvocab.commands.cli import main; main()", "plan", str(folder)],
                          env=ENV, timeout=120, capture_output=True, text=True)
     out = res.stdout + res.stderr
     assert res.returncode == 2, out
@@ -175,7 +175,7 @@ def test_cli_plan_on_a_fifo_checkpoint_returns_one_error_line(tmp_path: Path) ->
 
 
 class _Counting:
-    """Stands in for ``open`` inside trtvocab.checkpoint and counts the bytes read."""
+    """Stands in for ``open`` inside trtvocab.checkpoints.checkpoint and counts the bytes read."""
 
     def __init__(self) -> None:
         self.read = 0

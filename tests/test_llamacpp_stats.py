@@ -17,7 +17,7 @@ from trtvocab.accuracy.stats import (
     markdown_table,
     token_rows,
 )
-from trtvocab.compare import logit_metrics
+from trtvocab.commands.compare import logit_metrics
 from trtvocab.errors import ConfigError, InputError
 
 

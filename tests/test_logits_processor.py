@@ -10,8 +10,8 @@ from rank_fns import logits_processor_tp
 
 from trtvocab import LMHead, LogitsProcessor
 from trtvocab.errors import InputError
-from trtvocab.launch import run_ranks
 from trtvocab.logits import last_token_rows
+from trtvocab.parallel.launch import run_ranks
 
 VOCAB, HIDDEN = 257, 16
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trtvocab.cli import app
+from trtvocab.base.units import human_bytes as human
+from trtvocab.commands.cli import app
+from trtvocab.commands.plan import make_plan
 from trtvocab.errors import ConfigError
-from trtvocab.plan import make_plan
-from trtvocab.units import human_bytes as human
 
 MIB, GIB = 2**20, 2**30
 

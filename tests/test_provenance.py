@@ -2,7 +2,7 @@
 
 Issue 19 (High 5): SmolLM2 with a synthetic artifact of the same shape (49152 x 576) decoded
 " honeybees CAPalgorithm" without a word. The manifest now records the head's digest
-(:func:`trtvocab.provenance.head_digest`) and `generate` compares it with the model's.
+(:func:`trtvocab.checkpoints.provenance.head_digest`) and `generate` compares it with the model's.
 """
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trtvocab.cli import app
+from trtvocab.checkpoints.provenance import head_digest
+from trtvocab.commands.cli import app
 from trtvocab.errors import ArtifactError, CheckpointError
-from trtvocab.provenance import head_digest
 
 
 def _build(recipe: dict, out: Path) -> Path:
-    from trtvocab.build import build
-    from trtvocab.recipe import parse_recipe
+    from trtvocab.artifact.recipe import parse_recipe
+    from trtvocab.pipeline.build import build
 
     build(parse_recipe({**recipe, "output": {"onnx": False}}, "r.toml"), out)
     return out
 
 
 def test_digest_is_the_stored_head_and_changes_with_one_byte(smollm2: Path, tmp_path: Path) -> None:
-    from trtvocab.checkpoint import open_checkpoint
+    from trtvocab.checkpoints.checkpoint import open_checkpoint
 
     digest = head_digest(smollm2)
     assert len(digest) == 64 and head_digest(smollm2) == digest
@@ -47,8 +47,8 @@ def test_digest_is_the_stored_head_and_changes_with_one_byte(smollm2: Path, tmp_
 
 def test_generate_refuses_an_artifact_of_another_checkpoint(smollm2: Path, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from trtvocab import artifacts
-    from trtvocab.generate import artifact_spec
+    from trtvocab.artifact import store as artifacts
+    from trtvocab.commands.generate import artifact_spec
 
     real = _build({"checkpoint": {"path": str(smollm2)}, "lm_head": {"dtype": "float32"}}, tmp_path / "real")
     assert artifacts.read_manifest(real).checkpoint_sha256 == head_digest(smollm2)
@@ -63,7 +63,7 @@ def test_generate_refuses_an_artifact_of_another_checkpoint(smollm2: Path, tmp_p
     # Another real checkpoint of the same shape: SmolLM2 with one byte of its head changed.
     other = tmp_path / "other.gguf"
     shutil.copyfile(smollm2, other)
-    from trtvocab.checkpoint import open_checkpoint
+    from trtvocab.checkpoints.checkpoint import open_checkpoint
 
     ck = open_checkpoint(other)
     info = ck.info(ck.lm_head_name()[0])

@@ -20,12 +20,12 @@ from conftest import modelopt_qtensor
 from safetensors.torch import save_file
 
 from trtvocab import LMHead, LogitsProcessor, Mapping, QuantAlgo, QuantConfig, resolve_lm_head_quant
-from trtvocab.checkpoint import Checkpoint
+from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
-from trtvocab.launch import run_ranks
-from trtvocab.loader import dequantize_stored
+from trtvocab.parallel.launch import run_ranks
+from trtvocab.parallel.sharding import vocab_shard
 from trtvocab.quant.writer import quantize_head_tensors
-from trtvocab.sharding import vocab_shard
+from trtvocab.weights.loader import dequantize_stored
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned ranks import quant_rank_fns from here
 import quant_rank_fns

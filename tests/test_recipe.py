@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from trtvocab.artifact.recipe import load_recipe, parse_recipe
 from trtvocab.errors import ConfigError
-from trtvocab.recipe import load_recipe, parse_recipe
 
 BUILDERS = Path(__file__).resolve().parents[1] / "builders"
 

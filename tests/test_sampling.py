@@ -14,7 +14,7 @@ from rank_fns import sampling_cases
 
 from trtvocab import LMHead, Mapping, sampling
 from trtvocab.errors import InputError
-from trtvocab.launch import run_ranks
+from trtvocab.parallel.launch import run_ranks
 from trtvocab.sampling.reductions import _local_topk
 
 # logsumexp of <= 30011 float32 terms of magnitude <= ~20: the sums differ in order

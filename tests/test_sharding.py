@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from trtvocab import Mapping, calc_shard, padded_vocab_size, shard_sizes, vocab_shard
 from trtvocab.errors import ConfigError
-from trtvocab.sharding import all_shards, owner_of
+from trtvocab.parallel.sharding import all_shards, owner_of
 
 vocabs = st.integers(min_value=1, max_value=10**6)
 tps = st.integers(min_value=1, max_value=64)

@@ -398,9 +398,9 @@ def test_real_engine_matches_fallback(tmp_path):
 def test_glue_manifest_engine_entry_drives_backend_choice(tmp_path, fake_trt, monkeypatch):
     """build -> manifest -> runtime, with the TensorRT test double: checks only trtvocab's glue
     (what the manifest records and how the runtime reads it), never TensorRT itself."""
+    from trtvocab.artifact.recipe import parse_recipe
     from trtvocab.backends import available_backends, pick_backend
-    from trtvocab.build import build
-    from trtvocab.recipe import parse_recipe
+    from trtvocab.pipeline.build import build
 
     fake_trt()
     recipe = parse_recipe({"checkpoint": {"synthetic": {"vocab_size": 101, "hidden_size": 64}},

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtvocab.launch import free_port
+from trtvocab.parallel.launch import free_port
 
 SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     from trtvocab import LMHead, LogitsProcessor, Mapping
-    from trtvocab.distributed import init_from_env
+    from trtvocab.parallel.distributed import init_from_env
 
     rank, world = init_from_env(timeout_s=60)
     torch.manual_seed(0)
@@ -60,9 +60,9 @@ def test_head_under_torchrun(tmp_path: Path) -> None:
 
 
 def test_cli_infer_under_torchrun(tmp_path: Path) -> None:
-    from trtvocab.build import build
-    from trtvocab.hidden import save_hidden
-    from trtvocab.recipe import parse_recipe
+    from trtvocab.artifact.recipe import parse_recipe
+    from trtvocab.commands.hidden import save_hidden
+    from trtvocab.pipeline.build import build
 
     out = tmp_path / "art"
     build(parse_recipe({"checkpoint": {"synthetic": {"vocab_size": 501, "hidden_size": 16, "seed": 3}},
@@ -77,7 +77,7 @@ def test_cli_infer_under_torchrun(tmp_path: Path) -> None:
     assert res.stdout.count("backend: torch") == 1  # only rank 0 prints
     from safetensors.torch import load_file
 
-    from trtvocab.runtime import infer
+    from trtvocab.pipeline.runtime import infer
 
     got = load_file(str(tmp_path / "l.safetensors"))["logits"]
     want, _, _ = infer(out, load_file(str(tmp_path / "h.safetensors"))["hidden_states"], torch.tensor([1, 3]), "torch")

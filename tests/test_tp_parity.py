@@ -25,7 +25,7 @@ from collections import Counter
 import pytest
 from rank_fns import ADP_ROWS, parity_cases
 
-from trtvocab.launch import run_ranks
+from trtvocab.parallel.launch import run_ranks
 
 
 def _check(records: list[dict]) -> None:

@@ -1,7 +1,7 @@
 """trtvocab.sampling.treesum: the one-pass vocab tree of (max, sum exp) pairs.
 
 * the level-by-level cut of a range gives exactly the maximal aligned nodes (hypothesis);
-* the C++ kernel (trtvocab/weights/csrc/treesum.cpp) and the torch path give the same bits, on
+* the C++ kernel (trtvocab/kernels/csrc/treesum.cpp) and the torch path give the same bits, on
   adversarial logits (+-inf, all -inf rows, huge and subnormal values, ties, -0.0);
 * any split of the vocab into ranks / chunks, merged sibling by sibling, gives the whole range's
   bits; the result is within a stated float32 bound of a float64 ``logsumexp``;
@@ -20,9 +20,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtvocab import LMHead
+from trtvocab import LMHead, kernels
 from trtvocab.sampling import chunked, treesum
-from trtvocab.weights import kernels
 
 HAVE_KERNEL = kernels.tree_available()
 

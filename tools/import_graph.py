@@ -1,7 +1,7 @@
 """Print the import graph of the ``trtvocab`` package, imports inside functions included.
 
-    python tools/import_graph.py            # edges, one module per line, then any cycles
-    python tools/import_graph.py --layers   # line count per layer (top-level module or folder)
+    python tools/import_graph.py            # edges, then any cycles and any import of a higher layer
+    python tools/import_graph.py --layers   # line count per layer
 
 Counts every ``import trtvocab.x`` / ``from trtvocab.x import y`` / ``from trtvocab import x``
 anywhere in a module (top level, function bodies, ``TYPE_CHECKING`` blocks), so a lazy import
@@ -17,6 +17,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "trtvocab"
+
+# The layers, lowest first: a module may import its own layer and those below it, never one above.
+# Each entry is a folder (or a top-level module) of the package; the package's ``__init__`` is the
+# public facade and is exempt. The data flows checkpoint -> gating -> shard load -> layers -> sampler,
+# layers -> export -> artifact -> backends -> pipeline (build, runtime) -> commands.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "version", "base"),  # names, dtypes, units, input checks, safe file handling
+    ("parallel",),  # Mapping, shard math, collectives and the handshake, process launch
+    ("checkpoints",),  # safetensors / HF folders / GGUF, row readers, provenance
+    ("quant",),  # FP8 / NVFP4 numerics, the lm_head gating rule, checkpoint writers
+    ("kernels",),  # the fused C++ CPU kernels and their loader
+    ("weights",),  # one strategy per stored format; the shard loader
+    ("vocab_parallel", "lm_head", "embedding", "logits"),  # the layers a model uses
+    ("sampling",),  # gather-free sampling over the vocab shards
+    ("accuracy",),  # statistics of quantization accuracy
+    ("export",),  # ONNX graphs and TensorRT engines
+    ("artifact",),  # the recipe, the manifest, the artifact folder
+    ("backends",),  # per-rank runners: torch, onnx, tensorrt
+    ("pipeline",),  # build (recipe -> artifact), runtime (artifact -> logits)
+    ("commands",),  # the command-line programs
+]
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -105,16 +126,39 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def layer_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> int | None:
+    """The index in ``layers`` of the folder or top-level module holding ``module`` (None: the facade)."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    for i, names in enumerate(layers):
+        if parts[1] in names:
+            return i
+    raise KeyError(f"{module} is in no layer: add its folder to LAYERS in tools/import_graph.py")
+
+
+def upward(graph: dict[str, set[str]], layers: list[tuple[str, ...]] = LAYERS) -> list[str]:
+    """Every import of a higher layer, as ``"a (layer) -> b (layer)"``."""
+    out = []
+    for mod in sorted(graph):
+        low = layer_of(mod, layers)
+        if low is None:
+            continue
+        for dep in sorted(graph[mod]):
+            high = layer_of(dep, layers)
+            if high is not None and high > low:
+                out.append(f"{mod} ({'/'.join(layers[low])}) -> {dep} ({'/'.join(layers[high])})")
+    return out
+
+
 def layer_lines(root: Path = ROOT) -> dict[str, int]:
-    """Lines per layer: each top-level module, and each sub-package as a whole."""
-    out: dict[str, int] = {}
+    """Lines per layer, in layer order."""
+    out: dict[str, int] = {"/".join(names): 0 for names in LAYERS}
     for mod, path in modules(root).items():
-        parts = mod.split(".")
-        layer = ".".join(parts[:2]) if len(parts) > 1 else parts[0]
-        if path.parent != root / PACKAGE:
-            layer = f"{PACKAGE}.{path.parent.relative_to(root / PACKAGE).parts[0]}/"
-        out[layer] = out.get(layer, 0) + len(path.read_text().splitlines())
-    return dict(sorted(out.items()))
+        i = layer_of(mod)
+        key = "/".join(LAYERS[i]) if i is not None else f"{PACKAGE} (facade)"
+        out[key] = out.get(key, 0) + len(path.read_text().splitlines())
+    return out
 
 
 def main() -> int:
@@ -133,7 +177,9 @@ def main() -> int:
         print(f"{mod.removeprefix(PACKAGE + '.') or PACKAGE}: {', '.join(deps) or '-'}")
     found = cycles(graph)
     print(f"\n{len(found)} cycle(s)" + "".join(f"\n  {' <-> '.join(c)}" for c in found))
-    return 1 if found else 0
+    up = upward(graph)
+    print(f"{len(up)} import(s) of a higher layer" + "".join(f"\n  {u}" for u in up))
+    return 1 if found or up else 0
 
 
 if __name__ == "__main__":

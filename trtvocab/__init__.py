@@ -17,9 +17,9 @@ from trtvocab.errors import (
 )
 from trtvocab.lm_head import LMHead, TensorParallelMode
 from trtvocab.logits import LogitsProcessor
-from trtvocab.mapping import Mapping
+from trtvocab.parallel.mapping import Mapping
+from trtvocab.parallel.sharding import VocabShard, calc_shard, padded_vocab_size, shard_sizes, vocab_shard
 from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
-from trtvocab.sharding import VocabShard, calc_shard, padded_vocab_size, shard_sizes, vocab_shard
 from trtvocab.version import __version__
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The input end of the vocabulary: ``input_ids [...] -> rows [..., H]``, split like the head.
 
 Each rank holds the same shard of the ``[V, H]`` table that its :class:`~trtvocab.lm_head.LMHead`
-holds of the head (:mod:`trtvocab.sharding`), so a tied model keeps one buffer for both
+holds of the head (:mod:`trtvocab.parallel.sharding`), so a tied model keeps one buffer for both
 ends (:func:`tie_weights`). A lookup is masked, then summed over the TP group::
 
     ids      [  5,  -1,  9, 12 ]          V = 10, tp = 2: rank 0 owns [0, 5), rank 1 [5, 10)
@@ -31,21 +31,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trtvocab import distributed as D
-from trtvocab.checkpoint import EMBEDDING_NAMES
+from trtvocab.base.formats import Activation, WeightFormat
+from trtvocab.checkpoints.checkpoint import EMBEDDING_NAMES
 from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
-from trtvocab.formats import Activation, WeightFormat
-from trtvocab.mapping import Mapping
+from trtvocab.parallel import distributed as D
+from trtvocab.parallel.mapping import Mapping
+from trtvocab.parallel.sharding import VocabLayout
 from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo, QuantConfig
-from trtvocab.sharding import VocabLayout
 from trtvocab.vocab_parallel import DTYPES as _DTYPES
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
 
 _FORMATS = tuple(WeightFormat)
-# What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.distributed.Handshake).
+# What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.parallel.distributed.Handshake).
 LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", _DTYPES), D.Field("weight format", _FORMATS), D.Field("reduce_output"),
@@ -62,7 +62,7 @@ class VocabParallelEmbedding(VocabParallelModule):
         dtype: the dtype of the returned rows (and of a dense table).
         mapping: where this rank sits; ``None`` is a replicated table. Attention DP without
             ``enable_lm_head_tp_in_adp`` also replicates (the mapping decides, as for the head).
-        vocab_layout: ``"uneven"`` or ``"padded"`` (:mod:`trtvocab.sharding`); ids in padding
+        vocab_layout: ``"uneven"`` or ``"padded"`` (:mod:`trtvocab.parallel.sharding`); ids in padding
             columns are outside the vocabulary.
         pad_to: the padding multiple of the padded layout.
         process_group: the TP group when ``world_size > tp_size``.
@@ -118,7 +118,7 @@ class VocabParallelEmbedding(VocabParallelModule):
         """
 
         def build() -> VocabParallelEmbedding:
-            from trtvocab.loader import open_embedding  # ModelOpt and compressed-tensors tables (headers only)
+            from trtvocab.weights.loader import open_embedding  # ModelOpt and compressed-tensors tables (headers only)
 
             source = open_embedding(path, tensor_name)
             if source.notice:

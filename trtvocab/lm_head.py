@@ -25,25 +25,25 @@ from typing import Any
 
 import torch
 
-from trtvocab import distributed as D
-from trtvocab.dtypes import short_name
+from trtvocab.base.dtypes import short_name
+from trtvocab.base.formats import WeightFormat
+from trtvocab.base.inputs import hidden_states_error
 from trtvocab.errors import ConfigError, InputError
-from trtvocab.formats import WeightFormat
-from trtvocab.inputs import hidden_states_error
-from trtvocab.loader import open_head
-from trtvocab.mapping import Mapping
+from trtvocab.parallel import distributed as D
+from trtvocab.parallel.mapping import Mapping
+from trtvocab.parallel.sharding import VocabLayout
 from trtvocab.quant.config import HeadQuantDecision, QuantConfig
-from trtvocab.sharding import VocabLayout
 from trtvocab.vocab_parallel import DTYPES as _DTYPES
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import MAPPINGS as _MAPPINGS
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import WeightMethod, weight_class
 from trtvocab.weights.deterministic import tiled_logits
+from trtvocab.weights.loader import open_head
 
 _FORMATS = tuple(WeightFormat)
 # What the ranks of a split head agree on, at the start of every forward (protocol:
-# trtvocab.distributed.Handshake) and once after loading a checkpoint.
+# trtvocab.parallel.distributed.Handshake) and once after loading a checkpoint.
 FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", _DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
@@ -70,7 +70,7 @@ class LMHead(VocabParallelModule):
         hidden_size: H.
         dtype: the head dtype: inputs must arrive in it; dense heads store the weight and
             return logits in it.
-        mapping: where this rank sits (:class:`~trtvocab.mapping.Mapping`); ``None`` is a
+        mapping: where this rank sits (:class:`~trtvocab.parallel.mapping.Mapping`); ``None`` is a
             replicated head. Attention DP without ``enable_lm_head_tp_in_adp`` also replicates.
         tensor_parallel_mode: only ``COLUMN`` (split over the vocab) exists for a head.
         gather_output: all-gather the ``[N, V_local]`` pieces into ``[N, V]``; ``False``
@@ -78,10 +78,10 @@ class LMHead(VocabParallelModule):
         quant_config: FP8 / NVFP4 weights (:class:`~trtvocab.quant.config.QuantConfig`),
             normally from the checkpoint's gating verdict (:meth:`from_checkpoint`).
         vocab_layout: ``"uneven"`` (``calc_shard``, no padding) or ``"padded"`` (V rounded up to
-            a multiple of ``pad_to * tp``); see :mod:`trtvocab.sharding`.
+            a multiple of ``pad_to * tp``); see :mod:`trtvocab.parallel.sharding`.
         pad_to: the padding multiple of the padded layout.
         process_group: the TP group when ``world_size > tp_size``
-            (:func:`trtvocab.distributed.new_tp_group`); ``None`` is the default group.
+            (:func:`trtvocab.parallel.distributed.new_tp_group`); ``None`` is the default group.
         device: where the weights live.
 
     Differences from TensorRT-LLM's ``LMHead``: its defaults are
@@ -273,7 +273,7 @@ class LMHead(VocabParallelModule):
 
     def _open_gathered_call(self, rows: int, error: BaseException | None) -> D.Pending | None:
         """Start a gathered, non-attention-DP forward: the handshake on the first call and after a
-        change, otherwise a verdict that rides on the gather (:class:`~trtvocab.distributed.Agreement`)."""
+        change, otherwise a verdict that rides on the gather (:class:`~trtvocab.parallel.distributed.Agreement`)."""
         D.require_initialized(self.tp_size)
         _, pending = D.open_call(FORWARD_HANDSHAKE, D.agreement_of(self, "LMHead.forward"), self._identity(rows),
                                  error, self.process_group, self.device, world=self.tp_size, key=(rows,),

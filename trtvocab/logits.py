@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trtvocab.base.inputs import hidden_states_error, last_token_rows
 from trtvocab.errors import InputError
-from trtvocab.inputs import hidden_states_error, last_token_rows
 
 __all__ = ["LogitsProcessor", "last_rows", "last_token_rows", "shard_logits"]
 

@@ -2,7 +2,7 @@
 
 :class:`~trtvocab.lm_head.LMHead` and :class:`~trtvocab.embedding.VocabParallelEmbedding`
 are both a shard of the same matrix, placed by the same mapping rule and the same layout
-(:mod:`trtvocab.sharding`), stored by the same weight formats (:mod:`trtvocab.weights`).
+(:mod:`trtvocab.parallel.sharding`), stored by the same weight formats (:mod:`trtvocab.weights`).
 This base class holds that placement once: validation, the split decision, the shard and
 the questions asked about it.
 """
@@ -15,18 +15,18 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from trtvocab import distributed as D
-from trtvocab.dtypes import HEAD_DTYPES
+from trtvocab.base.dtypes import HEAD_DTYPES
+from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import ConfigError, RankMismatchError
-from trtvocab.formats import WeightFormat
-from trtvocab.mapping import Mapping
-from trtvocab.sharding import VocabLayout, VocabShard, all_shards
+from trtvocab.parallel import distributed as D
+from trtvocab.parallel.mapping import Mapping
+from trtvocab.parallel.sharding import VocabLayout, VocabShard, all_shards
 from trtvocab.weights import WeightMethod
 from trtvocab.weights.base import normalize_keys
 
 DTYPES = tuple(HEAD_DTYPES.values())
 LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"  # how handshakes name layout + pad_to
-# What the ranks agree on once after loading a shard from a checkpoint (trtvocab.distributed.Handshake).
+# What the ranks agree on once after loading a shard from a checkpoint (trtvocab.parallel.distributed.Handshake).
 # "mapping" is there so that a rank built replicated (attention DP without LM-head TP) next to a
 # peer built split fails at load on both ranks: a replicated head makes no per-call collective,
 # so without it the split peer would wait in its first forward until the collective timeout.
@@ -44,7 +44,7 @@ class VocabParallelModule(nn.Module):
     Args:
         vocab_size: V (a positive int; bools are refused).
         hidden_size: H.
-        dtype: one of the head dtypes (:data:`trtvocab.dtypes.HEAD_DTYPES`).
+        dtype: one of the head dtypes (:data:`trtvocab.base.dtypes.HEAD_DTYPES`).
         mapping: where this rank sits; ``None`` is replicated. The mapping decides whether the
             matrix is split (:attr:`Mapping.lm_head_is_split`).
         vocab_layout: ``"uneven"`` or ``"padded"``; pad_to: the padded layout's multiple.
@@ -74,7 +74,7 @@ class VocabParallelModule(nn.Module):
             raise ConfigError(f"{what} vocab_size ({vocab_size}) is smaller than tp_size ({self.tp_size})")
         if self.is_split and process_group is None and self.mapping.world_size != self.mapping.tp_size:
             raise ConfigError(f"{what}: world_size > tp_size needs the TP process_group "
-                              "(trtvocab.distributed.new_tp_group)")
+                              "(trtvocab.parallel.distributed.new_tp_group)")
         self.process_group = process_group
         self.shards: list[VocabShard] = all_shards(vocab_size, self.tp_size, vocab_layout, pad_to)
         self.shard: VocabShard = self.shards[self.tp_rank]

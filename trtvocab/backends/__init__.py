@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends.base import RankBackend, RankLogits
 from trtvocab.errors import ArtifactError, EngineUnavailableError
-from trtvocab.recipe import Manifest
 
 ORDER = ("tensorrt", "onnx", "torch")
 CHOICES = ("auto", *ORDER)

@@ -48,17 +48,17 @@ from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends.base import RankLogits
-from trtvocab.dtypes import HEAD_DTYPES, dtype_name
+from trtvocab.base.dtypes import HEAD_DTYPES, dtype_name
+from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS
+from trtvocab.base.fsutil import open_regular
+from trtvocab.base.inputs import check_hidden_states, last_token_rows
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.export.onnx import FP4_QUANTIZE_OP, TRT_DOMAIN
-from trtvocab.formats import HIDDEN, LOGITS, SEQ_LENS
-from trtvocab.fsutil import open_regular
-from trtvocab.inputs import check_hidden_states, last_token_rows
 from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK, SCALE_MIN
 from trtvocab.quant.nvfp4 import E2M1_MAX as _E2M1_MAX
-from trtvocab.recipe import Manifest
 
 RUNNERS = ("auto", "onnxruntime", "reference")
 E2M1_MAX = np.float32(_E2M1_MAX)

@@ -13,8 +13,8 @@ import onnx
 import torch
 from onnx import TensorProto
 
+from trtvocab.base.formats import EMBED_IDS, EMBED_ROWS
 from trtvocab.errors import InputError
-from trtvocab.formats import EMBED_IDS, EMBED_ROWS
 
 _OUT = {TensorProto.BFLOAT16: (np.uint16, torch.bfloat16), TensorProto.FLOAT16: (np.float16, torch.float16),
         TensorProto.FLOAT: (np.float32, torch.float32)}

@@ -23,14 +23,14 @@ from typing import Any, ClassVar
 
 import torch
 
+from trtvocab.artifact.manifest import EngineRecord, Manifest
 from trtvocab.backends.base import RankLogits
+from trtvocab.base.formats import EMBED_IDS, EMBED_ROWS, HIDDEN, LOGITS, SEQ_LENS
+from trtvocab.base.fsutil import atomic_write_bytes, read_regular, sha256_bytes
+from trtvocab.base.inputs import check_hidden_states, last_token_rows
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.export.targets import Compiler, target_name
 from trtvocab.export.tensorrt import cuda_device, import_compiler, recording_logger
-from trtvocab.formats import EMBED_IDS, EMBED_ROWS, HIDDEN, LOGITS, SEQ_LENS
-from trtvocab.fsutil import atomic_write_bytes, read_regular, sha256_bytes
-from trtvocab.inputs import check_hidden_states, last_token_rows
-from trtvocab.recipe import EngineRecord, Manifest
 
 MAX_PLAN_BYTES = 64 << 30  # a plan read without a recorded size (direct EngineRunner use)
 MAX_RUNTIME_CACHE_BYTES = 1 << 30

@@ -11,12 +11,12 @@ from typing import Any, ClassVar
 import torch
 from safetensors.torch import load_file
 
+from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends.base import RankLogits
-from trtvocab.dtypes import head_dtype
-from trtvocab.fsutil import open_regular
+from trtvocab.base.dtypes import head_dtype
+from trtvocab.base.fsutil import open_regular
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import shard_logits
-from trtvocab.recipe import Manifest
 
 
 def head_from_artifact(root: Path, manifest: Manifest, rank: int, process_group: Any = None) -> LMHead:

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtvocab.base.formats import EMBED_IDS, HIDDEN, Activation, WeightFormat
 from trtvocab.errors import ArtifactError
 from trtvocab.export.layer_table import EngineLayer, EngineTensor, LayerTable
+from trtvocab.export.records import EngineCompute, GemmRecord
 from trtvocab.export.targets import HwType
-from trtvocab.formats import EMBED_IDS, HIDDEN, Activation, WeightFormat
-from trtvocab.recipe import EngineCompute, GemmRecord
 
 _HEAD_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 _GEMM_KINDS = ("gemm", "runtime_fusion")

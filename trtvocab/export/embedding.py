@@ -33,11 +33,11 @@ import torch
 from onnx import TensorProto, helper
 from pydantic import BaseModel, ConfigDict
 
-from trtvocab.dtypes import dtype_name
+from trtvocab.base.dtypes import dtype_name
+from trtvocab.base.formats import EMBED_IDS, EMBED_ROWS, WeightFormat
 from trtvocab.embedding import VocabParallelEmbedding
 from trtvocab.errors import ConfigError
 from trtvocab.export.onnx import DEFAULT_OPSET, save_model_atomic, tensor_proto
-from trtvocab.formats import EMBED_IDS, EMBED_ROWS, WeightFormat
 from trtvocab.version import __version__
 
 _ONNX_FLOAT = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT}

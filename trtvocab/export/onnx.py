@@ -67,7 +67,7 @@ Choices, and why:
   MatMul output is the head dtype, so these graphs round each logit once to the head
   dtype (as a dense half-precision head does), where the fallback keeps the float32
   sum. :func:`gemm_rounding` names that dtype per graph; the build's check allows one
-  ulp of it (``trtvocab.build.verify_export``). The same holds for a half-precision
+  ulp of it (``trtvocab.pipeline.build.verify_export``). The same holds for a half-precision
   head with ``output_dtype=float32`` (``float32_logits``): upcasting the weight inside
   the graph is folded by TensorRT into a float32 copy of the weight (2x the bytes, a
   float32 GEMM), so the graph keeps the head-dtype GEMM and casts its output; TensorRT
@@ -98,10 +98,10 @@ import torch
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 from pydantic import BaseModel, ConfigDict
 
-from trtvocab.dtypes import HEAD_DTYPES, dtype_name
+from trtvocab.base.dtypes import HEAD_DTYPES, dtype_name
+from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS, Activation, Granularity, WeightFormat
+from trtvocab.base.fsutil import fsync_file, sha256_file
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
-from trtvocab.formats import HIDDEN, LOGITS, SEQ_LENS, Activation, Granularity, WeightFormat
-from trtvocab.fsutil import fsync_file, sha256_file
 from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK as FP4_BLOCK
 from trtvocab.version import __version__

@@ -16,8 +16,8 @@ an explicit target that cannot run a graph is refused with the datatype as the r
 
 from __future__ import annotations
 
+from trtvocab.base.formats import _Name
 from trtvocab.errors import ConfigError, EngineUnavailableError
-from trtvocab.formats import _Name
 
 
 class Compiler(_Name):

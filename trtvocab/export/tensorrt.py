@@ -30,9 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtvocab.base.formats import EMBED_IDS, SEQ_LENS, WeightFormat
+from trtvocab.base.fsutil import atomic_write_bytes, sha256_bytes
 from trtvocab.errors import ConfigError, EngineUnavailableError, QuantizationError
 from trtvocab.export.contract import GraphInfo, check_engine, describe_graph
 from trtvocab.export.layer_table import parse_layer_table
+from trtvocab.export.records import EngineBuild, Profile, validate_profile
 from trtvocab.export.targets import (
     MIN_CC,
     RTX_TARGETS,
@@ -42,9 +45,6 @@ from trtvocab.export.targets import (
     choose_targets,
     target_name,
 )
-from trtvocab.formats import EMBED_IDS, SEQ_LENS, WeightFormat
-from trtvocab.fsutil import atomic_write_bytes, sha256_bytes
-from trtvocab.recipe import EngineBuild, Profile, validate_profile
 
 __all__ = ["EngineBuild", "Profile", "Toolkit", "build_engine", "check_compute_capability", "import_compiler",
            "resolve_compiler", "sha256_bytes", "tensorrt_available", "validate_profile", "write_plan_atomic"]

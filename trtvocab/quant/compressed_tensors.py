@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trtvocab.base.formats import Activation, Granularity
 from trtvocab.errors import CheckpointError, QuantizationError
-from trtvocab.formats import Activation, Granularity
 from trtvocab.quant.fp8 import FP8_DTYPE
 from trtvocab.quant.nvfp4 import BLOCK, unpack_codes
 
 if TYPE_CHECKING:
-    from trtvocab.checkpoint import Checkpoint
+    from trtvocab.checkpoints.checkpoint import Checkpoint
 
 CT_METHOD = "compressed-tensors"
 CHECKPOINT_FORMAT = "compressed-tensors"
@@ -466,7 +466,7 @@ class DecompressedRows:
     """
 
     def __init__(self, ckpt: Checkpoint, module: str, algo: str, hidden: int) -> None:
-        from trtvocab.checkpoint import ST_DTYPES
+        from trtvocab.checkpoints.checkpoint import ST_DTYPES
 
         self.module, self.algo, self.hidden = module, algo, hidden
         if algo == "NVFP4":

@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from trtvocab.base.formats import Activation, Granularity, WeightFormat
 from trtvocab.errors import QuantizationError
-from trtvocab.formats import Activation, Granularity, WeightFormat
 from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.nvfp4 import BLOCK
 
 if TYPE_CHECKING:
-    from trtvocab.checkpoint import Checkpoint
-    from trtvocab.mapping import Mapping
+    from trtvocab.checkpoints.checkpoint import Checkpoint
+    from trtvocab.parallel.mapping import Mapping
 
 
 class QuantAlgo(str, enum.Enum):
@@ -96,7 +96,7 @@ class QuantConfig(BaseModel):
 
     Args:
         quant_algo: ``FP8`` or ``NVFP4`` (other ModelOpt names parse, but no head runs them).
-        activation: :class:`~trtvocab.formats.Activation`; ``static`` uses the checkpoint's
+        activation: :class:`~trtvocab.base.formats.Activation`; ``static`` uses the checkpoint's
             ``input_scale`` (W8A8 / W4A4), ``dynamic`` computes the FP8 activation scale per
             tensor at run time (FP8 without ``input_scale``, as TensorRT-LLM does), ``none``
             keeps activations in the head dtype (W8A16 with ``weight_only``, or NVFP4
@@ -225,7 +225,7 @@ def resolve_lm_head_quant(
 ) -> HeadQuantDecision:
     """Apply the gating rule to a checkpoint (a :class:`Checkpoint` or its path; header probes only)."""
     if not hasattr(ckpt, "hf_quant_config"):
-        from trtvocab.checkpoint import open_checkpoint
+        from trtvocab.checkpoints.checkpoint import open_checkpoint
 
         ckpt = open_checkpoint(ckpt)  # type: ignore[arg-type]
     if quant not in ("auto", "none"):

@@ -43,8 +43,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trtvocab.base.formats import Activation
 from trtvocab.errors import QuantizationError
-from trtvocab.formats import Activation
 from trtvocab.quant.compressed_tensors import reciprocal
 from trtvocab.quant.config import QuantAlgo
 from trtvocab.quant.head_module import HeadOnly

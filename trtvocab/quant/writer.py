@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from trtvocab.base.formats import Activation, Granularity
 from trtvocab.errors import QuantizationError
-from trtvocab.formats import Activation, Granularity
 from trtvocab.quant import fp8, nvfp4
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 

@@ -73,10 +73,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trtvocab import distributed as D
+from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import ConfigError, InputError
-from trtvocab.formats import WeightFormat
 from trtvocab.lm_head import LMHead
+from trtvocab.parallel import distributed as D
 from trtvocab.sampling import noise, treesum
 from trtvocab.sampling.draw import _draw as draw_rows
 from trtvocab.sampling.draw import _params_tensor, _rows_params, step_error

@@ -40,19 +40,19 @@ from typing import Any
 
 import torch
 
-from trtvocab import distributed as D
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
+from trtvocab.parallel import distributed as D
 from trtvocab.sampling.treesum import tree_logsumexp
 
 NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
 _PLAN = "k / ids per row / sampling plan (top-k width, filters)"
 _OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p", "sample", "bitmask", "decode")
 TOP_P_FIRST_K = 64  # first candidate count for top-p; real nuclei are usually this small
-# What the ranks agree on before every public call (protocol: trtvocab.distributed.Handshake).
+# What the ranks agree on before every public call (protocol: trtvocab.parallel.distributed.Handshake).
 # A decode loop makes the same calls step after step: the handshake runs on an operation's
 # first call and whenever its signature (every field but the per-call argument digest) changes;
-# otherwise its verdict rides on the call's first data collective (trtvocab.distributed.Agreement).
+# otherwise its verdict rides on the call's first data collective (trtvocab.parallel.distributed.Agreement).
 HANDSHAKE = D.Handshake("sampling", (
     D.Field("vocab_size"), D.Field("tp_size"), D.Field("vocab layout (0 = uneven, else pad_to)"),
     D.Field("operation", _OPS), D.Field(_PLAN), D.Field("batch rows"),
@@ -93,7 +93,7 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
 
     Returns rank 0's ``proposal`` (a value one rank picks for all, such as a fresh seed). After
     an operation's first call the handshake is skipped while its signature stays the same (see
-    :class:`~trtvocab.distributed.Agreement`): its verdict rides on the call's first data
+    :class:`~trtvocab.parallel.distributed.Agreement`): its verdict rides on the call's first data
     collective (:func:`gather_stack`, :func:`global_max`, the vocab tree's gather), and the proposal is derived from the
     one agreed first and a call counter (the same on every rank). ``head.handshake_every_call =
     True`` (or ``cache=False``, for a caller whose first data collective does not carry the

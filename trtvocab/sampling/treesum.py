@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from trtvocab import distributed as D
-from trtvocab.weights import kernels
+from trtvocab import kernels
+from trtvocab.parallel import distributed as D
 
 Pair = tuple[torch.Tensor, torch.Tensor]  # (m [B, ...], s [B, ...]) float32
 Node = tuple[int, int, torch.Tensor, torch.Tensor]  # (level, index, m [B], s [B])
@@ -91,7 +91,7 @@ def range_nodes(x: torch.Tensor, first_id: int) -> list[Node]:
         return []
     if (x.device.type == "cpu" and n <= kernels.TREE_MAX_LOGITS and kernels.tree_available()
             and not (x.requires_grad and torch.is_grad_enabled())):
-        # The same nodes, the same bits, in one pass over the logits (trtvocab/weights/csrc/treesum.cpp).
+        # The same nodes, the same bits, in one pass over the logits (trtvocab/kernels/csrc/treesum.cpp).
         ids = aligned_nodes(first_id, first_id + n)
         m, s = kernels.tree_nodes(x.to(torch.float32).contiguous(), first_id, len(ids))
         return [(level, index, m[:, j], s[:, j]) for j, (level, index) in enumerate(ids)]
@@ -146,7 +146,7 @@ def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: An
     ``ranges``: every rank's ``[start, end)``, so only the node pairs move: one all_gather of
     ``[B, 2 * width + e]`` float32, ``extra [B, e]`` riding along (summed over ranks in rank
     order: per-rank picks where only the owner is non-zero stay exact). ``pending``: the call's
-    verdict when this is its first data collective (:func:`trtvocab.distributed.gather_verdict`).
+    verdict when this is its first data collective (:func:`trtvocab.parallel.distributed.gather_verdict`).
     ``like``: a ``[B, *]`` tensor giving the rows and device."""
     rows, device = like.shape[0], like.device
     width = node_width(vocab_size)

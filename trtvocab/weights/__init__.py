@@ -6,7 +6,7 @@ loads and multiplies its shard from one table, and the head calls ``weights(x)``
 
 from __future__ import annotations
 
-from trtvocab.formats import WeightFormat
+from trtvocab.base.formats import WeightFormat
 from trtvocab.quant.config import QuantConfig
 from trtvocab.weights.base import WeightMethod
 from trtvocab.weights.dense import DenseWeight

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import CheckpointError, QuantizationError
-from trtvocab.formats import WeightFormat
-from trtvocab.sharding import VocabShard
+from trtvocab.parallel.sharding import VocabShard
 
 # Names a weight format may read; any prefix ("lm_head.", "model.embed_tokens.") is dropped.
 TENSOR_KEYS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
@@ -89,7 +89,7 @@ class WeightMethod(nn.Module):
     and ``export_tensors``.
 
     Args:
-        shard: the rank's columns (:class:`~trtvocab.sharding.VocabShard`).
+        shard: the rank's columns (:class:`~trtvocab.parallel.sharding.VocabShard`).
         hidden_size: H.
         dtype: the head dtype (inputs arrive in it; dense heads also store and return it).
         quant_config: the :class:`~trtvocab.quant.config.QuantConfig` (None for dense).

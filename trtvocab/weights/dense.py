@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trtvocab import kernels
+from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import CheckpointError
-from trtvocab.formats import WeightFormat
-from trtvocab.weights import kernels
 from trtvocab.weights.base import WeightMethod, read_rows
 
 DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -6,12 +6,12 @@ from typing import Any
 
 import torch
 
+from trtvocab import kernels
+from trtvocab.base.formats import Activation, WeightFormat
 from trtvocab.errors import CheckpointError, QuantizationError
-from trtvocab.formats import Activation, WeightFormat
+from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import fp8, nvfp4
 from trtvocab.quant.config import QuantAlgo
-from trtvocab.sharding import VocabShard
-from trtvocab.weights import kernels
 from trtvocab.weights.base import read_rows, source_shape
 from trtvocab.weights.quantized import PREFIX, Dequantizer, QuantizedWeight, dtype_of, fp32_scalar, require
 

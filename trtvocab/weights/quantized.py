@@ -16,8 +16,8 @@ The formats themselves (:mod:`trtvocab.weights.fp8`, :mod:`trtvocab.weights.nvfp
 say how rows are dequantized and inputs quantized; the ONNX export implements the
 same contract from :meth:`~trtvocab.weights.base.WeightMethod.export_tensors`.
 
-On CPU, where the fused kernels build (:mod:`trtvocab.weights.kernels`), ``prepare`` returns a
-:class:`~trtvocab.weights.kernels.FusedInput` instead and ``block_logits`` decodes the codes
+On CPU, where the fused kernels build (:mod:`trtvocab.kernels`), ``prepare`` returns a
+:class:`~trtvocab.kernels.FusedInput` instead and ``block_logits`` decodes the codes
 inside the multiply (same numbers up to float32 reassociation; every logit bitwise independent
 of the ``[start, end)`` partition). The chunked torch path above is the fallback.
 """
@@ -29,12 +29,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from trtvocab.checkpoint import ST_DTYPES
+from trtvocab import kernels
+from trtvocab.base.formats import Activation
+from trtvocab.checkpoints.checkpoint import ST_DTYPES
 from trtvocab.errors import CheckpointError, QuantizationError
-from trtvocab.formats import Activation
+from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant.config import QuantAlgo, QuantConfig
-from trtvocab.sharding import VocabShard
-from trtvocab.weights import kernels
 from trtvocab.weights.base import WeightMethod, read_all, read_scalar
 
 CHUNK_ELEMENTS = 1 << 20
@@ -45,7 +45,7 @@ PREFIX = "lm_head."  # quantized heads are never the tied embedding, so errors c
 def dtype_of(value: Any) -> torch.dtype | str:
     if isinstance(value, torch.Tensor):
         return value.dtype
-    if hasattr(value, "info"):  # trtvocab.checkpoint.LazyRows
+    if hasattr(value, "info"):  # trtvocab.checkpoints.checkpoint.LazyRows
         return value.info.torch_dtype
     if hasattr(value, "get_dtype"):  # a safetensors slice: its dtype tag
         tag = str(value.get_dtype())
@@ -113,7 +113,7 @@ class QuantizedWeight(WeightMethod):
         raise NotImplementedError  # pragma: no cover - abstract
 
     def _fused_x(self, x_dq: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
-        """``x_dq`` in the fused kernel's layout (:mod:`trtvocab.weights.kernels`)."""
+        """``x_dq`` in the fused kernel's layout (:mod:`trtvocab.kernels`)."""
         raise NotImplementedError
 
     def _fused_rows(self, x: torch.Tensor, start: int, end: int, out: torch.Tensor | None) -> torch.Tensor:

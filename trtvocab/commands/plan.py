@@ -1,7 +1,7 @@
 """The ledger of the vocabulary dimension (what ``trtvocab plan`` prints).
 
 Both ends of a model touch the vocabulary: the input embedding table and the LM head, the
-same ``[V, H]`` shape in the same shard layout (``trtvocab.sharding``). All figures are
+same ``[V, H]`` shape in the same shard layout (``trtvocab.parallel.sharding``). All figures are
 exact byte counts (and FLOPs) from the shard math, and times are those figures over an
 assumed bandwidth ``link_gbs`` (GB/s, decimal) or throughput ``tflops`` (TFLOP/s); nothing
 is measured. With ``n = tp``, ``w_r`` the width rank ``r`` holds (its rows in the uneven
@@ -30,10 +30,10 @@ import math
 
 from pydantic import BaseModel, Field
 
+from trtvocab.base.units import decimal_bytes, human_bytes, human_flops, human_seconds
 from trtvocab.errors import ConfigError
+from trtvocab.parallel.sharding import LAYOUTS, VocabLayout, all_shards
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_BLOCK
-from trtvocab.sharding import LAYOUTS, VocabLayout, all_shards
-from trtvocab.units import decimal_bytes, human_bytes, human_flops, human_seconds
 
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 BF16, FP32 = DTYPE_BYTES["bf16"], DTYPE_BYTES["fp32"]

@@ -9,7 +9,7 @@ input row's chains in registers) or into an L1-sized tile that every input row r
 The same library multiplies dense bf16 / fp16 heads (:func:`dense_logits`) where torch's GEMM has no
 native dot products for that dtype (:func:`dense_max_batch`).
 
-What (``trtvocab/weights/csrc/fused.cpp``, called through :mod:`ctypes`; threads from
+What (``trtvocab/kernels/csrc/fused.cpp``, called through :mod:`ctypes`; threads from
 ``at::parallel_for``, i.e. torch's intra-op pool and its OpenMP runtime, never a second one):
 
 - **Chains.** Logit ``(n, v)`` is one chain of 8 float32 lanes over H in a fixed order,
@@ -70,7 +70,7 @@ Building: the first use in a process compiles the C++ with ``-O3 -march=native -
 -ffp-contract=off`` (``torch.utils.cpp_extension.load``, cached under torch's
 extensions folder in a directory named by a hash of the source, the flags, torch's version and
 this CPU's feature flags, so a cache shared between different CPUs never runs foreign code).
-``python -m trtvocab.weights.kernels --build`` does it ahead of time (``make setup`` calls it).
+``python -m trtvocab.kernels --build`` does it ahead of time (``make setup`` calls it).
 Off x86 or without AVX2/FMA/F16C the same chains run as portable C++ (correct, not tuned; an
 AVX-512 machine runs the AVX2 code). A compiler without OpenMP (Apple clang) fails the build.
 The cache is guarded (docs/threat_model.md, "The kernel cache"): the build folder is
@@ -122,7 +122,7 @@ LOCK_NAME = "trtvocab.lock"  # flock-ed by the process building in a build folde
 TORCH_BATON = "lock"  # torch.utils.cpp_extension's O_EXCL baton (waited for forever by torch)
 RECORD_SUFFIX = ".sha256.json"  # {"size", "sha256"} of the built library, written after the build
 MAX_LIBRARY_BYTES = 1 << 30
-SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "fused.cpp"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "fused.cpp"
 # The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
 TREE_SOURCE = SOURCE.parent / "treesum.cpp"
 ABI = 2  # trtvocab_fused_abi() of the source this module expects
@@ -769,7 +769,7 @@ def self_check(loaded: Loaded) -> str | None:
 
 # ---- command line -----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trtvocab.weights.kernels", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m trtvocab.kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="build (or find in the cache) and self-check the kernels")
     parser.add_argument("--verbose", action="store_true", help="show the compiler's output")
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@
         -> handshake, all-gather of the columns (pad + trim)            [B, V]
 
 Every backend yields the same per-rank logits (within the tolerance the build recorded);
-the gather across ranks is the head's own code (:mod:`trtvocab.distributed`).
+the gather across ranks is the head's own code (:mod:`trtvocab.parallel.distributed`).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from typing import NamedTuple
 
 import torch
 
-from trtvocab import artifacts
-from trtvocab import distributed as D
+from trtvocab.artifact import store as artifacts
+from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends import open_backend, pick_backend
 from trtvocab.backends.base import RankLogits
-from trtvocab.dtypes import head_dtype
+from trtvocab.base.dtypes import head_dtype
+from trtvocab.base.inputs import check_hidden_states, last_token_rows
 from trtvocab.errors import ArtifactError
-from trtvocab.inputs import check_hidden_states, last_token_rows
-from trtvocab.recipe import Manifest
+from trtvocab.parallel import distributed as D
 
-# What the ranks of an inference agree on before the gather (protocol: trtvocab.distributed.Handshake).
+# What the ranks of an inference agree on before the gather (protocol: trtvocab.parallel.distributed.Handshake).
 INFER_HANDSHAKE = D.Handshake("infer", (D.Field("vocab_size"), D.Field("rows"), D.Field("ran_on", (
     "torch", "onnxruntime", "onnx.reference", "tensorrt"), per_rank=True)))
 
@@ -92,7 +92,7 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
             raise ArtifactError(f"{root}: built for tp {tp}, but torchrun started {D.group_size()} processes")
         out = _infer_rank(D.group_rank(), tp, str(root), chosen, hidden, seq_lens)
         return InferResult(None, chosen, manifest) if out is None else InferResult(out[0], out[1], manifest)
-    from trtvocab.launch import run_ranks
+    from trtvocab.parallel.launch import run_ranks
 
     logits, ran_on = run_ranks(_infer_rank, tp, str(root), chosen, hidden, seq_lens)[0]
     return InferResult(logits, ran_on, manifest)

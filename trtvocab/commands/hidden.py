@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trtvocab import hf_loader
+from trtvocab.base.fsutil import atomic_write_bytes, open_regular, read_safetensors_header
+from trtvocab.base.inputs import check_hidden_states
+from trtvocab.commands import hf_loader
 from trtvocab.errors import InputError
-from trtvocab.fsutil import atomic_write_bytes, open_regular, read_safetensors_header
-from trtvocab.inputs import check_hidden_states
 
 DEFAULT_TEXTS = [
     "The capital of France is Paris, and the capital of Japan is Tokyo.",
@@ -69,7 +69,7 @@ def load_text_model(model: str | Path) -> tuple[Any, Any, bool]:
     A causal LM (a ``.gguf``, or a folder whose ``config.json`` names a ``*ForCausalLM``
     architecture) loads with its head (``AutoModelForCausalLM``); anything else as
     ``AutoModel``. Weights come from safetensors or GGUF only, never from a pickle
-    (:mod:`trtvocab.hf_loader`, the loader ``generate`` uses too).
+    (:mod:`trtvocab.commands.hf_loader`, the loader ``generate`` uses too).
     """
     causal = hf_loader.is_causal(model)
     tok, net = hf_loader.load(model, causal=causal)

@@ -10,8 +10,8 @@
     OUT/rank{r}/lm_head.plan          TensorRT engine, only where TensorRT and a suitable GPU exist
 
 A build writes into a private sibling folder and publishes it atomically
-(:func:`trtvocab.fsutil.staging`), so a reader sees either the old artifact or the new
-one, never a mix or a half. The manifest's schema is :class:`trtvocab.recipe.Manifest`;
+(:func:`trtvocab.base.fsutil.staging`), so a reader sees either the old artifact or the new
+one, never a mix or a half. The manifest's schema is :class:`trtvocab.artifact.manifest.Manifest`;
 this module is the only one that reads or writes the file.
 
 What loading checks (:func:`read_manifest`), each refusal an :class:`ArtifactError` naming
@@ -19,7 +19,7 @@ the file or the field: the manifest is a regular UTF-8 JSON file of bounded size
 version and trtvocab version; its digest; the schema, parsed strictly (a ``"0"`` is not
 ``0``, ``true`` is not ``1``); that it agrees with itself and with the shard math
 (:func:`check_consistency`: every rank's ``[start, end)`` and width are
-:func:`trtvocab.sharding.vocab_shard` of the recorded vocab, tp, layout and pad_to); that
+:func:`trtvocab.parallel.sharding.vocab_shard` of the recorded vocab, tp, layout and pad_to); that
 every path in it is relative, normalized and inside the artifact; that every file a rank's
 runtime opens is listed; that each ``weights.safetensors`` header agrees with the manifest
 (:func:`check_rank_headers`: dtype, rows, shape, the rank/start/end it records); and, unless
@@ -40,8 +40,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trtvocab.errors import ArtifactError, TrtVocabError
-from trtvocab.fsutil import (
+from trtvocab.artifact.manifest import FileRecord, Manifest, RankEntry
+from trtvocab.base.fsutil import (
     atomic_write_bytes,
     load_json_file,
     parse_json,
@@ -49,8 +49,8 @@ from trtvocab.fsutil import (
     read_safetensors_header,
     sha256_file,
 )
-from trtvocab.fsutil import staging as _staging
-from trtvocab.recipe import FileRecord, Manifest, RankEntry
+from trtvocab.base.fsutil import staging as _staging
+from trtvocab.errors import ArtifactError, TrtVocabError
 from trtvocab.version import __version__
 
 MANIFEST = "manifest.json"
@@ -89,7 +89,7 @@ def is_artifact(path: Path) -> bool:
 
 @contextmanager
 def staging(out: Path, *, force: bool) -> Iterator[Path]:
-    """Build into a private folder, publish it as ``out`` (see :func:`trtvocab.fsutil.staging`);
+    """Build into a private folder, publish it as ``out`` (see :func:`trtvocab.base.fsutil.staging`);
     ``force`` replaces only an empty folder or one that :func:`is_artifact` recognizes."""
     with _staging(out, force=force, is_ours=is_artifact) as stage:
         yield stage
@@ -186,8 +186,8 @@ def check_path(root: Path, rel: str, field: str) -> Path:
 
 
 def check_consistency(root: Path, m: Manifest) -> None:
-    """Refuse a manifest that disagrees with itself or with :func:`trtvocab.sharding.vocab_shard`."""
-    from trtvocab.sharding import vocab_shard
+    """Refuse a manifest that disagrees with itself or with :func:`trtvocab.parallel.sharding.vocab_shard`."""
+    from trtvocab.parallel.sharding import vocab_shard
 
     recipe, head = m.recipe, m.head
     for key in type(recipe.lm_head).model_fields:

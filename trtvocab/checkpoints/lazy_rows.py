@@ -13,7 +13,7 @@ from trtvocab.errors import CheckpointError
 
 
 class RowReader:
-    """Base of :class:`trtvocab.checkpoint.LazyRows` and :class:`trtvocab.gguf.GGUFRows`.
+    """Base of :class:`trtvocab.checkpoints.checkpoint.LazyRows` and :class:`trtvocab.checkpoints.gguf.GGUFRows`.
 
     Args:
         info: the tensor's header record (``name``, ``shape`` in torch order, ``dtype`` tag).

@@ -434,5 +434,5 @@ def require_initialized(world: int) -> None:
     if world > 1 and not is_initialized():
         raise DistributedError(
             f"a head split over {world} ranks needs torch.distributed to be initialized "
-            "(use trtvocab.launch.run_ranks or torchrun)"
+            "(use trtvocab.parallel.launch.run_ranks or torchrun)"
         )

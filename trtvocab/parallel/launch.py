@@ -3,7 +3,7 @@
 ``run_ranks(fn, 3, *args)`` starts three processes (spawn), each joins a
 ``torch.distributed`` group with a timeout, calls ``fn(rank, world_size, *args)``
 and sends its return value (or its exception) back. Under ``torchrun`` use
-:func:`trtvocab.distributed.init_from_env` instead; :func:`run_ranks` is for
+:func:`trtvocab.parallel.distributed.init_from_env` instead; :func:`run_ranks` is for
 local launches, tests and the CLI.
 
 Results travel back over a ``multiprocessing`` queue as pickles: between this process and
@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trtvocab.distributed import DEFAULT_TIMEOUT_S, default_backend
 from trtvocab.errors import DistributedError, RankFailures, TrtVocabError
+from trtvocab.parallel.distributed import DEFAULT_TIMEOUT_S, default_backend
 
 # Once the outcome is known (a rank raised or died), how long the others get to report
 # their own errors (their handshake peers raise PeerRankError within this) before they

@@ -52,12 +52,12 @@ from trtvocab.accuracy.stats import (
     check_bootstrap,
     token_rows,
 )
-from trtvocab.dtypes import HEAD_DTYPES, head_dtype, short_name
+from trtvocab.base.dtypes import HEAD_DTYPES, head_dtype, short_name
+from trtvocab.base.formats import Activation, Granularity
+from trtvocab.base.inputs import check_hidden_states
+from trtvocab.base.units import human_bytes
 from trtvocab.errors import ConfigError, InputError
-from trtvocab.formats import Activation, Granularity
-from trtvocab.inputs import check_hidden_states
 from trtvocab.quant.config import QuantAlgo, QuantConfig
-from trtvocab.units import human_bytes
 
 TOP_K = 5
 CHUNK_ELEMENTS = 1 << 22  # float64 softmax over [rows, V] runs in chunks of ~32 MiB per temporary
@@ -316,7 +316,7 @@ def _rank_compare(rank: int, world: int, sources: list[HeadSource], hidden: torc
     (``sources[0]``) as soon as its logits are gathered, so only two ``[N, V]`` float32 logit
     tensors exist at a time. Returns (rank 0's metrics, resident bytes, labels, vocab size)."""
     from trtvocab.logits import LogitsProcessor
-    from trtvocab.mapping import Mapping
+    from trtvocab.parallel.mapping import Mapping
 
     mapping = None if world == 1 else Mapping(world_size=world, rank=rank, tp_size=world)
     proc = LogitsProcessor()
@@ -357,7 +357,7 @@ def compare_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: tor
     if tp == 1:
         results = [_rank_compare(0, 1, *args)]
     else:
-        from trtvocab.launch import run_ranks
+        from trtvocab.parallel.launch import run_ranks
 
         results = run_ranks(_rank_compare, tp, *args, backend="gloo")
     metrics = results[0][0]
@@ -371,7 +371,7 @@ def _rank_logits(rank: int, world: int, sources: list[HeadSource], hidden: torch
                  dtype: torch.dtype) -> tuple[list[Any] | None, list[int], list[str]]:
     """One rank: run every head on the same rows; rank 0 returns the gathered logits (as numpy)."""
     from trtvocab.logits import LogitsProcessor
-    from trtvocab.mapping import Mapping
+    from trtvocab.parallel.mapping import Mapping
 
     mapping = None if world == 1 else Mapping(world_size=world, rank=rank, tp_size=world)
     proc = LogitsProcessor()
@@ -402,7 +402,7 @@ def run_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: torch.T
     if tp == 1:
         results = [_rank_logits(0, 1, sources, hidden, seq_lens, all_tokens, dtype)]
     else:
-        from trtvocab.launch import run_ranks
+        from trtvocab.parallel.launch import run_ranks
 
         results = run_ranks(_rank_logits, tp, sources, hidden, seq_lens, all_tokens, dtype, backend="gloo")
     arrays = results[0][0]
@@ -550,7 +550,7 @@ def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
         return head_dtype(name, "--dtype (or auto)")
     if baseline.path is None:
         return torch.float32
-    from trtvocab.checkpoint import open_checkpoint
+    from trtvocab.checkpoints.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(baseline.path)
     tensor, _ = ckpt.lm_head_name(baseline.tensor_name)
@@ -625,8 +625,8 @@ def compare(
     sources = [base_src] + [HeadSource(name=str(v), path=str(v), toolchain=_detected_toolchain(str(v)))
                             for v in variants] + named
     if specs:
-        from trtvocab.checkpoint import open_checkpoint
-        from trtvocab.quantize import read_head
+        from trtvocab.checkpoints.checkpoint import open_checkpoint
+        from trtvocab.commands.quantize import read_head
 
         _, _, weight = read_head(open_checkpoint(baseline), tensor_name)
         for spec in specs:
@@ -640,7 +640,7 @@ def compare(
     sources += list(heads or [])
     dtype_ = resolve_dtype(dtype, base_src)
     if next_ids is not None and next_ids.numel():
-        from trtvocab.checkpoint import open_checkpoint
+        from trtvocab.checkpoints.checkpoint import open_checkpoint
 
         ckpt = open_checkpoint(baseline)
         vocab = int(ckpt.info(ckpt.lm_head_name(tensor_name)[0]).shape[0])

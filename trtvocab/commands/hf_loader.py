@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from trtvocab.base.fsutil import open_regular
 from trtvocab.errors import CheckpointError, ConfigError
-from trtvocab.fsutil import open_regular
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")

@@ -327,7 +327,7 @@ def grammar_spec(json_schema: str | Path | None = None, regex: str | None = None
         raise InputError("--json-schema and --regex: give at most one of them (one grammar per run)")
     if json_schema is None and regex is None:
         return None
-    from trtvocab.fsutil import read_regular
+    from trtvocab.base.fsutil import read_regular
 
     if json_schema is not None:
         path = Path(json_schema)

@@ -14,12 +14,12 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtvocab.checkpoint import TensorInfo, open_checkpoint
+from trtvocab.base.fsutil import open_regular
+from trtvocab.checkpoints.checkpoint import TensorInfo, open_checkpoint
 from trtvocab.errors import CheckpointError
-from trtvocab.fsutil import open_regular
 
 if TYPE_CHECKING:
-    from trtvocab.gguf import GGUFTensorInfo
+    from trtvocab.checkpoints.gguf import GGUFTensorInfo
 
 CHUNK = 8 << 20
 

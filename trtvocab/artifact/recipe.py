@@ -1,16 +1,16 @@
-"""What a user writes and what a build stores: recipes (``builders/*.toml``) and manifests.
+"""What a user writes: build recipes (``builders/*.toml``).
 
 * :class:`BuildRecipe`: one complete engine build. Unknown keys and bad values are errors
   that name the file, the section and key, and what is allowed: a typo must never
   silently fall back to a default.
 * :class:`Manifest` (with :class:`RankEntry`, :class:`EngineRecord`, ...): what
   ``trtvocab build`` wrote, as ``OUT/manifest.json`` holds it. Read and written only by
-  :mod:`trtvocab.artifacts`.
+  :mod:`trtvocab.artifact.store`.
 * :class:`Profile`: TensorRT optimization-profile ranges, one model for the recipe's
   ``[profile]`` and the engine builder.
 
 Both are parsed strictly (:func:`parse_recipe`, and ``Manifest.model_validate_json(...,
-strict=True)`` in :mod:`trtvocab.artifacts`): ``true`` is not ``1``, ``"4"`` is not ``4``,
+strict=True)`` in :mod:`trtvocab.artifact.store`): ``true`` is not ``1``, ``"4"`` is not ``4``,
 ``64.9`` is not ``64``. Every integer a user writes has a range, said in its error:
 
 ===========================  =======================================
@@ -38,18 +38,16 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from trtvocab.base.fsutil import read_regular
 from trtvocab.errors import ConfigError
-from trtvocab.formats import HIDDEN, SEQ_LENS, WeightFormat
-from trtvocab.fsutil import read_regular
-from trtvocab.mapping import Mapping
-from trtvocab.quant.config import QuantConfig
+from trtvocab.export.records import Profile
+from trtvocab.parallel.mapping import Mapping
 
 MAX_VOCAB = 2**31 - 1  # token ids and per-rank widths are int32 in graphs and engines
 MAX_HIDDEN = 2**20
 MAX_TP = 4096
 MAX_PAD_TO = 2**20
 MAX_SEED = 2**32 - 1
-MAX_TOKENS = 2**31 - 1  # TensorRT profile dimensions are int32
 MAX_WORKSPACE_MIB = 2**20  # 1 TiB
 MAX_RECIPE_BYTES = 1 << 20
 
@@ -118,7 +116,7 @@ class MappingSection(_Section):
         return self
 
     def for_rank(self, rank: int) -> Mapping:
-        """The :class:`~trtvocab.mapping.Mapping` of ``rank`` of this group (``world_size = tp_size``)."""
+        """The :class:`~trtvocab.parallel.mapping.Mapping` of ``rank`` of this group (``world_size = tp_size``)."""
         return Mapping(world_size=self.tp_size, rank=rank, tp_size=self.tp_size,
                        enable_attention_dp=self.enable_attention_dp,
                        enable_lm_head_tp_in_adp=self.enable_lm_head_tp_in_adp)
@@ -154,61 +152,6 @@ class QuantizationSection(_Section):
     mode: Literal["auto", "none"] = "auto"
     weight_only: bool = False
     dequantize_fp4: bool = False  # build FP4 heads as bf16 engines on GPUs below CC 10.0
-
-
-class Profile(_Section):
-    """Optimization-profile ranges: tokens T of ``hidden_states [T, H]``, batch B of ``seq_lens [B]``.
-
-    The recipe's ``[profile]`` and :func:`trtvocab.export.tensorrt.build_engine` take this one model.
-    """
-
-    min_tokens: int = Field(default=1, ge=1, le=MAX_TOKENS)
-    opt_tokens: int = Field(default=256, ge=1, le=MAX_TOKENS)
-    max_tokens: int = Field(default=8192, ge=1, le=MAX_TOKENS)
-    min_batch: int = Field(default=1, ge=1, le=MAX_TOKENS)
-    opt_batch: int = Field(default=8, ge=1, le=MAX_TOKENS)
-    max_batch: int = Field(default=256, ge=1, le=MAX_TOKENS)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Profile:
-        for kind in ("tokens", "batch"):
-            lo, opt, hi = (getattr(self, f"{k}_{kind}") for k in ("min", "opt", "max"))
-            if not lo <= opt <= hi:
-                raise ConfigError(f"profile: need min_{kind} <= opt_{kind} <= max_{kind}, got {lo}, {opt}, {hi}")
-        # Every sequence has at least one token, so B <= T at each end of the range.
-        if self.max_batch > self.max_tokens:
-            raise ConfigError(f"profile: max_batch ({self.max_batch}) > max_tokens ({self.max_tokens}); "
-                              "every sequence has at least one token")
-        if self.min_batch > self.min_tokens:
-            raise ConfigError(f"profile: min_batch ({self.min_batch}) > min_tokens ({self.min_tokens})")
-        return self
-
-    def shapes(self, hidden_size: int, has_seq_lens: bool) -> dict[str, tuple[tuple[int, ...], ...]]:
-        """Input name -> (min, opt, max) shapes."""
-        out = {HIDDEN: tuple((t, hidden_size) for t in (self.min_tokens, self.opt_tokens, self.max_tokens))}
-        if has_seq_lens:
-            out[SEQ_LENS] = tuple((b,) for b in (self.min_batch, self.opt_batch, self.max_batch))
-        return out
-
-
-def validate_profile(profile: Profile | dict[str, Any]) -> Profile:
-    """A :class:`Profile` from itself or a dict; :class:`ConfigError` naming the bad keys otherwise."""
-    if isinstance(profile, Profile):
-        return profile
-    if not isinstance(profile, dict):
-        raise ConfigError(f"profile must be a dict of min/opt/max tokens and batch, got {type(profile).__name__}")
-    unknown = sorted(set(profile) - set(Profile.model_fields))
-    if unknown:
-        raise ConfigError(f"profile: unknown keys {unknown}; allowed: {sorted(Profile.model_fields)}")
-    try:
-        return Profile(**profile)
-    except ValidationError as exc:
-        errors = exc.errors()
-        for e in errors:  # our own cross-field check, wrapped by pydantic: raise it as it was
-            if isinstance(e.get("ctx", {}).get("error"), ConfigError):
-                raise e["ctx"]["error"] from None
-        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors]
-        raise ConfigError("profile: " + "; ".join(lines)) from None
 
 
 class EngineSection(_Section):
@@ -406,191 +349,3 @@ def load_recipe(path: str | Path) -> BuildRecipe:
     except (RecursionError, ValueError) as exc:
         raise ConfigError(f"recipe {path}: not a TOML file trtvocab can read ({type(exc).__name__})") from None
     return parse_recipe(data, str(path))
-
-
-# ---- the manifest: what a build wrote (OUT/manifest.json) --------------------------------------------
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HeadRecord(LMHeadSection):
-    """The head every rank is a shard of: the recipe's ``[lm_head]`` plus what the checkpoint said."""
-
-    vocab_size: int = Field(ge=1, le=MAX_VOCAB)
-    hidden_size: int = Field(ge=1, le=MAX_HIDDEN)
-    tensor: str | None = None
-
-
-class QuantRecord(_Record):
-    """How the head is quantized, and why (the gating verdict)."""
-
-    weight_format: WeightFormat
-    label: str  # e.g. "FP8 W8A8", "dense bf16"
-    config: QuantConfig | None
-    stored: str | None  # the stored bytes' format when it differs from dense (FP8 / NVFP4)
-    dequantized: bool
-    reason: str
-
-
-class VerifyRecord(_Record):
-    """The exported graph run on CPU against the PyTorch fallback."""
-
-    backend: str  # what ran the graph: "onnxruntime" | "reference" (onnx.reference)
-    max_abs_err: float
-    tolerance: float
-    ok: bool
-    argmax_equal: bool
-
-
-class GemmRecord(_Record):
-    """The engine layer that multiplies by the weight: its kind, and the datatypes of the activation,
-    of the weight operand (``weight_resident``: a constant of the engine, not computed per call)
-    and of its output (names of :data:`trtvocab.export.layer_table.DATATYPES`)."""
-
-    layer: str
-    kind: str
-    activation: str | None
-    weight: str
-    weight_resident: bool
-    output: str | None
-    weight_source: str | None = None  # not resident: the datatype of the constant it is computed from
-
-
-class EngineCompute(_Record):
-    """What an engine computes, from the builder's layer table, checked against the head's contract.
-
-    ``expected`` says the contract in words; ``problems`` name the layer and datatypes where the
-    engine breaks it (empty: it holds). ``gemm`` is None for an embedding engine (``table`` is
-    then the datatype of its lookup table as stored in the engine).
-    """
-
-    layers: int
-    kinds: dict[str, int]
-    gemm: GemmRecord | None = None
-    table: str | None = None
-    weights_bytes: int | None = None
-    activation_bytes: int | None = None
-    expected: str
-    problems: list[str] = []
-    notes: list[str] = []  # what costs time or memory without breaking the contract
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-class EngineBuild(_Record):
-    """What :func:`trtvocab.export.tensorrt.build_engine` produced.
-
-    ``compiler``: ``tensorrt`` (built for the local GPU: ``device`` and ``compute_capability``
-    name it) or ``tensorrt-rtx`` (ahead of time for ``targets``; no device).
-    ``distributive_independence``: built with TensorRT's ``DISTRIBUTIVE_INDEPENDENCE`` flag (a
-    deterministic head): a row's output does not depend on the other rows of the batch.
-    """
-
-    plan_path: str
-    sha256: str
-    bytes: int
-    onnx_path: str  # the graph actually parsed (the dequantized variant in dequantize_fp4 mode)
-    onnx_bytes: int = 0  # the graph's file(s) on disk, for the engine-vs-ONNX size
-    graph: Literal["lm_head", "embedding"] = "lm_head"
-    mode: str  # "native" | "dequantize_fp4"
-    weight_format: WeightFormat
-    compiler: Literal["tensorrt", "tensorrt-rtx"] = "tensorrt"
-    tensorrt_version: str  # the compiler's version
-    targets: list[str] = []  # the compute targets the engine holds ("sm89", ...)
-    device: str | None  # the GPU's name (standard TensorRT: an engine runs only on that GPU model); None for AOT
-    compute_capability: str | None
-    profile: Profile
-    workspace_bytes: int
-    timing_cache_path: str | None
-    inputs: list[str]
-    outputs: list[str]
-    build_seconds: float
-    distributive_independence: bool = False
-    compute: EngineCompute | None = None
-    warnings: list[str] = []
-
-
-class EngineRecord(_Record):
-    """The engine stage of one rank: built (with its :class:`EngineBuild`) or skipped, and why."""
-
-    built: bool
-    reason: str | None = None
-    build: EngineBuild | None = None
-
-
-class RankFiles(_Record):
-    """A rank's files, relative to the artifact root."""
-
-    weights: str
-    onnx: str | None = None
-    plan: str | None = None
-    embedding_onnx: str | None = None
-    embedding_plan: str | None = None
-
-
-class RankEntry(_Record):
-    """One rank of the artifact: its columns ``[start, end)`` inside a buffer of ``width``."""
-
-    rank: int = Field(ge=0, lt=MAX_TP)
-    start: int = Field(ge=0, le=MAX_VOCAB)
-    end: int = Field(ge=0, le=MAX_VOCAB)
-    width: int = Field(ge=0, le=MAX_VOCAB)
-    weight_format: WeightFormat
-    resident_bytes: int = Field(ge=0)
-    files: RankFiles
-    verify: VerifyRecord | None = None
-    engine: EngineRecord
-    quant: QuantRecord
-    embedding_verify: VerifyRecord | None = None  # the embedding graph against the PyTorch module
-    embedding_engine: EngineRecord | None = None  # the embedding graph's engine (when exported)
-
-
-class FileRecord(_Record):
-    """A file of the artifact: its sha256 and size, checked on every load."""
-
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    bytes: int = Field(ge=0, lt=2**63)
-
-
-class BackendsRecord(_Record):
-    """Which backends the build produced files for (every rank)."""
-
-    torch: bool = True
-    onnx: bool
-    tensorrt: bool
-
-
-class Manifest(_Record):
-    """``OUT/manifest.json``: what was built, from what, with which versions; sha256 of every file."""
-
-    format: str
-    format_version: int
-    created: str
-    versions: dict[str, str]
-    recipe: BuildRecipe
-    recipe_file: str | None
-    checkpoint: str  # the checkpoint path, or "synthetic"
-    checkpoint_sha256: str | None = None  # trtvocab.provenance.head_digest of it (None: synthetic weights)
-    head: HeadRecord
-    mapping: MappingSection
-    quant: QuantRecord
-    profile: Profile
-    ranks: list[RankEntry]
-    ranks_built: list[int]
-    backends: BackendsRecord
-    files: dict[str, FileRecord] = {}
-    digest: str | None = None  # sha256 of the canonical body without this key (trtvocab.artifacts.body_digest)
-
-    def entry(self, rank: int) -> RankEntry:
-        """The entry of ``rank`` (a partial build, ``--ranks``, holds only some)."""
-        for e in self.ranks:
-            if e.rank == rank:
-                return e
-        raise ConfigError(f"the artifact holds ranks {self.ranks_built}, not rank {rank}")
-
-    @property
-    def complete(self) -> bool:
-        """Whether every rank of the TP group was built (inference needs all of them)."""
-        return len(self.ranks) == self.mapping.tp_size

@@ -40,11 +40,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trtvocab.checkpoint import LM_HEAD_NAME, Checkpoint, open_checkpoint
+from trtvocab.base.formats import Activation
+from trtvocab.base.fsutil import check_target, staging
+from trtvocab.base.inputs import check_hidden_states
+from trtvocab.checkpoints.checkpoint import LM_HEAD_NAME, Checkpoint, open_checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
-from trtvocab.formats import Activation
-from trtvocab.fsutil import check_target, staging
-from trtvocab.inputs import check_hidden_states
 from trtvocab.quant.config import QuantAlgo, QuantConfig, stored_format
 from trtvocab.quant.head_module import HeadOnly
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_GROUP
@@ -151,8 +151,8 @@ def modelopt_config(algo: QuantAlgo, *, calibrate_inputs: bool) -> dict[str, Any
 def is_quantized_output(path: Path) -> bool:
     """Whether ``path`` is a folder ``trtvocab quantize`` wrote: its :data:`MARKER` is a regular
     JSON file with ``"format": "trtvocab-quantized-checkpoint"``. The only test ``--force`` trusts."""
+    from trtvocab.base.fsutil import load_json_file
     from trtvocab.errors import TrtVocabError
-    from trtvocab.fsutil import load_json_file
 
     try:
         raw = load_json_file(Path(path) / MARKER, "quantize marker", max_bytes=1 << 20)
@@ -294,7 +294,7 @@ def _output_config(ckpt: Checkpoint, hf_quant: dict[str, Any], vocab: int, hidde
 
 
 def load_calibration(path: str | Path) -> torch.Tensor:
-    from trtvocab.hidden import load_hidden
+    from trtvocab.commands.hidden import load_hidden
 
     hidden, _ = load_hidden(path)
     return hidden
@@ -493,7 +493,7 @@ def _search_nvfp4_scales(tensors: dict[str, torch.Tensor], weight: torch.Tensor,
     The global scale (``weight_scale_2``) is ModelOpt's; trtvocab's own numerics reproduce
     it bit for bit (tested), which is checked here again before anything is swapped.
     """
-    from trtvocab.formats import Activation as Act
+    from trtvocab.base.formats import Activation as Act
     from trtvocab.quant.writer import quantize_head_tensors
 
     searched = quantize_head_tensors(weight, QuantConfig(quant_algo=QuantAlgo.NVFP4, activation=Act.NONE),

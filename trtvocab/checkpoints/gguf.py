@@ -4,7 +4,7 @@ A GGUF file is a little-endian header (magic ``GGUF``, version, tensor and key/v
 counts, the key/value metadata, one record per tensor: name, dims, GGML type, offset)
 followed by the aligned tensor data. :class:`GGUFCheckpoint` parses that header itself
 (no tensor byte is read for names, shapes or the config) and offers the interface the
-rest of trtvocab uses on :class:`~trtvocab.checkpoint.Checkpoint`:
+rest of trtvocab uses on :class:`~trtvocab.checkpoints.checkpoint.Checkpoint`:
 
 * HF names for the two tensors a head can be: ``output.weight`` is ``lm_head.weight`` and
   ``token_embd.weight`` is ``model.embed_tokens.weight`` (the GGUF names are accepted too);
@@ -36,9 +36,9 @@ import gguf
 import numpy as np
 import torch
 
+from trtvocab.base.fsutil import as_path
+from trtvocab.checkpoints.lazy_rows import RowReader, read_span
 from trtvocab.errors import CheckpointError
-from trtvocab.fsutil import as_path
-from trtvocab.lazy_rows import RowReader, read_span
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # version 1 used 32-bit counts; 3 added big-endian files (refused here)
@@ -109,7 +109,7 @@ def dequantizable(qtype: gguf.GGMLQuantizationType) -> bool:
 class GGUFTensorInfo:
     """One tensor of a GGUF header: where its bytes are and what a read returns (no data read).
 
-    The same fields as :class:`trtvocab.checkpoint.TensorInfo`, plus the GGUF record.
+    The same fields as :class:`trtvocab.checkpoints.checkpoint.TensorInfo`, plus the GGUF record.
 
     Args:
         name: the name trtvocab uses (HF for the head / embedding, else the GGUF name).
@@ -301,7 +301,7 @@ def _ggml_type(path: Path, name: str, type_id: int) -> gguf.GGMLQuantizationType
 
 
 class GGUFCheckpoint:
-    """A llama.cpp ``.gguf`` file, read like a :class:`~trtvocab.checkpoint.Checkpoint`.
+    """A llama.cpp ``.gguf`` file, read like a :class:`~trtvocab.checkpoints.checkpoint.Checkpoint`.
 
     Opening it parses the header only (metadata and tensor records; the file's size bounds
     every record, so truncated data is reported here, without reading it). ``config`` is

@@ -85,13 +85,13 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """The vocabulary ledger: shards, weight bytes (bf16/fp8/nvfp4), logits, collectives, FLOPs, replication."""
+    from trtvocab.base.units import human_bytes as human
+    from trtvocab.commands.plan import ledger_rows, make_plan
     from trtvocab.errors import ConfigError
-    from trtvocab.plan import ledger_rows, make_plan
-    from trtvocab.units import human_bytes as human
 
     try:
         if checkpoint is not None:
-            from trtvocab.loader import open_head
+            from trtvocab.weights.loader import open_head
 
             source = open_head(checkpoint)
             vocab, hidden = source.vocab_size, source.hidden_size
@@ -151,9 +151,9 @@ def build(
     """Build per-rank weights, ONNX graphs (checked on CPU) and TensorRT engines where possible."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trtvocab.build import build as run_build
-    from trtvocab.recipe import load_recipe
-    from trtvocab.units import human_bytes as human
+    from trtvocab.artifact.recipe import load_recipe
+    from trtvocab.base.units import human_bytes as human
+    from trtvocab.pipeline.build import build as run_build
 
     try:
         rec = load_recipe(recipe)
@@ -197,7 +197,7 @@ def build(
 
 def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: str | None) -> Any:
     """The recipe with the command line's engine options applied (validated as the recipe is)."""
-    from trtvocab.recipe import EngineSection
+    from trtvocab.artifact.recipe import EngineSection
 
     update = rec.engine.model_dump()
     if require:
@@ -215,7 +215,7 @@ def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: st
 
 def engine_summary(engine: Any) -> str:
     """One cell: the compiler, targets, engine size and the GEMM's datatypes (or why there is no engine)."""
-    from trtvocab.units import human_bytes as human
+    from trtvocab.base.units import human_bytes as human
 
     if not engine.built or engine.build is None:
         return "skipped"
@@ -245,11 +245,11 @@ def infer(
     """Run every rank of an artifact on hidden states and print each sequence's top-k tokens."""
     import torch
 
-    from trtvocab.hidden import decoder, load_hidden, load_last_tokens
-    from trtvocab.runtime import infer as run_infer
+    from trtvocab.commands.hidden import decoder, load_hidden, load_last_tokens
+    from trtvocab.pipeline.runtime import infer as run_infer
 
     try:
-        from trtvocab.distributed import init_from_env
+        from trtvocab.parallel.distributed import init_from_env
 
         # Everything that can be refused is refused before the ranks start (and before
         # minutes of inference): the options, the output path, the hidden file and its metadata.
@@ -297,7 +297,7 @@ def _leave_process_group() -> None:
     """Under torchrun: tear the group down on every rank before exiting. A rank that exits
     with a live gloo group aborts in its destructor ("terminate called without an active
     exception"), which torchrun reports as a failed job."""
-    from trtvocab import distributed as D
+    from trtvocab.parallel import distributed as D
 
     if D.is_initialized():
         import torch.distributed as dist
@@ -309,7 +309,7 @@ def _leave_process_group() -> None:
 def _save_logits(path: Path, logits) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import save
 
-    from trtvocab.fsutil import atomic_write_bytes
+    from trtvocab.base.fsutil import atomic_write_bytes
 
     atomic_write_bytes(path, save({"logits": logits.contiguous()}))
 
@@ -319,8 +319,8 @@ def _save_logits(path: Path, logits) -> None:  # type: ignore[no-untyped-def]
 def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Manifest summary, per-rank shard ranges and bytes, checksum verification."""
-    from trtvocab.artifacts import read_manifest
-    from trtvocab.units import human_bytes as human
+    from trtvocab.artifact.store import read_manifest
+    from trtvocab.base.units import human_bytes as human
 
     try:
         manifest = read_manifest(artifact)
@@ -391,7 +391,7 @@ def hidden(
     """Compute real hidden states of some texts (packed, no special tokens) and their token ids, for infer/compare."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trtvocab.hidden import DEFAULT_TEXTS, read_text_file, save_hidden, text_hidden_states
+    from trtvocab.commands.hidden import DEFAULT_TEXTS, read_text_file, save_hidden, text_hidden_states
 
     try:
         _check_output_file(out, "--out")
@@ -465,8 +465,8 @@ def quantize(
     LMHead.from_checkpoint picks up."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from trtvocab.commands.quantize import parse_format, quantize_checkpoint
     from trtvocab.errors import ConfigError
-    from trtvocab.quantize import parse_format, quantize_checkpoint
 
     try:
         checkpoint_format = parse_format(checkpoint_format)  # before anything else is looked at
@@ -517,9 +517,9 @@ def quantize(
 def _quantize_gate(checkpoint: Path, gate: Path, gates, tensor_name: str | None, out: Path):  # type: ignore[no-untyped-def]
     """A ``quantize_checkpoint`` gate: compare the in-memory quantized head with the source head on
     the rows of ``gate`` (loaded now, so a bad file is refused before any quantizing)."""
-    from trtvocab.compare import HeadSource
-    from trtvocab.compare import compare as run_compare
-    from trtvocab.hidden import load_hidden_file
+    from trtvocab.commands.compare import HeadSource
+    from trtvocab.commands.compare import compare as run_compare
+    from trtvocab.commands.hidden import load_hidden_file
 
     data = load_hidden_file(gate)
     if data.next_token_ids is None:
@@ -573,9 +573,9 @@ def compare(
     """Accuracy of quantized LM heads against the baseline: top-1/top-5, KL, logit error, and llama.cpp's
     teacher-forced PPL / KLD / Δp block (with EAR and intervals) where the hidden file has next tokens."""
     from trtvocab.accuracy.gates import check_gates
-    from trtvocab.compare import compare as run_compare
-    from trtvocab.compare import plot_report
-    from trtvocab.hidden import load_hidden_file
+    from trtvocab.commands.compare import compare as run_compare
+    from trtvocab.commands.compare import plot_report
+    from trtvocab.commands.hidden import load_hidden_file
 
     try:
         gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
@@ -620,7 +620,7 @@ def compare(
 
 
 # ---- generate -------------------------------------------------------------------------------
-# The limits of trtvocab.generate (MAX_SCHEMA_BYTES, MAX_REGEX_CHARS, MAX_GRAMMAR_DEPTH, GRAMMAR_TIMEOUT_S),
+# The limits of trtvocab.commands.generate (MAX_SCHEMA_BYTES, MAX_REGEX_CHARS, MAX_GRAMMAR_DEPTH, GRAMMAR_TIMEOUT_S),
 # spelled out here so that --help needs no import of the decode loop (a test keeps them equal).
 REGEX_CHARS_HELP = "16384"
 GRAMMAR_LIMITS_HELP = ("Limits: a schema of at most 1 MiB nested at most 128 deep, a regex of at most 16384 "
@@ -663,8 +663,8 @@ def generate(
                                           '"text"}]} only')] = False,
 ) -> None:
     """Decode with the vocabulary dimension split over --tp ranks: embedding, head and sampler in trtvocab."""
-    from trtvocab.generate import generate as run_generate
-    from trtvocab.generate import prepare, sampling_params
+    from trtvocab.commands.generate import generate as run_generate
+    from trtvocab.commands.generate import prepare, sampling_params
 
     try:
         params = sampling_params(temperature, top_k, top_p, min_p, seed)

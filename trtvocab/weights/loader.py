@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from trtvocab.checkpoint import EMBEDDING_NAMES, Checkpoint, open_checkpoint
+from trtvocab.base.formats import Activation, Granularity, WeightFormat
+from trtvocab.checkpoints.checkpoint import EMBEDDING_NAMES, Checkpoint, open_checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
-from trtvocab.formats import Activation, Granularity, WeightFormat
-from trtvocab.mapping import Mapping
+from trtvocab.parallel.mapping import Mapping
+from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.config import HeadQuantDecision, QuantAlgo, QuantConfig, resolve_lm_head_quant
-from trtvocab.sharding import VocabShard
 from trtvocab.weights import FP8Weight, NVFP4Weight
 from trtvocab.weights.base import TENSOR_KEYS, source_shape
 from trtvocab.weights.quantized import QuantizedWeight

@@ -14,18 +14,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trtvocab import artifacts, fsutil
-from trtvocab.dtypes import head_dtype
-from trtvocab.embedding import VocabParallelEmbedding
-from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
-from trtvocab.formats import WeightFormat
-from trtvocab.lm_head import LMHead
-from trtvocab.logits import shard_logits
-from trtvocab.provenance import head_digest
-from trtvocab.recipe import (
+from trtvocab.artifact import store as artifacts
+from trtvocab.artifact.manifest import (
     BackendsRecord,
-    BuildRecipe,
-    EngineBuild,
     EngineRecord,
     HeadRecord,
     Manifest,
@@ -34,6 +25,16 @@ from trtvocab.recipe import (
     RankFiles,
     VerifyRecord,
 )
+from trtvocab.artifact.recipe import BuildRecipe
+from trtvocab.base import fsutil
+from trtvocab.base.dtypes import head_dtype
+from trtvocab.base.formats import WeightFormat
+from trtvocab.checkpoints.provenance import head_digest
+from trtvocab.embedding import VocabParallelEmbedding
+from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
+from trtvocab.export.records import EngineBuild
+from trtvocab.lm_head import LMHead
+from trtvocab.logits import shard_logits
 
 Progress = Callable[[int, str], None]  # (rank, stage) -> None
 
@@ -45,7 +46,7 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
     dtype = head_dtype(lh.dtype)
     syn = recipe.checkpoint.synthetic
     if syn is not None:
-        from trtvocab.synthetic import SyntheticRows
+        from trtvocab.checkpoints.synthetic import SyntheticRows
 
         head = LMHead(syn.vocab_size, syn.hidden_size, dtype=dtype, mapping=mapping, gather_output=lh.gather_output,
                       vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, **lh.head_options())

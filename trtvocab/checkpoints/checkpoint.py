@@ -6,7 +6,7 @@
   that indexes ``slice[start:end]`` reads only its own rows.
 * Pickled checkpoints (``*.bin``, ``*.pt``) are refused: they would run code.
 * :func:`open_checkpoint` is how every path is opened: a llama.cpp ``.gguf`` file becomes a
-  :class:`~trtvocab.gguf.GGUFCheckpoint` (the same interface), anything else a :class:`Checkpoint`.
+  :class:`~trtvocab.checkpoints.gguf.GGUFCheckpoint` (the same interface), anything else a :class:`Checkpoint`.
 
 What a checkpoint may hold (anything else is a :class:`~trtvocab.errors.CheckpointError` naming the file):
 
@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trtvocab.base.fsutil import as_path, file_kind, parse_json
+from trtvocab.checkpoints.lazy_rows import RowReader, read_span
 from trtvocab.errors import CheckpointError
-from trtvocab.fsutil import as_path, file_kind, parse_json
-from trtvocab.lazy_rows import RowReader, read_span
 
 if TYPE_CHECKING:
-    from trtvocab.gguf import GGUFCheckpoint
+    from trtvocab.checkpoints.gguf import GGUFCheckpoint
 
 LM_HEAD_NAME = "lm_head.weight"
 # compressed-tensors' NVFP4 head: packed codes under weight_packed, no lm_head.weight at all.
@@ -68,7 +68,7 @@ EMBEDDING_NAMES = (
 )
 INDEX_NAME = "model.safetensors.index.json"
 SAFETENSORS_SUFFIX = ".safetensors"
-GGUF_SUFFIX = ".gguf"  # llama.cpp files: opened by trtvocab.gguf (any case of the suffix)
+GGUF_SUFFIX = ".gguf"  # llama.cpp files: opened by trtvocab.checkpoints.gguf (any case of the suffix)
 
 # safetensors dtype tags -> torch dtypes (the ones read here)
 ST_DTYPES: dict[str, torch.dtype] = {
@@ -99,7 +99,7 @@ MAX_FILE_BYTES = 2**63 - 1  # no file (off_t) holds more: data offsets past it a
 
 
 def checkpoint_path(path: Any) -> Path:
-    """``path`` as a :class:`Path` (see :func:`trtvocab.fsutil.as_path`), else a CheckpointError."""
+    """``path`` as a :class:`Path` (see :func:`trtvocab.base.fsutil.as_path`), else a CheckpointError."""
     return as_path(path, "checkpoint path", "a file or folder", CheckpointError)
 
 
@@ -508,12 +508,12 @@ class Checkpoint:
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint | GGUFCheckpoint:
-    """The checkpoint at ``path``: a ``.gguf`` file -> :class:`~trtvocab.gguf.GGUFCheckpoint`,
+    """The checkpoint at ``path``: a ``.gguf`` file -> :class:`~trtvocab.checkpoints.gguf.GGUFCheckpoint`,
     anything else (an HF directory, even one named ``*.gguf``; a ``.safetensors`` file) -> :class:`Checkpoint`.
     ``path`` must be a non-empty ``str`` or ``os.PathLike`` (:func:`checkpoint_path`)."""
     path = checkpoint_path(path)
     if path.suffix.lower() == GGUF_SUFFIX and not path.is_dir():
-        from trtvocab.gguf import GGUFCheckpoint
+        from trtvocab.checkpoints.gguf import GGUFCheckpoint
 
         return GGUFCheckpoint(path)
     return Checkpoint(path)

@@ -29,11 +29,11 @@ Structured output: one ``xgrammar.GrammarMatcher`` per constrained prompt on eve
 compiled against the tokenizer with the model's config vocab (the CLI constrains every prompt;
 the Python API takes one grammar per prompt, or none); each step fills the bitmask of the
 unfinished rows (all ones for an unconstrained row) and every rank applies it to its own
-columns (:mod:`trtvocab.grammar`: the checks, limits and matchers). JSON schemas compile with
-``any_whitespace=False`` (:data:`trtvocab.grammar.JSON_ANY_WHITESPACE`): compact JSON.
+columns (:mod:`trtvocab.commands.grammar`: the checks, limits and matchers). JSON schemas compile with
+``any_whitespace=False`` (:data:`trtvocab.commands.grammar.JSON_ANY_WHITESPACE`): compact JSON.
 
 ``tp == 1`` runs in this process (a replicated head); ``tp > 1`` starts ``tp`` gloo ranks with
-:func:`trtvocab.launch.run_ranks`, which receive the loaded body in shared memory (it is not
+:func:`trtvocab.parallel.launch.run_ranks`, which receive the loaded body in shared memory (it is not
 loaded again); each rank reads only its own rows of the vocabulary matrix (``load_tied``).
 Everything that can be refused is refused before any rank starts (:func:`prepare`): typed
 errors naming the argument.
@@ -50,16 +50,16 @@ from typing import Any
 
 import torch
 
-from trtvocab import distributed as D
+from trtvocab.commands.grammar import GrammarSpec, RowGrammars, check_grammar, compile_grammar, grammar_spec
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, InputError
-from trtvocab.grammar import GrammarSpec, RowGrammars, check_grammar, compile_grammar, grammar_spec
-from trtvocab.mapping import Mapping
+from trtvocab.parallel import distributed as D
+from trtvocab.parallel.mapping import Mapping
+from trtvocab.parallel.sharding import calc_shard
 from trtvocab.sampling import SamplingParams
-from trtvocab.sharding import calc_shard
 
 RAN_ON = ("torch", "onnxruntime", "onnx.reference", "tensorrt")
 # What the ranks agree on once their setup is done, and after every artifact-backend step
-# (protocol: trtvocab.distributed.Handshake): a rank whose setup or backend failed stops the others.
+# (protocol: trtvocab.parallel.distributed.Handshake): a rank whose setup or backend failed stops the others.
 SETUP_HANDSHAKE = D.Handshake("generate", (D.Field("vocab_size"), D.Field("hidden_size"), D.Field("prompts")))
 STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on", RAN_ON, per_rank=True)))
 _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
@@ -170,8 +170,8 @@ def model_path(model: str | Path) -> Path:
 
 
 def _quiet_transformers() -> Any:
-    """``transformers``, offline and quiet (:func:`trtvocab.hf_loader.quiet_transformers`)."""
-    from trtvocab.hf_loader import quiet_transformers
+    """``transformers``, offline and quiet (:func:`trtvocab.commands.hf_loader.quiet_transformers`)."""
+    from trtvocab.commands.hf_loader import quiet_transformers
 
     return quiet_transformers()
 
@@ -183,10 +183,10 @@ def _cache_key(path: Path) -> tuple[str, int, int]:
 
 @functools.lru_cache(maxsize=2)
 def _load_cached(key: tuple[str, int, int]) -> LoadedModel:
-    """The model at ``key[0]`` through :func:`trtvocab.hf_loader.load_causal_lm` (the loader ``hidden``
+    """The model at ``key[0]`` through :func:`trtvocab.commands.hf_loader.load_causal_lm` (the loader ``hidden``
     uses: offline, safetensors or GGUF only, never a pickle; a model that is not a causal LM is refused
     by name), float32, in eval mode, with the decoder stack ``model.model`` the loop drives."""
-    from trtvocab.hf_loader import load_causal_lm
+    from trtvocab.commands.hf_loader import load_causal_lm
 
     path = Path(key[0])
     tokenizer, model = load_causal_lm(path, dtype=torch.float32, label="MODEL")
@@ -218,7 +218,7 @@ def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
 
 def _model_shape(path: Path) -> tuple[int, int]:
     """``(vocab, hidden)`` from the checkpoint's header (no weights read)."""
-    from trtvocab.checkpoint import open_checkpoint
+    from trtvocab.checkpoints.checkpoint import open_checkpoint
 
     config = open_checkpoint(path).config
     try:
@@ -232,9 +232,9 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
     """Check an artifact against the model and pick its backend (:class:`ArtifactError`, naming ``--artifact``).
 
     The artifact must have been built from ``model``'s head (the manifest's ``checkpoint_sha256``,
-    :func:`trtvocab.provenance.head_digest`); ``allow_other_checkpoint`` runs it anyway, and the
+    :func:`trtvocab.checkpoints.provenance.head_digest`); ``allow_other_checkpoint`` runs it anyway, and the
     report says so."""
-    from trtvocab import artifacts
+    from trtvocab.artifact import store as artifacts
     from trtvocab.backends import canonical, pick_backend
 
     canonical(backend)
@@ -269,7 +269,7 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
 
 def _provenance(root: Path, manifest: Any, model: Path, allow: bool) -> str | None:
     """None when the artifact's head is ``model``'s; else refuse (or, allowed, say so)."""
-    from trtvocab.provenance import head_digest
+    from trtvocab.checkpoints.provenance import head_digest
 
     if manifest.checkpoint_sha256 is None:
         why = ("was built from synthetic weights" if manifest.checkpoint == "synthetic"
@@ -409,7 +409,7 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     if spec.tp == 1:
         out = _decode(spec, loaded.model, loaded.tokenizer, rank=0)
     else:
-        from trtvocab.launch import run_ranks
+        from trtvocab.parallel.launch import run_ranks
 
         # Attention DP: a rank that owns no prompt runs no body, so it is not sent the model
         # (the largest argument by far; unpickling it also imports transformers there).
@@ -499,7 +499,7 @@ def _load_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None) -> 
     pad_to = 64
     manifest = None
     if spec.artifact is not None:
-        from trtvocab import artifacts
+        from trtvocab.artifact import store as artifacts
 
         manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)  # verified by prepare
         layout, pad_to = manifest.head.vocab_layout, manifest.head.pad_to
@@ -526,9 +526,9 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
         embedding, head, deterministic = _load_vocab_ends(spec, rank, mapping)
         backend = None
         if spec.artifact is not None:
-            from trtvocab import artifacts
+            from trtvocab.artifact import store as artifacts
             from trtvocab.backends import open_backend
-            from trtvocab.dtypes import head_dtype
+            from trtvocab.base.dtypes import head_dtype
 
             manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)
             backend = open_backend(spec.artifact.backend, Path(spec.artifact.root), manifest, rank)

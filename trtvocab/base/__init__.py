@@ -1,0 +1,1 @@
+"""Names, dtypes, units, input checks and safe file handling that every layer shares (docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""Reading checkpoints: safetensors and HF folders, GGUF, row-sliced readers, provenance."""

@@ -1,0 +1,7 @@
+"""``python -m trtvocab.kernels --build``: build (or find cached) and self-check the fused kernels."""
+
+import sys
+
+from trtvocab.kernels import main
+
+sys.exit(main())

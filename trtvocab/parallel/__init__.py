@@ -1,0 +1,1 @@
+"""Tensor parallelism: the Mapping, shard math, collectives and the handshake, process launch."""
