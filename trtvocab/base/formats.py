@@ -3,6 +3,7 @@
 * :class:`WeightFormat`: how one rank's ``[V, H]`` shard is stored (dense, FP8, NVFP4).
   Manifests, ONNX metadata, engine records and the cross-rank handshake all use it.
 * :class:`Activation` and :class:`Granularity`: the two knobs of a quantized head.
+* :class:`Runtime`: what computed a result (reports, manifests and ``ran_on`` fields say it).
 * The ONNX graph's input and output names, which the exporter writes and every backend
   (onnxruntime, ``onnx.reference``, TensorRT) feeds and reads.
 
@@ -47,6 +48,16 @@ class Granularity(_Name):
 
     PER_TENSOR = "per_tensor"
     PER_ROW = "per_row"
+
+
+class Runtime(_Name):
+    """What computed a result: the PyTorch fallback, onnxruntime, ``onnx.reference`` (the ONNX
+    reference evaluator: FP4 and bf16 graphs, which onnxruntime CPU cannot run) or a TensorRT engine."""
+
+    TORCH = "torch"
+    ONNXRUNTIME = "onnxruntime"
+    ONNX_REFERENCE = "onnx.reference"
+    TENSORRT = "tensorrt"
 
 
 # The exported graph's inputs and output (see trtvocab.export.onnx for the graph itself).
