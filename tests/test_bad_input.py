@@ -1,4 +1,4 @@
-"""Nothing hangs on bad input (DESIGN §1.6), on real gloo groups with short timeouts.
+"""Nothing hangs on bad input (contract §1.8, docs/contract.md), on real gloo groups with short timeouts.
 
 Every case raises a typed error naming the input on EVERY rank: the rank that got the
 bad input raises its own error (InputError, CheckpointError), its peers raise

@@ -1,4 +1,4 @@
-"""Checkpoint reading (DESIGN §4) on real safetensors files written by the tests."""
+"""Checkpoint reading (docs/checkpoint_formats.md) on real safetensors files written by the tests."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 
 # ---- stand-in weight formats: the fallback contract, for testing export on its own ---------------
 class _FP8Stand(WeightMethod):
-    """Test double of the FP8 fallback (DESIGN §4 numerics), not the project's implementation."""
+    """Test double of the FP8 fallback (docs/checkpoint_formats.md numerics), not the project's implementation."""
 
     weight_format = WeightFormat.FP8
 
@@ -135,7 +135,7 @@ class _FP8Stand(WeightMethod):
 
 
 class _NVFP4Stand(WeightMethod):
-    """Test double of the NVFP4 fallback (DESIGN §4 numerics), not the project's implementation."""
+    """Test double of the NVFP4 fallback (docs/checkpoint_formats.md numerics), not the project's implementation."""
 
     weight_format = WeightFormat.NVFP4
 

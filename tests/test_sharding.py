@@ -1,4 +1,4 @@
-"""Shard math (DESIGN §1.1, §1.2) as properties over V up to 10**6 and tp up to 64, and Mapping."""
+"""Shard math (contract §1.1, §1.2: docs/contract.md) as properties over V up to 10**6 and tp up to 64, and Mapping."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`LMHead.load_weights` takes real safetensors slices (DESIGN §3), scalars included."""
+"""`LMHead.load_weights` takes real safetensors slices (docs/contract.md §2), scalars included."""
 
 from __future__ import annotations
 

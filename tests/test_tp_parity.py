@@ -1,4 +1,4 @@
-"""TP parity (DESIGN §1.4) with real gloo process groups: tp 1..5, V 30522 and 30011 (prime).
+"""TP parity (contract §1.4, docs/contract.md) with real gloo process groups: tp 1..5, V 30522 and 30011 (prime).
 
 For every case a rank builds the single-device head and the split head from the same
 weights and compares both against ``x.double() @ W.double().T`` (W as the head stores
