@@ -100,6 +100,10 @@ class LMHead(VocabParallelModule):
     ``logits_budget_bytes`` (default :data:`DEFAULT_LOGITS_BUDGET_BYTES`, 256 MiB): when a batch's
     float32 ``[B, V_local]`` logits would exceed it, the functions of :mod:`trtvocab.sampling.chunked`
     stream this rank's weight in vocab chunks of at most that size instead of materializing them.
+    ``check_finite=False`` skips the NaN / inf scan of the hidden rows (for a caller that validated
+    them already); ``handshake_every_call=True`` runs the full cross-rank handshake on every call of a
+    split head instead of letting steady calls' verdicts ride on their data collective. Both stay
+    settable as attributes. ``quant_decision``: the gating verdict, recorded for reports.
     """
 
     def __init__(
@@ -119,6 +123,9 @@ class LMHead(VocabParallelModule):
         deterministic: bool = False,
         output_dtype: torch.dtype | None = None,
         logits_budget_bytes: int | None = None,
+        check_finite: bool = True,
+        handshake_every_call: bool = False,
+        quant_decision: HeadQuantDecision | None = None,
     ) -> None:
         if TensorParallelMode(tensor_parallel_mode) is not TensorParallelMode.COLUMN:
             raise ConfigError("LMHead supports only COLUMN tensor parallelism (split over the vocab)")
@@ -141,7 +148,12 @@ class LMHead(VocabParallelModule):
         self.output_dtype = torch.float32 if quant_config is not None else (output_dtype or dtype)
         self.gather_output = gather_output
         self.quant_config = quant_config
-        self.quant_decision: HeadQuantDecision | None = None  # set by from_checkpoint, for reports
+        # The gating verdict this head was built under (from_checkpoint passes it), for reports.
+        self.quant_decision: HeadQuantDecision | None = quant_decision
+        # Refuse NaN / inf hidden rows (False: the caller validated its inputs already).
+        self.check_finite = bool(check_finite)
+        # True: a full handshake on every split call (no Agreement; see trtvocab.parallel.distributed).
+        self.handshake_every_call = bool(handshake_every_call)
         self.weights: WeightMethod = weight_class(quant_config)(self.shard, hidden_size, dtype, quant_config)
         if device is not None:
             self.to(device)
@@ -196,9 +208,8 @@ class LMHead(VocabParallelModule):
             head = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping,
                        gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
                        pad_to=pad_to, process_group=process_group, deterministic=deterministic,
-                       output_dtype=output_dtype)
+                       output_dtype=output_dtype, quant_decision=source.decision)
             head.load_weights(source.tensors(head.shard))
-            head.quant_decision = source.decision
             return head
 
         return load_collectively(build, mapping=mapping, group=process_group, what=f"LMHead.from_checkpoint({path})")
@@ -206,11 +217,11 @@ class LMHead(VocabParallelModule):
     # ---- forward --------------------------------------------------------------------------
     def _check_input(self, hidden: Any) -> InputError | None:
         """Why ``hidden`` cannot go through this head (None: it can). NaN / inf rows are refused
-        (they give NaN logits and arbitrary token ids on every rank) unless the caller set
-        ``head.check_finite = False`` because it validated its inputs already."""
+        (they give NaN logits and arbitrary token ids on every rank) unless :attr:`check_finite`
+        is False because the caller validated its inputs already."""
         return hidden_states_error(hidden, hidden_size=self.hidden_size, dtype=self.dtype, device=self.device,
                                    allow_empty=self.mapping.enable_attention_dp, rows="N",
-                                   finite=bool(getattr(self, "check_finite", True)))
+                                   finite=bool(self.check_finite))
 
     def _identity(self, rows: int) -> dict[str, Any]:
         """This rank's values of :data:`FORWARD_HANDSHAKE`."""

@@ -51,9 +51,12 @@ class VocabParallelModule(nn.Module):
         process_group: the TP group when ``world_size > tp_size``.
 
     Subclasses create ``self.weights`` (a :class:`~trtvocab.weights.base.WeightMethod`).
+    ``handshake_state`` (:class:`~trtvocab.parallel.distributed.HandshakeState`) keeps the
+    cross-rank agreements of the module's calls and the current call's pending verdict.
     """
 
     weights: WeightMethod
+    handshake_state: D.HandshakeState
 
     def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, mapping: Mapping | None,
                  vocab_layout: VocabLayout, pad_to: int, process_group: Any) -> None:
@@ -78,6 +81,7 @@ class VocabParallelModule(nn.Module):
         self.process_group = process_group
         self.shards: list[VocabShard] = all_shards(vocab_size, self.tp_size, vocab_layout, pad_to)
         self.shard: VocabShard = self.shards[self.tp_rank]
+        self.handshake_state = D.HandshakeState()
 
     # ---- where this rank's columns are -----------------------------------------------------------
     @property

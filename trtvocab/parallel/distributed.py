@@ -13,7 +13,7 @@ import datetime
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -333,12 +333,35 @@ def gather_verdict(pending: Pending | None, t: torch.Tensor, world: int, group: 
     return pieces
 
 
+@dataclass
+class HandshakeState:
+    """A module's handshake bookkeeping across calls (declared on the module, never on its ``__dict__``).
+
+    ``agreements``: one :class:`Agreement` per kind of call (``"LMHead.forward"``,
+    ``"sampling.top_k"``, ...). ``pending``: the current call's verdict between
+    :func:`open_call` and its first data collective (:meth:`take_pending` hands it out once).
+    """
+
+    agreements: dict[str, Agreement] = field(default_factory=dict)
+    pending: Pending | None = None
+
+    def agreement(self, what: str) -> Agreement:
+        """The :class:`Agreement` for calls of kind ``what`` (created on first use)."""
+        return self.agreements.setdefault(what, Agreement())
+
+    def take_pending(self) -> Pending | None:
+        """The current call's pending verdict, once: only its first data collective carries it."""
+        pending, self.pending = self.pending, None
+        return pending
+
+
 def agreement_of(owner: Any, what: str) -> Agreement | None:
-    """``owner``'s :class:`Agreement` for calls of kind ``what``, kept on the object (None when
-    ``owner.handshake_every_call`` is set: then every call runs the full handshake)."""
-    if getattr(owner, "handshake_every_call", False):
+    """``owner``'s :class:`Agreement` for calls of kind ``what``, kept in its declared
+    ``owner.handshake_state`` (:class:`HandshakeState`); None when ``owner.handshake_every_call``
+    is set: then every call runs the full handshake."""
+    if owner.handshake_every_call:
         return None
-    return owner.__dict__.setdefault("_agreements", {}).setdefault(what, Agreement())
+    return owner.handshake_state.agreement(what)
 
 
 def _steady_gather(pending: Pending, t: torch.Tensor | None, status: int) -> list[torch.Tensor] | None:
