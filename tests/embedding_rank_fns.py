@@ -139,7 +139,7 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     out["ids on another device"] = catch(lambda: good(ids.to("meta") if bad_one else ids))
     out["not a tensor"] = catch(lambda: good([1, 2, 3, 4] if bad_one else ids))  # type: ignore[arg-type]
     out["different id count"] = catch(lambda: good(ids[:3] if bad_one else ids))
-    # issue 19 High 4: the same count, different ids (rank 0 [1, 40], rank 1 [1, 41], the rest [1, 40])
+    # the same count, different ids (rank 0 [1, 40], rank 1 [1, 41], the rest [1, 40])
     out["different ids"] = catch(lambda: good(torch.tensor([1, 41] if bad_one else [1, 40])))
     out["different ids, same bag"] = catch(lambda: good(torch.tensor([40, 1] if bad_one else [1, 40])))
     out["different vocab"] = catch(lambda: make(vocab=vocab + 1 if bad_one else vocab)(ids))
@@ -169,7 +169,7 @@ def attention_dp_cases(rank: int, world: int, seed: int) -> dict[str, Any]:
 
 
 def different_ids_cases(rank: int, world: int) -> dict[str, Any]:
-    """Two ranks: rank 0 looks up [1, 40], rank 1 [1, 41]; both must raise (not return W[41] on rank 0)."""
+    """Rank r looks up [1, 40 + r]: every rank must raise (not return another rank's row W[40 + r])."""
     vocab = 101
     w = table(vocab, 3)
     out: dict[str, Any] = {}
@@ -183,3 +183,14 @@ def different_ids_cases(rank: int, world: int) -> dict[str, Any]:
         ok = result == ("ok", "") and bool(torch.equal(emb(mine), reference(w, mine)))
         out[f"adp={adp}"] = {"result": result, "rows_ok": ok}
     return out
+
+
+def healthy_cases(rank: int, world: int, seed: int) -> dict[str, Any]:
+    """One launch for every case that raises nothing: parity (tp 2..world), tying and attention DP at tp = world."""
+    return {"parity": parity_cases(rank, world, seed), "tied": tied_cases(rank, world, seed + 3),
+            "attention_dp": attention_dp_cases(rank, world, seed + 5)}
+
+
+def refusal_cases(rank: int, world: int) -> dict[str, Any]:
+    """One launch for the bad inputs: each case is caught on every rank and the group stays usable."""
+    return {"bad_input": bad_input_cases(rank, world), "different_ids": different_ids_cases(rank, world)}
