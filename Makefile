@@ -35,10 +35,11 @@ $(VENV)/.kernels: $(VENV)/.installed $(wildcard trtvocab/kernels/csrc/*.cpp trtv
 	touch $@
 
 lint: setup
-	$(BIN)/ruff check trtvocab tests benchmarks examples
+	$(BIN)/ruff check trtvocab tests benchmarks examples tools
+	$(BIN)/python tools/import_graph.py > /dev/null
 
 test: setup lint
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider --durations=25
 
 # Without the tiers marked `slow` by tests/conftest.py: `ranks` (process groups), `model` (real models,
 # ModelOpt) and `subprocess` (fresh interpreters). `make test` runs them all.
