@@ -36,7 +36,7 @@ $(VENV)/.kernels: $(VENV)/.installed $(wildcard trtvocab/kernels/csrc/*.cpp trtv
 
 lint: setup
 	$(BIN)/ruff check trtvocab tests benchmarks examples tools
-	$(BIN)/python tools/import_graph.py > /dev/null
+	$(BIN)/python tools/import_graph.py --check
 
 test: setup lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider --durations=25

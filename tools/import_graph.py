@@ -2,6 +2,7 @@
 
     python tools/import_graph.py            # edges, then any cycles and any import of a higher layer
     python tools/import_graph.py --layers   # line count per layer
+    python tools/import_graph.py --check    # only the problems (what `make lint` runs)
 
 Counts every ``import trtvocab.x`` / ``from trtvocab.x import y`` / ``from trtvocab import x``
 anywhere in a module (top level, function bodies, ``TYPE_CHECKING`` blocks), so a lazy import
@@ -164,6 +165,7 @@ def layer_lines(root: Path = ROOT) -> dict[str, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", action="store_true", help="print line counts per layer instead")
+    parser.add_argument("--check", action="store_true", help="print only cycles and upward imports")
     args = parser.parse_args()
     if args.layers:
         counts = layer_lines()
@@ -172,7 +174,7 @@ def main() -> int:
         print(f"{sum(counts.values()):6d}  total")
         return 0
     graph = edges()
-    for mod in sorted(graph):
+    for mod in sorted(graph) if not args.check else ():
         deps = sorted(d.removeprefix(PACKAGE + ".") for d in graph[mod])
         print(f"{mod.removeprefix(PACKAGE + '.') or PACKAGE}: {', '.join(deps) or '-'}")
     found = cycles(graph)
