@@ -1,26 +1,10 @@
 """llama.cpp's ``perplexity --kl-divergence`` statistics, in float64 over the full vocabulary.
 
-Per row ``t`` with a next token ``y`` (``next_token_ids[t] >= 0``), from the base and the
-quantized head's log-softmax over all ``V`` tokens (``lb``, ``lq``; ``pb``, ``pq`` their exp):
-
-=============  ============================================================================
-``nll_q``      ``-lq[y]``; ``nll_base`` = ``-lb[y]``; PPL = ``exp(mean nll)``
-``kld``        ``KL(base || Q) = sum_i pb_i (lb_i - lq_i)`` (every token, no cut-off)
-``kl_rev``     ``KL(Q || base)``; ``js`` = ``(KL(base || M) + KL(Q || M)) / 2``, ``M = (pb + pq) / 2``
-``ear``        ``sum_i min(pb_i, pq_i)``: acceptance rate of speculative decoding, Q drafting for base
-``dp``         ``pq[y] - pb[y]`` (Δp); ``same_top``: ``argmax lq == argmax lb`` (lowest id wins ties)
-=============  ============================================================================
-
-The summary follows ``tools/perplexity/perplexity.cpp``: a mean's ± is
-``sqrt((mean(x^2) - mean^2) / (n - 1))``; PPL ± is ``PPL * ±(mean nll)``; the ln-ratio ±
-subtracts twice the covariance of the two means; RMS Δp ± is ``±(mean dp^2) / (2 RMS)``;
-Same top p ± is ``sqrt(p (1 - p) / (n - 1))``; percentiles are linear at ``f * (n - 1)`` of
-the sorted values. Two differences, both on purpose: llama.cpp stores the base log-probs
-as uint16 and drops tokens more than 16 nats below the top (this is exact), and it reports
-± 0 for n <= 10 and no summary for n < 100 (here ± needs n >= 2; below that it is NaN).
-
-Each mean also gets a bootstrap 95 % interval (percentile method, resampling rows,
-``DEFAULT_BOOTSTRAP`` resamples from ``numpy.random.default_rng(DEFAULT_SEED)``).
+Per row with a next token: the NLLs (PPL), KL(base || Q) over every token, KL(Q || base) and
+JSD, EAR, Δp and same-top; the summary uses llama.cpp's formulas for ± and percentiles, plus a
+bootstrap 95 % interval per mean (``DEFAULT_BOOTSTRAP`` resamples, ``DEFAULT_SEED``). The
+formulas and the two deliberate differences from llama.cpp (exact KLD; ± from n >= 2) are in
+docs/accuracy.md, "The teacher-forced block".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The ledger of the vocabulary dimension (what ``trtvocab plan`` prints).
 
-Both ends of a model touch the vocabulary: the input embedding table and the LM head, the
-same ``[V, H]`` shape in the same shard layout (``trtvocab.parallel.sharding``). All figures are
-exact byte counts (and FLOPs) from the shard math, and times are those figures over an
-assumed bandwidth ``link_gbs`` (GB/s, decimal) or throughput ``tflops`` (TFLOP/s); nothing
-is measured. With ``n = tp``, ``w_r`` the width rank ``r`` holds (its rows in the uneven
-layout, the common padded width in the padded one) and ``B = batch``, ``T = tokens``:
-
-    weights     bf16  w_r * H * 2
-                fp8   w_r * H + 4                      (+ per-tensor fp32 scale)
-                nvfp4 w_r * H / 2 + w_r * H / 16 + 4   (packed E2M1 + E4M3 block scales + fp32 global)
-    logits      local [B, rows], gathered [B, V], in bf16 and fp32
-    all-gather  (the wire) each rank sends its [B, max w] piece (pieces are padded to the
-                largest shard, gloo needs equal shapes) and receives n - 1 of them
-    ledger      embedding all-reduce payload  T * H * 2            (bf16 rows [T, H])
-                ring all-reduce per rank      2 (n-1)/n * payload  (rounded down to a byte)
-                logits gather recv per rank   B * 2 * sum_{s != r} w_s   (= B V (n-1)/n 2 when even)
-                greedy pair reduction         B * n * 2 float32    (value, index) per row and rank
-                head GEMM                     2 B V H FLOPs (whole head), 2 B w_r H per rank
-                matrices per rank             m * w_r * H * 2 bf16, m = 2 (embedding + head) or 1 (tied)
-                replicated                    m * V * H * 2 per card: extra w.r.t. the shard per card,
-                                              and summed over the n cards
-    tp = 1 moves nothing: every collective figure and its time is 0.
+Both ends of a model touch the vocabulary, the embedding table and the LM head, with the same
+``[V, H]`` shape and shard layout (widths from ``trtvocab.parallel.sharding`` only). Every
+figure is an exact byte or FLOP count from the shard math; times are those counts over an
+assumed bandwidth or throughput, nothing is measured. The formulas: docs/architecture.md,
+"plan: the ledger".
 """
 
 from __future__ import annotations
