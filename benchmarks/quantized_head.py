@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bandwidth import make_probe
 
 from trtvocab import LMHead, QuantAlgo, QuantConfig, kernels
+from trtvocab.kernels import runtime
 from trtvocab.weights import quantized as methods
 
 BATCHES = (1, 2, 4, 8, 64)
@@ -142,12 +143,12 @@ def library_call(path: str, head: LMHead) -> Callable[[torch.Tensor], object]:
     loaded = kernels.Loaded(lib=lib, path=path, isa="other build", seconds=0.0)
 
     def call(x: torch.Tensor) -> object:
-        previous = kernels._loaded
-        kernels._loaded = loaded
+        previous = runtime._loaded
+        runtime._loaded = loaded
         try:
             return head(x)
         finally:
-            kernels._loaded = previous
+            runtime._loaded = previous
 
     return call
 

@@ -1,4 +1,4 @@
-"""The fused dequantize-multiply CPU kernels (trtvocab/kernels.py) against float64 and the torch path.
+"""The fused dequantize-multiply CPU kernels (trtvocab/kernels/) against float64 and the torch path.
 
 Reference: the exact weights in float64 (``e4m3(code) * weight_scale``, ``e2m1 * e4m3(block) *
 weight_scale_2``: every such product is exact in float64) times the head's own quantized input
@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, kernels
+from trtvocab.kernels import runtime
 from trtvocab.quant import nvfp4
 
 F8 = torch.float8_e4m3fn
@@ -306,9 +307,9 @@ def test_build_failure_falls_back_and_says_why(monkeypatch, caplog):
         raise RuntimeError("Error building extension 'trtvocab_fused': c++: not found")
 
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
-    monkeypatch.setattr(kernels, "_loaded", None)
-    monkeypatch.setattr(kernels, "_failure", None)
-    monkeypatch.setattr(kernels, "_build", broken)
+    monkeypatch.setattr(runtime, "_loaded", None)
+    monkeypatch.setattr(runtime, "_failure", None)
+    monkeypatch.setattr(runtime, "_build", broken)
     with caplog.at_level("WARNING", logger=kernels.__name__):
         assert kernels.load() is None
         assert kernels.load() is None  # logged once, not per call
@@ -485,7 +486,7 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
         loaded = kernels.load_isa(request.param)
     except Exception as exc:  # no compiler here: the fused tests above skip for the same reason
         pytest.skip(f"{request.param} build unavailable: {exc}")
-    monkeypatch.setattr(kernels, "_loaded", loaded)
+    monkeypatch.setattr(runtime, "_loaded", loaded)
     return request.param
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from trtvocab.kernels import main
+from trtvocab.kernels.cli import main
 
 sys.exit(main())

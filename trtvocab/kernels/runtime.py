@@ -1,0 +1,127 @@
+"""This process's build of the kernels: built (or found in the cache) and self-checked on first
+use, or the reason it is not used (logged once); and the calls of :mod:`trtvocab.kernels.gemm` on it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+import torch
+
+from trtvocab.kernels import gemm
+from trtvocab.kernels.build import ENV_VAR, ISAS, Loaded, build_library, disabled_reason, log
+from trtvocab.kernels.selfcheck import self_check
+
+_lock = threading.Lock()
+_loaded: Loaded | None = None
+_failure: str | None = None  # why the kernels cannot load in this process (set once, logged once)
+
+
+def _build(verbose: bool = False, isa: str | None = None) -> Loaded:
+    loaded = build_library(verbose, isa)
+    problem = self_check(loaded)
+    if problem:
+        raise RuntimeError(f"self-check failed: {problem}")
+    return loaded
+
+
+_by_isa: dict[str, Loaded] = {}
+
+
+def load_isa(isa: str) -> Loaded:
+    """The library built for ``isa`` (one of :data:`ISAS`), self-checked; for tests and benchmarks that
+    compare paths in one process (swap it in as ``_loaded``). Errors are raised, not logged."""
+    if isa not in ISAS:
+        raise ValueError(f"isa must be one of {ISAS}, got {isa!r}")
+    with _lock:
+        if isa not in _by_isa:
+            _by_isa[isa] = _build(False, isa)
+    return _by_isa[isa]
+
+
+def load(verbose: bool = False) -> Loaded | None:
+    """The built kernels, building them on first use; None (the torch path) when disabled or
+    when they cannot be built here (the reason is logged once: :func:`unavailable_reason`)."""
+    global _loaded, _failure
+    if disabled_reason() is not None:
+        return None
+    if _loaded is not None or _failure is not None:
+        return _loaded
+    with _lock:
+        if _loaded is None and _failure is None:
+            try:
+                _loaded = _build(verbose)
+                log.info("trtvocab fused kernels: %s (%s, %.1f s)", _loaded.path, _loaded.isa, _loaded.seconds)
+            except Exception as exc:  # no compiler, no ninja, a compile error, a failed self-check
+                _failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                log.warning("trtvocab fused CPU kernels unavailable, using the torch path (%s)", _failure)
+    return _loaded
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the torch path inside this block (sets ``TRTVOCAB_KERNELS=0``, then restores it)."""
+    before = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = before
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`load` returns None (None when the kernels are available)."""
+    if disabled_reason() is not None:
+        return disabled_reason()
+    load()
+    return _failure
+
+
+def usable(x: torch.Tensor, *buffers: torch.Tensor) -> bool:
+    """Whether the kernel can run this call: loaded, CPU tensors, no autograd through ``x``."""
+    if x.device.type != "cpu" or any(b.device.type != "cpu" for b in buffers):
+        return False
+    if x.requires_grad and torch.is_grad_enabled():
+        return False
+    return available()
+
+
+
+def require() -> Loaded:
+    """This process's library, else ``RuntimeError`` saying why there is none."""
+    loaded = load()
+    if loaded is None:
+        raise RuntimeError(f"fused kernels unavailable: {unavailable_reason()}")
+    return loaded
+
+
+# ---- the calls, on this process's library (gemm's, with their documentation) -------------------------
+def fp8_logits(x: torch.Tensor, hidden: int, codes: torch.Tensor, scale: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`trtvocab.kernels.gemm.fp8_logits` on this process's library."""
+    return gemm.fp8_logits(require(), x, hidden, codes, scale, out)
+
+
+def nvfp4_logits(x: torch.Tensor, hidden: int, packed_block_major: torch.Tensor, block_scales: torch.Tensor,
+                 global_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`trtvocab.kernels.gemm.nvfp4_logits` on this process's library."""
+    return gemm.nvfp4_logits(require(), x, hidden, packed_block_major, block_scales, global_scale, out)
+
+
+def dense_logits(x: torch.Tensor, hidden: int, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`trtvocab.kernels.gemm.dense_logits` on this process's library."""
+    return gemm.dense_logits(require(), x, hidden, weight, out)
+
+
+def read_probe(buffer: torch.Tensor) -> int:
+    """:func:`trtvocab.kernels.gemm.read_probe` on this process's library."""
+    return gemm.read_probe(require(), buffer)
