@@ -13,9 +13,12 @@ import pytest
 import torch
 from conftest import model_config, peak_load, write_single
 
+import trtvocab.base.safetensors_header as st_header
 import trtvocab.checkpoints.checkpoint as ckpt_mod
 from trtvocab import LMHead, Mapping
-from trtvocab.checkpoints.checkpoint import Checkpoint, read_safetensors_header
+from trtvocab.base import fsutil
+from trtvocab.base.safetensors_header import read_safetensors_header
+from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.errors import CheckpointError
 from trtvocab.parallel.sharding import vocab_shard
 
@@ -102,19 +105,20 @@ def test_header_probe_reads_only_the_header(single_checkpoint, w: torch.Tensor) 
     info = ckpt.info("lm_head.weight")
     assert (info.dtype, info.shape, info.nbytes) == ("F32", (V, H), V * H * 4)
     assert ckpt.lm_head_name() == ("lm_head.weight", False)
-    assert set(read_safetensors_header(path)) == {"lm_head.weight", "lm_head.weight_scale"}
+    header = read_safetensors_header(path, "safetensors file", CheckpointError)
+    assert set(header) == {"lm_head.weight", "lm_head.weight_scale"}
     with pytest.raises(CheckpointError, match="truncated"):
         ckpt.get_slice("lm_head.weight")[0:2]
 
 
 class _CountingOpen:
-    """Stands in for ``open`` inside trtvocab.checkpoints.checkpoint and counts the bytes read."""
+    """Stands in for ``open_regular`` where checkpoints read files and counts the bytes read."""
 
     def __init__(self) -> None:
         self.bytes_read = 0
 
     def __call__(self, *args, **kwargs):
-        fh = open(*args, **kwargs)  # handed back to the caller's with-block
+        fh = fsutil.open_regular(*args, **kwargs)  # handed back to the caller's with-block
         counter = self
 
         class Wrapped:
@@ -134,6 +138,9 @@ class _CountingOpen:
                 counter.bytes_read += got or 0
                 return got
 
+            def fileno(self):
+                return fh.fileno()
+
             def seek(self, *a):
                 return fh.seek(*a)
 
@@ -148,7 +155,8 @@ def test_each_rank_loads_and_reads_only_its_rows(hf_checkpoint, w: torch.Tensor,
     header_bytes = sum(8 + struct.unpack("<Q", f.read_bytes()[:8])[0] for f in Checkpoint(path).files)
     for rank in range(tp):
         counter = _CountingOpen()
-        monkeypatch.setattr(ckpt_mod, "open", counter, raising=False)
+        monkeypatch.setattr(ckpt_mod, "open_regular", counter)
+        monkeypatch.setattr(st_header, "open_regular", counter)
         head = LMHead.from_checkpoint(path, mapping=Mapping(world_size=tp, rank=rank, tp_size=tp),
                                       dtype=torch.float32, vocab_layout=layout, pad_to=4)
         monkeypatch.undo()

@@ -357,7 +357,8 @@ HANG_SCRIPT = textwrap.dedent("""
     redigest(d, lambda m: m["files"].update({"rank0/weights.safetensors": empty}))
     case("weights symlink to /dev/zero", lambda: read_manifest(d))
 
-    from trtvocab.base.fsutil import read_safetensors_header, sha256_file
+    from trtvocab.base.fsutil import sha256_file
+    from trtvocab.base.safetensors_header import read_safetensors_header
     from trtvocab.errors import InputError
     case("hash of /dev/zero, 0 bytes recorded", lambda: sha256_file("/dev/zero", limit=0))
     case("safetensors header of /dev/zero", lambda: read_safetensors_header("/dev/zero", "hidden states", InputError))

@@ -29,9 +29,12 @@ import torch
 from conftest import model_config, write_hf_dir
 from safetensors.torch import save_file
 
+import trtvocab.base.safetensors_header as st_header
 import trtvocab.checkpoints.checkpoint as ckpt_mod
 from trtvocab import LMHead
-from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint, read_safetensors_header
+from trtvocab.base import fsutil
+from trtvocab.base.safetensors_header import read_safetensors_header
+from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.gguf import GGUFCheckpoint
 from trtvocab.errors import CheckpointError
 from trtvocab.quant.config import resolve_lm_head_quant
@@ -134,7 +137,7 @@ def test_fifo_as_a_single_file_checkpoint(tmp_path: Path) -> None:
     fifo = _fifo(tmp_path / "model.safetensors")
     refused(lambda: Checkpoint(fifo), f"checkpoint {fifo}: is a FIFO", "expected an HF folder or a regular")
     refused(lambda: LMHead.from_checkpoint(fifo), str(fifo), "FIFO")
-    refused(lambda: read_safetensors_header(fifo), str(fifo), "FIFO")
+    refused(lambda: read_safetensors_header(fifo, "safetensors file", CheckpointError), str(fifo), "FIFO")
 
 
 @pytest.mark.parametrize("name", ["config.json", "hf_quant_config.json", "model.safetensors.index.json"])
@@ -175,13 +178,13 @@ def test_cli_plan_on_a_fifo_checkpoint_returns_one_error_line(tmp_path: Path) ->
 
 
 class _Counting:
-    """Stands in for ``open`` inside trtvocab.checkpoints.checkpoint and counts the bytes read."""
+    """Stands in for ``open_regular`` where checkpoints read files and counts the bytes read."""
 
     def __init__(self) -> None:
         self.read = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fh = open(*args, **kwargs)
+        fh = fsutil.open_regular(*args, **kwargs)  # handed back to the caller's with-block
         counter = self
 
         class Wrapped:
@@ -201,6 +204,9 @@ class _Counting:
                 counter.read += got
                 return got
 
+            def fileno(self) -> int:
+                return fh.fileno()
+
             def seek(self, *a: Any) -> int:
                 return fh.seek(*a)
 
@@ -211,7 +217,8 @@ def test_probes_read_exactly_the_header_and_a_read_exactly_its_rows(tmp_path: Pa
     path = head_file(tmp_path / "head.safetensors")
     header_bytes = 8 + len(json.dumps({"lm_head.weight": ENTRY}).encode())
     counter = _Counting()
-    monkeypatch.setattr(ckpt_mod, "open", counter, raising=False)
+    monkeypatch.setattr(ckpt_mod, "open_regular", counter)
+    monkeypatch.setattr(st_header, "open_regular", counter)
     ckpt = Checkpoint(path)
     assert counter.read == header_bytes
     assert torch.equal(ckpt.get_slice("lm_head.weight")[2:5], HEAD[2:5])
@@ -399,7 +406,7 @@ def test_header_that_breaks_the_format_is_refused(tmp_path: Path, case: str) -> 
     path = tmp_path / "bad.safetensors"
     path.write_bytes(st_bytes(header, data, raw=b"" if header is None else None))
     refused(lambda: Checkpoint(path), f"{path}", text)
-    refused(lambda: read_safetensors_header(path), text)
+    refused(lambda: read_safetensors_header(path, "safetensors file", CheckpointError), text)
 
 
 def test_duplicate_tensor_name_in_one_header_is_refused(tmp_path: Path) -> None:

@@ -46,10 +46,10 @@ from trtvocab.base.fsutil import (
     load_json_file,
     parse_json,
     read_regular,
-    read_safetensors_header,
     sha256_file,
 )
 from trtvocab.base.fsutil import staging as _staging
+from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.errors import ArtifactError, TrtVocabError
 from trtvocab.version import __version__
 

@@ -5,8 +5,9 @@ Reading (a file a user or a manifest names is never trusted to be what its name 
 * :func:`open_regular`: open only a regular file (``stat`` after following symlinks,
   before ``open``, and ``fstat`` of what was opened): a FIFO, a device (``/dev/zero``), a
   socket or a folder is refused with a typed error instead of blocking or streaming forever.
-* :func:`read_regular`, :func:`sha256_file` (``limit``), :func:`read_safetensors_header`:
-  never read more bytes than the caller (a manifest, a header) says the file holds.
+* :func:`read_regular`, :func:`sha256_file` (``limit``): never read more bytes than the caller
+  (a manifest, a header) says the file holds. Safetensors headers:
+  :mod:`trtvocab.base.safetensors_header`.
 
 Publishing, both "old or new, never a half":
 
@@ -29,7 +30,6 @@ import re
 import shutil
 import socket
 import stat
-import struct
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,7 +39,6 @@ from typing import IO, Any
 from trtvocab.errors import ArtifactError, TrtVocabError, WriteError
 
 ErrorType = type[TrtVocabError]
-MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors format's own limit on the JSON header (100 MB)
 
 
 # ---- reading ---------------------------------------------------------------------------------------
@@ -75,12 +74,15 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: str | Path, what: str, error: ErrorType = ArtifactError) -> IO[bytes]:
+def open_regular(path: str | Path, what: str, error: ErrorType = ArtifactError, *,
+                 buffering: int = -1) -> IO[bytes]:
     """Open ``path`` for binary reading only if it is a regular file (symlinks followed).
 
     Checked twice: ``stat`` before ``open`` (a FIFO is never opened, so nothing blocks), and
     ``fstat`` of the opened descriptor (opened non-blocking, so a file swapped for a FIFO
     in between cannot block either). Raises ``error`` naming ``what`` and the path.
+    ``buffering``: as for :func:`open` (0: unbuffered, every read is one ``read`` call).
+    This is the only opener of files trtvocab reads.
     """
     try:
         st = os.stat(path)
@@ -100,7 +102,7 @@ def open_regular(path: str | Path, what: str, error: ErrorType = ArtifactError) 
             raise error(f"{what} {path}: is {file_kind(mode)}, expected a regular file")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb", buffering=buffering)
     except BaseException:
         os.close(fd)
         raise
@@ -176,46 +178,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22, *, limit: int | None = N
 def sha256_bytes(data: Any) -> str:
     """sha256 of bytes or any buffer (a TensorRT ``IHostMemory``, a memoryview)."""
     return hashlib.sha256(memoryview(data)).hexdigest()
-
-
-def read_safetensors_header(path: str | Path, what: str, error: ErrorType = ArtifactError) -> dict[str, Any]:
-    """The JSON header of a ``.safetensors`` file (no tensor bytes read), checked for shape.
-
-    Returns ``{name: {"dtype", "shape", "data_offsets"}, "__metadata__": {str: str}}``;
-    ``error`` names ``what`` for a file that is not a regular file, too short, has a header
-    larger than the format allows or than the file, or a header that is not such a dict.
-    The message never quotes bytes of the file.
-    """
-    with open_regular(path, what, error) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        head = fh.read(8)
-        if len(head) < 8:
-            raise error(f"{what} {path}: too short for a safetensors file ({size} bytes)")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_SAFETENSORS_HEADER or n > size - 8:
-            raise error(f"{what} {path}: not a safetensors file (its header length field does not fit the "
-                        f"{size}-byte file)")
-        raw = fh.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise error(f"{what} {path}: not a safetensors file (its header is not UTF-8 JSON)") from None
-    if not isinstance(header, dict):
-        raise error(f"{what} {path}: safetensors header is a {type(header).__name__}, expected an object")
-    for name, info in header.items():
-        if name == "__metadata__":
-            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise error(f"{what} {path}: __metadata__ must map strings to strings")
-            continue
-        ok = (isinstance(info, dict) and isinstance(info.get("dtype"), str)
-              and isinstance(info.get("shape"), list)
-              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])
-              and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
-              and all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o <= size for o in info["data_offsets"]))
-        if not ok:
-            raise error(f"{what} {path}: tensor {name!r} has a malformed header entry "
-                        "(expected dtype, shape of ints >= 0, two data offsets inside the file)")
-    return header
 
 
 # ---- durability ------------------------------------------------------------------------------------

@@ -1,55 +1,29 @@
 """Reading HF-style checkpoints without reading more than needed.
 
-* :meth:`Checkpoint.info` answers name / shape / dtype questions from the
-  safetensors *headers* only (8-byte length + JSON); no tensor byte is read.
-* :meth:`Checkpoint.get_slice` hands out lazy row readers, so a rank
-  that indexes ``slice[start:end]`` reads only its own rows.
+* :meth:`Checkpoint.info` answers name / shape / dtype questions from the safetensors
+  *headers* only (:mod:`trtvocab.base.safetensors_header`); no tensor byte is read.
+* :meth:`Checkpoint.get_slice` hands out lazy row readers, so a rank that indexes
+  ``slice[start:end]`` reads only its own rows.
 * Pickled checkpoints (``*.bin``, ``*.pt``) are refused: they would run code.
 * :func:`open_checkpoint` is how every path is opened: a llama.cpp ``.gguf`` file becomes a
-  :class:`~trtvocab.checkpoints.gguf.GGUFCheckpoint` (the same interface), anything else a :class:`Checkpoint`.
+  :class:`~trtvocab.checkpoints.gguf.GGUFCheckpoint` (the same interface), anything else a
+  :class:`Checkpoint`.
 
-What a checkpoint may hold (anything else is a :class:`~trtvocab.errors.CheckpointError` naming the file):
-
-* The path is a non-empty ``str`` or ``os.PathLike`` (``None``, an int, which ``open`` would
-  take as a file descriptor, or bytes are refused). Only regular files are opened: every file
-  is ``stat``-ed after following symlinks before it is opened, and opened non-blocking with
-  an ``fstat`` check, so a FIFO, a device or a socket never blocks a reader.
-* A safetensors file is what the format says: an 8-byte little-endian length ``n`` with
-  ``n <= MAX_HEADER_BYTES`` and ``8 + n <=`` the file size; a UTF-8 JSON object header (no
-  duplicate keys, ``__metadata__`` a string-to-string object); per tensor a known ``dtype``,
-  a ``shape`` of at most :data:`MAX_DIMS` non-negative ints (no floats, no bools) and
-  ``data_offsets`` ``[begin, end]`` of ints whose span is ``prod(shape) * itemsize``; sorted,
-  the spans start at 0 and are contiguous (no gap, no overlap); the data region may not hold
-  bytes after the last span. All of it is checked before anything is allocated. A data region
-  *shorter* than the header declares (a truncated copy) still answers header probes, but no
-  tensor of that file is read: ``get_slice`` and every read check the file's size against the
-  header before anything is allocated (a tiny file claiming 32 GiB is an error, not a 32 GiB
-  buffer).
-* ``model.safetensors.index.json`` is an object whose ``weight_map`` maps tensor names to
-  *plain file names*: a non-empty string ending in ``.safetensors`` with no ``/`` or ``\\``,
-  not ``.``/``..``, no NUL. The shard is that name inside the checkpoint folder; the entry
-  there may be a symlink (an HF cache snapshot links its files to ``../../blobs/<sha>``),
-  whose target must be a regular file. Every listed tensor is in the file the index names,
-  and no tensor is in two shard files (with or without an index).
-* ``config.json`` (and ``text_config`` inside it) hold ``tie_word_embeddings`` as a JSON bool
-  (absent: true, transformers' default), ``vocab_size`` / ``hidden_size`` as positive ints
-  (absent or null: not stated), ``text_config`` / ``quantization_config`` as objects (or null).
-* Error messages never quote bytes of a file that did not parse as a safetensors header
-  (e.g. a header length that does not fit the file is "implausible", not a number).
+What a checkpoint may hold, and what is refused: the section "what a checkpoint may hold" below.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trtvocab.base.fsutil import as_path, file_kind, parse_json
+from trtvocab.base.fsutil import as_path, file_kind, open_regular, parse_json, read_regular
+from trtvocab.base.safetensors_header import is_count, json_name, parse_header
 from trtvocab.checkpoints.lazy_rows import RowReader, read_span
 from trtvocab.errors import CheckpointError
 
@@ -85,17 +59,29 @@ ST_DTYPES: dict[str, torch.dtype] = {
     "I64": torch.int64,
     "BOOL": torch.bool,
 }
-# every dtype tag the safetensors format defines -> bits per element: a header entry's span is
-# validated for all of them; only ST_DTYPES can be read (others are refused on read, by name).
-ST_DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-    "F64": 64, "I64": 64, "U64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-MAX_DIMS = 64  # dims per tensor shape: bounds the work a header entry can ask for
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, hf_quant_config.json, the index
-MAX_FILE_BYTES = 2**63 - 1  # no file (off_t) holds more: data offsets past it are nonsense
+
+
+# ---- what a checkpoint may hold (anything else is a CheckpointError naming the file) ------------------------
+# * The path is a non-empty ``str`` or ``os.PathLike`` (``None``, an int, which ``open`` would
+#   take as a file descriptor, or bytes are refused). Only regular files are opened
+#   (:func:`trtvocab.base.fsutil.open_regular`), so a FIFO, a device or a socket never blocks a reader.
+# * A safetensors file is what the format says (:mod:`trtvocab.base.safetensors_header`), checked
+#   before anything is allocated. A data region *shorter* than the header declares (a truncated
+#   copy) still answers header probes, but no tensor of that file is read: ``get_slice`` and every
+#   read check the file's size against the header first (a tiny file claiming 32 GiB is an
+#   error, not a 32 GiB buffer).
+# * ``model.safetensors.index.json`` is an object whose ``weight_map`` maps tensor names to
+#   *plain file names*: a non-empty string ending in ``.safetensors`` with no ``/`` or ``\``,
+#   not ``.``/``..``, no NUL. The shard is that name inside the checkpoint folder; the entry
+#   there may be a symlink (an HF cache snapshot links its files to ``../../blobs/<sha>``),
+#   whose target must be a regular file. Every listed tensor is in the file the index names,
+#   and no tensor is in two shard files (with or without an index).
+# * ``config.json`` (and ``text_config`` inside it) hold ``tie_word_embeddings`` as a JSON bool
+#   (absent: true, transformers' default), ``vocab_size`` / ``hidden_size`` as positive ints
+#   (absent or null: not stated), ``text_config`` / ``quantization_config`` as objects (or null).
+# * Error messages never quote bytes of a file that did not parse as a safetensors header
+#   (e.g. a header length that does not fit the file is "implausible", not a number).
 
 
 def checkpoint_path(path: Any) -> Path:
@@ -119,26 +105,6 @@ def _regular_size(path: Path, what: str) -> int:
     if not stat.S_ISREG(st.st_mode):
         raise CheckpointError(f"{what} {path}: is {file_kind(st.st_mode)}, expected a regular file")
     return st.st_size
-
-
-def _regular_opener(path: str, flags: int) -> int:
-    """``open(..., opener=)``: non-blocking open plus ``fstat``, so a file swapped for a FIFO after
-    the ``stat`` cannot block either; the descriptor is made blocking again for the reads."""
-    fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise CheckpointError(f"{path}: is {file_kind(mode)}, expected a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_regular(path: Path) -> Any:
-    """A binary reader of the regular file ``path`` (through this module's ``open``)."""
-    return open(path, "rb", opener=_regular_opener)
 
 
 @dataclass(frozen=True)
@@ -206,7 +172,7 @@ class LazyRows(RowReader):
         if want:
             view = memoryview(out.view(torch.uint8).reshape(-1).numpy())
             try:
-                with _open_regular(self.info.file) as fh:
+                with open_regular(self.info.file, "safetensors file", CheckpointError) as fh:
                     got = read_span(fh, self.info.offset + start * row_elems * itemsize, view)
             except OSError as exc:
                 raise CheckpointError(f"{self.info.file}: cannot read {self.info.name} "
@@ -218,33 +184,19 @@ class LazyRows(RowReader):
 
 
 # ---- JSON ----------------------------------------------------------------------------------------------
-_JSON_NAMES = {dict: "object", list: "array", str: "string", bool: "bool", int: "integer", float: "number",
-               type(None): "null"}
-
-
-def _json_name(value: Any) -> str:
-    return _JSON_NAMES.get(type(value), type(value).__name__)
-
-
 def _parse_json(raw: bytes, where: str, *, unique_keys: bool = False) -> Any:
     return parse_json(raw, where, CheckpointError, unique_keys=unique_keys)
 
 
 def _load_json(path: Path) -> dict[str, Any]:
     """A JSON object file of a checkpoint folder: regular, at most MAX_JSON_BYTES, UTF-8."""
-    size = _regular_size(path, "checkpoint file")
-    if size > MAX_JSON_BYTES:
-        raise CheckpointError(f"{path}: {size} bytes, more than the {MAX_JSON_BYTES} a checkpoint's JSON may hold")
     try:
-        with os.fdopen(_regular_opener(str(path), os.O_RDONLY), "rb") as fh:  # not this module's `open`
-            raw = fh.read(MAX_JSON_BYTES + 1)
+        raw = read_regular(path, "checkpoint file", max_bytes=MAX_JSON_BYTES, error=CheckpointError)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_JSON_BYTES:
-        raise CheckpointError(f"{path}: grew past {MAX_JSON_BYTES} bytes while being read")
     data = _parse_json(raw, str(path))
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got a JSON {_json_name(data)}")
+        raise CheckpointError(f"{path}: expected a JSON object, got a JSON {json_name(data)}")
     return data
 
 
@@ -253,129 +205,45 @@ def _optional_json(path: Path) -> dict[str, Any] | None:
     return _load_json(path) if os.path.lexists(path) else None
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _checked_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     """config.json with the keys trtvocab reads type-checked (bools are not ints, strings are not bools)."""
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
-        raise CheckpointError(f"{path}: text_config must be a JSON object, got a JSON {_json_name(text)} "
+        raise CheckpointError(f"{path}: text_config must be a JSON object, got a JSON {json_name(text)} "
                               f"{text!r:.80}")
     quant = config.get("quantization_config")
     if quant is not None and not isinstance(quant, dict):
-        raise CheckpointError(f"{path}: quantization_config must be a JSON object, got a JSON {_json_name(quant)} "
+        raise CheckpointError(f"{path}: quantization_config must be a JSON object, got a JSON {json_name(quant)} "
                               f"{quant!r:.80}")
     for prefix, section in (("", config), ("text_config.", text or {})):
         if "tie_word_embeddings" in section and not isinstance(section["tie_word_embeddings"], bool):
             value = section["tie_word_embeddings"]
             raise CheckpointError(f"{path}: {prefix}tie_word_embeddings must be true or false (a JSON bool; "
-                                  f"absent means true), got a JSON {_json_name(value)} {value!r:.80}")
+                                  f"absent means true), got a JSON {json_name(value)} {value!r:.80}")
         for key in ("vocab_size", "hidden_size"):
             value = section.get(key)
-            if value is not None and not (_is_count(value) and value > 0):
+            if value is not None and not (is_count(value) and value > 0):
                 raise CheckpointError(f"{path}: {prefix}{key} must be a positive integer, got a JSON "
-                                      f"{_json_name(value)} {value!r:.80}")
+                                      f"{json_name(value)} {value!r:.80}")
     return config
 
 
-# ---- safetensors headers -----------------------------------------------------------------------------------
-def _read_header(path: Path) -> tuple[dict[str, Any], int, int]:
-    """``(header, n, file size)``: the JSON object header (``__metadata__`` removed) of a regular
-    file, its length field ``n``; reads ``8 + n`` bytes and nothing else."""
-    size = _regular_size(path, "safetensors file")
-    try:
-        with _open_regular(path) as fh:
-            head = fh.read(8)
-            if len(head) != 8:
-                raise CheckpointError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (length,) = struct.unpack("<Q", head)
-            if length > MAX_HEADER_BYTES or length > size - 8:  # never printed: it may be any file's bytes
-                raise CheckpointError(f"{path}: not a safetensors file (implausible header length)")
-            raw = fh.read(length)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) != length:
-        raise CheckpointError(f"{path}: truncated safetensors header (the file shrank while being read)")
-    header = _parse_json(raw, f"{path}: safetensors header", unique_keys=True)
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: safetensors header is a JSON {_json_name(header)}, expected an object")
-    meta = header.pop("__metadata__", None)
-    if meta is not None and (not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values())):
-        raise CheckpointError(f"{path}: safetensors __metadata__ must be an object of strings")
-    return header, length, size
+# ---- safetensors headers (parsed by trtvocab.base.safetensors_header) -------------------------------------
+def _tensor_infos(path: Path) -> list[TensorInfo]:
+    """Every tensor of a safetensors file, from its validated header (8 + n bytes read, nothing else).
 
-
-def _entry(path: Path, name: str, meta: Any) -> tuple[str, tuple[int, ...], int, int]:
-    """``(dtype, shape, begin, end)`` of one header entry, each checked as the format requires."""
-    where = f"{path}: tensor {name!r:.100}"
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{where}: header entry is a JSON {_json_name(meta)}, expected an object with "
-                              "dtype, shape and data_offsets")
-    missing = [key for key in ("dtype", "shape", "data_offsets") if key not in meta]
-    if missing:
-        raise CheckpointError(f"{where}: header entry lacks {'/'.join(missing)}")
-    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in ST_DTYPE_BITS:
-        raise CheckpointError(f"{where}: dtype {dtype!r:.40} is not a safetensors dtype "
-                              f"(expected one of {sorted(ST_DTYPE_BITS)})")
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_count(d) for d in shape):
-        raise CheckpointError(f"{where}: shape must be a list of at most {MAX_DIMS} non-negative integers, "
-                              f"got {shape!r:.80}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
-            and offsets[0] <= offsets[1] <= MAX_FILE_BYTES):
-        raise CheckpointError(f"{where}: data_offsets must be [begin, end], integers with 0 <= begin <= end, "
-                              f"got {offsets!r:.80}")
-    count = 1
-    for d in shape:
-        count *= d
-    bits = count * ST_DTYPE_BITS[dtype]
-    begin, end = offsets
-    if bits % 8 or end - begin != bits // 8:
-        raise CheckpointError(f"{where} spans {end - begin} bytes, but {dtype} {shape} needs "
-                              f"{bits / 8 if bits % 8 else bits // 8}")
-    return dtype, tuple(shape), begin, end
-
-
-def _tensor_infos(path: Path, header: dict[str, Any], length: int, size: int) -> list[TensorInfo]:
-    """Every entry of a header, validated together: sorted by offset, the spans start at 0, are
-    contiguous and do not overlap; the data region holds no byte after the last one."""
-    entries = sorted(((*_entry(path, name, meta), name) for name, meta in header.items()),
-                     key=lambda e: (e[2], e[3]))
-    at, last = 0, ("", 0, 0)  # the end so far; the tensor that reached it: (name, begin, end)
-    for _dtype, _shape, begin, end, name in entries:
-        if begin < at:
-            raise CheckpointError(f"{path}: tensor {name!r:.100} data [{begin}, {end}) overlaps tensor "
-                                  f"{last[0]!r:.100} [{last[1]}, {last[2]})")
-        if begin > at:
-            raise CheckpointError(f"{path}: {begin - at} bytes at data offset {at} before tensor {name!r:.100} "
-                                  f"belong to no tensor (spans must be contiguous from offset 0)")
-        at, last = end, (name, begin, end)
-    data_start, data_size = 8 + length, size - 8 - length
-    if data_size > at:
-        raise CheckpointError(f"{path}: {data_size - at} bytes after the last tensor's data belong to no tensor "
-                              f"(the header accounts for {at} of the {data_size}-byte data region)")
-    # A data region shorter than `at` (a truncated copy) is reported when rows are read
-    # (LazyRows, before allocating), not here: probes work from the header alone.
-    return [TensorInfo(name, dtype, shape, path, data_start + begin, end - begin, data_start + at)
-            for dtype, shape, begin, end, name in entries]
-
-
-def read_safetensors_header(path: str | Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (``__metadata__`` removed), validated as the format
-    requires (see the module docstring): reads 8 + header-length bytes, nothing else."""
-    file = checkpoint_path(path)
-    header, length, size = _read_header(file)
-    _tensor_infos(file, header, length, size)
-    return header
+    A data region shorter than the header declares (a truncated copy) is reported when rows are
+    read (LazyRows, before allocating), not here: probes work from the header alone."""
+    header = parse_header(path, "safetensors file", CheckpointError)
+    return [TensorInfo(e.name, e.dtype, e.shape, path, header.data_start + e.begin, e.end - e.begin, header.data_end)
+            for e in header.entries]
 
 
 def _shard_name(index: Path, tensor: str, name: Any) -> str:
     """A ``weight_map`` value: a plain ``.safetensors`` file name (it names a file inside the folder)."""
     if not isinstance(name, str):
         raise CheckpointError(f"{index}: weight_map[{tensor!r:.100}] must be a shard file name (a string), "
-                              f"got a JSON {_json_name(name)} {name!r:.80}")
+                              f"got a JSON {json_name(name)} {name!r:.80}")
     if (name in (".", "..") or not name.endswith(SAFETENSORS_SUFFIX) or "/" in name or "\\" in name
             or "\0" in name):
         raise CheckpointError(f"{index}: weight_map[{tensor!r:.100}] = {name!r:.200} is not a plain "
@@ -386,7 +254,8 @@ def _shard_name(index: Path, tensor: str, name: Any) -> str:
 
 class Checkpoint:
     """An HF directory (config.json, optional hf_quant_config.json, safetensors with or
-    without an index) or a single ``.safetensors`` file; what each may hold: the module docstring."""
+    without an index) or a single ``.safetensors`` file; what each may hold: the module's
+    section "what a checkpoint may hold"."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = checkpoint_path(path)
@@ -429,8 +298,7 @@ class Checkpoint:
         self.files: list[Path] = files
         self._infos: dict[str, TensorInfo] = {}
         for f in files:
-            header, length, size = _read_header(f)
-            for info in _tensor_infos(f, header, length, size):
+            for info in _tensor_infos(f):
                 if info.name in self._infos:
                     raise CheckpointError(f"checkpoint {self.path}: tensor {info.name!r:.100} is in two shard files, "
                                           f"{self._infos[info.name].file.name} and {f.name}")

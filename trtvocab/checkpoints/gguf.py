@@ -36,7 +36,7 @@ import gguf
 import numpy as np
 import torch
 
-from trtvocab.base.fsutil import as_path
+from trtvocab.base.fsutil import as_path, open_regular
 from trtvocab.checkpoints.lazy_rows import RowReader, read_span
 from trtvocab.errors import CheckpointError
 
@@ -270,20 +270,6 @@ def _regular_file(path: Path) -> int:
     return st.st_size
 
 
-def _open_regular(path: Path) -> BinaryIO:
-    """An unbuffered reader of a regular file: opened non-blocking and ``fstat``-ed, so a file
-    swapped for a FIFO after :func:`_regular_file` cannot block either."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(f"checkpoint {path}: expected a regular .gguf file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def _size_bound(file_size: int) -> int:
     """The most header records (each at least 8 bytes) a file of ``file_size`` bytes can hold."""
     return file_size // 8
@@ -337,7 +323,7 @@ class GGUFCheckpoint:
         self.version = 0
         self.data_offset = 0
         try:
-            with _open_regular(self.path) as fh:
+            with open_regular(self.path, "checkpoint", CheckpointError, buffering=0) as fh:
                 reader = _HeaderReader(fh, self.path, size)
                 self._parse(reader)
         except OSError as exc:
@@ -626,7 +612,7 @@ class GGUFRows(RowReader):
         want = buf.nbytes
         view = memoryview(buf).cast("B")
         try:
-            with _open_regular(self.info.file) as fh:
+            with open_regular(self.info.file, "checkpoint", CheckpointError, buffering=0) as fh:
                 got = read_span(fh, offset, view)
         except OSError as exc:
             raise CheckpointError(f"{self.info.file}: cannot read {self.info.gguf_name} ({exc})") from exc

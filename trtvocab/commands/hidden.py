@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trtvocab.base.fsutil import atomic_write_bytes, open_regular, read_safetensors_header
+from trtvocab.base.fsutil import atomic_write_bytes, open_regular
 from trtvocab.base.inputs import check_hidden_states
+from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.commands import hf_loader
 from trtvocab.errors import InputError
 
