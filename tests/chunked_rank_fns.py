@@ -123,6 +123,50 @@ def equality_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
+def bitmask_of(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """An xgrammar-layout ``int32 [rows, ceil(V / 32)]`` mask allowing about 3 tokens in 4."""
+    words = (vocab + 31) // 32
+    bits = torch.rand(rows, words, 32, generator=torch.Generator().manual_seed(seed)) < 0.75
+    packed = (bits.to(torch.int64) << torch.arange(32, dtype=torch.int64)).sum(-1)
+    return ((packed + 2**31) % 2**32 - 2**31).to(torch.int32)  # the same 32 bits, as int32
+
+
+def decode_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
+    """``sampling.decode`` on a head whose budget the batch exceeds (it streams) vs the same head
+    with the default budget (it materializes): the same ids, steps 0..2 (the second and third are
+    steady: the cached handshake), greedy, seeded, top-p, a vocab_limit and a bitmask; and
+    ``column_logits`` of the whole shard against ``local_logits``."""
+    quantized.CHUNK_ELEMENTS = HIDDEN * QUANT_ROWS_PER_CHUNK
+    groups = subgroups(world) if world > 1 else {}
+    splits = [(tp, layout) for tp, layout in SPLITS if tp == world]
+    x32 = torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(seed + 1)) * 2
+    bitmask = bitmask_of(ROWS, VOCAB, seed)
+    out: list[dict[str, Any]] = []
+    greedy = [SamplingParams(temperature=0.0)] * ROWS
+    for fmt in FORMATS:
+        for tp, layout in splits:
+            mapping = Mapping(world_size=tp, rank=rank, tp_size=tp) if tp > 1 else None
+            whole = make_head(fmt, mapping, layout, groups.get(tp))
+            small = make_head(fmt, mapping, layout, groups.get(tp), logits_budget_bytes=ROWS * 4 * 300)
+            x = x32.to(whole.dtype)
+            owned = whole.local_logits(x)[:, : whole.shard.size]
+            rec: dict[str, Any] = {"case": f"{fmt} tp={tp} {layout}",
+                                   "column_logits": bool(torch.equal(whole.column_logits(x), owned)),
+                                   "streams": [sampling.streams(whole, ROWS), sampling.streams(small, ROWS)]}
+            got, want = [], []
+            for step, (params, limit, mask) in enumerate([(greedy, None, None), (row_params(), 2000, bitmask),
+                                                          (top_p_params(), None, bitmask)]):
+                want.append(sampling.decode(x, whole, params, step=step, vocab_limit=limit, bitmask=mask).tolist())
+                got.append(sampling.decode(x, small, params, step=step, vocab_limit=limit, bitmask=mask).tolist())
+            for step in (3, 4):  # steady: the same signature as the step before
+                want.append(sampling.decode(x, whole, top_p_params(), step=step, bitmask=bitmask).tolist())
+                got.append(sampling.decode(x, small, top_p_params(), step=step, bitmask=bitmask).tolist())
+            rec["equal"] = got == want
+            rec["ids"] = want
+            out.append(rec)
+    return out
+
+
 def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     """One rank passes bad input; every rank reports what it raised (then a good call works)."""
     head = make_head("fp32", Mapping(world_size=world, rank=rank, tp_size=world), "uneven", None, vocab=1009)
@@ -140,6 +184,15 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     out["top_p"] = catch(lambda: chunked.sample(x, head, SamplingParams(top_p=0.9, seed=1)))  # supported
     out["different params"] = catch(lambda: chunked.sample(x, head, SamplingParams(seed=rank)))
     out["healthy after"] = catch(lambda: chunked.sample(x, head, SamplingParams(seed=1, top_k=5)))
+    # sampling.decode streaming (6 rows exceed the budget, 1 row does not), after steady steps
+    small = make_head("fp32", Mapping(world_size=world, rank=rank, tp_size=world), "uneven", None, vocab=1009,
+                      logits_budget_bytes=2048)
+    params = SamplingParams(temperature=0.7, seed=2)
+    out["decode steady"] = catch(lambda: [sampling.decode(x, small, params, step=s).tolist() for s in range(3)])
+    out["decode nan hidden"] = catch(lambda: sampling.decode(nan if rank == 1 else x, small, params, step=3))
+    out["decode wrong rows"] = catch(lambda: sampling.decode(x[:3] if rank == 0 else x, small, params, step=4))
+    out["decode materialized rank"] = catch(lambda: sampling.decode(x[:1] if rank == 2 else x, small, params))
+    out["decode healthy after"] = catch(lambda: sampling.decode(x, small, params, step=5).tolist())
     return out
 
 
@@ -183,7 +236,7 @@ def all_cases(rank: int, world: int, seed: int, nucleus_splits: list[tuple[int, 
     """Every multi-rank case of tests/test_chunked_head.py in one launch of ``world`` ranks (none of
     them kills a rank; the bad-input cases last, as they end with a healthy call):
     ``{"equality": ..., "long nucleus": {(tp, budget): ...}, "bad input": ...}``."""
-    return {"equality": equality_cases(rank, world, seed),
+    return {"equality": equality_cases(rank, world, seed), "decode": decode_cases(rank, world, seed),
             "long nucleus": {(tp, budget): long_nucleus_cases(rank, world, budget, tp=tp)
                              for tp, budget in nucleus_splits},
             "bad input": bad_input_cases(rank, world)}

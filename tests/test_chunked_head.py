@@ -8,6 +8,9 @@ vocab chunks equal the materialized path (``head.local_logits`` then trtvocab.sa
   compute the fixed vocab tree of ``trtvocab.sampling.treesum``, in one pass).
 * the budget picks chunking by itself; the chunked peak memory stays far below ``[B, V]`` float32;
   bad input on one rank raises on every rank.
+* ``sampling.decode`` streams when the batch's float32 ``[B, V_local]`` exceeds the head's budget:
+  the same ids bitwise as the materialized step (greedy, seeded, top-p, vocab_limit, bitmask; steady
+  steps too), tp 1 and tp 3; ``LMHead.column_logits`` of the whole shard is ``local_logits``' bits.
 
 Every multi-rank case runs in one launch of three ranks (:func:`chunked_rank_fns.all_cases`; tp 2 on
 a subgroup of it).
@@ -23,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from chunked_rank_fns import all_cases, equality_cases, long_nucleus_cases, make_head
+from chunked_rank_fns import FORMATS, all_cases, decode_cases, equality_cases, long_nucleus_cases, make_head
 
 from trtvocab import LMHead
 from trtvocab.errors import ConfigError, InputError
@@ -66,6 +69,27 @@ def test_tp3_uneven_and_padded_chunked_equals_materialized(launched: list[dict[s
     assert answers[0] == answers[1] == answers[2]  # every rank got the same seeded ids
 
 
+def _check_decode(records: list[dict[str, Any]]) -> None:
+    assert records
+    for r in records:
+        assert r["streams"] == [False, True], r["case"]  # the default budget materializes, the small one streams
+        assert r["column_logits"], r["case"]
+        assert r["equal"], r["case"]
+
+
+def test_decode_above_the_budget_streams_with_the_same_ids_tp1() -> None:
+    records = decode_cases(0, 1, SEED)
+    _check_decode(records)
+    assert len(records) == len(FORMATS)
+
+
+def test_decode_above_the_budget_streams_with_the_same_ids_tp3(launched: list[dict[str, Any]]) -> None:
+    per_rank = [r["decode"] for r in launched]
+    for records in per_rank:
+        _check_decode(records)
+    assert [[r["ids"] for r in records] for records in per_rank].count([r["ids"] for r in per_rank[0]]) == WORLD
+
+
 def test_bad_input_on_one_rank_raises_on_every_rank(launched: list[dict[str, Any]]) -> None:
     per_rank = [r["bad input"] for r in launched]
     bad_rank = {"nan hidden": 1, "wrong shape": 2, "bad k": 1, "bad chunk": 2, "bad token ids": 1}
@@ -83,6 +107,11 @@ def test_bad_input_on_one_rank_raises_on_every_rank(launched: list[dict[str, Any
         assert out["top_p"] == ("ok", "")
         assert out["different params"][0] == "RankMismatchError"
         assert out["healthy after"] == ("ok", "")
+        assert out["decode steady"][0] == "ok" and out["decode healthy after"][0] == "ok"
+        assert out["decode wrong rows"][0] == "RankMismatchError" and "batch rows" in out["decode wrong rows"][1]
+        assert out["decode materialized rank"][0] == "RankMismatchError"
+    assert [out["decode nan hidden"][0] for out in per_rank] == ["PeerRankError", "InputError", "PeerRankError"]
+    assert len({str(out["decode healthy after"]) for out in per_rank}) == 1
 
 
 def test_budget_chooses_chunking() -> None:

@@ -15,7 +15,7 @@ from rank_fns import sampling_cases
 from trtvocab import LMHead, Mapping, sampling
 from trtvocab.errors import InputError
 from trtvocab.parallel.launch import run_ranks
-from trtvocab.sampling.reductions import _local_topk
+from trtvocab.sampling.reductions import local_topk
 
 # logsumexp of <= 30011 float32 terms of magnitude <= ~20: the sums differ in order
 # only, relative error ~ a few float32 eps (1.2e-7) per doubling of the term count at
@@ -71,12 +71,12 @@ def test_split(split_records: list[list[dict]], tp1_records: list[dict], tp: int
     assert len({len(r) for r in per_rank}) == 1 and len(per_rank[0]) == len(tp1_records)
 
 
-def test_local_topk_tie_rule() -> None:
+def testlocal_topk_tie_rule() -> None:
     x = torch.tensor([[1.0, 3, 3, 2, 3, 0], [5, 5, 5, 5, 5, 5]])
-    vals, ids = _local_topk(x, 2)
+    vals, ids = local_topk(x, 2)
     assert ids.tolist() == [[1, 2], [0, 1]]
     assert vals.tolist() == [[3, 3], [5, 5]]
-    vals, ids = _local_topk(x, 4)
+    vals, ids = local_topk(x, 4)
     assert ids.tolist() == [[1, 2, 4, 3], [0, 1, 2, 3]]
 
 

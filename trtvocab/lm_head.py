@@ -239,6 +239,39 @@ class LMHead(VocabParallelModule):
             return self.weights.forward_float32(hidden)[:, : self.shard.size]
         return self.weights(hidden)[:, : self.shard.size]
 
+    def column_logits(self, hidden: torch.Tensor, lo: int = 0, hi: int | None = None, *,
+                      prepared: Any = None) -> torch.Tensor:
+        """Logits ``[N, hi - lo]`` of this shard's owned columns ``[lo, hi)`` (local numbers,
+        ``0 <= lo <= hi <= shard.size``; default: all of them), in :attr:`output_dtype`, no collective.
+
+        The one place that picks the GEMM: the deterministic vocab tiles, a dense head's float32
+        accumulation (``DenseWeight.forward_float32``'s row blocks), or the weight format's own
+        (``weights.block_logits``). A column has the bits of the whole-shard call whenever ``lo``
+        and ``hi`` are boundaries of the GEMM tiles (``trtvocab.sampling.chunked.gemm_tiles``), so a
+        caller may stream the shard in chunks. ``prepared``: ``self.weights.prepare(hidden)`` made
+        once for several calls (a quantized head's activations quantized once for the batch).
+        """
+        size = self.shard.size
+        hi = size if hi is None else hi
+        if not 0 <= lo <= hi <= size:
+            raise ValueError(f"column_logits: columns [{lo}, {hi}) outside this shard's [0, {size})")
+        w = self.weights
+        if self.deterministic:
+            return tiled_logits(hidden, w.weight[lo:hi], self.shard.start + lo, hi - lo, self.output_dtype)
+        if hidden.shape[0] == 0:
+            return torch.zeros(0, hi - lo, dtype=self.output_dtype, device=hidden.device)
+        if self.output_dtype != w.dtype and self.weight_format is WeightFormat.DENSE:
+            xf = hidden.float()
+            out = torch.empty(hidden.shape[0], hi - lo, dtype=torch.float32, device=hidden.device)
+            step = max(1, (1 << 20) // self.hidden_size)  # forward_float32's blocks: chunk_elements // H rows
+            a = lo
+            while a < hi:  # both operands upcast, one block (or the part of it inside [lo, hi)) at a time
+                b = min((a // step + 1) * step, hi)
+                torch.matmul(xf, w.weight[a:b].float().t(), out=out[:, a - lo : b - lo])
+                a = b
+            return out
+        return w.block_logits(w.prepare(hidden) if prepared is None else prepared, lo, hi)
+
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's ``[N, width]`` logits; padding columns (padded layout) are ``-inf``."""
         owned = self._owned_logits(hidden)

@@ -6,11 +6,16 @@ lengths ``seq_lens``. Generation needs one row per sequence, so computing all
 
     seq_lens = [3, 1, 2]     rows: a a a | b | c c
     last rows = cumsum - 1 = [2, 3, 5]   -> logits [3, V]
+
+:func:`select_rows` is the selection (no collective); :class:`LogitsProcessor` runs the head
+on it; :class:`LogitsHead` / :class:`CollectiveHead` declare what it needs of a head. For the next ids of a decode step
+without the logits, ``trtvocab.sampling.decode(hidden, head, params, seq_lens=...)`` selects
+the same rows and streams the vocab above the head's budget (docs/generate.md, "How one step runs").
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -18,7 +23,30 @@ from torch import nn
 from trtvocab.base.inputs import hidden_states_error, last_token_rows
 from trtvocab.errors import InputError
 
-__all__ = ["LogitsProcessor", "last_rows", "last_token_rows", "shard_logits"]
+__all__ = ["CollectiveHead", "LogitsHead", "LogitsProcessor", "last_rows", "last_token_rows", "select_rows", "shard_logits"]
+
+
+@runtime_checkable
+class LogitsHead(Protocol):
+    """What :class:`LogitsProcessor` needs of any head: ``head(rows)``, the logits of the selected rows."""
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class CollectiveHead(LogitsHead, Protocol):
+    """A head whose ranks may meet (:class:`~trtvocab.lm_head.LMHead`): what the processor also uses.
+
+    ``mapping.enable_attention_dp``: whether a rank may bring no rows (it still joins the
+    collectives); ``raise_collectively(error)``: raise a rank's own input error after telling
+    the group, so a split head's peers raise :class:`~trtvocab.errors.PeerRankError` instead of
+    waiting in its handshake. A plain :class:`LogitsHead` (a reference ``nn.Module``) never meets:
+    no empty batch, and its input errors are raised as they are.
+    """
+
+    mapping: Any
+
+    def raise_collectively(self, error: BaseException) -> None: ...
 
 
 class LogitsProcessor(nn.Module):
@@ -29,13 +57,19 @@ class LogitsProcessor(nn.Module):
     ``seq_lens=None`` means one sequence, the last row) goes through the head;
     ``num_logits_per_seq=k`` (an int, or one per sequence) sends each sequence's last ``k``
     rows, in order (what a draft-then-verify step of speculative decoding scores);
-    ``return_context_logits`` sends all ``T`` rows.
+    ``return_context_logits`` sends all ``T`` rows. ``lm_head``: a :class:`LogitsHead` (one whose
+    ranks meet: a :class:`CollectiveHead`).
+
+    The logits budget: ``forward`` returns the logits, so it always materializes them, whatever
+    ``lm_head.logits_budget_bytes`` says. A step that needs only the next ids calls
+    ``trtvocab.sampling.decode(hidden_states, lm_head, params, seq_lens=seq_lens)`` instead: the
+    same rows, and above the budget the vocab streamed in chunks (``[B, V_local]`` never held).
     """
 
     def forward(
         self,
         hidden_states: torch.Tensor,
-        lm_head: nn.Module,
+        lm_head: LogitsHead,
         seq_lens: Any = None,
         *,
         return_context_logits: bool = False,
@@ -43,44 +77,45 @@ class LogitsProcessor(nn.Module):
     ) -> torch.Tensor:
         # Under attention DP a rank may have no requests this step, yet its head must still
         # join the others' collectives: it passes an empty [0, H] batch through.
-        mapping = getattr(lm_head, "mapping", None)
-        idle_ok = bool(getattr(mapping, "enable_attention_dp", False))
+        meets = isinstance(lm_head, CollectiveHead)
+        idle_ok = meets and bool(lm_head.mapping.enable_attention_dp)
         try:
-            selected = self._select(hidden_states, seq_lens, return_context_logits, idle_ok, num_logits_per_seq)
+            selected = select_rows(hidden_states, seq_lens, return_context_logits=return_context_logits,
+                                   num_logits_per_seq=num_logits_per_seq, idle_ok=idle_ok)
         except InputError as error:
             # The ranks of a split head are about to meet in its handshake: a rank that
             # stops here must still take part, or its peers would wait for it until the
             # collective timeout. It raises its own error; they raise PeerRankError.
-            fail = getattr(lm_head, "raise_collectively", None)
-            if fail is not None:
-                fail(error)
+            if meets:
+                lm_head.raise_collectively(error)
             raise
         return lm_head(selected).float()
 
-    @staticmethod
-    def _select(hidden_states: Any, seq_lens: Any, return_context_logits: bool, idle_ok: bool = False,
-                num_logits_per_seq: Any = 1) -> torch.Tensor:
-        """The rows the head must see: each sequence's last ``k``, or all of them."""
-        error = hidden_states_error(hidden_states, allow_empty=True)
-        if error is not None:
-            raise error
-        total = hidden_states.shape[0]
-        if total == 0:
-            empty_lens = seq_lens is None or len(seq_lens) == 0
-            if idle_ok and empty_lens:
-                return hidden_states
-            raise InputError("hidden_states: empty batch (T = 0)")
-        if return_context_logits:
-            if seq_lens is not None:
-                last_token_rows(seq_lens, total)  # still validate
+
+def select_rows(hidden_states: Any, seq_lens: Any = None, *, return_context_logits: bool = False,
+                num_logits_per_seq: Any = 1, idle_ok: bool = False) -> torch.Tensor:
+    """The rows the head must see: each sequence's last ``k``, or all of them (no collective; an
+    :class:`InputError` for bad input). ``idle_ok``: an empty batch without sequences is fine."""
+    error = hidden_states_error(hidden_states, allow_empty=True)
+    if error is not None:
+        raise error
+    total = hidden_states.shape[0]
+    if total == 0:
+        empty_lens = seq_lens is None or len(seq_lens) == 0
+        if idle_ok and empty_lens:
             return hidden_states
-        if seq_lens is None and isinstance(num_logits_per_seq, int) and num_logits_per_seq == 1:
-            return hidden_states[-1:]
-        lens = [total] if seq_lens is None else seq_lens
-        ends = last_token_rows(lens, total)
-        rows = last_rows(ends, torch.as_tensor(lens if not isinstance(lens, torch.Tensor) else lens.cpu()),
-                         num_logits_per_seq)
-        return hidden_states.index_select(0, rows.to(hidden_states.device))
+        raise InputError("hidden_states: empty batch (T = 0)")
+    if return_context_logits:
+        if seq_lens is not None:
+            last_token_rows(seq_lens, total)  # still validate
+        return hidden_states
+    if seq_lens is None and isinstance(num_logits_per_seq, int) and num_logits_per_seq == 1:
+        return hidden_states[-1:]
+    lens = [total] if seq_lens is None else seq_lens
+    ends = last_token_rows(lens, total)
+    rows = last_rows(ends, torch.as_tensor(lens if not isinstance(lens, torch.Tensor) else lens.cpu()),
+                     num_logits_per_seq)
+    return hidden_states.index_select(0, rows.to(hidden_states.device))
 
 
 def last_rows(ends: torch.Tensor, lens: torch.Tensor, k: Any) -> torch.Tensor:
@@ -116,6 +151,6 @@ def shard_logits(head: nn.Module, hidden_states: torch.Tensor, seq_lens: Any = N
     """This rank's float32 ``[B or T, V_local]`` logits of the rows the LogitsProcessor selects,
     with no collective: the per-rank PyTorch fallback that exported graphs and engines
     (which also compute one rank's columns) are compared with and stand in for."""
-    rows = LogitsProcessor._select(hidden_states, seq_lens, return_context_logits)
+    rows = select_rows(hidden_states, seq_lens, return_context_logits=return_context_logits)
     with torch.no_grad():
         return head.local_logits(rows)[:, : head.local_vocab_size].float()

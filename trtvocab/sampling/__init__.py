@@ -23,7 +23,7 @@ import torch
 
 from trtvocab.sampling import chunked
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import decode, sample
+from trtvocab.sampling.draw import sample
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     HANDSHAKE,
@@ -39,6 +39,7 @@ from trtvocab.sampling.reductions import (
     top_p_mask,
     topk,
 )
+from trtvocab.sampling.step import decode, streams
 
 
 def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Any) -> torch.Tensor:
@@ -54,5 +55,5 @@ def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head:
 
 
 __all__ = ["HANDSHAKE", "TOP_P_FIRST_K", "SamplingParams", "apply_min_p", "apply_token_bitmask", "apply_top_p",
-           "chunked", "decode", "greedy", "log_softmax", "logprobs", "logsumexp", "min_p_mask", "sample", "top_p_mask",
-           "topk"]
+           "chunked", "decode", "greedy", "log_softmax", "logprobs", "logsumexp", "min_p_mask", "sample", "streams",
+           "top_p_mask", "topk"]

@@ -78,15 +78,15 @@ from trtvocab.errors import ConfigError, InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.parallel import distributed as D
 from trtvocab.sampling import noise, treesum
-from trtvocab.sampling.draw import _draw as draw_rows
-from trtvocab.sampling.draw import _params_tensor, _rows_params, step_error
+from trtvocab.sampling.bitmask import allowed_columns
+from trtvocab.sampling.draw import collective_plan, filtered_draw, params_tensor, rows_params, step_error
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
-    _local_topk,
     gather_candidates,
     gather_stack,
     handshake,
+    local_topk,
     owned_ranges,
     pick_logits,
     token_ids_error,
@@ -155,36 +155,28 @@ def plan_chunks(head: LMHead, rows: int, chunk: int | None,
 
 class _Stream:
     """This rank's logits, chunk by chunk: iterating yields ``(lo, hi, logits [B, hi - lo])`` (local
-    owned columns, :attr:`LMHead.output_dtype`). Iterate again for a second pass (activations are
-    prepared once)."""
+    owned columns, :attr:`LMHead.output_dtype`, from :meth:`LMHead.column_logits`). Iterate again for
+    a second pass (activations are prepared once). ``bitmask`` (xgrammar's ``int32 [B, W]``): the
+    columns it does not allow are ``-inf`` in every chunk, as ``apply_token_bitmask`` leaves them."""
 
     def __init__(self, hidden: torch.Tensor, head: LMHead, chunk: int | None,
-                 bytes_per_logit: int = STREAM_BYTES_PER_LOGIT) -> None:
+                 bytes_per_logit: int = STREAM_BYTES_PER_LOGIT, bitmask: torch.Tensor | None = None) -> None:
         self.hidden, self.head = hidden, head
         self.chunks = plan_chunks(head, hidden.shape[0], chunk, bytes_per_logit)
-        w = head.weights
-        self.mode = ("deterministic" if head.deterministic else "dense" if head.weight_format is WeightFormat.DENSE
-                     and head.output_dtype == w.dtype else "float32" if head.weight_format is WeightFormat.DENSE
-                     else "quantized")
-        self.prepared = w.prepare(hidden) if self.mode == "quantized" else hidden
-        self.xf = hidden.float() if self.mode == "float32" else None
+        self.prepared = head.weights.prepare(hidden)
+        self.bitmask = None if bitmask is None else bitmask.to(hidden.device)
         self.passes = 0
         self.gemm_calls = 0
 
     def __iter__(self) -> Iterator[tuple[int, int, torch.Tensor]]:
         self.passes += 1
-        head, w = self.head, self.head.weights
+        head = self.head
         for tiles in self.chunks:
             lo, hi = tiles[0][0], tiles[-1][1]
-            if self.mode == "deterministic":
-                out = det.tiled_logits(self.hidden, w.weight[lo:hi], head.shard.start + lo, hi - lo, head.output_dtype)
-            elif self.mode == "float32":
-                assert self.xf is not None
-                out = torch.empty(self.hidden.shape[0], hi - lo, dtype=torch.float32, device=self.hidden.device)
-                for a, b in tiles:  # forward_float32's GEMMs: both operands upcast, tile by tile
-                    torch.matmul(self.xf, w.weight[a:b].float().t(), out=out[:, a - lo : b - lo])
-            else:  # dense in its dtype (one GEMM over whole tiles) or quantized (its own sub-GEMMs)
-                out = w.block_logits(self.prepared, lo, hi)
+            out = head.column_logits(self.hidden, lo, hi, prepared=self.prepared)
+            if self.bitmask is not None:
+                keep = allowed_columns(self.bitmask, head.vocab_start + lo, hi - lo, hi - lo)
+                out = out.masked_fill(~keep, float("-inf"))
             self.gemm_calls += 1
             yield lo, hi, out
 
@@ -280,7 +272,7 @@ class _TopK:
             kc = min(kc, int((x > self.vals[:, -1:]).sum(dim=1).max()))
         if kc == 0:
             return
-        v, c = _local_topk(x, kc)
+        v, c = local_topk(x, kc)
         # Every streamed id is above every id held, so a stable sort by value alone keeps (value
         # descending, id ascending): held entries first among equal values, the chunk's in its order.
         vals, ids = torch.cat([self.vals, v.to(torch.float32)], dim=1), torch.cat([self.ids, c + self.head.vocab_start
@@ -409,14 +401,6 @@ def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chu
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
 
-def _gumbel_at(keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``noise.gumbel`` of per-row ids ``[B, k]`` (the same elementwise numbers: noise keyed by
-    ``(seed, step, global id)``)."""
-    h = noise.mix_tensor(keys + (ids + 1) * noise._signed(noise._GAMMA))
-    u = (noise._srl(h, 11).to(torch.float64) + 0.5) * 2.0**-53
-    return -torch.log(-torch.log(u))
-
-
 def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
            vocab_limit: int | None = None, chunk: int | None = None) -> torch.Tensor:
     """Token ids ``[B]`` (int64), the same on every rank: ``sampling.sample`` of
@@ -427,7 +411,7 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
     what = "sampling.chunked.sample"
     error = _check(hidden, head, chunk, what)
     rows = hidden.shape[0] if error is None else 0
-    per_row: list[SamplingParams] | InputError = _rows_params(params, rows) if error is None else []
+    per_row: list[SamplingParams] | InputError = rows_params(params, rows) if error is None else []
     if isinstance(per_row, InputError):
         error, per_row = InputError(f"{what}: {per_row}"), []
     if error is None:
@@ -437,15 +421,65 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
             or not 1 <= vocab_limit <= head.vocab_size):
         error = InputError(f"{what}: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
                            f"got {vocab_limit!r}")
-    digest_of = _params_tensor(per_row, step, vocab_limit) if error is None else None
+    digest_of = params_tensor(per_row, step, vocab_limit) if error is None else None
     fresh = int(torch.randint(0, 2**62, (1,)).item())
     fresh = _meet(head, hidden, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
     return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what)
 
 
+def decode(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
+           vocab_limit: int | None = None, bitmask: torch.Tensor | None = None, chunk: int | None = None,
+           error: InputError | None = None) -> torch.Tensor:
+    """``sampling.decode`` streamed: token ids ``[B]``, bitwise those of the materialized decode step
+    (``head.local_logits(hidden)``, xgrammar's ``bitmask``, the draw) with the same params, step,
+    vocab_limit and seeds, without the ``[B, V_local]`` logits (``sampling.decode`` calls this
+    when they would exceed ``head.logits_budget_bytes``).
+
+    Its handshake is the decode step's (the operation ``decode``, cached while the step's
+    signature stays the same); its first data collective carries the verdict, so ranks that
+    disagree on the path, the batch or the arguments raise together. ``error``: a verdict of
+    the caller's own checks (such as its row selection), raised after the handshake.
+    """
+    what = "sampling.decode"
+    if error is None:
+        error = _check(hidden, head, chunk, what)
+    rows = hidden.shape[0] if error is None else 0
+    per_row: list[SamplingParams] | InputError = rows_params(params, rows) if error is None else []
+    if isinstance(per_row, InputError):
+        error, per_row = InputError(f"{what}: {per_row}"), []
+    if error is None:
+        error = step_error(step, what)
+    if error is None and vocab_limit is not None and (
+            isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
+            or not 1 <= vocab_limit <= head.vocab_size):
+        error = InputError(f"{what}: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
+                           f"got {vocab_limit!r}")
+    if error is None and bitmask is not None and (
+            not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2
+            or bitmask.shape[0] != rows):
+        got = f"{bitmask.dtype} {list(bitmask.shape)}" if isinstance(bitmask, torch.Tensor) else type(bitmask).__name__
+        error = InputError(f"apply_token_bitmask: bitmask must be an int32 [{rows}, W] tensor (xgrammar's layout, "
+                           f"one row per hidden row), got {got}")
+    argument = None
+    if error is None:
+        parts = [torch.tensor(_identity(head), dtype=torch.int64),
+                 params_tensor(per_row, step, vocab_limit).reshape(-1)]
+        if bitmask is not None:
+            parts.append(bitmask.reshape(-1).to(torch.int64).cpu())
+        argument = torch.cat(parts)
+    plan = -1 - collective_plan(per_row, head.vocab_size) if error is None else 0  # < 0: the streamed path
+    fresh = int(torch.randint(0, 2**62, (1,)).item())
+    fresh = handshake(head, hidden, error, "decode", extra=plan, argument=argument, proposal=fresh)
+    if head.is_split:
+        # The verdict of a steady step rides here (the streamed passes' own first collectives vary).
+        gather_stack(torch.zeros(1, dtype=torch.int64, device=hidden.device), head)
+    seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
+    return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what, bitmask)
+
+
 def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], seeds: list[int], step: int,
-          vocab_limit: int | None, chunk: int | None, what: str) -> torch.Tensor:
+          vocab_limit: int | None, chunk: int | None, what: str, bitmask: torch.Tensor | None = None) -> torch.Tensor:
     device, rows = hidden.device, hidden.shape[0]
     vocab = head.vocab_size
     temps = torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=device)[:, None]
@@ -466,7 +500,7 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     min_p_on = (min_p > 0) & sampled
     two_pass = bool((min_p_on & ~by_cand).any())  # streamed rows whose min-p needs the global max first
     keys = noise.row_keys(seeds, step).to(device)
-    stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT)
+    stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT, bitmask)
     nan = torch.zeros(rows, dtype=torch.bool, device=device)
     running = _TopK(rows, k, head, device) if k else None
     tree = _TreeSum(head.vocab_start, head.vocab_start + head.shard.size) if bool(nucleus_rows.any()) else None
@@ -526,7 +560,7 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
         valid = torch.arange(width, device=device)[None, :] < cut[:, None]
         keep = torch.exp(cand_vals - cand_vals[:, :1]) >= min_p[:, None]
         valid &= ~min_p_on[:, None] | keep
-        score = cand_vals.to(torch.float64) + _gumbel_at(keys, cand_ids)
+        score = cand_vals.to(torch.float64) + noise.gumbel(keys, cand_ids)
         score = score.masked_fill(~valid | torch.isneginf(cand_vals), float("-inf"))
         c_top = score.max(dim=1).values
         c_chosen = torch.where(score == c_top[:, None], cand_ids, torch.full_like(cand_ids, NO_ID)).min(dim=1).values
@@ -539,8 +573,9 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     empty = torch.isneginf(top) | (chosen == NO_ID)
     if bool(empty.any()):
         # Every rank sees the same merged values, so every rank raises here.
+        by = "the bitmask / vocab_limit / filters" if bitmask is not None else "the vocab_limit / filters"
         raise InputError(f"{what}: row(s) {empty.nonzero()[:, 0].tolist()} allow no token (every logit is -inf "
-                         "after the vocab_limit / filters)")
+                         f"after {by})")
     return chosen
 
 
@@ -574,7 +609,7 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], per_row: list[S
                  step: int, vocab_limit: int | None) -> torch.Tensor:
     """Token ids of ``rows`` (top-p rows whose nucleus is longer than the candidates): their logits
     are streamed again, bitwise the same (the same GEMM calls over the whole batch), as many rows
-    at a time as the head's budget holds, and drawn by the materialized sampler (``draw._draw``,
+    at a time as the head's budget holds, and drawn by the materialized sampler (``draw.filtered_draw``,
     on sub-groups its temporaries fit in): the same tokens. Flat distributions only; each group
     costs one more pass over the weight."""
     width = max(1, max(b - a for a, b in owned_ranges(head)))  # the same on every rank: same groups, collectives
@@ -590,10 +625,10 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], per_row: list[S
             logits[:, lo:hi] = x.index_select(0, index)
         for s0 in range(0, len(sel), sub):
             part = sel[s0 : s0 + sub]
-            out.append(draw_rows(logits[s0 : s0 + sub], head, [per_row[r] for r in part], [seeds[r] for r in part],
-                                 step, vocab_limit))
+            out.append(filtered_draw(logits[s0 : s0 + sub], head, [per_row[r] for r in part],
+                                     [seeds[r] for r in part], step, vocab_limit))
     return torch.cat(out)
 
 
-__all__ = ["DENSE_TILE", "chunk_columns", "gemm_tiles", "greedy", "logprobs", "logsumexp", "plan_chunks", "sample",
-           "topk"]
+__all__ = ["DENSE_TILE", "chunk_columns", "decode", "gemm_tiles", "greedy", "logprobs", "logsumexp", "plan_chunks",
+           "sample", "topk"]

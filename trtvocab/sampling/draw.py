@@ -21,7 +21,6 @@ import torch
 
 from trtvocab.errors import InputError
 from trtvocab.sampling import noise
-from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
@@ -35,7 +34,7 @@ from trtvocab.sampling.reductions import (
 )
 
 
-def _rows_params(params: Any, rows: int) -> list[SamplingParams] | InputError:
+def rows_params(params: Any, rows: int) -> list[SamplingParams] | InputError:
     if isinstance(params, SamplingParams):
         return [params] * rows
     if isinstance(params, list | tuple) and all(isinstance(p, SamplingParams) for p in params):
@@ -51,7 +50,7 @@ def _float_bits(value: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 
-def _params_tensor(rows: list[SamplingParams], step: int, vocab_limit: int | None) -> torch.Tensor:
+def params_tensor(rows: list[SamplingParams], step: int, vocab_limit: int | None) -> torch.Tensor:
     """Every argument the ranks must agree on, as one int64 tensor (for the handshake digest).
 
     Integers (step, vocab_limit, top_k, seed) go as themselves and floats as their float64 bit
@@ -85,46 +84,17 @@ def sample(
     (a model whose config vocab is larger than its tokenizer: pass ``len(tokenizer)``).
     A row with no allowed token raises :class:`InputError` on every rank.
     """
-    return _sample(local_logits, head, params, step, vocab_limit, check_logits(local_logits, head, "sampling.sample"),
-                   "sample", None)
+    error = check_logits(local_logits, head, "sampling.sample")
+    return checked_sample(local_logits, head, params, step, vocab_limit, error, "sample", None)
 
 
-def decode(
-    hidden: torch.Tensor,
-    head: Any,
-    params: SamplingParams | list[SamplingParams],
-    *,
-    step: int = 0,
-    vocab_limit: int | None = None,
-    bitmask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One decode step's token ids ``[B]`` from the last hidden rows ``hidden [B, H]``: the head's
-    local logits, xgrammar's ``bitmask`` (optional, ``int32 [B, W]``), then :func:`sample`.
-
-    The same tokens as ``sample(apply_token_bitmask(head.local_logits(hidden), bitmask, head),
-    head, params)``, but every input of the step (hidden, bitmask, params) is validated before one
-    handshake, which runs only on the first step and when the step's signature (batch size,
-    dtypes, filters) changes; on the other steps the verdict rides on the step's first data
-    collective. Without top-k / top-p / min-p a steady step of a split head is therefore **one**
-    collective (the race's ``[tp, B]`` pairs) instead of three (the forward's handshake, the
-    sampler's, the race). A bad input on one rank still raises on every rank.
-    """
-    error = head._check_input(hidden)
-    logits = None
-    if error is None:
-        logits = head.local_logits(hidden)
-        error = bitmask_error(logits, bitmask, head) if bitmask is not None else None
-        if error is None and bitmask is not None:
-            apply_bitmask_(logits, bitmask, head)
-        error = error or check_logits(logits, head, "sampling.decode")
-    return _sample(logits, head, params, step, vocab_limit, error, "decode", bitmask if error is None else None)
-
-
-def _sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_limit: Any, error: InputError | None,
-            op: str, bitmask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`sample` and :func:`decode` after their own validation (``error``)."""
+def checked_sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_limit: Any, error: InputError | None,
+                   op: str, bitmask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`sample` and ``sampling.decode`` after their own validation (``error``: this rank's
+    verdict so far): the params checks, the handshake (``op``; ``bitmask`` joins the argument
+    digest), then :func:`filtered_draw`."""
     rows = local_logits.shape[0] if error is None else 0
-    per_row = _rows_params(params, rows) if error is None else []
+    per_row = rows_params(params, rows) if error is None else []
     if error is None and isinstance(per_row, InputError):
         error, per_row = per_row, []
     if error is None:
@@ -134,18 +104,18 @@ def _sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_limit: A
     if error is None and bad_limit:
         error = InputError(f"sample: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
                            f"got {vocab_limit!r}")
-    digest_of = _params_tensor(per_row, step, vocab_limit) if error is None and isinstance(per_row, list) else None
+    digest_of = params_tensor(per_row, step, vocab_limit) if error is None and isinstance(per_row, list) else None
     fresh = int(torch.randint(0, 2**62, (1,)).item())
     if digest_of is not None and bitmask is not None:
         digest_of = torch.cat([digest_of.reshape(-1), bitmask.reshape(-1).to(torch.int64)])
-    plan = _collective_plan(per_row, head.vocab_size) if digest_of is not None else 0
+    plan = collective_plan(per_row, head.vocab_size) if digest_of is not None else 0
     fresh = handshake(head, local_logits, error, op, extra=plan, argument=digest_of, proposal=fresh)
     assert isinstance(per_row, list)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
-    return _draw(own(local_logits, head), head, per_row, seeds, step, vocab_limit)
+    return filtered_draw(own(local_logits, head), head, per_row, seeds, step, vocab_limit)
 
 
-def _collective_plan(rows: list[SamplingParams], vocab_size: int) -> int:
+def collective_plan(rows: list[SamplingParams], vocab_size: int) -> int:
     """Which collectives a call makes, as one integer (part of the handshake's signature: a
     change of it renegotiates): the merged top-k width, whether top-p and min-p run."""
     sampled = [p for p in rows if not p.greedy]
@@ -153,8 +123,11 @@ def _collective_plan(rows: list[SamplingParams], vocab_size: int) -> int:
     return 4 * k + 2 * any(p.top_p < 1 for p in sampled) + any(p.min_p > 0 for p in sampled)
 
 
-def _draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], seeds: list[int], step: int,
-          vocab_limit: int | None) -> torch.Tensor:
+def filtered_draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], seeds: list[int], step: int,
+                  vocab_limit: int | None) -> torch.Tensor:
+    """The draw of validated, agreed input: ``x`` this rank's owned columns ``[B, V_local]``, one
+    params entry and one seed per row; temperature, top-k, top-p, min-p, then the race (module
+    docstring). Its collectives: the merged top-k, the nucleus, the global max, the race."""
     n = x.shape[1]
     device = x.device
     ids = torch.arange(head.vocab_start, head.vocab_start + n, device=device)

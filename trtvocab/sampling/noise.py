@@ -58,11 +58,14 @@ def row_keys(seeds: list[int], step: int) -> torch.Tensor:
 
 
 def uniforms(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """float64 ``[B, n]`` in (0, 1): the uniform of each (row key, global token id) pair."""
-    h = mix_tensor(keys + (token_ids.to(torch.int64)[None, :] + 1) * _signed(_GAMMA))
+    """float64 ``[B, n]`` in (0, 1): the uniform of each (row key, global token id) pair; ``token_ids``
+    ``[n]`` (the same ids for every row) or ``[B, n]`` (each row its own, such as its top-k candidates)."""
+    ids = token_ids.to(torch.int64)
+    h = mix_tensor(keys + ((ids[None, :] if ids.dim() == 1 else ids) + 1) * _signed(_GAMMA))
     return (_srl(h, 11).to(torch.float64) + 0.5) * 2.0**-53
 
 
 def gumbel(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Standard Gumbel noise ``-log(-log(u))``, float64 ``[B, n]``: argmax(logits + noise) ~ softmax."""
+    """Standard Gumbel noise ``-log(-log(u))``, float64 ``[B, n]``: argmax(logits + noise) ~ softmax
+    (``token_ids`` as for :func:`uniforms`)."""
     return -torch.log(-torch.log(uniforms(keys, token_ids)))

@@ -156,7 +156,7 @@ def _order_by_value_then_id(values: torch.Tensor, ids: torch.Tensor) -> torch.Te
     return by_id.gather(1, by_value)
 
 
-def _local_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def local_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of ``x [B, n]`` (no NaN, ``k <= n``) with ties broken towards the lower column.
 
     ``torch.topk`` fixes the top-k *values* but not which of several equal columns it
@@ -223,12 +223,12 @@ def merged_topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch
     """:func:`topk` on validated input whose call the ranks already agreed on (one all_gather)."""
     x = own(local_logits, head)
     if not head.is_split:
-        return _local_topk(x, k)
+        return local_topk(x, k)
     k_local = min(k, x.shape[1])
     vals = x.new_empty(x.shape[0], 0)
     cols = torch.empty(x.shape[0], 0, dtype=torch.int64, device=x.device)
     if k_local:
-        vals, cols = _local_topk(x, k_local)
+        vals, cols = local_topk(x, k_local)
     values, ids = gather_candidates(vals, cols + head.vocab_start, head, k)
     return values.to(local_logits.dtype), ids
 
