@@ -229,7 +229,7 @@ def _head_shard(path: Path, tp: int, rank: int, layout: str, **kw) -> LMHead:
         source = open_head(path, mapping=mapping, **kw)
         head = LMHead(source.vocab_size, source.hidden_size, dtype=torch.bfloat16, mapping=mapping,
                       quant_config=source.quant_config, vocab_layout=layout, pad_to=16)
-        head.load_weights(source.tensors(head.shard))
+        head.load_weights(source.shard_tensors(head.shard))
     return head
 
 

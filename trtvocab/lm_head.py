@@ -209,7 +209,7 @@ class LMHead(VocabParallelModule):
                        gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
                        pad_to=pad_to, process_group=process_group, deterministic=deterministic,
                        output_dtype=output_dtype, quant_decision=source.decision)
-            head.load_weights(source.tensors(head.shard))
+            head.load_weights(source.shard_tensors(head.shard))
             return head
 
         return load_collectively(build, mapping=mapping, group=process_group, what=f"LMHead.from_checkpoint({path})")

@@ -58,6 +58,7 @@ from trtvocab.base.inputs import check_hidden_states
 from trtvocab.base.units import human_bytes
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.quant.config import QuantAlgo, QuantConfig
+from trtvocab.weights.loader import HeadSource  # what a compared head is made from (re-exported)
 
 TOP_K = 5
 CHUNK_ELEMENTS = 1 << 22  # float64 softmax over [rows, V] runs in chunks of ~32 MiB per temporary
@@ -145,20 +146,6 @@ def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chun
 
 
 # ---- what to run -----------------------------------------------------------------------------
-@dataclass
-class HeadSource:
-    """A head to compare: a checkpoint, or in-memory tensors with their QuantConfig (``--simulate``)."""
-
-    name: str
-    path: str | None = None
-    tensors: dict[str, torch.Tensor] | None = None
-    quant_config: QuantConfig | None = None
-    shape: tuple[int, int] | None = None  # (V, H) of in-memory tensors
-    tensor_name: str | None = None
-    note: str = ""
-    toolchain: str = ""  # "modelopt" | "compressed-tensors" | "dense" | "trtvocab (simulated)" | "" (unknown)
-
-
 # ---- toolchain-named variants ------------------------------------------------------------------
 TOOLCHAINS = ("modelopt", "compressed-tensors")
 SIMULATED = "trtvocab (simulated)"

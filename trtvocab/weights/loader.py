@@ -3,7 +3,7 @@
 :func:`open_head` reads headers only: which tensor holds the head, what the gating rule
 (:func:`~trtvocab.quant.config.resolve_lm_head_quant`) decided, and ``(V, H)``. The
 returned :class:`HeadSource` then hands out lazy readers of exactly one shard's rows
-(:meth:`HeadSource.tensors`), dequantizing a stored-quantized head that must run dense
+(:meth:`HeadSource.shard_tensors`), dequantizing a stored-quantized head that must run dense
 (DESIGN §1.5: a stored scale is never ignored). ``LMHead.from_checkpoint`` builds the
 head from it; nothing here knows the head class.
 """
@@ -19,7 +19,7 @@ import torch
 
 from trtvocab.base.formats import Activation, Granularity, WeightFormat
 from trtvocab.checkpoints.checkpoint import EMBEDDING_NAMES, Checkpoint, open_checkpoint
-from trtvocab.errors import CheckpointError, QuantizationError
+from trtvocab.errors import CheckpointError, ConfigError, QuantizationError
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import compressed_tensors as ct
@@ -81,26 +81,58 @@ def dequantize_stored(algo: QuantAlgo, tensors: dict[str, Any], shard: VocabShar
     return method.dense_weight()[: shard.size]
 
 
-@dataclass(frozen=True)
+@dataclass
 class HeadSource:
-    """A checkpoint's head, probed but not read: its tensor, the gating verdict and ``(V, H)``."""
+    """Where a head's weights come from, before the head exists: one of
 
-    checkpoint: Checkpoint
-    decision: HeadQuantDecision
-    vocab_size: int
-    hidden_size: int
+    * a checkpoint ``path`` not yet probed (``tensor_name``: its head tensor when not the usual one);
+      ``LMHead.from_checkpoint(path)`` probes it under the rank's mapping, which the gating rule needs;
+    * a checkpoint's head probed but not read (:func:`open_head`): the ``checkpoint``, the gating
+      ``decision`` and ``shape``, with ``quant_config`` the decision's;
+    * ``tensors`` in memory (all V rows, ``load_weights``' keys) with their ``quant_config`` and ``shape``.
+
+    ``shape`` is ``(V, H)``. ``name`` / ``note`` / ``toolchain``: what reports call the head, a remark
+    on how it was made, and whose quantization it holds (``"modelopt"``, ``"compressed-tensors"``,
+    ``"dense"``, ``"trtvocab (simulated)"``, or ``""``: unknown).
+    """
+
+    name: str = ""
+    path: str | None = None
+    tensor_name: str | None = None
+    tensors: dict[str, Any] | None = None
+    quant_config: QuantConfig | None = None
+    shape: tuple[int, int] | None = None
+    note: str = ""
+    toolchain: str = ""
+    checkpoint: Any = None  # Checkpoint | GGUFCheckpoint, once probed
+    decision: HeadQuantDecision | None = None
 
     @property
-    def quant_config(self) -> QuantConfig | None:
-        return self.decision.config
+    def vocab_size(self) -> int:
+        return self._shape()[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self._shape()[1]
+
+    def _shape(self) -> tuple[int, int]:
+        if self.shape is None:
+            raise ConfigError(f"head source {self.name or self.path!r}: (V, H) unknown until the checkpoint is "
+                              "probed (open_head)")
+        return self.shape
 
     @property
     def weight_format(self) -> WeightFormat:
-        config = self.decision.config
-        return WeightFormat.DENSE if config is None else config.weight_format
+        return WeightFormat.DENSE if self.quant_config is None else self.quant_config.weight_format
 
-    def tensors(self, shard: VocabShard) -> dict[str, Any]:
-        """What ``load_weights`` of a head with ``shard`` takes: lazy row readers, or dense rows."""
+    def shard_tensors(self, shard: VocabShard) -> dict[str, Any]:
+        """What ``load_weights`` of a head with ``shard`` takes: lazy row readers or dense rows of a
+        probed checkpoint, or the in-memory tensors."""
+        if self.decision is None:
+            if self.tensors is None:
+                raise ConfigError(f"head source {self.name or self.path!r}: neither tensors nor a probed checkpoint "
+                                  "(open_head)")
+            return self.tensors
         if self.decision.notice:
             warnings.warn(self.decision.notice, stacklevel=3)
         if self.decision.checkpoint_format == ct.CHECKPOINT_FORMAT:
@@ -134,7 +166,8 @@ def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: 
     # Validate the tensor's byte range against the file now (one stat, nothing read): a tiny
     # file whose header claims 32 GiB is refused before the head allocates its shard.
     ckpt.get_slice(decision.tensor_name)
-    return HeadSource(ckpt, decision, vocab, hidden)
+    return HeadSource(name=str(path), path=str(path), tensor_name=decision.tensor_name, quant_config=decision.config,
+                      shape=(vocab, hidden), checkpoint=ckpt, decision=decision)
 
 
 # ---- the input embedding ------------------------------------------------------------------------------
