@@ -36,7 +36,7 @@ import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig
 from trtvocab.backends.onnx import fp4_dynamic_quantize, register_trt_schemas, run_onnx
-from trtvocab.base.formats import WeightFormat
+from trtvocab.base.formats import Runtime, WeightFormat
 from trtvocab.errors import EngineUnavailableError, InputError, QuantizationError
 from trtvocab.export.onnx import (
     FP4_QUANTIZE_OP,
@@ -283,7 +283,7 @@ def test_dense_parity(tmp_path, dtype, tp, context):
         info = export_onnx(head, tmp_path / f"rank{rank}.onnx", context_logits=context)
         check_graph(Path(info.path))
         got, backend = run_onnx(info.path, x, None if context else SEQ_LENS)
-        assert backend == ("onnxruntime" if dtype == torch.float32 else "reference")
+        assert backend == (Runtime.ONNXRUNTIME if dtype == torch.float32 else Runtime.ONNX_REFERENCE)
         compare(f"dense {dtype}", got, fallback(head, x, context), rtol=EPS[dtype] or 1e-5, atol_scale=1e-5)
         assert info.input_names == (["hidden_states"] if context else ["hidden_states", "seq_lens"])
         assert info.outputs[0].shape == [("num_tokens" if context else "batch"), head.local_vocab_size]
@@ -326,11 +326,11 @@ def test_fp8_parity(tmp_path, impl, activation, tp, context):
         assert ("ReduceMax" in ops) == (activation == "dynamic")
         got, backend = run_onnx(info.path, x, None if context else SEQ_LENS)
         # W8A8: bf16 input fed as an OrtValue, float32 GEMM; W8A16: a bf16 GEMM (no onnxruntime kernel)
-        assert backend == ("reference" if activation == "none" else "onnxruntime")
+        assert backend == (Runtime.ONNX_REFERENCE if activation == "none" else Runtime.ONNXRUNTIME)
         want = fallback(head, x, context)
         rtol, kind = graph_rtol(model)
         compare(f"FP8 {activation}{kind} ({impl})", got, want, rtol=rtol, atol_scale=1e-5, rounded=bool(kind))
-        ref = run_onnx(info.path, x, None if context else SEQ_LENS, runner="reference").logits
+        ref = run_onnx(info.path, x, None if context else SEQ_LENS, runner=Runtime.ONNX_REFERENCE).logits
         compare(f"FP8 {activation}{kind} reference ({impl})", ref, want, rtol=rtol, atol_scale=1e-5,
                 rounded=bool(kind))
 
@@ -370,7 +370,7 @@ def test_nvfp4_parity(tmp_path, impl, activation, tp, context):
         w = next(t for t in model.graph.initializer if t.name == "lm_head.weight")
         assert w.data_type == onnx.TensorProto.FLOAT4E2M1 and list(w.dims) == [head.local_vocab_size, H]
         got, backend = run_onnx(info.path, x, None if context else SEQ_LENS)
-        assert backend == "reference"
+        assert backend is Runtime.ONNX_REFERENCE
         rtol, kind = graph_rtol(model)
         compare(f"NVFP4 {activation}{kind} ({impl})", got, fallback(head, x, context), rtol=rtol, atol_scale=1e-5,
                 rounded=bool(kind))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtvocab.artifact.recipe import MAX_HIDDEN, MAX_TP, MAX_VOCAB, BuildRecipe, LMHeadSection, MappingSection
-from trtvocab.base.formats import WeightFormat
+from trtvocab.base.formats import Runtime, WeightFormat
 from trtvocab.errors import ConfigError
 from trtvocab.export.records import EngineBuild, Profile
 from trtvocab.quant.config import QuantConfig
@@ -41,7 +41,7 @@ class QuantRecord(_Record):
 class VerifyRecord(_Record):
     """The exported graph run on CPU against the PyTorch fallback."""
 
-    backend: str  # what ran the graph: "onnxruntime" | "reference" (onnx.reference)
+    backend: Runtime  # what ran the graph (manifests written before the enum say "reference": onnx.reference)
     max_abs_err: float
     tolerance: float
     ok: bool

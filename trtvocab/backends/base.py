@@ -6,14 +6,15 @@ from typing import ClassVar, NamedTuple, Protocol
 
 import torch
 
+from trtvocab.base.formats import Runtime
+
 
 class RankLogits(NamedTuple):
     """One rank's float32 ``[B, V_local]`` (or ``[T, V_local]``, context artifacts) logits,
-    and a truthful name of what computed them ("torch", "onnxruntime", "onnx.reference",
-    "tensorrt")."""
+    and a truthful name of what computed them (a :class:`~trtvocab.base.formats.Runtime`)."""
 
     logits: torch.Tensor
-    ran_on: str
+    ran_on: Runtime
 
 
 class RankBackend(Protocol):

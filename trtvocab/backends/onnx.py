@@ -51,7 +51,7 @@ from onnx.reference.op_run import OpRun
 from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends.base import RankLogits
 from trtvocab.base.dtypes import HEAD_DTYPES, dtype_name
-from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS
+from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS, Runtime
 from trtvocab.base.fsutil import open_regular
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
@@ -60,7 +60,10 @@ from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK, SCALE_MIN
 from trtvocab.quant.nvfp4 import E2M1_MAX as _E2M1_MAX
 
-RUNNERS = ("auto", "onnxruntime", "reference")
+ONNX_RUNTIMES = (Runtime.ONNXRUNTIME, Runtime.ONNX_REFERENCE)  # what runs a graph here
+# The runner a caller chooses: "auto" (the module docstring), or one of ONNX_RUNTIMES by value
+# ("reference" is accepted as the older name of "onnx.reference").
+RUNNERS = ("auto", *(r.value for r in ONNX_RUNTIMES))
 E2M1_MAX = np.float32(_E2M1_MAX)
 E4M3_MAX = np.float32(FP8_MAX)
 BLOCK_SCALE_MIN = np.float32(SCALE_MIN)  # smallest E4M3 subnormal: a block scale never underflows to 0
@@ -234,11 +237,24 @@ def _ort_run(session: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return session.run_with_ort_values([LOGITS], values)[0].numpy()
 
 
+def parse_runner(choice: Any) -> Runtime | None:
+    """The runtime a runner choice names (None: ``"auto"``); anything else is an InputError."""
+    if choice == "auto":
+        return None
+    try:
+        runtime = Runtime(choice)
+    except ValueError:
+        runtime = None
+    if runtime not in ONNX_RUNTIMES:
+        raise InputError(f"runner (the ONNX backend's runtime) must be one of {RUNNERS}, got {choice!r}")
+    return runtime
+
+
 class OnnxRun(NamedTuple):
     """What :func:`run_onnx` computed, and which runtime computed it."""
 
     logits: np.ndarray  # float32 [B, V_local] (or [T, V_local] for a context graph)
-    runner: str  # "onnxruntime" | "reference" (onnx.reference)
+    runner: Runtime  # ONNXRUNTIME or ONNX_REFERENCE
 
 
 class OnnxGraph:
@@ -247,20 +263,23 @@ class OnnxGraph:
 
     Args:
         path_or_model: the graph file (its external data beside it) or an in-memory model.
-        runner: ``"auto"`` (see the module docstring), ``"onnxruntime"`` or ``"reference"``.
+        runner: ``"auto"`` (see the module docstring), or one of :data:`ONNX_RUNTIMES`
+            (``"onnxruntime"``, ``"onnx.reference"``; ``"reference"`` too).
     """
 
     def __init__(self, path_or_model: str | Path | onnx.ModelProto, runner: str = "auto") -> None:
-        if runner not in RUNNERS:
-            raise InputError(f"runner (the ONNX backend's runtime) must be one of {RUNNERS}, got {runner!r}")
+        chosen = parse_runner(runner)
         self.model, self.path = _load(path_or_model)
         self.inputs = {vi.name: vi for vi in self.model.graph.input}
         if HIDDEN not in self.inputs:
             raise InputError(f"graph has no {HIDDEN!r} input (inputs: {sorted(self.inputs)})")
-        self.runner = runner if runner != "auto" else ("reference" if reference_reason(self.model) else "onnxruntime")
-        blocker = onnxruntime_blocker(self.model) if self.runner == "onnxruntime" else None
+        if chosen is None:
+            chosen = Runtime.ONNX_REFERENCE if reference_reason(self.model) else Runtime.ONNXRUNTIME
+        self.runner: Runtime = chosen
+        blocker = onnxruntime_blocker(self.model) if self.runner is Runtime.ONNXRUNTIME else None
         if blocker is not None:
-            raise EngineUnavailableError(f"onnxruntime cannot run this graph: {blocker}; use runner='reference'")
+            raise EngineUnavailableError(f"onnxruntime cannot run this graph: {blocker}; "
+                                         f"use runner={Runtime.ONNX_REFERENCE.value!r}")
         self._session: Any = None
         self._evaluator: Any = None
 
@@ -275,7 +294,7 @@ class OnnxGraph:
             last_token_rows(lens, total)  # validated even where unused (context graphs), like LogitsProcessor
             if SEQ_LENS in self.inputs:
                 feeds[SEQ_LENS] = np.asarray(lens.cpu() if isinstance(lens, torch.Tensor) else lens, dtype=np.int32)
-        if self.runner == "onnxruntime":
+        if self.runner is Runtime.ONNXRUNTIME:
             if self._session is None:
                 self._session = _ort_session(self.model, self.path)
             out = _ort_run(self._session, feeds)
@@ -299,8 +318,8 @@ def run_onnx(
     ``hidden``: ``[T, H]`` torch tensor or numpy array in the graph's input dtype (bf16 as
     ``torch.bfloat16`` or ``ml_dtypes.bfloat16``). ``seq_lens``: the packed lengths; None
     means one sequence (the last row). Context graphs have no ``seq_lens`` input: a given
-    one is validated and otherwise unused. ``runner``: ``"auto"`` (see the module
-    docstring), ``"onnxruntime"`` or ``"reference"``. One call, one graph load: a loop that
+    one is validated and otherwise unused. ``runner``: as for :class:`OnnxGraph`. One call,
+    one graph load: a loop that
     runs a graph many times keeps an :class:`OnnxGraph`.
     """
     return OnnxGraph(path_or_model, runner).run(hidden, seq_lens)
@@ -335,5 +354,4 @@ class OnnxBackend:
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:
         lens = None if self.context or seq_lens is None else seq_lens.to(torch.int32)
         out = self._graph.run(hidden, lens)
-        ran_on = "onnxruntime" if out.runner == "onnxruntime" else "onnx.reference"
-        return RankLogits(torch.from_numpy(out.logits), ran_on)
+        return RankLogits(torch.from_numpy(out.logits), out.runner)

@@ -25,7 +25,7 @@ import torch
 
 from trtvocab.artifact.manifest import EngineRecord, Manifest
 from trtvocab.backends.base import RankLogits
-from trtvocab.base.formats import EMBED_IDS, EMBED_ROWS, HIDDEN, LOGITS, SEQ_LENS
+from trtvocab.base.formats import EMBED_IDS, EMBED_ROWS, HIDDEN, LOGITS, SEQ_LENS, Runtime
 from trtvocab.base.fsutil import atomic_write_bytes, read_regular, sha256_bytes
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
@@ -232,4 +232,4 @@ class TensorRTBackend:
 
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:
         lens = None if self.context or seq_lens is None else seq_lens.to(torch.int32)
-        return RankLogits(self.runner.run(hidden, lens).float().cpu(), self.name)
+        return RankLogits(self.runner.run(hidden, lens).float().cpu(), Runtime.TENSORRT)

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends.base import RankLogits
 from trtvocab.base.dtypes import head_dtype
+from trtvocab.base.formats import Runtime
 from trtvocab.base.fsutil import open_regular
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import shard_logits
@@ -44,4 +45,4 @@ class TorchBackend:
 
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:
         logits = shard_logits(self.head, hidden, seq_lens, return_context_logits=self.context)
-        return RankLogits(logits, self.name)
+        return RankLogits(logits, Runtime.TORCH)

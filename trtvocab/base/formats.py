@@ -52,12 +52,20 @@ class Granularity(_Name):
 
 class Runtime(_Name):
     """What computed a result: the PyTorch fallback, onnxruntime, ``onnx.reference`` (the ONNX
-    reference evaluator: FP4 and bf16 graphs, which onnxruntime CPU cannot run) or a TensorRT engine."""
+    reference evaluator: FP4 and bf16 graphs, which onnxruntime CPU cannot run) or a TensorRT engine.
+
+    ``Runtime("reference")`` is :attr:`ONNX_REFERENCE`: the name manifests written before this
+    enum hold (``VerifyRecord.backend``) and the ONNX backend's runner choice still accepts.
+    """
 
     TORCH = "torch"
     ONNXRUNTIME = "onnxruntime"
     ONNX_REFERENCE = "onnx.reference"
     TENSORRT = "tensorrt"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Runtime | None:
+        return cls.ONNX_REFERENCE if value == "reference" else None
 
 
 # The exported graph's inputs and output (see trtvocab.export.onnx for the graph itself).

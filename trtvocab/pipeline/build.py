@@ -28,7 +28,7 @@ from trtvocab.artifact.manifest import (
 from trtvocab.artifact.recipe import BuildRecipe
 from trtvocab.base import fsutil
 from trtvocab.base.dtypes import head_dtype
-from trtvocab.base.formats import WeightFormat
+from trtvocab.base.formats import Runtime, WeightFormat
 from trtvocab.checkpoints.provenance import head_digest
 from trtvocab.embedding import VocabParallelEmbedding
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
@@ -89,7 +89,7 @@ def verify_embedding_export(emb: VocabParallelEmbedding, onnx_path: Path) -> Ver
     got = run_embedding_onnx(onnx_path, ids)
     err = float((got.float() - want.float()).abs().max())
     equal = bool(torch.equal(got, want))
-    return VerifyRecord(backend="onnxruntime", max_abs_err=err, tolerance=0.0, ok=equal, argmax_equal=equal)
+    return VerifyRecord(backend=Runtime.ONNXRUNTIME, max_abs_err=err, tolerance=0.0, ok=equal, argmax_equal=equal)
 
 
 def verification_input(head: LMHead, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,20 +22,22 @@ from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends import open_backend, pick_backend
 from trtvocab.backends.base import RankLogits
 from trtvocab.base.dtypes import head_dtype
+from trtvocab.base.formats import Runtime
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
 from trtvocab.errors import ArtifactError
 from trtvocab.parallel import distributed as D
 
 # What the ranks of an inference agree on before the gather (protocol: trtvocab.parallel.distributed.Handshake).
-INFER_HANDSHAKE = D.Handshake("infer", (D.Field("vocab_size"), D.Field("rows"), D.Field("ran_on", (
-    "torch", "onnxruntime", "onnx.reference", "tensorrt"), per_rank=True)))
+INFER_HANDSHAKE = D.Handshake("infer", (D.Field("vocab_size"), D.Field("rows"),
+                                        D.Field("ran_on", tuple(Runtime), per_rank=True)))
 
 
 class InferResult(NamedTuple):
     """What :func:`infer` returns on the rank that holds the answer."""
 
     logits: torch.Tensor | None  # float32 [B, V] (None on the other ranks under torchrun)
-    ran_on: str  # what computed them: "torch", "onnxruntime", "onnx.reference" or "tensorrt"
+    ran_on: str  # what computed them: a Runtime value ("torch", "onnxruntime", "onnx.reference", "tensorrt"),
+    # or the distinct values of the ranks, sorted and joined by ", "
     manifest: Manifest
 
 
@@ -50,7 +52,7 @@ def _infer_rank(rank: int, world: int, root: str, backend: str, hidden: torch.Te
     """One rank of a split artifact: its columns, the handshake, the gather; rank 0 returns the result."""
     manifest = artifacts.read_manifest(Path(root), verify=False)  # verified once by the caller
     error: Exception | None = None
-    local = RankLogits(torch.empty(0, 0), "torch")
+    local = RankLogits(torch.empty(0, 0), Runtime.TORCH)
     try:
         local = _rank_logits(Path(root), manifest, rank, backend, hidden, seq_lens)
     except Exception as exc:  # every rank hears of it in the handshake instead of waiting
