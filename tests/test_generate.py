@@ -174,6 +174,40 @@ def test_seeded_sampling_is_the_same_at_tp_1_and_3(mixed) -> None:
     assert runs[1].deterministic == runs[3].deterministic == available
 
 
+def test_a_small_logits_budget_streams_the_vocab_with_the_same_tokens(mixed, loaded, smollm2: Path, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """The ``mixed`` batch again with a 64 KiB logits budget: every step's float32 ``[b, V_local]``
+    exceeds it, so ``sampling.decode`` streams the vocab in chunks (greedy, seeded and the JSON
+    schema's bitmask); the tokens are the same as the materialized run's at tp 1 and tp 3, and at
+    tp 1 also without deterministic mode."""
+    from trtvocab.sampling import chunked
+
+    runs, _ = mixed
+    prompts = [r.prompt for r in runs[1].results]
+    (tmp_path / "capital_only.json").write_text(json.dumps(CAPITAL))
+    schema = grammar_spec(json_schema=tmp_path / "capital_only.json")
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0)]
+    streamed = []
+    real = chunked.decode
+
+    def counting(*args, **kwargs):
+        streamed.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chunked, "decode", counting)
+    for tp in (1, 3):
+        spec, _ = G.prepare(smollm2, prompts, tp=tp, max_new_tokens=K_MIX, params=params,
+                            grammars=[None, None, schema], deterministic=True, logits_budget_bytes=64 << 10)
+        got = G.generate(spec, loaded)
+        assert [r.token_ids for r in got.results] == [r.token_ids for r in runs[tp].results], tp
+    assert len(streamed) >= K_MIX  # tp 1: every step streamed (tp 3 streams in its ranks)
+    plain = {}
+    for budget in (None, 64 << 10):
+        spec, _ = G.prepare(smollm2, prompts[:2], max_new_tokens=K, params=params[:2], logits_budget_bytes=budget)
+        plain[budget] = [r.token_ids for r in G.generate(spec, loaded).results]
+    assert plain[None] == plain[64 << 10]
+
+
 # ---- the command line ------------------------------------------------------------------------------------
 def test_cli_json_format_and_greedy_equals_transformers(loaded, smollm2: Path) -> None:
     res = cli(str(smollm2), "--prompt", A, "--prompt", B, "--max-new-tokens", str(K), "--json")

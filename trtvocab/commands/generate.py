@@ -1,42 +1,17 @@
-"""The decode loop: ``ids -> embedding -> body -> last rows -> head -> sampler -> ids``, every step.
+"""``trtvocab generate``: a causal LM's decode loop with the vocabulary dimension split over ``tp`` ranks.
 
-The transformer body (attention, MLPs, the final norm) runs in ``transformers`` with its KV
-cache, whole and unsplit, on every rank (with ``attention_dp``: on each rank for its own block
-of prompts, the last hidden rows gathered). The vocabulary dimension runs in trtvocab on the
-``tp`` ranks, and that is where the ranks meet::
+The body (attention, MLPs, the final norm) runs whole in ``transformers`` with its KV cache on
+every rank (``attention_dp``: each rank its own block of prompts, the last hidden rows
+gathered). The vocabulary ends run in trtvocab, one :class:`VocabEnds` per rank built once
+(:func:`open_vocab_ends`): ``embed(ids)`` (own rows, an exact all-reduce) and
+``next_ids(rows, params, step, bitmask)`` (the model's head through ``sampling.decode``, which
+streams the vocab above the head's logits budget, or an artifact's backend, then the gather-free
+sampler). :func:`_decode` is the batching loop around them, batched as ``transformers.generate``
+batches (left padding), so greedy output is token-identical. :func:`prepare` refuses everything
+it can before any rank starts (typed errors naming the argument); ``tp > 1`` runs on gloo ranks
+(:func:`trtvocab.parallel.launch.run_ranks`) that receive the loaded body in shared memory.
 
-    input ids [B, S]  -> VocabParallelEmbedding       masked lookup of own rows, all-reduce (SUM)
-    inputs_embeds     -> model.model(...)             the body, KV cache, on every rank (no collective)
-    last rows [B, H]  -> LogitsProcessor + LMHead     this rank's columns, float32 [B, V_local]
-                         (or an artifact's backend: open_backend(...).rank_logits)
-    (xgrammar)        -> apply_token_bitmask          each rank masks its own columns
-    next ids [B]      -> sample                       Gumbel race: [tp, B] (score, id) pairs cross
-
-so per step exactly two things cross ranks: the embedding rows of the new ids and each rank's
-best ``(score, id)`` per row; the ``[B, V]`` logits are never gathered. Every rank ends up with
-the same ids, feeds them to its own body, and the next step starts.
-
-Batching (as ``transformers.generate`` does it, so that greedy output is token-identical):
-prompts are left-padded; prefill positions are ``cumsum(mask) - 1`` (0 on padding) and the
-mask is dropped when nothing is padded; each decode step extends the mask by one and the
-positions by one. The head sees the packed non-padding rows of the prefill with their
-``seq_lens`` (the LogitsProcessor takes each sequence's last row), then one row per
-unfinished prompt. A prompt stops at an end-of-sequence id (the model's generation config,
-else the tokenizer's; the id is kept in ``token_ids``) or after ``max_new_tokens``; a finished
-prompt stays in the body's batch (fed padding, as ``generate`` does) but produces no more tokens.
-
-Structured output: one ``xgrammar.GrammarMatcher`` per constrained prompt on every rank,
-compiled against the tokenizer with the model's config vocab (the CLI constrains every prompt;
-the Python API takes one grammar per prompt, or none); each step fills the bitmask of the
-unfinished rows (all ones for an unconstrained row) and every rank applies it to its own
-columns (:mod:`trtvocab.commands.grammar`: the checks, limits and matchers). JSON schemas compile with
-``any_whitespace=False`` (:data:`trtvocab.commands.grammar.JSON_ANY_WHITESPACE`): compact JSON.
-
-``tp == 1`` runs in this process (a replicated head); ``tp > 1`` starts ``tp`` gloo ranks with
-:func:`trtvocab.parallel.launch.run_ranks`, which receive the loaded body in shared memory (it is not
-loaded again); each rank reads only its own rows of the vocabulary matrix (``load_tied``).
-Everything that can be refused is refused before any rank starts (:func:`prepare`): typed
-errors naming the argument.
+See docs/generate.md.
 """
 
 from __future__ import annotations
@@ -50,6 +25,7 @@ from typing import Any
 
 import torch
 
+from trtvocab.base.formats import Runtime
 from trtvocab.commands.grammar import GrammarSpec, RowGrammars, check_grammar, compile_grammar, grammar_spec
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, InputError
 from trtvocab.parallel import distributed as D
@@ -57,11 +33,10 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import calc_shard
 from trtvocab.sampling import SamplingParams
 
-RAN_ON = ("torch", "onnxruntime", "onnx.reference", "tensorrt")
 # What the ranks agree on once their setup is done, and after every artifact-backend step
 # (protocol: trtvocab.parallel.distributed.Handshake): a rank whose setup or backend failed stops the others.
 SETUP_HANDSHAKE = D.Handshake("generate", (D.Field("vocab_size"), D.Field("hidden_size"), D.Field("prompts")))
-STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on", RAN_ON, per_rank=True)))
+STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on", tuple(Runtime), per_rank=True)))
 _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
                   "seed": "--seed"}
 
@@ -75,6 +50,7 @@ class ArtifactSpec:
     backend: str  # canonical, chosen (torch | onnx | tensorrt)
     tp: int
     note: str | None = None  # why auto did not take the artifact's TensorRT engines
+    manifest: Any = None  # its Manifest, read (and verified) once by artifact_spec; the ranks use it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +70,9 @@ class GenerateSpec:
     # hidden rows are gathered and the vocabulary stays split (TensorRT-LLM's
     # enable_lm_head_tp_in_adp). Off: every rank runs the whole body on every prompt.
     attention_dp: bool = False
+    # The model's head streams its vocab in chunks above this many bytes of float32 [b, V_local]
+    # logits (LMHead.logits_budget_bytes; None: the head's default).
+    logits_budget_bytes: int | None = None
 
 
 @dataclasses.dataclass
@@ -115,7 +94,9 @@ class GenerateReport:
     new_tokens: int
     prefill_s: float
     decode_s: float
-    deterministic: bool  # whether the head really ran in deterministic mode
+    # What ran: every rank's head gave tp- and batch-invariant logits (a deterministic LMHead, or a
+    # deterministic artifact's PyTorch fallback); not merely what was asked for.
+    deterministic: bool
     grammar: str | None = None
     attention_dp: bool = False  # tp > 1: the body ran data-parallel (else every rank ran all of it)
 
@@ -135,7 +116,7 @@ class GenerateReport:
 @dataclasses.dataclass
 class _RankOutput:
     token_ids: list[list[int]]
-    ran_on: list[str]
+    ran_on: list[Runtime]
     prefill_s: float
     decode_s: float
     deterministic: bool
@@ -228,12 +209,12 @@ def _model_shape(path: Path) -> tuple[int, int]:
 
 
 def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
-                  allow_other_checkpoint: bool = False) -> ArtifactSpec:
+                  allow_other_checkpoint: bool = False, shape: tuple[int, int] | None = None) -> ArtifactSpec:
     """Check an artifact against the model and pick its backend (:class:`ArtifactError`, naming ``--artifact``).
 
     The artifact must have been built from ``model``'s head (the manifest's ``checkpoint_sha256``,
     :func:`trtvocab.checkpoints.provenance.head_digest`); ``allow_other_checkpoint`` runs it anyway, and the
-    report says so."""
+    report says so. ``shape``: the model's ``(vocab, hidden)`` when the caller has read them."""
     from trtvocab.artifact import store as artifacts
     from trtvocab.backends import canonical, pick_backend
 
@@ -251,7 +232,7 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
     if manifest.mapping.enable_attention_dp:
         raise ArtifactError(f"--artifact {root}: built for attention DP (ranks hold different requests); generate "
                             "runs one TP group over one batch")
-    vocab, hidden = _model_shape(model)
+    vocab, hidden = shape if shape is not None else _model_shape(model)
     h = manifest.head
     if (h.vocab_size, h.hidden_size) != (vocab, hidden):
         raise ArtifactError(f"--artifact {root}: its head is vocab {h.vocab_size} x hidden {h.hidden_size}, the model "
@@ -264,7 +245,7 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
     notes = [note] if note else []
     if chosen != "tensorrt" and manifest.backends.tensorrt and usable["tensorrt"] is not None:
         notes.append(f"TensorRT engines not run: {usable['tensorrt']}; the head ran on {chosen} instead")
-    return ArtifactSpec(str(root.resolve()), chosen, art_tp, "; ".join(notes) or None)
+    return ArtifactSpec(str(root.resolve()), chosen, art_tp, "; ".join(notes) or None, manifest)
 
 
 def _provenance(root: Path, manifest: Any, model: Path, allow: bool) -> str | None:
@@ -342,15 +323,21 @@ def prepare(
     artifact: str | Path | None = None,
     allow_other_checkpoint: bool = False,
     attention_dp: bool = False,
+    logits_budget_bytes: int | None = None,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
     ``params``: one :class:`SamplingParams` for every prompt, or one per prompt; default greedy.
     ``json_schema`` / ``regex`` constrain every prompt; ``grammars`` (from :func:`grammar_spec`)
     gives one grammar (or None) per prompt instead.
+    ``logits_budget_bytes``: the model's head streams its vocab in chunks when a step's float32
+    ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
+    budget = logits_budget_bytes
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+        raise ConfigError(f"logits_budget_bytes: must be None or an int > 0, got {budget!r}")
     check_options(max_new_tokens=max_new_tokens, tp=tp, prompts=prompts, backend=backend, artifact=artifact,
                   deterministic=deterministic)
     path = model_path(model)
@@ -367,12 +354,13 @@ def prepare(
         per_grammar = tuple(grammars)
     else:
         per_grammar = (grammar,) * len(prompts) if grammar is not None else ()
-    art = artifact_spec(artifact, backend, path, tp, allow_other_checkpoint) if artifact is not None else None
+    shape = _model_shape(path)  # the checkpoint's header, read once
+    art = artifact_spec(artifact, backend, path, tp, allow_other_checkpoint, shape) if artifact is not None else None
     ranks = art.tp if art is not None else (tp or 1)
     if attention_dp and ranks == 1:
         raise ConfigError("--attention-dp splits the prompts over the ranks: it needs --tp > 1 (or a tp > 1 "
                           "--artifact)")
-    vocab, _ = _model_shape(path)
+    vocab, _ = shape
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
     loaded = load_model(path)
@@ -389,7 +377,7 @@ def prepare(
         raise InputError(f"--max-new-tokens {max_new_tokens}: the longest prompt has {longest} tokens and the model "
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
-                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp))
+                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), budget)
     return spec, loaded
 
 
@@ -423,10 +411,11 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
             if other.token_ids != out.token_ids:  # the sampler promises the same ids everywhere
                 raise DistributedError(f"generate: rank {r} produced other token ids than rank 0")
         out.ran_on = sorted({name for o in outs for name in o.ran_on})
+        out.deterministic = all(o.deterministic for o in outs)
     tok = loaded.tokenizer
     results = [GenerateResult(p, ids, tok.decode(ids, skip_special_tokens=True))
                for p, ids in zip(spec.prompts, out.token_ids, strict=True)]
-    head = ", ".join(out.ran_on) if spec.artifact is not None else "torch"
+    head = ", ".join(r.value for r in out.ran_on) if spec.artifact is not None else Runtime.TORCH.value
     labels = {g.label for g in spec.grammars if g is not None}
     grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \
         "per-prompt grammars"
@@ -491,64 +480,137 @@ class _Body:
         return out.last_hidden_state
 
 
-def _load_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None) -> tuple[Any, Any, bool]:
-    """``(embedding, head, deterministic)`` of this rank, the artifact's layout where there is one."""
+class VocabEnds:
+    """This rank's vocabulary ends of the model, built once per run by :func:`open_vocab_ends`: the
+    input embedding (``embed``) and the head with its sampler (``next_ids``), the same ids on every
+    rank. :attr:`ran_on`: what computed the logits so far; :attr:`deterministic`: whether that head
+    gives tp- and batch-invariant logits."""
+
+    deterministic: bool = False
+
+    def __init__(self, embedding: Any, head: Any, vocab_limit: int | None) -> None:
+        self.embedding, self.head, self.vocab_limit = embedding, head, vocab_limit
+        self.ran_on: set[Runtime] = set()
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids [B, S]`` -> ``[B, S, H]``: own rows looked up, the rest all-reduced (exact)."""
+        return self.embedding(ids)
+
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
+                 bitmask: torch.Tensor | None) -> list[int]:  # pragma: no cover - abstract
+        """The next id of each row of ``rows [b, H]`` (the last hidden rows): this rank's columns,
+        xgrammar's ``bitmask`` (or None), the draw."""
+        raise NotImplementedError
+
+
+class TorchEnds(VocabEnds):
+    """The model's own head: :func:`trtvocab.sampling.decode` (one validated, handshaken step; the
+    vocab streamed in chunks when the float32 ``[b, V_local]`` logits exceed the head's budget)."""
+
+    def __init__(self, embedding: Any, head: Any, vocab_limit: int | None) -> None:
+        super().__init__(embedding, head, vocab_limit)
+        self.deterministic = bool(head.deterministic)
+
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
+                 bitmask: torch.Tensor | None) -> list[int]:
+        from trtvocab.sampling import decode
+
+        self.ran_on.add(Runtime.TORCH)
+        return decode(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask).tolist()
+
+
+class ArtifactEnds(VocabEnds):
+    """A built artifact's head: the backend computes this rank's float32 ``[b, V_local]`` columns
+    (an engine returns its logits: nothing to stream), the ranks check in (:data:`STEP_HANDSHAKE`),
+    then each masks its columns and draws (``sampling.apply_token_bitmask``, ``sampling.sample``)."""
+
+    def __init__(self, embedding: Any, head: Any, vocab_limit: int | None, backend: Any, dtype: torch.dtype,
+                 world: int, deterministic: bool) -> None:
+        super().__init__(embedding, head, vocab_limit)
+        self.backend, self.dtype, self.world = backend, dtype, world
+        self.deterministic = deterministic
+
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
+                 bitmask: torch.Tensor | None) -> list[int]:
+        from trtvocab.sampling import apply_token_bitmask, sample
+
+        error: Exception | None = None
+        local: Any = None
+        try:
+            local = self.backend.rank_logits(rows.to(self.dtype), torch.ones(rows.shape[0], dtype=torch.int64))
+        except Exception as exc:
+            if self.world == 1:
+                raise
+            error = exc
+        if self.world > 1:
+            values = None if error is not None else {"rows": local.logits.shape[0], "ran_on": local.ran_on}
+            STEP_HANDSHAKE.exchange(values, error, None, world=self.world, what="generate (artifact head)")
+        self.ran_on.add(Runtime(local.ran_on))
+        logits = local.logits
+        if bitmask is not None:
+            apply_token_bitmask(logits, bitmask, self.head)
+        return sample(logits, self.head, params, step=step, vocab_limit=self.vocab_limit).tolist()
+
+
+def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, vocab_limit: int | None) -> VocabEnds:
+    """This rank's :class:`VocabEnds`: the checkpoint opened once (``load_tied``: one shard buffer for
+    both ends of a tied model), in the artifact's layout where there is one; the artifact's manifest
+    is the one :func:`prepare` read (``spec.artifact.manifest``)."""
     from trtvocab.embedding import load_tied
 
-    layout: Any = "uneven"
-    pad_to = 64
-    manifest = None
-    if spec.artifact is not None:
-        from trtvocab.artifact import store as artifacts
-
-        manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)  # verified by prepare
-        layout, pad_to = manifest.head.vocab_layout, manifest.head.pad_to
+    art = spec.artifact
+    manifest = art.manifest if art is not None else None
+    layout: Any = manifest.head.vocab_layout if manifest is not None else "uneven"
+    pad_to = manifest.head.pad_to if manifest is not None else 64
     # LMHead refuses deterministic=True for a quantized head (a ConfigError naming it).
     embedding, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,
                                 gather_output=False, deterministic=spec.deterministic)
-    deterministic = spec.deterministic
-    if manifest is not None:
-        entry = manifest.entry(rank)
-        if (entry.start, entry.end) != (head.vocab_start, head.vocab_end):
-            raise ArtifactError(f"--artifact: rank {rank} holds columns [{entry.start}, {entry.end}), the model's "
-                                f"shard is [{head.vocab_start}, {head.vocab_end})")
-    return embedding, head, deterministic
+    if spec.logits_budget_bytes is not None:
+        head.logits_budget_bytes = spec.logits_budget_bytes
+    if art is None:
+        return TorchEnds(embedding, head, vocab_limit)
+    from trtvocab.backends import open_backend
+    from trtvocab.base.dtypes import head_dtype
+
+    entry = manifest.entry(rank)
+    if (entry.start, entry.end) != (head.vocab_start, head.vocab_end):
+        raise ArtifactError(f"--artifact: rank {rank} holds columns [{entry.start}, {entry.end}), the model's "
+                            f"shard is [{head.vocab_start}, {head.vocab_end})")
+    backend = open_backend(art.backend, Path(art.root), manifest, rank)
+    # The PyTorch fallback of a deterministic build is bitwise tp/batch-invariant; engines promise less.
+    deterministic = bool(manifest.head.deterministic) and art.backend == "torch"
+    return ArtifactEnds(embedding, head, vocab_limit, backend, head_dtype(manifest.head.dtype), spec.tp, deterministic)
 
 
-def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _ModelFacts | None = None) -> _RankOutput:
-    from trtvocab.logits import LogitsProcessor
-    from trtvocab.sampling import apply_token_bitmask, decode, sample
-
+def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: _ModelFacts) -> tuple[VocabEnds, Any]:
+    """This rank's vocab ends and grammar matchers; at tp > 1 the ranks then meet once
+    (:data:`SETUP_HANDSHAKE`), so a rank whose shard or backend failed to load stops the others."""
     split = spec.tp > 1
     mapping = Mapping(world_size=spec.tp, rank=rank, tp_size=spec.tp) if split else None
+    vocab_limit = len(tokenizer) if len(tokenizer) < facts.vocab_size else None
     error: Exception | None = None
+    ends: Any = None
+    grammar = None
     try:
-        embedding, head, deterministic = _load_vocab_ends(spec, rank, mapping)
-        backend = None
-        if spec.artifact is not None:
-            from trtvocab.artifact import store as artifacts
-            from trtvocab.backends import open_backend
-            from trtvocab.base.dtypes import head_dtype
-
-            manifest = artifacts.read_manifest(Path(spec.artifact.root), verify=False)
-            backend = open_backend(spec.artifact.backend, Path(spec.artifact.root), manifest, rank)
-            backend_dtype = head_dtype(manifest.head.dtype)
-        facts = facts or _ModelFacts.of(model, tokenizer)
-        grammar = RowGrammars(spec.grammars, tokenizer, facts.vocab_size, set(facts.eos)) \
-            if any(g is not None for g in spec.grammars) else None
+        ends = open_vocab_ends(spec, rank, mapping, vocab_limit)
+        if any(g is not None for g in spec.grammars):
+            grammar = RowGrammars(spec.grammars, tokenizer, facts.vocab_size, set(facts.eos))
     except Exception as exc:
         if not split:
             raise
         error = exc
     if split:
-        values = None if error is not None else {"vocab_size": head.vocab_size, "hidden_size": head.hidden_size,
-                                                 "prompts": len(spec.prompts)}
+        values = None if error is not None else {"vocab_size": ends.head.vocab_size,
+                                                 "hidden_size": ends.head.hidden_size, "prompts": len(spec.prompts)}
         SETUP_HANDSHAKE.exchange(values, error, None, world=spec.tp, what="generate (setup)")
+    return ends, grammar
 
+
+def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _ModelFacts | None = None) -> _RankOutput:
+    """The batching loop of one rank: embed, body, last rows, ``ends.next_ids``, until every prompt is done."""
     facts = facts or _ModelFacts.of(model, tokenizer)
-    eos, pad, config_vocab = set(facts.eos), facts.pad, facts.vocab_size
-    vocab_limit = len(tokenizer) if len(tokenizer) < config_vocab else None
-    processor = LogitsProcessor()
+    ends, grammar = _setup(spec, rank, tokenizer, facts)
+    eos, pad = set(facts.eos), facts.pad
     body = _Body(model) if model is not None else None
     batch = len(spec.prompt_ids)
     longest = max(len(p) for p in spec.prompt_ids)
@@ -561,32 +623,17 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     padded = not bool(mask.all())
     generated: list[list[int]] = [[] for _ in range(batch)]
     active = list(range(batch))
-    ran_on: set[str] = set()
     # The prompts whose body this rank runs: all of them, or (attention DP) its own block.
-    adp = spec.attention_dp and split
+    adp = spec.attention_dp and spec.tp > 1
     lo, hi = (calc_shard(batch, spec.tp, rank), calc_shard(batch, spec.tp, rank + 1)) if adp else (0, batch)
-    body_mask = mask[lo:hi]
 
-    def head_logits(hidden: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        if backend is None:
-            return processor(hidden, head, seq_lens)
-        err: Exception | None = None
-        local: Any = None
-        try:
-            local = backend.rank_logits(hidden.to(backend_dtype), seq_lens)
-        except Exception as exc:
-            if not split:
-                raise
-            err = exc
-        if split:
-            values = None if err is not None else {"rows": local.logits.shape[0], "ran_on": local.ran_on}
-            STEP_HANDSHAKE.exchange(values, err, None, world=spec.tp, what="generate (artifact head)")
-        ran_on.add(local.ran_on)
-        return local.logits
-
-    def gathered_last(hidden: torch.Tensor | None, rows: list[int]) -> torch.Tensor:
-        """Attention DP: the last hidden row of each prompt in ``rows`` (global ids, sorted), gathered
-        from the ranks that ran their body (every rank gets all of them, in prompt order)."""
+    def last_rows(hidden: torch.Tensor | None, rows: list[int]) -> torch.Tensor:
+        """The last hidden row of each prompt in ``rows`` (global ids, sorted): left padding puts
+        every prompt's last token in the last column. Attention DP: gathered from the ranks that
+        ran their body (every rank gets all of them, in prompt order)."""
+        if not adp:
+            assert hidden is not None
+            return hidden[rows, -1, :]
         mine = [b - lo for b in rows if lo <= b < hi]
         local = hidden[mine, -1, :] if hidden is not None and mine else \
             torch.zeros((0, facts.hidden_size), dtype=torch.float32)
@@ -597,36 +644,17 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     def run_body(embeds: torch.Tensor, positions_now: torch.Tensor) -> torch.Tensor | None:
         if hi == lo or body is None:
             return None  # no prompt of this rank's block: it only takes part in the vocab dimension
-        return body(embeds[lo:hi], body_mask if padded else None, positions_now[lo:hi])
+        return body(embeds[lo:hi], mask[lo:hi] if padded else None, positions_now[lo:hi])
 
     start = time.perf_counter()
     prefill_s = 0.0
     step = 0
     with torch.inference_mode():
-        embeds = embedding(ids)  # every rank looks up all prompts' ids: the vocab dimension stays split
-        hidden = run_body(embeds, positions)
-        logits: torch.Tensor | None
-        if adp:
-            # Left padding: the last column is every prompt's last token.
-            last = gathered_last(hidden, active)
-            logits = None if backend is None else head_logits(last, torch.ones(batch, dtype=torch.int64))
-        else:
-            assert hidden is not None
-            rows = hidden[mask.bool()]  # packed non-padding rows, prompt after prompt
-            logits = head_logits(rows, mask.sum(-1))
-            last = rows
+        # every rank looks up all prompts' ids: the vocab dimension stays split
+        hidden = run_body(ends.embed(ids), positions)
         while True:
             bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
-            rows_params = [spec.params[b] for b in active]
-            if logits is None:
-                # A torch-path decode step: head + bitmask + draw validated together, one collective
-                # per steady step (trtvocab.sampling.decode).
-                next_ids = decode(last, head, rows_params, step=step, vocab_limit=vocab_limit,
-                                  bitmask=bitmask).tolist()
-            else:
-                if bitmask is not None:
-                    apply_token_bitmask(logits, bitmask, head)
-                next_ids = sample(logits, head, rows_params, step=step, vocab_limit=vocab_limit).tolist()
+            next_ids = ends.next_ids(last_rows(hidden, active), [spec.params[b] for b in active], step, bitmask)
             if step == 0:
                 prefill_s = time.perf_counter() - start
             feed = torch.full((batch, 1), pad, dtype=torch.int64)
@@ -644,17 +672,10 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
             if not active:
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.int64)], dim=-1)
-            body_mask = mask[lo:hi]
             positions = positions[:, -1:] + 1
-            hidden = run_body(embedding(feed), positions)
-            if adp:
-                last = gathered_last(hidden, active)
-            else:
-                assert hidden is not None
-                last = hidden[active, -1, :]
-            logits = None if backend is None else head_logits(last, torch.ones(len(active), dtype=torch.int64))
+            hidden = run_body(ends.embed(feed), positions)
     decode_s = time.perf_counter() - start - prefill_s
-    return _RankOutput(generated, sorted(ran_on) or ["torch"], prefill_s, decode_s, deterministic)
+    return _RankOutput(generated, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
 
 
 def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport:
@@ -663,6 +684,6 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
     return generate(spec, loaded)
 
 
-__all__ = ["SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactSpec", "GenerateReport", "GenerateResult", "GenerateSpec",
-           "LoadedModel", "artifact_spec", "check_options", "encode_prompts", "generate", "load_model", "model_path",
-           "prepare", "run", "sampling_params"]
+__all__ = ["SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactEnds", "ArtifactSpec", "GenerateReport", "GenerateResult",
+           "GenerateSpec", "LoadedModel", "TorchEnds", "VocabEnds", "artifact_spec", "check_options", "encode_prompts",
+           "generate", "load_model", "model_path", "open_vocab_ends", "prepare", "run", "sampling_params"]

@@ -9,10 +9,11 @@ the head, and returns what the same operation gives on the gathered logits; only
   min-p and top-p masks;
 * :mod:`~trtvocab.sampling.draw`: :func:`sample`, the seeded draw (:class:`SamplingParams`),
   with noise keyed by token id (:mod:`~trtvocab.sampling.noise`);
-* :mod:`~trtvocab.sampling.bitmask`: :func:`apply_token_bitmask`, xgrammar's mask per shard.
-* :mod:`~trtvocab.sampling.chunked`: the same greedy / top-k / logsumexp / logprobs / sample
-  straight from ``hidden``, streaming the weight in vocab chunks (``[B, V_local]`` never held):
-  ``sampling.chunked.greedy(hidden, head, chunk=None)`` etc.
+* :mod:`~trtvocab.sampling.bitmask`: :func:`apply_token_bitmask`, xgrammar's mask per shard;
+* :mod:`~trtvocab.sampling.step`: :func:`decode`, one decode step from the hidden rows, streamed
+  (:mod:`~trtvocab.sampling.chunked`) when its float32 logits exceed the head's budget.
+
+See docs/architecture.md, "Seeded sampling without the gather" and "The vocab-chunked head".
 """
 
 from __future__ import annotations

@@ -1,67 +1,18 @@
-"""Greedy, top-k, logsumexp / logprobs and seeded sampling straight from ``hidden``, streaming the
-head's weight in vocab chunks: the ``[B, V_local]`` logits are never materialized.
+"""Greedy, top-k, logsumexp / logprobs, seeded sampling and the decode step straight from ``hidden``,
+streaming the head's weight in vocab chunks: the ``[B, V_local]`` logits are never materialized.
 
 Each function takes the rows to score, ``hidden [B, H]`` (in the head dtype), and the
-:class:`~trtvocab.lm_head.LMHead`, computes this rank's logits a chunk of vocab columns at a time
-and merges as it goes (a running best ``(value, id)``, a running top-k, the node sums of the
-vocab tree); the cross-rank merges are those of :mod:`trtvocab.sampling.reductions` (a gather of
-``[B]`` pairs, of ``[B, k]`` candidates, :func:`~trtvocab.sampling.treesum.merge_ranges`).
-Every public call starts with one handshake (``sampling.reductions.handshake``) before any data
-moves: bad input on one rank (NaN hidden, a wrong shape, a bad argument) raises on every rank.
+:class:`~trtvocab.lm_head.LMHead`; it computes this rank's logits a chunk of columns at a time
+(:meth:`LMHead.column_logits`) and merges as it goes (a running best ``(value, id)``, a running
+top-k, the vocab tree's node sums); the cross-rank merges are those of
+:mod:`trtvocab.sampling.reductions`. ``chunk`` (columns) is a memory granularity, rounded up to GEMM
+tiles whose boundaries are a fixed function of the shard (:func:`gemm_tiles`), so every result is
+bitwise the materialized path's (``head.local_logits`` then ``trtvocab.sampling``). ``chunk=None``
+uses the head's ``logits_budget_bytes``: one chunk when the float32 logits fit, else chunks whose
+temporaries stay about one budget. Every public call starts with one handshake; NaN logits raise
+:class:`InputError` on every rank; attention DP with LM-head TP is refused.
 
-**Chunks and GEMM tiles.** A CPU BLAS does not always give a column the same bits when it is
-computed in a narrower GEMM (MKL float32, measured: ``x @ W[s:s+n].T`` differs from the full GEMM
-at n = 1 .. 8). So the GEMMs run on *tiles* whose boundaries are a fixed function of the shard, and
-``chunk`` (columns) is only the memory granularity: it is rounded up to whole tiles.
-
-=====================================  ==================================================================
-head                                   tiles (local rows of the shard)
-=====================================  ==================================================================
-dense, logits in the head dtype        ``DENSE_TILE`` (128) from the shard start, the remainder merged
-                                       into the last tile (every GEMM is at least 128 columns wide,
-                                       or the whole shard); one GEMM per chunk
-dense, ``output_dtype=float32``        the float32 GEMMs of ``DenseWeight.forward_float32``:
-                                       ``FLOAT32_CHUNK_ELEMENTS // H`` rows from the shard start
-FP8 / NVFP4                            the format's ``rows_per_chunk`` from the shard start: the
-                                       sub-GEMMs of ``block_logits`` over the whole shard, exactly;
-                                       activations quantized once for the whole batch (``prepare``)
-``deterministic=True``                 the global vocab tiles of :func:`~trtvocab.weights.deterministic.tiled_logits`
-=====================================  ==================================================================
-
-``chunk=None`` picks the chunk from the head's budget: the whole shard (the materialized path's
-one GEMM) when ``B * V_local * 4`` bytes fit in ``head.logits_budget_bytes``, else
-``budget // (8 * B)`` columns (``sample``: ``budget // (32 * B)``, for its float64 scores and
-integer noise keys), so a chunk's temporaries stay about one budget.
-
-**What is bitwise.** Against the materialized path -- ``head.local_logits(hidden)`` then
-``sampling.greedy / topk / logsumexp / logprobs / sample`` -- at every chunk size:
-
-* ``greedy`` ids, ``topk`` values and ids (value descending, then id ascending; lowest id wins
-  among ties), seeded ``sample`` ids: bitwise whenever the logits are, i.e. for FP8 / NVFP4 and
-  dense ``output_dtype=float32`` heads by construction (the same GEMM calls), for deterministic
-  heads by construction (the same tiles), and for dense heads in their dtype because every tile is
-  at least ``DENSE_TILE`` columns wide (measured on this CPU's MKL for float32, bf16 and fp16:
-  tiles of 16 columns and more already give the full GEMM's bits; the tests check it at the
-  shapes they use).
-* ``logsumexp`` / ``logprobs``: one pass. The sum is the fixed pairwise tree of ``(max, sum exp)``
-  pairs over global token ids of :mod:`~trtvocab.sampling.treesum`, streamed node by node (a
-  chunk's nodes are pushed and merged sibling by sibling with those of the chunks before it, so
-  every merge is the tree's): bitwise equal to the materialized path, which computes that same
-  tree for every head.
-* ``sample``: temperature, greedy rows (T < ``GREEDY_BELOW``, 0 included), ``vocab_limit``,
-  top-k (the kept tokens are the merged top-k candidates, raced there), top-p (the nucleus,
-  exactly as ``reductions.nucleus`` cuts it: the same pass also tracks the first
-  :data:`TOP_P_CANDIDATES` candidates and the vocab tree of the scaled logits, so the
-  denominator and the sorted prefix are both at hand after one pass; after top-k the
-  denominator is the tree of the kept candidates, ``treesum.sparse_logsumexp``; the rows whose
-  nucleus is longer than the candidates -- flat distributions -- stream their logits again, a
-  budget's worth of rows at a time, and draw with the materialized sampler), and min-p (on the
-  candidates for rows with top-k / top-p; otherwise a second streaming pass after the global
-  max). One pass unless a row needs min-p without top-k / top-p or a nucleus outgrows the
-  candidates.
-
-NaN logits (an overflowing GEMM) are detected per chunk and raise :class:`InputError` on every rank
-after the merge. Attention DP with LM-head TP (ranks bring different rows) is refused.
+See docs/architecture.md, "The vocab-chunked head".
 """
 
 from __future__ import annotations

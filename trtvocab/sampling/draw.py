@@ -10,6 +10,8 @@ each rank's best ``(score, id)`` per row crosses (``[tp, B]`` pairs). The noise 
 keyed by ``(seed, step, global id)`` (:mod:`trtvocab.sampling.noise`), so a seeded row gets
 the same token at every tp size and layout, and as at tp 1, whenever the logits are equal
 (a deterministic head makes them bitwise equal).
+
+See docs/architecture.md, "Seeded sampling without the gather".
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ the *global* token id, computed with the SplitMix64 finalizer (a bijective 64-bi
 so a rank draws the noise of exactly its own columns, and a request gives the same tokens
 at tp 1, 2, 3, 5 and in the padded layout. ``>>>`` is a logical shift (torch's ``>>`` on
 int64 is arithmetic, so the sign bits are masked off).
+
+See docs/architecture.md, "Seeded sampling without the gather".
 """
 
 from __future__ import annotations

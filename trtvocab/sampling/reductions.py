@@ -1,37 +1,20 @@
 """Reductions over a vocab-split head's logits without gathering ``[B, V]``.
 
-Each function takes one rank's logits -- ``head.local_logits(hidden)`` (``[B, width]``,
-padding columns ``-inf``) or ``head(hidden)`` with ``gather_output=False``
-(``[B, V_local]``) -- plus the :class:`~trtvocab.lm_head.LMHead`, and returns
-exactly what the same operation gives on the gathered logits. Only ``O(B * k)``
-numbers cross ranks::
+Each function takes one rank's logits (``head.local_logits(hidden)``, padding ``-inf``, or
+``head(hidden)`` with ``gather_output=False``) and the head, and returns exactly what the same
+operation gives on the gathered logits; only ``O(B * k)`` numbers cross ranks::
 
     greedy      local (max, global id)   -> all_gather [tp, B] pairs  -> pick
     topk        local top-k (vals, ids)  -> all_gather [tp, B, k]     -> merge
-    logsumexp   local (max, sum exp) pairs of the vocab tree's nodes -> all_gather -> merge
-    logprobs    logsumexp + the owner rank's logit of each id (others add 0), in the same gather
-    min_p       keep x where exp(x - global max) >= min_p  (no denominator needed)
-    top_p       logsumexp, then the exact global top-k with k doubling until the
-                nucleus ends inside it; each rank keeps what sorts before the cut
+    logsumexp   the vocab tree's (max, sum exp) node pairs -> all_gather -> merge (logprobs: + picks)
+    min_p / top_p   thresholds against the global max / the exact nucleus (k doubling)
 
-Token ids always travel as int64 (a float32 holds integers exactly only up to
-2**24, fewer than some vocabularies have); values travel as their float32 bit
-patterns inside the same int64 tensor, so one collective moves both.
+Ids travel as int64, values as their float32 bits in the same tensor (one collective). Ties go
+to the lower token id (``topk``: value descending, id ascending). NaN logits raise
+:class:`InputError`; inputs are validated on every rank before one fixed-shape handshake, so one
+rank's bad input makes every rank raise. A replicated head runs plain torch.
 
-**Tie rule.** Among equal logits the lower token id wins: ``greedy`` returns
-what ``torch.argmax`` returns on the gathered logits (its first maximum), and
-``topk`` orders by (value descending, token id ascending) -- the first ``k``
-columns of ``torch.sort(gathered, descending=True, stable=True)``. Its values
-always equal ``torch.topk(gathered, k).values``; ``torch.topk`` itself promises
-no order among ties, so its ids are compared only where values are distinct.
-
-NaN logits are rejected with :class:`InputError` (``torch.argmax`` and
-``torch.topk`` treat NaN as the largest value, which samples garbage). As
-everywhere in trtvocab, inputs are validated on every rank and exchanged in a
-fixed-shape handshake before any data moves, so one rank's bad input makes every
-rank raise (it: :class:`InputError`, the others: :class:`PeerRankError`).
-
-A replicated head (no mapping, or attention DP without LM-head TP) runs plain torch.
+See docs/architecture.md, "Seeded sampling without the gather".
 """
 
 from __future__ import annotations
