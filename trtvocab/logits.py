@@ -23,7 +23,8 @@ from torch import nn
 from trtvocab.base.inputs import hidden_states_error, last_token_rows
 from trtvocab.errors import InputError
 
-__all__ = ["CollectiveHead", "LogitsHead", "LogitsProcessor", "last_rows", "last_token_rows", "select_rows", "shard_logits"]
+__all__ = ["CollectiveHead", "LogitsHead", "LogitsProcessor", "last_rows", "last_token_rows", "select_rows",
+           "shard_logits"]
 
 
 @runtime_checkable
