@@ -141,3 +141,28 @@ def test_last_k_rows_per_sequence_for_speculative_decoding() -> None:
     for bad in (0, [1, 3, 1], [1, 1], 2.0, True, "2"):
         with pytest.raises(InputError, match="num_logits_per_seq"):
             LogitsProcessor()(x, head, lens, num_logits_per_seq=bad)
+
+
+def test_next_ids_without_the_logits_select_the_processors_rows() -> None:
+    """``sampling.decode(hidden, head, params, seq_lens=...)``: the LogitsProcessor's rows, and the ids
+    of ``sample`` on its logits; with a budget below the batch's float32 logits the vocab is streamed
+    (``forward`` still returns the materialized logits) and the ids are bitwise the same."""
+    from trtvocab.sampling import SamplingParams, decode, sample, streams
+
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(VOCAB, HIDDEN, generator=gen)
+    whole = LMHead(VOCAB, HIDDEN, dtype=torch.float32)
+    small = LMHead(VOCAB, HIDDEN, dtype=torch.float32, logits_budget_bytes=3 * VOCAB * 4 - 1)
+    for head in (whole, small):
+        head.load_weights({"weight": weight})
+    states = torch.randn(9, HIDDEN, generator=gen)
+    lens = [4, 2, 3]
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, seed=1),
+              SamplingParams(temperature=1.2, top_k=20, top_p=0.8, seed=2)]
+    assert not streams(whole, 3) and streams(small, 3)
+    want = sample(LogitsProcessor()(states, whole, lens), whole, params, step=2)
+    assert torch.equal(LogitsProcessor()(states, small, lens), LogitsProcessor()(states, whole, lens))
+    for head in (whole, small):
+        assert torch.equal(decode(states, head, params, step=2, seq_lens=lens), want)
+    with pytest.raises(InputError, match="sum to"):
+        decode(states, small, params, seq_lens=[4, 2, 2])
