@@ -1,4 +1,4 @@
-"""One vocabulary for "which runtime ran": :class:`trtvocab.base.formats.Runtime`."""
+"""One name per concept in base: the Runtime that ran, FP8 scale granularity, the head dtypes."""
 
 from __future__ import annotations
 
@@ -26,3 +26,20 @@ def test_onnx_runner_choices() -> None:
     for bad in ("torch", "cuda", None):
         with pytest.raises(InputError, match="runner"):
             parse_runner(bad)
+
+
+def test_one_rule_for_per_row_fp8_scales() -> None:
+    from trtvocab.base.formats import Granularity
+
+    for shape in ((), (1,), (1, 1)):
+        assert Granularity.of_scale(shape) is Granularity.PER_TENSOR
+    for shape in ((7,), (7, 1)):
+        assert Granularity.of_scale(shape) is Granularity.PER_ROW
+
+
+def test_one_tuple_of_head_dtypes() -> None:
+    import torch
+
+    from trtvocab.base.dtypes import DTYPES, HEAD_DTYPES
+
+    assert DTYPES == tuple(HEAD_DTYPES.values()) == (torch.float32, torch.bfloat16, torch.float16)

@@ -6,7 +6,6 @@ weights and ModelOpt's ``quantize`` for activation quantization, multiplied in f
 
 from __future__ import annotations
 
-import builtins
 import copy
 import json
 import sys
@@ -19,7 +18,10 @@ import torch
 from conftest import modelopt_qtensor
 from safetensors.torch import save_file
 
+import trtvocab.base.safetensors_header as st_header
+import trtvocab.checkpoints.checkpoint as ckpt_mod
 from trtvocab import LMHead, LogitsProcessor, Mapping, QuantAlgo, QuantConfig, resolve_lm_head_quant
+from trtvocab.base import fsutil
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.launch import run_ranks
@@ -222,13 +224,17 @@ def test_header_probe_reads_no_tensor_data(tmp_path, monkeypatch):
     path = write_ckpt(tmp_path / "ckpt", {**_nvfp4(), **embed(40, 32)}, hf_quant=hf_quant("NVFP4"))
     st = path / "model.safetensors"
     header_bytes = 8 + int.from_bytes(st.read_bytes()[:8], "little")
-    # 1) Count every byte read through open() while gating runs: only the headers.
+    # 1) Count every byte read through open_regular (the one opener) while gating runs: only the headers.
     log: list[int] = []
-    real_open = builtins.open
-    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: _CountingFile(real_open(f, *a, **k), log)
-                        if str(f).endswith(".safetensors") else real_open(f, *a, **k))
+    real_open = fsutil.open_regular
+
+    def counting(f: Any, *a: Any, **k: Any) -> Any:
+        return _CountingFile(real_open(f, *a, **k), log) if str(f).endswith(".safetensors") else real_open(f, *a, **k)
+
+    for module in (st_header, ckpt_mod):
+        monkeypatch.setattr(module, "open_regular", counting)
     decision = resolve_lm_head_quant(Checkpoint(path))
-    monkeypatch.setattr(builtins, "open", real_open)
+    monkeypatch.undo()
     assert decision.config is not None and decision.config.quant_algo is NVFP4
     assert 0 < sum(log) <= 2 * header_bytes  # the header (read by two helpers), never the data
     # 2) Cut the data region off entirely: the probe still decides, a row read then fails loudly.

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import Activation, WeightFormat
 from trtvocab.checkpoints.checkpoint import EMBEDDING_NAMES
 from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
@@ -39,7 +40,6 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
 from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo, QuantConfig
-from trtvocab.vocab_parallel import DTYPES as _DTYPES
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
@@ -48,7 +48,7 @@ _FORMATS = tuple(WeightFormat)
 # What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.parallel.distributed.Handshake).
 LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
-    D.Field("dtype", _DTYPES), D.Field("weight format", _FORMATS), D.Field("reduce_output"),
+    D.Field("dtype", DTYPES), D.Field("weight format", _FORMATS), D.Field("reduce_output"),
     D.Field("ids", per_rank=True), D.Field("ids digest", per_rank=True),
 ))
 

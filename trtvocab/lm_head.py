@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from trtvocab.base.dtypes import short_name
+from trtvocab.base.dtypes import DTYPES, short_name
 from trtvocab.base.formats import WeightFormat
 from trtvocab.base.inputs import hidden_states_error
 from trtvocab.errors import ConfigError, InputError
@@ -33,7 +33,6 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
 from trtvocab.quant.config import HeadQuantDecision, QuantConfig
-from trtvocab.vocab_parallel import DTYPES as _DTYPES
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import MAPPINGS as _MAPPINGS
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
@@ -46,8 +45,8 @@ _FORMATS = tuple(WeightFormat)
 # trtvocab.parallel.distributed.Handshake) and once after loading a checkpoint.
 FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
-    D.Field("dtype", _DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
-    D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", _DTYPES),
+    D.Field("dtype", DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
+    D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", DTYPES),
     D.Field("rows", per_rank=True),
 ))
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from trtvocab.base.dtypes import HEAD_DTYPES
+from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import ConfigError, RankMismatchError
 from trtvocab.parallel import distributed as D
@@ -24,7 +24,6 @@ from trtvocab.parallel.sharding import VocabLayout, VocabShard, all_shards
 from trtvocab.weights import WeightMethod
 from trtvocab.weights.base import normalize_keys
 
-DTYPES = tuple(HEAD_DTYPES.values())
 LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"  # how handshakes name layout + pad_to
 # What the ranks agree on once after loading a shard from a checkpoint (trtvocab.parallel.distributed.Handshake).
 # "mapping" is there so that a rank built replicated (attention DP without LM-head TP) next to a

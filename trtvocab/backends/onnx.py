@@ -50,7 +50,7 @@ from onnx.reference.op_run import OpRun
 
 from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends.base import RankLogits
-from trtvocab.base.dtypes import HEAD_DTYPES, dtype_name
+from trtvocab.base.dtypes import DTYPES, dtype_name
 from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS, Runtime
 from trtvocab.base.fsutil import open_regular
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
@@ -200,7 +200,7 @@ def _hidden_array(hidden: Any, elem_type: int, width: int) -> np.ndarray:
         raise InputError(f"graph input {HIDDEN} has unsupported type {elem_type}")
     if isinstance(hidden, torch.Tensor):
         t = hidden.detach().cpu().contiguous()
-        name = dtype_name(t.dtype) if t.dtype in HEAD_DTYPES.values() else None
+        name = dtype_name(t.dtype) if t.dtype in DTYPES else None
     else:
         arr = np.ascontiguousarray(hidden)
         name = arr.dtype.name

@@ -12,6 +12,8 @@ import torch
 from trtvocab.errors import ConfigError
 
 HEAD_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The head dtypes as a tuple, in the table's order: what handshakes index and every "allowed dtypes" check uses.
+DTYPES: tuple[torch.dtype, ...] = tuple(HEAD_DTYPES.values())
 SHORT_NAMES: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 DTYPE_ALIASES: dict[str, torch.dtype] = {**HEAD_DTYPES, **{short: dt for dt, short in SHORT_NAMES.items()}}
 

@@ -13,6 +13,7 @@ They are ``str`` enums: ``WeightFormat.FP8 == "FP8"``, and JSON holds the plain 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 
 class _Name(str, enum.Enum):
@@ -48,6 +49,15 @@ class Granularity(_Name):
 
     PER_TENSOR = "per_tensor"
     PER_ROW = "per_row"
+
+    @classmethod
+    def of_scale(cls, shape: Iterable[int]) -> Granularity:
+        """The granularity of an FP8 ``weight_scale`` of ``shape`` (a header's or a tensor's): PER_ROW
+        when it holds more than one value (one per vocab row), else PER_TENSOR (``[]``, ``[1]``, ``[1, 1]``)."""
+        count = 1
+        for dim in shape:
+            count *= int(dim)
+        return cls.PER_ROW if count > 1 else cls.PER_TENSOR
 
 
 class Runtime(_Name):

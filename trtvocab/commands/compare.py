@@ -52,7 +52,7 @@ from trtvocab.accuracy.stats import (
     check_bootstrap,
     token_rows,
 )
-from trtvocab.base.dtypes import HEAD_DTYPES, head_dtype, short_name
+from trtvocab.base.dtypes import DTYPES, head_dtype, short_name
 from trtvocab.base.formats import Activation, Granularity
 from trtvocab.base.inputs import check_hidden_states
 from trtvocab.base.units import human_bytes
@@ -542,7 +542,7 @@ def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
     ckpt = open_checkpoint(baseline.path)
     tensor, _ = ckpt.lm_head_name(baseline.tensor_name)
     stored = ckpt.info(tensor).torch_dtype
-    return stored if stored in HEAD_DTYPES.values() else torch.bfloat16
+    return stored if stored in DTYPES else torch.bfloat16
 
 
 def _compared_next_ids(next_token_ids: torch.Tensor | None, rows: int, seq_lens: torch.Tensor | None,

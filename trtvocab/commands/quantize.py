@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import Activation
 from trtvocab.base.fsutil import check_target, staging
 from trtvocab.base.inputs import check_hidden_states
@@ -189,7 +190,7 @@ def read_head(ckpt: Checkpoint, tensor_name: str | None) -> tuple[str, bool, tor
             "(re-quantizing quantized values would compound their error)"
         )
     weight = ckpt.read(name)
-    if weight.dim() != 2 or weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if weight.dim() != 2 or weight.dtype not in DTYPES:
         raise CheckpointError(f"{name}: expected a dense float [V, H] tensor, got {weight.dtype} {list(weight.shape)}")
     return name, tied, weight
 

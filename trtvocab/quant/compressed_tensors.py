@@ -480,7 +480,7 @@ class DecompressedRows:
         else:
             self.codes = ckpt.get_slice(f"{module}.weight")
             info = ckpt.info(f"{module}.weight_scale")
-            self.per_row = any(d > 1 for d in info.shape)
+            self.per_row = Granularity.of_scale(info.shape) is Granularity.PER_ROW
             self.scales = ckpt.get_slice(f"{module}.weight_scale") if self.per_row else \
                 ckpt.read(f"{module}.weight_scale")
             self.dtype = ST_DTYPES[info.dtype]

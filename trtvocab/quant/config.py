@@ -303,10 +303,8 @@ def resolve_lm_head_quant(
                  if isinstance(entry, dict) else None)
              or BLOCK)
     # An FP8 weight_scale with one value per vocab row (header shape) is the per-row variant.
-    scale_elems = 1
-    for dim in ckpt.info(f"{module}.weight_scale").shape:
-        scale_elems *= dim
-    granularity = Granularity.PER_ROW if wanted is QuantAlgo.FP8 and scale_elems > 1 else Granularity.PER_TENSOR
+    granularity = (Granularity.of_scale(ckpt.info(f"{module}.weight_scale").shape) if wanted is QuantAlgo.FP8
+                   else Granularity.PER_TENSOR)
     return HeadQuantDecision(
         config=QuantConfig(quant_algo=wanted, activation=activation, group_size=group, granularity=granularity),
         stored=stored, dequantize=False, reason=why, tensor_name=name, tied=tied,

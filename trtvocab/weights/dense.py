@@ -8,11 +8,10 @@ import numpy as np
 import torch
 
 from trtvocab import kernels
+from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import CheckpointError
 from trtvocab.weights.base import WeightMethod, read_rows
-
-DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _untouched_zeros(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -66,9 +65,9 @@ class DenseWeight(WeightMethod):
                 "LMHead.from_checkpoint (which applies or dequantizes them) or pass a quant_config"
             )
         rows = read_rows(tensors["weight"], "weight", self.shard, (self.hidden_size,))
-        if rows.dtype not in DENSE_DTYPES:
+        if rows.dtype not in DTYPES:
             raise CheckpointError(
-                f"weight: dense LM head needs one of {[str(d) for d in DENSE_DTYPES]}, got {rows.dtype} "
+                f"weight: dense LM head needs one of {[str(d) for d in DTYPES]}, got {rows.dtype} "
                 "(quantized bytes are never read as dense values)"
             )
         if self.check_finite:

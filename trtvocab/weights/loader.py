@@ -69,9 +69,8 @@ def dequantize_stored(algo: QuantAlgo, tensors: dict[str, Any], shard: VocabShar
     method: QuantizedWeight
     if algo is QuantAlgo.FP8:
         scale = tensors.get("weight_scale")
-        per_row = scale is not None and len(source_shape(scale)) > 0 and max(source_shape(scale)) > 1
-        config = QuantConfig(quant_algo=algo, activation=Activation.NONE,
-                             granularity=Granularity.PER_ROW if per_row else Granularity.PER_TENSOR)
+        granularity = Granularity.of_scale(source_shape(scale)) if scale is not None else Granularity.PER_TENSOR
+        config = QuantConfig(quant_algo=algo, activation=Activation.NONE, granularity=granularity)
         method = FP8Weight(shard, hidden, torch.float32, config)
     elif algo is QuantAlgo.NVFP4:
         method = NVFP4Weight(shard, hidden, torch.float32, QuantConfig(quant_algo=algo, activation=Activation.NONE))
@@ -226,8 +225,8 @@ def open_embedding(path: Any, tensor_name: str | None = None) -> EmbeddingSource
         scale_name = f"{module}.weight_scale"
         if not ckpt.has(scale_name):
             raise CheckpointError(f"{name} is float8_e4m3fn but {scale_name} is missing")
-        per_row = any(d > 1 for d in ckpt.info(scale_name).shape)
+        granularity = Granularity.of_scale(ckpt.info(scale_name).shape)
+        per_row = granularity is Granularity.PER_ROW
         tensors["weight_scale"] = ckpt.get_slice(scale_name) if per_row else ckpt.read(scale_name)
-        config = QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE,
-                             granularity=Granularity.PER_ROW if per_row else Granularity.PER_TENSOR)
+        config = QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE, granularity=granularity)
     return EmbeddingSource(ckpt, name, info.shape[0], info.shape[1], tensors, config)
