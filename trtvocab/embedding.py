@@ -33,8 +33,7 @@ import torch.distributed as dist
 
 from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import Activation, WeightFormat
-from trtvocab.checkpoints.checkpoint import EMBEDDING_NAMES
-from trtvocab.errors import CheckpointError, ConfigError, InputError, RankMismatchError
+from trtvocab.errors import ConfigError, InputError, RankMismatchError
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
@@ -247,18 +246,6 @@ def _sum_bits(rows: torch.Tensor, group: Any) -> None:
     if rows.element_size() > 1 and flat.shape[-1] % 4 == 0:
         flat = flat.view(torch.int32)
     D.all_reduce(flat, dist.ReduceOp.SUM, group)
-
-
-def embedding_name(ckpt: Any, tensor_name: str | None = None) -> str:
-    """The checkpoint's input-embedding tensor: ``tensor_name``, or the first known name present."""
-    if tensor_name is not None:
-        ckpt.info(tensor_name)  # raises naming the checkpoint when absent
-        return tensor_name
-    for name in EMBEDDING_NAMES:
-        if ckpt.has(name):
-            return name
-    raise CheckpointError(f"checkpoint {ckpt.path}: no input embedding among {list(EMBEDDING_NAMES)}; "
-                          "pass tensor_name= to name it")
 
 
 def _tie_checks(embedding: VocabParallelEmbedding, lm_head: Any) -> None:

@@ -25,21 +25,12 @@ import torch
 from trtvocab.base.fsutil import as_path, file_kind, open_regular, parse_json, read_regular
 from trtvocab.base.safetensors_header import is_count, json_name, parse_header
 from trtvocab.checkpoints.lazy_rows import RowReader, read_span
+from trtvocab.checkpoints.names import EMBEDDING_NAMES, LM_HEAD_NAME, LM_HEAD_PACKED_NAME, names_tied_head
 from trtvocab.errors import CheckpointError
 
 if TYPE_CHECKING:
     from trtvocab.checkpoints.gguf import GGUFCheckpoint
 
-LM_HEAD_NAME = "lm_head.weight"
-# compressed-tensors' NVFP4 head: packed codes under weight_packed, no lm_head.weight at all.
-LM_HEAD_PACKED_NAME = "lm_head.weight_packed"
-EMBEDDING_NAMES = (
-    "model.embed_tokens.weight",
-    "embeddings.word_embeddings.weight",
-    "transformer.wte.weight",
-    "bert.embeddings.word_embeddings.weight",
-    "model.embeddings.word_embeddings.weight",
-)
 INDEX_NAME = "model.safetensors.index.json"
 SAFETENSORS_SUFFIX = ".safetensors"
 GGUF_SUFFIX = ".gguf"  # llama.cpp files: opened by trtvocab.checkpoints.gguf (any case of the suffix)
@@ -340,7 +331,7 @@ class Checkpoint:
                 raise CheckpointError(f"checkpoint {self.path}: tensor_name must be a string, "
                                       f"got {type(tensor_name).__name__} {tensor_name!r:.80}")
             self.info(tensor_name)
-            return tensor_name, not tensor_name.rsplit(".", 1)[0].endswith("lm_head")
+            return tensor_name, names_tied_head(tensor_name)
         # A stored head is the head whatever tie_word_embeddings says (a quantized one included:
         # it is never replaced by the tied embedding).
         for name in (LM_HEAD_NAME, LM_HEAD_PACKED_NAME):

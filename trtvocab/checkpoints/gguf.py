@@ -38,13 +38,14 @@ import torch
 
 from trtvocab.base.fsutil import as_path, open_regular
 from trtvocab.checkpoints.lazy_rows import RowReader, read_span
+from trtvocab.checkpoints.names import EMBEDDING_NAMES, LM_HEAD_NAME, names_tied_head
 from trtvocab.errors import CheckpointError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # version 1 used 32-bit counts; 3 added big-endian files (refused here)
 MAX_DIMS = 4  # GGML_MAX_DIMS
-HF_LM_HEAD = "lm_head.weight"
-HF_EMBEDDING = "model.embed_tokens.weight"
+HF_LM_HEAD = LM_HEAD_NAME
+HF_EMBEDDING = EMBEDDING_NAMES[0]  # model.embed_tokens.weight
 # GGUF tensor name -> the HF name trtvocab's gating and loading look for.
 HF_NAMES = {"output.weight": HF_LM_HEAD, "token_embd.weight": HF_EMBEDDING}
 # Types read as stored: GGML type -> (safetensors-style tag, torch dtype).
@@ -540,7 +541,7 @@ class GGUFCheckpoint:
         """``(name, tied)`` of the tensor that holds the head's ``[V, H]`` matrix (HF names)."""
         if tensor_name is not None:
             name = self.info(tensor_name).name
-            return name, name != HF_LM_HEAD
+            return name, names_tied_head(name)
         if HF_LM_HEAD in self._tensors:
             return HF_LM_HEAD, False
         if HF_EMBEDDING in self._tensors:

@@ -44,7 +44,8 @@ from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import Activation
 from trtvocab.base.fsutil import check_target, staging
 from trtvocab.base.inputs import check_hidden_states
-from trtvocab.checkpoints.checkpoint import LM_HEAD_NAME, Checkpoint, open_checkpoint
+from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
+from trtvocab.checkpoints.names import LM_HEAD_NAME
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.quant.config import QuantAlgo, QuantConfig, stored_format
 from trtvocab.quant.head_module import HeadOnly

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from trtvocab.base.formats import Activation, Granularity, WeightFormat
-from trtvocab.checkpoints.checkpoint import EMBEDDING_NAMES, Checkpoint, open_checkpoint
+from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
+from trtvocab.checkpoints.names import EMBEDDING_NAMES
 from trtvocab.errors import CheckpointError, ConfigError, QuantizationError
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabShard
