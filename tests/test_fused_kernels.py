@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, kernels
-from trtvocab.kernels import runtime
+from trtvocab.kernels import gemm, runtime
 from trtvocab.quant import nvfp4
 
 F8 = torch.float8_e4m3fn
@@ -467,10 +467,10 @@ def test_lock_timeout_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> N
 # portable build may round a * b + c twice where the CPU has no FMA (still inside the same bounds).
 def _isa_runs_here(isa: str) -> str | None:
     flags = kernels.cpu_flags()
-    if isa == "avx2" and not {"avx2", "fma", "f16c"} <= flags:
-        return "this CPU has no AVX2 + FMA + F16C"
+    if not kernels.ISA_CPU_FLAGS[isa] <= flags:
+        return f"this CPU lacks {', '.join(sorted(kernels.ISA_CPU_FLAGS[isa] - flags))}"
     if isa != "native" and platform.machine().lower() not in ("x86_64", "amd64"):
-        return "the avx2 / portable builds are x86 -march targets"
+        return "the avx512 / avx2 / portable builds are x86 -march targets"
     return None
 
 
@@ -490,14 +490,22 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     return request.param
 
 
+def _native_path() -> str:
+    """The path -march=native takes on this CPU."""
+    flags = kernels.cpu_flags()
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "portable"
+    for isa, name in (("avx512", "avx512"), ("avx2", "avx2+fma+f16c")):
+        if kernels.ISA_CPU_FLAGS[isa] <= flags:
+            return name
+    return "portable"
+
+
 def test_isa_builds_are_the_paths_they_claim(isa):
     loaded = kernels.load()
     assert loaded is not None
-    want = {"portable": "portable", "avx2": "avx2+fma+f16c"}.get(isa)
-    if want is not None:
-        assert loaded.isa == want
-    elif {"avx2", "fma", "f16c"} <= kernels.cpu_flags():
-        assert loaded.isa == "avx2+fma+f16c"  # native on an AVX2 (or AVX-512) CPU: the AVX2 code
+    want = {"portable": "portable", "avx2": "avx2+fma+f16c", "avx512": "avx512"}.get(isa, _native_path())
+    assert loaded.isa == want  # native on an AVX-512 CPU: the AVX-512 code; on an AVX2 one: the AVX2 code
     assert kernels.self_check(loaded) is None
     assert str(loaded.path) != str(kernels.load_isa("portable").path) or isa == "portable"
 
@@ -506,6 +514,7 @@ def test_isa_setting_is_validated(monkeypatch):
     monkeypatch.setenv(kernels.ISA_ENV_VAR, "avx2")
     assert kernels.requested_isa() == "avx2"
     assert kernels.build_name() == kernels.build_name("avx2") != kernels.build_name("portable")
+    assert len({kernels.build_name(isa) for isa in kernels.ISAS}) == len(kernels.ISAS)
     monkeypatch.setenv(kernels.ISA_ENV_VAR, "sse9")
     with pytest.raises(ValueError, match=kernels.ISA_ENV_VAR):
         kernels.requested_isa()
@@ -600,6 +609,68 @@ def test_uneven_shards_and_partitions_every_batch(isa, algo):
         prepared = single.weights.prepare(x[:b])
         pieces = torch.cat([single.weights.block_logits(prepared, lo, min(v, lo + 29)) for lo in range(0, v, 29)], 1)
         assert torch.equal(pieces.double(), full)
+
+
+# ---- the vector paths give the same bits (issue 21) ------------------------------------------------------------
+def _vector_paths() -> list[kernels.Loaded]:
+    """The builds of the vector paths this CPU runs (AVX-512, AVX2); portable may round a * b + c twice."""
+    if kernels.disabled_reason() is not None:
+        pytest.skip(kernels.disabled_reason())
+    paths = []
+    for isa in ("avx512", "avx2"):
+        if _isa_runs_here(isa) is None:
+            try:
+                paths.append(kernels.load_isa(isa))
+            except Exception as exc:  # no compiler here: the fused tests above skip for the same reason
+                pytest.skip(f"{isa} build unavailable: {exc}")
+    if len(paths) < 2:
+        pytest.skip(f"fewer than two vector paths run here ({[p.isa for p in paths]})")
+    return paths
+
+
+def _same_on_every_path(paths: list[kernels.Loaded], call, *args) -> torch.Tensor:
+    """``call(library, *args)`` (a :mod:`trtvocab.kernels.gemm` call) on every path: the same bits."""
+    first = call(paths[0], *args)
+    for other in paths[1:]:
+        got = call(other, *args)
+        assert torch.equal(got.view(torch.int32), first.view(torch.int32)), f"{other.isa} differs from {paths[0].isa}"
+    return first
+
+
+@pytest.mark.parametrize("hidden", [13, 520, 1029])
+def test_fp8_and_dense_bitwise_across_paths(hidden):
+    paths = _vector_paths()
+    gen = torch.Generator().manual_seed(hidden)
+    v = FINITE_FP8.numel() + 3  # odd: the AVX-512 row pairs end with a row paired with itself
+    codes = FINITE_FP8[torch.randint(0, FINITE_FP8.numel(), (v, hidden), generator=gen)]
+    codes[torch.arange(FINITE_FP8.numel()), torch.arange(FINITE_FP8.numel()) % hidden] = FINITE_FP8
+    scales = [torch.tensor(2e-3), torch.rand(v, generator=gen) * 1e-2 + 1e-4, torch.tensor(2.0**60)]
+    dense = {dt: (torch.randn(v, hidden, generator=gen) * 0.05).to(dt) for dt in (torch.bfloat16, torch.float16)}
+    for b in BATCHES_1_9:
+        x = kernels.fp8_x(torch.randn(b, hidden, generator=gen).bfloat16().float())
+        for scale in scales:
+            for lo, hi in ((0, v), (3, v - 2)):  # a shard starting mid-pair
+                rows_scale = scale if scale.numel() == 1 else scale[lo:hi]
+                _same_on_every_path(paths, gemm.fp8_logits, x, hidden, codes[lo:hi], rows_scale)
+        for w in dense.values():
+            _same_on_every_path(paths, gemm.dense_logits, x, hidden, w)
+
+
+@pytest.mark.parametrize("hidden", [16, 144, 256, 528, 784, 1040, 5120])
+def test_nvfp4_bitwise_across_paths(hidden):
+    """Widths with no full pair of lane groups, an odd group after the pairs, a partial group, and the head's H."""
+    paths = _vector_paths()
+    gen = torch.Generator().manual_seed(hidden)
+    v = 16 * 16 + 5
+    codes = torch.randint(0, 16, (v, hidden), dtype=torch.uint8, generator=gen)
+    codes[torch.arange(v), (torch.arange(v) * 7) % hidden] = torch.arange(v, dtype=torch.uint8) % 16
+    packed = nvfp4.to_block_major(codes[:, 0::2] | (codes[:, 1::2] << 4))
+    for scale_codes, global_scale in (((0x01, 0x7F), 1e-3), ((0x7E, 0x7F), 6.0 * 448), ((0x01, 0x08), 1.0)):
+        bs = torch.randint(*scale_codes, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+        for b in BATCHES_1_9:
+            x = kernels.nvfp4_x(torch.randn(b, hidden, generator=gen).bfloat16().float() * 100)
+            _same_on_every_path(paths, gemm.nvfp4_logits, x, hidden, packed, bs, global_scale)
+            _same_on_every_path(paths, gemm.nvfp4_logits, x, hidden, packed[5:], bs[5:], global_scale)
 
 
 # ---- the dense bf16 / fp16 kernel ----------------------------------------------------------------------------

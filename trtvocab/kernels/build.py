@@ -6,8 +6,11 @@ Building: the first use in a process compiles the C++ with ``-O3 -march=native -
 extensions folder in a directory named by a hash of the source, the flags, torch's version and
 this CPU's feature flags, so a cache shared between different CPUs never runs foreign code).
 ``python -m trtvocab.kernels --build`` does it ahead of time (``make setup`` calls it).
-Off x86 or without AVX2/FMA/F16C the same chains run as portable C++ (correct, not tuned; an
-AVX-512 machine runs the AVX2 code). A compiler without OpenMP (Apple clang) fails the build.
+The path is chosen at build time from the CPU's features (``-march=native``): the AVX-512 code
+(F + BW + VL + DQ: batch 1..8 with two 8-lane chains per zmm register, the AVX2 code elsewhere),
+else the AVX2 + FMA + F16C code, else portable C++ (correct, not tuned; also off x86);
+``$TRTVOCAB_KERNELS_ISA`` builds a lower path on purpose. A compiler without OpenMP (Apple clang)
+fails the build.
 The cache is guarded (docs/threat_model.md, "The kernel cache"): the build folder is
 ``$TRTVOCAB_KERNELS_DIR/<name>`` (else ``$TORCH_EXTENSIONS_DIR``, else torch's default root);
 builders take an ``flock`` on ``trtvocab.lock`` there, waited for at most
@@ -56,7 +59,7 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "fused.cpp"
 # The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
 TREE_SOURCE = SOURCE.parent / "treesum.cpp"
 ABI = 2  # trtvocab_fused_abi() of the source this module expects
-ISA_NAMES = {2: "avx2+fma+f16c", 0: "portable"}  # trtvocab_fused_isa()
+ISA_NAMES = {3: "avx512", 2: "avx2+fma+f16c", 0: "portable"}  # trtvocab_fused_isa()
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -82,14 +85,18 @@ def disabled_reason() -> str | None:
 
 
 
-ISA_ENV_VAR = "TRTVOCAB_KERNELS_ISA"  # native (default) | avx2 | portable: the -march the library is built with
-ISAS = ("native", "avx2", "portable")
+ISA_ENV_VAR = "TRTVOCAB_KERNELS_ISA"  # native (default) | avx512 | avx2 | portable: the build's -march
+ISAS = ("native", "avx512", "avx2", "portable")
+# The CPU flags (/proc/cpuinfo) each forced path needs to run; native needs none (it is this CPU's).
+ISA_CPU_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"},
+                 "avx2": {"avx2", "fma", "f16c"}, "portable": set(), "native": set()}
 _X86 = ("x86_64", "amd64", "i686", "x86")
 
 
 def requested_isa() -> str:
-    """The build's instruction set (``$TRTVOCAB_KERNELS_ISA``): ``native`` (this CPU's features:
-    the AVX2 code where it has AVX2 + FMA + F16C, else portable C++), ``avx2`` (``-march=haswell``,
+    """The build's instruction set (``$TRTVOCAB_KERNELS_ISA``): ``native`` (this CPU's features: the
+    AVX-512 code where it has AVX-512 F + BW + VL + DQ, else the AVX2 code where it has AVX2 + FMA +
+    F16C, else portable C++), ``avx512`` (``-march=x86-64-v4``), ``avx2`` (``-march=haswell``,
     what CI builds to keep the lowest vector path honest) or ``portable`` (baseline x86-64, no
     vector intrinsics)."""
     value = os.environ.get(ISA_ENV_VAR, "").strip().lower() or "native"
@@ -101,7 +108,8 @@ def requested_isa() -> str:
 def _arch_flags(isa: str = "native") -> list[str]:
     machine = platform.machine().lower()
     if machine in _X86:
-        return {"native": ["-march=native"], "avx2": ["-march=haswell", "-mtune=generic"],
+        return {"native": ["-march=native"], "avx512": ["-march=x86-64-v4", "-mtune=generic"],
+                "avx2": ["-march=haswell", "-mtune=generic"],
                 "portable": ["-march=x86-64", "-mtune=generic"]}[isa]
     if machine in ("aarch64", "arm64"):
         return ["-mcpu=native"] if isa == "native" else []

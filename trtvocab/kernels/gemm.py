@@ -55,12 +55,26 @@ What (``trtvocab/kernels/csrc/fused.cpp``, called through :mod:`ctypes`; threads
   in registers (R weight rows) and read ``x`` a K-chunk of 64 steps at a time for a tile of 32
   weight rows, whose chains wait in memory between chunks (a float32 store is exact); NVFP4 runs
   the batch-1 loop with all B rows' block sums in registers (4 groups per load at B <= 2, 2 at
-  B = 3, 1 beyond). B >= 9: the tile kernel. Every logit's chain is the same in all of them.
-- **Paths** (``$TRTVOCAB_KERNELS_ISA``, part of the build's name): ``native`` (``-march=native``:
-  the AVX2 + FMA + F16C code on such a CPU, AVX-512 ones included, else portable C++), ``avx2``
-  (``-march=haswell``) or ``portable`` (``-march=x86-64``: no intrinsics, FMA only where the
-  compiler has a hardware ``fmaf``). :func:`load_isa` builds any of them in one process (the tests
-  run every check on each path this CPU can execute).
+  B = 3, 1 beyond). B >= 9: the tile kernel. Every logit's chain is the same in all of them
+  (the AVX-512 kernels of B = 1..8 below included).
+- **Paths** (chosen at build time from the CPU's features; ``$TRTVOCAB_KERNELS_ISA`` forces a
+  lower one, part of the build's name): ``native`` (``-march=native``: the AVX-512 code on a CPU
+  with AVX-512 F + BW + VL + DQ, else the AVX2 + FMA + F16C code, else portable C++), ``avx512``
+  (``-march=x86-64-v4``), ``avx2`` (``-march=haswell``) or ``portable`` (``-march=x86-64``: no
+  intrinsics, FMA only where the compiler has a hardware ``fmaf``). :func:`load_isa` builds any of
+  them in one process (the tests run every check on each path this CPU can execute, and compare
+  the vector paths with each other bit for bit).
+- **AVX-512** (batch 1..8; larger batches run the AVX2 tile kernel): the chains above, unchanged,
+  two per zmm register: FP8 / dense hold the chains of two weight rows (row pairs; an odd last row
+  is paired with itself), NVFP4 those of two lane groups of one row (each group's block sums from
+  zero, then added to the row's 8-lane total in group order, as on AVX2), so every logit is
+  bitwise the AVX2 path's. Decode: FP8 as above on 16 bytes (8 of each row) into one zmm; NVFP4
+  by one ``vpermps`` over the 16 e2m1 values (sign included) per 16 nibbles; bf16 by a 16-bit
+  shift of the zero-extended words; fp16 by F16C. ``x`` is re-laid out once per call so that the
+  B rows of a step lie side by side (no L1 set conflicts between rows ``4 H`` bytes apart).
+  ``vdpbf16ps`` (AVX512-BF16) is not used: it rounds a pair of products together (and flushes
+  subnormals), which is not this fp32 FMA chain, so it would break the bitwise contract and the
+  error bound.
 - **Dense heads** (:func:`dense_logits`): the FP8 chain without a scale (``sum + 0``), then one
   rounding to the head dtype: the bf16 / fp16 logits of a batch up to :data:`DENSE_MAX_BATCH` are
   bitwise the same at every batch, split and tp size. ``$TRTVOCAB_DENSE_KERNEL``: ``auto`` (not

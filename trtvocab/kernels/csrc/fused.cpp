@@ -1,7 +1,8 @@
 // Fused dequantize-multiply CPU kernels of trtvocab's FP8 and NVFP4 LM heads.
 //
-// The C++ half of trtvocab/weights/kernels.py, which documents the design, builds this file
-// (torch.utils.cpp_extension, -O3 -march=native -fopenmp) and calls it through ctypes.
+// The C++ half of trtvocab/kernels/ (gemm.py documents the design and the numerics contract,
+// build.py builds this file: torch.utils.cpp_extension, -O3 -march=native -fopenmp) called
+// through ctypes.
 // Threads: at::parallel_for (torch's own intra-op pool and OpenMP runtime).
 //
 // Every logit (x row n, weight row v) is one chain, computed the same way whatever the
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -32,6 +34,13 @@
 #define TRTVOCAB_AVX2 1
 #else
 #define TRTVOCAB_AVX2 0
+#endif
+// The 512-bit kernels of batch 1..8 (the 8-lane code below serves the rest): two independent 8-lane
+// chains per zmm register (two weight rows, or two NVFP4 lane groups), never one 16-lane chain.
+#if TRTVOCAB_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define TRTVOCAB_AVX512 1
+#else
+#define TRTVOCAB_AVX512 0
 #endif
 
 namespace {
@@ -718,10 +727,239 @@ void batched(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64
   });
 }
 
+// ---- AVX-512, batch 1..8: two independent 8-lane chains per zmm register ----------------------------
+// The chains are those above (the same steps, the same FMAs, the same tree), so a logit is bitwise the
+// one of the 8-lane kernels: a zmm holds the 8-lane chains of two weight rows (FP8, dense: rows r, r + 1
+// at the same step) or of two lane groups of one row (NVFP4: groups 2q, 2q + 1, each summed from zero
+// and added to the row's 8-lane total in group order). Only the width of the instructions changes.
+#if TRTVOCAB_AVX512
+inline __m512 lo_hi(V a, V b) { return _mm512_insertf32x8(_mm512_castps256_ps512(a.v), b.v, 1); }
+inline V half0(__m512 a) { return {_mm512_castps512_ps256(a)}; }
+inline V half1(__m512 a) { return {_mm512_extractf32x8_ps(a, 1)}; }
+
+// 16 e4m3 bytes (8 of row a, then 8 of row b) -> q * 2**-8, exactly (fp8_decode8 on both halves).
+inline __m512 fp8_decode16(__m128i b) {
+  __m256i h = _mm256_cvtepi8_epi16(b);
+  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+  return _mm512_cvtph_ps(h);
+}
+inline __m128i two_steps(const uint8_t* a, const uint8_t* b) {
+  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+}
+inline __m256i two_halves(const uint16_t* a, const uint16_t* b) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+}
+// Step s of rows a (lanes 0-7) and b (lanes 8-15), decoded exactly.
+inline __m512 pair_full(const FP8Rows& f, int64_t a, int64_t b, int64_t s) {
+  return fp8_decode16(two_steps(f.w + a * f.w_stride + s * LANES, f.w + b * f.w_stride + s * LANES));
+}
+template <bool HALF>
+inline __m512 pair_full(const DenseRows<HALF>& f, int64_t a, int64_t b, int64_t s) {
+  __m256i h = two_halves(f.w + a * f.w_stride + s * LANES, f.w + b * f.w_stride + s * LANES);
+  if constexpr (HALF) {
+    return _mm512_cvtph_ps(h);
+  } else {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// Steps [s0, s1) of P row pairs (rows pr[2p], pr[2p + 1]) for N x rows; x: [steps][N][8] (the N
+// rows of a step side by side); acc: [P][N][16] floats.
+template <int N, int P, class F>
+inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0, int64_t s1,
+                       float* acc) {
+  __m512 a[P][N];
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) a[p][n] = _mm512_loadu_ps(acc + (p * N + n) * 16);
+  const int64_t full = std::min(s1, f.full_steps());
+  int64_t s = s0;
+  for (; s < full; ++s) {
+    __m512 w[P];
+    for (int p = 0; p < P; ++p) w[p] = pair_full(f, pr[2 * p], pr[2 * p + 1], s);
+    for (int n = 0; n < N; ++n) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (s * N + n) * LANES));
+      for (int p = 0; p < P; ++p) a[p][n] = _mm512_fmadd_ps(w[p], xv, a[p][n]);
+    }
+  }
+  for (; s < s1; ++s) {
+    __m512 w[P];
+    for (int p = 0; p < P; ++p) w[p] = lo_hi(f.step_tail(pr[2 * p], s), f.step_tail(pr[2 * p + 1], s));
+    for (int n = 0; n < N; ++n) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (s * N + n) * LANES));
+      for (int p = 0; p < P; ++p) a[p][n] = _mm512_fmadd_ps(w[p], xv, a[p][n]);
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc + (p * N + n) * 16, a[p][n]);
+}
+
+// FP8 / dense, batch N = 1..8: tiles of WIDE_TILE rows; each K-chunk of kDirectChunk steps is read
+// for all the tile's rows (x's chunk stays in L1), P row pairs at a time; an odd last row is paired
+// with itself (computed twice, written once).
+constexpr int64_t WIDE_TILE = 32;
+#ifndef WIDE_NVFP4_G1
+#define WIDE_NVFP4_G1 4
+#endif
+#ifndef WIDE_P8
+#define WIDE_P8 2
+#endif
+template <int N, class F>
+void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  constexpr int P = N <= 2 ? 8 : (N <= 5 ? 16 / N : WIDE_P8);  // row pairs: P * N <= 16 zmm chains
+  constexpr int64_t KC = F::kDirectChunk;
+  const int64_t steps = f.steps();
+  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
+  std::vector<float> xt(static_cast<size_t>(steps * N * LANES));  // x as [steps][N][8]
+  for (int64_t s = 0; s < steps; ++s)
+    for (int n = 0; n < N; ++n)
+      std::memcpy(xt.data() + (s * N + n) * LANES, x + n * xs + s * LANES, LANES * sizeof(float));
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[WIDE_TILE / 2 * N * 16];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
+      const int64_t pairs = (tr + 1) / 2;
+      int64_t pr[WIDE_TILE + 2 * P];
+      for (int64_t i = 0; i < 2 * pairs; ++i) pr[i] = v0 + std::min(i, tr - 1);
+      for (int64_t i = 2 * pairs; i < WIDE_TILE + 2 * P; ++i) pr[i] = v0 + tr - 1;
+      std::fill(acc, acc + pairs * N * 16, 0.0f);
+      for (int64_t c0 = 0; c0 < steps; c0 += KC) {
+        const int64_t c1 = std::min(steps, c0 + KC);
+        int64_t q = 0;
+        for (; q + P <= pairs; q += P) wide_steps<N, P>(f, xt.data(), pr + 2 * q, c0, c1, acc + q * N * 16);
+        for (; q < pairs; ++q) wide_steps<N, 1>(f, xt.data(), pr + 2 * q, c0, c1, acc + q * N * 16);
+      }
+      for (int64_t i = 0; i < tr; ++i) {
+        const float scale = f.row_scale(v0 + i);
+        for (int n = 0; n < N; ++n) {
+          const __m512 a = _mm512_loadu_ps(acc + ((i / 2) * N + n) * 16);
+          out[n * os + v0 + i] = finish(i % 2 ? half1(a) : half0(a), scale, F::kUnbias);
+        }
+      }
+    }
+  });
+}
+
+// NVFP4, batch N = 1..8. x is re-laid out once per call into xw [pairs][16 steps][N][16]: step s of
+// groups 2q (lanes 0-7) and 2q + 1 (8-15) of x row n (the N rows of a step side by side: one base
+// pointer, no L1 set conflicts between x rows H floats apart). Pair q of a row is 8 runs of 16 bytes (byte k of blocks
+// 16q .. 16q + 15); a vpermps over the 16 e2m1 values (sign included) decodes 16 nibbles at a time.
+// Each group's block sums run from zero, then acc = fma(sum, block scales, acc) per group, in group
+// order, on the row's 8-lane total: nvfp4_groups<1>'s chain. The groups past the last full pair run
+// in the 8-lane code. Pairs [q0, q1) of row r, G pairs at a time; acc: the row's N totals ([N][8]).
+template <int N, int G>
+inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int64_t q0, int64_t q1,
+                             float* acc_mem) {
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                      -2.0f, -3.0f, -4.0f, -6.0f);
+  const int64_t nb = f.blocks();
+  const uint8_t* row = f.packed + r * f.p_stride;
+  const uint8_t* srow = f.bscale + r * f.bs_stride;
+  V acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = vload(acc_mem + n * LANES);
+  for (int64_t q = q0; q < q1; q += G) {
+    const uint8_t* p = row + q * 16;
+    if ((q & 3) == 0 || G > 1) {  // a 64-byte line of each run serves 4 pairs
+      for (int64_t k = 0; k < LANES; ++k) prefetch(p + k * nb + PREFETCH_BYTES / 4);
+      prefetch(srow + q * 16 + PREFETCH_BYTES / 4);
+    }
+    __m512 part[G][N];
+    for (int j = 0; j < G; ++j)
+      for (int n = 0; n < N; ++n) part[j][n] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < LANES; ++k) {
+      for (int j = 0; j < G; ++j) {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k * nb + j * 16));
+        const __m512i v = _mm512_cvtepu8_epi32(b);
+        const __m512 lo = _mm512_permutexvar_ps(v, table);  // vpermps reads the low 4 bits: the low nibble
+        const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+        const float* xq = xw + ((q + j) * 16 + 2 * k) * N * 16;
+        for (int n = 0; n < N; ++n) part[j][n] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xq + n * 16), part[j][n]);
+        for (int n = 0; n < N; ++n) part[j][n] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xq + (N + n) * 16), part[j][n]);
+      }
+    }
+    for (int j = 0; j < G; ++j) {
+      const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + (q + j) * 16)));
+      for (int n = 0; n < N; ++n) {
+        acc[n] = vfma(half0(part[j][n]), half0(bs), acc[n]);
+        acc[n] = vfma(half1(part[j][n]), half1(bs), acc[n]);
+      }
+    }
+  }
+  for (int n = 0; n < N; ++n) vstore(acc_mem + n * LANES, acc[n]);
+}
+
+// Tiles of WIDE_TILE rows; each K-chunk of pairs (N chunks of xw in L1, at most 16 KiB) is read for
+// all the tile's rows, whose totals wait in memory between chunks (a float32 store is exact). At
+// batch 1 a row runs whole (xw fits in L1), two pairs interleaved.
+template <int N>
+void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  const int64_t pairs = f.blocks() / 16;
+  std::vector<float> xw(static_cast<size_t>(std::max<int64_t>(1, pairs * 16 * N * 16)));
+  for (int64_t q = 0; q < pairs; ++q)
+    for (int64_t s = 0; s < 16; ++s)
+      for (int n = 0; n < N; ++n)
+        for (int h = 0; h < 2; ++h)
+          std::memcpy(xw.data() + ((q * 16 + s) * N + n) * 16 + h * LANES,
+                      x + n * xs + ((2 * q + h) * 16 + s) * LANES, LANES * sizeof(float));
+  // G pairs in flight: G * N >= 8 independent chains (two FMA pipes of latency 4); CP pairs per K-chunk.
+  constexpr int G = N == 1 ? WIDE_NVFP4_G1 : (N == 2 ? 4 : (N == 3 ? 3 : 2));
+#ifdef WIDE_NOCHUNK
+  constexpr int64_t CP = std::numeric_limits<int64_t>::max() / 2;
+#else
+  constexpr int64_t CP = N == 1 ? std::numeric_limits<int64_t>::max() / 2 : G * std::max(1, 16 / (N * G));
+#endif
+  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[WIDE_TILE * N * LANES];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
+      std::fill(acc, acc + tr * N * LANES, 0.0f);
+      for (int64_t c0 = 0; c0 < pairs; c0 += CP) {
+        const int64_t c1 = std::min(pairs, c0 + CP), whole = c0 + (c1 - c0) / G * G;
+        for (int64_t i = 0; i < tr; ++i) {
+          wide_nvfp4_pairs<N, G>(f, xw.data(), v0 + i, c0, whole, acc + i * N * LANES);
+          if (whole < c1) wide_nvfp4_pairs<N, 1>(f, xw.data(), v0 + i, whole, c1, acc + i * N * LANES);
+        }
+      }
+      for (int64_t i = 0; i < tr; ++i) {
+        for (int n = 0; n < N; ++n) {
+          V a = vload(acc + (i * N + n) * LANES);
+          for (int64_t g = 2 * pairs; g < f.groups(); ++g) a = nvfp4_groups<1>(f, x + n * xs, v0 + i, g, a);
+          out[n * os + v0 + i] = finish(a, f.row_scale(v0 + i), NVFP4Rows::kUnbias);
+        }
+      }
+    }
+  });
+}
+
+template <int N, class F>
+void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  if constexpr (F::kGroupScaled) {
+    wide_nvfp4<N>(f, x, xs, rows, out, os);
+  } else {
+    wide_direct<N>(f, x, xs, rows, out, os);
+  }
+}
+#endif
+
 template <class F>
 int run(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64_t rows, float* out, int64_t out_stride) {
   try {
     if (rows <= 0 || n_rows <= 0) return 0;
+#if TRTVOCAB_AVX512
+    switch (n_rows) {
+      case 1: wide<1>(f, x, x_stride, rows, out, out_stride); return 0;
+      case 2: wide<2>(f, x, x_stride, rows, out, out_stride); return 0;
+      case 3: wide<3>(f, x, x_stride, rows, out, out_stride); return 0;
+      case 4: wide<4>(f, x, x_stride, rows, out, out_stride); return 0;
+      case 5: wide<5>(f, x, x_stride, rows, out, out_stride); return 0;
+      case 6: wide<6>(f, x, x_stride, rows, out, out_stride); return 0;
+      case 7: wide<7>(f, x, x_stride, rows, out, out_stride); return 0;
+      case 8: wide<8>(f, x, x_stride, rows, out, out_stride); return 0;
+      default: break;
+    }
+#endif
     switch (n_rows) {
       case 1: gemv(f, x, rows, out); break;
       case 2: direct<2>(f, x, x_stride, rows, out, out_stride); break;
@@ -784,8 +1022,9 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
   return total;
 }
 
-// Which lane implementation this build uses: 2 = AVX2 + FMA + F16C, 0 = portable C++.
-int trtvocab_fused_isa() { return TRTVOCAB_AVX2 ? 2 : 0; }
+// Which lane implementation this build uses: 3 = AVX-512 (F, BW, VL, DQ) at batch 1..8 and the AVX2 code
+// elsewhere, 2 = AVX2 + FMA + F16C, 0 = portable C++.
+int trtvocab_fused_isa() { return TRTVOCAB_AVX512 ? 3 : (TRTVOCAB_AVX2 ? 2 : 0); }
 
 // out[n * out_stride + r] = sum_k x[n * x_stride + k] * e4m3(w[r * w_stride + k]) * scale[r * scale_stride]
 // x: float32 [n_rows, x_stride], zero-padded past `hidden` to a multiple of 8 columns.
