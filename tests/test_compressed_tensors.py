@@ -267,7 +267,7 @@ def check_shards(path: Path, vocab: int, x: torch.Tensor) -> None:
             assert same_bits(dense.weight, single_dense.weight[s.start : s.end])
             emb = _embedding_shard(path, tp, rank, layout)
             rows, scales = emb.local_rows(ids)
-            part = emb._dequantize(rows, scales)
+            part = emb.dequantize_rows(rows, scales)
             assert same_bits(part[s.start : s.end], table_rows[s.start : s.end])
             assert not bool(part[: s.start].any()) and not bool(part[s.end :].any())
 

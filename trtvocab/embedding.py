@@ -199,7 +199,9 @@ class VocabParallelEmbedding(VocabParallelModule):
             scales = self.weights.weight_scale[index].masked_fill_(~mine[:, None], 0.0)
         return rows, scales
 
-    def _dequantize(self, rows: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    def dequantize_rows(self, rows: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+        """Rows of :meth:`local_rows` (summed over the group, or not) in :attr:`dtype`: dense rows as
+        they are, FP8 rows times their per-row ``scales`` (or the table's one scale)."""
         if self.weight_format is WeightFormat.DENSE:
             return rows
         scale = scales if scales is not None else self.weights.weight_scale
@@ -211,7 +213,7 @@ class VocabParallelEmbedding(VocabParallelModule):
             if error is not None:
                 raise error
             rows, scales = self.local_rows(input_ids)
-            return self._dequantize(rows, scales).reshape(*input_ids.shape, self.hidden_size)
+            return self.dequantize_rows(rows, scales).reshape(*input_ids.shape, self.hidden_size)
         count = input_ids.numel() if isinstance(input_ids, torch.Tensor) else 0
         adp = self.mapping.enable_attention_dp
         # The ids themselves must agree without attention DP: their digest (int64 values and shape).
@@ -225,7 +227,7 @@ class VocabParallelEmbedding(VocabParallelModule):
             _sum_bits(rows, self.process_group)
             if scales is not None:
                 D.all_reduce(scales, dist.ReduceOp.SUM, self.process_group)  # one owner: exact
-        out = self._dequantize(rows, scales)
+        out = self.dequantize_rows(rows, scales)
         if adp:
             me = self.mapping.tp_rank
             out = out[sum(counts[:me]) : sum(counts[: me + 1])]

@@ -214,13 +214,16 @@ class LMHead(VocabParallelModule):
         return load_collectively(build, mapping=mapping, group=process_group, what=f"LMHead.from_checkpoint({path})")
 
     # ---- forward --------------------------------------------------------------------------
-    def _check_input(self, hidden: Any) -> InputError | None:
+    def check_input(self, hidden: Any) -> InputError | None:
         """Why ``hidden`` cannot go through this head (None: it can). NaN / inf rows are refused
         (they give NaN logits and arbitrary token ids on every rank) unless :attr:`check_finite`
-        is False because the caller validated its inputs already."""
+        is False because the caller validated its inputs already. No collective: a caller that
+        meets the group afterwards hands the error to its handshake."""
         return hidden_states_error(hidden, hidden_size=self.hidden_size, dtype=self.dtype, device=self.device,
                                    allow_empty=self.mapping.enable_attention_dp, rows="N",
                                    finite=bool(self.check_finite))
+
+    _check_input = check_input  # the older name (trtvocab.sampling still calls it)
 
     def _identity(self, rows: int) -> dict[str, Any]:
         """This rank's values of :data:`FORWARD_HANDSHAKE`."""
@@ -281,7 +284,7 @@ class LMHead(VocabParallelModule):
         return out
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        error = self._check_input(hidden_states)
+        error = self.check_input(hidden_states)
         if not self.is_split:
             if error is not None:
                 raise error

@@ -16,14 +16,14 @@ import enum
 from collections.abc import Iterable
 
 
-class _Name(str, enum.Enum):
+class NameEnum(str, enum.Enum):
     """A str enum that prints as its value (what files and messages hold)."""
 
     def __str__(self) -> str:
         return self.value
 
 
-class WeightFormat(_Name):
+class WeightFormat(NameEnum):
     """Storage format of a head shard. The values are what manifests and graph metadata hold."""
 
     DENSE = "dense"
@@ -31,7 +31,7 @@ class WeightFormat(_Name):
     NVFP4 = "NVFP4"
 
 
-class Activation(_Name):
+class Activation(NameEnum):
     """How a quantized head treats its input.
 
     ``STATIC``: quantized with the checkpoint's ``input_scale`` (FP8 W8A8, NVFP4 W4A4);
@@ -44,7 +44,7 @@ class Activation(_Name):
     NONE = "none"
 
 
-class Granularity(_Name):
+class Granularity(NameEnum):
     """FP8 weight-scale granularity: one scale per tensor (ModelOpt's format) or per vocab row."""
 
     PER_TENSOR = "per_tensor"
@@ -60,7 +60,7 @@ class Granularity(_Name):
         return cls.PER_ROW if count > 1 else cls.PER_TENSOR
 
 
-class Runtime(_Name):
+class Runtime(NameEnum):
     """What computed a result: the PyTorch fallback, onnxruntime, ``onnx.reference`` (the ONNX
     reference evaluator: FP4 and bf16 graphs, which onnxruntime CPU cannot run) or a TensorRT engine.
 

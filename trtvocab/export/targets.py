@@ -16,11 +16,11 @@ an explicit target that cannot run a graph is refused with the datatype as the r
 
 from __future__ import annotations
 
-from trtvocab.base.formats import _Name
+from trtvocab.base.formats import NameEnum
 from trtvocab.errors import ConfigError, EngineUnavailableError
 
 
-class Compiler(_Name):
+class Compiler(NameEnum):
     """The engine compiler a recipe asks for (``auto``: standard TensorRT where it and a GPU
     exist, else TensorRT-RTX where it imports, else no engine)."""
 
@@ -29,7 +29,7 @@ class Compiler(_Name):
     TENSORRT_RTX = "tensorrt-rtx"
 
 
-class HwType(_Name):
+class HwType(NameEnum):
     """A hardware datatype a graph's kernels need."""
 
     BF16 = "bf16"

@@ -30,10 +30,13 @@ TILE = 2048  # float32 vocab tile
 HALF_TILE = 4096  # bf16 / fp16 vocab tile: one torch.mv per row and tile (the GEMV kernel)
 
 
-def _tiles(start: int, size: int, tile: int) -> Iterator[tuple[int, int, int]]:
+def tiles(start: int, size: int, tile: int) -> Iterator[tuple[int, int, int]]:
     """``(tile index, first owned id, end owned id)`` of the global tiles that ``[start, start + size)`` meets."""
     for t in range(start // tile, (start + size - 1) // tile + 1):
         yield t, max(t * tile, start), min((t + 1) * tile, start + size)
+
+
+_tiles = tiles  # the older name (trtvocab.sampling.chunked still calls it)
 
 
 def _tile_weight(weight: torch.Tensor, start: int, t: int, lo: int, hi: int, tile: int,
@@ -61,7 +64,7 @@ def tiled_logits(x: torch.Tensor, weight: torch.Tensor, start: int, size: int, o
     out = torch.empty(rows, size, dtype=out_dtype, device=x.device)
     if compute != torch.float32:
         xc = x.to(compute)
-        for t, lo, hi in _tiles(start, size, HALF_TILE):
+        for t, lo, hi in tiles(start, size, HALF_TILE):
             w = _tile_weight(weight, start, t, lo, hi, HALF_TILE, compute)
             column = torch.empty(HALF_TILE, dtype=compute, device=x.device)
             for r in range(rows):
@@ -70,7 +73,7 @@ def tiled_logits(x: torch.Tensor, weight: torch.Tensor, start: int, size: int, o
         return out
     xb = torch.zeros(-(-rows // ROW_BLOCK) * ROW_BLOCK, hidden, dtype=compute, device=x.device)
     xb[:rows] = x.to(compute)
-    for t, lo, hi in _tiles(start, size, TILE):
+    for t, lo, hi in tiles(start, size, TILE):
         wt = _tile_weight(weight, start, t, lo, hi, TILE, compute).t()
         cols = slice(lo - t * TILE, hi - t * TILE)
         for r in range(0, rows, ROW_BLOCK):
