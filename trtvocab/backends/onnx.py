@@ -3,35 +3,15 @@
 It serves ``trtvocab infer --backend onnx`` and the build's check of every exported graph
 against the PyTorch fallback. Which runtime runs which graph (``runner="auto"``)::
 
-    FP8 W8A8 graphs, float32 heads onnxruntime CPU (float32 GEMM; FP8 Q/DQ kernels exist)
-    dense bfloat16 / float16,      onnx.reference: onnxruntime CPU has no bf16 MatMul
-    FP8 W8A16 bf16 / fp16          kernel ("NOT_IMPLEMENTED"), and runs fp16 MatMul in
-                                   float32 without rounding the output to fp16, which is
-                                   not what the graph does (these graphs multiply in the
-                                   head dtype: trtvocab.export.onnx.gemm_rounding)
-    NVFP4 graphs                   onnx.reference: onnxruntime has no FLOAT4E2M1 kernels
-                                   and no TRT_FP4DynamicQuantize
+    FP8 W8A8 graphs, float32 heads  onnxruntime CPU (float32 GEMM; FP8 Q/DQ kernels exist)
+    dense bf16 / fp16, FP8 W8A16    onnx.reference: no bf16 MatMul kernel; fp16 MatMul unrounded
+    NVFP4 graphs                    onnx.reference: no FLOAT4E2M1 kernels, no TRT_FP4DynamicQuantize
 
-``onnx.reference`` is numpy, slow but exact about types. Two things are added to it here:
-
-* ``TRT_FP4DynamicQuantize`` (domain ``trt``): TensorRT's dynamic NVFP4 activation
-  quantizer, implemented from its documented signature (below);
-* a ``MatMul`` for bf16 / fp16 operands that accumulates in float32 and rounds once to
-  the operand type — what tensor cores (and PyTorch's CPU GEMM) do.
-
-``TRT_FP4DynamicQuantize(x, double_quant_scale) -> (x_fp4, block_scales_fp8)``, attributes
-``axis`` (-1), ``block_size`` (16), ``scale_type`` (17 = FLOAT8E4M3FN). Sources: TensorRT's
-operator reference "DynamicQuantize" (inputs ``input`` T1 in {float16, bfloat16, float32} and
-a scalar build-time-constant ``double_quant_scale``; outputs FP4 data and FP8 scales of the
-input's shape with the blocked axis divided by 16) and ModelOpt 0.47
-``modelopt/torch/quantization/export_onnx.py`` (``_fp4_dynamic_quantize``: op
-``trt::TRT_FP4DynamicQuantize``, attrs ``axis``, ``block_size``, ``scale_type``, two
-outputs, followed by ``DequantizeLinear(scales, global)`` and a blocked
-``DequantizeLinear(x_fp4, scales_f32)``). The numbers are this project's NVFP4 recipe
-(DESIGN §4), per block of 16 along ``axis``::
-
-    block_scale = e4m3(clamp(S, 2**-9, 448)),  S = amax(|block|) / (6 * global), S == 0 -> 1.0
-    x_fp4       = e2m1(clamp(x / (block_scale * global), -6, 6))     round half to even
+``onnx.reference`` (numpy, slow but exact about types) gets two additions here: TensorRT's
+dynamic NVFP4 activation quantizer ``TRT_FP4DynamicQuantize`` (domain ``trt``) and a ``MatMul``
+for bf16 / fp16 operands that accumulates in float32 and rounds once to the operand type (what
+tensor cores and PyTorch's CPU GEMM do). What ran is a :class:`~trtvocab.base.formats.Runtime`.
+The reasons and the quantizer's definition: the section "runtimes and TRT_FP4DynamicQuantize" below.
 """
 
 from __future__ import annotations
@@ -59,6 +39,32 @@ from trtvocab.export.onnx import FP4_QUANTIZE_OP, TRT_DOMAIN
 from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK, SCALE_MIN
 from trtvocab.quant.nvfp4 import E2M1_MAX as _E2M1_MAX
+
+# ---- runtimes and TRT_FP4DynamicQuantize ----------------------------------------------------------
+# Which runtime runs which graph (runner="auto"):
+#
+#     FP8 W8A8 graphs, float32 heads onnxruntime CPU (float32 GEMM; FP8 Q/DQ kernels exist)
+#     dense bfloat16 / float16,      onnx.reference: onnxruntime CPU has no bf16 MatMul
+#     FP8 W8A16 bf16 / fp16          kernel ("NOT_IMPLEMENTED"), and runs fp16 MatMul in
+#                                    float32 without rounding the output to fp16, which is
+#                                    not what the graph does (these graphs multiply in the
+#                                    head dtype: trtvocab.export.onnx.gemm_rounding)
+#     NVFP4 graphs                   onnx.reference: onnxruntime has no FLOAT4E2M1 kernels
+#                                    and no TRT_FP4DynamicQuantize
+#
+# ``TRT_FP4DynamicQuantize(x, double_quant_scale) -> (x_fp4, block_scales_fp8)``, attributes
+# ``axis`` (-1), ``block_size`` (16), ``scale_type`` (17 = FLOAT8E4M3FN). Sources: TensorRT's
+# operator reference "DynamicQuantize" (inputs ``input`` T1 in {float16, bfloat16, float32} and
+# a scalar build-time-constant ``double_quant_scale``; outputs FP4 data and FP8 scales of the
+# input's shape with the blocked axis divided by 16) and ModelOpt 0.47's ONNX export
+# (``_fp4_dynamic_quantize``: op ``trt::TRT_FP4DynamicQuantize``, attrs ``axis``, ``block_size``,
+# ``scale_type``, two outputs, followed by ``DequantizeLinear(scales, global)`` and a blocked
+# ``DequantizeLinear(x_fp4, scales_f32)``). The numbers are trtvocab's NVFP4 recipe
+# (trtvocab.quant.nvfp4), per block of 16 along ``axis``:
+#
+#     block_scale = e4m3(clamp(S, 2**-9, 448)),  S = amax(|block|) / (6 * global), S == 0 -> 1.0
+#     x_fp4       = e2m1(clamp(x / (block_scale * global), -6, 6))     round half to even
+
 
 ONNX_RUNTIMES = (Runtime.ONNXRUNTIME, Runtime.ONNX_REFERENCE)  # what runs a graph here
 # The runner a caller chooses: "auto" (the module docstring), or one of ONNX_RUNTIMES by value
@@ -96,7 +102,8 @@ def fp4_dynamic_quantize(x: np.ndarray, global_scale: Any, block_size: int = BLO
 
 
 class TRT_FP4DynamicQuantize(OpRun):  # named as the op: the evaluator dispatches on the class name
-    """TensorRT's dynamic NVFP4 quantizer for ``onnx.reference`` (see module docstring)."""
+    """TensorRT's dynamic NVFP4 quantizer for ``onnx.reference`` (defined in the section
+    "runtimes and TRT_FP4DynamicQuantize" above)."""
 
     op_domain = TRT_DOMAIN
 

@@ -1,37 +1,16 @@
 """Quantization accuracy of the LM head: a baseline head against quantized variants.
 
-Every head (baseline, checkpoint variants, in-memory ``--simulate`` variants) runs
-through the real :class:`~trtvocab.lm_head.LMHead` and
-:class:`~trtvocab.logits.LogitsProcessor`, replicated or column-split over ``tp``
-gloo ranks, on the same hidden states. The gathered float32 logits are compared
-row by row in float64 with the **global** softmax over the full vocabulary:
-
-=====================  ==============================================================
-top1_agreement         fraction of rows whose argmax token is the baseline's
-top5_overlap           mean ``|top5(base) ∩ top5(var)| / 5``
-kl_mean / p99 / max    ``KL(P_base || P_var)`` per row, nats (p99: linear interpolation)
-max_abs_logit_err      ``max |logit_var - logit_base|`` over all rows and tokens
-mean_abs_logprob_err   mean ``|logp_var - logp_base|`` of the baseline's top token
-head_bytes_per_rank    resident bytes of one rank's head (max over ranks)
-=====================  ==============================================================
-
-Rows: by default every token of the hidden states (``all_tokens``): a KL p99
-needs many rows, and a context position is as good a probe of the head as a last
-one. ``all_tokens=False`` keeps only each sequence's last token, through the
-LogitsProcessor and the file's ``seq_lens``: what generation actually samples from.
-
-Variants name their toolchain: ``--variant modelopt:NVFP4=DIR --variant compressed-tensors:NVFP4=DIR``
-(``[TOOLCHAIN:]NAME=DIR``, :func:`parse_variant`) compares the heads two toolchains made of the same
-model side by side; the declared toolchain is checked against the checkpoint (ModelOpt or
-compressed-tensors, :func:`checkpoint_toolchain`), and every variant's toolchain and resident bytes
-are reported with it, in the table and in each llama.cpp block.
-
-Teacher-forced block: where the hidden file carries ``next_token_ids`` (``trtvocab
-hidden`` on a causal LM), the rows with a next token also get llama.cpp's ``perplexity
---kl-divergence`` statistics (PPL(Q), PPL(base), KLD, Δp, Same top p, and EAR, KL both
-ways, JS, bootstrap intervals): :mod:`trtvocab.accuracy.stats`. Only the baseline's and
-one variant's ``[T, V]`` float32 logits are held at a time; the float64 work runs in
-row chunks.
+Every head (baseline, checkpoint variants, in-memory ``--simulate`` variants; each a
+:class:`~trtvocab.weights.loader.HeadSource`) runs through the real
+:class:`~trtvocab.lm_head.LMHead` and :class:`~trtvocab.logits.LogitsProcessor`, replicated or
+column-split over ``tp`` gloo ranks, on the same hidden states. The gathered float32 logits are
+compared row by row in float64 with the **global** softmax over the full vocabulary
+(:class:`LogitMetrics`: top-1 agreement, top-5 overlap, KL mean / p99 / max, logit and
+log-prob errors, resident head bytes). Rows: every token by default (``all_tokens``), or each
+sequence's last. ``--variant [TOOLCHAIN:]NAME=DIR`` (:func:`parse_variant`) names the toolchain
+that made a variant, checked against the checkpoint. Where the hidden file carries
+``next_token_ids``, the teacher-forced rows also get llama.cpp's ``perplexity --kl-divergence``
+statistics (:mod:`trtvocab.accuracy.stats`). The details: the section "what compare reports" below.
 """
 
 from __future__ import annotations
@@ -60,6 +39,31 @@ from trtvocab.errors import ConfigError, InputError
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.weights.loader import HeadSource  # what a compared head is made from (re-exported)
 
+# ---- what compare reports -------------------------------------------------------------------------
+# =====================  ==============================================================
+# top1_agreement         fraction of rows whose argmax token is the baseline's
+# top5_overlap           mean ``|top5(base) ∩ top5(var)| / 5``
+# kl_mean / p99 / max    ``KL(P_base || P_var)`` per row, nats (p99: linear interpolation)
+# max_abs_logit_err      ``max |logit_var - logit_base|`` over all rows and tokens
+# mean_abs_logprob_err   mean ``|logp_var - logp_base|`` of the baseline's top token
+# head_bytes_per_rank    resident bytes of one rank's head (max over ranks)
+# =====================  ==============================================================
+#
+# Rows: by default every token of the hidden states (``all_tokens``): a KL p99 needs many rows,
+# and a context position is as good a probe of the head as a last one. ``all_tokens=False`` keeps
+# only each sequence's last token, through the LogitsProcessor and the file's ``seq_lens``: what
+# generation actually samples from.
+#
+# Variants name their toolchain: ``--variant modelopt:NVFP4=DIR --variant compressed-tensors:NVFP4=DIR``
+# compares the heads two toolchains made of the same model side by side; the declared toolchain is
+# checked against the checkpoint (ModelOpt or compressed-tensors, checkpoint_toolchain), and every
+# variant's toolchain and resident bytes are reported with it, in the table and in each llama.cpp block.
+#
+# Teacher-forced block: the rows with a next token get PPL(Q), PPL(base), KLD, Δp, Same top p, and
+# EAR, KL both ways, JS, bootstrap intervals. Only the baseline's and one variant's ``[T, V]``
+# float32 logits are held at a time; the float64 work runs in row chunks.
+
+
 TOP_K = 5
 CHUNK_ELEMENTS = 1 << 22  # float64 softmax over [rows, V] runs in chunks of ~32 MiB per temporary
 MAX_ERR_SAMPLES = 1_000_000  # logit errors kept per variant for the histogram
@@ -68,7 +72,7 @@ MAX_ERR_SAMPLES = 1_000_000  # logit errors kept per variant for the histogram
 # ---- metrics on logits -----------------------------------------------------------------------
 @dataclass
 class LogitMetrics:
-    """One variant against the baseline over the same rows (the metrics of the module docstring)."""
+    """One variant against the baseline over the same rows (the metrics of the section "what compare reports")."""
 
     rows: int
     top1_agreement: float
@@ -94,7 +98,7 @@ def _check_logits(base: torch.Tensor, var: torch.Tensor) -> None:
 
 def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chunk_rows: int | None = None,
                   max_err_samples: int = MAX_ERR_SAMPLES, next_ids: torch.Tensor | None = None) -> LogitMetrics:
-    """Compare two ``[N, V]`` logit tensors (see the module docstring for each metric).
+    """Compare two ``[N, V]`` logit tensors (each metric: the section "what compare reports").
 
     ``next_ids [N]`` (int, -1 = no next token) adds the teacher-forced per-row numbers
     (:class:`~trtvocab.accuracy.stats.TokenRows`) of the rows that have one.

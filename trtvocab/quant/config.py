@@ -1,38 +1,14 @@
-"""Which quantization the LM head runs with: the gating rule (DESIGN §4), for both checkpoint formats.
+"""Which quantization the LM head runs with: the gating rule, for both checkpoint formats.
 
-**The rule.** The head runs quantized exactly when the checkpoint *stores* it quantized and its
-config *says* so; a config and tensors that disagree are refused rather than guessed at:
-
-* **stored quantized** is read from the safetensors header (no tensor data): FP8 is an
-  ``F8_E4M3`` head with its ``weight_scale``; NVFP4 is a ``U8`` packed head with its E4M3 block
-  ``weight_scale`` and a global scale (``weight_scale_2`` in ModelOpt files,
-  ``weight_global_scale`` in compressed-tensors files, where the packed tensor is
-  ``lm_head.weight_packed``);
-* **the config says so**: ModelOpt (``hf_quant_config.json`` or a non-compressed-tensors
-  ``config.json`` ``quantization_config``) -- a per-layer entry (``MIXED_PRECISION``
-  ``quantized_layers``) names ``lm_head``, or a global ``quant_algo`` is set and the header holds
-  ``lm_head.weight_scale``; compressed-tensors (``quant_method: "compressed-tensors"``) -- a
-  ``config_groups`` target matches ``lm_head`` and no ``ignore`` entry does (exact name,
-  ``re:`` regex with ``re.match``, or class name ``Linear``: compressed-tensors' own matcher;
-  vLLM matches the head by name or regex only, see :mod:`trtvocab.quant.compressed_tensors`).
-
-It is forced dense when the head is the tied input embedding, when attention DP splits the
-head (LM-head TP in ADP), when the user asks for ``quant="none"``, and (ModelOpt) when
-``lm_head`` matches ``exclude_modules`` / ``ignore`` (fnmatch). A head stored quantized but
-forced dense is dequantized exactly, with a warning: a stored scale is never ignored and
-quantized bytes are never read as dense values. ModelOpt heads dequantize in float32
-(``q * s``, ModelOpt's ``QTensor.dequantize``); compressed-tensors heads as the library's
-``decompress`` does (bit for bit). A stored ``lm_head`` is always the head, whatever
-``tie_word_embeddings`` says: a quantized head is never replaced by the tied embedding.
-
-Disagreements refused (:class:`~trtvocab.errors.QuantizationError` naming the file, the tensor
-and the config entry): a config entry that quantizes the head but no quantized tensors (or the
-wrong ones) in the header; ModelOpt: a global algo the stored bytes contradict (quantized bytes
-that no entry quantizes are dequantized exactly, with a warning, as ModelOpt's exports of an
-excluded head never hold them); compressed-tensors: quantized tensors that no config group
-covers (or that ``ignore`` names: the library could not decompress them either), a file saved
-uncompressed (``format: "dense"`` / ``quantization_status: "frozen"``: dense weights with scales
-beside them -- ``quant="none"`` loads the dense weights), scales of the wrong shape or dtype.
+The head runs quantized exactly when the checkpoint *stores* it quantized (read from the
+safetensors header: an ``F8_E4M3`` head with its ``weight_scale``, or a ``U8`` packed NVFP4 head
+with its block and global scales) and its config *says* so (ModelOpt's ``hf_quant_config.json`` /
+``quantization_config``, or a compressed-tensors ``config_groups`` target); a config and tensors
+that disagree are refused (:class:`~trtvocab.errors.QuantizationError`) rather than guessed at.
+It is forced dense when the head is the tied input embedding, under attention DP + LM-head TP,
+with ``quant="none"``, or when it is excluded; a head stored quantized but forced dense is
+dequantized exactly, with a warning. :func:`resolve_lm_head_quant` returns the verdict
+(:class:`HeadQuantDecision`). The full rule: the section "the gating rule" below.
 """
 
 from __future__ import annotations
@@ -52,6 +28,39 @@ from trtvocab.quant.nvfp4 import BLOCK
 if TYPE_CHECKING:
     from trtvocab.checkpoints.checkpoint import Checkpoint
     from trtvocab.parallel.mapping import Mapping
+
+
+# ---- the gating rule (the details behind resolve_lm_head_quant) -----------------------------------
+# * **stored quantized** is read from the safetensors header (no tensor data): FP8 is an
+#   ``F8_E4M3`` head with its ``weight_scale``; NVFP4 is a ``U8`` packed head with its E4M3 block
+#   ``weight_scale`` and a global scale (``weight_scale_2`` in ModelOpt files,
+#   ``weight_global_scale`` in compressed-tensors files, where the packed tensor is
+#   ``lm_head.weight_packed``);
+# * **the config says so**: ModelOpt (``hf_quant_config.json`` or a non-compressed-tensors
+#   ``config.json`` ``quantization_config``) -- a per-layer entry (``MIXED_PRECISION``
+#   ``quantized_layers``) names ``lm_head``, or a global ``quant_algo`` is set and the header holds
+#   ``lm_head.weight_scale``; compressed-tensors (``quant_method: "compressed-tensors"``) -- a
+#   ``config_groups`` target matches ``lm_head`` and no ``ignore`` entry does (exact name,
+#   ``re:`` regex with ``re.match``, or class name ``Linear``: compressed-tensors' own matcher;
+#   vLLM matches the head by name or regex only, see trtvocab.quant.compressed_tensors).
+#
+# Forced dense: the head is the tied input embedding, attention DP splits the head (LM-head TP
+# in ADP), the user asks for ``quant="none"``, or (ModelOpt) ``lm_head`` matches
+# ``exclude_modules`` / ``ignore`` (fnmatch). A head stored quantized but forced dense is
+# dequantized exactly, with a warning: a stored scale is never ignored and quantized bytes are
+# never read as dense values. ModelOpt heads dequantize in float32 (``q * s``, ModelOpt's
+# ``QTensor.dequantize``); compressed-tensors heads as the library's ``decompress`` does (bit for
+# bit). A stored ``lm_head`` is always the head, whatever ``tie_word_embeddings`` says: a
+# quantized head is never replaced by the tied embedding.
+#
+# Disagreements refused (QuantizationError naming the file, the tensor and the config entry): a
+# config entry that quantizes the head but no quantized tensors (or the wrong ones) in the
+# header; ModelOpt: a global algo the stored bytes contradict (quantized bytes that no entry
+# quantizes are dequantized exactly, with a warning, as ModelOpt's exports of an excluded head
+# never hold them); compressed-tensors: quantized tensors that no config group covers (or that
+# ``ignore`` names: the library could not decompress them either), a file saved uncompressed
+# (``format: "dense"`` / ``quantization_status: "frozen"``: dense weights with scales beside them
+# -- ``quant="none"`` loads the dense weights), scales of the wrong shape or dtype.
 
 
 class QuantAlgo(str, enum.Enum):
@@ -280,7 +289,7 @@ def resolve_lm_head_quant(
         wanted, why = global_algo, f"global quant_algo {global_algo.value} and {module}.weight_scale present"
     if wanted is None and stored is not None:
         # Quantized bytes that no config entry asks to run quantized: by the rule the head
-        # runs dense, so its stored scales are applied exactly (never ignored, §1.5).
+        # runs dense, so its stored scales are applied exactly (never ignored).
         return dense(f"{name} is stored as {stored.value} but no config entry quantizes {module}")
     if wanted is None:
         if global_algo is None:
