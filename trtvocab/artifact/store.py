@@ -2,29 +2,16 @@
 
 ::
 
-    OUT/manifest.json                 what was built, from what, with which versions;
-                                      sha256 of every file; what was skipped and why;
-                                      a sha256 of its own body ("digest")
+    OUT/manifest.json                 what was built, from what, with which versions; sha256 of
+                                      every file; what was skipped and why; a digest of its body
     OUT/rank{r}/weights.safetensors   the shard (+ scales): the PyTorch fallback's input
     OUT/rank{r}/lm_head.onnx          (+ lm_head.onnx.data when large) the graph TensorRT parses
     OUT/rank{r}/lm_head.plan          TensorRT engine, only where TensorRT and a suitable GPU exist
 
 A build writes into a private sibling folder and publishes it atomically
-(:func:`trtvocab.base.fsutil.staging`), so a reader sees either the old artifact or the new
-one, never a mix or a half. The manifest's schema is :class:`trtvocab.artifact.manifest.Manifest`;
-this module is the only one that reads or writes the file.
-
-What loading checks (:func:`read_manifest`), each refusal an :class:`ArtifactError` naming
-the file or the field: the manifest is a regular UTF-8 JSON file of bounded size; its format,
-version and trtvocab version; its digest; the schema, parsed strictly (a ``"0"`` is not
-``0``, ``true`` is not ``1``); that it agrees with itself and with the shard math
-(:func:`check_consistency`: every rank's ``[start, end)`` and width are
-:func:`trtvocab.parallel.sharding.vocab_shard` of the recorded vocab, tp, layout and pad_to); that
-every path in it is relative, normalized and inside the artifact; that every file a rank's
-runtime opens is listed; that each ``weights.safetensors`` header agrees with the manifest
-(:func:`check_rank_headers`: dtype, rows, shape, the rank/start/end it records); and, unless
-told not to, every listed file's size and sha256 (:func:`verify_files`), reading no more
-bytes than the manifest records and opening only regular files.
+(:func:`trtvocab.base.fsutil.staging`): a reader sees the old artifact or the new one, never a
+mix. The schema is :class:`trtvocab.artifact.manifest.Manifest`; this module is the only reader
+and writer of the file. What loading checks (:func:`read_manifest`): the section below.
 """
 
 from __future__ import annotations
@@ -52,6 +39,19 @@ from trtvocab.base.fsutil import staging as _staging
 from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.errors import ArtifactError, TrtVocabError
 from trtvocab.version import __version__
+
+# ---- what loading checks (read_manifest) ----------------------------------------------------------
+# Each refusal is an ArtifactError naming the file or the field: the manifest is a regular UTF-8
+# JSON file of bounded size; its format, version and trtvocab version; its digest; the schema,
+# parsed strictly (a ``"0"`` is not ``0``, ``true`` is not ``1``); that it agrees with itself and
+# with the shard math (check_consistency: every rank's ``[start, end)`` and width are
+# trtvocab.parallel.sharding.vocab_shard of the recorded vocab, tp, layout and pad_to); that every
+# path in it is relative, normalized and inside the artifact; that every file a rank's runtime
+# opens is listed; that each ``weights.safetensors`` header agrees with the manifest
+# (check_rank_headers: dtype, rows, shape, the rank/start/end it records); and, unless told not
+# to, every listed file's size and sha256 (verify_files), reading no more bytes than the manifest
+# records and opening only regular files.
+
 
 MANIFEST = "manifest.json"
 FORMAT = "trtvocab-artifact"
@@ -126,7 +126,7 @@ def _schema_error(path: Path, exc: ValidationError) -> ArtifactError:
 
 
 def read_manifest(root: Path, *, verify: bool = True) -> Manifest:
-    """Load and check an artifact (everything in the module docstring); ``verify=False`` skips
+    """Load and check an artifact (everything in the section "what loading checks"); ``verify=False`` skips
     only the per-file size and sha256 pass."""
     root = Path(root)
     path = root / MANIFEST

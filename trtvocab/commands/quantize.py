@@ -1,27 +1,15 @@
-"""Quantize a checkpoint's LM head with ModelOpt (ModelOpt's export format) or with the compressed-tensors
-library (the compressed-tensors format of llm-compressor / vLLM: ``checkpoint_format="compressed-tensors"``,
-:mod:`trtvocab.quant.ct_export`).
+"""Quantize a checkpoint's LM head with ModelOpt (ModelOpt's export format) or with the
+compressed-tensors library (``checkpoint_format="compressed-tensors"``,
+:mod:`trtvocab.quant.ct_export`), on the CPU.
 
-Only the head is touched. It is wrapped as ``nn.Linear(H, V, bias=False)`` named
-``lm_head`` (ModelOpt's quantizer patterns match module names), quantized with
-``modelopt.torch.quantization`` using the stock FP8 / NVFP4 presets with the
-``*lm_head*`` exclusion those presets carry switched back on, calibrated (max
-calibrator) on the given hidden states, and exported with the per-layer helpers of
-``modelopt.torch.export.quant_utils``::
-
-    FP8    lm_head.weight float8_e4m3fn [V, H]   weight_scale fp32 ()   input_scale fp32 () (W8A8)
-    NVFP4  lm_head.weight uint8 [V, H/2]         weight_scale e4m3 [V, H/16]
-           weight_scale_2 fp32 ()                input_scale fp32 () (W4A4)
-
-Without calibration data the activation scale is not written: FP8 then runs with
-dynamic per-tensor activations and NVFP4 as W4A16 (DESIGN §4). Everything ModelOpt
-does here runs on the CPU: max calibration only *observes* the activations, and the
-export helpers quantize with ``FP8QTensor`` / ``NVFP4QTensor`` (the NVFP4 fake-quant
-*forward* is CUDA-only and is never called).
-
-Both formats are written from the same dense head, with the same ``--calib`` semantics (the
-static activation scale from ``amax(|x|)`` of the calibration rows in the model's dtype), the
-head untied when it is the tied embedding, and the same marker, tokenizer files and gate.
+Only the head is touched: wrapped as ``nn.Linear(H, V, bias=False)`` named ``lm_head``,
+quantized with ``modelopt.torch.quantization``'s stock FP8 / NVFP4 presets (their ``*lm_head*``
+exclusion switched back on), calibrated (max calibrator) on the given hidden states, and
+exported with ModelOpt's per-layer export helpers. Without calibration data no activation
+scale is written: FP8 then runs with dynamic per-tensor activations and NVFP4 as W4A16. Both
+formats are written from the same dense head, with the same ``--calib`` semantics, the head
+untied when it is the tied embedding, and the same marker, tokenizer files and gate. The
+tensors written and why it all runs on the CPU: the section "what is written" below.
 """
 
 from __future__ import annotations
@@ -50,6 +38,19 @@ from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.quant.config import QuantAlgo, QuantConfig, stored_format
 from trtvocab.quant.head_module import HeadOnly
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_GROUP
+
+# ---- what is written ------------------------------------------------------------------------------
+# ModelOpt's export (modelopt.torch.export.quant_utils):
+#
+#     FP8    lm_head.weight float8_e4m3fn [V, H]   weight_scale fp32 ()   input_scale fp32 () (W8A8)
+#     NVFP4  lm_head.weight uint8 [V, H/2]         weight_scale e4m3 [V, H/16]
+#            weight_scale_2 fp32 ()                input_scale fp32 () (W4A4)
+#
+# Everything ModelOpt does here runs on the CPU: max calibration only *observes* the activations,
+# and the export helpers quantize with ``FP8QTensor`` / ``NVFP4QTensor`` (the NVFP4 fake-quant
+# *forward* is CUDA-only and is never called). The static activation scale (``--calib``) comes from
+# ``amax(|x|)`` of the calibration rows in the model's dtype, in both formats.
+
 
 # Files copied next to the quantized head so the output still decodes token ids.
 TOKENIZER_FILES = (

@@ -1,35 +1,15 @@
 """compressed-tensors checkpoints (llm-compressor, vLLM): the head's and the embedding's tensors.
 
 A checkpoint is in this format when ``config.json`` ``quantization_config.quant_method`` is
-``"compressed-tensors"``. Per quantized module ``<m>`` (``lm_head``, ``model.embed_tokens``)::
-
-    format                      tensors                                  ModelOpt equivalent
-    float- / naive-quantized    <m>.weight        F8_E4M3 [V, H]         weight
-    (FP8)                       <m>.weight_scale  model dtype [1] | [V,1] weight_scale (fp32)
-                                <m>.input_scale   model dtype [1]        input_scale (static only)
-    nvfp4-pack-quantized        <m>.weight_packed U8 [V, H/2]            weight (same bytes)
-    (NVFP4)                     <m>.weight_scale  F8_E4M3 [V, H/16]      weight_scale (same bytes)
-                                <m>.weight_global_scale F32 [1]          1 / weight_scale_2
-                                <m>.input_global_scale  F32 [1]          1 / input_scale (W4A4)
-
-Which group quantizes a module follows compressed-tensors' own matcher (``utils/match.py``):
-a target matches by exact name, ``re:`` + ``re.match`` (anchored at the start only) or the
-module's class name (``Linear`` / ``Module`` for ``lm_head``, ``Embedding`` / ``Module`` for the
-embedding); exact names win over regexes, regexes over class names; ``ignore`` uses the same
-three rules. vLLM differs for the head: its ``ParallelLMHead`` matches a name or regex only
-(a class target ``Linear`` never quantizes it); the verdict of
-:func:`trtvocab.quant.config.resolve_lm_head_quant` says so.
-
-Exactness (see docs/checkpoint_formats.md):
-
-* where trtvocab dequantizes, it computes what ``compressed_tensors``' ``decompress`` computes,
-  bit for bit: FP8 ``q.to(s.dtype) * s`` (one rounding to the scale's dtype), NVFP4
-  ``bf16(e2m1(q) * fp32(fp32(block_scale) / global_scale))`` (a division; always bf16; code 8
-  is ``-0.0``) -- :func:`decompress_fp8`, :func:`decompress_nvfp4`;
-* where it runs quantized, the tensors become the ModelOpt tensors of the FP8 / NVFP4 weight
-  methods: the FP8 bytes, the NVFP4 bytes and block scales unchanged; FP8 scales widened from
-  the model dtype to float32 (exact); the two NVFP4 global scales replaced by their float32
-  reciprocals (one rounding each, the form ModelOpt stores and vLLM's kernels use).
+``"compressed-tensors"``. Per quantized module ``<m>`` (``lm_head``, ``model.embed_tokens``) the
+FP8 formats (``float-`` / ``naive-quantized``) store ``<m>.weight`` F8_E4M3 with a model-dtype
+``weight_scale`` (and ``input_scale`` when static); ``nvfp4-pack-quantized`` stores
+``<m>.weight_packed``, E4M3 block scales and float32 global scales (the reciprocals of
+ModelOpt's). Which config group quantizes a module follows compressed-tensors' own matcher.
+Where trtvocab dequantizes, it computes what the library's ``decompress`` computes, bit for bit
+(:func:`decompress_fp8`, :func:`decompress_nvfp4`); where it runs quantized, the tensors become
+the ModelOpt tensors of the FP8 / NVFP4 weight methods (docs/checkpoint_formats.md). The tensor
+table, the matching rules and the exactness: the section "the format" below.
 """
 
 from __future__ import annotations
@@ -48,6 +28,37 @@ from trtvocab.quant.nvfp4 import BLOCK, unpack_codes
 
 if TYPE_CHECKING:
     from trtvocab.checkpoints.checkpoint import Checkpoint
+
+# ---- the format -----------------------------------------------------------------------------------
+# Per quantized module <m> (lm_head, model.embed_tokens):
+#
+#     format                      tensors                                  ModelOpt equivalent
+#     float- / naive-quantized    <m>.weight        F8_E4M3 [V, H]         weight
+#     (FP8)                       <m>.weight_scale  model dtype [1] | [V,1] weight_scale (fp32)
+#                                 <m>.input_scale   model dtype [1]        input_scale (static only)
+#     nvfp4-pack-quantized        <m>.weight_packed U8 [V, H/2]            weight (same bytes)
+#     (NVFP4)                     <m>.weight_scale  F8_E4M3 [V, H/16]      weight_scale (same bytes)
+#                                 <m>.weight_global_scale F32 [1]          1 / weight_scale_2
+#                                 <m>.input_global_scale  F32 [1]          1 / input_scale (W4A4)
+#
+# Which group quantizes a module follows compressed-tensors' own matcher: a target matches by
+# exact name, ``re:`` + ``re.match`` (anchored at the start only) or the module's class name
+# (``Linear`` / ``Module`` for ``lm_head``, ``Embedding`` / ``Module`` for the embedding); exact
+# names win over regexes, regexes over class names; ``ignore`` uses the same three rules. vLLM
+# differs for the head: its ``ParallelLMHead`` matches a name or regex only (a class target
+# ``Linear`` never quantizes it); the verdict of trtvocab.quant.config.resolve_lm_head_quant says so.
+#
+# Exactness (see docs/checkpoint_formats.md):
+#
+# * where trtvocab dequantizes, it computes what ``compressed_tensors``' ``decompress`` computes,
+#   bit for bit: FP8 ``q.to(s.dtype) * s`` (one rounding to the scale's dtype), NVFP4
+#   ``bf16(e2m1(q) * fp32(fp32(block_scale) / global_scale))`` (a division; always bf16; code 8
+#   is ``-0.0``) -- decompress_fp8, decompress_nvfp4;
+# * where it runs quantized, the tensors become the ModelOpt tensors of the FP8 / NVFP4 weight
+#   methods: the FP8 bytes, the NVFP4 bytes and block scales unchanged; FP8 scales widened from
+#   the model dtype to float32 (exact); the two NVFP4 global scales replaced by their float32
+#   reciprocals (one rounding each, the form ModelOpt stores and vLLM's kernels use).
+
 
 CT_METHOD = "compressed-tensors"
 CHECKPOINT_FORMAT = "compressed-tensors"
@@ -556,7 +567,7 @@ def reciprocal(value: torch.Tensor, name: str) -> torch.Tensor:
 
 def modelopt_tensors(ckpt: Checkpoint, module: str, algo: str, granularity: Granularity) -> dict[str, Any]:
     """The module's tensors under the names (and scale conventions) of the FP8 / NVFP4 weight methods:
-    lazy row readers for the per-row tensors, scalars read (see the module docstring for what is exact)."""
+    lazy row readers for the per-row tensors, scalars read (what is exact: the section "the format")."""
     out: dict[str, Any] = {}
     if algo == "NVFP4":
         out["weight"] = ckpt.get_slice(f"{module}.weight_packed")
