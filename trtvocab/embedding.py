@@ -2,24 +2,13 @@
 
 Each rank holds the same shard of the ``[V, H]`` table that its :class:`~trtvocab.lm_head.LMHead`
 holds of the head (:mod:`trtvocab.parallel.sharding`), so a tied model keeps one buffer for both
-ends (:func:`tie_weights`). A lookup is masked, then summed over the TP group::
-
-    ids      [  5,  -1,  9, 12 ]          V = 10, tp = 2: rank 0 owns [0, 5), rank 1 [5, 10)
-    rank 0   [  0,   0,  0,  0 ]          (no id of rank 0's, -1 and 12 are nobody's)
-    rank 1   [ w5,   0, w9,  0 ]
-    all-reduce (SUM) -> [w5, 0, w9, 0]    exact: one owner per id, everybody else adds zeros
-
-Ids outside ``[0, V)`` (``-1`` sentinels of speculative decoding, ``V + k`` placeholders
-of multimodal inputs, padding columns) have no owner and give zero rows at every tp size,
-replicated included. The sum runs over the rows' **bit patterns** viewed as integers
-(int32 where a row's bytes divide by 4, else uint8): with one non-zero term per element it
-is exact for every value, ``-0.0`` and NaN payloads included, and for an FP8 table it moves
-1 byte per element (the scales, one fp32 per looked-up row when per-row, travel beside);
-dequantization happens once, after the reduce.
-
-Attention DP without LM-head TP replicates the table, as for the head. With LM-head TP in
-attention DP every rank brings its own ids: they are all-gathered, looked up, summed, and
-each rank keeps its own rows.
+ends (:func:`tie_weights`, :func:`load_tied`). A lookup is masked, then summed over the TP group;
+ids outside ``[0, V)`` (``-1`` sentinels, ``V + k`` placeholders, padding columns) have no owner
+and give zero rows at every tp size. The sum runs over the rows' **bit patterns** as integers,
+so it is exact for every value (``-0.0`` and NaN payloads included), and an FP8 table moves one
+byte per element (dequantized once, after the reduce). Attention DP without LM-head TP
+replicates the table; with LM-head TP each rank's ids are all-gathered, looked up, summed, and
+each rank keeps its own rows. The lookup, step by step: the section "the masked lookup" below.
 """
 
 from __future__ import annotations
@@ -42,6 +31,21 @@ from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
+
+# ---- the masked lookup ----------------------------------------------------------------------------
+#     ids      [  5,  -1,  9, 12 ]          V = 10, tp = 2: rank 0 owns [0, 5), rank 1 [5, 10)
+#     rank 0   [  0,   0,  0,  0 ]          (no id of rank 0's, -1 and 12 are nobody's)
+#     rank 1   [ w5,   0, w9,  0 ]
+#     all-reduce (SUM) -> [w5, 0, w9, 0]    exact: one owner per id, everybody else adds zeros
+#
+# Ids outside ``[0, V)`` (``-1`` sentinels of speculative decoding, ``V + k`` placeholders of
+# multimodal inputs, padding columns) have no owner and give zero rows at every tp size,
+# replicated included. The sum runs over the rows' bit patterns viewed as integers (int32 where a
+# row's bytes divide by 4, else uint8): with one non-zero term per element it is exact for every
+# value, ``-0.0`` and NaN payloads included, and for an FP8 table it moves 1 byte per element (the
+# scales, one fp32 per looked-up row when per-row, travel beside); dequantization happens once,
+# after the reduce.
+
 
 _FORMATS = tuple(WeightFormat)
 # What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.parallel.distributed.Handshake).
@@ -238,7 +242,7 @@ class VocabParallelEmbedding(VocabParallelModule):
 
 
 def _sum_bits(rows: torch.Tensor, group: Any) -> None:
-    """All-reduce (SUM) ``rows`` in place as integers of the same bytes (see the module docstring).
+    """All-reduce (SUM) ``rows`` in place as integers of the same bytes (the section "the masked lookup").
 
     FP8 rows go as bytes (one uint8 per element); wider rows as int32 words where a row's
     bytes divide by 4, else as bytes. gloo has no int16 or float8 reductions, and an integer

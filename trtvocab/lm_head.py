@@ -6,15 +6,11 @@ Which of the three shapes a head takes is decided once, from the mapping::
     attention DP, no LM-head TP         replicated: ranks hold different requests
     otherwise (incl. ADP + LM-head TP)  COLUMN: rank r holds vocab_shard(V, tp, r)
 
-A COLUMN head computes its ``[N, V_local]`` columns and, with ``gather_output``,
-all-gathers them into ``[N, V]`` (uneven pieces padded to the largest and trimmed).
-With attention DP every rank brings its own rows, so the rows are gathered first
-and, after the GEMM, each rank takes its own rows back with an all-to-all.
-
-The weight format (dense, FP8, NVFP4) is a strategy object from
-:mod:`trtvocab.weights`; the forward below never looks at it. Dense heads return
-logits in their dtype; quantized heads return float32 (they accumulate dequantized
-values in float32, as their engines do). The LogitsProcessor returns float32 always.
+A COLUMN head computes its ``[N, V_local]`` columns and, with ``gather_output``, all-gathers
+them into ``[N, V]`` (uneven pieces padded and trimmed); with attention DP the rows of every
+rank are gathered first and each rank takes its own rows back with an all-to-all. The weight
+format (dense, FP8, NVFP4) is a strategy object from :mod:`trtvocab.weights`; the forward never
+looks at it. Dense heads return logits in their dtype, quantized heads float32.
 """
 
 from __future__ import annotations

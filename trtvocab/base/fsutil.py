@@ -1,22 +1,17 @@
 """File helpers every reader and writer shares: safe opens, checksums, atomic publication.
 
 Reading (a file a user or a manifest names is never trusted to be what its name says):
+:func:`open_regular`, the only opener of files trtvocab reads, opens only a regular file
+(``stat`` after following symlinks, before ``open``, and ``fstat`` of what was opened), so a
+FIFO, a device (``/dev/zero``), a socket or a folder is refused with a typed error instead of
+blocking or streaming forever; :func:`read_regular` and :func:`sha256_file` (``limit``) never
+read more bytes than the caller says the file holds. Safetensors headers:
+:mod:`trtvocab.base.safetensors_header`.
 
-* :func:`open_regular`: open only a regular file (``stat`` after following symlinks,
-  before ``open``, and ``fstat`` of what was opened): a FIFO, a device (``/dev/zero``), a
-  socket or a folder is refused with a typed error instead of blocking or streaming forever.
-* :func:`read_regular`, :func:`sha256_file` (``limit``): never read more bytes than the caller
-  (a manifest, a header) says the file holds. Safetensors headers:
-  :mod:`trtvocab.base.safetensors_header`.
-
-Publishing, both "old or new, never a half":
-
-* :func:`atomic_write_bytes`: one file, via a temp file in the same folder, fsync, rename.
-* :func:`staging`: a whole folder (an artifact, a quantized checkpoint), built in a private
-  sibling and moved into place atomically; see its docstring for exactly what is guaranteed.
-
-ONNX graphs with external data are published by ``trtvocab.export.onnx.save_model_atomic``
-with the same pieces (a staging folder, :func:`fsync_file`, ``os.replace``).
+Publishing, both "old or new, never a half": :func:`atomic_write_bytes` (one file, via a temp
+file in the same folder, fsync, rename) and :func:`staging` (a whole folder built in a private
+sibling and moved into place atomically; its docstring says exactly what is guaranteed). ONNX
+graphs with external data: ``trtvocab.export.onnx.save_model_atomic``, with the same pieces.
 """
 
 from __future__ import annotations

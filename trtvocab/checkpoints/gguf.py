@@ -1,24 +1,16 @@
 """llama.cpp ``.gguf`` files as checkpoints: header probes and lazy, dequantized row reads.
 
-A GGUF file is a little-endian header (magic ``GGUF``, version, tensor and key/value
-counts, the key/value metadata, one record per tensor: name, dims, GGML type, offset)
-followed by the aligned tensor data. :class:`GGUFCheckpoint` parses that header itself
-(no tensor byte is read for names, shapes or the config) and offers the interface the
-rest of trtvocab uses on :class:`~trtvocab.checkpoints.checkpoint.Checkpoint`:
-
-* HF names for the two tensors a head can be: ``output.weight`` is ``lm_head.weight`` and
-  ``token_embd.weight`` is ``model.embed_tokens.weight`` (the GGUF names are accepted too);
-* ``info(name).shape`` in torch order ``[V, H]`` (GGUF lists dims fastest first);
-* ``info(name).dtype``: what a read returns. F32 / F16 / BF16 (and the integer types) are
-  read as stored; every block-quantized type that ``gguf.quants`` can dequantize
-  (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, IQ*, ...) reads as ``"F32"``;
-* ``get_slice(name)[a:b]``: quant blocks run along the hidden dimension, so rows ``a..b``
-  are one contiguous byte range. It is read with one positioned read (no mmap) and
-  dequantized with ``gguf.quants.dequantize`` in bounded row chunks, so a rank's memory
-  grows by its shard (plus its quantized bytes), not by the whole tensor.
-
-This module sits below ``checkpoint.py`` (which opens it through ``open_checkpoint``) and
-imports nothing of trtvocab but its errors.
+A GGUF file is a little-endian header (magic ``GGUF``, version, tensor and key/value counts, the
+key/value metadata, one record per tensor: name, dims, GGML type, offset) followed by the aligned
+tensor data. :class:`GGUFCheckpoint` parses that header itself (no tensor byte is read for names,
+shapes or the config) and offers the interface of
+:class:`~trtvocab.checkpoints.checkpoint.Checkpoint`: HF names for the head and the embedding
+(``output.weight`` is ``lm_head.weight``, ``token_embd.weight`` is ``model.embed_tokens.weight``;
+the GGUF names are accepted too), shapes in torch order ``[V, H]``, ``info(name).dtype`` as a
+read returns it (F32 / F16 / BF16 and the integer types as stored, every block type
+``gguf.quants`` dequantizes as ``"F32"``), and ``get_slice(name)[a:b]``: one positioned read of
+rows ``a..b`` (quant blocks run along H), dequantized in bounded row chunks. This module sits
+below ``checkpoint.py``, which opens it through ``open_checkpoint``.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class DenseWeight(WeightMethod):
         extra = sorted(k for k in tensors if k != "weight")
         if extra:
             # A scale next to the weight means the bytes are quantized: reading them as
-            # dense numbers would be silently wrong (DESIGN §1.5).
+            # dense numbers would be silently wrong.
             raise CheckpointError(
                 f"dense LM head was given quantization tensors {extra}; load it through "
                 "LMHead.from_checkpoint (which applies or dequantizes them) or pass a quant_config"

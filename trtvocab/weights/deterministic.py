@@ -1,22 +1,17 @@
 """A head GEMM whose every logit is computed the same way whatever the batch, tp size or layout.
 
-A CPU BLAS picks its kernel (and so the summation order of each dot product) by the shape
-of the call: a GEMV for one row, other blockings for a few rows, and the column count of a
-shard differs with the tp size. Measured here (MKL, float32): a row's logits differ
-between a batch of 1 and a batch of 4, and between a shard of 1365 columns and the full
-vocab. So the deterministic path calls the GEMM with one fixed shape only::
+A CPU BLAS picks its kernel (and so the summation order of each dot product) by the shape of
+the call: a GEMV for one row, other blockings for a few rows, and a shard's column count differs
+with the tp size (with MKL, float32: a row's logits differ between a batch of 1 and of 4, and
+between a shard of 1365 columns and the full vocab). So the deterministic path calls the GEMM
+with one fixed shape only::
 
-    columns  in global vocab tiles [t * TILE, (t + 1) * TILE): a tile keeps its place in the
-             vocabulary at every tp size; where a shard boundary cuts a tile, the rank's part
-             sits at its place in a zero-padded tile
-    float32  rows in blocks of ROW_BLOCK (the last block padded with zero rows):
-             each call torch.mm [ROW_BLOCK, H] x [H, TILE]
-    bf16/fp16 one row at a time: each call torch.mv [HALF_TILE, H] x [H] (CPU half-precision
-             GEMMs of a few rows are several times slower than the GEMV)
-    ->  the same kernel, the same order, for every logit
+    columns   global vocab tiles [t * TILE, (t + 1) * TILE), a cut tile zero-padded in place
+    float32   rows in blocks of ROW_BLOCK: each call torch.mm [ROW_BLOCK, H] x [H, TILE]
+    bf16/fp16 one row at a time: each call torch.mv [HALF_TILE, H] x [H] (the GEMV kernel)
 
-A logit then depends only on its row and its token's column, never on the neighbours.
-Full tiles are views of the stored weight (no copy); at most two tiles per shard are padded.
+A logit then depends only on its row and its token's column, never on the neighbours. Full
+tiles are views of the stored weight (no copy); at most two tiles per shard are padded.
 """
 
 from __future__ import annotations
@@ -24,6 +19,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+
+# ---- the fixed shapes, in detail ------------------------------------------------------------------
+# columns: a tile keeps its place in the vocabulary at every tp size; where a shard boundary cuts a
+# tile, the rank's part sits at its place in a zero-padded tile. float32: the last ROW_BLOCK block is
+# padded with zero rows. bf16 / fp16 go one row at a time because CPU half-precision GEMMs of a few
+# rows are several times slower than the GEMV. The same kernel, the same order, for every logit.
+
 
 ROW_BLOCK = 8  # float32: rows go through torch.mm in blocks of this many (the last one zero-padded)
 TILE = 2048  # float32 vocab tile

@@ -4,8 +4,8 @@
 (:func:`~trtvocab.quant.config.resolve_lm_head_quant`) decided, and ``(V, H)``. The
 returned :class:`HeadSource` then hands out lazy readers of exactly one shard's rows
 (:meth:`HeadSource.shard_tensors`), dequantizing a stored-quantized head that must run dense
-(DESIGN §1.5: a stored scale is never ignored). ``LMHead.from_checkpoint`` builds the
-head from it; nothing here knows the head class.
+(a stored scale is never ignored). ``LMHead.from_checkpoint`` builds the head from it;
+nothing here knows the head class. :func:`open_embedding` does the same for the input embedding.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def head_tensors(ckpt: Checkpoint, tensor_name: str, vocab: int) -> dict[str, An
 def dequantize_stored(algo: QuantAlgo, tensors: dict[str, Any], shard: VocabShard, hidden: int) -> torch.Tensor:
     """Exact float32 ``[shard.size, H]`` of this shard's rows of a head stored as ``algo``.
 
-    Used when a quantized head must run dense (DESIGN §1.5): the stored scales are
+    Used when a quantized head must run dense (tied, excluded, ``quant="none"``): the stored scales are
     applied, never dropped, and the same validation as a quantized load runs.
     """
     method: QuantizedWeight
