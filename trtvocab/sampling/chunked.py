@@ -65,7 +65,7 @@ def gemm_tiles(head: LMHead) -> list[tuple[int, int]]:
         return []
     if head.deterministic:
         tile = det.TILE if head.output_dtype == torch.float32 else det.HALF_TILE
-        return [(lo - start, hi - start) for _, lo, hi in det._tiles(start, size, tile)]
+        return [(lo - start, hi - start) for _, lo, hi in det.tiles(start, size, tile)]
     if head.weight_format is not WeightFormat.DENSE:
         step = int(head.weights.rows_per_chunk)
         return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
@@ -148,7 +148,7 @@ def _check(hidden: Any, head: Any, chunk: Any, what: str) -> InputError | None:
     if head.is_split and head.mapping.enable_attention_dp:
         raise ConfigError(f"{what}: attention DP with LM-head TP (ranks bring different rows) is not supported "
                           "by the chunked head; use head(hidden) with gather_output=False and trtvocab.sampling")
-    error = head._check_input(hidden)
+    error = head.check_input(hidden)
     if error is not None:
         return InputError(f"{what}: {error}")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):

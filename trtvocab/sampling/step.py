@@ -71,7 +71,7 @@ def decode(
         return chunked.decode(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask, error=error)
     logits = None
     if error is None:
-        error = head._check_input(hidden)
+        error = head.check_input(hidden)
     if error is None:
         logits = head.local_logits(hidden)
         error = bitmask_error(logits, bitmask, head) if bitmask is not None else None
