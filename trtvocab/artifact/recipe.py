@@ -38,6 +38,7 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from trtvocab.base.dtypes import DtypeName
 from trtvocab.base.fsutil import read_regular
 from trtvocab.errors import ConfigError
 from trtvocab.export.records import Profile
@@ -129,7 +130,7 @@ class MappingSection(_Section):
 class LMHeadSection(_Section):
     """``[lm_head]``: the head dtype, whether to gather, the vocab layout, context (all-token) logits."""
 
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: DtypeName = "bfloat16"
     gather_output: bool = True
     vocab_layout: Literal["uneven", "padded"] = "uneven"
     pad_to: int = Field(default=64, ge=1, le=MAX_PAD_TO)

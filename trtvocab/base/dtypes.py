@@ -7,11 +7,15 @@ short one.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 from trtvocab.errors import ConfigError
 
-HEAD_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DtypeName = Literal["float32", "bfloat16", "float16"]  # what files store (recipes, manifests: pydantic Literal)
+HEAD_DTYPES: dict[str, torch.dtype] = dict(zip(get_args(DtypeName), (torch.float32, torch.bfloat16, torch.float16),
+                                               strict=True))
 # The head dtypes as a tuple, in the table's order: what handshakes index and every "allowed dtypes" check uses.
 DTYPES: tuple[torch.dtype, ...] = tuple(HEAD_DTYPES.values())
 SHORT_NAMES: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
