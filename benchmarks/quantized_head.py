@@ -2,6 +2,8 @@
 
     python benchmarks/quantized_head.py            # V=129280, H=5120 (DeepSeek-V3 sized head)
     python benchmarks/quantized_head.py --small    # V=32000, H=2048, a quick run
+    python benchmarks/quantized_head.py --quick    # the full shape, the W8A16 / W4A16 / dense heads only,
+                                                   # no torch-path lines (about a minute on 2 threads)
 
 Every head keeps its weights quantized in memory. Two paths are timed on the same head:
 "fused" (trtvocab.kernels: the codes are decoded inside the multiply; where the
@@ -11,8 +13,9 @@ values, then a float32 GEMM). As peers a user might pick instead: torch's own CP
 kernels on the same shape, ``_weight_int8pack_mm`` (int8, per-row scales) and
 ``_weight_int4pack_mm_for_cpu`` (int4 in groups along H), bf16 activations.
 
-For each batch B: best and median ms, speed against bf16 and against the torch peer of the same
-width (FP8: int8pack; NVFP4: the faster int4pack), weight bytes read per token (the weights are
+For each batch B: best and median ms, speed against bf16 and against torch's int8pack and
+int4pack (the faster group size) kernels (for a quantized head, its peer of the same width: FP8 /
+int8pack, NVFP4 / int4pack),  weight bytes read per token (the weights are
 read once per call, so per token = bytes / B), the achieved GB/s (weight bytes / best time) and
 its fraction of the machine's read bandwidth, measured in the same rounds by the probe of
 ``benchmarks/bandwidth.py`` (a STREAM-like read of a buffer larger than the caches, with the
@@ -153,13 +156,20 @@ def library_call(path: str, head: LMHead) -> Callable[[torch.Tensor], object]:
     return call
 
 
-def peer_of(name: str) -> str | None:
-    """The torch weight-only kernel a head of this format is compared with (None: none)."""
-    if name.startswith("FP8"):
-        return "int8"
-    if name.startswith("NVFP4"):
-        return "int4"
-    return None
+def dense_kernel_call(head: LMHead) -> Callable[[torch.Tensor], object]:
+    """``head`` through the dense kernel at every batch it takes (``TRTVOCAB_DENSE_KERNEL=1``)."""
+    def call(x: torch.Tensor) -> object:
+        before = os.environ.get(kernels.DENSE_ENV_VAR)
+        os.environ[kernels.DENSE_ENV_VAR] = "1"
+        try:
+            return head(x)
+        finally:
+            if before is None:
+                os.environ.pop(kernels.DENSE_ENV_VAR, None)
+            else:
+                os.environ[kernels.DENSE_ENV_VAR] = before
+
+    return call
 
 
 def main() -> None:
@@ -173,6 +183,8 @@ def main() -> None:
     parser.add_argument("--chunk-elements", type=int, default=methods.CHUNK_ELEMENTS,
                         help="float32 values dequantized per GEMM chunk")
     parser.add_argument("--no-torch-path", action="store_true", help="skip the torch-path lines (slow at large B)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the W8A16 / W4A16 / dense heads only, without the torch-path lines")
     parser.add_argument("--only", nargs="+", default=None, help="heads to time (prefixes: bf16 fp16 FP8 NVFP4)")
     parser.add_argument("--probe-mib", type=int, default=1024, help="bandwidth probe buffer (MiB)")
     parser.add_argument("--before-library", default=None,
@@ -183,6 +195,9 @@ def main() -> None:
     hidden = args.hidden or (2048 if args.small else 5120)
     rounds = args.rounds or (7 if args.small else 3)
     methods.CHUNK_ELEMENTS = args.chunk_elements
+    if args.quick:
+        args.no_torch_path = True
+        args.only = args.only or ["bf16", "fp16", "FP8 W8A16", "NVFP4 W4A16"]
 
     reason = kernels.unavailable_reason()
     fused_label = "fused" if reason is None else "fused unavailable -> torch path"
@@ -206,6 +221,10 @@ def main() -> None:
             variants[name] = (lambda x, head=head, dtype=dtype: head(x.to(dtype)), head.resident_bytes())
             fallback = torch_path(head)  # torch's GEMM: the dense heads' path before the dense kernel
             variants[f"{name} torch GEMM"] = (lambda x, f=fallback, dtype=dtype: f(x.to(dtype)), head.resident_bytes())
+            if reason is None:  # the dense kernel even where dense_max_batch keeps torch's GEMM: is that right?
+                forced = dense_kernel_call(head)
+                variants[f"{name} kernel (forced)"] = (lambda x, f=forced, dtype=dtype: f(x.to(dtype)),
+                                                       head.resident_bytes())
             continue
         variants[f"{name} {fused_label}"] = (head, head.resident_bytes())
         if args.before_library:
@@ -251,14 +270,13 @@ def main() -> None:
         print(f"\ndecode B={batch}: {runs} interleaved rounds; best-of (robust to a busy machine) and median; "
               f"read bandwidth (probe, same rounds) {limit:.2f} GB/s")
         print(f"{'head':<{width}} {'best ms':>9} {'median ms':>10} {'tokens/s':>9} {'vs bf16':>8} {'(median)':>9} "
-              f"{'vs peer':>8} {'MB/token':>9} {'GB/s':>6} {'of BW':>6}")
+              f"{'vs int8':>8} {'vs int4':>8} {'MB/token':>9} {'GB/s':>6} {'of BW':>6}")
         for name, ts in times.items():
             if name.startswith("bandwidth"):
                 continue
             t, median = best[name], statistics.median(ts)
             nbytes = variants[name][1]
-            peer = peer_of(name)
-            vs_peer = f"{peer_best[peer] / t:>7.2f}x" if peer and peer_best[peer] else f"{'-':>8}"
+            vs_peer = " ".join(f"{peer_best[p] / t:>7.2f}x" if peer_best[p] else f"{'-':>8}" for p in ("int8", "int4"))
             print(f"{name:<{width}} {t * 1e3:>9.1f} {median * 1e3:>10.1f} {batch / t:>9.1f} "
                   f"{best_base / t:>7.2f}x {median_base / median:>8.2f}x {vs_peer} {nbytes / batch / 1e6:>9.2f} "
                   f"{gbs[name]:>6.2f} {gbs[name] / limit:>6.2f}")

@@ -66,9 +66,12 @@ What (``trtvocab/kernels/csrc/fused.cpp``, called through :mod:`ctypes`; threads
   the vector paths with each other bit for bit).
 - **AVX-512** (batch 1..8; larger batches run the AVX2 tile kernel): the chains above, unchanged,
   two per zmm register: FP8 / dense hold the chains of two weight rows (row pairs; an odd last row
-  is paired with itself), NVFP4 those of two lane groups of one row (each group's block sums from
-  zero, then added to the row's 8-lane total in group order, as on AVX2), so every logit is
-  bitwise the AVX2 path's. Decode: FP8 as above on 16 bytes (8 of each row) into one zmm; NVFP4
+  is paired with itself), and so does NVFP4 at B = 2..8 (one step of ``x`` broadcast to both
+  halves and shared by several row pairs); NVFP4 at B = 1 holds two lane groups of one row (each
+  group's block sums from zero, then added to the row's 8-lane total in group order, as on AVX2).
+  Every logit is bitwise the AVX2 path's. The next rows' lines are prefetched while a pass runs
+  (an NVFP4 row's 8 runs are 5 lines each at H = 5120: too short for the hardware prefetchers).
+  Decode: FP8 as above, two steps of a row pair per 16-byte load of each row; NVFP4
   by one ``vpermps`` over the 16 e2m1 values (sign included) per 16 nibbles; bf16 by a 16-bit
   shift of the zero-extended words; fp16 by F16C. ``x`` is re-laid out once per call so that the
   B rows of a step lie side by side (no L1 set conflicts between rows ``4 H`` bytes apart).

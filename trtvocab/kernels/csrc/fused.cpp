@@ -755,6 +755,17 @@ inline __m256i two_halves(const uint16_t* a, const uint16_t* b) {
 inline __m512 pair_full(const FP8Rows& f, int64_t a, int64_t b, int64_t s) {
   return fp8_decode16(two_steps(f.w + a * f.w_stride + s * LANES, f.w + b * f.w_stride + s * LANES));
 }
+// Steps s and s + 1 of rows a and b (16 bytes of each) -> w0 = step s, w1 = step s + 1 (rows a | b).
+// Unpacking a byte above a zero byte and shifting right by one (arithmetic) is fp8_decode8's
+// sign-extend-and-shift-by-7, on 32 bytes at once.
+inline void pair_full2(const FP8Rows& f, int64_t a, int64_t b, int64_t s, __m512& w0, __m512& w1) {
+  const __m256i v = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.w + a * f.w_stride + s * LANES))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(f.w + b * f.w_stride + s * LANES)), 1);
+  const __m256i zero = _mm256_setzero_si256(), mask = _mm256_set1_epi16(static_cast<short>(0xBF80));
+  w0 = _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, v), 1), mask));
+  w1 = _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, v), 1), mask));
+}
 template <bool HALF>
 inline __m512 pair_full(const DenseRows<HALF>& f, int64_t a, int64_t b, int64_t s) {
   __m256i h = two_halves(f.w + a * f.w_stride + s * LANES, f.w + b * f.w_stride + s * LANES);
@@ -775,7 +786,25 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
     for (int n = 0; n < N; ++n) a[p][n] = _mm512_loadu_ps(acc + (p * N + n) * 16);
   const int64_t full = std::min(s1, f.full_steps());
   int64_t s = s0;
+  if constexpr (std::is_same_v<F, FP8Rows>) {  // two steps per 16-byte load of each row
+    for (; s + 1 < full; s += 2) {
+      if ((s & 7) == 0)  // a new 64-byte line of each row: fetch it for the next P pairs (pr has 4 P rows)
+        for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s);
+      __m512 w0[P], w1[P];
+      for (int p = 0; p < P; ++p) pair_full2(f, pr[2 * p], pr[2 * p + 1], s, w0[p], w1[p]);
+      for (int n = 0; n < N; ++n) {
+        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (s * N + n) * LANES));
+        for (int p = 0; p < P; ++p) a[p][n] = _mm512_fmadd_ps(w0[p], xv, a[p][n]);
+      }
+      for (int n = 0; n < N; ++n) {
+        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + ((s + 1) * N + n) * LANES));
+        for (int p = 0; p < P; ++p) a[p][n] = _mm512_fmadd_ps(w1[p], xv, a[p][n]);
+      }
+    }
+  }
   for (; s < full; ++s) {
+    if ((s * static_cast<int64_t>(sizeof(*f.w)) & 7) == 0)
+      for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s);
     __m512 w[P];
     for (int p = 0; p < P; ++p) w[p] = pair_full(f, pr[2 * p], pr[2 * p + 1], s);
     for (int n = 0; n < N; ++n) {
@@ -799,15 +828,10 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
 // for all the tile's rows (x's chunk stays in L1), P row pairs at a time; an odd last row is paired
 // with itself (computed twice, written once).
 constexpr int64_t WIDE_TILE = 32;
-#ifndef WIDE_NVFP4_G1
-#define WIDE_NVFP4_G1 4
-#endif
-#ifndef WIDE_P8
-#define WIDE_P8 2
-#endif
 template <int N, class F>
 void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  constexpr int P = N <= 2 ? 8 : (N <= 5 ? 16 / N : WIDE_P8);  // row pairs: P * N <= 16 zmm chains
+  // Row pairs per pass: P * N zmm chains and 2 P decoded steps in the 32 registers.
+  constexpr int P = N == 1 ? 8 : (N == 2 ? 5 : (N == 3 ? 5 : (N == 4 ? 4 : (N <= 6 ? 3 : 2))));
   constexpr int64_t KC = F::kDirectChunk;
   const int64_t steps = f.steps();
   const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
@@ -820,9 +844,9 @@ void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* ou
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
       const int64_t pairs = (tr + 1) / 2;
-      int64_t pr[WIDE_TILE + 2 * P];
-      for (int64_t i = 0; i < 2 * pairs; ++i) pr[i] = v0 + std::min(i, tr - 1);
-      for (int64_t i = 2 * pairs; i < WIDE_TILE + 2 * P; ++i) pr[i] = v0 + tr - 1;
+      int64_t pr[WIDE_TILE + 4 * P];  // row pairs, then the rows prefetched for the last pass (clamped)
+      for (int64_t i = 0; i < WIDE_TILE + 4 * P; ++i) pr[i] = std::min(v0 + i, rows - 1);
+      for (int64_t i = tr; i < 2 * pairs; ++i) pr[i] = v0 + tr - 1;
       std::fill(acc, acc + pairs * N * 16, 0.0f);
       for (int64_t c0 = 0; c0 < steps; c0 += KC) {
         const int64_t c1 = std::min(steps, c0 + KC);
@@ -848,9 +872,10 @@ void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* ou
 // Each group's block sums run from zero, then acc = fma(sum, block scales, acc) per group, in group
 // order, on the row's 8-lane total: nvfp4_groups<1>'s chain. The groups past the last full pair run
 // in the 8-lane code. Pairs [q0, q1) of row r, G pairs at a time; acc: the row's N totals ([N][8]).
+// `ahead`: the row whose lines to prefetch at the same offsets (the row after the next, at batch 1).
 template <int N, int G>
 inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int64_t q0, int64_t q1,
-                             float* acc_mem) {
+                             float* acc_mem, int64_t ahead) {
   const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
                                       -2.0f, -3.0f, -4.0f, -6.0f);
   const int64_t nb = f.blocks();
@@ -861,8 +886,9 @@ inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int
   for (int64_t q = q0; q < q1; q += G) {
     const uint8_t* p = row + q * 16;
     if ((q & 3) == 0 || G > 1) {  // a 64-byte line of each run serves 4 pairs
-      for (int64_t k = 0; k < LANES; ++k) prefetch(p + k * nb + PREFETCH_BYTES / 4);
-      prefetch(srow + q * 16 + PREFETCH_BYTES / 4);
+      const uint8_t* next = f.packed + ahead * f.p_stride + q * 16;
+      for (int64_t k = 0; k < LANES; ++k) prefetch(next + k * nb);
+      prefetch(f.bscale + ahead * f.bs_stride + q * 16);
     }
     __m512 part[G][N];
     for (int j = 0; j < G; ++j)
@@ -889,9 +915,10 @@ inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int
   for (int n = 0; n < N; ++n) vstore(acc_mem + n * LANES, acc[n]);
 }
 
-// Tiles of WIDE_TILE rows; each K-chunk of pairs (N chunks of xw in L1, at most 16 KiB) is read for
-// all the tile's rows, whose totals wait in memory between chunks (a float32 store is exact). At
-// batch 1 a row runs whole (xw fits in L1), two pairs interleaved.
+// Batch 1 (batch 2..8 run nvfp4_row_pairs, which reads half the x per FMA): a row runs whole (xw fits
+// in L1), four pairs interleaved, the row after the next prefetched. Written for any N: tiles of
+// WIDE_TILE rows, each K-chunk of pairs (N chunks of xw in L1, at most 16 KiB) read for all the
+// tile's rows, whose totals wait in memory between chunks (a float32 store is exact).
 template <int N>
 void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   const int64_t pairs = f.blocks() / 16;
@@ -902,24 +929,23 @@ void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, fl
         for (int h = 0; h < 2; ++h)
           std::memcpy(xw.data() + ((q * 16 + s) * N + n) * 16 + h * LANES,
                       x + n * xs + ((2 * q + h) * 16 + s) * LANES, LANES * sizeof(float));
-  // G pairs in flight: G * N >= 8 independent chains (two FMA pipes of latency 4); CP pairs per K-chunk.
-  constexpr int G = N == 1 ? WIDE_NVFP4_G1 : (N == 2 ? 4 : (N == 3 ? 3 : 2));
-#ifdef WIDE_NOCHUNK
-  constexpr int64_t CP = std::numeric_limits<int64_t>::max() / 2;
-#else
+  // G pairs in flight: G * N >= 8 independent chains (two FMA pipes of latency 4); CP pairs per K-chunk
+  // (a K-chunk of N chunks of xw in L1; batch 1 runs its rows whole, xw fits in L1).
+  constexpr int G = N == 1 ? 4 : (N == 2 ? 4 : (N == 3 ? 3 : 2));
   constexpr int64_t CP = N == 1 ? std::numeric_limits<int64_t>::max() / 2 : G * std::max(1, 16 / (N * G));
-#endif
-  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
+  constexpr int64_t TILE = WIDE_TILE;
+  const int64_t tiles = (rows + TILE - 1) / TILE;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) float acc[WIDE_TILE * N * LANES];
+    alignas(64) float acc[TILE * N * LANES];
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
+      const int64_t v0 = t * TILE, tr = std::min(TILE, rows - v0);
       std::fill(acc, acc + tr * N * LANES, 0.0f);
       for (int64_t c0 = 0; c0 < pairs; c0 += CP) {
         const int64_t c1 = std::min(pairs, c0 + CP), whole = c0 + (c1 - c0) / G * G;
         for (int64_t i = 0; i < tr; ++i) {
-          wide_nvfp4_pairs<N, G>(f, xw.data(), v0 + i, c0, whole, acc + i * N * LANES);
-          if (whole < c1) wide_nvfp4_pairs<N, 1>(f, xw.data(), v0 + i, whole, c1, acc + i * N * LANES);
+          const int64_t ahead = std::min(rows - 1, v0 + i + 2);
+          wide_nvfp4_pairs<N, G>(f, xw.data(), v0 + i, c0, whole, acc + i * N * LANES, ahead);
+          if (whole < c1) wide_nvfp4_pairs<N, 1>(f, xw.data(), v0 + i, whole, c1, acc + i * N * LANES, ahead);
         }
       }
       for (int64_t i = 0; i < tr; ++i) {
@@ -933,10 +959,111 @@ void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, fl
   });
 }
 
+// NVFP4, batch N = 2..8: row pairs, like FP8. A zmm holds the 8-lane chains of rows a and b for one
+// lane group (group g of a row: 8 runs of 8 bytes; byte k of rows a and b side by side decodes 16
+// nibbles per vpermps), so a step of x is broadcast to both halves and shared by P row pairs: half the
+// x traffic per FMA of the group pairs above. Each chain is nvfp4_groups<1>'s: 16 FMAs from zero per
+// group, then acc = fma(sum, block scales, acc), group after group. x: [groups][16 steps][N][8];
+// acc: [P][N][16]; groups [g0, g1), all full.
+template <int N, int P>
+inline void nvfp4_row_pairs(const NVFP4Rows& f, const float* xt, const int64_t* pr, int64_t g0, int64_t g1,
+                            float* acc_mem) {
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                      -2.0f, -3.0f, -4.0f, -6.0f);
+  const int64_t nb = f.blocks();
+  const uint8_t* ra[P];
+  const uint8_t* rb[P];
+  for (int p = 0; p < P; ++p) {
+    ra[p] = f.packed + pr[2 * p] * f.p_stride;
+    rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
+  }
+  __m512 acc[P][N];
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) acc[p][n] = _mm512_loadu_ps(acc_mem + (p * N + n) * 16);
+  for (int64_t g = g0; g < g1; ++g) {
+    if ((g & 7) == 0) {  // a 64-byte line of each run serves 8 groups: fetch it for the next P pairs
+      for (int i = 0; i < 2 * P; ++i) {
+        const uint8_t* next = f.packed + pr[2 * P + i] * f.p_stride + g * LANES;
+        for (int64_t k = 0; k < LANES; ++k) prefetch(next + k * nb);
+        prefetch(f.bscale + pr[2 * P + i] * f.bs_stride + g * LANES);
+      }
+    }
+    __m512 part[P][N];
+    for (int p = 0; p < P; ++p)
+      for (int n = 0; n < N; ++n) part[p][n] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < LANES; ++k) {
+      __m512 lo[P], hi[P];
+      for (int p = 0; p < P; ++p) {
+        const __m512i v = _mm512_cvtepu8_epi32(two_steps(ra[p] + k * nb + g * LANES, rb[p] + k * nb + g * LANES));
+        lo[p] = _mm512_permutexvar_ps(v, table);
+        hi[p] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+      }
+      const float* xk = xt + (g * 16 + 2 * k) * N * LANES;
+      for (int n = 0; n < N; ++n) {
+        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xk + n * LANES));
+        for (int p = 0; p < P; ++p) part[p][n] = _mm512_fmadd_ps(lo[p], xv, part[p][n]);
+      }
+      for (int n = 0; n < N; ++n) {
+        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xk + (N + n) * LANES));
+        for (int p = 0; p < P; ++p) part[p][n] = _mm512_fmadd_ps(hi[p], xv, part[p][n]);
+      }
+    }
+    for (int p = 0; p < P; ++p) {
+      const __m512 bs = fp8_decode16(two_steps(f.bscale + pr[2 * p] * f.bs_stride + g * LANES,
+                                               f.bscale + pr[2 * p + 1] * f.bs_stride + g * LANES));
+      for (int n = 0; n < N; ++n) acc[p][n] = _mm512_fmadd_ps(part[p][n], bs, acc[p][n]);
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc_mem + (p * N + n) * 16, acc[p][n]);
+}
+
+template <int N>
+void wide_nvfp4_pairs_of_rows(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out,
+                              int64_t os) {
+  constexpr int P = N <= 2 ? 4 : (N <= 4 ? 3 : 2);
+  constexpr int64_t CG = 32 / N;  // groups per K-chunk: N * CG * 512 bytes (16 KiB) of x in L1
+  const int64_t full = f.blocks() / LANES;  // full groups
+  std::vector<float> xt(static_cast<size_t>(std::max<int64_t>(1, full * 16 * N * LANES)));
+  for (int64_t s = 0; s < full * 16; ++s)
+    for (int n = 0; n < N; ++n)
+      std::memcpy(xt.data() + (s * N + n) * LANES, x + n * xs + s * LANES, LANES * sizeof(float));
+  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[WIDE_TILE / 2 * N * 16];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
+      const int64_t pairs = (tr + 1) / 2;
+      int64_t pr[WIDE_TILE + 4 * P];  // row pairs, then the rows prefetched for the last pass (clamped)
+      for (int64_t i = 0; i < WIDE_TILE + 4 * P; ++i) pr[i] = std::min(v0 + i, rows - 1);
+      for (int64_t i = tr; i < 2 * pairs; ++i) pr[i] = v0 + tr - 1;
+      std::fill(acc, acc + pairs * N * 16, 0.0f);
+      for (int64_t c0 = 0; c0 < full; c0 += CG) {
+        const int64_t c1 = std::min(full, c0 + CG);
+        int64_t q = 0;
+        for (; q + P <= pairs; q += P) nvfp4_row_pairs<N, P>(f, xt.data(), pr + 2 * q, c0, c1, acc + q * N * 16);
+        for (; q < pairs; ++q) nvfp4_row_pairs<N, 1>(f, xt.data(), pr + 2 * q, c0, c1, acc + q * N * 16);
+      }
+      for (int64_t i = 0; i < tr; ++i) {
+        for (int n = 0; n < N; ++n) {
+          const __m512 a = _mm512_loadu_ps(acc + ((i / 2) * N + n) * 16);
+          V total = i % 2 ? half1(a) : half0(a);
+          for (int64_t g = full; g < f.groups(); ++g) total = nvfp4_groups<1>(f, x + n * xs, v0 + i, g, total);
+          out[n * os + v0 + i] = finish(total, f.row_scale(v0 + i), NVFP4Rows::kUnbias);
+        }
+      }
+    }
+  });
+}
+
 template <int N, class F>
 void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   if constexpr (F::kGroupScaled) {
-    wide_nvfp4<N>(f, x, xs, rows, out, os);
+    if constexpr (N == 1) {
+      wide_nvfp4<N>(f, x, xs, rows, out, os);  // lane-group pairs: one FMA per 16 weights, little x traffic
+    } else {
+      wide_nvfp4_pairs_of_rows<N>(f, x, xs, rows, out, os);  // row pairs: x broadcast, shared by P pairs
+    }
   } else {
     wide_direct<N>(f, x, xs, rows, out, os);
   }
