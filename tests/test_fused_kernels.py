@@ -763,7 +763,10 @@ def test_dense_kernel_dispatch(monkeypatch):
     assert not head.weights._kernel(torch.randn(kernels.DENSE_MAX_BATCH + 1, 16).bfloat16())
     monkeypatch.setenv(kernels.DENSE_ENV_VAR, "auto")
     native = any(f in kernels.cpu_flags() for f in kernels.NATIVE_DOT[torch.bfloat16])
-    assert kernels.dense_max_batch(torch.bfloat16) == (0 if native else kernels.DENSE_MAX_BATCH)
+    wide = kernels.available() and kernels.load().isa == "avx512"
+    want = (kernels.WIDE_MAX_BATCH if wide else 0) if native else kernels.DENSE_MAX_BATCH
+    assert kernels.dense_max_batch(torch.bfloat16) == want
+    assert gemm.dense_max_batch(torch.bfloat16, "avx2+fma+f16c") == (0 if native else kernels.DENSE_MAX_BATCH)
     assert kernels.dense_max_batch(torch.float32) == 0
     monkeypatch.setenv(kernels.DENSE_ENV_VAR, "sometimes")
     with pytest.raises(ValueError, match=kernels.DENSE_ENV_VAR):

@@ -50,14 +50,15 @@ from trtvocab.kernels.gemm import (
     LANES,
     NATIVE_DOT,
     NVFP4_GROUP,
+    WIDE_MAX_BATCH,
     FusedInput,
-    dense_max_batch,
     fp8_x,
     nvfp4_x,
 )
 from trtvocab.kernels.runtime import (
     available,
     dense_logits,
+    dense_max_batch,
     disabled,
     fp8_logits,
     load,
@@ -72,8 +73,8 @@ from trtvocab.kernels.tree import TREE_MAX_LOGITS, tree_available, tree_exp_chec
 
 __all__ = ["ABI", "CACHE_ENV_VAR", "DENSE_ENV_VAR", "DENSE_KERNEL_DTYPES", "DENSE_MAX_BATCH", "ENV_VAR", "ISAS",
            "ISA_CPU_FLAGS", "ISA_ENV_VAR", "ISA_NAMES", "LANES", "LOCK_NAME", "LOCK_TIMEOUT_ENV_VAR", "NATIVE_DOT",
-           "NVFP4_GROUP", "SOURCE", "TORCH_BATON", "TREE_MAX_LOGITS", "TREE_SOURCE", "FusedInput", "Loaded",
-           "available",
+           "NVFP4_GROUP", "SOURCE", "TORCH_BATON", "TREE_MAX_LOGITS", "TREE_SOURCE", "WIDE_MAX_BATCH",
+           "FusedInput", "Loaded", "available",
            "build_lock", "build_name", "build_root", "cache_problem", "cflags", "cpu_flags", "dense_logits",
            "dense_max_batch", "disabled", "disabled_reason", "fp8_logits", "fp8_x", "load", "load_isa",
            "lock_timeout", "main", "nvfp4_logits", "nvfp4_x", "read_probe", "record_path", "requested_isa",

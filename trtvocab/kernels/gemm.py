@@ -80,9 +80,10 @@ What (``trtvocab/kernels/csrc/fused.cpp``, called through :mod:`ctypes`; threads
   error bound.
 - **Dense heads** (:func:`dense_logits`): the FP8 chain without a scale (``sum + 0``), then one
   rounding to the head dtype: the bf16 / fp16 logits of a batch up to :data:`DENSE_MAX_BATCH` are
-  bitwise the same at every batch, split and tp size. ``$TRTVOCAB_DENSE_KERNEL``: ``auto`` (not
-  for a dtype this CPU has native dot products for: ``avx512_bf16`` / ``amx_bf16``, ``avx512_fp16``
-  / ``amx_fp16``, where torch's GEMM was measured faster), ``1`` or ``0``.
+  bitwise the same at every batch, split and tp size. ``$TRTVOCAB_DENSE_KERNEL``: ``auto`` (for a
+  dtype this CPU has native dot products for, ``avx512_bf16`` / ``amx_bf16``, ``avx512_fp16`` /
+  ``amx_fp16``, where torch's GEMM was measured faster than the AVX2 kernels: the AVX-512 kernels up
+  to batch 8 only, else torch's GEMM), ``1`` or ``0``.
 - **Activations** stay in torch (``quantize_input``: fake-quant e4m3, NVFP4 16-wide blocks, or
   none); only the weight decode and the multiply move here. Accumulation is float32.
 """
@@ -196,17 +197,29 @@ def nvfp4_logits(loaded: Loaded, x: torch.Tensor, hidden: int, packed_block_majo
 DENSE_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 DENSE_ENV_VAR = "TRTVOCAB_DENSE_KERNEL"  # auto (default) | 1 (every dense bf16 / fp16 head) | 0 (never)
 DENSE_MAX_BATCH = 64  # larger batches go to torch's GEMM (compute bound there; not measured beyond)
+WIDE_MAX_BATCH = 8  # the batches the AVX-512 kernels run (larger ones: the AVX2 tile kernel)
 # CPU flags under which torch's half-precision GEMM has native dot products (oneDNN) and beat the
-# kernel at B >= 2 when measured (avx512_bf16, Zen 4: bf16 B = 8 5.2 ms vs 15.5 ms, one thread).
+# AVX2 kernel at B >= 2 when measured (avx512_bf16, Zen 4: bf16 B = 8 5.2 ms vs 15.5 ms, one thread);
+# the AVX-512 kernels beat it at B <= 8 (avx512_bf16, Zen 5, V = 129280, H = 5120, two threads, best
+# of 5 interleaved: B = 1 56 vs 81 ms, 2: 69 vs 76, 4: 49 vs 77, 8: 38 vs 61).
 NATIVE_DOT = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 
 
-def dense_max_batch(dtype: torch.dtype) -> int:
-    """The largest batch a dense head of ``dtype`` multiplies in :func:`dense_logits` (0: never).
+def native_dot(dtype: torch.dtype) -> bool:
+    """Whether torch's GEMM has native dot products for ``dtype`` on this CPU."""
+    return any(flag in cpu_flags() for flag in NATIVE_DOT.get(dtype, ()))
+
+
+def dense_max_batch(dtype: torch.dtype, isa: str | None = None) -> int:
+    """The largest batch a dense head of ``dtype`` multiplies in :func:`dense_logits` (0: never), for
+    a library of path ``isa`` (:attr:`Loaded.isa`; :func:`trtvocab.kernels.dense_max_batch` passes
+    this process's).
 
     ``auto``: bf16 / fp16 heads up to :data:`DENSE_MAX_BATCH` rows, unless this CPU has native dot
-    products for that dtype (then torch's GEMM is faster at B >= 2 and is kept at every B, so the
-    head's bits do not depend on B through a switch of kernels)."""
+    products for that dtype: then the AVX-512 library up to :data:`WIDE_MAX_BATCH` rows (where it was
+    measured faster than torch's GEMM; a larger batch is torch's, so such a head's bits are batch
+    invariant up to 8 rows only), any other none (torch's GEMM is faster at B >= 2 and is kept at
+    every B)."""
     value = os.environ.get(DENSE_ENV_VAR, "").strip().lower() or "auto"
     if value in ("0", "false", "off", "no") or dtype not in DENSE_KERNEL_DTYPES:
         return 0
@@ -214,8 +227,8 @@ def dense_max_batch(dtype: torch.dtype) -> int:
         return DENSE_MAX_BATCH
     if value != "auto":
         raise ValueError(f"{DENSE_ENV_VAR} must be auto, 1 or 0, got {value!r}")
-    if any(flag in cpu_flags() for flag in NATIVE_DOT[dtype]):
-        return 0
+    if native_dot(dtype):
+        return WIDE_MAX_BATCH if isa == "avx512" else 0
     return DENSE_MAX_BATCH
 
 

@@ -122,6 +122,15 @@ def dense_logits(x: torch.Tensor, hidden: int, weight: torch.Tensor, out: torch.
     return gemm.dense_logits(require(), x, hidden, weight, out)
 
 
+def dense_max_batch(dtype: torch.dtype) -> int:
+    """:func:`trtvocab.kernels.gemm.dense_max_batch` for this process's library (loaded only where
+    the answer depends on its path: a CPU with native dot products for ``dtype``)."""
+    if gemm.dense_max_batch(dtype, "avx512") == 0:
+        return 0
+    loaded = load() if gemm.native_dot(dtype) else None
+    return gemm.dense_max_batch(dtype, loaded.isa if loaded is not None else None)
+
+
 def read_probe(buffer: torch.Tensor) -> int:
     """:func:`trtvocab.kernels.gemm.read_probe` on this process's library."""
     return gemm.read_probe(require(), buffer)

@@ -828,6 +828,8 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
 // for all the tile's rows (x's chunk stays in L1), P row pairs at a time; an odd last row is paired
 // with itself (computed twice, written once).
 constexpr int64_t WIDE_TILE = 32;
+// NVFP4 batches up to this run in lane-group pairs (wide_nvfp4), larger ones in row pairs: measured.
+constexpr int NVGP_MAX = 2;
 template <int N, class F>
 void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   // Row pairs per pass: P * N zmm chains and 2 P decoded steps in the 32 registers.
@@ -915,8 +917,8 @@ inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int
   for (int n = 0; n < N; ++n) vstore(acc_mem + n * LANES, acc[n]);
 }
 
-// Batch 1 (batch 2..8 run nvfp4_row_pairs, which reads half the x per FMA): a row runs whole (xw fits
-// in L1), four pairs interleaved, the row after the next prefetched. Written for any N: tiles of
+// Batch 1..NVGP_MAX (larger batches run nvfp4_row_pairs, which reads half the x per FMA): a row runs
+// whole, four pairs interleaved, the row after the next prefetched. Written for any N: tiles of
 // WIDE_TILE rows, each K-chunk of pairs (N chunks of xw in L1, at most 16 KiB) read for all the
 // tile's rows, whose totals wait in memory between chunks (a float32 store is exact).
 template <int N>
@@ -932,7 +934,8 @@ void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, fl
   // G pairs in flight: G * N >= 8 independent chains (two FMA pipes of latency 4); CP pairs per K-chunk
   // (a K-chunk of N chunks of xw in L1; batch 1 runs its rows whole, xw fits in L1).
   constexpr int G = N == 1 ? 4 : (N == 2 ? 4 : (N == 3 ? 3 : 2));
-  constexpr int64_t CP = N == 1 ? std::numeric_limits<int64_t>::max() / 2 : G * std::max(1, 16 / (N * G));
+  constexpr int64_t CP = N <= NVGP_MAX ? std::numeric_limits<int64_t>::max() / 2
+                                       : G * std::max(1, 16 / (N * G));
   constexpr int64_t TILE = WIDE_TILE;
   const int64_t tiles = (rows + TILE - 1) / TILE;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -959,7 +962,7 @@ void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, fl
   });
 }
 
-// NVFP4, batch N = 2..8: row pairs, like FP8. A zmm holds the 8-lane chains of rows a and b for one
+// NVFP4, batch NVGP_MAX + 1 .. 8: row pairs, like FP8. A zmm holds the 8-lane chains of rows a and b for one
 // lane group (group g of a row: 8 runs of 8 bytes; byte k of rows a and b side by side decodes 16
 // nibbles per vpermps), so a step of x is broadcast to both halves and shared by P row pairs: half the
 // x traffic per FMA of the group pairs above. Each chain is nvfp4_groups<1>'s: 16 FMAs from zero per
@@ -1059,8 +1062,8 @@ void wide_nvfp4_pairs_of_rows(const NVFP4Rows& f, const float* x, int64_t xs, in
 template <int N, class F>
 void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   if constexpr (F::kGroupScaled) {
-    if constexpr (N == 1) {
-      wide_nvfp4<N>(f, x, xs, rows, out, os);  // lane-group pairs: one FMA per 16 weights, little x traffic
+    if constexpr (N <= NVGP_MAX) {
+      wide_nvfp4<N>(f, x, xs, rows, out, os);  // lane-group pairs: the fewest decode instructions
     } else {
       wide_nvfp4_pairs_of_rows<N>(f, x, xs, rows, out, os);  // row pairs: x broadcast, shared by P pairs
     }
