@@ -1,7 +1,7 @@
 """File helpers every reader and writer shares: safe opens, checksums, atomic publication.
 
 Reading (a file a user or a manifest names is never trusted to be what its name says):
-:func:`open_regular`, the only opener of files trtvocab reads, opens only a regular file
+:func:`open_regular`, the one opener of the files trtvocab reads, opens only a regular file
 (``stat`` after following symlinks, before ``open``, and ``fstat`` of what was opened), so a
 FIFO, a device (``/dev/zero``), a socket or a folder is refused with a typed error instead of
 blocking or streaming forever; :func:`read_regular` and :func:`sha256_file` (``limit``) never
