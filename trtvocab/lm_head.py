@@ -219,8 +219,6 @@ class LMHead(VocabParallelModule):
                                    allow_empty=self.mapping.enable_attention_dp, rows="N",
                                    finite=bool(self.check_finite))
 
-    _check_input = check_input  # the older name (trtvocab.sampling still calls it)
-
     def _identity(self, rows: int) -> dict[str, Any]:
         """This rank's values of :data:`FORWARD_HANDSHAKE`."""
         return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,

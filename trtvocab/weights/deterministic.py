@@ -38,9 +38,6 @@ def tiles(start: int, size: int, tile: int) -> Iterator[tuple[int, int, int]]:
         yield t, max(t * tile, start), min((t + 1) * tile, start + size)
 
 
-_tiles = tiles  # the older name (trtvocab.sampling.chunked still calls it)
-
-
 def _tile_weight(weight: torch.Tensor, start: int, t: int, lo: int, hi: int, tile: int,
                  compute: torch.dtype) -> torch.Tensor:
     """The ``[tile, H]`` weight of global tile ``t``: a view where the rank owns all of it, else
