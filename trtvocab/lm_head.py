@@ -33,6 +33,7 @@ from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import MAPPINGS as _MAPPINGS
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import WeightMethod, weight_class
+from trtvocab.weights.dense import FLOAT32_BLOCK_ELEMENTS
 from trtvocab.weights.deterministic import tiled_logits
 from trtvocab.weights.loader import open_head
 
@@ -229,11 +230,7 @@ class LMHead(VocabParallelModule):
 
     def _owned_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, V_local]`` logits of the owned columns, in :attr:`output_dtype`."""
-        if self.deterministic:
-            return tiled_logits(hidden, self.weights.weight, self.shard.start, self.shard.size, self.output_dtype)
-        if self.output_dtype != self.weights.dtype and self.weight_format is WeightFormat.DENSE:
-            return self.weights.forward_float32(hidden)[:, : self.shard.size]
-        return self.weights(hidden)[:, : self.shard.size]
+        return self.column_logits(hidden)
 
     def column_logits(self, hidden: torch.Tensor, lo: int = 0, hi: int | None = None, *,
                       prepared: Any = None) -> torch.Tensor:
@@ -259,7 +256,7 @@ class LMHead(VocabParallelModule):
         if self.output_dtype != w.dtype and self.weight_format is WeightFormat.DENSE:
             xf = hidden.float()
             out = torch.empty(hidden.shape[0], hi - lo, dtype=torch.float32, device=hidden.device)
-            step = max(1, (1 << 20) // self.hidden_size)  # forward_float32's blocks: chunk_elements // H rows
+            step = max(1, FLOAT32_BLOCK_ELEMENTS // self.hidden_size)  # forward_float32's row blocks
             a = lo
             while a < hi:  # both operands upcast, one block (or the part of it inside [lo, hi)) at a time
                 b = min((a // step + 1) * step, hi)

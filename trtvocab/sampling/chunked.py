@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.lm_head import LMHead
@@ -44,6 +45,7 @@ from trtvocab.sampling.reductions import (
 )
 from trtvocab.sampling.treesum import Node, aligned_nodes, merge_ranges, range_nodes
 from trtvocab.weights import deterministic as det
+from trtvocab.weights.dense import FLOAT32_BLOCK_ELEMENTS
 
 DENSE_TILE = 128  # dense heads in their dtype: no GEMM narrower than this (or than the whole shard)
 TOP_P_CANDIDATES = 1024  # candidates a top-p row without top-k tracks (at least; more when the budget allows)
@@ -52,8 +54,6 @@ SAMPLE_BYTES_PER_LOGIT = 32  # sample's temporaries per logit of a chunk (float6
 # float32 accumulator a half-precision GEMM allocates on CPUs without native bf16 (measured: 8
 # bytes keeps a bf16 greedy chunk's peak at about one budget; 4 let it reach 1.5 budgets).
 STREAM_BYTES_PER_LOGIT = 8
-FLOAT32_CHUNK_ELEMENTS = 1 << 20  # DenseWeight.forward_float32's chunk_elements default: its GEMM rows
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FORMATS = tuple(WeightFormat)
 
 
@@ -70,7 +70,7 @@ def gemm_tiles(head: LMHead) -> list[tuple[int, int]]:
         step = int(head.weights.rows_per_chunk)
         return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
     if head.output_dtype != head.weights.dtype:
-        step = max(1, FLOAT32_CHUNK_ELEMENTS // head.hidden_size)
+        step = max(1, FLOAT32_BLOCK_ELEMENTS // head.hidden_size)
         return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
     bounds = [i * DENSE_TILE for i in range(max(1, size // DENSE_TILE))] + [size]
     return list(itertools.pairwise(bounds))
@@ -136,7 +136,7 @@ class _Stream:
 def _identity(head: LMHead) -> list[int]:
     """What the ranks must also agree on for a chunked call (folded into the handshake's digest)."""
     def code(dtype: torch.dtype) -> int:
-        return _DTYPES.index(dtype) if dtype in _DTYPES else -1
+        return DTYPES.index(dtype) if dtype in DTYPES else -1
     # The budget sets chunk and candidate counts, hence collective sizes: ranks must share it.
     return [head.hidden_size, code(head.dtype), _FORMATS.index(head.weight_format), int(head.deterministic),
             code(head.output_dtype), int(head.logits_budget_bytes)]

@@ -95,10 +95,10 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
     device = local_logits.device if isinstance(local_logits, torch.Tensor) else head.device
     # bitmask moves no data that could carry a verdict
     agreement = None if op == "bitmask" or not cache else D.agreement_of(head, f"sampling.{op}")
-    head.__dict__["_pending_verdict"] = None
+    head.handshake_state.pending = None
     out, pending = D.open_call(HANDSHAKE, agreement, values, error, head.process_group, device,
                                what=f"sampling.{op}")
-    head.__dict__["_pending_verdict"] = pending
+    head.handshake_state.pending = pending
     if pending is None or not pending.steady:
         agreed = int(out["proposal"][0])
         if agreement is not None:
@@ -109,7 +109,7 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
 
 def _take_verdict(head: Any) -> D.Pending | None:
     """The current call's pending verdict, once: only its first data collective carries it."""
-    return head.__dict__.pop("_pending_verdict", None)
+    return head.handshake_state.take_pending()
 
 
 def own(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:

@@ -13,6 +13,10 @@ from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import CheckpointError
 from trtvocab.weights.base import WeightMethod, read_rows
 
+# forward_float32 multiplies this many weight elements per GEMM (its row blocks); callers that
+# stream columns (LMHead.column_logits, the chunked head) cut at the same rows to keep the bits.
+FLOAT32_BLOCK_ELEMENTS = 1 << 20
+
 
 def _untouched_zeros(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     """A zero tensor whose pages are not resident until written.
@@ -130,7 +134,7 @@ class DenseWeight(WeightMethod):
             return self._kernel_logits(prepared, start, end)
         return prepared @ self.weight[start:end].t()
 
-    def forward_float32(self, x: torch.Tensor, chunk_elements: int = 1 << 20) -> torch.Tensor:
+    def forward_float32(self, x: torch.Tensor, chunk_elements: int = FLOAT32_BLOCK_ELEMENTS) -> torch.Tensor:
         """``x @ W.T`` accumulated and returned in float32 (both operands upcast chunk by chunk of
         weight rows, so no float32 copy of the whole shard exists): ``[N, width]``."""
         xf = x.float()
