@@ -682,8 +682,8 @@ def generate(
     notes = [f"tp {report.tp}", f"head: {report.head}" + (f" ({artifact})" if artifact is not None else ""), how]
     if report.grammar:
         notes.append(report.grammar)
-    if deterministic:
-        notes.append("deterministic" if report.deterministic else "deterministic mode unavailable: default head")
+    if report.deterministic:  # what ran: a deterministic head, or a deterministic artifact on its PyTorch fallback
+        notes.append("deterministic")
     console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
     if report.tp > 1:
         console.print("(attention DP: each rank ran the body for its own prompts; the vocabulary split over "
