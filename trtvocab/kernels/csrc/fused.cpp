@@ -825,8 +825,10 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
 }
 
 // FP8 / dense, batch N = 1..8: tiles of WIDE_TILE rows; each K-chunk of kDirectChunk steps is read
-// for all the tile's rows (x's chunk stays in L1), P row pairs at a time; an odd last row is paired
-// with itself (computed twice, written once).
+// for all the tile's rows (x's chunk stays in L1; at batch <= WHOLE_ROWS_MAX the chunk is the whole
+// row: measured faster), P row pairs at a time, the next pass's rows prefetched; an odd last row is
+// paired with itself (computed twice, written once).
+constexpr int WHOLE_ROWS_MAX = 2;
 constexpr int64_t WIDE_TILE = 32;
 // NVFP4 batches up to this run in lane-group pairs (wide_nvfp4), larger ones in row pairs: measured.
 constexpr int NVGP_MAX = 2;
@@ -834,8 +836,8 @@ template <int N, class F>
 void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   // Row pairs per pass: P * N zmm chains and 2 P decoded steps in the 32 registers.
   constexpr int P = N == 1 ? 8 : (N == 2 ? 5 : (N == 3 ? 5 : (N == 4 ? 4 : (N <= 6 ? 3 : 2))));
-  constexpr int64_t KC = F::kDirectChunk;
   const int64_t steps = f.steps();
+  const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : F::kDirectChunk;
   const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
   std::vector<float> xt(static_cast<size_t>(steps * N * LANES));  // x as [steps][N][8]
   for (int64_t s = 0; s < steps; ++s)
