@@ -208,3 +208,10 @@ def seed_mismatch_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     out["chunked step"] = catch(lambda: chunked.sample(x, head, same, step=seed, chunk=101))
     out["healthy after"] = catch(lambda: sample(local, head, same, step=2**60))
     return out
+
+
+def group_cases(rank: int, world: int) -> dict[str, Any]:
+    """One launch for the tp > 1 cases besides ``draw_cases``: tiny temperatures, seeds float64 cannot
+    tell apart, bad arguments (each caught on every rank, so one group serves them all)."""
+    return {"tiny": tiny_temperature_cases(rank, world, 12), "seeds": seed_mismatch_cases(rank, world),
+            "bad": bad_sample_cases(rank, world)}

@@ -15,12 +15,11 @@ import torch
 from draw_rank_fns import (
     ROWS,
     VOCAB,
-    bad_sample_cases,
     draw_cases,
     gathered_logits,
+    group_cases,
     random_bitmask,
     row_params,
-    seed_mismatch_cases,
     tiny_temperature_cases,
 )
 from scipy import stats
@@ -142,11 +141,17 @@ def test_tiny_and_subnormal_temperatures_draw_the_argmax_tp1() -> None:
     assert not out["wrong"], "\n".join(out["wrong"][:20])
 
 
-def test_tiny_temperatures_draw_the_argmax_tp2() -> None:
-    per_rank = run_ranks(tiny_temperature_cases, 2, 12, timeout_s=120)
+@pytest.fixture(scope="module")
+def group() -> list[dict]:
+    """The second and last launch of the module: every tp 3 case that is not a ``draw_cases`` one."""
+    return run_ranks(group_cases, 3, timeout_s=120)
+
+
+def test_tiny_temperatures_draw_the_argmax_tp3(group: list[dict]) -> None:
+    per_rank = [out["tiny"] for out in group]
     for out in per_rank:
         assert not out["wrong"], "\n".join(out["wrong"][:20])
-    assert per_rank[0]["greedy"] == per_rank[1]["greedy"]
+    assert per_rank[0]["greedy"] == per_rank[1]["greedy"] == per_rank[2]["greedy"]
 
 
 def test_greedy_below_is_the_documented_limit() -> None:
@@ -164,9 +169,9 @@ def test_greedy_below_is_the_documented_limit() -> None:
     assert torch.equal(sample(g, head, SamplingParams(temperature=1e-40, seed=1)), greedy(g, head))
 
 
-def test_seeds_equal_as_float64_are_a_mismatch() -> None:
-    """Issue 19 Medium: seeds (and steps) 2**60 vs 2**60 + 1 on two ranks fail the handshake on both."""
-    results = run_ranks(seed_mismatch_cases, 2, timeout_s=60)
+def test_seeds_equal_as_float64_are_a_mismatch(group: list[dict]) -> None:
+    """Seeds (and steps) 2**60 on ranks 0, 2 and 2**60 + 1 on rank 1 fail the handshake on every rank."""
+    results = [out["seeds"] for out in group]
     for case in ("sample seed", "decode seed", "chunked seed", "sample step", "chunked step"):
         for rank, got in enumerate(results):
             kind, message = got[case]
@@ -190,7 +195,7 @@ def test_sampling_params_are_validated() -> None:
             SamplingParams(**{field: value})
 
 
-def test_bad_arguments_raise_on_every_rank() -> None:
+def test_bad_arguments_raise_on_every_rank(group: list[dict]) -> None:
     want = {
         "params count": ("InputError", "PeerRankError", "params has 3 entries"),
         "params type": ("InputError", "PeerRankError", "params must be a SamplingParams"),
@@ -203,7 +208,7 @@ def test_bad_arguments_raise_on_every_rank() -> None:
         "nothing allowed": ("InputError", "InputError", "allow no token"),
         "healthy after": ("ok", "ok", ""),
     }
-    results = run_ranks(bad_sample_cases, 3, timeout_s=20)
+    results = [out["bad"] for out in group]
     for case, (bad_type, other_type, fragment) in want.items():
         for rank, got in enumerate(results):
             kind, message = got[case]
