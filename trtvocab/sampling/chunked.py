@@ -352,15 +352,13 @@ def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chu
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
 
-def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
-           vocab_limit: int | None = None, chunk: int | None = None) -> torch.Tensor:
-    """Token ids ``[B]`` (int64), the same on every rank: ``sampling.sample`` of
-    ``head.local_logits(hidden)`` with the same params, step and vocab_limit, streamed.
-
-    One pass, or two when a sampled row without top-k / top-p has min-p (its threshold needs the
-    global max first) or a nucleus is longer than the first candidates (module docstring)."""
-    what = "sampling.chunked.sample"
-    error = _check(hidden, head, chunk, what)
+def _draw_args(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], step: int,
+               vocab_limit: int | None, chunk: int | None, what: str,
+               error: InputError | None) -> tuple[InputError | None, list[SamplingParams]]:
+    """The first error among a draw's arguments (``error``: the caller's own, kept first), and the
+    per-row params (empty on an error): the checks ``sample`` and ``decode`` share."""
+    if error is None:
+        error = _check(hidden, head, chunk, what)
     rows = hidden.shape[0] if error is None else 0
     per_row: list[SamplingParams] | InputError = rows_params(params, rows) if error is None else []
     if isinstance(per_row, InputError):
@@ -372,6 +370,19 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
             or not 1 <= vocab_limit <= head.vocab_size):
         error = InputError(f"{what}: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
                            f"got {vocab_limit!r}")
+    return error, per_row if error is None else []
+
+
+def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
+           vocab_limit: int | None = None, chunk: int | None = None) -> torch.Tensor:
+    """Token ids ``[B]`` (int64), the same on every rank: ``sampling.sample`` of
+    ``head.local_logits(hidden)`` with the same params, step and vocab_limit, streamed.
+
+    One pass, or two when a sampled row without top-k / top-p has min-p (its threshold needs the
+    global max first) or a nucleus is longer than the first candidates (module docstring)."""
+    what = "sampling.chunked.sample"
+    error, per_row = _draw_args(hidden, head, params, step, vocab_limit, chunk, what, None)
+    rows = len(per_row)
     digest_of = params_tensor(per_row, step, vocab_limit) if error is None else None
     fresh = int(torch.randint(0, 2**62, (1,)).item())
     fresh = _meet(head, hidden, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
@@ -393,19 +404,8 @@ def decode(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
     the caller's own checks (such as its row selection), raised after the handshake.
     """
     what = "sampling.decode"
-    if error is None:
-        error = _check(hidden, head, chunk, what)
-    rows = hidden.shape[0] if error is None else 0
-    per_row: list[SamplingParams] | InputError = rows_params(params, rows) if error is None else []
-    if isinstance(per_row, InputError):
-        error, per_row = InputError(f"{what}: {per_row}"), []
-    if error is None:
-        error = step_error(step, what)
-    if error is None and vocab_limit is not None and (
-            isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
-            or not 1 <= vocab_limit <= head.vocab_size):
-        error = InputError(f"{what}: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
-                           f"got {vocab_limit!r}")
+    error, per_row = _draw_args(hidden, head, params, step, vocab_limit, chunk, what, error)
+    rows = len(per_row)
     if error is None and bitmask is not None and (
             not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2
             or bitmask.shape[0] != rows):
