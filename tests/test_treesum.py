@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trtvocab import LMHead, kernels
+from trtvocab.kernels import tree as kernel_tree
 from trtvocab.sampling import chunked, treesum
 
 HAVE_KERNEL = kernels.tree_available()
@@ -29,12 +30,12 @@ HAVE_KERNEL = kernels.tree_available()
 @contextmanager
 def torch_path() -> Iterator[None]:
     """The torch ops of treesum.range_nodes, even where the kernel is available."""
-    before = kernels._tree_failure, kernels._tree_checked
-    kernels._tree_failure, kernels._tree_checked = "off for this test", True
+    before = kernel_tree._tree_failure, kernel_tree._tree_checked
+    kernel_tree._tree_failure, kernel_tree._tree_checked = "off for this test", True
     try:
         yield
     finally:
-        kernels._tree_failure, kernels._tree_checked = before
+        kernel_tree._tree_failure, kernel_tree._tree_checked = before
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -77,7 +78,7 @@ def test_range_nodes_are_the_maximal_aligned_nodes(start: int, n: int) -> None:
     assert (covered[0][0], covered[-1][1]) == (start, start + n) if n else covered == []
 
 
-@pytest.mark.skipif(not HAVE_KERNEL, reason=f"tree kernel unavailable: {kernels._tree_failure}")
+@pytest.mark.skipif(not HAVE_KERNEL, reason=f"tree kernel unavailable: {kernel_tree._tree_failure}")
 @pytest.mark.parametrize("seed", range(12))
 def test_kernel_equals_torch_path_bitwise(seed: int) -> None:
     n = [1, 2, 7, 16, 255, 1024, 1025, 3001, 40000, 129280 // 3, 5, 70000][seed]
@@ -93,7 +94,7 @@ def test_kernel_equals_torch_path_bitwise(seed: int) -> None:
         assert torch.equal(bits(s1), bits(s2))
 
 
-@pytest.mark.skipif(not HAVE_KERNEL, reason=f"tree kernel unavailable: {kernels._tree_failure}")
+@pytest.mark.skipif(not HAVE_KERNEL, reason=f"tree kernel unavailable: {kernel_tree._tree_failure}")
 def test_kernel_exp_matches_torch_exp() -> None:
     assert kernels.tree_exp_check() is None
 
@@ -102,7 +103,7 @@ def test_kernel_exp_matches_torch_exp() -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_any_split_gives_the_whole_range_bits(path: str, seed: int) -> None:
     if path == "kernel" and not HAVE_KERNEL:
-        pytest.skip(f"tree kernel unavailable: {kernels._tree_failure}")
+        pytest.skip(f"tree kernel unavailable: {kernel_tree._tree_failure}")
     g = torch.Generator().manual_seed(100 + seed)
     vocab = [1, 9, 1000, 4097, 30522, 49152][seed]
     x = hostile(3, vocab, seed)

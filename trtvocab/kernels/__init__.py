@@ -12,10 +12,6 @@ check), :mod:`~trtvocab.kernels.runtime` (this process's library), :mod:`~trtvoc
 
 from __future__ import annotations
 
-import sys
-import types
-
-from trtvocab.kernels import runtime, tree
 from trtvocab.kernels.build import (
     ABI,
     CACHE_ENV_VAR,
@@ -80,27 +76,3 @@ __all__ = ["ABI", "CACHE_ENV_VAR", "DENSE_ENV_VAR", "DENSE_KERNEL_DTYPES", "DENS
            "lock_timeout", "main", "nvfp4_logits", "nvfp4_x", "read_probe", "record_path", "requested_isa",
            "self_check", "tree_available", "tree_exp_check", "tree_nodes", "unavailable_reason", "usable",
            "write_record"]
-
-# The process state lives in runtime (the library) and tree (the tree kernel's check); code that
-# reads or patches it through the package (``kernels._tree_failure = ...``) reaches those modules.
-_STATE = {"_loaded": runtime, "_failure": runtime, "_build": runtime, "_tree_failure": tree, "_tree_checked": tree}
-
-
-class _Package(types.ModuleType):
-    def __getattr__(self, name: str) -> object:
-        if name in _STATE:
-            return getattr(_STATE[name], name)
-        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _STATE:
-            setattr(_STATE[name], name, value)
-        else:
-            super().__setattr__(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        if name not in _STATE:
-            super().__delattr__(name)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -1181,7 +1181,7 @@ int trtvocab_dense_logits(const float* x, int64_t n_rows, int64_t x_stride, int6
 
 // out[n * out_stride + r] = sum_k x[k] * e2m1(code k of row r) * e4m3(block scale) * global_scale
 // packed: block-major uint8 [rows, hidden / 2]; bscale: e4m3 bytes [rows, hidden / 16];
-// x: float32 [n_rows, x_stride] in the kernel's step order (trtvocab.weights.kernels.nvfp4_x).
+// x: float32 [n_rows, x_stride] in the kernel's step order (trtvocab.kernels.nvfp4_x).
 int trtvocab_nvfp4_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_t hidden, const uint8_t* packed,
                           int64_t rows, int64_t p_stride, const uint8_t* bscale, int64_t bs_stride,
                           float global_scale, float* out, int64_t out_stride) {

@@ -1,7 +1,7 @@
 // The vocab tree's (max, sum exp) nodes of one rank's logits, in one pass: the C++ half of
 // trtvocab/sampling/treesum.py, which defines the tree and computes the same bits with torch ops.
 //
-// Built into the same library as fused.cpp (trtvocab/weights/kernels). Bitwise equality with the
+// Built into the same library as fused.cpp (trtvocab/kernels). Bitwise equality with the
 // torch path is the contract, so every step is the torch operation's own instruction or function:
 //   max / min   _mm256_max_ps / _mm256_min_ps with NaN propagated (torch.maximum / minimum)
 //   exp         the function torch's float exp calls on this machine: MKL's vmsExp (x86 wheels,
