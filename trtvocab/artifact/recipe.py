@@ -1,28 +1,15 @@
 """What a user writes: build recipes (``builders/*.toml``).
 
-* :class:`BuildRecipe`: one complete engine build. Unknown keys and bad values are errors
-  that name the file, the section and key, and what is allowed: a typo must never
-  silently fall back to a default.
-* :class:`Manifest` (with :class:`RankEntry`, :class:`EngineRecord`, ...): what
-  ``trtvocab build`` wrote, as ``OUT/manifest.json`` holds it. Read and written only by
-  :mod:`trtvocab.artifact.store`.
-* :class:`Profile`: TensorRT optimization-profile ranges, one model for the recipe's
-  ``[profile]`` and the engine builder.
+:class:`BuildRecipe` is one complete engine build, one section class per TOML table; its
+``[profile]`` is the engine builder's :class:`~trtvocab.export.records.Profile`. What a build
+writes (``OUT/manifest.json``) is :mod:`trtvocab.artifact.manifest`, read and written only by
+:mod:`trtvocab.artifact.store`.
 
-Both are parsed strictly (:func:`parse_recipe`, and ``Manifest.model_validate_json(...,
-strict=True)`` in :mod:`trtvocab.artifact.store`): ``true`` is not ``1``, ``"4"`` is not ``4``,
-``64.9`` is not ``64``. Every integer a user writes has a range, said in its error:
-
-===========================  =======================================
-vocab_size                   [1, 2**31 - 1]   (``MAX_VOCAB``)
-hidden_size                  [1, 2**20]       (``MAX_HIDDEN``)
-tp_size                      [1, 4096]        (``MAX_TP``)
-pad_to                       [1, 2**20]; the padded vocab must stay <= ``MAX_VOCAB``
-seed                         [0, 2**32 - 1]
-std                          (0, 10000], finite
-profile tokens / batch       [1, 2**31 - 1]
-workspace_mib                [64, 2**20]
-===========================  =======================================
+:func:`parse_recipe` / :func:`load_recipe` parse strictly: unknown keys and bad values are errors
+that name the file, the section and key, and what is allowed (a typo never falls back to a
+default); ``true`` is not ``1``, ``"4"`` is not ``4``, ``64.9`` is not ``64``; every integer has a
+range (the table above the constants). docs/threat_model.md, "Recipes"; the artifact:
+docs/architecture.md, "Artifacts".
 """
 
 from __future__ import annotations
@@ -44,6 +31,15 @@ from trtvocab.errors import ConfigError
 from trtvocab.export.records import Profile
 from trtvocab.parallel.mapping import Mapping
 
+# The range of every number a recipe holds (said in its error):
+#   vocab_size              [1, 2**31 - 1]   (MAX_VOCAB)
+#   hidden_size             [1, 2**20]       (MAX_HIDDEN)
+#   tp_size                 [1, 4096]        (MAX_TP)
+#   pad_to                  [1, 2**20]       (MAX_PAD_TO); the padded vocab must stay <= MAX_VOCAB
+#   seed                    [0, 2**32 - 1]   (MAX_SEED)
+#   std                     (0, 10000], finite
+#   profile tokens / batch  [1, 2**31 - 1]   (export.records.MAX_TOKENS)
+#   workspace_mib           [64, 2**20]      (MAX_WORKSPACE_MIB)
 MAX_VOCAB = 2**31 - 1  # token ids and per-rank widths are int32 in graphs and engines
 MAX_HIDDEN = 2**20
 MAX_TP = 4096

@@ -1,27 +1,12 @@
-"""One rank's masked embedding lookup as an ONNX graph (the all-reduce stays outside)::
+"""One rank's masked embedding lookup as an ONNX graph (the all-reduce stays outside).
 
-    input_ids [T] int64
-        local = input_ids - start;  mine = 0 <= local < size
-        index = Where(mine, local, size)            non-owned and invalid ids -> row `size`,
-                                                   an extra all-zero row appended to the table
-    dense   rows = Gather(W_local+zero_row, index)                        [T, H] head dtype
-    FP8     rows = Cast(Gather(DequantizeLinear(codes_local+zero_row, scale), index), dtype)
-                   codes FLOAT8E4M3FN [size+1, H]; scale per tensor, or per row
-                   (axis 0, 1.0 for the zero row)
-    rows [T, H]  = this rank's partial rows: zero where it owns no id
+Ids this rank does not own (and invalid ones) index an all-zero row appended to the shard, so the
+graph outputs this rank's partial rows and summing the ranks' outputs gives the full lookup (one
+owner per id). An FP8 table stays 1-byte codes: a DequantizeLinear before the Gather, then a cast
+to the head dtype, with the module's numbers.
 
-The appended zero row replaces a float ``Where`` (which onnxruntime CPU lacks for bf16)
-and costs one row. Summing the ranks' outputs gives the full lookup (one owner per id).
-
-Why the FP8 table is a DequantizeLinear *before* the Gather: ONNX's Gather takes no
-float8, and TensorRT accepts an FP8 or INT8 constant only as the input of a dequantize
-(or a plugin, shuffle, concatenation); uint8 codes are converted to int32 by TensorRT's
-ONNX parser (4x the table). DQ -> Gather -> Cast is fused by TensorRT-RTX 1.7.1 into one
-gather kernel that reads the 1-byte FP8 table. The numbers are the module's
-(``q.float() * scale``, then the cast to the head dtype): a DequantizeLinear with a
-float32 scale computes exactly that product, and gathering before or after an
-elementwise op gives the same rows. On onnxruntime the DQ dequantizes the whole shard to
-float32 on each call (CPU check only).
+The node layout and why (the zero row instead of a float ``Where``, the dequantize before the
+Gather): docs/architecture.md, "The input end: VocabParallelEmbedding".
 """
 
 from __future__ import annotations

@@ -1,84 +1,16 @@
-"""One rank's LM head as an ONNX graph: the graph TensorRT parses, and CPU backends check.
+"""One rank's LM head as an ONNX graph: the graph TensorRT parses, and the CPU backends check.
 
-Every graph has the same frame; only the weight (and activation) path differs::
+Every graph has the same frame (``hidden_states``, for the last-token graph ``seq_lens`` and a
+Gather of the last rows, then the weight path, then float32 ``logits [B, V_local]``); only the
+weight and activation path differs by format: dense, FP8 W8A16 / W8A8 static / W8A8 dynamic,
+NVFP4 W4A4 / W4A16, and the ``dequantize_fp4`` variant for Hopper. Weight-only half heads
+dequantize exactly in the head dtype under a power-of-two prescale (:func:`exact_prescale`), and
+:func:`gemm_rounding` names the dtype a graph's 16-bit GEMM rounds each logit to.
 
-    hidden_states [T, H] (head dtype)        seq_lens [B] int32
-          |                                     |
-          |                  CumSum -> Sub 1 -> last rows [B]   (last-token graph only)
-          +------------- Gather axis 0 ---------+
-          |
-          x [B, H]  (context graph: x = hidden_states [T, H], and there is no seq_lens)
-          |
-    dense   MatMul(x, Transpose(W))  in the head dtype -> Cast float32
-            (also for output_dtype=float32: see "16-bit GEMMs" below)
-    FP8 W8A16 (half head)
-            MatMul(x, Transpose(DQ(W_fp8, 2**k)))  in the head dtype -> Cast f32 -> Mul weight_scale / 2**k
-    FP8 W8A8 static
-            Cast f32 -> Q/DQ(input_scale) -> MatMul(., Transpose(DQ(W_fp8, weight_scale)))  float32
-    FP8 W8A8 dynamic
-            Cast f32 -> s = amax/448 (1.0 if amax == 0) -> Div s -> Q/DQ(1.0)
-            -> MatMul(., Transpose(DQ(W_fp8, weight_scale))) float32 -> Mul s
-    NVFP4 W4A4
-            Cast f32 -> TRT_FP4DynamicQuantize(x, input_scale) -> DQ(DQ(scales, input_scale))
-            MatMul(., Transpose(DQ(W_fp4, DQ(block_scales, weight_scale_2), block 16)))  float32
-    NVFP4 W4A16 (half head)
-            MatMul(x, Transpose(DQ(W_fp4, DQ(block_scales, 2**k), block 16)))  in the head dtype
-            -> Cast f32 -> Mul weight_scale_2 / 2**k
-    float32 heads: weight-only FP8 / NVFP4 dequantize to float32 and multiply in float32.
-          |
-    logits [B, V_local] float32
-
-Choices, and why:
-
-* **Weights stay in checkpoint layout ``[V, H]`` followed by a Transpose** (not stored
-  pre-transposed). The per-row FP8 scales (axis 0) and the FP4 block scales (blocks of
-  16 along H, the GEMM's K) are defined on those axes, so the DequantizeLinear has to
-  see ``[V, H]``; DQ -> Transpose -> MatMul is the pattern ModelOpt's own FP8/NVFP4
-  exports emit and TensorRT's Q/DQ fusion recognizes; TensorRT folds a transpose of a
-  constant into the GEMM's operand layout at build time (no runtime transpose). The
-  initializer bytes are then exactly the shard's checkpoint bytes (FP4 nibble pairs
-  stay inside a row), and dense heads use the same frame so there is one code path.
-* **The context graph has no ``seq_lens`` input.** It would be unused, and TensorRT
-  drops unused inputs (an optimization profile naming it then fails); callers validate
-  ``seq_lens`` on the host, as :class:`~trtvocab.logits.LogitsProcessor` does.
-* **W8A8 graphs multiply in float32** after dequantization, which is exactly the
-  PyTorch fallback's arithmetic (``x_dq @ W.T`` in float32); TensorRT fuses the Q/DQ
-  pairs into an FP8 x FP8 GEMM with a float32 output.
-* **Dynamic FP8 keeps its scale out of the Q/DQ pair.** TensorRT fuses Q/DQ into an FP8
-  GEMM only when their scales are build-time constants: with the computed ``amax/448``
-  as the Q/DQ scale (or a scale fed as a graph input) it runs a float32 x FP8-weight
-  kernel instead (TensorRT-RTX 1.7.1 layer table). So the graph divides by ``s`` itself,
-  quantizes with a constant scale 1.0 (the same FP8 codes: QuantizeLinear divides by its
-  scale, here 1.0, and the fallback divides by ``s`` the same way) and multiplies the
-  float32 GEMM output by ``s``. The one difference from the fallback is where ``s`` is
-  multiplied (after the sum instead of into each ``x_dq`` element): float32 rounding.
-* **16-bit GEMMs for weight-only heads.** The weight is dequantized in the head dtype,
-  exactly: e4m3 codes (multiples of 2**-9 up to 448) and e2m1 x e4m3 products (multiples
-  of 2**-10 up to 2688) times a power of two ``2**k`` are bf16 / fp16 values, for ``k``
-  in the range :func:`exact_prescale` computes. The real per-tensor scale (FP8
-  ``weight_scale``, or the per-row vector as a per-column Mul; NVFP4 ``weight_scale_2``)
-  is applied to the float32 GEMM output, divided by ``2**k`` (exact). ``2**k`` is the
-  power of two nearest the scale, so the GEMM output has the logits' magnitude (fp16
-  range), and never 1.0: TensorRT drops a DQ scale of 1.0 and the bare cast then no
-  longer fuses into the GEMM. TensorRT builds this as a 16-bit x FP8-constant GEMM
-  (``CastMulFc``); FP4 weights are dequantized to a head-dtype buffer per call (no
-  FP4 weight-only GEMM exists in TensorRT-RTX 1.7.1) and multiplied 16 x 16 bit.
-* **The rounding this costs.** ONNX has no "16-bit inputs, float32 output" MatMul: the
-  MatMul output is the head dtype, so these graphs round each logit once to the head
-  dtype (as a dense half-precision head does), where the fallback keeps the float32
-  sum. :func:`gemm_rounding` names that dtype per graph; the build's check allows one
-  ulp of it (``trtvocab.pipeline.build.verify_export``). The same holds for a half-precision
-  head with ``output_dtype=float32`` (``float32_logits``): upcasting the weight inside
-  the graph is folded by TensorRT into a float32 copy of the weight (2x the bytes, a
-  float32 GEMM), so the graph keeps the head-dtype GEMM and casts its output; TensorRT
-  fuses that into one ``FcCast`` kernel (16-bit operands, float32 output).
-* **IR version is the lowest that carries the opset** (11 for opset 23): the widest
-  range of ONNX parsers accepts it.
-
-``dequantize_fp4=True`` builds the Hopper variant of an NVFP4 head: the weight is stored
-as ``e2m1 * block_scale`` in the head dtype (exact: at most 6 significant bits), the
-GEMM runs in the head dtype and the per-tensor ``weight_scale_2`` is applied to the
-float32 result. These are the W4A16 numbers without the memory saving.
+The node layout of each graph and why it is built that way (the ``[V, H]`` weight and its
+Transpose, no ``seq_lens`` in the context graph, dynamic FP8's scale outside the Q/DQ pair, the
+16-bit GEMMs and the rounding they cost, the IR version): docs/architecture.md, "Engines",
+"The head graph".
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """``lm_head.onnx`` / ``embedding.onnx`` -> a TensorRT plan, with either of two real compilers.
 
-One builder, two compilers (:class:`Toolkit` holds what differs):
+One builder, two compilers (standard TensorRT, built on the GPU it targets, and TensorRT-RTX,
+built ahead of time for named targets without a GPU); :class:`Toolkit` holds what differs. The
+build validates the profile, reads the graph's contract, refuses a target that cannot run the
+graph, parses, configures, builds, checks the layer table against the contract and writes the
+plan atomically. The TensorRT-RTX path makes no ``torch.cuda`` call.
 
-===================  =====================================  ===================================
-                     standard TensorRT (``tensorrt``)        TensorRT-RTX (``tensorrt_rtx``)
-===================  =====================================  ===================================
-version gate         >= 10.8 (strongly typed FP4)            >= 1.7
-where it builds      on the GPU it builds for                ahead of time, no GPU needed
-targets              the local GPU's compute capability      named: sm75 ... sm121 (one engine
-                                                             may hold several)
-timing cache         loaded and saved back                   a deprecated no-op: not used
-===================  =====================================  ===================================
-
-Build, in order: validate the profile; read the graph's header (its contract and the
-hardware datatypes it needs, :mod:`trtvocab.export.contract`); pick the compiler; refuse
-a target that cannot run the graph (the datatype is the reason); parse (errors name the
-node); configure (workspace, profile, targets, ``DISTRIBUTIVE_INDEPENDENCE`` for a
-deterministic head, ``ProfilingVerbosity.DETAILED``); build; parse the builder's layer
-table and check it against the contract (a break fails the build unless
-``contract="warn"``); write the plan atomically. No ``torch.cuda`` call on the
-TensorRT-RTX path: it runs on machines without a GPU.
+The two compilers compared, the build order and what the layer-table check enforces:
+docs/architecture.md, "Engines".
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Building the fused kernels' library: the instruction set, the flags, the cache folder, its lock,
 the sha256 record of the built library, and binding its C functions (:mod:`ctypes`).
 
-Building: the first use in a process compiles the C++ with ``-O3 -march=native -fopenmp
--ffp-contract=off`` (``torch.utils.cpp_extension.load``, cached under torch's
-extensions folder in a directory named by a hash of the source, the flags, torch's version and
-this CPU's feature flags, so a cache shared between different CPUs never runs foreign code).
-``python -m trtvocab.kernels --build`` does it ahead of time (``make setup`` calls it).
-The path is chosen at build time from the CPU's features (``-march=native``): the AVX-512 code
-(F + BW + VL + DQ: batch 1..8 with two 8-lane chains per zmm register, the AVX2 code elsewhere),
-else the AVX2 + FMA + F16C code, else portable C++ (correct, not tuned; also off x86);
-``$TRTVOCAB_KERNELS_ISA`` builds a lower path on purpose. A compiler without OpenMP (Apple clang)
-fails the build.
-The cache is guarded (docs/threat_model.md, "The kernel cache"): the build folder is
-``$TRTVOCAB_KERNELS_DIR/<name>`` (else ``$TORCH_EXTENSIONS_DIR``, else torch's default root);
-builders take an ``flock`` on ``trtvocab.lock`` there, waited for at most
-``$TRTVOCAB_KERNELS_LOCK_TIMEOUT_S`` (300 s) -- the kernel drops a dead owner's lock, so a build
-killed by Ctrl-C or SIGKILL never blocks the next run, and torch's own ``lock`` baton left by such
-a build is removed under it; the built library's size and sha256 are recorded beside it at build
-time and checked (read through a non-blocking descriptor of a regular file) before every
-``dlopen``: a FIFO, a truncated or a rewritten library is discarded and rebuilt, never opened.
-``TRTVOCAB_KERNELS=0`` disables the kernels; no compiler, a failed build, a lock held past its
-timeout or a failed self-check (every FP8 code and every FP4 nibble under every block scale, decoded by the
-kernel and compared bit for bit with torch's) means the torch path, with one log line saying
-why, never an error.
+The first use in a process compiles the C++ for this CPU (``python -m trtvocab.kernels --build``,
+which ``make setup`` calls, does it ahead of time); ``TRTVOCAB_KERNELS=0`` disables the kernels.
+Any failure (no compiler, a failed build, a lock held past its timeout, a failed self-check) means
+the torch path with one log line, never an error.
+
+The flags, the cache folder's name and the paths: docs/architecture.md, "Fused kernels"; the
+guarded cache (``flock``, size and sha256 checked before every ``dlopen``, the environment
+variables): docs/threat_model.md, "The kernel cache".
 """
 
 from __future__ import annotations

@@ -1,91 +1,17 @@
-"""How the fused kernels multiply (the numerics contract), the inputs' layouts, and the calls into
-a given build of the library (:class:`~trtvocab.kernels.build.Loaded`, the first argument of every
-call here; ``trtvocab.kernels.fp8_logits`` etc., :mod:`trtvocab.kernels.runtime`, pass this
-process's library).
+"""How the fused kernels multiply: the numerics contract, the inputs' layouts, and the calls into a
+given build of the library.
 
-Why: the torch path (:meth:`QuantizedWeight.block_logits` over ``_plan``) decodes each chunk
-of rows to a float32 temporary and hands it to the GEMM; the decode passes and the temporary's
-round trip through memory cost more than the bytes the quantized format saves, so an FP8 /
-NVFP4 head was ~6x slower than bf16 although it reads 2x / 3.5x fewer bytes. Here the codes
-are decoded *inside* the multiply, in registers (batch 1 to 8: one pass over the weight, every
-input row's chains in registers) or into an L1-sized tile that every input row reuses (batch >= 9).
-The same library multiplies dense bf16 / fp16 heads (:func:`dense_logits`) where torch's GEMM has no
-native dot products for that dtype (:func:`dense_max_batch`).
+Every call here takes a :class:`~trtvocab.kernels.build.Loaded` first (``trtvocab.kernels.fp8_logits``
+etc., in :mod:`trtvocab.kernels.runtime`, pass this process's library). The quantized heads decode
+their codes inside the multiply, so the weight is read once per call in its stored bytes; the same
+library multiplies dense bf16 / fp16 heads (:func:`dense_logits`) where torch's GEMM has no native
+dot products for that dtype (:func:`dense_max_batch`). Each logit is one fixed FMA chain, bitwise
+the same for any row split, batch and tp size; :func:`nvfp4_x` lays ``x`` out in the block-major
+step order of an NVFP4 head.
 
-What (``trtvocab/kernels/csrc/fused.cpp``, called through :mod:`ctypes`; threads from
-``at::parallel_for``, i.e. torch's intra-op pool and its OpenMP runtime, never a second one):
-
-- **Chains.** Logit ``(n, v)`` is one chain of 8 float32 lanes over H in a fixed order,
-  ``acc = fma(w_s, x_s, acc)`` for steps ``s = 0 .. S-1`` of 8 values (NVFP4: block-scaled,
-  below), reduced by a fixed tree
-  ``((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))``, then ``(sum * 256) * scale``. The tile, thread,
-  batch and row range a logit is computed in never change its chain, so a logit is bitwise
-  the same for any ``[start, end)`` partition of the rows (what a vocab-chunked caller
-  streams), for batch 1 and batch N, and at every tp size and layout (the shard's rows are
-  the same codes). This holds for the fused kernel only; the torch fallback is BLAS-shaped.
-- **Exact decode.** FP8: an e4m3 byte sign-extended to int16 and shifted left by 7 is the fp16
-  number ``q * 2**-8`` (bit 14 masked); F16C converts it to a normal float32, exactly, e4m3
-  subnormals included (the portable build uses a 256-entry table of the same values). NVFP4:
-  every ``e2m1`` value (``-0`` included) is an fp16 number whose low byte is zero, so a 16-entry
-  ``vpshufb`` table maps 32 nibbles at a time to those high bytes, an unpack with zero makes the
-  fp16 words and F16C widens them (batch 1 decodes 4 lane groups, 64 values, per 32-byte load;
-  the older ``vpermps`` 8-value decoder serves the tails); block scales decode like FP8 codes.
-  Dense: bf16 is the high half of a float32 (a 16-bit shift), fp16 goes through F16C. NaN codes
-  never reach the kernel (refused at load).
-- **NVFP4 chains are block-scaled**: a lane is one 16-block, whose 16 products
-  ``e2m1_j * x_j`` are summed from zero, then added as ``acc = fma(block sum, e4m3(block scale)
-  * 2**-8, acc)``: one multiply per block instead of one per weight.
-- **Reassociation** (the only change in rounding against the torch path, which rounds each
-  weight ``q * scale`` first): scales factor out of a dot product. FP8's scalar / per-row
-  ``weight_scale`` and NVFP4's global ``weight_scale_2`` are applied once per logit,
-  ``sum_i x_i q_i s = (sum_i x_i q_i) s``; NVFP4's block scale once per block,
-  ``sum_{j in b} x_j e_j bs_b = (sum_{j in b} x_j e_j) bs_b``. Error against the exact dot
-  product of the decoded weights, ``gamma(m) = m * 2**-24 / (1 - m * 2**-24)``:
-  FP8 ``|err| <= gamma(ceil(H / 8) + 4) * sum_i |x_i w_i|`` (8 lanes of ``ceil(H / 8)`` FMAs,
-  3 tree levels, 1 scale rounding); NVFP4 ``<= gamma(16 + G + 4) * sum_i |x_i w_i|`` with
-  ``G = ceil(H / 128)`` lane groups (16 FMAs per block, G block FMAs per lane, tree, scale).
-- **Layouts.** FP8 codes are read as stored (``[width, H]``); ``x`` is zero-padded to a
-  multiple of 8 columns. NVFP4 reads the head's block-major bytes
-  (:func:`~trtvocab.quant.nvfp4.to_block_major`): 8 consecutive bytes are byte ``k`` of 8
-  consecutive blocks, so the lanes are blocks and each lane's block scale is one decoded
-  e4m3 byte; ``x`` is permuted once per call into that step order (:func:`nvfp4_x`).
-- **Batches.** B = 1: FP8 / dense run 8 weight rows' chains in registers; NVFP4 one row, four
-  lane groups' chains interleaved. B = 2..8 (one pass over the weight): a decoded weight step is
-  multiplied into the chains of all B input rows at once; FP8 / dense hold ``R * B <= 8`` chains
-  in registers (R weight rows) and read ``x`` a K-chunk of 64 steps at a time for a tile of 32
-  weight rows, whose chains wait in memory between chunks (a float32 store is exact); NVFP4 runs
-  the batch-1 loop with all B rows' block sums in registers (4 groups per load at B <= 2, 2 at
-  B = 3, 1 beyond). B >= 9: the tile kernel. Every logit's chain is the same in all of them
-  (the AVX-512 kernels of B = 1..8 below included).
-- **Paths** (chosen at build time from the CPU's features; ``$TRTVOCAB_KERNELS_ISA`` forces a
-  lower one, part of the build's name): ``native`` (``-march=native``: the AVX-512 code on a CPU
-  with AVX-512 F + BW + VL + DQ, else the AVX2 + FMA + F16C code, else portable C++), ``avx512``
-  (``-march=x86-64-v4``), ``avx2`` (``-march=haswell``) or ``portable`` (``-march=x86-64``: no
-  intrinsics, FMA only where the compiler has a hardware ``fmaf``). :func:`load_isa` builds any of
-  them in one process (the tests run every check on each path this CPU can execute, and compare
-  the vector paths with each other bit for bit).
-- **AVX-512** (batch 1..8; larger batches run the AVX2 tile kernel): the chains above, unchanged,
-  two per zmm register: FP8 / dense hold the chains of two weight rows (row pairs; an odd last row
-  is paired with itself), and so does NVFP4 at B = 2..8 (one step of ``x`` broadcast to both
-  halves and shared by several row pairs); NVFP4 at B = 1 holds two lane groups of one row (each
-  group's block sums from zero, then added to the row's 8-lane total in group order, as on AVX2).
-  Every logit is bitwise the AVX2 path's. The next rows' lines are prefetched while a pass runs
-  (an NVFP4 row's 8 runs are 5 lines each at H = 5120: too short for the hardware prefetchers).
-  Decode: FP8 as above, two steps of a row pair per 16-byte load of each row; NVFP4
-  by one ``vpermps`` over the 16 e2m1 values (sign included) per 16 nibbles; bf16 by a 16-bit
-  shift of the zero-extended words; fp16 by F16C. ``x`` is re-laid out once per call so that the
-  B rows of a step lie side by side (no L1 set conflicts between rows ``4 H`` bytes apart).
-  ``vdpbf16ps`` (AVX512-BF16) is not used: it rounds a pair of products together (and flushes
-  subnormals), which is not this fp32 FMA chain, so it would break the bitwise contract and the
-  error bound.
-- **Dense heads** (:func:`dense_logits`): the FP8 chain without a scale (``sum + 0``), then one
-  rounding to the head dtype: the bf16 / fp16 logits of a batch up to :data:`DENSE_MAX_BATCH` are
-  bitwise the same at every batch, split and tp size. ``$TRTVOCAB_DENSE_KERNEL``: ``auto`` (for a
-  dtype this CPU has native dot products for, ``avx512_bf16`` / ``amx_bf16``, ``avx512_fp16`` /
-  ``amx_fp16``, where torch's GEMM was measured faster than the AVX2 kernels: the AVX-512 kernels up
-  to batch 8 only, else torch's GEMM), ``1`` or ``0``.
-- **Activations** stay in torch (``quantize_input``: fake-quant e4m3, NVFP4 16-wide blocks, or
-  none); only the weight decode and the multiply move here. Accumulation is float32.
+The chains, the exact decode, the reassociation and its error bound, the batch kernels, the
+instruction-set paths (``$TRTVOCAB_KERNELS_ISA``) and the dense rule (``$TRTVOCAB_DENSE_KERNEL``):
+docs/architecture.md, "Fused kernels".
 """
 
 from __future__ import annotations

@@ -2,33 +2,13 @@
 
 ``trtvocab quantize --format compressed-tensors`` (beside ModelOpt's export, the default). The head
 is wrapped as ``nn.Linear(H, V, bias=False)`` named ``lm_head``, given one config group whose only
-target is the exact name ``lm_head`` (the form vLLM matches: a class target ``Linear`` would not
-reach its ``ParallelLMHead``), calibrated as llm-compressor's observers calibrate, and compressed
-and described by the library's own ``ModelCompressor`` (``compress_model`` + ``update_config``,
-what ``oneshot`` + ``save_pretrained`` do). Everything runs on the CPU.
+target is the exact name ``lm_head`` (the form vLLM matches), calibrated as llm-compressor's
+observers calibrate, and compressed and described by the library's own ``ModelCompressor``
+(``compress_model`` + ``update_config``). Everything runs on the CPU.
 
-============================  ==========================  ================================================
-``--algo`` / activations      library scheme              stored (``lm_head.*``)
-============================  ==========================  ================================================
-fp8 + ``--calib``             ``FP8``                     ``weight`` F8_E4M3, ``weight_scale`` ``[1]``,
-                                                          ``input_scale`` ``[1]`` (model dtype): W8A8
-fp8                           ``FP8``, input dynamic      ``weight``, ``weight_scale``: W8A8 dynamic,
-                              per **tensor**              per tensor (trtvocab's and TensorRT-LLM's mode)
-fp8 ``--weight-only``         ``FP8``, no input           ``weight``, ``weight_scale``: W8A16
-nvfp4 + ``--calib``           ``NVFP4``                   ``weight_packed`` U8, ``weight_scale`` E4M3
-                                                          ``[V, H/16]``, ``weight_global_scale``,
-                                                          ``input_global_scale`` (F32 ``[1]``): W4A4
-nvfp4 (``--weight-only``)     ``NVFP4A16``                the same without ``input_global_scale``: W4A16
-============================  ==========================  ================================================
-
-Calibration is llm-compressor's: weights by min/max (memoryless: ``weight_scale = amax / 448`` in
-the model dtype for FP8; for NVFP4 ``weight_global_scale = 448 * 6 / amax`` in float32 and each
-block scale ``e4m3(global_scale * (amax_block / 6))``), static activations by the running min/max
-over every calibration batch (the ``static_minmax`` observer of the presets: the same ``amax(|x|)``
-of the rows in the model dtype that ModelOpt's max calibrator takes), turned into scales by the
-library's ``calculate_qparams`` / ``generate_gparam``. The conventions that differ from ModelOpt's
-(scale dtype, the reciprocal global scales, the block-scale rounding) are in
-docs/checkpoint_formats.md.
+The library scheme and the stored tensors of each ``--algo`` / activation option, the calibration,
+and how these files differ from ModelOpt's: docs/checkpoint_formats.md, "Writing both:
+``trtvocab quantize --format``".
 """
 
 from __future__ import annotations

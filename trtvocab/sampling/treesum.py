@@ -1,25 +1,15 @@
 """A logsumexp over the vocabulary that is bitwise the same at every tp size and chunking, in one pass.
 
-The tree is the pairwise tree over the (power-of-two padded) global id range: node
-``(level, i)`` holds ids ``[i * 2**level, (i + 1) * 2**level)``. A node's value is a pair
-``(m, s)``: the largest logit under it and ``s = sum exp(x - m)`` over its ids, built by one
-fixed merge of its two children (:func:`merge`)::
+One fixed pairwise tree over the (power-of-two padded) global id range: a node holds ``(m, s)``,
+the largest logit under it and ``sum exp(x - m)``, built from its two children by one fixed merge
+(:func:`merge`). A node needs only its children, so a rank (or a chunk of its columns) computes
+its subtrees while its logits stream by: it cuts ``[start, end)`` into the largest aligned nodes
+(:func:`aligned_nodes`) and computes them level by level (:func:`range_nodes`); the ranks' node
+pairs are gathered and merged bottom-up in the one tree order.
 
-    leaf x        (x, 1)   (-inf, 0 for a -inf logit: it carries no mass)
-    merge         m = max(m1, m2);  e = exp(min(m1, m2) - m);  s = s_of_max + s_of_min * e
-    root          logsumexp = m + log(s)
-
-Because each node needs only its children -- never the global max -- a rank (or a chunk of a
-rank's columns) computes its subtrees while its logits stream by, and nothing is rescaled
-afterwards: no second pass over the weight. A rank owning ``[start, end)`` cuts its range into
-the largest aligned nodes that fit (:func:`aligned_nodes`, at most ``2 * log2(V)`` of them) and
-computes each the way the whole tree does there, level by level over all of them at once
-(:func:`range_nodes`). The node pairs of all ranks are gathered (``O(B log V)`` numbers) and
-every rank merges them bottom-up in the one tree order (a node beyond the vocabulary is
-``(-inf, 0)``). tp 1 runs the same code with one range, so its result is the same bits.
-
-Every operation is elementwise (max, min, sub, exp, mul, add, select), so a node's bits do not
-depend on which tensor, batch or thread computed it.
+The leaf, merge and root rules, the infinities, the error bound and the C++ kernel:
+docs/architecture.md, "One pass over the vocab tree: logsumexp bitwise at every tp size and
+chunking".
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """The quantized weight formats' shared half: shard kept quantized, dequantized per call.
 
-Each rank holds its ``[width, H]`` shard as stored in a ModelOpt checkpoint and, per
-call, dequantizes it chunk by chunk (``CHUNK_ELEMENTS`` float32 values at a time, so
-the temporary stays a few MiB) into the GEMM::
+Each rank holds its ``[width, H]`` shard as the checkpoint stores it and, per call, dequantizes it
+chunk by chunk (``CHUNK_ELEMENTS`` float32 values at a time) into a float32 GEMM. The formats
+(:mod:`trtvocab.weights.fp8`, :mod:`trtvocab.weights.nvfp4`) say how rows are dequantized and
+inputs quantized; the ONNX export implements the same contract from
+:meth:`~trtvocab.weights.base.WeightMethod.export_tensors`. Where the fused kernels build,
+``prepare`` returns a :class:`~trtvocab.kernels.FusedInput` and ``block_logits`` decodes inside the
+multiply; the chunked torch path is the fallback.
 
-    FP8    W = w_fp8.float() * weight_scale                     ([width, 1] per row)
-    NVFP4  W = e2m1(w) * (weight_scale.float() * weight_scale_2) per 16-wide block
-    x_dq   FP8: "static"  e4m3(clamp(x / input_scale)) * input_scale
-                "dynamic" the same with amax(|x|) / 448 over the whole [N, H] input
-           NVFP4: "static" (W4A4) dynamic 16-wide blocks under input_scale
-           "none" (W8A16 / W4A16): x.float()
-    logits = x_dq @ W.T   float32 [N, width]
-
-The formats themselves (:mod:`trtvocab.weights.fp8`, :mod:`trtvocab.weights.nvfp4`)
-say how rows are dequantized and inputs quantized; the ONNX export implements the
-same contract from :meth:`~trtvocab.weights.base.WeightMethod.export_tensors`.
-
-On CPU, where the fused kernels build (:mod:`trtvocab.kernels`), ``prepare`` returns a
-:class:`~trtvocab.kernels.FusedInput` instead and ``block_logits`` decodes the codes
-inside the multiply (same numbers up to float32 reassociation; every logit bitwise independent
-of the ``[start, end)`` partition). The chunked torch path above is the fallback.
+The formulas: docs/architecture.md, "Weight formats"; the kernels: its "Fused kernels".
 """
 
 from __future__ import annotations
