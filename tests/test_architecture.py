@@ -95,3 +95,22 @@ def test_dense_head_exposes_its_weight_read_only() -> None:
         pass
     else:
         raise AssertionError("LMHead.weight must have no setter")
+
+
+MAX_MODULE_DOCSTRING_LINES = 18  # a summary and a pointer into docs/; the details live there
+
+
+def test_module_docstrings_are_short_and_point_inside_the_repository() -> None:
+    long, outside, diary = [], [], []
+    for path in sorted((ROOT / "trtvocab").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+        name = str(path.relative_to(ROOT))
+        if len(doc.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
+            long.append(f"{name}: {len(doc.splitlines())} lines")
+        if re.search(r"DESIGN(\.md| §)|\.\./shared", doc):
+            outside.append(name)
+        if re.search(r"this session|first version|measured on this machine", doc, re.IGNORECASE):
+            diary.append(name)
+    assert not long, long
+    assert not outside, f"docstrings citing files outside the repository: {outside}"
+    assert not diary, f"diary text in docstrings: {diary}"
