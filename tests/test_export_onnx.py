@@ -127,6 +127,9 @@ class _FP8Stand(WeightMethod):
             xf = fp8_qdq(xf, amax / 448 if amax > 0 else torch.tensor(1.0))
         return xf @ w.t()
 
+    def block_logits(self, prepared, start, end):  # what LMHead.column_logits calls (prepare(x) is x here)
+        return self.forward(prepared)[:, start:end]
+
     def export_tensors(self):
         out = {"weight": self.weight, "weight_scale": self.weight_scale}
         if self.input_scale is not None:
@@ -154,6 +157,9 @@ class _NVFP4Stand(WeightMethod):
             values, _, bs = nvfp4_quantize(xf, self.input_scale)
             xf = nvfp4_dequantize(values, bs, self.input_scale)
         return xf @ w.t()
+
+    def block_logits(self, prepared, start, end):  # what LMHead.column_logits calls (prepare(x) is x here)
+        return self.forward(prepared)[:, start:end]
 
     def export_tensors(self):
         out = {"weight": self.weight, "weight_scale": self.weight_scale, "weight_scale_2": self.weight_scale_2}
