@@ -778,6 +778,28 @@ inline __m512 pair_full(const DenseRows<HALF>& f, int64_t a, int64_t b, int64_t 
 
 // Steps [s0, s1) of P row pairs (rows pr[2p], pr[2p + 1]) for N x rows; x: [steps][N][8] (the N
 // rows of a step side by side); acc: [P][N][16] floats.
+constexpr int64_t WIDE_TILE = 32;  // weight rows per tile of the AVX-512 pair kernels
+
+// x [N, xs] re-laid out as [steps][N][8]: the N batch rows of a step side by side, so a pair kernel
+// reads one step of every row with one cache line walk.
+template <int N>
+inline std::vector<float> rows_side_by_side(const float* x, int64_t xs, int64_t steps) {
+  std::vector<float> xt(static_cast<size_t>(std::max<int64_t>(1, steps * N * LANES)));
+  for (int64_t s = 0; s < steps; ++s)
+    for (int n = 0; n < N; ++n)
+      std::memcpy(xt.data() + (s * N + n) * LANES, x + n * xs + s * LANES, LANES * sizeof(float));
+  return xt;
+}
+
+// A tile's weight rows for the pair kernels: rows v0 .. v0 + tr - 1 in pairs (an odd last row paired
+// with itself), then the rows the last pass prefetches (clamped to the shard). pr holds WIDE_TILE + 4P.
+template <int P>
+inline void tile_row_pairs(int64_t* pr, int64_t v0, int64_t tr, int64_t rows) {
+  const int64_t pairs = (tr + 1) / 2;
+  for (int64_t i = 0; i < WIDE_TILE + 4 * P; ++i) pr[i] = std::min(v0 + i, rows - 1);
+  for (int64_t i = tr; i < 2 * pairs; ++i) pr[i] = v0 + tr - 1;
+}
+
 template <int N, int P, class F>
 inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0, int64_t s1,
                        float* acc) {
@@ -829,7 +851,6 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
 // row: measured faster), P row pairs at a time, the next pass's rows prefetched; an odd last row is
 // paired with itself (computed twice, written once).
 constexpr int WHOLE_ROWS_MAX = 2;
-constexpr int64_t WIDE_TILE = 32;
 // NVFP4 batches up to this run in lane-group pairs (wide_nvfp4), larger ones in row pairs: measured.
 constexpr int NVGP_MAX = 2;
 template <int N, class F>
@@ -839,18 +860,14 @@ void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* ou
   const int64_t steps = f.steps();
   const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : F::kDirectChunk;
   const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
-  std::vector<float> xt(static_cast<size_t>(steps * N * LANES));  // x as [steps][N][8]
-  for (int64_t s = 0; s < steps; ++s)
-    for (int n = 0; n < N; ++n)
-      std::memcpy(xt.data() + (s * N + n) * LANES, x + n * xs + s * LANES, LANES * sizeof(float));
+  const std::vector<float> xt = rows_side_by_side<N>(x, xs, steps);
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     alignas(64) float acc[WIDE_TILE / 2 * N * 16];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
       const int64_t pairs = (tr + 1) / 2;
-      int64_t pr[WIDE_TILE + 4 * P];  // row pairs, then the rows prefetched for the last pass (clamped)
-      for (int64_t i = 0; i < WIDE_TILE + 4 * P; ++i) pr[i] = std::min(v0 + i, rows - 1);
-      for (int64_t i = tr; i < 2 * pairs; ++i) pr[i] = v0 + tr - 1;
+      int64_t pr[WIDE_TILE + 4 * P];
+      tile_row_pairs<P>(pr, v0, tr, rows);
       std::fill(acc, acc + pairs * N * 16, 0.0f);
       for (int64_t c0 = 0; c0 < steps; c0 += KC) {
         const int64_t c1 = std::min(steps, c0 + KC);
@@ -1029,19 +1046,15 @@ void wide_nvfp4_pairs_of_rows(const NVFP4Rows& f, const float* x, int64_t xs, in
   constexpr int P = N <= 2 ? 4 : (N <= 4 ? 3 : 2);
   constexpr int64_t CG = 32 / N;  // groups per K-chunk: N * CG * 512 bytes (16 KiB) of x in L1
   const int64_t full = f.blocks() / LANES;  // full groups
-  std::vector<float> xt(static_cast<size_t>(std::max<int64_t>(1, full * 16 * N * LANES)));
-  for (int64_t s = 0; s < full * 16; ++s)
-    for (int n = 0; n < N; ++n)
-      std::memcpy(xt.data() + (s * N + n) * LANES, x + n * xs + s * LANES, LANES * sizeof(float));
+  const std::vector<float> xt = rows_side_by_side<N>(x, xs, full * 16);
   const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     alignas(64) float acc[WIDE_TILE / 2 * N * 16];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
       const int64_t pairs = (tr + 1) / 2;
-      int64_t pr[WIDE_TILE + 4 * P];  // row pairs, then the rows prefetched for the last pass (clamped)
-      for (int64_t i = 0; i < WIDE_TILE + 4 * P; ++i) pr[i] = std::min(v0 + i, rows - 1);
-      for (int64_t i = tr; i < 2 * pairs; ++i) pr[i] = v0 + tr - 1;
+      int64_t pr[WIDE_TILE + 4 * P];
+      tile_row_pairs<P>(pr, v0, tr, rows);
       std::fill(acc, acc + pairs * N * 16, 0.0f);
       for (int64_t c0 = 0; c0 < full; c0 += CG) {
         const int64_t c1 = std::min(full, c0 + CG);
