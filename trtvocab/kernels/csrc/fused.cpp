@@ -800,6 +800,36 @@ inline void tile_row_pairs(int64_t* pr, int64_t v0, int64_t tr, int64_t rows) {
   for (int64_t i = tr; i < 2 * pairs; ++i) pr[i] = v0 + tr - 1;
 }
 
+// The tile loop of the AVX-512 pair kernels: tiles of WIDE_TILE weight rows on torch's threads; per
+// tile, passes over [c0, c1) chunks (of `chunk`) of [0, extent), each pass calling pass(P-constant,
+// row pairs, c0, c1, acc) for P pairs at a time (then single pairs), and finish(row, n, chain) per
+// logit with its 8-lane chain from the pair's zmm accumulator.
+template <int N, int P, class Pass, class Finish>
+inline void pair_tiles(int64_t rows, int64_t extent, int64_t chunk, const Pass& pass, const Finish& finish) {
+  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[WIDE_TILE / 2 * N * 16];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
+      const int64_t pairs = (tr + 1) / 2;
+      int64_t pr[WIDE_TILE + 4 * P];
+      tile_row_pairs<P>(pr, v0, tr, rows);
+      std::fill(acc, acc + pairs * N * 16, 0.0f);
+      for (int64_t c0 = 0; c0 < extent; c0 += chunk) {
+        const int64_t c1 = std::min(extent, c0 + chunk);
+        int64_t q = 0;
+        for (; q + P <= pairs; q += P) pass(std::integral_constant<int, P>{}, pr + 2 * q, c0, c1, acc + q * N * 16);
+        for (; q < pairs; ++q) pass(std::integral_constant<int, 1>{}, pr + 2 * q, c0, c1, acc + q * N * 16);
+      }
+      for (int64_t i = 0; i < tr; ++i)
+        for (int n = 0; n < N; ++n) {
+          const __m512 a = _mm512_loadu_ps(acc + ((i / 2) * N + n) * 16);
+          finish(v0 + i, n, i % 2 ? half1(a) : half0(a));
+        }
+    }
+  });
+}
+
 template <int N, int P, class F>
 inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0, int64_t s1,
                        float* acc) {
@@ -859,31 +889,13 @@ void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* ou
   constexpr int P = N == 1 ? 8 : (N == 2 ? 5 : (N == 3 ? 5 : (N == 4 ? 4 : (N <= 6 ? 3 : 2))));
   const int64_t steps = f.steps();
   const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : F::kDirectChunk;
-  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
   const std::vector<float> xt = rows_side_by_side<N>(x, xs, steps);
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) float acc[WIDE_TILE / 2 * N * 16];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
-      const int64_t pairs = (tr + 1) / 2;
-      int64_t pr[WIDE_TILE + 4 * P];
-      tile_row_pairs<P>(pr, v0, tr, rows);
-      std::fill(acc, acc + pairs * N * 16, 0.0f);
-      for (int64_t c0 = 0; c0 < steps; c0 += KC) {
-        const int64_t c1 = std::min(steps, c0 + KC);
-        int64_t q = 0;
-        for (; q + P <= pairs; q += P) wide_steps<N, P>(f, xt.data(), pr + 2 * q, c0, c1, acc + q * N * 16);
-        for (; q < pairs; ++q) wide_steps<N, 1>(f, xt.data(), pr + 2 * q, c0, c1, acc + q * N * 16);
-      }
-      for (int64_t i = 0; i < tr; ++i) {
-        const float scale = f.row_scale(v0 + i);
-        for (int n = 0; n < N; ++n) {
-          const __m512 a = _mm512_loadu_ps(acc + ((i / 2) * N + n) * 16);
-          out[n * os + v0 + i] = finish(i % 2 ? half1(a) : half0(a), scale, F::kUnbias);
-        }
-      }
-    }
-  });
+  pair_tiles<N, P>(
+      rows, steps, KC,
+      [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
+        wide_steps<N, decltype(p)::value>(f, xt.data(), prp, c0, c1, acc);
+      },
+      [&](int64_t v, int n, V chain) { out[n * os + v] = finish(chain, f.row_scale(v), F::kUnbias); });
 }
 
 // NVFP4, batch N = 1..8. x is re-laid out once per call into xw [pairs][16 steps][N][16]: step s of
@@ -1047,31 +1059,15 @@ void wide_nvfp4_pairs_of_rows(const NVFP4Rows& f, const float* x, int64_t xs, in
   constexpr int64_t CG = 32 / N;  // groups per K-chunk: N * CG * 512 bytes (16 KiB) of x in L1
   const int64_t full = f.blocks() / LANES;  // full groups
   const std::vector<float> xt = rows_side_by_side<N>(x, xs, full * 16);
-  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) float acc[WIDE_TILE / 2 * N * 16];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
-      const int64_t pairs = (tr + 1) / 2;
-      int64_t pr[WIDE_TILE + 4 * P];
-      tile_row_pairs<P>(pr, v0, tr, rows);
-      std::fill(acc, acc + pairs * N * 16, 0.0f);
-      for (int64_t c0 = 0; c0 < full; c0 += CG) {
-        const int64_t c1 = std::min(full, c0 + CG);
-        int64_t q = 0;
-        for (; q + P <= pairs; q += P) nvfp4_row_pairs<N, P>(f, xt.data(), pr + 2 * q, c0, c1, acc + q * N * 16);
-        for (; q < pairs; ++q) nvfp4_row_pairs<N, 1>(f, xt.data(), pr + 2 * q, c0, c1, acc + q * N * 16);
-      }
-      for (int64_t i = 0; i < tr; ++i) {
-        for (int n = 0; n < N; ++n) {
-          const __m512 a = _mm512_loadu_ps(acc + ((i / 2) * N + n) * 16);
-          V total = i % 2 ? half1(a) : half0(a);
-          for (int64_t g = full; g < f.groups(); ++g) total = nvfp4_groups<1>(f, x + n * xs, v0 + i, g, total);
-          out[n * os + v0 + i] = finish(total, f.row_scale(v0 + i), NVFP4Rows::kUnbias);
-        }
-      }
-    }
-  });
+  pair_tiles<N, P>(
+      rows, full, CG,
+      [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
+        nvfp4_row_pairs<N, decltype(p)::value>(f, xt.data(), prp, c0, c1, acc);
+      },
+      [&](int64_t v, int n, V total) {
+        for (int64_t g = full; g < f.groups(); ++g) total = nvfp4_groups<1>(f, x + n * xs, v, g, total);
+        out[n * os + v] = finish(total, f.row_scale(v), NVFP4Rows::kUnbias);
+      });
 }
 
 template <int N, class F>
