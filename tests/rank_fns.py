@@ -542,6 +542,13 @@ def exit_hard(rank: int, world: int, stamp_dir: str | None = None) -> None:
     import time
 
     if stamp_dir is not None:
+        if rank == 0:
+            # Rank 0 hosts the group's TCP store: it leaves last, or a peer still finishing
+            # init_process_group loses the store and raises instead of dying.
+            until = time.monotonic() + 60
+            while time.monotonic() < until and not all(
+                    os.path.exists(os.path.join(stamp_dir, f"rank{r}")) for r in range(1, world)):
+                time.sleep(0.02)
         with open(os.path.join(stamp_dir, f"rank{rank}"), "w") as fh:
             fh.write(repr(time.monotonic()))
     os._exit(3)

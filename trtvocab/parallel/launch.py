@@ -34,6 +34,12 @@ from trtvocab.parallel.distributed import DEFAULT_TIMEOUT_S, default_backend
 # their own errors (their handshake peers raise PeerRankError within this) before they
 # are stopped: a rank blocked in a collective would otherwise wait for its timeout.
 FAILURE_GRACE_S = 3.0
+# How long the ranks' interpreters may take to start (torch imported) before the work is sent anyway.
+# Start-up time depends on the machine's load (tens of seconds on a busy 2-core machine), so it is
+# waited for here, before any rank joins the group: the collective timeout then covers only the
+# ranks' own work, never a peer that is still importing torch.
+STARTUP_S = 600.0
+_UP = "up"  # a rank's first message: its interpreter is up and waiting for the work
 
 
 def free_port() -> int:
@@ -63,7 +69,8 @@ def _worker(
     # Each rank gets one thread on small machines: N ranks x all cores would oversubscribe.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        fn, args = inbox.get(timeout=timeout_s)
+        results.put(pickle.dumps((rank, _UP, None, "")))
+        fn, args = inbox.get(timeout=STARTUP_S + timeout_s)
         if "nccl" in backend:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
@@ -83,6 +90,28 @@ def _worker(
         results.put(pickle.dumps((rank, True, out, "")))
     except BaseException as exc:  # report everything, including KeyboardInterrupt
         results.put(pickle.dumps((rank, False, _picklable(exc), traceback.format_exc())))
+
+
+def _wait_until_up(procs: list[Any], results: Any) -> None:
+    """Wait (up to :data:`STARTUP_S`) until every rank has said it is up, or one has died: then
+    every rank gets its work at once, and none waits in the rendezvous for a slow start."""
+    up: set[int] = set()
+    until = time.monotonic() + STARTUP_S
+    early: list[bytes] = []
+    while len(up) < len(procs) and time.monotonic() < until:
+        try:
+            raw = results.get(timeout=0.2)
+        except queue.Empty:
+            if any(not p.is_alive() for p in procs):
+                break  # a rank died while starting: the main loop reports it
+            continue
+        rank, ok = pickle.loads(raw)[:2]
+        if ok == _UP:
+            up.add(rank)
+        else:
+            early.append(raw)  # a report from before the work (an error in start-up)
+    for raw in early:
+        results.put(raw)
 
 
 def run_ranks(
@@ -128,13 +157,15 @@ def run_ranks(
                          daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
-    for r, inbox in enumerate(inboxes):
-        inbox.put((fn, args + (tuple(rank_args[r]) if rank_args is not None else ())))
     outputs: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     traces: dict[int, str] = {}
-    deadline = time.monotonic() + timeout_s * 2 + 60
+    deadline = time.monotonic() + STARTUP_S + timeout_s * 2 + 60
     try:
+        _wait_until_up(procs, results)
+        for r, inbox in enumerate(inboxes):
+            inbox.put((fn, args + (tuple(rank_args[r]) if rank_args is not None else ())))
+        deadline = time.monotonic() + timeout_s * 2 + 60
         # Poll instead of one long blocking get: a rank that dies before reporting (a
         # crash in spawn bootstrap, an OOM kill) must not make the parent wait for the
         # whole deadline. A dead rank's report, if it sent one, is already in the pipe.
@@ -156,13 +187,15 @@ def run_ranks(
                 if time.monotonic() - all_dead_since > 2.0:  # grace for the pipe to drain
                     break
                 continue
+            if ok == _UP:
+                continue
             if ok:
                 outputs[rank] = value
             else:
                 errors[rank], traces[rank] = value, trace
                 failed_since = failed_since or time.monotonic()
     finally:
-        if failed_since is not None or time.monotonic() >= deadline:
+        if failed_since is not None or time.monotonic() >= deadline or len(outputs) < world_size:
             for p in procs:
                 if p.is_alive():
                     p.kill()
