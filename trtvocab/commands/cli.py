@@ -1,4 +1,4 @@
-"""The ``trtvocab`` command line: plan, build, infer, inspect, hidden (+ quantize, compare)."""
+"""The ``trtvocab`` command line: plan, build, infer, inspect, hidden, quantize, compare, generate."""
 
 from __future__ import annotations
 
