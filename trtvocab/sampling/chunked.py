@@ -31,7 +31,7 @@ from trtvocab.lm_head import LMHead
 from trtvocab.parallel import distributed as D
 from trtvocab.sampling import noise, treesum
 from trtvocab.sampling.bitmask import allowed_columns
-from trtvocab.sampling.draw import collective_plan, filtered_draw, params_tensor, rows_params, step_error
+from trtvocab.sampling.draw import collective_plan, draw_args_error, filtered_draw, params_tensor
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
@@ -359,18 +359,9 @@ def _draw_args(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list
     per-row params (empty on an error): the checks ``sample`` and ``decode`` share."""
     if error is None:
         error = _check(hidden, head, chunk, what)
-    rows = hidden.shape[0] if error is None else 0
-    per_row: list[SamplingParams] | InputError = rows_params(params, rows) if error is None else []
-    if isinstance(per_row, InputError):
-        error, per_row = InputError(f"{what}: {per_row}"), []
-    if error is None:
-        error = step_error(step, what)
-    if error is None and vocab_limit is not None and (
-            isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
-            or not 1 <= vocab_limit <= head.vocab_size):
-        error = InputError(f"{what}: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
-                           f"got {vocab_limit!r}")
-    return error, per_row if error is None else []
+    if error is not None:
+        return error, []
+    return draw_args_error(params, hidden.shape[0], step, vocab_limit, head.vocab_size, what)
 
 
 def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,

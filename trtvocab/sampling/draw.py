@@ -36,15 +36,15 @@ from trtvocab.sampling.reductions import (
 )
 
 
-def rows_params(params: Any, rows: int) -> list[SamplingParams] | InputError:
+def rows_params(params: Any, rows: int, what: str = "sample") -> list[SamplingParams] | InputError:
     if isinstance(params, SamplingParams):
         return [params] * rows
     if isinstance(params, list | tuple) and all(isinstance(p, SamplingParams) for p in params):
         if len(params) != rows:
-            return InputError(f"sample: params has {len(params)} entries for {rows} rows (one SamplingParams, "
+            return InputError(f"{what}: params has {len(params)} entries for {rows} rows (one SamplingParams, "
                               "or one per row)")
         return list(params)
-    return InputError(f"sample: params must be a SamplingParams or a list of them, got {type(params).__name__}")
+    return InputError(f"{what}: params must be a SamplingParams or a list of them, got {type(params).__name__}")
 
 
 def _float_bits(value: float) -> int:
@@ -68,6 +68,20 @@ def step_error(step: Any, what: str) -> InputError | None:
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
         return InputError(f"{what}: step must be an int >= 0 (below 2**63), got {step!r}")
     return None
+
+
+def draw_args_error(params: Any, rows: int, step: Any, vocab_limit: Any, vocab_size: int,
+                    what: str) -> tuple[InputError | None, list[SamplingParams]]:
+    """The checks every draw makes of its arguments, in this order: the per-row params, the step,
+    ``vocab_limit``. Returns the first error (None: all hold) and the per-row params (empty on an error)."""
+    per_row = rows_params(params, rows, what)
+    if isinstance(per_row, InputError):
+        return per_row, []
+    error = step_error(step, what)
+    if error is None and vocab_limit is not None and (
+            isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int) or not 1 <= vocab_limit <= vocab_size):
+        error = InputError(f"{what}: vocab_limit must be an int in [1, vocab_size={vocab_size}], got {vocab_limit!r}")
+    return error, per_row if error is None else []
 
 
 def sample(
@@ -95,24 +109,15 @@ def checked_sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_l
     """:func:`sample` and ``sampling.decode`` after their own validation (``error``: this rank's
     verdict so far): the params checks, the handshake (``op``; ``bitmask`` joins the argument
     digest), then :func:`filtered_draw`."""
-    rows = local_logits.shape[0] if error is None else 0
-    per_row = rows_params(params, rows) if error is None else []
-    if error is None and isinstance(per_row, InputError):
-        error, per_row = per_row, []
+    per_row: list[SamplingParams] = []
     if error is None:
-        error = step_error(step, "sample")
-    bad_limit = vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
-                                             or not 1 <= vocab_limit <= head.vocab_size)
-    if error is None and bad_limit:
-        error = InputError(f"sample: vocab_limit must be an int in [1, vocab_size={head.vocab_size}], "
-                           f"got {vocab_limit!r}")
-    digest_of = params_tensor(per_row, step, vocab_limit) if error is None and isinstance(per_row, list) else None
+        error, per_row = draw_args_error(params, local_logits.shape[0], step, vocab_limit, head.vocab_size, "sample")
+    digest_of = params_tensor(per_row, step, vocab_limit) if error is None else None
     fresh = int(torch.randint(0, 2**62, (1,)).item())
     if digest_of is not None and bitmask is not None:
         digest_of = torch.cat([digest_of.reshape(-1), bitmask.reshape(-1).to(torch.int64)])
     plan = collective_plan(per_row, head.vocab_size) if digest_of is not None else 0
     fresh = handshake(head, local_logits, error, op, extra=plan, argument=digest_of, proposal=fresh)
-    assert isinstance(per_row, list)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
     return filtered_draw(own(local_logits, head), head, per_row, seeds, step, vocab_limit)
 
