@@ -11,9 +11,11 @@ rank start-up not; the best of ``--repeats`` runs (after one warm-up of transfor
 side with each row's ratio to transformers.
 
 Without attention DP every rank runs the whole body, so tp N does N times the body's work on the
-same cores. With ``--attention-dp`` each rank runs the body for its own block of prompts (one
-body's work in all) and only the vocabulary dimension is split: the ratio to tp 1 shows what the
-split itself costs (its collectives and the hidden-row gather). Run it alone: on 2 cores any
+same cores. With ``--attention-dp`` the body ranks (by default one per usable core, at most tp)
+each run the body for their own block of prompts (one body's work in all) and only the vocabulary
+dimension is split over all tp ranks: the ratio to tp 1 shows what the split itself costs (its
+collectives and the hidden-row gather). ``--all-bodies`` adds rows with every rank running a body
+(``body_ranks = tp``), the cost of more body replicas than cores. Run it alone: on 2 cores any
 parallel job swings the timings.
 """
 
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--tp", default="1,2,3,5", help="comma-separated tp sizes")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each (tp > 1 starts its ranks each time)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
+    parser.add_argument("--all-bodies", action="store_true", help="also attention DP with a body on every rank")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -75,19 +78,26 @@ def main() -> None:
 
     tp1 = None
     for tp in (int(t) for t in args.tp.split(",")):
-        for adp in ([False] if tp == 1 else [False, True]):
-            spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens, attention_dp=adp)
+        modes: list[tuple[bool, int | None]] = [(False, None)]
+        if tp > 1:
+            modes.append((True, None))
+            if args.all_bodies and G.choose_body_ranks(tp, len(prompts)) < tp:
+                modes.append((True, tp))
+        for adp, bodies in modes:
+            spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens, attention_dp=adp,
+                                body_ranks=bodies)
             rate, count = 0.0, 0
             for _ in range(args.repeats):
                 report = G.generate(spec, loaded)
                 rate, count = max(rate, report.tokens_per_s), report.new_tokens
             tp1 = rate if tp == 1 else tp1
-            rows.append((f"trtvocab generate tp {tp}{' attention-dp' if adp else ''}", rate, count))
+            name = f"trtvocab generate tp {tp}" + (f" attention-dp ({spec.body_ranks} bodies)" if adp else "")
+            rows.append((name, rate, count))
 
-    print(f"{'':<36}{'tokens':>8}{'tokens/s':>12}{'vs transformers':>18}{'vs tp 1':>10}")
+    print(f"{'':<46}{'tokens':>8}{'tokens/s':>12}{'vs transformers':>18}{'vs tp 1':>10}")
     for name, rate, count in rows:
         vs_tp1 = f"{rate / tp1:>9.2f}x" if tp1 else ""
-        print(f"{name:<36}{count:>8}{rate:>12.1f}{rate / reference:>17.2f}x{vs_tp1}")
+        print(f"{name:<46}{count:>8}{rate:>12.1f}{rate / reference:>17.2f}x{vs_tp1}")
 
 
 if __name__ == "__main__":

@@ -657,6 +657,9 @@ def generate(
                                                   "(trtvocab build)")] = None,
     attention_dp: Annotated[bool, typer.Option(help="tp > 1: each rank runs the body for its own block of prompts "
                                                "(data parallel); the vocabulary stays split over the ranks")] = False,
+    body_ranks: Annotated[int | None, typer.Option(help="with --attention-dp: how many ranks run a body (default: one "
+                                                   "per usable CPU core, at most --tp); the rest hold only their "
+                                                   "vocab slices")] = None,
     allow_other_checkpoint: Annotated[bool, typer.Option(help="run an --artifact built from another checkpoint "
                                                           "than MODEL anyway (said in the output)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
@@ -671,7 +674,7 @@ def generate(
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
-                               attention_dp=attention_dp)
+                               attention_dp=attention_dp, body_ranks=body_ranks)
         report = run_generate(spec, loaded)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
@@ -686,7 +689,9 @@ def generate(
         notes.append("deterministic")
     console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
     if report.tp > 1:
-        console.print("(attention DP: each rank ran the body for its own prompts; the vocabulary split over "
+        bodies = "each rank" if report.body_ranks == report.tp else \
+            f"ranks 0-{report.body_ranks - 1}" if report.body_ranks > 1 else "rank 0"
+        console.print(f"(attention DP: {bodies} ran the body, each for its own prompts; the vocabulary split over "
                       f"{report.tp} ranks)" if report.attention_dp else
                       f"(every one of the {report.tp} ranks ran the whole body on every prompt; only the vocabulary "
                       "is split: --attention-dp gives each rank its own prompts)", highlight=False)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,9 @@ class GenerateSpec:
     # hidden rows are gathered and the vocabulary stays split (TensorRT-LLM's
     # enable_lm_head_tp_in_adp). Off: every rank runs the whole body on every prompt.
     attention_dp: bool = False
+    # Attention DP: the body runs on ranks 0 .. body_ranks - 1 only (the prompts split over them);
+    # the others hold their vocab slices and run no body (see choose_body_ranks()).
+    body_ranks: int = 0
     # The model's head streams its vocab in chunks above this many bytes of float32 [b, V_local]
     # logits (LMHead.logits_budget_bytes; None: the head's default).
     logits_budget_bytes: int | None = None
@@ -99,6 +103,7 @@ class GenerateReport:
     deterministic: bool
     grammar: str | None = None
     attention_dp: bool = False  # tp > 1: the body ran data-parallel (else every rank ran all of it)
+    body_ranks: int = 0  # attention DP: how many ranks ran a body (each its own block of prompts)
 
     @property
     def seconds(self) -> float:
@@ -307,6 +312,33 @@ def encode_prompts(tokenizer: Any, prompts: list[str] | tuple[str, ...], chat: b
     return out
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def choose_body_ranks(tp: int, prompts: int, asked: int | None = None) -> int:
+    """How many ranks run a body under attention DP: ``asked``, or by default one per usable core
+    (at most ``tp`` and at most one per prompt). Ranks on one host share its cores, so a body replica
+    beyond the core count adds its per-step overhead and its share of scheduling waits at every
+    meeting, and no compute; the vocab dimension stays split over all ``tp`` ranks either way."""
+    if asked is None:
+        return max(1, min(tp, prompts, usable_cores()))
+    if isinstance(asked, bool) or not isinstance(asked, int) or not 1 <= asked <= tp:
+        raise ConfigError(f"--body-ranks: must be an int from 1 to the tp size ({tp}), got {asked!r}")
+    return asked
+
+
+def prompt_block(batch: int, bodies: int, rank: int) -> tuple[int, int]:
+    """Attention DP: the prompts ``[lo, hi)`` whose body ``rank`` runs (empty past ``bodies``)."""
+    if rank >= bodies:
+        return batch, batch
+    return calc_shard(batch, bodies, rank), calc_shard(batch, bodies, rank + 1)
+
+
 def prepare(
     model: str | Path,
     prompts: list[str] | tuple[str, ...],
@@ -323,6 +355,7 @@ def prepare(
     artifact: str | Path | None = None,
     allow_other_checkpoint: bool = False,
     attention_dp: bool = False,
+    body_ranks: int | None = None,
     logits_budget_bytes: int | None = None,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
@@ -330,6 +363,8 @@ def prepare(
     ``params``: one :class:`SamplingParams` for every prompt, or one per prompt; default greedy.
     ``json_schema`` / ``regex`` constrain every prompt; ``grammars`` (from :func:`grammar_spec`)
     gives one grammar (or None) per prompt instead.
+    ``body_ranks`` (attention DP only): how many ranks run a body; default one per usable CPU core,
+    at most ``tp`` (:func:`choose_body_ranks`).
     ``logits_budget_bytes``: the model's head streams its vocab in chunks when a step's float32
     ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
@@ -360,6 +395,9 @@ def prepare(
     if attention_dp and ranks == 1:
         raise ConfigError("--attention-dp splits the prompts over the ranks: it needs --tp > 1 (or a tp > 1 "
                           "--artifact)")
+    if body_ranks is not None and not attention_dp:
+        raise ConfigError("--body-ranks: only with --attention-dp (without it every rank runs the whole body)")
+    bodies = choose_body_ranks(ranks, len(prompts), body_ranks) if attention_dp else 0
     vocab, _ = shape
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
@@ -377,7 +415,7 @@ def prepare(
         raise InputError(f"--max-new-tokens {max_new_tokens}: the longest prompt has {longest} tokens and the model "
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
-                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), budget)
+                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget)
     return spec, loaded
 
 
@@ -401,10 +439,9 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
 
         # Attention DP: a rank that owns no prompt runs no body, so it is not sent the model
         # (the largest argument by far; unpickling it also imports transformers there).
-        owns = [calc_shard(len(spec.prompts), spec.tp, r + 1) > calc_shard(len(spec.prompts), spec.tp, r)
-                for r in range(spec.tp)]
+        blocks = [prompt_block(len(spec.prompts), spec.body_ranks, r) for r in range(spec.tp)]
         facts = _ModelFacts.of(loaded.model, loaded.tokenizer)
-        models = [(loaded.model if owns[r] or not spec.attention_dp else None,) for r in range(spec.tp)]
+        models = [(loaded.model if lo < hi or not spec.attention_dp else None,) for lo, hi in blocks]
         outs = run_ranks(_rank_main, spec.tp, spec, loaded.tokenizer, facts, rank_args=models)
         out = outs[0]
         for r, other in enumerate(outs[1:], start=1):
@@ -420,7 +457,7 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \
         "per-prompt grammars"
     return GenerateReport(results, spec.tp, head, sum(len(r) for r in out.token_ids), out.prefill_s, out.decode_s,
-                          out.deterministic, grammar, spec.attention_dp)
+                          out.deterministic, grammar, spec.attention_dp, spec.body_ranks)
 
 
 def _rank_main(rank: int, world: int, spec: GenerateSpec, tokenizer: Any, facts: _ModelFacts,
@@ -428,6 +465,8 @@ def _rank_main(rank: int, world: int, spec: GenerateSpec, tokenizer: Any, facts:
     """One rank of a tp > 1 run (spawned by run_ranks: the model arrives in shared memory; None on an
     attention-DP rank that owns no prompt)."""
     _quiet_transformers()
+    if spec.attention_dp:  # the cores go to the ranks that run a body; the others only hold a vocab slice
+        torch.set_num_threads(max(1, usable_cores() // spec.body_ranks) if rank < spec.body_ranks else 1)
     return _decode(spec, model, tokenizer, rank=rank, facts=facts)
 
 
@@ -625,7 +664,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     active = list(range(batch))
     # The prompts whose body this rank runs: all of them, or (attention DP) its own block.
     adp = spec.attention_dp and spec.tp > 1
-    lo, hi = (calc_shard(batch, spec.tp, rank), calc_shard(batch, spec.tp, rank + 1)) if adp else (0, batch)
+    lo, hi = prompt_block(batch, spec.body_ranks, rank) if adp else (0, batch)
+    blocks = [prompt_block(batch, spec.body_ranks, r) for r in range(spec.tp)] if adp else []
 
     def last_rows(hidden: torch.Tensor | None, rows: list[int]) -> torch.Tensor:
         """The last hidden row of each prompt in ``rows`` (global ids, sorted): left padding puts
@@ -637,8 +677,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
         mine = [b - lo for b in rows if lo <= b < hi]
         local = hidden[mine, -1, :] if hidden is not None and mine else \
             torch.zeros((0, facts.hidden_size), dtype=torch.float32)
-        counts = [sum(1 for b in rows if calc_shard(batch, spec.tp, r) <= b < calc_shard(batch, spec.tp, r + 1))
-                  for r in range(spec.tp)]
+        counts = [sum(1 for b in rows if r_lo <= b < r_hi) for r_lo, r_hi in blocks]
         return D.all_gather_rows(local.float().contiguous(), counts, None)
 
     def run_body(embeds: torch.Tensor, positions_now: torch.Tensor) -> torch.Tensor | None:
@@ -685,5 +724,6 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
 
 
 __all__ = ["SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactEnds", "ArtifactSpec", "GenerateReport", "GenerateResult",
-           "GenerateSpec", "LoadedModel", "TorchEnds", "VocabEnds", "artifact_spec", "check_options", "encode_prompts",
-           "generate", "load_model", "model_path", "open_vocab_ends", "prepare", "run", "sampling_params"]
+           "GenerateSpec", "LoadedModel", "TorchEnds", "VocabEnds", "artifact_spec", "check_options",
+           "choose_body_ranks", "encode_prompts", "generate", "load_model", "model_path", "open_vocab_ends", "prepare",
+           "prompt_block", "run", "sampling_params", "usable_cores"]
