@@ -532,7 +532,10 @@ class VocabEnds:
         self.ran_on: set[Runtime] = set()
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """``ids [B, S]`` -> ``[B, S, H]``: own rows looked up, the rest all-reduced (exact)."""
+        """``ids [B, S]`` -> ``[B, S, H]``: own rows looked up, the rest all-reduced (exact); under
+        attention DP a body rank's replicated table, its own prompts only, no meeting."""
+        if self.embedding is None:
+            raise DistributedError("generate: an attention-DP rank without a body has no input embedding")
         return self.embedding(ids)
 
     def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
@@ -606,6 +609,14 @@ def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, voca
                                 gather_output=False, deterministic=spec.deterministic)
     if spec.logits_budget_bytes is not None:
         head.logits_budget_bytes = spec.logits_budget_bytes
+    if spec.attention_dp and mapping is not None:
+        # Attention DP (as TensorRT-LLM: the embedding is not split there): a body rank looks up its own
+        # prompts in a replicated table, so a step meets nobody before the body; a rank without a body
+        # needs no embedding. Lookups are exact either way, so the tokens are those of tp 1.
+        from trtvocab.embedding import VocabParallelEmbedding
+
+        embedding = VocabParallelEmbedding.from_checkpoint(spec.model, mapping=None, dtype=torch.float32) \
+            if rank < spec.body_ranks else None
     if art is None:
         return TorchEnds(embedding, head, vocab_limit)
     from trtvocab.backends import open_backend
@@ -680,17 +691,19 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
         counts = [sum(1 for b in rows if r_lo <= b < r_hi) for r_lo, r_hi in blocks]
         return D.all_gather_rows(local.float().contiguous(), counts, None)
 
-    def run_body(embeds: torch.Tensor, positions_now: torch.Tensor) -> torch.Tensor | None:
+    def run_body(ids_now: torch.Tensor, positions_now: torch.Tensor) -> torch.Tensor | None:
+        if not adp:  # every rank embeds (a split table: all-reduced) and runs every prompt
+            assert body is not None
+            return body(ends.embed(ids_now), mask if padded else None, positions_now)
         if hi == lo or body is None:
             return None  # no prompt of this rank's block: it only takes part in the vocab dimension
-        return body(embeds[lo:hi], mask[lo:hi] if padded else None, positions_now[lo:hi])
+        return body(ends.embed(ids_now[lo:hi]), mask[lo:hi] if padded else None, positions_now[lo:hi])
 
     start = time.perf_counter()
     prefill_s = 0.0
     step = 0
     with torch.inference_mode():
-        # every rank looks up all prompts' ids: the vocab dimension stays split
-        hidden = run_body(ends.embed(ids), positions)
+        hidden = run_body(ids, positions)
         while True:
             bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
             next_ids = ends.next_ids(last_rows(hidden, active), [spec.params[b] for b in active], step, bitmask)
@@ -712,7 +725,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.int64)], dim=-1)
             positions = positions[:, -1:] + 1
-            hidden = run_body(ends.embed(feed), positions)
+            hidden = run_body(feed, positions)
     decode_s = time.perf_counter() - start - prefill_s
     return _RankOutput(generated, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
 
