@@ -676,3 +676,21 @@ def test_measured_tolerances_report(capsys):
         for label, (abs_err, rel_err) in sorted(MEASURED.items()):
             print(f"\n  {label:45s} max abs {abs_err:.3g}  max abs / max|logit| {rel_err:.3g}", end="")
         print()
+
+
+def test_onnxruntime_sessions_take_this_processs_thread_share_and_never_spin() -> None:
+    """N ranks on one host each get cores // N torch threads; onnxruntime's default (every core, pool
+    threads spinning between ops) would make N pools fight over the same cores."""
+    pytest.importorskip("onnxruntime")
+    from trtvocab.backends.onnx import session_options
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            options = session_options()
+            assert options.intra_op_num_threads == threads
+            assert options.inter_op_num_threads == 1
+            assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    finally:
+        torch.set_num_threads(before)

@@ -220,15 +220,29 @@ def _hidden_array(hidden: Any, elem_type: int, width: int) -> np.ndarray:
     return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
-def _ort_session(model: onnx.ModelProto, path: Path | None) -> Any:
+def session_options() -> Any:
+    """The ``onnxruntime.SessionOptions`` of every trtvocab session: the graph's arithmetic kept,
+    this process's share of the cores, no spinning."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     # Basic (constant folding, redundant-node removal) keeps the graph's arithmetic; the
     # extended fusions could swap Q/DQ + MatMul for other kernels.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    # torch's thread count is this process's share of the cores (run_ranks gives each of N ranks
+    # cores // N); onnxruntime's default is every core, each pool thread spinning between ops, so N
+    # ranks on one host would spin N pools against each other (measured: 4x slower decode steps).
+    options.intra_op_num_threads = max(1, torch.get_num_threads())
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def _ort_session(model: onnx.ModelProto, path: Path | None) -> Any:
+    import onnxruntime as ort
+
     source = str(path) if path is not None else model.SerializeToString()
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(source, session_options(), providers=["CPUExecutionProvider"])
 
 
 def _ort_run(session: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:

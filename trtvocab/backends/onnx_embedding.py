@@ -13,6 +13,7 @@ import onnx
 import torch
 from onnx import TensorProto
 
+from trtvocab.backends.onnx import session_options
 from trtvocab.base.formats import EMBED_IDS, EMBED_ROWS
 from trtvocab.errors import InputError
 
@@ -30,7 +31,7 @@ def run_embedding_onnx(path: str | Path, input_ids: torch.Tensor) -> torch.Tenso
     out_type = model.graph.output[0].type.tensor_type
     np_type, torch_type = _OUT[out_type.elem_type]
     hidden = out_type.shape.dim[1].dim_value
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
     ids = input_ids.detach().cpu().to(torch.int64).contiguous().numpy()
     out = np.empty((ids.shape[0], hidden), dtype=np_type)
     binding = session.io_binding()

@@ -689,10 +689,11 @@ def generate(
         notes.append("deterministic")
     console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
     if report.tp > 1:
-        bodies = "each rank" if report.body_ranks == report.tp else \
-            f"ranks 0-{report.body_ranks - 1}" if report.body_ranks > 1 else "rank 0"
-        console.print(f"(attention DP: {bodies} ran the body, each for its own prompts; the vocabulary split over "
-                      f"{report.tp} ranks)" if report.attention_dp else
+        bodies = "rank 0 ran the body for every prompt" if report.body_ranks == 1 else \
+            ("each rank" if report.body_ranks == report.tp else f"ranks 0-{report.body_ranks - 1}") + \
+            " ran the body, each for its own prompts"
+        console.print(f"(attention DP: {bodies}; the vocabulary split over {report.tp} ranks)"
+                      if report.attention_dp else
                       f"(every one of the {report.tp} ranks ran the whole body on every prompt; only the vocabulary "
                       "is split: --attention-dp gives each rank its own prompts)", highlight=False)
     if spec.artifact is not None and spec.artifact.note:
