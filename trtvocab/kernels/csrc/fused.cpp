@@ -17,7 +17,9 @@
 // rows in registers; the direct kernel (batch 2..8) decodes each weight step once into registers
 // for the chains of all x rows; the batched kernel (batch >= 9) decodes a tile of rows to float32
 // once per K-chunk, keeps every chain's 8 lanes in memory between chunks (a float32 store is
-// exact) and reuses the tile for all x rows.
+// exact) and reuses the tile for all x rows. On AVX-512, batch 1..8 run 512-bit kernels with two 8-lane
+// chains per register; with AVX512-BF16, batches 2..8 of FP8 / NVFP4 run two steps of each chain per
+// vdpbf16ps, bitwise the two FMAs, wherever x fits (see "AVX-512 BF16" below).
 
 #include <ATen/Parallel.h>
 
@@ -1237,6 +1239,7 @@ inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* x
 
 template <int N>
 void wide_fp8_bf16(const FP8Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  // Row pairs per pass: P * N zmm chains, P merged weight steps and x in the 32 registers.
   constexpr int P = N == 1 ? 8 : (N == 2 ? 8 : (N == 3 ? 6 : (N == 4 ? 5 : (N <= 6 ? 4 : 3))));
   const int64_t steps = f.steps();
   const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : FP8Rows::kDirectChunk;  // even
@@ -1255,8 +1258,9 @@ void wide_fp8_bf16(const FP8Rows& f, const float* x, int64_t xs, int64_t rows, f
 // 2k (low nibble) and 2k + 1 (high nibble), one bf16 pair: vpmovzxbd spreads a row pair's 16 bytes over
 // the 16 lanes, vpmultishiftqb puts the high nibble in the low word and the byte in the high word,
 // vpermw maps each word's low 5 bits through the e2m1 bf16 table (twice over: bit 4 ignored).
-// xb: [groups][8 k][N][8] bf16 pairs; acc_mem: [P][N][16]; groups [g0, g1), all full.
-template <int N, int P>
+// G groups at a time (their block sums interleaved, added to the totals in group order), then single
+// groups. xb: [groups][8 k][N][8] bf16 pairs; acc_mem: [P][N][16]; groups [g0, g1), all full.
+template <int N, int P, int G>
 inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const int64_t* pr, int64_t g0, int64_t g1,
                                  float* acc_mem) {
   const __m512i table = _mm512_set_epi16(
@@ -1276,51 +1280,69 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
     ra[p] = f.packed + pr[2 * p] * f.p_stride;
     rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
   }
-  for (int64_t g = g0; g < g1; ++g) {
-    if ((g & 7) == 0) {
-      for (int i = 0; i < 2 * P; ++i) {
-        const uint8_t* next = f.packed + pr[2 * P + i] * f.p_stride + g * LANES;
-        for (int64_t k = 0; k < LANES; ++k) prefetch(next + k * nb);
-        prefetch(f.bscale + pr[2 * P + i] * f.bs_stride + g * LANES);
+  __m512 acc[P][N];
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) acc[p][n] = _mm512_loadu_ps(acc_mem + (p * N + n) * 16);
+  int64_t g = g0;
+  for (; g + G <= g1; g += G) {
+    for (int j = 0; j < G; ++j) {
+      if (((g + j) & 7) == 0) {  // a 64-byte line of each run serves 8 groups: fetch it for the next P pairs
+        for (int i = 0; i < 2 * P; ++i) {
+          const uint8_t* next = f.packed + pr[2 * P + i] * f.p_stride + (g + j) * LANES;
+          for (int64_t k = 0; k < LANES; ++k) prefetch(next + k * nb);
+          prefetch(f.bscale + pr[2 * P + i] * f.bs_stride + (g + j) * LANES);
+        }
       }
     }
-    __m512 part[P][N];
+    __m512 part[P][G][N];
     for (int p = 0; p < P; ++p)
-      for (int n = 0; n < N; ++n) part[p][n] = _mm512_setzero_ps();
+      for (int j = 0; j < G; ++j)
+        for (int n = 0; n < N; ++n) part[p][j][n] = _mm512_setzero_ps();
     for (int64_t k = 0; k < LANES; ++k) {
-      __m512 w[P];
+      __m512 w[P][G];
+      for (int p = 0; p < P; ++p)
+        for (int j = 0; j < G; ++j) {
+          const int64_t o = k * nb + (g + j) * LANES;
+          const __m512i v = _mm512_cvtepu8_epi32(two_steps(ra[p] + o, rb[p] + o));
+          w[p][j] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl, v), table));
+        }
+      for (int j = 0; j < G; ++j) {
+        const uint32_t* xk = xb + ((g + j) * LANES + k) * N * LANES;
+        for (int n = 0; n < N; ++n) {
+          const __m512 xv = bcast_pair(xk + n * LANES);
+          for (int p = 0; p < P; ++p) part[p][j][n] = dpbf16(part[p][j][n], w[p][j], xv);
+        }
+      }
+    }
+    for (int j = 0; j < G; ++j)
       for (int p = 0; p < P; ++p) {
-        const __m512i v = _mm512_cvtepu8_epi32(two_steps(ra[p] + k * nb + g * LANES, rb[p] + k * nb + g * LANES));
-        w[p] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl, v), table));
+        const __m512 bs = fp8_decode16(two_steps(f.bscale + pr[2 * p] * f.bs_stride + (g + j) * LANES,
+                                                 f.bscale + pr[2 * p + 1] * f.bs_stride + (g + j) * LANES));
+        for (int n = 0; n < N; ++n) acc[p][n] = _mm512_fmadd_ps(part[p][j][n], bs, acc[p][n]);
       }
-      const uint32_t* xk = xb + (g * LANES + k) * N * LANES;
-      for (int n = 0; n < N; ++n) {
-        const __m512 xv = bcast_pair(xk + n * LANES);
-        for (int p = 0; p < P; ++p) part[p][n] = dpbf16(part[p][n], w[p], xv);
-      }
-    }
-    for (int p = 0; p < P; ++p) {
-      const __m512 bs = fp8_decode16(two_steps(f.bscale + pr[2 * p] * f.bs_stride + g * LANES,
-                                               f.bscale + pr[2 * p + 1] * f.bs_stride + g * LANES));
-      for (int n = 0; n < N; ++n) {
-        float* m = acc_mem + (p * N + n) * 16;
-        _mm512_storeu_ps(m, _mm512_fmadd_ps(part[p][n], bs, _mm512_loadu_ps(m)));
-      }
-    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc_mem + (p * N + n) * 16, acc[p][n]);
+  if constexpr (G > 1) {
+    if (g < g1) nvfp4_row_pairs_bf16<N, P, 1>(f, xb, pr, g, g1, acc_mem);
   }
 }
 
+// NVFP4, batch 2..8, by vdpbf16ps: P row pairs, G lane groups of each interleaved (P * G * N independent
+// block sums for the latency of vdpbf16ps; the row totals in registers), whole rows per pass.
 template <int N>
 void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  constexpr int P = N <= 2 ? 6 : (N <= 3 ? 5 : (N <= 4 ? 4 : (N <= 6 ? 3 : 2)));
-  constexpr int64_t CG = std::max(1, 64 / N);  // groups per K-chunk: N * CG * 256 bytes of xb in L1
+  // One row pair (two rows' 16 streams of 8-byte runs; more pairs measured slower), G groups in flight:
+  // G * N block sums and N totals in registers.
+  constexpr int P = 1, G = N <= 4 ? 4 : 2;
+  constexpr int64_t CG = std::numeric_limits<int64_t>::max() / 2;  // whole rows
   const int64_t full = f.blocks() / LANES;
   const std::vector<uint32_t> xb =
       bf16_pairs<N>(full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
   pair_tiles<N, P>(
       rows, full, CG,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
-        nvfp4_row_pairs_bf16<N, decltype(p)::value>(f, xb.data(), prp, c0, c1, acc);
+        nvfp4_row_pairs_bf16<N, decltype(p)::value, G>(f, xb.data(), prp, c0, c1, acc);
       },
       [&](int64_t v, int n, V total) {
         for (int64_t g = full; g < f.groups(); ++g) total = nvfp4_groups<1>(f, x + n * xs, v, g, total);
