@@ -21,6 +21,7 @@ when the kernels cannot be built here; the fallback is tested either way.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -697,13 +698,34 @@ def _x_cases(b: int, width: int, gen: torch.Generator) -> list[tuple[str, torch.
     x[:, 3::11] = -0.0
     edge = x.clone()
     edge[0, :4] = torch.tensor([2.0**-100, -(2.0**100), 2.0**-100 * 1.5, 2.0**99 * 1.9921875])
-    cases = [("fits", x), ("edge", edge), ("big", x * 2.0**95), ("small", x * 2.0**-95)]
+    small = torch.where(x == 0, x, x.sign() * x.abs().clamp(min=2.0**-8)) * 2.0**-92  # |x| >= 2**-100
+    cases = [("fits", x), ("edge", edge), ("big", x * 2.0**95), ("small", small)]
     for name, value in (("non-bf16", 1.0 + 2.0**-12), ("tiny", 2.0**-101), ("huge", 2.0**101),
                         ("inf", math.inf), ("nan", math.nan)):
         y = x.clone()
         y[-1, width // 2] = value
         cases.append((name, y))
     return cases
+
+
+def test_dpbf16_x_check_takes_exactly_the_x_that_fits():
+    """x_fits_bf16 (the per-call choice of the vdpbf16ps kernels) accepts the qualifying cases, whatever
+    the batch and width (a vector body and a scalar tail), and refuses every other one."""
+    if _isa_runs_here("native") is not None:
+        pytest.skip(_isa_runs_here("native"))
+    try:
+        lib = kernels.load_isa("native").lib
+    except Exception as exc:
+        pytest.skip(f"native build unavailable: {exc}")
+    if lib.trtvocab_fused_dpbf16() != 1:
+        pytest.skip("no vdpbf16ps kernels in this build")
+    gen = torch.Generator().manual_seed(3)
+    for b, width in ((1, 8), (3, 40), (9, 1029)):
+        for name, x in _x_cases(b, width, gen):
+            x = x.contiguous()
+            fits = lib.trtvocab_fused_x_fits_bf16(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(b),
+                                                  ctypes.c_int64(x.stride(0)), ctypes.c_int64(width))
+            assert fits == int(name in ("fits", "edge", "big", "small")), (name, b, width)
 
 
 def _paths_with_dpbf16() -> list[kernels.Loaded]:

@@ -1480,6 +1480,17 @@ int trtvocab_fused_dpbf16() {
 #endif
 }
 
+// Whether x [n][len] (row stride xs) fits the vdpbf16ps kernels (x_fits_bf16: 1 / 0); -1 where this build
+// has none. For the tests.
+int trtvocab_fused_x_fits_bf16(const float* x, int64_t n, int64_t xs, int64_t len) {
+#if TRTVOCAB_DPBF16
+  return x_fits_bf16(x, n, xs, len) ? 1 : 0;
+#else
+  (void)x, (void)n, (void)xs, (void)len;
+  return -1;
+#endif
+}
+
 // out[n * out_stride + r] = sum_k x[n * x_stride + k] * e4m3(w[r * w_stride + k]) * scale[r * scale_stride]
 // x: float32 [n_rows, x_stride], zero-padded past `hidden` to a multiple of 8 columns.
 int trtvocab_fp8_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_t hidden, const uint8_t* w,
