@@ -21,6 +21,7 @@ when the kernels cannot be built here; the fallback is tested either way.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -671,6 +672,117 @@ def test_nvfp4_bitwise_across_paths(hidden):
             x = kernels.nvfp4_x(torch.randn(b, hidden, generator=gen).bfloat16().float() * 100)
             _same_on_every_path(paths, gemm.nvfp4_logits, x, hidden, packed, bs, global_scale)
             _same_on_every_path(paths, gemm.nvfp4_logits, x, hidden, packed[5:], bs[5:], global_scale)
+
+
+# ---- the vdpbf16ps kernels (AVX-512 BF16, batch 2..8): the FMA chain's bits, taken only where x fits ---------
+def test_dpbf16_kernels_are_built_where_the_cpu_has_them():
+    """The native build has them on a CPU with avx512_bf16 and avx512vbmi (and vdpbf16ps passed its
+    check against two FMAs); the forced avx512 (x86-64-v4) and avx2 builds never do."""
+    flags = kernels.cpu_flags()
+    for isa in ("native", "avx512", "avx2"):
+        if _isa_runs_here(isa) is not None:
+            continue
+        try:
+            loaded = kernels.load_isa(isa)
+        except Exception as exc:
+            pytest.skip(f"{isa} build unavailable: {exc}")
+        want = isa == "native" and loaded.isa == "avx512" and {"avx512_bf16", "avx512vbmi"} <= flags
+        assert loaded.lib.trtvocab_fused_dpbf16() == int(want), isa
+
+
+def _x_cases(b: int, width: int, gen: torch.Generator) -> list[tuple[str, torch.Tensor]]:
+    """x [b, width] that qualifies for the vdpbf16ps kernels (bf16 values, 2**-100 <= |x| <= 2**100, signed
+    zeros), and x that does not: one value not exact in bf16, one tiny, one huge, inf, NaN (at the last row)."""
+    x = torch.randn(b, width, generator=gen).bfloat16().float()
+    x[:, ::7] = 0.0
+    x[:, 3::11] = -0.0
+    edge = x.clone()
+    edge[0, :4] = torch.tensor([2.0**-100, -(2.0**100), 2.0**-100 * 1.5, 2.0**99 * 1.9921875])
+    small = torch.where(x == 0, x, x.sign() * x.abs().clamp(min=2.0**-8)) * 2.0**-92  # |x| >= 2**-100
+    cases = [("fits", x), ("edge", edge), ("big", x * 2.0**95), ("small", small)]
+    for name, value in (("non-bf16", 1.0 + 2.0**-12), ("tiny", 2.0**-101), ("huge", 2.0**101),
+                        ("inf", math.inf), ("nan", math.nan)):
+        y = x.clone()
+        y[-1, width // 2] = value
+        cases.append((name, y))
+    return cases
+
+
+def test_dpbf16_x_check_takes_exactly_the_x_that_fits():
+    """x_fits_bf16 (the per-call choice of the vdpbf16ps kernels) accepts the qualifying cases, whatever
+    the batch and width (a vector body and a scalar tail), and refuses every other one."""
+    if _isa_runs_here("native") is not None:
+        pytest.skip(_isa_runs_here("native"))
+    try:
+        lib = kernels.load_isa("native").lib
+    except Exception as exc:
+        pytest.skip(f"native build unavailable: {exc}")
+    if lib.trtvocab_fused_dpbf16() != 1:
+        pytest.skip("no vdpbf16ps kernels in this build")
+    gen = torch.Generator().manual_seed(3)
+    for b, width in ((1, 8), (3, 40), (9, 1029)):
+        for name, x in _x_cases(b, width, gen):
+            x = x.contiguous()
+            fits = lib.trtvocab_fused_x_fits_bf16(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(b),
+                                                  ctypes.c_int64(x.stride(0)), ctypes.c_int64(width))
+            assert fits == int(name in ("fits", "edge", "big", "small")), (name, b, width)
+
+
+def _paths_with_dpbf16() -> list[kernels.Loaded]:
+    paths = _vector_paths()
+    if _isa_runs_here("native") is None:
+        paths = [kernels.load_isa("native"), *paths]
+    if not any(p.lib.trtvocab_fused_dpbf16() for p in paths):
+        pytest.skip("no build here runs the vdpbf16ps kernels (a CPU without avx512_bf16 / avx512vbmi)")
+    return paths
+
+
+def _same_bits_or_nan(paths: list[kernels.Loaded], call, *args) -> None:
+    """Every path gives the same bits (NaN logits: NaN on every path, any payload)."""
+    first = call(paths[0], *args)
+    for other in paths[1:]:
+        got = call(other, *args)
+        nan = torch.isnan(first)
+        assert torch.equal(torch.isnan(got), nan), f"{other.isa}: NaN logits differ"
+        assert torch.equal(got[~nan].view(torch.int32), first[~nan].view(torch.int32)), f"{other.isa} differs"
+
+
+@pytest.mark.parametrize("hidden", [13, 24, 520, 1029])
+def test_dpbf16_fp8_bitwise_every_x_and_batch(hidden):
+    """FP8 heads (every code, adversarial scales, a shard starting mid-pair, odd step counts) on the
+    vdpbf16ps kernels and the FMA kernels: the same bits, for x that qualifies and x that does not."""
+    paths = _paths_with_dpbf16()
+    gen = torch.Generator().manual_seed(hidden + 1)
+    v = FINITE_FP8.numel() + 3
+    codes = FINITE_FP8[torch.randint(0, FINITE_FP8.numel(), (v, hidden), generator=gen)]
+    codes[torch.arange(FINITE_FP8.numel()), torch.arange(FINITE_FP8.numel()) % hidden] = FINITE_FP8
+    scales = [torch.tensor(2e-3), torch.rand(v, generator=gen) * 1e-2 + 1e-4, torch.tensor(2.0**60)]
+    for b in BATCHES_1_9:
+        for _, x in _x_cases(b, hidden, gen):
+            x8 = kernels.fp8_x(x)
+            for scale in scales:
+                for lo, hi in ((0, v), (3, v - 2)):
+                    rows_scale = scale if scale.numel() == 1 else scale[lo:hi]
+                    _same_bits_or_nan(paths, gemm.fp8_logits, x8, hidden, codes[lo:hi], rows_scale)
+
+
+@pytest.mark.parametrize("hidden", [16, 256, 528, 1040])
+def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden):
+    """NVFP4 heads (every nibble, the smallest and largest block scales, a partial group, a shard) on the
+    vdpbf16ps kernels and the FMA kernels: the same bits, for x that qualifies and x that does not."""
+    paths = _paths_with_dpbf16()
+    gen = torch.Generator().manual_seed(hidden + 2)
+    v = 16 * 16 + 5
+    codes = torch.randint(0, 16, (v, hidden), dtype=torch.uint8, generator=gen)
+    codes[torch.arange(v), (torch.arange(v) * 7) % hidden] = torch.arange(v, dtype=torch.uint8) % 16
+    packed = nvfp4.to_block_major(codes[:, 0::2] | (codes[:, 1::2] << 4))
+    for scale_codes, global_scale in (((0x01, 0x7F), 1e-3), ((0x7E, 0x7F), 6.0 * 448), ((0x01, 0x08), 1.0)):
+        bs = torch.randint(*scale_codes, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+        for b in BATCHES_1_9:
+            for _, x in _x_cases(b, hidden, gen):
+                xn = kernels.nvfp4_x(x)
+                _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed, bs, global_scale)
+                _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed[5:], bs[5:], global_scale)
 
 
 # ---- the dense bf16 / fp16 kernel ----------------------------------------------------------------------------

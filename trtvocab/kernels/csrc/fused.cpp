@@ -17,7 +17,9 @@
 // rows in registers; the direct kernel (batch 2..8) decodes each weight step once into registers
 // for the chains of all x rows; the batched kernel (batch >= 9) decodes a tile of rows to float32
 // once per K-chunk, keeps every chain's 8 lanes in memory between chunks (a float32 store is
-// exact) and reuses the tile for all x rows.
+// exact) and reuses the tile for all x rows. On AVX-512, batch 1..8 run 512-bit kernels with two 8-lane
+// chains per register; with AVX512-BF16, batches 2..8 of FP8 / NVFP4 run two steps of each chain per
+// vdpbf16ps, bitwise the two FMAs, wherever x fits (see "AVX-512 BF16" below).
 
 #include <ATen/Parallel.h>
 
@@ -1070,8 +1072,309 @@ void wide_nvfp4_pairs_of_rows(const NVFP4Rows& f, const float* x, int64_t xs, in
       });
 }
 
+// ---- AVX-512 BF16: two chain steps per vdpbf16ps ------------------------------------------------------
+// vdpbf16ps(acc, a, b) computes, per 32-bit lane i, acc = fma(a[2i+1], b[2i+1], acc) and then
+// acc = fma(a[2i], b[2i], acc), each rounded to float32 (measured bitwise on Zen 5; dpbf16_matches_fma
+// re-checks it once per process), except that it reads subnormal inputs as zero and flushes subnormal
+// results. So a chain's steps s and s + 1 in one instruction (odd slot: step s, even slot: step s + 1)
+// are the two FMAs of the chain above, bit for bit, where every weight and x value is exact in bf16
+// (FP8 q * 2**-8 and e2m1 values are) and no operand or partial sum can be subnormal or overflow: every
+// nonzero |x| in [2**-100, 2**100] (x_fits_bf16, checked per call) makes every product and partial sum
+// a multiple of 2**-124 (x's LSB >= 2**-107, FP8's 2**-17, e2m1's 2**-1) and below 2**125. Otherwise
+// the FMA kernels run: the choice never changes a bit. Dense weights (any bf16, tiny ones included)
+// stay on FMAs.
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+#define TRTVOCAB_DPBF16 1
+#else
+#define TRTVOCAB_DPBF16 0
+#endif
+#if TRTVOCAB_DPBF16
+inline __m512 dpbf16(__m512 acc, __m512 a, __m512 b) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
+}
+
+// Adversarial lanes inside the domain the kernels use (weights: FP8 q * 2**-8 or e2m1 values; x: zero
+// or bf16 of magnitude 2**-100 .. 2**100; acc: multiples of 2**-124 below 2**100): signed zeros, exact
+// cancellation, ties, the smallest and largest products, random values. vdpbf16ps against the two
+// FMAs, once per process.
+bool dpbf16_check() {
+  alignas(64) uint16_t a[32], b[32];
+  alignas(64) float acc[16], got[16], want[16];
+  uint32_t seed = 12345u;
+  auto rnd = [&seed]() {
+    seed = seed * 1664525u + 1013904223u;
+    return seed >> 8;
+  };
+  auto bf = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return static_cast<uint16_t>(u >> 16);
+  };
+  auto fl = [](uint16_t h) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  };
+  auto weight = [&]() {
+    const uint32_t r = rnd();
+    if (r & 1) {  // e2m1
+      const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      return (r & 16) ? -mags[(r >> 1) & 7] : mags[(r >> 1) & 7];
+    }
+    const int q = static_cast<int>((r >> 1) & 0xFF), e = (q >> 3) & 0xF, m = q & 7;
+    if ((q & 0x7F) == 0x7F) return 0.0f;
+    const float mag = e ? std::ldexp(1.0f + m / 8.0f, e - 7 - 8) : std::ldexp(m / 8.0f, -6 - 8);
+    return (q & 0x80) ? -mag : mag;
+  };
+  auto xval = [&]() {
+    const uint32_t r = rnd();
+    if ((r & 15) == 0) return (r & 16) ? -0.0f : 0.0f;
+    const uint32_t e = 27 + (r >> 4) % 201;  // biased exponents of 2**-100 .. 2**100
+    return fl(static_cast<uint16_t>(((r & 32) << 10) | (e << 7) | ((r >> 12) & 0x7F)));
+  };
+  for (int round = 0; round < 4096; ++round) {
+    for (int i = 0; i < 16; ++i) {
+      float a1 = weight(), b1 = xval(), a0 = weight(), b0 = xval();
+      const int e = static_cast<int>(rnd() % 200) - 100;
+      float c = std::ldexp(static_cast<float>(static_cast<int32_t>(rnd()) - (1 << 23)), e - 24);
+      switch (rnd() % 8) {
+        case 0: c = -(a1 * b1); break;  // exact cancellation, then a0 b0
+        case 1: a1 = (i & 1) ? -0.0f : 0.0f; c = (i & 2) ? -0.0f : 0.0f; a0 = (i & 4) ? -0.0f : 0.0f; break;
+        case 2: a1 = 0x1p-8f; b1 = (i & 1) ? 0x1p-16f : -0x1p-16f; c = (i & 2) ? 1.0f : 3.0f; break;  // ties
+        case 3: a1 = 0x1p-17f; b1 = -0x1p-100f; c = 0x1p-100f; a0 = -0x1p-17f; b0 = 0x1p-100f; break;  // smallest
+        case 4: a1 = 6.0f; b1 = 0x1p100f; a0 = -1.75f; b0 = 0x1p100f; c = 0x1p100f; break;   // largest
+        case 5: c = -(a1 * b1) - a0 * b0; break;
+        default: break;
+      }
+      a[2 * i + 1] = bf(a1), b[2 * i + 1] = bf(b1), a[2 * i] = bf(a0), b[2 * i] = bf(b0);
+      acc[i] = c;
+    }
+    const __m512 va = _mm512_load_ps(reinterpret_cast<const float*>(a));
+    const __m512 vb = _mm512_load_ps(reinterpret_cast<const float*>(b));
+    _mm512_store_ps(got, dpbf16(_mm512_load_ps(acc), va, vb));
+    for (int i = 0; i < 16; ++i)
+      want[i] = std::fmaf(fl(a[2 * i]), fl(b[2 * i]), std::fmaf(fl(a[2 * i + 1]), fl(b[2 * i + 1]), acc[i]));
+    if (std::memcmp(got, want, sizeof(got)) != 0) return false;
+  }
+  return true;
+}
+bool dpbf16_matches_fma() {
+  static const bool ok = dpbf16_check();
+  return ok;
+}
+
+// Whether every value of x [n][len] (row stride xs) is exact in bf16 (the low 16 bits zero) and zero or
+// of magnitude in [2**-100, 2**100] (so finite).
+inline bool x_fits_bf16(const float* x, int64_t n, int64_t xs, int64_t len) {
+  const __m512i low = _mm512_set1_epi32(0xFFFF), abs = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i lo = _mm512_set1_epi32(0x0D800000), hi = _mm512_set1_epi32(0x71800000);  // 2**-100, 2**100
+  for (int64_t r = 0; r < n; ++r) {
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(x + r * xs);
+    int64_t i = 0;
+    __mmask16 bad = 0;
+    for (; i + 16 <= len; i += 16) {
+      const __m512i v = _mm512_loadu_si512(p + i), m = _mm512_and_si512(v, abs);
+      bad |= _mm512_test_epi32_mask(v, low) |
+             (_mm512_cmpgt_epi32_mask(m, _mm512_setzero_si512()) &
+              (_mm512_cmpgt_epi32_mask(lo, m) | _mm512_cmpgt_epi32_mask(m, hi)));
+    }
+    if (bad) return false;
+    for (; i < len; ++i) {
+      const uint32_t u = p[i], m = u & 0x7FFFFFFFu;
+      if ((u & 0xFFFFu) || (m && (m < 0x0D800000u || m > 0x71800000u))) return false;
+    }
+  }
+  return true;
+}
+
+// x rows side by side as bf16 step pairs: pair t of x row n (steps 2t, 2t + 1 of `step(n, s)`, 8 floats
+// each) at [t][n][8]: the high 16 bits (x exact in bf16) of step 2t, then those of step 2t + 1.
+template <int N, class Step>
+inline std::vector<uint32_t> bf16_pairs(int64_t pairs, const Step& step) {
+  std::vector<uint32_t> xb(static_cast<size_t>(std::max<int64_t>(1, pairs * N * LANES)));
+  for (int64_t t = 0; t < pairs; ++t)
+    for (int n = 0; n < N; ++n) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step(n, 2 * t)));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step(n, 2 * t + 1)));
+      const __m256i v = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))),
+                                        _mm256_srli_epi32(b, 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb.data() + (t * N + n) * LANES), v);
+    }
+  return xb;
+}
+inline __m512 bcast_pair(const uint32_t* p) {
+  return _mm512_castsi512_ps(_mm512_broadcast_i32x8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+}
+
+// FP8 steps [s0, s1) (s0 even) of P row pairs for N x rows: full step pairs by vdpbf16ps (the decoded
+// steps s, s + 1 of a row pair, exact float32, merged into bf16 pairs: step s in the high half of each
+// 32-bit lane), the rest by wide_steps. xb: bf16_pairs of x; xt: x for wide_steps; acc: [P][N][16].
+template <int N, int P>
+inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* xb, const int64_t* pr, int64_t s0,
+                            int64_t s1, float* acc) {
+  __m512 a[P][N];
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) a[p][n] = _mm512_loadu_ps(acc + (p * N + n) * 16);
+  const int64_t full = std::min(s1, f.full_steps());
+  int64_t s = s0;
+  for (; s + 1 < full; s += 2) {
+    if ((s & 7) == 0)
+      for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s);
+    __m512 w[P];
+    for (int p = 0; p < P; ++p) {
+      __m512 w0, w1;
+      pair_full2(f, pr[2 * p], pr[2 * p + 1], s, w0, w1);
+      w[p] = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(w0), _mm512_srli_epi32(_mm512_castps_si512(w1), 16)));
+    }
+    for (int n = 0; n < N; ++n) {
+      const __m512 xv = bcast_pair(xb + ((s / 2) * N + n) * LANES);
+      for (int p = 0; p < P; ++p) a[p][n] = dpbf16(a[p][n], w[p], xv);
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc + (p * N + n) * 16, a[p][n]);
+  if (s < s1) wide_steps<N, P>(f, xt, pr, s, s1, acc);
+}
+
+template <int N>
+void wide_fp8_bf16(const FP8Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  // Row pairs per pass: P * N zmm chains, P merged weight steps and x in the 32 registers.
+  constexpr int P = N == 1 ? 8 : (N == 2 ? 8 : (N == 3 ? 6 : (N == 4 ? 5 : (N <= 6 ? 4 : 3))));
+  const int64_t steps = f.steps();
+  const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : FP8Rows::kDirectChunk;  // even
+  const std::vector<float> xt = rows_side_by_side<N>(x, xs, steps);
+  const std::vector<uint32_t> xb =
+      bf16_pairs<N>(f.full_steps() / 2, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
+  pair_tiles<N, P>(
+      rows, steps, KC,
+      [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
+        wide_steps_bf16<N, decltype(p)::value>(f, xt.data(), xb.data(), prp, c0, c1, acc);
+      },
+      [&](int64_t v, int n, V chain) { out[n * os + v] = finish(chain, f.row_scale(v), FP8Rows::kUnbias); });
+}
+
+// NVFP4 row pairs (nvfp4_row_pairs' layout and chains) by vdpbf16ps: byte k of a block holds steps
+// 2k (low nibble) and 2k + 1 (high nibble), one bf16 pair: vpmovzxbd spreads a row pair's 16 bytes over
+// the 16 lanes, vpmultishiftqb puts the high nibble in the low word and the byte in the high word,
+// vpermw maps each word's low 5 bits through the e2m1 bf16 table (twice over: bit 4 ignored).
+// G groups at a time (their block sums interleaved, added to the totals in group order), then single
+// groups. xb: [groups][8 k][N][8] bf16 pairs; acc_mem: [P][N][16]; groups [g0, g1), all full.
+template <int N, int P, int G>
+inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const int64_t* pr, int64_t g0, int64_t g1,
+                                 float* acc_mem) {
+  const __m512i table = _mm512_set_epi16(
+      static_cast<short>(0xC0C0), static_cast<short>(0xC080), static_cast<short>(0xC040), static_cast<short>(0xC000),
+      static_cast<short>(0xBFC0), static_cast<short>(0xBF80), static_cast<short>(0xBF00), static_cast<short>(0x8000),
+      0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000, static_cast<short>(0xC0C0),
+      static_cast<short>(0xC080), static_cast<short>(0xC040), static_cast<short>(0xC000), static_cast<short>(0xBFC0),
+      static_cast<short>(0xBF80), static_cast<short>(0xBF00), static_cast<short>(0x8000), 0x40C0, 0x4080, 0x4040,
+      0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000);
+  // Per 64-bit lane (two 32-bit lanes, bytes c0, c1 at bits 0, 32): low words <- bits 4.., 36.. (the high
+  // nibbles: the bits above are zero), high words <- bits 0.., 32.. (the bytes).
+  const __m512i ctrl = _mm512_set1_epi64(0x0020002400000004LL);
+  const int64_t nb = f.blocks();
+  const uint8_t* ra[P];
+  const uint8_t* rb[P];
+  for (int p = 0; p < P; ++p) {
+    ra[p] = f.packed + pr[2 * p] * f.p_stride;
+    rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
+  }
+  __m512 acc[P][N];
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) acc[p][n] = _mm512_loadu_ps(acc_mem + (p * N + n) * 16);
+  int64_t g = g0;
+  for (; g + G <= g1; g += G) {
+    for (int j = 0; j < G; ++j) {
+      if (((g + j) & 7) == 0) {  // a 64-byte line of each run serves 8 groups: fetch it for the next P pairs
+        for (int i = 0; i < 2 * P; ++i) {
+          const uint8_t* next = f.packed + pr[2 * P + i] * f.p_stride + (g + j) * LANES;
+          for (int64_t k = 0; k < LANES; ++k) prefetch(next + k * nb);
+          prefetch(f.bscale + pr[2 * P + i] * f.bs_stride + (g + j) * LANES);
+        }
+      }
+    }
+    __m512 part[P][G][N];
+    for (int p = 0; p < P; ++p)
+      for (int j = 0; j < G; ++j)
+        for (int n = 0; n < N; ++n) part[p][j][n] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < LANES; ++k) {
+      __m512 w[P][G];
+      for (int p = 0; p < P; ++p)
+        for (int j = 0; j < G; ++j) {
+          const int64_t o = k * nb + (g + j) * LANES;
+          const __m512i v = _mm512_cvtepu8_epi32(two_steps(ra[p] + o, rb[p] + o));
+          w[p][j] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl, v), table));
+        }
+      for (int j = 0; j < G; ++j) {
+        const uint32_t* xk = xb + ((g + j) * LANES + k) * N * LANES;
+        for (int n = 0; n < N; ++n) {
+          const __m512 xv = bcast_pair(xk + n * LANES);
+          for (int p = 0; p < P; ++p) part[p][j][n] = dpbf16(part[p][j][n], w[p][j], xv);
+        }
+      }
+    }
+    for (int j = 0; j < G; ++j)
+      for (int p = 0; p < P; ++p) {
+        const __m512 bs = fp8_decode16(two_steps(f.bscale + pr[2 * p] * f.bs_stride + (g + j) * LANES,
+                                                 f.bscale + pr[2 * p + 1] * f.bs_stride + (g + j) * LANES));
+        for (int n = 0; n < N; ++n) acc[p][n] = _mm512_fmadd_ps(part[p][j][n], bs, acc[p][n]);
+      }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc_mem + (p * N + n) * 16, acc[p][n]);
+  if constexpr (G > 1) {
+    if (g < g1) nvfp4_row_pairs_bf16<N, P, 1>(f, xb, pr, g, g1, acc_mem);
+  }
+}
+
+// NVFP4, batch 2..8, by vdpbf16ps: P row pairs, G lane groups of each interleaved (P * G * N independent
+// block sums for the latency of vdpbf16ps; the row totals in registers), whole rows per pass.
+template <int N>
+void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  // One row pair (two rows' 16 streams of 8-byte runs; more pairs measured slower), G groups in flight:
+  // G * N block sums and N totals in registers.
+  constexpr int P = 1, G = N <= 4 ? 4 : 2;
+  constexpr int64_t CG = std::numeric_limits<int64_t>::max() / 2;  // whole rows
+  const int64_t full = f.blocks() / LANES;
+  const std::vector<uint32_t> xb =
+      bf16_pairs<N>(full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
+  pair_tiles<N, P>(
+      rows, full, CG,
+      [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
+        nvfp4_row_pairs_bf16<N, decltype(p)::value, G>(f, xb.data(), prp, c0, c1, acc);
+      },
+      [&](int64_t v, int n, V total) {
+        for (int64_t g = full; g < f.groups(); ++g) total = nvfp4_groups<1>(f, x + n * xs, v, g, total);
+        out[n * os + v] = finish(total, f.row_scale(v), NVFP4Rows::kUnbias);
+      });
+}
+
+// The batches from which the vdpbf16ps kernels run (batch 1 is memory bound on FMAs already).
+#ifndef FP8_BF16_MIN
+#define FP8_BF16_MIN 2
+#endif
+#ifndef NVFP4_BF16_MIN
+#define NVFP4_BF16_MIN 2
+#endif
+#endif  // TRTVOCAB_DPBF16
+
 template <int N, class F>
 void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+#if TRTVOCAB_DPBF16
+  if constexpr (std::is_same_v<F, FP8Rows> && N >= FP8_BF16_MIN) {
+    if (dpbf16_matches_fma() && x_fits_bf16(x, N, xs, f.steps() * LANES)) {
+      wide_fp8_bf16<N>(f, x, xs, rows, out, os);
+      return;
+    }
+  }
+  if constexpr (F::kGroupScaled && N >= NVFP4_BF16_MIN) {
+    if (dpbf16_matches_fma() && x_fits_bf16(x, N, xs, f.blocks() / LANES * 16 * LANES)) {
+      wide_nvfp4_bf16<N>(f, x, xs, rows, out, os);
+      return;
+    }
+  }
+#endif
   if constexpr (F::kGroupScaled) {
     if constexpr (N <= NVGP_MAX) {
       wide_nvfp4<N>(f, x, xs, rows, out, os);  // lane-group pairs: the fewest decode instructions
@@ -1166,6 +1469,27 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
 // Which lane implementation this build uses: 3 = AVX-512 (F, BW, VL, DQ) at batch 1..8 and the AVX2 code
 // elsewhere, 2 = AVX2 + FMA + F16C, 0 = portable C++.
 int trtvocab_fused_isa() { return TRTVOCAB_AVX512 ? 3 : (TRTVOCAB_AVX2 ? 2 : 0); }
+
+// 1: this build has the vdpbf16ps kernels (AVX-512 BF16 + VBMI) and vdpbf16ps is the two FMAs on this CPU
+// (dpbf16_matches_fma): batches 2..8 of FP8 / NVFP4 heads whose x fits (x_fits_bf16) run them; else 0.
+int trtvocab_fused_dpbf16() {
+#if TRTVOCAB_DPBF16
+  return dpbf16_matches_fma() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// Whether x [n][len] (row stride xs) fits the vdpbf16ps kernels (x_fits_bf16: 1 / 0); -1 where this build
+// has none. For the tests.
+int trtvocab_fused_x_fits_bf16(const float* x, int64_t n, int64_t xs, int64_t len) {
+#if TRTVOCAB_DPBF16
+  return x_fits_bf16(x, n, xs, len) ? 1 : 0;
+#else
+  (void)x, (void)n, (void)xs, (void)len;
+  return -1;
+#endif
+}
 
 // out[n * out_stride + r] = sum_k x[n * x_stride + k] * e4m3(w[r * w_stride + k]) * scale[r * scale_stride]
 // x: float32 [n_rows, x_stride], zero-padded past `hidden` to a multiple of 8 columns.
