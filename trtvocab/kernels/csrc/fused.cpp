@@ -1082,6 +1082,167 @@ void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int6
     wide_direct<N>(f, x, xs, rows, out, os);
   }
 }
+
+// ---- AVX-512, batch >= 9: a decoded tile shared by every x row, two x rows per zmm ------------------
+// The tile kernel's chains (batched above), on 512-bit registers: a zmm holds the 8-lane chains of
+// two x rows (n, n + 1) against one weight row; the weight row's step (8 floats of the decoded tile)
+// is broadcast to both halves (vbroadcastf32x8), so each half is exactly the 8-lane FMA of the AVX2
+// kernel, in the same step order. A micro kernel holds WB_NV weight rows x WB_NP row pairs of chains
+// (24 zmm) and reads WB_NP + WB_NV registers per step for 24 FMAs. x is re-laid out once per call
+// into blocks of WB_ROWS rows: [block][step][pair][16] (the last block's odd row paired with zeros,
+// computed and never written), so a block's K-chunk is one contiguous run. Tiles of WB_TILE weight
+// rows are decoded a K-chunk at a time (FP8 / dense: WB_CHUNK steps; NVFP4: WB_CHUNK / 16 lane
+// groups) into [row][steps][8] float32 and reused for every block of x rows; the chains wait in
+// memory between chunks (a float32 store is exact). NVFP4's block sums start from zero per group
+// and are added as acc = fma(sum, block scales, acc) in group order: every logit is the 8-lane
+// kernels' chain, bitwise.
+constexpr int WB_NV = 6, WB_NP = 4;  // micro kernel: weight rows x row pairs
+constexpr int64_t WB_ROWS = 2 * WB_NP;  // x rows per block
+constexpr int64_t WB_TILE = 24;  // weight rows per tile (a multiple of WB_NV)
+constexpr int64_t WB_CHUNK = 32;  // steps per K-chunk (NVFP4: two lane groups)
+constexpr int64_t WB_PASS = 128;  // x rows per pass over the decoded tiles (the chains in memory: WB_TILE * WB_PASS * 32 B)
+
+// Steps [0, steps) of NV weight rows (tile row v: w + v * ws) against NP row pairs (pair j at step s:
+// x + s * x_step + j * 16); acc: row v pair j at acc + v * acc_v + j * 16. GS (NVFP4): steps is a
+// multiple of 16; each group's sums start from zero and are added as fma(sum, bs[v][g], acc).
+template <int NP, int NV, bool GS>
+inline void wb_micro(const float* x, int64_t x_step, const float* w, int64_t ws, int64_t steps, float* acc,
+                     int64_t acc_v, const float* bs) {
+  __m512 a[NV][NP];
+  const int64_t run = GS ? 16 : steps;
+  for (int64_t s0 = 0; s0 < steps; s0 += run) {
+    for (int v = 0; v < NV; ++v)
+      for (int j = 0; j < NP; ++j) a[v][j] = GS ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + v * acc_v + j * 16);
+    for (int64_t s = s0; s < s0 + run; ++s) {
+      __m512 xv[NP];
+      for (int j = 0; j < NP; ++j) xv[j] = _mm512_loadu_ps(x + s * x_step + j * 16);
+      for (int v = 0; v < NV; ++v) {
+        const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + v * ws + s * LANES));
+        for (int j = 0; j < NP; ++j) a[v][j] = _mm512_fmadd_ps(wv, xv[j], a[v][j]);
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (GS) {
+        const __m512 b = _mm512_broadcast_f32x8(_mm256_loadu_ps(bs + (v * (WB_CHUNK / 16) + s0 / 16) * LANES));
+        for (int j = 0; j < NP; ++j) {
+          float* p = acc + v * acc_v + j * 16;
+          _mm512_storeu_ps(p, _mm512_fmadd_ps(a[v][j], b, _mm512_loadu_ps(p)));
+        }
+      } else {
+        for (int j = 0; j < NP; ++j) _mm512_storeu_ps(acc + v * acc_v + j * 16, a[v][j]);
+      }
+    }
+  }
+}
+
+template <int NV, bool GS>
+inline void wb_micro_np(int64_t np, const float* x, int64_t x_step, const float* w, int64_t ws, int64_t steps,
+                        float* acc, int64_t acc_v, const float* bs) {
+  static_assert(WB_NP == 4, "the cases below");
+  switch (np) {
+    case 4: wb_micro<4, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 3: wb_micro<3, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 2: wb_micro<2, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    default: wb_micro<1, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+  }
+}
+
+template <bool GS>
+inline void wb_micro_any(int64_t nv, int64_t np, const float* x, int64_t x_step, const float* w, int64_t ws,
+                         int64_t steps, float* acc, int64_t acc_v, const float* bs) {
+  static_assert(WB_NV == 6, "the cases below");
+  switch (nv) {
+    case 6: wb_micro_np<6, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 5: wb_micro_np<5, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 4: wb_micro_np<4, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 3: wb_micro_np<3, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 2: wb_micro_np<2, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    default: wb_micro_np<1, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+  }
+}
+
+// x rows [b0, b0 + nb) as blocks of WB_ROWS rows: block i (rows b0 + 8i ..) at xt + i * steps * 64 floats,
+// step s pair j at + (s * pairs_i + j) * 16, pairs_i = its row pairs (rows past nb are zeros).
+inline void wb_layout(const float* x, int64_t xs, int64_t b0, int64_t nb, int64_t steps, float* xt) {
+  for (int64_t i = 0; i * WB_ROWS < nb; ++i) {
+    const int64_t r0 = i * WB_ROWS, nr = std::min(WB_ROWS, nb - r0), pairs = (nr + 1) / 2;
+    float* blk = xt + i * steps * WB_ROWS * LANES;
+    for (int64_t s = 0; s < steps; ++s) {
+      float* dst = blk + s * pairs * 16;
+      for (int64_t r = 0; r < 2 * pairs; ++r) {
+        if (r < nr) {
+          std::memcpy(dst + r * LANES, x + (b0 + r0 + r) * xs + s * LANES, LANES * sizeof(float));
+        } else {
+          std::memset(dst + r * LANES, 0, LANES * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+// The lines of weight row r's K-chunk from step s (FP8 / dense; NVFP4's decode prefetches its own runs).
+template <class F>
+inline void wb_prefetch(const F& f, int64_t r, int64_t s) {
+  if constexpr (!F::kGroupScaled) {
+    constexpr int64_t bytes = WB_CHUNK * LANES * static_cast<int64_t>(sizeof(*f.w));
+    const char* p = reinterpret_cast<const char*>(f.w + r * f.w_stride + s * LANES);
+    for (int64_t i = 0; i < bytes; i += 64) prefetch(p + i);
+  }
+}
+
+template <class F>
+void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_t rows, float* out, int64_t os) {
+  constexpr bool GS = F::kGroupScaled;
+  const int64_t steps = f.steps();
+  const int64_t tiles = (rows + WB_TILE - 1) / WB_TILE;
+  const int64_t pass = std::min(n_rows, WB_PASS);
+  const int64_t ws = WB_CHUNK * LANES;
+  std::vector<float> xt(static_cast<size_t>(((pass + WB_ROWS - 1) / WB_ROWS) * WB_ROWS * steps * LANES));
+  for (int64_t b0 = 0; b0 < n_rows; b0 += pass) {
+    const int64_t nb = std::min(pass, n_rows - b0), blocks = (nb + WB_ROWS - 1) / WB_ROWS;
+    const int64_t acc_v = blocks * WB_ROWS * LANES;  // floats per weight row's chains
+    wb_layout(x, xs, b0, nb, steps, xt.data());
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> wt(static_cast<size_t>(WB_TILE * ws));
+      std::vector<float> acc(static_cast<size_t>(WB_TILE * acc_v));
+      alignas(64) float bs[WB_TILE * (WB_CHUNK / 16) * LANES];
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t v0 = t * WB_TILE, tr = std::min(WB_TILE, rows - v0);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t s0 = 0; s0 < steps; s0 += WB_CHUNK) {
+          const int64_t ks = std::min(WB_CHUNK, steps - s0);
+          for (int64_t v = 0; v < tr; ++v) {
+            if (s0 + WB_CHUNK < steps) {
+              wb_prefetch(f, v0 + v, s0 + WB_CHUNK);
+            } else if (v0 + WB_TILE + v < rows) {
+              wb_prefetch(f, v0 + WB_TILE + v, 0);  // the next tile's first chunk
+            }
+            if constexpr (GS) {
+              for (int64_t g = 0; g * 16 < ks; ++g)
+                f.decode(v0 + v, s0 + g * 16, 16, wt.data() + v * ws + g * 16 * LANES,
+                         bs + (v * (WB_CHUNK / 16) + g) * LANES);
+            } else {
+              f.decode(v0 + v, s0, ks, wt.data() + v * ws, nullptr);
+            }
+          }
+          for (int64_t i = 0; i < blocks; ++i) {
+            const int64_t np = (std::min(WB_ROWS, nb - i * WB_ROWS) + 1) / 2;
+            const float* xb = xt.data() + i * steps * WB_ROWS * LANES + s0 * np * 16;
+            for (int64_t v = 0; v < tr; v += WB_NV) {
+              wb_micro_any<GS>(std::min<int64_t>(WB_NV, tr - v), np, xb, np * 16, wt.data() + v * ws, ws, ks,
+                               acc.data() + v * acc_v + i * WB_ROWS * LANES, acc_v, bs + v * (WB_CHUNK / 16) * LANES);
+            }
+          }
+        }
+        for (int64_t v = 0; v < tr; ++v) {
+          const float scale = f.row_scale(v0 + v);
+          for (int64_t n = 0; n < nb; ++n)
+            out[(b0 + n) * os + v0 + v] = finish(vload(acc.data() + v * acc_v + n * LANES), scale, F::kUnbias);
+        }
+      }
+    });
+  }
+}
 #endif
 
 template <class F>
@@ -1098,7 +1259,7 @@ int run(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64_t ro
       case 6: wide<6>(f, x, x_stride, rows, out, out_stride); return 0;
       case 7: wide<7>(f, x, x_stride, rows, out, out_stride); return 0;
       case 8: wide<8>(f, x, x_stride, rows, out, out_stride); return 0;
-      default: break;
+      default: wide_batched(f, x, n_rows, x_stride, rows, out, out_stride); return 0;
     }
 #endif
     switch (n_rows) {
