@@ -1116,8 +1116,10 @@ inline void wb_micro(const float* x, int64_t x_step, const float* w, int64_t ws,
     for (int64_t s = s0; s < s0 + run; ++s) {
       __m512 xv[NP];
       for (int j = 0; j < NP; ++j) xv[j] = _mm512_loadu_ps(x + s * x_step + j * 16);
+      // NVFP4: the chunk's two groups side by side, [step][group][8] (wb_decode)
+      const int64_t at = GS ? ((s - s0) * 2 + s0 / 16) * LANES : s * LANES;
       for (int v = 0; v < NV; ++v) {
-        const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + v * ws + s * LANES));
+        const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + v * ws + at));
         for (int j = 0; j < NP; ++j) a[v][j] = _mm512_fmadd_ps(wv, xv[j], a[v][j]);
       }
     }
@@ -1180,10 +1182,71 @@ inline void wb_layout(const float* x, int64_t xs, int64_t b0, int64_t nb, int64_
   }
 }
 
-// The lines of weight row r's K-chunk from step s (FP8 / dense; NVFP4's decode prefetches its own runs).
+// Steps [s0, s0 + n) of weight row r into the tile row dst: FP8 / dense [step][8], two steps per
+// 512-bit decode (the tail step through the 8-lane decoder, zero-padded); NVFP4 (s0 / 16 = group g, n =
+// 16 or 32: one or two groups) [step][group][8] with the groups' block scales in bs [group][8]: byte
+// k of groups g, g + 1 is one 16-byte load, its nibbles decoded by a vpermps over the 16 e2m1 values.
+inline void wb_decode(const FP8Rows& f, int64_t r, int64_t s0, int64_t n, float* dst, float*) {
+  const uint8_t* p = f.w + r * f.w_stride;
+  const int64_t full = std::min(s0 + n, f.full_steps());
+  int64_t s = s0;
+  for (; s + 2 <= full; s += 2)
+    _mm512_storeu_ps(dst + (s - s0) * LANES, fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + s * LANES))));
+  for (; s < s0 + n; ++s) vstore(dst + (s - s0) * LANES, s < full ? f.step_full(r, s) : f.step_tail(r, s));
+}
+template <bool HALF>
+inline void wb_decode(const DenseRows<HALF>& f, int64_t r, int64_t s0, int64_t n, float* dst, float*) {
+  const uint16_t* p = f.w + r * f.w_stride;
+  const int64_t full = std::min(s0 + n, f.full_steps());
+  int64_t s = s0;
+  for (; s + 2 <= full; s += 2) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + s * LANES));
+    if constexpr (HALF) {
+      _mm512_storeu_ps(dst + (s - s0) * LANES, _mm512_cvtph_ps(h));
+    } else {
+      _mm512_storeu_ps(dst + (s - s0) * LANES, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    }
+  }
+  for (; s < s0 + n; ++s) vstore(dst + (s - s0) * LANES, s < full ? f.step_full(r, s) : f.step_tail(r, s));
+}
+inline void wb_decode(const NVFP4Rows& f, int64_t r, int64_t s0, int64_t n, float* dst, float* bs) {
+  const int64_t g = s0 / 16, ng = n / 16, nb = f.blocks();
+  if (ng == 2 && (g + 2) * LANES <= nb) {
+    const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                        -2.0f, -3.0f, -4.0f, -6.0f);
+    const uint8_t* p = f.packed + r * f.p_stride + g * LANES;
+    for (int64_t k = 0; k < LANES; ++k) {
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k * nb)));
+      _mm512_storeu_ps(dst + (2 * k) * 2 * LANES, _mm512_permutexvar_ps(v, table));  // vpermps: the low 4 bits
+      _mm512_storeu_ps(dst + (2 * k + 1) * 2 * LANES, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table));
+    }
+    _mm512_storeu_ps(bs, fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.bscale + r * f.bs_stride + g * LANES))));
+    return;
+  }
+  alignas(64) float tmp[16 * LANES];
+  for (int64_t j = 0; j < ng; ++j) {  // a partial group, or a last single one
+    f.decode(r, s0 + j * 16, 16, tmp, bs + j * LANES);
+    for (int64_t t = 0; t < 16; ++t) std::memcpy(dst + (t * 2 + j) * LANES, tmp + t * LANES, LANES * sizeof(float));
+  }
+}
+
+// The lines of weight row r's K-chunk from step s. NVFP4: a row is 8 runs (byte k of every block) and
+// its block scales, a 64-byte line of each serving 8 groups: at s = 0 the first two lines of each, at
+// every 8th group the line after the current one.
 template <class F>
 inline void wb_prefetch(const F& f, int64_t r, int64_t s) {
-  if constexpr (!F::kGroupScaled) {
+  if constexpr (F::kGroupScaled) {
+    const int64_t g = s / 16;
+    if (g % 8) return;
+    const uint8_t* run = f.packed + r * f.p_stride + g * LANES;
+    const uint8_t* sc = f.bscale + r * f.bs_stride + g * LANES;
+    for (int64_t k = 0; k < LANES; ++k) {
+      if (g == 0) prefetch(run + k * f.blocks());
+      prefetch(run + k * f.blocks() + 64);
+    }
+    if (g == 0) prefetch(sc);
+    prefetch(sc + 64);
+  } else {
     constexpr int64_t bytes = WB_CHUNK * LANES * static_cast<int64_t>(sizeof(*f.w));
     const char* p = reinterpret_cast<const char*>(f.w + r * f.w_stride + s * LANES);
     for (int64_t i = 0; i < bytes; i += 64) prefetch(p + i);
@@ -1217,13 +1280,7 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
             } else if (v0 + WB_TILE + v < rows) {
               wb_prefetch(f, v0 + WB_TILE + v, 0);  // the next tile's first chunk
             }
-            if constexpr (GS) {
-              for (int64_t g = 0; g * 16 < ks; ++g)
-                f.decode(v0 + v, s0 + g * 16, 16, wt.data() + v * ws + g * 16 * LANES,
-                         bs + (v * (WB_CHUNK / 16) + g) * LANES);
-            } else {
-              f.decode(v0 + v, s0, ks, wt.data() + v * ws, nullptr);
-            }
+            wb_decode(f, v0 + v, s0, ks, wt.data() + v * ws, bs + v * (WB_CHUNK / 16) * LANES);
           }
           for (int64_t i = 0; i < blocks; ++i) {
             const int64_t np = (std::min(WB_ROWS, nb - i * WB_ROWS) + 1) / 2;
