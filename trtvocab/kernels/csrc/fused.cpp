@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -1103,37 +1104,60 @@ constexpr int64_t WB_CHUNK = 32;  // steps per K-chunk (NVFP4: two lane groups)
 constexpr int64_t WB_PASS = 128;  // x rows per pass over the decoded tiles (the chains in memory: WB_TILE * WB_PASS * 32 B)
 
 // Steps [0, steps) of NV weight rows (tile row v: w + v * ws) against NP row pairs (pair j at step s:
-// x + s * x_step + j * 16); acc: row v pair j at acc + v * acc_v + j * 16. GS (NVFP4): steps is a
-// multiple of 16; each group's sums start from zero and are added as fma(sum, bs[v][g], acc).
-template <int NP, int NV, bool GS>
+// x + s * x_step + j * 16); acc: row v pair j at acc + v * acc_v + j * 16.
+template <int NP, int NV>
 inline void wb_micro(const float* x, int64_t x_step, const float* w, int64_t ws, int64_t steps, float* acc,
-                     int64_t acc_v, const float* bs) {
+                     int64_t acc_v, const float*) {
   __m512 a[NV][NP];
-  const int64_t run = GS ? 16 : steps;
-  for (int64_t s0 = 0; s0 < steps; s0 += run) {
+  for (int v = 0; v < NV; ++v)
+    for (int j = 0; j < NP; ++j) a[v][j] = _mm512_loadu_ps(acc + v * acc_v + j * 16);
+  for (int64_t s = 0; s < steps; ++s) {
+    __m512 xv[NP];
+    for (int j = 0; j < NP; ++j) xv[j] = _mm512_loadu_ps(x + s * x_step + j * 16);
+    for (int v = 0; v < NV; ++v) {
+      const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + v * ws + s * LANES));
+      for (int j = 0; j < NP; ++j) a[v][j] = _mm512_fmadd_ps(wv, xv[j], a[v][j]);
+    }
+  }
+  for (int v = 0; v < NV; ++v)
+    for (int j = 0; j < NP; ++j) _mm512_storeu_ps(acc + v * acc_v + j * 16, a[v][j]);
+}
+
+// NVFP4: the chunk's groups (steps / 16; the tile [step][group][8]: wb_decode) one after the other; each
+// group's block sums start from zero in registers and are added to the totals in acc as
+// acc = fma(sum, bs[v][g], acc).
+template <int NP, int NV>
+inline void wb_micro_gs(const float* x, int64_t x_step, const float* w, int64_t ws, int64_t steps, float* acc,
+                        int64_t acc_v, const float* bs) {
+  for (int64_t g = 0; g * 16 < steps; ++g) {
+    __m512 a[NV][NP];
     for (int v = 0; v < NV; ++v)
-      for (int j = 0; j < NP; ++j) a[v][j] = GS ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + v * acc_v + j * 16);
-    for (int64_t s = s0; s < s0 + run; ++s) {
+      for (int j = 0; j < NP; ++j) a[v][j] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < 16; ++t) {
       __m512 xv[NP];
-      for (int j = 0; j < NP; ++j) xv[j] = _mm512_loadu_ps(x + s * x_step + j * 16);
-      // NVFP4: the chunk's two groups side by side, [step][group][8] (wb_decode)
-      const int64_t at = GS ? ((s - s0) * 2 + s0 / 16) * LANES : s * LANES;
+      for (int j = 0; j < NP; ++j) xv[j] = _mm512_loadu_ps(x + (g * 16 + t) * x_step + j * 16);
       for (int v = 0; v < NV; ++v) {
-        const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + v * ws + at));
+        const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + v * ws + (t * 2 + g) * LANES));
         for (int j = 0; j < NP; ++j) a[v][j] = _mm512_fmadd_ps(wv, xv[j], a[v][j]);
       }
     }
     for (int v = 0; v < NV; ++v) {
-      if constexpr (GS) {
-        const __m512 b = _mm512_broadcast_f32x8(_mm256_loadu_ps(bs + (v * (WB_CHUNK / 16) + s0 / 16) * LANES));
-        for (int j = 0; j < NP; ++j) {
-          float* p = acc + v * acc_v + j * 16;
-          _mm512_storeu_ps(p, _mm512_fmadd_ps(a[v][j], b, _mm512_loadu_ps(p)));
-        }
-      } else {
-        for (int j = 0; j < NP; ++j) _mm512_storeu_ps(acc + v * acc_v + j * 16, a[v][j]);
+      const __m512 b = _mm512_broadcast_f32x8(_mm256_loadu_ps(bs + (v * (WB_CHUNK / 16) + g) * LANES));
+      for (int j = 0; j < NP; ++j) {
+        float* p = acc + v * acc_v + j * 16;
+        _mm512_storeu_ps(p, _mm512_fmadd_ps(a[v][j], b, _mm512_loadu_ps(p)));
       }
     }
+  }
+}
+
+template <int NP, int NV, bool GS>
+inline void wb_call(const float* x, int64_t x_step, const float* w, int64_t ws, int64_t steps, float* acc,
+                    int64_t acc_v, const float* bs) {
+  if constexpr (GS) {
+    wb_micro_gs<NP, NV>(x, x_step, w, ws, steps, acc, acc_v, bs);
+  } else {
+    wb_micro<NP, NV>(x, x_step, w, ws, steps, acc, acc_v, bs);
   }
 }
 
@@ -1142,10 +1166,10 @@ inline void wb_micro_np(int64_t np, const float* x, int64_t x_step, const float*
                         float* acc, int64_t acc_v, const float* bs) {
   static_assert(WB_NP == 4, "the cases below");
   switch (np) {
-    case 4: wb_micro<4, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    case 3: wb_micro<3, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    case 2: wb_micro<2, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    default: wb_micro<1, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 4: wb_call<4, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 3: wb_call<3, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 2: wb_call<2, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    default: wb_call<1, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
   }
 }
 
@@ -1253,25 +1277,35 @@ inline void wb_prefetch(const F& f, int64_t r, int64_t s) {
   }
 }
 
+// n floats, 64-byte aligned (every zmm load of x, the tile and the chains within one cache line).
+struct Aligned {
+  std::vector<float> buf;
+  float* p;
+  explicit Aligned(int64_t n) : buf(static_cast<size_t>(n + 16)) {
+    p = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  }
+};
+
 template <class F>
 void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_t rows, float* out, int64_t os) {
   constexpr bool GS = F::kGroupScaled;
   const int64_t steps = f.steps();
   const int64_t tiles = (rows + WB_TILE - 1) / WB_TILE;
-  const int64_t pass = std::min(n_rows, WB_PASS);
+  static const int64_t pass_max = getenv("WB_PASS") ? atoi(getenv("WB_PASS")) : WB_PASS;  // TUNING
+  const int64_t passes = (n_rows + pass_max - 1) / pass_max;
+  const int64_t pass = (n_rows + passes - 1) / passes;
   const int64_t ws = WB_CHUNK * LANES;
-  std::vector<float> xt(static_cast<size_t>(((pass + WB_ROWS - 1) / WB_ROWS) * WB_ROWS * steps * LANES));
+  Aligned xt(((pass + WB_ROWS - 1) / WB_ROWS) * WB_ROWS * steps * LANES);
   for (int64_t b0 = 0; b0 < n_rows; b0 += pass) {
     const int64_t nb = std::min(pass, n_rows - b0), blocks = (nb + WB_ROWS - 1) / WB_ROWS;
     const int64_t acc_v = blocks * WB_ROWS * LANES;  // floats per weight row's chains
-    wb_layout(x, xs, b0, nb, steps, xt.data());
+    wb_layout(x, xs, b0, nb, steps, xt.p);
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<float> wt(static_cast<size_t>(WB_TILE * ws));
-      std::vector<float> acc(static_cast<size_t>(WB_TILE * acc_v));
+      Aligned wt(WB_TILE * ws), acc(WB_TILE * acc_v);
       alignas(64) float bs[WB_TILE * (WB_CHUNK / 16) * LANES];
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t v0 = t * WB_TILE, tr = std::min(WB_TILE, rows - v0);
-        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(acc.p, acc.p + WB_TILE * acc_v, 0.0f);
         for (int64_t s0 = 0; s0 < steps; s0 += WB_CHUNK) {
           const int64_t ks = std::min(WB_CHUNK, steps - s0);
           for (int64_t v = 0; v < tr; ++v) {
@@ -1280,21 +1314,21 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
             } else if (v0 + WB_TILE + v < rows) {
               wb_prefetch(f, v0 + WB_TILE + v, 0);  // the next tile's first chunk
             }
-            wb_decode(f, v0 + v, s0, ks, wt.data() + v * ws, bs + v * (WB_CHUNK / 16) * LANES);
+            wb_decode(f, v0 + v, s0, ks, wt.p + v * ws, bs + v * (WB_CHUNK / 16) * LANES);
           }
           for (int64_t i = 0; i < blocks; ++i) {
             const int64_t np = (std::min(WB_ROWS, nb - i * WB_ROWS) + 1) / 2;
-            const float* xb = xt.data() + i * steps * WB_ROWS * LANES + s0 * np * 16;
+            const float* xb = xt.p + i * steps * WB_ROWS * LANES + s0 * np * 16;
             for (int64_t v = 0; v < tr; v += WB_NV) {
-              wb_micro_any<GS>(std::min<int64_t>(WB_NV, tr - v), np, xb, np * 16, wt.data() + v * ws, ws, ks,
-                               acc.data() + v * acc_v + i * WB_ROWS * LANES, acc_v, bs + v * (WB_CHUNK / 16) * LANES);
+              wb_micro_any<GS>(std::min<int64_t>(WB_NV, tr - v), np, xb, np * 16, wt.p + v * ws, ws, ks,
+                               acc.p + v * acc_v + i * WB_ROWS * LANES, acc_v, bs + v * (WB_CHUNK / 16) * LANES);
             }
           }
         }
         for (int64_t v = 0; v < tr; ++v) {
           const float scale = f.row_scale(v0 + v);
           for (int64_t n = 0; n < nb; ++n)
-            out[(b0 + n) * os + v0 + v] = finish(vload(acc.data() + v * acc_v + n * LANES), scale, F::kUnbias);
+            out[(b0 + n) * os + v0 + v] = finish(vload(acc.p + v * acc_v + n * LANES), scale, F::kUnbias);
         }
       }
     });
