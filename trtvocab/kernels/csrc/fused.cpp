@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <cstdlib>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -1291,8 +1290,7 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
   constexpr bool GS = F::kGroupScaled;
   const int64_t steps = f.steps();
   const int64_t tiles = (rows + WB_TILE - 1) / WB_TILE;
-  static const int64_t pass_max = getenv("WB_PASS") ? atoi(getenv("WB_PASS")) : WB_PASS;  // TUNING
-  const int64_t passes = (n_rows + pass_max - 1) / pass_max;
+  const int64_t passes = (n_rows + WB_PASS - 1) / WB_PASS;  // of equal size
   const int64_t pass = (n_rows + passes - 1) / passes;
   const int64_t ws = WB_CHUNK * LANES;
   Aligned xt(((pass + WB_ROWS - 1) / WB_ROWS) * WB_ROWS * steps * LANES);
