@@ -18,6 +18,9 @@
 // for the chains of all x rows; the batched kernel (batch >= 9) decodes a tile of rows to float32
 // once per K-chunk, keeps every chain's 8 lanes in memory between chunks (a float32 store is
 // exact) and reuses the tile for all x rows.
+// AVX-512 builds run 512-bit versions of these kernels with the same chains: a zmm holds two
+// independent 8-lane chains (two weight rows, two NVFP4 lane groups, or, batch >= 9 (wide_batched),
+// two x rows against one weight row's step broadcast to both halves), never one 16-lane chain.
 
 #include <ATen/Parallel.h>
 
@@ -35,8 +38,8 @@
 #else
 #define TRTVOCAB_AVX2 0
 #endif
-// The 512-bit kernels of batch 1..8 (the 8-lane code below serves the rest): two independent 8-lane
-// chains per zmm register (two weight rows, or two NVFP4 lane groups), never one 16-lane chain.
+// The 512-bit kernels (batch 1..8: wide; batch >= 9: wide_batched): two independent 8-lane chains per
+// zmm register (two weight rows, two NVFP4 lane groups, or two x rows), never one 16-lane chain.
 #if TRTVOCAB_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define TRTVOCAB_AVX512 1
 #else
@@ -1413,8 +1416,8 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
   return total;
 }
 
-// Which lane implementation this build uses: 3 = AVX-512 (F, BW, VL, DQ) at batch 1..8 and the AVX2 code
-// elsewhere, 2 = AVX2 + FMA + F16C, 0 = portable C++.
+// Which lane implementation this build uses: 3 = AVX-512 (F, BW, VL, DQ) kernels at every batch (the
+// AVX2 8-lane code for their tails and the finish), 2 = AVX2 + FMA + F16C, 0 = portable C++.
 int trtvocab_fused_isa() { return TRTVOCAB_AVX512 ? 3 : (TRTVOCAB_AVX2 ? 2 : 0); }
 
 // out[n * out_stride + r] = sum_k x[n * x_stride + k] * e4m3(w[r * w_stride + k]) * scale[r * scale_stride]
