@@ -123,7 +123,9 @@ def nvfp4_logits(loaded: Loaded, x: torch.Tensor, hidden: int, packed_block_majo
 DENSE_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 DENSE_ENV_VAR = "TRTVOCAB_DENSE_KERNEL"  # auto (default) | 1 (every dense bf16 / fp16 head) | 0 (never)
 DENSE_MAX_BATCH = 64  # larger batches go to torch's GEMM (compute bound there; not measured beyond)
-WIDE_MAX_BATCH = 8  # the batches the AVX-512 kernels run (larger ones: the AVX2 tile kernel)
+# The batches of the AVX-512 one-pass kernels (larger ones: its tile kernel, slower than torch's GEMM with
+# native bf16 dot products: Zen 5, 2 threads, bf16 B = 9 ~75 vs 50 ms, 16 ~90 vs 62, 64 ~290 vs 131).
+WIDE_MAX_BATCH = 8
 # CPU flags under which torch's half-precision GEMM has native dot products (oneDNN) and beat the
 # AVX2 kernel at B >= 2 when measured (avx512_bf16, Zen 4: bf16 B = 8 5.2 ms vs 15.5 ms, one thread);
 # the AVX-512 kernels beat it at B <= 8 (avx512_bf16, Zen 5, V = 129280, H = 5120, two threads, best
