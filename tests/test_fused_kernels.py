@@ -462,7 +462,7 @@ def test_lock_timeout_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> N
             kernels.lock_timeout()
 
 
-# ---- issue 21: every path (ISA), the batch-2..8 kernels, the NVFP4 4-group decoder, the dense kernel ------
+# ---- every path (ISA), the batch-2..8 kernels, the NVFP4 4-group decoder, the dense kernel ---------------
 # Each build of the library (TRTVOCAB_KERNELS_ISA: native, avx2, portable) runs the same checks; a path
 # this machine cannot run is skipped with the reason. The chains are the same in every build; only the
 # portable build may round a * b + c twice where the CPU has no FMA (still inside the same bounds).
@@ -612,7 +612,7 @@ def test_uneven_shards_and_partitions_every_batch(isa, algo):
         assert torch.equal(pieces.double(), full)
 
 
-# ---- the vector paths give the same bits (issue 21) ------------------------------------------------------------
+# ---- the vector paths give the same bits ---------------------------------------------------------------------
 def _vector_paths() -> list[kernels.Loaded]:
     """The builds of the vector paths this CPU runs (AVX-512, AVX2); portable may round a * b + c twice."""
     if kernels.disabled_reason() is not None:
