@@ -315,17 +315,23 @@ class OnnxGraph:
             last_token_rows(lens, total)  # validated even where unused (context graphs), like LogitsProcessor
             if SEQ_LENS in self.inputs:
                 feeds[SEQ_LENS] = np.asarray(lens.cpu() if isinstance(lens, torch.Tensor) else lens, dtype=np.int32)
+        self.load()
+        if self.runner is Runtime.ONNXRUNTIME:
+            out = _ort_run(self._session, feeds)
+        else:
+            out = self._evaluator.run([LOGITS], feeds)[0]
+        return OnnxRun(np.asarray(out, dtype=np.float32), self.runner)
+
+    def load(self) -> None:
+        """Create the runtime (onnxruntime's session, or the reference evaluator with the external
+        data) if it does not exist yet; :meth:`run` calls it, a runner that wants the cost up front too."""
         if self.runner is Runtime.ONNXRUNTIME:
             if self._session is None:
                 self._session = _ort_session(self.model, self.path)
-            out = _ort_run(self._session, feeds)
-        else:
-            if self._evaluator is None:
-                if self.path is not None:
-                    onnx.load_external_data_for_model(self.model, str(self.path.parent))
-                self._evaluator = ReferenceEvaluator(self.model, new_ops=REFERENCE_OPS)
-            out = self._evaluator.run([LOGITS], feeds)[0]
-        return OnnxRun(np.asarray(out, dtype=np.float32), self.runner)
+        elif self._evaluator is None:
+            if self.path is not None:
+                onnx.load_external_data_for_model(self.model, str(self.path.parent))
+            self._evaluator = ReferenceEvaluator(self.model, new_ops=REFERENCE_OPS)
 
 
 def run_onnx(
@@ -358,7 +364,8 @@ class OnnxBackend:
             raise EngineUnavailableError(f"rank {rank} of {root} has no ONNX graph")
         self.path = Path(root) / rel
         self.context = manifest.head.context_logits
-        # Loaded once (onnxruntime's session on the first call), kept for every later step.
+        # Loaded once, kept for every later step: the session is created after the checks below, at
+        # open, so a decode loop's first step times the multiply, not onnxruntime's start-up.
         self._graph = OnnxGraph(self.path)
         # The graph must be what the manifest says it is, and read nothing the manifest does not list.
         model = self._graph.model
@@ -371,6 +378,7 @@ class OnnxBackend:
             if "/" in loc or "\\" in loc or loc in ("", ".", "..") or f"{folder}/{loc}" not in manifest.files:
                 raise ArtifactError(f"{self.path}: external data {loc!r} is not a file of the rank folder listed in "
                                     "the manifest")
+        self._graph.load()
 
     def rank_logits(self, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> RankLogits:
         lens = None if self.context or seq_lens is None else seq_lens.to(torch.int32)
