@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from trtvocab.commands import generate as G
 from trtvocab.errors import ConfigError
+from trtvocab.parallel.launch import usable_cores
 from trtvocab.sampling import SamplingParams
 
 pytest.importorskip("transformers")
@@ -35,8 +36,8 @@ def test_attention_dp_tp3_equals_tp1_greedy_and_seeded(smollm2: Path) -> None:
 
 
 def test_attention_dp_with_an_artifact_and_idle_ranks(smollm2: Path, tmp_path: Path) -> None:
-    """tp 5, two prompts, the default body ranks (at most one per prompt and per core): ranks 2, 3 and 4
-    run no body at all, yet hold their vocab slices."""
+    """tp 5, three prompts on two body ranks (blocks of 2 and 1: fewer body ranks than ranks and than
+    prompts): ranks 2, 3 and 4 run no body at all, yet hold their vocab slices."""
     from trtvocab.artifact.recipe import parse_recipe
     from trtvocab.pipeline.build import build
 
@@ -44,9 +45,10 @@ def test_attention_dp_with_an_artifact_and_idle_ranks(smollm2: Path, tmp_path: P
     build(parse_recipe({"checkpoint": {"path": str(smollm2)}, "mapping": {"tp_size": 5},
                         "lm_head": {"dtype": "float32", "gather_output": False}, "output": {"onnx": False}},
                        "tp5.toml"), out)
-    want = G.run(smollm2, PROMPTS[:2], max_new_tokens=4)
-    got = G.run(smollm2, PROMPTS[:2], max_new_tokens=4, artifact=out, backend="torch", attention_dp=True)
-    assert got.tp == 5 and got.attention_dp and got.body_ranks == min(2, G.usable_cores())
+    want = G.run(smollm2, PROMPTS[:3], max_new_tokens=4)
+    got = G.run(smollm2, PROMPTS[:3], max_new_tokens=4, artifact=out, backend="torch", attention_dp=True,
+                body_ranks=2)
+    assert got.tp == 5 and got.attention_dp and got.body_ranks == 2
     assert [r.token_ids for r in got.results] == [r.token_ids for r in want.results]
 
 
@@ -67,19 +69,26 @@ def test_prompt_blocks_cover_every_prompt_once_in_order(batch: int, tp: int, dat
 
 
 def test_default_body_ranks_are_bounded_by_tp_prompts_and_cores() -> None:
-    cores = G.usable_cores()
+    cores = usable_cores()
     assert G.choose_body_ranks(5, 8) == min(5, cores)
     assert G.choose_body_ranks(5, 1) == 1
     assert G.choose_body_ranks(64, 1000) == min(64, cores)
     assert G.choose_body_ranks(5, 8, 3) == 3
+    assert G.choose_body_ranks(5, 2, 4) == 2  # a body rank past the prompts would own none
 
 
 @pytest.mark.parametrize("asked", [0, 6, -1, True, 2.0])
-def test_body_ranks_out_of_range_are_refused_before_loading(smollm2: Path, asked: object) -> None:
+def test_body_ranks_out_of_range_are_refused_before_loading(smollm2: Path, asked: object,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_loading(path: object) -> None:
+        raise AssertionError("the model was loaded before --body-ranks was checked")
+
+    monkeypatch.setattr(G, "load_model", no_loading)
     with pytest.raises(ConfigError, match=r"--body-ranks: must be an int from 1 to the tp size \(5\)"):
         G.prepare(smollm2, PROMPTS, tp=5, max_new_tokens=1, attention_dp=True, body_ranks=asked)  # type: ignore[arg-type]
 
 
-def test_body_ranks_need_attention_dp(smollm2: Path) -> None:
+def test_body_ranks_need_attention_dp(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(G, "load_model", lambda path: pytest.fail("loaded before the options were checked"))
     with pytest.raises(ConfigError, match=r"--body-ranks: only with --attention-dp"):
         G.prepare(smollm2, PROMPTS, tp=3, max_new_tokens=1, body_ranks=2)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from trtvocab.base.formats import Runtime
 from trtvocab.commands.grammar import GrammarSpec, RowGrammars, check_grammar, compile_grammar, grammar_spec
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, InputError
 from trtvocab.parallel import distributed as D
+from trtvocab.parallel.launch import usable_cores
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import calc_shard
 from trtvocab.sampling import SamplingParams
@@ -312,24 +312,16 @@ def encode_prompts(tokenizer: Any, prompts: list[str] | tuple[str, ...], chat: b
     return out
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def choose_body_ranks(tp: int, prompts: int, asked: int | None = None) -> int:
-    """How many ranks run a body under attention DP: ``asked``, or by default one per usable core
-    (at most ``tp`` and at most one per prompt). Ranks on one host share its cores, so a body replica
-    beyond the core count adds its per-step overhead and its share of scheduling waits at every
-    meeting, and no compute; the vocab dimension stays split over all ``tp`` ranks either way."""
+    """How many ranks run a body under attention DP: ``asked``, or by default one per usable core (at
+    most ``tp``); at most one per prompt either way. Ranks on one host share its cores, so a body
+    replica beyond the core count adds its per-step overhead and its share of scheduling waits at
+    every meeting, and no compute; the vocab dimension stays split over all ``tp`` ranks either way."""
     if asked is None:
         return max(1, min(tp, prompts, usable_cores()))
     if isinstance(asked, bool) or not isinstance(asked, int) or not 1 <= asked <= tp:
         raise ConfigError(f"--body-ranks: must be an int from 1 to the tp size ({tp}), got {asked!r}")
-    return asked
+    return min(asked, prompts)  # a body rank past the prompts would own none
 
 
 def prompt_block(batch: int, bodies: int, rank: int) -> tuple[int, int]:
@@ -465,8 +457,10 @@ def _rank_main(rank: int, world: int, spec: GenerateSpec, tokenizer: Any, facts:
     """One rank of a tp > 1 run (spawned by run_ranks: the model arrives in shared memory; None on an
     attention-DP rank that owns no prompt)."""
     _quiet_transformers()
-    if spec.attention_dp:  # the cores go to the ranks that run a body; the others only hold a vocab slice
-        torch.set_num_threads(max(1, usable_cores() // spec.body_ranks) if rank < spec.body_ranks else 1)
+    if spec.attention_dp:  # a body rank gets its share of the cores for the body; a vocab-only rank, one
+        # rank's share for its head slice (the slices are equal, so a step's head waits on the slowest)
+        cores = usable_cores()
+        torch.set_num_threads(max(1, cores // (spec.body_ranks if rank < spec.body_ranks else spec.tp)))
     return _decode(spec, model, tokenizer, rank=rank, facts=facts)
 
 
@@ -739,4 +733,4 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
 __all__ = ["SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactEnds", "ArtifactSpec", "GenerateReport", "GenerateResult",
            "GenerateSpec", "LoadedModel", "TorchEnds", "VocabEnds", "artifact_spec", "check_options",
            "choose_body_ranks", "encode_prompts", "generate", "load_model", "model_path", "open_vocab_ends", "prepare",
-           "prompt_block", "run", "sampling_params", "usable_cores"]
+           "prompt_block", "run", "sampling_params"]

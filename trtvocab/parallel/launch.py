@@ -56,6 +56,14 @@ def _picklable(exc: BaseException) -> BaseException:
         return DistributedError(f"{type(exc).__name__}: {exc}")
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _worker(
     rank: int,
     world: int,
@@ -67,7 +75,7 @@ def _worker(
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     # Each rank gets one thread on small machines: N ranks x all cores would oversubscribe.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(max(1, usable_cores() // world))
     try:
         results.put(pickle.dumps((rank, _UP, None, "")))
         fn, args = inbox.get(timeout=STARTUP_S + timeout_s)

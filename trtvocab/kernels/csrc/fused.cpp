@@ -47,6 +47,12 @@
 #else
 #define TRTVOCAB_AVX512 0
 #endif
+// The vdpbf16ps kernels of batch 2..8 (FP8 / NVFP4, where x fits): see "AVX-512 BF16" below.
+#if TRTVOCAB_AVX512 && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+#define TRTVOCAB_DPBF16 1
+#else
+#define TRTVOCAB_DPBF16 0
+#endif
 
 namespace {
 
@@ -1086,14 +1092,9 @@ void wide_nvfp4_pairs_of_rows(const NVFP4Rows& f, const float* x, int64_t xs, in
 // a multiple of 2**-124 (x's LSB >= 2**-107, FP8's 2**-17, e2m1's 2**-1) and below 2**125. Otherwise
 // the FMA kernels run: the choice never changes a bit. Dense weights (any bf16, tiny ones included)
 // stay on FMAs.
-#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
-#define TRTVOCAB_DPBF16 1
-#else
-#define TRTVOCAB_DPBF16 0
-#endif
 #if TRTVOCAB_DPBF16
 inline __m512 dpbf16(__m512 acc, __m512 a, __m512 b) {
-  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);  // vector casts: the same 64 bytes
 }
 
 // Adversarial lanes inside the domain the kernels use (weights: FP8 q * 2**-8 or e2m1 values; x: zero
