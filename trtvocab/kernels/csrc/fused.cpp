@@ -389,10 +389,13 @@ struct NVFP4Rows {
   // Group g's bytes are 8 runs of 8 bytes, nb apart; each 64-byte line serves 8 groups: at the
   // first group of a line, prefetch the lines PREFETCH_BYTES / 8 groups ahead.
   void prefetch_group(int64_t r, int64_t g) const {
-    if (g % 8) return;
-    const uint8_t* row = packed + r * p_stride + g * LANES + PREFETCH_BYTES / 8;
+    if (g % 8 == 0) prefetch_lines(r, g + PREFETCH_BYTES / (8 * LANES));
+  }
+  // The lines holding group g of row r: its 8 runs and its block scales.
+  void prefetch_lines(int64_t r, int64_t g) const {
+    const uint8_t* row = packed + r * p_stride + g * LANES;
     for (int64_t k = 0; k < LANES; ++k) prefetch(row + k * blocks());
-    prefetch(bscale + r * bs_stride + g * LANES + PREFETCH_BYTES / 8);
+    prefetch(bscale + r * bs_stride + g * LANES);
   }
   // Decode steps [s0, s0 + 16) (group s0 / 16) of row r into dst, its 8 block scales into bs.
   void decode(int64_t r, int64_t s0, int64_t n, float* dst, float* bs) const {
@@ -758,6 +761,21 @@ inline __m128i two_steps(const uint8_t* a, const uint8_t* b) {
   return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
 }
+// Block scales of group g of rows a (lanes 0-7) and b (8-15), decoded exactly.
+inline __m512 pair_block_scales(const NVFP4Rows& f, int64_t a, int64_t b, int64_t g) {
+  return fp8_decode16(two_steps(f.bscale + a * f.bs_stride + g * LANES, f.bscale + b * f.bs_stride + g * LANES));
+}
+// The P x N zmm chains of a pass, kept in memory ([P][N][16] floats, a float32 store is exact) between passes.
+template <int P, int N>
+inline void load_chains(const float* mem, __m512 (&a)[P][N]) {
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) a[p][n] = _mm512_loadu_ps(mem + (p * N + n) * 16);
+}
+template <int P, int N>
+inline void store_chains(const __m512 (&a)[P][N], float* mem) {
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) _mm512_storeu_ps(mem + (p * N + n) * 16, a[p][n]);
+}
 inline __m256i two_halves(const uint16_t* a, const uint16_t* b) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
@@ -845,8 +863,7 @@ template <int N, int P, class F>
 inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0, int64_t s1,
                        float* acc) {
   __m512 a[P][N];
-  for (int p = 0; p < P; ++p)
-    for (int n = 0; n < N; ++n) a[p][n] = _mm512_loadu_ps(acc + (p * N + n) * 16);
+  load_chains(acc, a);
   const int64_t full = std::min(s1, f.full_steps());
   int64_t s = s0;
   if constexpr (std::is_same_v<F, FP8Rows>) {  // two steps per 16-byte load of each row
@@ -883,8 +900,7 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
       for (int p = 0; p < P; ++p) a[p][n] = _mm512_fmadd_ps(w[p], xv, a[p][n]);
     }
   }
-  for (int p = 0; p < P; ++p)
-    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc + (p * N + n) * 16, a[p][n]);
+  store_chains(a, acc);
 }
 
 // FP8 / dense, batch N = 1..8: tiles of WIDE_TILE rows; each K-chunk of kDirectChunk steps is read
@@ -929,11 +945,7 @@ inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int
   for (int n = 0; n < N; ++n) acc[n] = vload(acc_mem + n * LANES);
   for (int64_t q = q0; q < q1; q += G) {
     const uint8_t* p = row + q * 16;
-    if ((q & 3) == 0 || G > 1) {  // a 64-byte line of each run serves 4 pairs
-      const uint8_t* next = f.packed + ahead * f.p_stride + q * 16;
-      for (int64_t k = 0; k < LANES; ++k) prefetch(next + k * nb);
-      prefetch(f.bscale + ahead * f.bs_stride + q * 16);
-    }
+    if ((q & 3) == 0 || G > 1) f.prefetch_lines(ahead, 2 * q);  // a 64-byte line of each run serves 4 pairs
     __m512 part[G][N];
     for (int j = 0; j < G; ++j)
       for (int n = 0; n < N; ++n) part[j][n] = _mm512_setzero_ps();
@@ -1023,16 +1035,10 @@ inline void nvfp4_row_pairs(const NVFP4Rows& f, const float* xt, const int64_t* 
     rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
   }
   __m512 acc[P][N];
-  for (int p = 0; p < P; ++p)
-    for (int n = 0; n < N; ++n) acc[p][n] = _mm512_loadu_ps(acc_mem + (p * N + n) * 16);
+  load_chains(acc_mem, acc);
   for (int64_t g = g0; g < g1; ++g) {
-    if ((g & 7) == 0) {  // a 64-byte line of each run serves 8 groups: fetch it for the next P pairs
-      for (int i = 0; i < 2 * P; ++i) {
-        const uint8_t* next = f.packed + pr[2 * P + i] * f.p_stride + g * LANES;
-        for (int64_t k = 0; k < LANES; ++k) prefetch(next + k * nb);
-        prefetch(f.bscale + pr[2 * P + i] * f.bs_stride + g * LANES);
-      }
-    }
+    if ((g & 7) == 0)  // a 64-byte line of each run serves 8 groups: fetch it for the next P pairs
+      for (int i = 0; i < 2 * P; ++i) f.prefetch_lines(pr[2 * P + i], g);
     __m512 part[P][N];
     for (int p = 0; p < P; ++p)
       for (int n = 0; n < N; ++n) part[p][n] = _mm512_setzero_ps();
@@ -1054,13 +1060,11 @@ inline void nvfp4_row_pairs(const NVFP4Rows& f, const float* xt, const int64_t* 
       }
     }
     for (int p = 0; p < P; ++p) {
-      const __m512 bs = fp8_decode16(two_steps(f.bscale + pr[2 * p] * f.bs_stride + g * LANES,
-                                               f.bscale + pr[2 * p + 1] * f.bs_stride + g * LANES));
+      const __m512 bs = pair_block_scales(f, pr[2 * p], pr[2 * p + 1], g);
       for (int n = 0; n < N; ++n) acc[p][n] = _mm512_fmadd_ps(part[p][n], bs, acc[p][n]);
     }
   }
-  for (int p = 0; p < P; ++p)
-    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc_mem + (p * N + n) * 16, acc[p][n]);
+  store_chains(acc, acc_mem);
 }
 
 template <int N>
@@ -1218,8 +1222,7 @@ template <int N, int P>
 inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* xb, const int64_t* pr, int64_t s0,
                             int64_t s1, float* acc) {
   __m512 a[P][N];
-  for (int p = 0; p < P; ++p)
-    for (int n = 0; n < N; ++n) a[p][n] = _mm512_loadu_ps(acc + (p * N + n) * 16);
+  load_chains(acc, a);
   const int64_t full = std::min(s1, f.full_steps());
   int64_t s = s0;
   for (; s + 1 < full; s += 2) {
@@ -1236,8 +1239,7 @@ inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* x
       for (int p = 0; p < P; ++p) a[p][n] = dpbf16(a[p][n], w[p], xv);
     }
   }
-  for (int p = 0; p < P; ++p)
-    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc + (p * N + n) * 16, a[p][n]);
+  store_chains(a, acc);
   if (s < s1) wide_steps<N, P>(f, xt, pr, s, s1, acc);
 }
 
@@ -1285,18 +1287,12 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
     rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
   }
   __m512 acc[P][N];
-  for (int p = 0; p < P; ++p)
-    for (int n = 0; n < N; ++n) acc[p][n] = _mm512_loadu_ps(acc_mem + (p * N + n) * 16);
+  load_chains(acc_mem, acc);
   int64_t g = g0;
   for (; g + G <= g1; g += G) {
     for (int j = 0; j < G; ++j) {
-      if (((g + j) & 7) == 0) {  // a 64-byte line of each run serves 8 groups: fetch it for the next P pairs
-        for (int i = 0; i < 2 * P; ++i) {
-          const uint8_t* next = f.packed + pr[2 * P + i] * f.p_stride + (g + j) * LANES;
-          for (int64_t k = 0; k < LANES; ++k) prefetch(next + k * nb);
-          prefetch(f.bscale + pr[2 * P + i] * f.bs_stride + (g + j) * LANES);
-        }
-      }
+      if (((g + j) & 7) == 0)  // a 64-byte line of each run serves 8 groups: fetch it for the next P pairs
+        for (int i = 0; i < 2 * P; ++i) f.prefetch_lines(pr[2 * P + i], g + j);
     }
     __m512 part[P][G][N];
     for (int p = 0; p < P; ++p)
@@ -1320,13 +1316,11 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
     }
     for (int j = 0; j < G; ++j)
       for (int p = 0; p < P; ++p) {
-        const __m512 bs = fp8_decode16(two_steps(f.bscale + pr[2 * p] * f.bs_stride + (g + j) * LANES,
-                                                 f.bscale + pr[2 * p + 1] * f.bs_stride + (g + j) * LANES));
+        const __m512 bs = pair_block_scales(f, pr[2 * p], pr[2 * p + 1], g + j);
         for (int n = 0; n < N; ++n) acc[p][n] = _mm512_fmadd_ps(part[p][j][n], bs, acc[p][n]);
       }
   }
-  for (int p = 0; p < P; ++p)
-    for (int n = 0; n < N; ++n) _mm512_storeu_ps(acc_mem + (p * N + n) * 16, acc[p][n]);
+  store_chains(acc, acc_mem);
   if constexpr (G > 1) {
     if (g < g1) nvfp4_row_pairs_bf16<N, P, 1>(f, xb, pr, g, g1, acc_mem);
   }
