@@ -43,6 +43,7 @@ FP8, NVFP4 = QuantAlgo.FP8, QuantAlgo.NVFP4
 U = 2.0**-24
 E2M1 = torch.tensor(nvfp4.E2M1_VALUES, dtype=torch.float64)
 FINITE_FP8 = torch.arange(256, dtype=torch.uint8)[(torch.arange(256) & 0x7F) != 0x7F]  # 254 codes
+DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def gamma(m: int) -> float:
@@ -653,7 +654,7 @@ def test_fp8_and_dense_bitwise_across_paths(hidden):
     codes = FINITE_FP8[torch.randint(0, FINITE_FP8.numel(), (v, hidden), generator=gen)]
     codes[torch.arange(FINITE_FP8.numel()), torch.arange(FINITE_FP8.numel()) % hidden] = FINITE_FP8
     scales = [torch.tensor(2e-3), torch.rand(v, generator=gen) * 1e-2 + 1e-4, torch.tensor(2.0**60)]
-    dense = {dt: (torch.randn(v, hidden, generator=gen) * 0.05).to(dt) for dt in (torch.bfloat16, torch.float16)}
+    dense = {dt: (torch.randn(v, hidden, generator=gen) * 0.05).to(dt) for dt in DENSE_DTYPES}
     for b in BATCHES_1_9:
         x = kernels.fp8_x(torch.randn(b, hidden, generator=gen).bfloat16().float())
         for scale in scales:
@@ -839,7 +840,7 @@ def test_fp8_and_dense_tiled_batches_equal_batch_1(isa, hidden):
     x = kernels.fp8_x(_tiled_x(max(BATCHES_TILED), hidden, gen))
     for scale in (torch.rand(v, generator=gen) * 1e-2 + 1e-4, torch.tensor(2.0**60), torch.tensor(2.0**-60)):
         _check_tiled(lambda xx, w, s: kernels.fp8_logits(xx, hidden, w, s), x, codes, scale)
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in DENSE_DTYPES:
         w = (torch.randn(v, hidden, generator=gen) * 0.05).to(dtype)
         _check_tiled(lambda xx, ww: kernels.dense_logits(xx, hidden, ww), x, w)
     # one-hot rows read every code back exactly at a tiled batch
@@ -880,7 +881,7 @@ def test_tiled_batches_bitwise_across_paths():
         codes = FINITE_FP8[torch.randint(0, FINITE_FP8.numel(), (v, hidden), generator=gen)]
         codes[torch.arange(FINITE_FP8.numel()), torch.arange(FINITE_FP8.numel()) % hidden] = FINITE_FP8
         scale = torch.rand(v, generator=gen) * 1e-2 + 1e-4
-        dense = [(torch.randn(v, hidden, generator=gen) * 0.05).to(dt) for dt in (torch.bfloat16, torch.float16)]
+        dense = [(torch.randn(v, hidden, generator=gen) * 0.05).to(dt) for dt in DENSE_DTYPES]
         x = kernels.fp8_x(_tiled_x(max(BATCHES_TILED), hidden, gen))
         for b in BATCHES_TILED:
             for lo, hi in TILED_RANGES:
@@ -897,7 +898,8 @@ def test_tiled_batches_bitwise_across_paths():
                 _same_on_every_path(paths, gemm.nvfp4_logits, x[:b], hidden, packed[lo:hi], bs[lo:hi], 1e-3)
 
 
-# ---- the dense bf16 / fp16 kernel ----------------------------------------------------------------------------
+# ---- the dense bf16 / fp16 / float32 kernel -----------------------------------------------------------------
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 0.0}  # of the final rounding
 def _dense_head(dtype: torch.dtype, v: int, h: int, w: torch.Tensor, mapping: Mapping | None = None,
                 layout: str = "uneven") -> LMHead:
     head = LMHead(v, h, dtype=dtype, mapping=mapping, vocab_layout=layout, pad_to=4)
@@ -907,7 +909,7 @@ def _dense_head(dtype: torch.dtype, v: int, h: int, w: torch.Tensor, mapping: Ma
 
 def _dense_check(head: LMHead, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Logits against float64: 8 float32 FMA chains of ceil(H / 8) steps, a 3-level tree, then one
-    rounding to the head dtype (unit roundoff 2**-8 bf16, 2**-11 fp16)."""
+    rounding to the head dtype (unit roundoff 2**-8 bf16, 2**-11 fp16; none for float32)."""
     weights = head.weights
     assert weights._kernel(x)
     got = weights(x)
@@ -917,7 +919,7 @@ def _dense_check(head: LMHead, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor
     w64 = w[shard.start : shard.end].double()
     ref, a = x.double() @ w64.t(), x.double().abs() @ w64.abs().t()
     fp32_err = gamma(math.ceil(head.hidden_size / 8) + 3) * a
-    u = 2.0**-8 if w.dtype == torch.bfloat16 else 2.0**-11
+    u = UNIT_ROUNDOFF[w.dtype]
     bound = fp32_err + u * (ref.abs() + fp32_err)
     excess = ((got - ref).abs() - bound).max().item() if got.numel() else 0.0
     assert excess <= 0, f"error exceeds its bound by {excess:.3g}"
@@ -929,7 +931,7 @@ def dense_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(kernels.DENSE_ENV_VAR, "1")  # on every CPU, also where torch's GEMM is the default
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", DENSE_DTYPES)
 @pytest.mark.parametrize("hidden", [1, 13, 40, 520, 1029])
 def test_dense_kernel_bounds_batches_and_partitions(isa, dense_kernel, dtype, hidden):
     gen = torch.Generator().manual_seed(hidden)
@@ -950,7 +952,7 @@ def test_dense_kernel_bounds_batches_and_partitions(isa, dense_kernel, dtype, hi
     with kernels.disabled():
         assert not head.weights._kernel(x)
         old = head.weights(x).double()
-    u = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    u = UNIT_ROUNDOFF[dtype]
     a = x.double().abs() @ w.double().abs().t()
     assert ((old - got.double()).abs() <= 2 * (gamma(hidden + 2) * a + u * a) + 1e-30).all()
 
@@ -977,6 +979,29 @@ def test_dense_kernel_decodes_every_value(isa, dtype):
         assert torch.equal(got, want)
 
 
+def test_dense_kernel_reads_float32_weights_as_they_are(isa):
+    """float32 weights need no decode: every special value (signed zeros, subnormals down to the
+    smallest, the largest finite, both ends of the normals) and random bit patterns come back exactly
+    through one-hot inputs, at every batch 1..9 and a tail step (H = 13)."""
+    special = torch.tensor([0.0, -0.0, 2.0**-149, -(2.0**-149), 2.0**-126, 2.0**-126 - 2.0**-149, 1.0, -1.0,
+                            3.4028234663852886e38, -3.4028234663852886e38, 1e-40, 0.1], dtype=torch.float32)
+    bits = torch.randint(-(2**31), 2**31 - 1, (4000,), dtype=torch.int64, generator=torch.Generator().manual_seed(3))
+    values = torch.cat([special, bits.to(torch.int32).view(torch.float32)])
+    values = values[torch.isfinite(values)]
+    h = 13
+    v = -(-values.numel() // h)
+    w = torch.zeros(v * h, dtype=torch.float32)
+    w[: values.numel()] = values
+    w = w.reshape(v, h)
+    for b in BATCHES_1_9:
+        cols = (torch.arange(b) * 5) % h
+        eye = torch.zeros(b, h, dtype=torch.float32)
+        eye[torch.arange(b), cols] = 1.0
+        got = kernels.dense_logits(kernels.fp8_x(eye), h, w)
+        want = w[:, cols].t() + 0.0  # -0 weights give +0 logits (sum + 0)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 def test_dense_kernel_dispatch(monkeypatch):
     head = _dense_head(torch.bfloat16, 40, 16, torch.randn(40, 16).bfloat16())
     x = torch.randn(3, 16).bfloat16()
@@ -991,7 +1016,16 @@ def test_dense_kernel_dispatch(monkeypatch):
     want = (kernels.WIDE_MAX_BATCH if wide else 0) if native else kernels.DENSE_MAX_BATCH
     assert kernels.dense_max_batch(torch.bfloat16) == want
     assert gemm.dense_max_batch(torch.bfloat16, "avx2+fma+f16c") == (0 if native else kernels.DENSE_MAX_BATCH)
+    isa = kernels.load().isa if kernels.available() else None
+    assert kernels.dense_max_batch(torch.float32) == kernels.FLOAT32_MAX_BATCH.get(isa or "", 0)
+    assert gemm.dense_max_batch(torch.float32, "portable") == 0
+    assert gemm.dense_max_batch(torch.float32, "avx512") == 16
+    head32 = _dense_head(torch.float32, 40, 16, torch.randn(40, 16))
+    assert head32.weights._kernel(torch.randn(3, 16)) == (kernels.dense_max_batch(torch.float32) >= 3)
+    assert not head32.weights._kernel(torch.randn(3, 16).bfloat16())  # x in another dtype: torch's GEMM
+    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "0")
     assert kernels.dense_max_batch(torch.float32) == 0
+    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "auto")
     monkeypatch.setenv(kernels.DENSE_ENV_VAR, "sometimes")
     with pytest.raises(ValueError, match=kernels.DENSE_ENV_VAR):
         kernels.dense_max_batch(torch.bfloat16)

@@ -43,6 +43,7 @@ from trtvocab.kernels.gemm import (
     DENSE_ENV_VAR,
     DENSE_KERNEL_DTYPES,
     DENSE_MAX_BATCH,
+    FLOAT32_MAX_BATCH,
     LANES,
     NATIVE_DOT,
     NVFP4_GROUP,
@@ -67,8 +68,9 @@ from trtvocab.kernels.runtime import (
 from trtvocab.kernels.selfcheck import self_check
 from trtvocab.kernels.tree import TREE_MAX_LOGITS, tree_available, tree_exp_check, tree_nodes
 
-__all__ = ["ABI", "CACHE_ENV_VAR", "DENSE_ENV_VAR", "DENSE_KERNEL_DTYPES", "DENSE_MAX_BATCH", "ENV_VAR", "ISAS",
-           "ISA_CPU_FLAGS", "ISA_ENV_VAR", "ISA_NAMES", "LANES", "LOCK_NAME", "LOCK_TIMEOUT_ENV_VAR", "NATIVE_DOT",
+__all__ = ["ABI", "CACHE_ENV_VAR", "DENSE_ENV_VAR", "DENSE_KERNEL_DTYPES", "DENSE_MAX_BATCH", "ENV_VAR",
+           "FLOAT32_MAX_BATCH", "ISAS", "ISA_CPU_FLAGS",
+           "ISA_ENV_VAR", "ISA_NAMES", "LANES", "LOCK_NAME", "LOCK_TIMEOUT_ENV_VAR", "NATIVE_DOT",
            "NVFP4_GROUP", "SOURCE", "TORCH_BATON", "TREE_MAX_LOGITS", "TREE_SOURCE", "WIDE_MAX_BATCH",
            "FusedInput", "Loaded", "available",
            "build_lock", "build_name", "build_root", "cache_problem", "cflags", "cpu_flags", "dense_logits",

@@ -5,7 +5,8 @@ Every call here takes a :class:`~trtvocab.kernels.build.Loaded` first (``trtvoca
 etc., in :mod:`trtvocab.kernels.runtime`, pass this process's library). The quantized heads decode
 their codes inside the multiply, so the weight is read once per call in its stored bytes; the same
 library multiplies dense bf16 / fp16 heads (:func:`dense_logits`) where torch's GEMM has no native
-dot products for that dtype (:func:`dense_max_batch`). Each logit is one fixed FMA chain, bitwise
+dot products for that dtype, and float32 heads at decode batches, where torch's sgemm is compute
+bound (:func:`dense_max_batch`). Each logit is one fixed FMA chain, bitwise
 the same for any row split, batch and tp size; :func:`nvfp4_x` lays ``x`` out in the block-major
 step order of an NVFP4 head.
 
@@ -120,8 +121,9 @@ def nvfp4_logits(loaded: Loaded, x: torch.Tensor, hidden: int, packed_block_majo
     return out
 
 
-DENSE_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
-DENSE_ENV_VAR = "TRTVOCAB_DENSE_KERNEL"  # auto (default) | 1 (every dense bf16 / fp16 head) | 0 (never)
+DENSE_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_DENSE_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # trtvocab_dense_logits' kind
+DENSE_ENV_VAR = "TRTVOCAB_DENSE_KERNEL"  # auto (default) | 1 (every dense head, any batch <= 64) | 0 (never)
 DENSE_MAX_BATCH = 64  # larger batches go to torch's GEMM (compute bound there; not measured beyond)
 # The batches of the AVX-512 one-pass kernels (larger ones: its tile kernel, slower than torch's GEMM with
 # native bf16 dot products: Zen 5, 2 threads, bf16 B = 9 ~75 vs 50 ms, 16 ~90 vs 62, 64 ~290 vs 131).
@@ -131,6 +133,13 @@ WIDE_MAX_BATCH = 8
 # the AVX-512 kernels beat it at B <= 8 (avx512_bf16, Zen 5, V = 129280, H = 5120, two threads, best
 # of 5 interleaved: B = 1 56 vs 81 ms, 2: 69 vs 76, 4: 49 vs 77, 8: 38 vs 61).
 NATIVE_DOT = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+# float32 heads: torch's GEMM (MKL / oneDNN sgemm) is native everywhere but, at a decode batch, far
+# from the read bandwidth (compute bound in its small-M kernels), so the library's one pass wins up to
+# these batches, by path (Zen 5, best of 5-7 interleaved; V x H = 49152 x 576, one thread / two:
+# avx512 B = 1 3.9 vs 7.5 ms, 8: 4.7 vs 15.6, 16: 13.6 vs 18.3, 32: 28.6 vs 28.4 (even), 64: 99 vs 49;
+# 129280 x 5120, two threads: B = 8 44 vs 343 ms, 16: 129 vs 400; the avx2 build B = 8 8.6 vs 12.7,
+# B = 9 21 vs 14 with one thread). The portable build never.
+FLOAT32_MAX_BATCH = {"avx512": 16, "avx2+fma+f16c": 8}
 
 
 def native_dot(dtype: torch.dtype) -> bool:
@@ -147,7 +156,8 @@ def dense_max_batch(dtype: torch.dtype, isa: str | None = None) -> int:
     products for that dtype: then the AVX-512 library up to :data:`WIDE_MAX_BATCH` rows (where it was
     measured faster than torch's GEMM; a larger batch is torch's, so such a head's bits are batch
     invariant up to 8 rows only), any other none (torch's GEMM is faster at B >= 2 and is kept at
-    every B)."""
+    every B). float32 heads: up to :data:`FLOAT32_MAX_BATCH` rows of the library's path. ``1``: every
+    dense head up to :data:`DENSE_MAX_BATCH` rows."""
     value = os.environ.get(DENSE_ENV_VAR, "").strip().lower() or "auto"
     if value in ("0", "false", "off", "no") or dtype not in DENSE_KERNEL_DTYPES:
         return 0
@@ -155,6 +165,8 @@ def dense_max_batch(dtype: torch.dtype, isa: str | None = None) -> int:
         return DENSE_MAX_BATCH
     if value != "auto":
         raise ValueError(f"{DENSE_ENV_VAR} must be auto, 1 or 0, got {value!r}")
+    if dtype == torch.float32:
+        return FLOAT32_MAX_BATCH.get(isa or "", 0)
     if native_dot(dtype):
         return WIDE_MAX_BATCH if isa == "avx512" else 0
     return DENSE_MAX_BATCH
@@ -163,10 +175,10 @@ def dense_max_batch(dtype: torch.dtype, isa: str | None = None) -> int:
 def dense_logits(loaded: Loaded, x: torch.Tensor, hidden: int, weight: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """``x [N, >= H]`` (:func:`fp8_x`: float32, zero-padded to a multiple of 8 columns) times the
-    bf16 / fp16 ``weight [rows, H]`` (unit column stride): float32 ``[N, rows]``, each logit one
+    bf16 / fp16 / float32 ``weight [rows, H]`` (unit column stride): float32 ``[N, rows]``, each logit one
     chain of 8 float32 FMA lanes over H (the FP8 chain without a scale)."""
     if weight.dtype not in DENSE_KERNEL_DTYPES:
-        raise ValueError(f"dense_logits: bf16 or fp16 weights, got {weight.dtype}")
+        raise ValueError(f"dense_logits: bf16, fp16 or float32 weights, got {weight.dtype}")
     n, rows = x.shape[0], weight.shape[0]
     if (weight.shape[1] != hidden or (rows and weight.stride(1) != 1) or x.stride(1) != 1
             or x.shape[1] < -(-hidden // 8) * 8 or x.dtype != torch.float32):
@@ -174,7 +186,7 @@ def dense_logits(loaded: Loaded, x: torch.Tensor, hidden: int, weight: torch.Ten
     out = _out(out, n, rows, x)
     if n and rows:
         check_status(loaded.lib.trtvocab_dense_logits(x.data_ptr(), n, x.stride(0), hidden, weight.data_ptr(), rows,
-                                                     weight.stride(0), int(weight.dtype == torch.float16),
+                                                     weight.stride(0), _DENSE_KIND[weight.dtype],
                                                      out.data_ptr(), out.stride(0)), "dense")
     return out
 

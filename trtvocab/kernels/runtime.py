@@ -124,10 +124,10 @@ def dense_logits(x: torch.Tensor, hidden: int, weight: torch.Tensor, out: torch.
 
 def dense_max_batch(dtype: torch.dtype) -> int:
     """:func:`trtvocab.kernels.gemm.dense_max_batch` for this process's library (loaded only where
-    the answer depends on its path: a CPU with native dot products for ``dtype``)."""
+    the answer depends on its path: a float32 head, or a CPU with native dot products for ``dtype``)."""
     if gemm.dense_max_batch(dtype, "avx512") == 0:
         return 0
-    loaded = load() if gemm.native_dot(dtype) else None
+    loaded = load() if dtype == torch.float32 or gemm.native_dot(dtype) else None
     return gemm.dense_max_batch(dtype, loaded.isa if loaded is not None else None)
 
 

@@ -102,7 +102,7 @@ class DenseWeight(WeightMethod):
         )
 
     def _kernel(self, x: torch.Tensor) -> bool:
-        """Whether this call multiplies in the fused dense kernel (bf16 / fp16, a batch it beats
+        """Whether this call multiplies in the fused dense kernel (bf16 / fp16 / float32, a batch it beats
         torch's GEMM at: :func:`kernels.dense_max_batch`): every logit is then one fixed chain of
         float32 FMAs over H, rounded once to the head dtype, bitwise the same at every batch up to
         that limit, every ``[start, end)`` split and every tp size."""

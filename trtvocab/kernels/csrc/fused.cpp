@@ -158,6 +158,7 @@ inline V bf16_decode8(const uint16_t* p) {
   return {_mm256_castsi256_ps(_mm256_slli_epi32(h, 16))};
 }
 inline V fp16_decode8(const uint16_t* p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
+inline V f32_load8(const float* p) { return {_mm256_loadu_ps(p)}; }
 #else
 // Portable lanes: the same chains and the same reduction tree; built with -ffp-contract=off,
 // so a * b + c is fused only where written (hardware fmaf), identically in both kernels.
@@ -259,6 +260,11 @@ inline V fp16_decode8(const uint16_t* p) {
   for (int i = 0; i < LANES; ++i) r.v[i] = half_to_float(p[i]);
   return r;
 }
+inline V f32_load8(const float* p) {
+  V r;
+  std::memcpy(r.v, p, sizeof(r.v));
+  return r;
+}
 #endif
 
 inline float finish(V acc, float scale, float unbias = UNBIAS) {
@@ -310,28 +316,36 @@ struct FP8Rows {
   }
 };
 
-// Dense bf16 / fp16 rows (HALF: fp16): row = H values; step s = values [8s, 8s + 8), the last step
-// zero-padded; decoded exactly to float32; no scale (logit = the tree's sum + 0).
-template <bool HALF>
+// Dense bf16 / fp16 / float32 rows: row = H values; step s = values [8s, 8s + 8), the last step
+// zero-padded; decoded exactly to float32 (float32: as they are); no scale (logit = the tree's sum + 0).
+enum class Dense { BF16, FP16, F32 };
+template <Dense K>
 struct DenseRows {
+  using T = std::conditional_t<K == Dense::F32, float, uint16_t>;
   static constexpr bool kGroupScaled = false;
   static constexpr int64_t kTileRows = 16, kChunkSteps = 32;
   static constexpr int kGemvRows = 8;
   static constexpr float kUnbias = 1.0f;
   static constexpr int64_t kDirectChunk = 64;
-  const uint16_t* w;
+  const T* w;
   int64_t w_stride, hidden;  // in elements
   int64_t steps() const { return (hidden + LANES - 1) / LANES; }
   int64_t step_multiple() const { return 1; }
   int64_t full_steps() const { return hidden / LANES; }
   int64_t chunk_units() const { return steps(); }
   float row_scale(int64_t) const { return 1.0f; }
-  static V dec(const uint16_t* p) { return HALF ? fp16_decode8(p) : bf16_decode8(p); }
+  static V dec(const T* p) {
+    if constexpr (K == Dense::F32) {
+      return f32_load8(p);
+    } else {
+      return K == Dense::FP16 ? fp16_decode8(p) : bf16_decode8(p);
+    }
+  }
   V step_full(int64_t r, int64_t s) const { return dec(w + r * w_stride + s * LANES); }
   V step_tail(int64_t r, int64_t s) const {
-    uint16_t tmp[LANES] = {0, 0, 0, 0, 0, 0, 0, 0};
+    T tmp[LANES] = {0, 0, 0, 0, 0, 0, 0, 0};
     const int64_t left = std::min<int64_t>(LANES, hidden - s * LANES);
-    std::memcpy(tmp, w + r * w_stride + s * LANES, static_cast<size_t>(left) * 2);
+    std::memcpy(tmp, w + r * w_stride + s * LANES, static_cast<size_t>(left) * sizeof(T));
     return dec(tmp);
   }
   void prefetch_row(int64_t r, int64_t s) const { prefetch(w + r * w_stride + s * LANES); }
@@ -795,13 +809,18 @@ inline void pair_full2(const FP8Rows& f, int64_t a, int64_t b, int64_t s, __m512
   w0 = _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, v), 1), mask));
   w1 = _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, v), 1), mask));
 }
-template <bool HALF>
-inline __m512 pair_full(const DenseRows<HALF>& f, int64_t a, int64_t b, int64_t s) {
-  __m256i h = two_halves(f.w + a * f.w_stride + s * LANES, f.w + b * f.w_stride + s * LANES);
-  if constexpr (HALF) {
-    return _mm512_cvtph_ps(h);
+template <Dense K>
+inline __m512 pair_full(const DenseRows<K>& f, int64_t a, int64_t b, int64_t s) {
+  if constexpr (K == Dense::F32) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(f.w + a * f.w_stride + s * LANES)),
+                              _mm256_loadu_ps(f.w + b * f.w_stride + s * LANES), 1);
   } else {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    __m256i h = two_halves(f.w + a * f.w_stride + s * LANES, f.w + b * f.w_stride + s * LANES);
+    if constexpr (K == Dense::FP16) {
+      return _mm512_cvtph_ps(h);
+    } else {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
   }
 }
 
@@ -1528,17 +1547,21 @@ inline void wb_decode(const FP8Rows& f, int64_t r, int64_t s0, int64_t n, float*
     _mm512_storeu_ps(dst + (s - s0) * LANES, fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + s * LANES))));
   for (; s < s0 + n; ++s) vstore(dst + (s - s0) * LANES, s < full ? f.step_full(r, s) : f.step_tail(r, s));
 }
-template <bool HALF>
-inline void wb_decode(const DenseRows<HALF>& f, int64_t r, int64_t s0, int64_t n, float* dst, float*) {
-  const uint16_t* p = f.w + r * f.w_stride;
+template <Dense K>
+inline void wb_decode(const DenseRows<K>& f, int64_t r, int64_t s0, int64_t n, float* dst, float*) {
+  const auto* p = f.w + r * f.w_stride;
   const int64_t full = std::min(s0 + n, f.full_steps());
   int64_t s = s0;
   for (; s + 2 <= full; s += 2) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + s * LANES));
-    if constexpr (HALF) {
-      _mm512_storeu_ps(dst + (s - s0) * LANES, _mm512_cvtph_ps(h));
+    if constexpr (K == Dense::F32) {
+      _mm512_storeu_ps(dst + (s - s0) * LANES, _mm512_loadu_ps(p + s * LANES));
     } else {
-      _mm512_storeu_ps(dst + (s - s0) * LANES, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + s * LANES));
+      if constexpr (K == Dense::FP16) {
+        _mm512_storeu_ps(dst + (s - s0) * LANES, _mm512_cvtph_ps(h));
+      } else {
+        _mm512_storeu_ps(dst + (s - s0) * LANES, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+      }
     }
   }
   for (; s < s0 + n; ++s) vstore(dst + (s - s0) * LANES, s < full ? f.step_full(r, s) : f.step_tail(r, s));
@@ -1684,7 +1707,7 @@ int run(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64_t ro
 extern "C" {
 
 // Bumped whenever a signature below changes (the Python side checks it).
-int trtvocab_fused_abi() { return 2; }
+int trtvocab_fused_abi() { return 3; }
 
 // The bandwidth probe of benchmarks/bandwidth.py: reads `nbytes` (a multiple of 256) from p with
 // at::parallel_for (the heads' threads), 8 independent 32-byte accumulators per thread, and
@@ -1758,15 +1781,20 @@ int trtvocab_fp8_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_
   return run(f, x, n_rows, x_stride, rows, out, out_stride);
 }
 
-// out[n * out_stride + r] = sum_k x[n * x_stride + k] * w[r * w_stride + k], w bf16 (half = 0) or fp16 (1)
-// x: float32 [n_rows, x_stride], zero-padded past `hidden` to a multiple of 8 columns.
-int trtvocab_dense_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_t hidden, const uint16_t* w,
-                          int64_t rows, int64_t w_stride, int half, float* out, int64_t out_stride) {
-  if (half) {
-    DenseRows<true> f{w, w_stride, hidden};
+// out[n * out_stride + r] = sum_k x[n * x_stride + k] * w[r * w_stride + k], w bf16 (kind 0), fp16 (1) or
+// float32 (2); x: float32 [n_rows, x_stride], zero-padded past `hidden` to a multiple of 8 columns.
+int trtvocab_dense_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_t hidden, const void* w,
+                          int64_t rows, int64_t w_stride, int kind, float* out, int64_t out_stride) {
+  if (kind == 2) {
+    DenseRows<Dense::F32> f{static_cast<const float*>(w), w_stride, hidden};
     return run(f, x, n_rows, x_stride, rows, out, out_stride);
   }
-  DenseRows<false> f{w, w_stride, hidden};
+  const auto* h = static_cast<const uint16_t*>(w);
+  if (kind == 1) {
+    DenseRows<Dense::FP16> f{h, w_stride, hidden};
+    return run(f, x, n_rows, x_stride, rows, out, out_stride);
+  }
+  DenseRows<Dense::BF16> f{h, w_stride, hidden};
   return run(f, x, n_rows, x_stride, rows, out, out_stride);
 }
 
