@@ -795,6 +795,24 @@ def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden):
                 _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed[5:], bs[5:], global_scale)
 
 
+@pytest.mark.parametrize("hidden", [2816, 4240, 5120])
+def test_dpbf16_nvfp4_chunked_passes(hidden):
+    """Where x's bf16 pairs outgrow L1 (B = 8 from H = 2688 on a 48 KiB L1D, B = 5 from H = 4224) the vdpbf16ps
+    kernel runs K-chunks of 16 lane groups for a tile's rows: the same bits as the FMA kernels. 2816: a short
+    last chunk; 4240: a last chunk of one group (the single-group tail) and a partial group; 5120: the head's H."""
+    paths = _paths_with_dpbf16()
+    gen = torch.Generator().manual_seed(hidden + 3)
+    v, _, packed = _every_nibble_rows(hidden, gen)
+    packed = nvfp4.to_block_major(packed)
+    bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+    for b in (5, 8):
+        for name, x in _x_cases(b, hidden, gen):
+            if name in ("fits", "edge", "nan"):
+                xn = kernels.nvfp4_x(x)
+                _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed, bs, 1e-3)
+                _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed[3:], bs[3:], 1e-3)
+
+
 # ---- batch >= 9: the AVX-512 tile kernel, against the AVX2 one and against batch 1 -----------------------------
 # The batches are the remainders of its register blocks: 8 x rows per block (4 row pairs, the last block's odd row
 # paired with zeros), 6 weight rows per micro kernel, 24 per tile, 128 x rows per pass. The row ranges start
@@ -1000,6 +1018,11 @@ def test_dense_kernel_reads_float32_weights_as_they_are(isa):
         got = kernels.dense_logits(kernels.fp8_x(eye), h, w)
         want = w[:, cols].t() + 0.0  # -0 weights give +0 logits (sum + 0)
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    # a weight kind the library does not know is an error status, not a guess
+    out = torch.empty(1, v)
+    x8 = kernels.fp8_x(torch.ones(1, h))
+    assert kernels.load().lib.trtvocab_dense_logits(x8.data_ptr(), 1, x8.stride(0), h, w.data_ptr(), v, h, 3,
+                                                    out.data_ptr(), v) == 2
 
 
 def test_dense_kernel_dispatch(monkeypatch):
@@ -1016,16 +1039,21 @@ def test_dense_kernel_dispatch(monkeypatch):
     want = (kernels.WIDE_MAX_BATCH if wide else 0) if native else kernels.DENSE_MAX_BATCH
     assert kernels.dense_max_batch(torch.bfloat16) == want
     assert gemm.dense_max_batch(torch.bfloat16, "avx2+fma+f16c") == (0 if native else kernels.DENSE_MAX_BATCH)
-    isa = kernels.load().isa if kernels.available() else None
-    assert kernels.dense_max_batch(torch.float32) == kernels.FLOAT32_MAX_BATCH.get(isa or "", 0)
-    assert gemm.dense_max_batch(torch.float32, "portable") == 0
+    # float32: by the library's path (measured: 16 rows on AVX-512, 8 on AVX2, never portable)
     assert gemm.dense_max_batch(torch.float32, "avx512") == 16
+    assert gemm.dense_max_batch(torch.float32, "avx2+fma+f16c") == 8
+    assert gemm.dense_max_batch(torch.float32, "portable") == 0
+    limit = kernels.dense_max_batch(torch.float32)
+    assert limit == (0 if not kernels.available() else {"avx512": 16, "avx2+fma+f16c": 8}.get(kernels.load().isa, 0))
     head32 = _dense_head(torch.float32, 40, 16, torch.randn(40, 16))
-    assert head32.weights._kernel(torch.randn(3, 16)) == (kernels.dense_max_batch(torch.float32) >= 3)
+    if limit:
+        assert head32.weights._kernel(torch.randn(limit, 16))
+    assert not head32.weights._kernel(torch.randn(limit + 1, 16))
     assert not head32.weights._kernel(torch.randn(3, 16).bfloat16())  # x in another dtype: torch's GEMM
+    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "1")
+    assert kernels.dense_max_batch(torch.float32) == kernels.DENSE_MAX_BATCH
     monkeypatch.setenv(kernels.DENSE_ENV_VAR, "0")
     assert kernels.dense_max_batch(torch.float32) == 0
-    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "auto")
     monkeypatch.setenv(kernels.DENSE_ENV_VAR, "sometimes")
     with pytest.raises(ValueError, match=kernels.DENSE_ENV_VAR):
         kernels.dense_max_batch(torch.bfloat16)

@@ -1,4 +1,4 @@
-"""Fused dequantize-multiply CPU kernels for the FP8, NVFP4 and dense bf16 / fp16 heads (a JIT-built
+"""Fused dequantize-multiply CPU kernels for the FP8, NVFP4 and dense bf16 / fp16 / float32 heads (a JIT-built
 C++ extension, ``csrc/fused.cpp``, called through :mod:`ctypes` on torch's intra-op threads).
 
 The design and the numerics contract (each logit one chain of 8 float32 lanes over H, so it is

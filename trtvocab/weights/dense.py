@@ -106,7 +106,9 @@ class DenseWeight(WeightMethod):
         torch's GEMM at: :func:`kernels.dense_max_batch`): every logit is then one fixed chain of
         float32 FMAs over H, rounded once to the head dtype, bitwise the same at every batch up to
         that limit, every ``[start, end)`` split and every tp size."""
-        return (x.dim() == 2 and x.dtype == self.weight.dtype and 0 < x.shape[0] <= kernels.dense_max_batch(x.dtype)
+        # CPU tensors first: dense_max_batch loads (builds) the library for a float32 head.
+        return (x.dim() == 2 and x.device.type == "cpu" and self.weight.device.type == "cpu"
+                and x.dtype == self.weight.dtype and 0 < x.shape[0] <= kernels.dense_max_batch(x.dtype)
                 and kernels.usable(x, self.weight))
 
     def _kernel_logits(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <unistd.h>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -1345,8 +1346,16 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
   }
 }
 
-constexpr int64_t X_IN_L1_BYTES = 40 * 1024;  // of a 48 KiB L1D: the rest for the weight lines in flight
-constexpr int64_t NVFP4_BF16_CHUNK = 16;  // groups per pass when x does not fit (16 KiB of x per row at B = 8)
+// The bytes of x a pass keeps in L1: this CPU's L1D (sysconf; 32 KiB where unknown) less 8 KiB for the
+// weight lines in flight (48 KiB on Zen 5, 32 KiB on Zen 4 and the Intel parts with avx512_bf16).
+inline int64_t x_in_l1_bytes() {
+  static const int64_t bytes = [] {
+    const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return static_cast<int64_t>(l1 >= 16 * 1024 && l1 <= 1024 * 1024 ? l1 : 32 * 1024) - 8 * 1024;
+  }();
+  return bytes;
+}
+constexpr int64_t NVFP4_BF16_CHUNK = 16;  // groups per pass when x does not fit (N * 4 KiB of x's pairs)
 
 // NVFP4, batch 2..8, by vdpbf16ps: P row pairs, G lane groups of each interleaved (P * G * N independent
 // block sums for the latency of vdpbf16ps; the row totals in registers).
@@ -1356,11 +1365,11 @@ void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t row
   // G * N block sums and N totals in registers.
   constexpr int P = 1, G = N <= 4 ? 4 : 2;
   const int64_t full = f.blocks() / LANES;
-  // Every row pair reads all of x: whole rows while x's pairs fit in L1 (X_IN_L1_BYTES), else chunks of
+  // Every row pair reads all of x: whole rows while x's pairs fit in L1 (x_in_l1_bytes), else chunks of
   // NVFP4_BF16_CHUNK groups for all the tile's rows (the totals kept in memory between chunks; measured
   // 36 -> 28 ms at B = 8, V = 129280, H = 5120, where x is 80 KiB and was read from L2 for every pair).
   const int64_t x_bytes = full * LANES * N * LANES * static_cast<int64_t>(sizeof(uint32_t));
-  const int64_t CG = x_bytes <= X_IN_L1_BYTES ? full : NVFP4_BF16_CHUNK;
+  const int64_t CG = x_bytes <= x_in_l1_bytes() ? full : NVFP4_BF16_CHUNK;
   const std::vector<uint32_t> xb =
       bf16_pairs<N>(full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
   pair_tiles<N, P>(
@@ -1785,6 +1794,7 @@ int trtvocab_fp8_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_
 // float32 (2); x: float32 [n_rows, x_stride], zero-padded past `hidden` to a multiple of 8 columns.
 int trtvocab_dense_logits(const float* x, int64_t n_rows, int64_t x_stride, int64_t hidden, const void* w,
                           int64_t rows, int64_t w_stride, int kind, float* out, int64_t out_stride) {
+  if (kind < 0 || kind > 2) return 2;  // not a kind this build knows
   if (kind == 2) {
     DenseRows<Dense::F32> f{static_cast<const float*>(w), w_stride, hidden};
     return run(f, x, n_rows, x_stride, rows, out, out_stride);
