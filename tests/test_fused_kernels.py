@@ -981,20 +981,24 @@ def test_dense_kernel_decodes_every_value(isa, dtype):
     inputs, at every batch 1..9 and a tail step (H = 13)."""
     bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
     values = bits.view(dtype)
-    values = values[torch.isfinite(values.float())]
-    h = 13
+    _dense_reads_back(values[torch.isfinite(values.float())])
+
+
+def _dense_reads_back(values: torch.Tensor, h: int = 13) -> torch.Tensor:
+    """``values`` laid out in rows of ``h`` (zero-padded), read back through one-hot inputs at every batch
+    1..9: each logit is its weight exactly (bit for bit; -0 weights give +0 logits, sum + 0). Returns the rows."""
     v = -(-values.numel() // h)
-    w = torch.zeros(v * h, dtype=dtype)
+    w = torch.zeros(v * h, dtype=values.dtype)
     w[: values.numel()] = values
     w = w.reshape(v, h)
     for b in BATCHES_1_9:
         cols = (torch.arange(b) * 5) % h
         eye = torch.zeros(b, h, dtype=torch.float32)
         eye[torch.arange(b), cols] = 1.0
-        x8 = kernels.fp8_x(eye)
-        got = kernels.dense_logits(x8, h, w)
-        want = w.float()[:, cols].t() + 0.0  # -0 weights give +0 logits (sum + 0)
-        assert torch.equal(got, want)
+        got = kernels.dense_logits(kernels.fp8_x(eye), h, w)
+        want = w.float()[:, cols].t() + 0.0
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    return w
 
 
 def test_dense_kernel_reads_float32_weights_as_they_are(isa):
@@ -1005,19 +1009,8 @@ def test_dense_kernel_reads_float32_weights_as_they_are(isa):
                             3.4028234663852886e38, -3.4028234663852886e38, 1e-40, 0.1], dtype=torch.float32)
     bits = torch.randint(-(2**31), 2**31 - 1, (4000,), dtype=torch.int64, generator=torch.Generator().manual_seed(3))
     values = torch.cat([special, bits.to(torch.int32).view(torch.float32)])
-    values = values[torch.isfinite(values)]
-    h = 13
-    v = -(-values.numel() // h)
-    w = torch.zeros(v * h, dtype=torch.float32)
-    w[: values.numel()] = values
-    w = w.reshape(v, h)
-    for b in BATCHES_1_9:
-        cols = (torch.arange(b) * 5) % h
-        eye = torch.zeros(b, h, dtype=torch.float32)
-        eye[torch.arange(b), cols] = 1.0
-        got = kernels.dense_logits(kernels.fp8_x(eye), h, w)
-        want = w[:, cols].t() + 0.0  # -0 weights give +0 logits (sum + 0)
-        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    w = _dense_reads_back(values[torch.isfinite(values)])
+    h, v = w.shape[1], w.shape[0]
     # a weight kind the library does not know is an error status, not a guess
     out = torch.empty(1, v)
     x8 = kernels.fp8_x(torch.ones(1, h))
