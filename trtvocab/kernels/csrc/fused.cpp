@@ -12,7 +12,7 @@
 //                       acc = fma(part, block scales_g * 2**-8, acc)   (lane = block)
 //   logit  = ((((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))) * 256) * scale + 0
 // where a step is 8 weights decoded exactly to float32 (FP8: q * 2**-8, see below) and the 8
-// matching inputs. Dense bf16 / fp16 rows run the FP8 chain with scale 1 and no 256 (DenseRows).
+// matching inputs. Dense bf16 / fp16 / float32 rows run the FP8 chain with scale 1 and no 256 (DenseRows).
 // The batch-1 kernel runs the chains of 8 (FP8, dense) or 1 (NVFP4, 4 lane groups per load)
 // rows in registers; the direct kernel (batch 2..8) decodes each weight step once into registers
 // for the chains of all x rows; the batched kernel (batch >= 9) decodes a tile of rows to float32
@@ -1350,7 +1350,11 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
 // weight lines in flight (48 KiB on Zen 5, 32 KiB on Zen 4 and the Intel parts with avx512_bf16).
 inline int64_t x_in_l1_bytes() {
   static const int64_t bytes = [] {
+#ifdef _SC_LEVEL1_DCACHE_SIZE  // glibc
     const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#else
+    const long l1 = 0;
+#endif
     return static_cast<int64_t>(l1 >= 16 * 1024 && l1 <= 1024 * 1024 ? l1 : 32 * 1024) - 8 * 1024;
   }();
   return bytes;
