@@ -61,6 +61,7 @@ from trtvocab.kernels.runtime import (
     load,
     load_isa,
     nvfp4_logits,
+    on_cpu,
     read_probe,
     unavailable_reason,
     usable,
@@ -75,6 +76,6 @@ __all__ = ["ABI", "CACHE_ENV_VAR", "DENSE_ENV_VAR", "DENSE_KERNEL_DTYPES", "DENS
            "FusedInput", "Loaded", "available",
            "build_lock", "build_name", "build_root", "cache_problem", "cflags", "cpu_flags", "dense_logits",
            "dense_max_batch", "disabled", "disabled_reason", "fp8_logits", "fp8_x", "load", "load_isa",
-           "lock_timeout", "main", "nvfp4_logits", "nvfp4_x", "read_probe", "record_path", "requested_isa",
+           "lock_timeout", "main", "nvfp4_logits", "nvfp4_x", "on_cpu", "read_probe", "record_path", "requested_isa",
            "self_check", "tree_available", "tree_exp_check", "tree_nodes", "unavailable_reason", "usable",
            "write_record"]

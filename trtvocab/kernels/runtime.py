@@ -86,9 +86,14 @@ def unavailable_reason() -> str | None:
     return _failure
 
 
+def on_cpu(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor lives on the CPU (the kernels' first condition; it loads nothing)."""
+    return all(t.device.type == "cpu" for t in tensors)
+
+
 def usable(x: torch.Tensor, *buffers: torch.Tensor) -> bool:
     """Whether the kernel can run this call: loaded, CPU tensors, no autograd through ``x``."""
-    if x.device.type != "cpu" or any(b.device.type != "cpu" for b in buffers):
+    if not on_cpu(x, *buffers):
         return False
     if x.requires_grad and torch.is_grad_enabled():
         return False
