@@ -1372,10 +1372,10 @@ void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t row
   // Every row pair reads all of x: whole rows while x's pairs fit in L1 (x_in_l1_bytes), else chunks of
   // NVFP4_BF16_CHUNK groups for all the tile's rows (the totals kept in memory between chunks; measured
   // 36 -> 28 ms at B = 8, V = 129280, H = 5120, where x is 80 KiB and was read from L2 for every pair).
-  const int64_t x_bytes = full * LANES * N * LANES * static_cast<int64_t>(sizeof(uint32_t));
-  const int64_t CG = x_bytes <= x_in_l1_bytes() ? full : NVFP4_BF16_CHUNK;
   const std::vector<uint32_t> xb =
       bf16_pairs<N>(full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
+  const int64_t x_bytes = static_cast<int64_t>(xb.size() * sizeof(uint32_t));
+  const int64_t CG = x_bytes <= x_in_l1_bytes() ? full : NVFP4_BF16_CHUNK;
   pair_tiles<N, P>(
       rows, full, CG,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
