@@ -62,11 +62,43 @@ constexpr int64_t BATCH_BLOCK = 64;   // x rows per pass over a decoded tile
 constexpr float UNBIAS = 256.0f;      // decoded weights (FP8) and block scales (NVFP4) are q * 2**-8
 constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead in a row the NVFP4 decoder prefetches
 
-// The NVFP4 decoder reads 8 runs of 8 bytes per row and group (more streams than hardware
-// prefetchers follow, a row at a time at batch 1, a tile's worth batched): ask ahead.
+// A weight line the kernel reads soon, into L1 (FP8 and dense rows: one stream per row).
 inline void prefetch(const void* p) {
 #if defined(__GNUC__) || defined(__clang__)
   __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
+// This CPU's L1D in bytes (sysconf; 32 KiB where unknown).
+inline int64_t l1d_bytes() {
+  static const int64_t bytes = [] {
+#ifdef _SC_LEVEL1_DCACHE_SIZE  // glibc
+    const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#else
+    const long l1 = 0;
+#endif
+    return static_cast<int64_t>(l1 >= 16 * 1024 && l1 <= 1024 * 1024 ? l1 : 32 * 1024);
+  }();
+  return bytes;
+}
+
+// The NVFP4 decoders read 8 runs of 8 bytes per row and group (more streams than hardware prefetchers
+// follow, a row at a time at batch 1, a tile's worth batched), so they ask ahead. The 512-bit kernels on
+// an L1D under 48 KiB fetch the lines into L2 only: fetched into L1 a row or a pass ahead, they evicted
+// x's chunk and each other before use (measured on Zen 4, 32 KiB L1D, V = 129280, H = 5120, 2 threads:
+// batch 1 28 -> 18 ms, batch 4 43 -> 35 ms, batch 9 114 -> 102 ms). The 8-lane kernels there were 10-40 %
+// slower with L2 prefetches (compute bound, they want the lines in L1), and Zen 5's 48 KiB L1D ran batch 1
+// at 0.88 of the measured bandwidth with L1 prefetches: both keep them.
+inline void prefetch_runs(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  static const bool to_l2 = TRTVOCAB_AVX512 && l1d_bytes() < 48 * 1024;
+  if (to_l2) {
+    __builtin_prefetch(p, 0, 2);
+  } else {
+    __builtin_prefetch(p, 0, 3);
+  }
 #else
   (void)p;
 #endif
@@ -409,8 +441,8 @@ struct NVFP4Rows {
   // The lines holding group g of row r: its 8 runs and its block scales.
   void prefetch_lines(int64_t r, int64_t g) const {
     const uint8_t* row = packed + r * p_stride + g * LANES;
-    for (int64_t k = 0; k < LANES; ++k) prefetch(row + k * blocks());
-    prefetch(bscale + r * bs_stride + g * LANES);
+    for (int64_t k = 0; k < LANES; ++k) prefetch_runs(row + k * blocks());
+    prefetch_runs(bscale + r * bs_stride + g * LANES);
   }
   // Decode steps [s0, s0 + 16) (group s0 / 16) of row r into dst, its 8 block scales into bs.
   void decode(int64_t r, int64_t s0, int64_t n, float* dst, float* bs) const {
@@ -503,8 +535,8 @@ inline void gemv_rows_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int6
   for (; (g + GI) * LANES <= nb; g += GI) {
     const uint8_t* p = row + g * LANES;
     if ((g & 7) == 0 || GI == 1) {  // a 64-byte line of each run serves 8 groups
-      for (int64_t k = 0; k < LANES; ++k) prefetch(p + k * nb + PREFETCH_BYTES / 4);
-      prefetch(srow + g * LANES + PREFETCH_BYTES / 4);
+      for (int64_t k = 0; k < LANES; ++k) prefetch_runs(p + k * nb + PREFETCH_BYTES / 4);
+      prefetch_runs(srow + g * LANES + PREFETCH_BYTES / 4);
     }
     const float* xg = x + g * 16 * LANES;
     V part[GI][N];
@@ -1346,19 +1378,9 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
   }
 }
 
-// The bytes of x a pass keeps in L1: this CPU's L1D (sysconf; 32 KiB where unknown) less 8 KiB for the
-// weight lines in flight (48 KiB on Zen 5, 32 KiB on Zen 4 and the Intel parts with avx512_bf16).
-inline int64_t x_in_l1_bytes() {
-  static const int64_t bytes = [] {
-#ifdef _SC_LEVEL1_DCACHE_SIZE  // glibc
-    const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-#else
-    const long l1 = 0;
-#endif
-    return static_cast<int64_t>(l1 >= 16 * 1024 && l1 <= 1024 * 1024 ? l1 : 32 * 1024) - 8 * 1024;
-  }();
-  return bytes;
-}
+// The bytes of x a pass keeps in L1: this CPU's L1D less 8 KiB for the weight lines in flight (48 KiB
+// on Zen 5, 32 KiB on Zen 4 and the Intel parts with avx512_bf16).
+inline int64_t x_in_l1_bytes() { return l1d_bytes() - 8 * 1024; }
 constexpr int64_t NVFP4_BF16_CHUNK = 16;  // groups per pass when x does not fit (N * 4 KiB of x's pairs)
 
 // NVFP4, batch 2..8, by vdpbf16ps: P row pairs, G lane groups of each interleaved (P * G * N independent
@@ -1611,11 +1633,11 @@ inline void wb_prefetch(const F& f, int64_t r, int64_t s) {
     const uint8_t* run = f.packed + r * f.p_stride + g * LANES;
     const uint8_t* sc = f.bscale + r * f.bs_stride + g * LANES;
     for (int64_t k = 0; k < LANES; ++k) {
-      if (g == 0) prefetch(run + k * f.blocks());
-      prefetch(run + k * f.blocks() + 64);
+      if (g == 0) prefetch_runs(run + k * f.blocks());
+      prefetch_runs(run + k * f.blocks() + 64);
     }
-    if (g == 0) prefetch(sc);
-    prefetch(sc + 64);
+    if (g == 0) prefetch_runs(sc);
+    prefetch_runs(sc + 64);
   } else {
     constexpr int64_t bytes = WB_CHUNK * LANES * static_cast<int64_t>(sizeof(*f.w));
     const char* p = reinterpret_cast<const char*>(f.w + r * f.w_stride + s * LANES);
