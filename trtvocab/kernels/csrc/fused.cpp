@@ -1267,12 +1267,56 @@ inline __m512 bcast_pair(const uint32_t* p) {
   return _mm512_castsi512_ps(_mm512_broadcast_i32x8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 }
 
-// FP8 steps [s0, s1) (s0 even) of P row pairs for N x rows: full step pairs by vdpbf16ps (the decoded
-// steps s, s + 1 of a row pair, exact float32, merged into bf16 pairs: step s in the high half of each
-// 32-bit lane), the rest by wide_steps. xb: bf16_pairs of x; xt: x for wide_steps; acc: [P][N][16].
+// e4m3 codes -> bf16 pairs by table: byte tables lo / hi of the bf16 bits of every magnitude's q * 2**-8
+// (from fp8_decode8, so bitwise its values), looked up by vpermi2b (7-bit index: the sign bit is
+// ignored, then ORed in). spread puts the 32 codes of steps s, s + 1 of rows a | b (a 32-byte load of
+// two 16-byte runs) in both bytes of their words: lane i's high word step s, its low word step s + 1.
+// Measured on Zen 4: 4.3 cycles per 32 weights against 7 for the float32 decode and merge.
+struct Fp8Bf16Tables {
+  __m512i lo0, lo1, hi0, hi1, spread, sign;
+};
+inline const Fp8Bf16Tables& fp8_bf16_tables() {
+  static const Fp8Bf16Tables t = [] {
+    alignas(64) uint8_t lo[128], hi[128], spread[64];
+    for (int m = 0; m < 128; m += 8) {
+      uint8_t codes[LANES];
+      alignas(32) float v[LANES];
+      for (int i = 0; i < LANES; ++i) codes[i] = static_cast<uint8_t>(m + i);
+      vstore(v, fp8_decode8(codes));
+      for (int i = 0; i < LANES; ++i) {
+        uint32_t u;
+        std::memcpy(&u, &v[i], 4);
+        lo[m + i] = static_cast<uint8_t>(u >> 16);
+        hi[m + i] = static_cast<uint8_t>(u >> 24);
+      }
+    }
+    for (int i = 0; i < 16; ++i) {  // lane i: row a (bytes 0-15) below 8, row b (16-31) from 8
+      const int row = i < 8 ? 0 : 16, c = i % 8;
+      spread[4 * i] = spread[4 * i + 1] = static_cast<uint8_t>(row + 8 + c);  // low word: step s + 1
+      spread[4 * i + 2] = spread[4 * i + 3] = static_cast<uint8_t>(row + c);  // high word: step s
+    }
+    return Fp8Bf16Tables{_mm512_load_si512(lo), _mm512_load_si512(lo + 64), _mm512_load_si512(hi),
+                         _mm512_load_si512(hi + 64), _mm512_load_si512(spread),
+                         _mm512_set1_epi16(static_cast<short>(0x8000))};
+  }();
+  return t;
+}
+inline __m512 fp8_pairs_bf16(const uint8_t* a, const uint8_t* b, const Fp8Bf16Tables& t) {
+  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  const __m512i d = _mm512_permutexvar_epi8(t.spread, _mm512_zextsi256_si512(v));
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, d, t.lo1), hi = _mm512_permutex2var_epi8(t.hi0, d, t.hi1);
+  const __m512i w = _mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, lo, hi);  // odd bytes: the high ones
+  return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(w, d, t.sign, 0xF8));  // w | (d & sign)
+}
+
+// FP8 steps [s0, s1) (s0 even) of P row pairs for N x rows: full step pairs by vdpbf16ps (steps s, s + 1
+// of a row pair decoded to bf16 pairs by fp8_pairs_bf16: step s in the high half of each 32-bit lane),
+// the rest by wide_steps. xb: bf16_pairs of x; xt: x for wide_steps; acc: [P][N][16].
 template <int N, int P>
 inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* xb, const int64_t* pr, int64_t s0,
                             int64_t s1, float* acc) {
+  const Fp8Bf16Tables& t = fp8_bf16_tables();
   __m512 a[P][N];
   load_chains(acc, a);
   const int64_t full = std::min(s1, f.full_steps());
@@ -1281,11 +1325,8 @@ inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* x
     if ((s & 7) == 0)
       for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s);
     __m512 w[P];
-    for (int p = 0; p < P; ++p) {
-      __m512 w0, w1;
-      pair_full2(f, pr[2 * p], pr[2 * p + 1], s, w0, w1);
-      w[p] = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(w0), _mm512_srli_epi32(_mm512_castps_si512(w1), 16)));
-    }
+    for (int p = 0; p < P; ++p)
+      w[p] = fp8_pairs_bf16(f.w + pr[2 * p] * f.w_stride + s * LANES, f.w + pr[2 * p + 1] * f.w_stride + s * LANES, t);
     for (int n = 0; n < N; ++n) {
       const __m512 xv = bcast_pair(xb + ((s / 2) * N + n) * LANES);
       for (int p = 0; p < P; ++p) a[p][n] = dpbf16(a[p][n], w[p], xv);
@@ -1297,8 +1338,9 @@ inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* x
 
 template <int N>
 void wide_fp8_bf16(const FP8Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  // Row pairs per pass: P * N zmm chains, P merged weight steps and x in the 32 registers.
-  constexpr int P = N == 1 ? 8 : (N == 2 ? 8 : (N == 3 ? 6 : (N == 4 ? 5 : (N <= 6 ? 4 : 3))));
+  // Row pairs per pass: P * N zmm chains, P weight steps, x and fp8_pairs_bf16's 6 tables in the 32
+  // registers (measured on Zen 4; B = 5, 6 ran faster with 4 pairs than with 3).
+  constexpr int P = N == 1 ? 8 : (N == 2 ? 8 : (N == 3 ? 6 : (N <= 6 ? 4 : 2)));
   const int64_t steps = f.steps();
   const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : FP8Rows::kDirectChunk;  // even
   const std::vector<float> xt = rows_side_by_side<N>(x, xs, steps);
