@@ -29,6 +29,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -729,7 +730,7 @@ def test_dpbf16_x_check_takes_exactly_the_x_that_fits():
         lib = kernels.load_isa("native").lib
     except Exception as exc:
         pytest.skip(f"native build unavailable: {exc}")
-    if lib.trtvocab_fused_dpbf16() != 1:
+    if lib.trtvocab_fused_x_fits_bf16(None, *[ctypes.c_int64(0)] * 3) == -1:
         pytest.skip("no vdpbf16ps kernels in this build")
     gen = torch.Generator().manual_seed(3)
     for b, width in ((1, 8), (3, 40), (9, 1029)):
@@ -740,13 +741,40 @@ def test_dpbf16_x_check_takes_exactly_the_x_that_fits():
             assert fits == int(name in ("fits", "edge", "big", "small")), (name, b, width)
 
 
-def _paths_with_dpbf16() -> list[kernels.Loaded]:
+def test_dpbf16_kernels_run_by_default_on_amd_only():
+    """Where the native build has the vdpbf16ps kernels and they match the FMAs, they run by default on AMD
+    CPUs only (Intel's Xeons issue vdpbf16ps at half the FMA rate: the FMA kernels are faster there), and
+    trtvocab_fused_set_dpbf16 turns them on (1) and off (0) on any such CPU."""
+    if _isa_runs_here("native") is not None:
+        pytest.skip(_isa_runs_here("native"))
+    lib = kernels.load_isa("native").lib
+    if lib.trtvocab_fused_x_fits_bf16(None, *[ctypes.c_int64(0)] * 3) == -1:
+        assert [lib.trtvocab_fused_set_dpbf16(m) for m in (1, 0, -1)] == [0, 0, 0]
+        pytest.skip("no vdpbf16ps kernels in this build")
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        amd = any(line.split(":", 1)[1].strip() == "AuthenticAMD" for line in f if line.startswith("vendor_id"))
+    try:
+        matches = lib.trtvocab_fused_set_dpbf16(1)
+        assert lib.trtvocab_fused_set_dpbf16(0) == 0
+        assert lib.trtvocab_fused_set_dpbf16(-1) == int(amd and matches == 1)
+    finally:
+        lib.trtvocab_fused_set_dpbf16(-1)
+
+
+@pytest.fixture
+def dpbf16_paths() -> Iterator[list[kernels.Loaded]]:
+    """The vector builds, the native one first with its vdpbf16ps kernels on whatever this CPU's default
+    (on Intel they are off by default: slower, the same bits); back to the default afterwards."""
     paths = _vector_paths()
     if _isa_runs_here("native") is None:
         paths = [kernels.load_isa("native"), *paths]
-    if not any(p.lib.trtvocab_fused_dpbf16() for p in paths):
+    if not any(p.lib.trtvocab_fused_set_dpbf16(1) for p in paths):
         pytest.skip("no build here runs the vdpbf16ps kernels (a CPU without avx512_bf16 / avx512vbmi)")
-    return paths
+    try:
+        yield paths
+    finally:
+        for p in paths:
+            p.lib.trtvocab_fused_set_dpbf16(-1)
 
 
 def _same_bits_or_nan(paths: list[kernels.Loaded], call, *args) -> None:
@@ -760,10 +788,10 @@ def _same_bits_or_nan(paths: list[kernels.Loaded], call, *args) -> None:
 
 
 @pytest.mark.parametrize("hidden", [13, 24, 520, 1029])
-def test_dpbf16_fp8_bitwise_every_x_and_batch(hidden):
+def test_dpbf16_fp8_bitwise_every_x_and_batch(hidden, dpbf16_paths):
     """FP8 heads (every code, adversarial scales, a shard starting mid-pair, odd step counts) on the
     vdpbf16ps kernels and the FMA kernels: the same bits, for x that qualifies and x that does not."""
-    paths = _paths_with_dpbf16()
+    paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 1)
     v = FINITE_FP8.numel() + 3
     codes = FINITE_FP8[torch.randint(0, FINITE_FP8.numel(), (v, hidden), generator=gen)]
@@ -779,10 +807,10 @@ def test_dpbf16_fp8_bitwise_every_x_and_batch(hidden):
 
 
 @pytest.mark.parametrize("hidden", [16, 256, 528, 1040])
-def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden):
+def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden, dpbf16_paths):
     """NVFP4 heads (every nibble, the smallest and largest block scales, a partial group, a shard) on the
     vdpbf16ps kernels and the FMA kernels: the same bits, for x that qualifies and x that does not."""
-    paths = _paths_with_dpbf16()
+    paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 2)
     v, _, packed = _every_nibble_rows(hidden, gen)
     packed = nvfp4.to_block_major(packed)
@@ -796,11 +824,11 @@ def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden):
 
 
 @pytest.mark.parametrize("hidden", [2816, 4240, 5120])
-def test_dpbf16_nvfp4_chunked_passes(hidden):
+def test_dpbf16_nvfp4_chunked_passes(hidden, dpbf16_paths):
     """Where x's bf16 pairs outgrow L1 (B = 8 from H = 2688 on a 48 KiB L1D, B = 5 from H = 4224) the vdpbf16ps
     kernel runs K-chunks of 16 lane groups for a tile's rows: the same bits as the FMA kernels. 2816: a short
     last chunk; 4240: a last chunk of one group (the single-group tail) and a partial group; 5120: the head's H."""
-    paths = _paths_with_dpbf16()
+    paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 3)
     v, _, packed = _every_nibble_rows(hidden, gen)
     packed = nvfp4.to_block_major(packed)

@@ -21,12 +21,13 @@
 // AVX-512 builds run 512-bit versions of these kernels with the same chains: a zmm holds two
 // independent 8-lane chains (two weight rows, two NVFP4 lane groups, or, batch >= 9 (wide_batched),
 // two x rows against one weight row's step broadcast to both halves), never one 16-lane chain. With
-// AVX512-BF16, batches 2..8 of FP8 / NVFP4 run two steps of each chain per vdpbf16ps, bitwise the two
-// FMAs, wherever x fits (see "AVX-512 BF16" below).
+// AVX512-BF16 on AMD (dpbf16_pays_here), batches 2..8 of FP8 / NVFP4 run two steps of each chain per
+// vdpbf16ps, bitwise the two FMAs, wherever x fits (see "AVX-512 BF16" below).
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,6 +37,7 @@
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TRTVOCAB_AVX2 1
 #else
@@ -1224,6 +1226,28 @@ bool dpbf16_matches_fma() {
   return ok;
 }
 
+// Whether the vdpbf16ps kernels beat the FMA ones on this CPU: two chain steps per instruction pay only
+// where a 512-bit vdpbf16ps issues about as often as a 512-bit FMA. AMD's Zen 4 and Zen 5 run it on their
+// FMA pipes (Zen 4: 3.0 G/s per core against 3.5 G/s FMAs; B = 8 of NVFP4 36-38 -> 28-33 ms on Zen 5);
+// Intel's Xeons run it on one port against two FMA ports: on a Xeon with AMX and avx512_bf16 (48 KiB L1D,
+// V = 129280, H = 5120, 2 threads) the FMA kernels ran FP8 B = 4 in 34 ms against 51, B = 8 in 47 against
+// 73, NVFP4 B = 8 in 52 against 71. So: AMD only, unless trtvocab_fused_set_dpbf16 says otherwise.
+bool dpbf16_pays_here() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  return std::strcmp(vendor, "AuthenticAMD") == 0;
+}
+std::atomic<int> dpbf16_mode{-1};  // -1: dpbf16_pays_here; 0: never; 1: wherever dpbf16_matches_fma
+bool use_dpbf16() {
+  const int mode = dpbf16_mode.load(std::memory_order_relaxed);
+  static const bool pays = dpbf16_pays_here();
+  return mode != 0 && dpbf16_matches_fma() && (mode == 1 || pays);
+}
+
 // Whether every value of x [n][len] (row stride xs) is exact in bf16 (the low 16 bits zero) and zero or
 // of magnitude in [2**-100, 2**100] (so finite).
 inline bool x_fits_bf16(const float* x, int64_t n, int64_t xs, int64_t len) {
@@ -1464,13 +1488,13 @@ template <int N, class F>
 void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
 #if TRTVOCAB_DPBF16
   if constexpr (std::is_same_v<F, FP8Rows> && N >= FP8_BF16_MIN) {
-    if (dpbf16_matches_fma() && x_fits_bf16(x, N, xs, f.steps() * LANES)) {
+    if (use_dpbf16() && x_fits_bf16(x, N, xs, f.steps() * LANES)) {
       wide_fp8_bf16<N>(f, x, xs, rows, out, os);
       return;
     }
   }
   if constexpr (F::kGroupScaled && N >= NVFP4_BF16_MIN) {
-    if (dpbf16_matches_fma() && x_fits_bf16(x, N, xs, f.blocks() / LANES * 16 * LANES)) {
+    if (use_dpbf16() && x_fits_bf16(x, N, xs, f.blocks() / LANES * 16 * LANES)) {
       wide_nvfp4_bf16<N>(f, x, xs, rows, out, os);
       return;
     }
@@ -1828,14 +1852,27 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
 // AVX2 8-lane code for their tails and the finish), 2 = AVX2 + FMA + F16C, 0 = portable C++.
 int trtvocab_fused_isa() { return TRTVOCAB_AVX512 ? 3 : (TRTVOCAB_AVX2 ? 2 : 0); }
 
-// 1: this build has the vdpbf16ps kernels (AVX-512 BF16 + VBMI) and vdpbf16ps is the two FMAs on this CPU
-// (dpbf16_matches_fma): batches 2..8 of FP8 / NVFP4 heads whose x fits (x_fits_bf16) run them; else 0.
+// 1: this build has the vdpbf16ps kernels (AVX-512 BF16 + VBMI), vdpbf16ps is the two FMAs on this CPU
+// (dpbf16_matches_fma) and they are on (use_dpbf16): batches 2..8 of FP8 / NVFP4 heads whose x fits
+// (x_fits_bf16) run them; else 0.
 int trtvocab_fused_dpbf16() {
 #if TRTVOCAB_DPBF16
-  return dpbf16_matches_fma() ? 1 : 0;
+  return use_dpbf16() ? 1 : 0;
 #else
   return 0;
 #endif
+}
+
+// Turn the vdpbf16ps kernels on (1: wherever they match the FMAs), off (0), or back to this CPU's default
+// (-1: where they are faster, dpbf16_pays_here); returns trtvocab_fused_dpbf16(). The logits are the same
+// bits either way: for the tests and benchmarks.
+int trtvocab_fused_set_dpbf16(int mode) {
+#if TRTVOCAB_DPBF16
+  dpbf16_mode.store(mode < 0 ? -1 : (mode > 0 ? 1 : 0), std::memory_order_relaxed);
+#else
+  (void)mode;
+#endif
+  return trtvocab_fused_dpbf16();
 }
 
 // Whether x [n][len] (row stride xs) fits the vdpbf16ps kernels (x_fits_bf16: 1 / 0); -1 where this build
