@@ -1229,9 +1229,11 @@ bool dpbf16_matches_fma() {
 // Whether the vdpbf16ps kernels beat the FMA ones on this CPU: two chain steps per instruction pay only
 // where a 512-bit vdpbf16ps issues about as often as a 512-bit FMA. AMD's Zen 4 and Zen 5 run it on their
 // FMA pipes (Zen 4: 3.0 G/s per core against 3.5 G/s FMAs; B = 8 of NVFP4 36-38 -> 28-33 ms on Zen 5);
-// Intel's Xeons run it on one port against two FMA ports: on a Xeon with AMX and avx512_bf16 (48 KiB L1D,
-// V = 129280, H = 5120, 2 threads) the FMA kernels ran FP8 B = 4 in 34 ms against 51, B = 8 in 47 against
-// 73, NVFP4 B = 8 in 52 against 71. So: AMD only, unless trtvocab_fused_set_dpbf16 says otherwise.
+// Intel's Xeons do not: on a Xeon with AMX and avx512_bf16 (48 KiB L1D) it measured 1.84 G/s per core
+// against 7.3 G/s 512-bit FMAs (operands in registers), and at V = 129280, H = 5120, 2 threads the FMA
+// kernels ran FP8 B = 4 in 34 ms against 51, B = 8 in 47 against 73, NVFP4 B = 8 in 52 against 71. The
+// AMX tdpbf16ps of those Xeons is no way out either: it is not two rounded FMAs per pair (47 % of its
+// lanes differed from them, in either order). So: AMD only, unless trtvocab_fused_set_dpbf16 says otherwise.
 bool dpbf16_pays_here() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
