@@ -1447,7 +1447,7 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
 }
 
 // The bytes of x a pass keeps in L1: this CPU's L1D less 8 KiB for the weight lines in flight (48 KiB
-// on Zen 5, 32 KiB on Zen 4 and the Intel parts with avx512_bf16).
+// on Zen 5 and Intel from Ice Lake on, 32 KiB on Zen 4 and Cooper Lake).
 inline int64_t x_in_l1_bytes() { return l1d_bytes() - 8 * 1024; }
 constexpr int64_t NVFP4_BF16_CHUNK = 16;  // groups per pass when x does not fit (N * 4 KiB of x's pairs)
 
