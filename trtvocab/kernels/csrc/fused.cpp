@@ -446,6 +446,16 @@ struct NVFP4Rows {
     for (int64_t k = 0; k < LANES; ++k) prefetch_runs(row + k * blocks());
     prefetch_runs(bscale + r * bs_stride + g * LANES);
   }
+  // Lines [8 i, 8 i + 8) of row r's packed bytes in address order, and its scale line i (the bytes of
+  // groups 8 i .. 8 i + 7 in all): fetched in the order they lie rather than run after run, the row reads
+  // as one sequential stream to the hardware prefetchers (measured on a Xeon, V = 129280, H = 5120, batch
+  // 1 / 2 of the lane-group kernel: 19.0 -> 18.5 ms, 23.5 -> 22.1 ms; the row-pair kernels, whose passes
+  // interleave 2 P rows, ran 10-20 % slower with it and keep prefetch_lines).
+  void prefetch_in_order(int64_t r, int64_t i) const {
+    const uint8_t* p = packed + r * p_stride + i * LANES * 64;
+    for (int64_t m = 0; m < LANES; ++m) prefetch_runs(p + m * 64);
+    prefetch_runs(bscale + r * bs_stride + i * 64);
+  }
   // Decode steps [s0, s0 + 16) (group s0 / 16) of row r into dst, its 8 block scales into bs.
   void decode(int64_t r, int64_t s0, int64_t n, float* dst, float* bs) const {
     uint8_t tmp[LANES * LANES], tmp_scale[LANES];
@@ -999,7 +1009,7 @@ inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int
   for (int n = 0; n < N; ++n) acc[n] = vload(acc_mem + n * LANES);
   for (int64_t q = q0; q < q1; q += G) {
     const uint8_t* p = row + q * 16;
-    if ((q & 3) == 0 || G > 1) f.prefetch_lines(ahead, 2 * q);  // a 64-byte line of each run serves 4 pairs
+    if ((q & 3) == 0 || G > 1) f.prefetch_in_order(ahead, q / 4);  // 4 pairs (G = 4 at batch 1-2)
     __m512 part[G][N];
     for (int j = 0; j < G; ++j)
       for (int n = 0; n < N; ++n) part[j][n] = _mm512_setzero_ps();
