@@ -743,7 +743,7 @@ def test_dpbf16_x_check_takes_exactly_the_x_that_fits():
 
 def test_dpbf16_kernels_run_by_default_on_amd_only():
     """Where the native build has the vdpbf16ps kernels and they match the FMAs, they run by default on AMD
-    CPUs only (Intel's Xeons issue vdpbf16ps at half the FMA rate: the FMA kernels are faster there), and
+    CPUs only (a Xeon measured vdpbf16ps at a quarter of its 512-bit FMA rate: the FMA kernels are faster), and
     trtvocab_fused_set_dpbf16 turns them on (1) and off (0) on any such CPU."""
     if _isa_runs_here("native") is not None:
         pytest.skip(_isa_runs_here("native"))
@@ -763,8 +763,8 @@ def test_dpbf16_kernels_run_by_default_on_amd_only():
 
 @pytest.fixture
 def dpbf16_paths() -> Iterator[list[kernels.Loaded]]:
-    """The vector builds, the native one first with its vdpbf16ps kernels on whatever this CPU's default
-    (on Intel they are off by default: slower, the same bits); back to the default afterwards."""
+    """The vector builds, the native one first, its vdpbf16ps kernels turned on whatever this CPU's default
+    (off on Intel: slower there, the same bits), and back to the default afterwards."""
     paths = _vector_paths()
     if _isa_runs_here("native") is None:
         paths = [kernels.load_isa("native"), *paths]
