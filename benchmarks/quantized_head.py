@@ -205,7 +205,8 @@ def main() -> None:
           f"torch-path chunk {methods.CHUNK_ELEMENTS} float32 values")
     if reason is None:
         loaded = kernels.load()
-        print(f"fused kernels: {loaded.isa}, {loaded.path}")
+        dpbf16 = "on" if loaded.lib.trtvocab_fused_dpbf16() else "off (FMA kernels)"
+        print(f"fused kernels: {loaded.isa}, vdpbf16ps at B = 2..8 {dpbf16}, {loaded.path}")
     else:
         print(f"fused kernels unavailable ({reason}): the 'fused' lines run the torch path")
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} ({os.cpu_count()} CPUs): "
