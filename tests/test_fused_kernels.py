@@ -682,13 +682,17 @@ def test_nvfp4_bitwise_across_paths(hidden):
 
 
 # ---- the vdpbf16ps kernels (AVX-512 BF16, batch 2..8): the FMA chain's bits, taken only where x fits ---------
+def _has_dpbf16_kernels(lib: ctypes.CDLL) -> bool:
+    """Whether this build compiled the vdpbf16ps kernels (its x check answers -1 where it has none)."""
+    return lib.trtvocab_fused_x_fits_bf16(None, *[ctypes.c_int64(0)] * 3) != -1
+
+
 def test_dpbf16_kernels_are_built_where_the_cpu_has_them():
     """The native build compiles them on a CPU with avx512_bf16 and avx512vbmi, the forced avx512
     (x86-64-v4) and avx2 builds never do; a build runs them only where it has them (and only where
     vdpbf16ps passed the library's check against two FMAs on this CPU: measured so on Zen 5, so a
     CPU that fails it runs the FMA kernels, which this test accepts)."""
     flags = kernels.cpu_flags()
-    x = torch.zeros(1, 8)
     for isa in ("native", "avx512", "avx2"):
         if _isa_runs_here(isa) is not None:
             continue
@@ -696,8 +700,7 @@ def test_dpbf16_kernels_are_built_where_the_cpu_has_them():
             loaded = kernels.load_isa(isa)
         except Exception as exc:
             pytest.skip(f"{isa} build unavailable: {exc}")
-        built = loaded.lib.trtvocab_fused_x_fits_bf16(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(1),
-                                                      ctypes.c_int64(8), ctypes.c_int64(8)) != -1
+        built = _has_dpbf16_kernels(loaded.lib)
         want = isa == "native" and loaded.isa == "avx512" and {"avx512_bf16", "avx512vbmi"} <= flags
         assert built == want, isa
         assert loaded.lib.trtvocab_fused_dpbf16() in ((0, 1) if built else (0,)), isa
@@ -730,7 +733,7 @@ def test_dpbf16_x_check_takes_exactly_the_x_that_fits():
         lib = kernels.load_isa("native").lib
     except Exception as exc:
         pytest.skip(f"native build unavailable: {exc}")
-    if lib.trtvocab_fused_x_fits_bf16(None, *[ctypes.c_int64(0)] * 3) == -1:
+    if not _has_dpbf16_kernels(lib):
         pytest.skip("no vdpbf16ps kernels in this build")
     gen = torch.Generator().manual_seed(3)
     for b, width in ((1, 8), (3, 40), (9, 1029)):
@@ -748,7 +751,7 @@ def test_dpbf16_kernels_run_by_default_on_amd_only():
     if _isa_runs_here("native") is not None:
         pytest.skip(_isa_runs_here("native"))
     lib = kernels.load_isa("native").lib
-    if lib.trtvocab_fused_x_fits_bf16(None, *[ctypes.c_int64(0)] * 3) == -1:
+    if not _has_dpbf16_kernels(lib):
         assert [lib.trtvocab_fused_set_dpbf16(m) for m in (1, 0, -1)] == [0, 0, 0]
         pytest.skip("no vdpbf16ps kernels in this build")
     with open("/proc/cpuinfo", encoding="utf-8") as f:
