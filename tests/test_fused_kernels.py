@@ -681,7 +681,7 @@ def test_nvfp4_bitwise_across_paths(hidden):
             _same_on_every_path(paths, gemm.nvfp4_logits, x, hidden, packed[5:], bs[5:], global_scale)
 
 
-# ---- the vdpbf16ps kernels (AVX-512 BF16, batch 2..8): the FMA chain's bits, taken only where x fits ---------
+# ---- the vdpbf16ps kernels (AVX-512 BF16, batch 1..8): the FMA chain's bits, taken only where x fits ---------
 def _has_dpbf16_kernels(lib: ctypes.CDLL) -> bool:
     """Whether this build compiled the vdpbf16ps kernels (its x check answers -1 where it has none)."""
     return lib.trtvocab_fused_x_fits_bf16(None, *[ctypes.c_int64(0)] * 3) != -1
@@ -837,6 +837,25 @@ def test_dpbf16_nvfp4_chunked_passes(hidden, dpbf16_paths):
     packed = nvfp4.to_block_major(packed)
     bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
     for b in (5, 8):
+        for name, x in _x_cases(b, hidden, gen):
+            if name in ("fits", "edge", "nan"):
+                xn = kernels.nvfp4_x(x)
+                _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed, bs, 1e-3)
+                _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed[3:], bs[3:], 1e-3)
+
+
+@pytest.mark.parametrize("hidden", [6400, 12816])
+def test_dpbf16_nvfp4_block_lanes_chunked_passes(hidden, dpbf16_paths):
+    """Batches 1 and 2 run the block-lanes vdpbf16ps kernel, which reads x's pairs whole while they fit in L1
+    (its size less 8 KiB) and in K-chunks of pairs for a tile's rows beyond: 6400 (25 pairs) is chunked at
+    B = 2 on a 32 KiB L1D, 12816 (50 pairs and a partial group) at B = 1 there and at B = 2 on 48 KiB, with a
+    short last chunk run one pair at a time. The same bits as the FMA kernels."""
+    paths = dpbf16_paths
+    gen = torch.Generator().manual_seed(hidden + 4)
+    v, _, packed = _every_nibble_rows(hidden, gen)
+    packed = nvfp4.to_block_major(packed)
+    bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+    for b in (1, 2):
         for name, x in _x_cases(b, hidden, gen):
             if name in ("fits", "edge", "nan"):
                 xn = kernels.nvfp4_x(x)

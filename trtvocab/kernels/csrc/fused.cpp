@@ -21,7 +21,7 @@
 // AVX-512 builds run 512-bit versions of these kernels with the same chains: a zmm holds two
 // independent 8-lane chains (two weight rows, two NVFP4 lane groups, or, batch >= 9 (wide_batched),
 // two x rows against one weight row's step broadcast to both halves), never one 16-lane chain. With
-// AVX512-BF16 on AMD (dpbf16_pays_here), batches 2..8 of FP8 / NVFP4 run two steps of each chain per
+// AVX512-BF16 on AMD (dpbf16_pays_here), batches 1..8 of FP8 / NVFP4 run two steps of each chain per
 // vdpbf16ps, bitwise the two FMAs, wherever x fits (see "AVX-512 BF16" below).
 
 #include <ATen/Parallel.h>
@@ -50,7 +50,7 @@
 #else
 #define TRTVOCAB_AVX512 0
 #endif
-// The vdpbf16ps kernels of batch 2..8 (FP8 / NVFP4, where x fits): see "AVX-512 BF16" below.
+// The vdpbf16ps kernels of batch 1..8 (FP8 / NVFP4, where x fits): see "AVX-512 BF16" below.
 #if TRTVOCAB_AVX512 && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 #define TRTVOCAB_DPBF16 1
 #else
@@ -64,12 +64,20 @@ constexpr int64_t BATCH_BLOCK = 64;   // x rows per pass over a decoded tile
 constexpr float UNBIAS = 256.0f;      // decoded weights (FP8) and block scales (NVFP4) are q * 2**-8
 constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead in a row the NVFP4 decoder prefetches
 
-// A weight line the kernel reads soon, into L1 (FP8 and dense rows: one stream per row).
-inline void prefetch(const void* p) {
+// A weight line the kernel reads soon (FP8 and dense rows: one stream per row): into L1, or into L2 only
+// where it is read more than half an L1 of data later (`far`: fetched into L1 that early, it is evicted
+// before use; measured on Zen 4, 32 KiB L1D, V = 129280, H = 5120, 2 threads, FP8 batch 1, rows read
+// whole: best of 21 interleaved 20.7 -> 16.4 ms).
+inline void prefetch(const void* p, bool far = false) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 3);
+  if (far) {
+    __builtin_prefetch(p, 0, 2);
+  } else {
+    __builtin_prefetch(p, 0, 3);
+  }
 #else
   (void)p;
+  (void)far;
 #endif
 }
 
@@ -343,7 +351,7 @@ struct FP8Rows {
     uint8_t tmp[LANES];
     return fp8_decode8(step_bytes(r, s, tmp));
   }
-  void prefetch_row(int64_t r, int64_t s) const { prefetch(w + r * w_stride + s * LANES); }
+  void prefetch_row(int64_t r, int64_t s, bool far) const { prefetch(w + r * w_stride + s * LANES, far); }
   // Decode steps [s0, s0 + n) of row r into dst (8 floats per step).
   void decode(int64_t r, int64_t s0, int64_t n, float* dst, float*) const {
     uint8_t tmp[LANES];
@@ -383,7 +391,7 @@ struct DenseRows {
     std::memcpy(tmp, w + r * w_stride + s * LANES, static_cast<size_t>(left) * sizeof(T));
     return dec(tmp);
   }
-  void prefetch_row(int64_t r, int64_t s) const { prefetch(w + r * w_stride + s * LANES); }
+  void prefetch_row(int64_t r, int64_t s, bool far) const { prefetch(w + r * w_stride + s * LANES, far); }
   void decode(int64_t r, int64_t s0, int64_t n, float* dst, float*) const {
     const int64_t full = full_steps();
     for (int64_t s = s0; s < s0 + n; ++s) vstore(dst + (s - s0) * LANES, s < full ? step_full(r, s) : step_tail(r, s));
@@ -929,11 +937,13 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
   __m512 a[P][N];
   load_chains(acc, a);
   const int64_t full = std::min(s1, f.full_steps());
+  // The next pass's lines, fetched a pass ahead: into L2 where a pass reads more than half an L1.
+  const bool far = 2 * P * (s1 - s0) * LANES * static_cast<int64_t>(sizeof(*f.w)) > l1d_bytes() / 2;
   int64_t s = s0;
   if constexpr (std::is_same_v<F, FP8Rows>) {  // two steps per 16-byte load of each row
     for (; s + 1 < full; s += 2) {
       if ((s & 7) == 0)  // a new 64-byte line of each row: fetch it for the next P pairs (pr has 4 P rows)
-        for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s);
+        for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s, far);
       __m512 w0[P], w1[P];
       for (int p = 0; p < P; ++p) pair_full2(f, pr[2 * p], pr[2 * p + 1], s, w0[p], w1[p]);
       for (int n = 0; n < N; ++n) {
@@ -948,7 +958,7 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
   }
   for (; s < full; ++s) {
     if ((s * static_cast<int64_t>(sizeof(*f.w)) & 7) == 0)
-      for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s);
+      for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s, far);
     __m512 w[P];
     for (int p = 0; p < P; ++p) w[p] = pair_full(f, pr[2 * p], pr[2 * p + 1], s);
     for (int n = 0; n < N; ++n) {
@@ -1356,10 +1366,12 @@ inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* x
   __m512 a[P][N];
   load_chains(acc, a);
   const int64_t full = std::min(s1, f.full_steps());
+  // The next pass's lines, fetched a pass ahead: into L2 where a pass reads more than half an L1.
+  const bool far = 2 * P * (s1 - s0) * LANES * static_cast<int64_t>(sizeof(*f.w)) > l1d_bytes() / 2;
   int64_t s = s0;
   for (; s + 1 < full; s += 2) {
     if ((s & 7) == 0)
-      for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s);
+      for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s, far);
     __m512 w[P];
     for (int p = 0; p < P; ++p)
       w[p] = fp8_pairs_bf16(f.w + pr[2 * p] * f.w_stride + s * LANES, f.w + pr[2 * p + 1] * f.w_stride + s * LANES, t);
@@ -1390,6 +1402,17 @@ void wide_fp8_bf16(const FP8Rows& f, const float* x, int64_t xs, int64_t rows, f
       [&](int64_t v, int n, V chain) { out[n * os + v] = finish(chain, f.row_scale(v), FP8Rows::kUnbias); });
 }
 
+// The bf16 bits of the 16 e2m1 values (code 8: -0.0), twice over: vpermw reads a word's low 5 bits.
+inline __m512i e2m1_bf16_table() {
+  return _mm512_set_epi16(
+      static_cast<short>(0xC0C0), static_cast<short>(0xC080), static_cast<short>(0xC040), static_cast<short>(0xC000),
+      static_cast<short>(0xBFC0), static_cast<short>(0xBF80), static_cast<short>(0xBF00), static_cast<short>(0x8000),
+      0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000, static_cast<short>(0xC0C0),
+      static_cast<short>(0xC080), static_cast<short>(0xC040), static_cast<short>(0xC000), static_cast<short>(0xBFC0),
+      static_cast<short>(0xBF80), static_cast<short>(0xBF00), static_cast<short>(0x8000), 0x40C0, 0x4080, 0x4040,
+      0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000);
+}
+
 // NVFP4 row pairs (nvfp4_row_pairs' layout and chains) by vdpbf16ps: byte k of a block holds steps
 // 2k (low nibble) and 2k + 1 (high nibble), one bf16 pair: vpmovzxbd spreads a row pair's 16 bytes over
 // the 16 lanes, vpmultishiftqb puts the high nibble in the low word and the byte in the high word,
@@ -1399,13 +1422,7 @@ void wide_fp8_bf16(const FP8Rows& f, const float* x, int64_t xs, int64_t rows, f
 template <int N, int P, int G>
 inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const int64_t* pr, int64_t g0, int64_t g1,
                                  float* acc_mem) {
-  const __m512i table = _mm512_set_epi16(
-      static_cast<short>(0xC0C0), static_cast<short>(0xC080), static_cast<short>(0xC040), static_cast<short>(0xC000),
-      static_cast<short>(0xBFC0), static_cast<short>(0xBF80), static_cast<short>(0xBF00), static_cast<short>(0x8000),
-      0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000, static_cast<short>(0xC0C0),
-      static_cast<short>(0xC080), static_cast<short>(0xC040), static_cast<short>(0xC000), static_cast<short>(0xBFC0),
-      static_cast<short>(0xBF80), static_cast<short>(0xBF00), static_cast<short>(0x8000), 0x40C0, 0x4080, 0x4040,
-      0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000);
+  const __m512i table = e2m1_bf16_table();
   // Per 64-bit lane (two 32-bit lanes, bytes c0, c1 at bits 0, 32): low words <- bits 4.., 36.. (the high
   // nibbles: the bits above are zero), high words <- bits 0.., 32.. (the bytes).
   const __m512i ctrl = _mm512_set1_epi64(0x0020002400000004LL);
@@ -1461,7 +1478,7 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
 inline int64_t x_in_l1_bytes() { return l1d_bytes() - 8 * 1024; }
 constexpr int64_t NVFP4_BF16_CHUNK = 16;  // groups per pass when x does not fit (N * 4 KiB of x's pairs)
 
-// NVFP4, batch 2..8, by vdpbf16ps: P row pairs, G lane groups of each interleaved (P * G * N independent
+// NVFP4, batch 3..8, by vdpbf16ps: P row pairs, G lane groups of each interleaved (P * G * N independent
 // block sums for the latency of vdpbf16ps; the row totals in registers).
 template <int N>
 void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
@@ -1487,25 +1504,125 @@ void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t row
       });
 }
 
-// The batches from which the vdpbf16ps kernels run (batch 1 is memory bound on FMAs already).
-#ifndef FP8_BF16_MIN
-#define FP8_BF16_MIN 2
-#endif
-#ifndef NVFP4_BF16_MIN
-#define NVFP4_BF16_MIN 2
-#endif
+// NVFP4 by vdpbf16ps with a row's 16 blocks per zmm (wide_nvfp4_pairs' layout: pair q of a row is byte k
+// of blocks 16q .. 16q + 15, 16 contiguous bytes per k; lane i = block 16q + i). One vpermi2b spreads the
+// 16 bytes and the same bytes shifted right by 4 over the 16 lanes (even word: the high nibble, odd
+// word: the low one, which vdpbf16ps multiplies first), one vpermw maps each word's low 5 bits through
+// the e2m1 bf16 table (bit 4 ignored): two shuffles per 32 weights, where the FMA kernel spends three and
+// two FMAs. Each group's block sums run from zero and are added as acc = fma(sum, block scales, acc) on
+// the row's 8-lane totals, group after group (lanes 0-7 of a pair: group 2q, lanes 8-15: group 2q + 1):
+// wide_nvfp4_pairs' chains, so nvfp4_groups<1>'s. xb: [pairs][8 k][N][16] bf16 pairs (lane i: step 2k of
+// block 16q + i in the high word, step 2k + 1 in the low one); acc: the row's N totals ([N][8]).
+template <int N, int G>
+inline void nvfp4_block_lanes_bf16(const NVFP4Rows& f, const uint32_t* xb, int64_t r, int64_t q0, int64_t q1,
+                                   float* acc_mem, int64_t ahead) {
+  const __m512i table = e2m1_bf16_table();
+  // vpermb: byte i into all four bytes of lane i; vpsrlvw: the even word (the high nibble's) right by 4.
+  const __m512i idx = _mm512_set_epi32(0x0F0F0F0F, 0x0E0E0E0E, 0x0D0D0D0D, 0x0C0C0C0C, 0x0B0B0B0B, 0x0A0A0A0A,
+                                       0x09090909, 0x08080808, 0x07070707, 0x06060606, 0x05050505, 0x04040404,
+                                       0x03030303, 0x02020202, 0x01010101, 0x00000000);
+  const __m512i shift = _mm512_set1_epi32(4);
+  const int64_t nb = f.blocks();
+  const uint8_t* row = f.packed + r * f.p_stride;
+  const uint8_t* srow = f.bscale + r * f.bs_stride;
+  V acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = vload(acc_mem + n * LANES);
+  for (int64_t q = q0; q < q1; q += G) {
+    const uint8_t* p = row + q * 16;
+    if ((q & 3) == 0 || G > 1) f.prefetch_in_order(ahead, q / 4);
+    __m512 part[G][N];
+    for (int j = 0; j < G; ++j)
+      for (int n = 0; n < N; ++n) part[j][n] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < LANES; ++k) {
+      for (int j = 0; j < G; ++j) {
+        const __m512i b = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k * nb + j * 16)));
+        const __m512i v = _mm512_srlv_epi16(_mm512_permutexvar_epi8(idx, b), shift);
+        const __m512 w = _mm512_castsi512_ps(_mm512_permutexvar_epi16(v, table));
+        const uint32_t* xq = xb + ((q + j) * LANES + k) * N * 16;
+        for (int n = 0; n < N; ++n)
+          part[j][n] = dpbf16(part[j][n], w, _mm512_castsi512_ps(_mm512_loadu_si512(xq + n * 16)));
+      }
+    }
+    for (int j = 0; j < G; ++j) {
+      const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + (q + j) * 16)));
+      for (int n = 0; n < N; ++n) {
+        acc[n] = vfma(half0(part[j][n]), half0(bs), acc[n]);
+        acc[n] = vfma(half1(part[j][n]), half1(bs), acc[n]);
+      }
+    }
+  }
+  for (int n = 0; n < N; ++n) vstore(acc_mem + n * LANES, acc[n]);
+}
+
+// NVFP4, batch 1..NVFP4_LANES_MAX, by nvfp4_block_lanes_bf16: tiles of WIDE_TILE rows, a row at a time, x's pairs read
+// whole while they fit in L1 (x_in_l1_bytes), else in K-chunks of pairs for all the tile's rows (the
+// totals wait in memory between chunks: a float32 store is exact).
+template <int N>
+void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  constexpr int G = N == 1 ? 4 : 2;  // G * N independent block sums per k (measured: G = 2, 5, 10 no faster at batch 1)
+  const int64_t pairs = f.blocks() / 16;
+  std::vector<uint32_t> xb(static_cast<size_t>(std::max<int64_t>(1, pairs * LANES * N * 16)));
+  for (int64_t q = 0; q < pairs; ++q)
+    for (int64_t k = 0; k < LANES; ++k)
+      for (int n = 0; n < N; ++n)
+        for (int64_t i = 0; i < 16; ++i) {
+          uint32_t a, b;
+          // x is in step order (gemm.py nvfp4_x): step 2k + h of block 8g + l at 128 g + 16 k + 8 h + l.
+          const float* e = x + n * xs + (2 * q + i / LANES) * 128 + 16 * k + i % LANES;
+          std::memcpy(&a, e, 4);
+          std::memcpy(&b, e + LANES, 4);
+          xb[static_cast<size_t>(((q * LANES + k) * N + n) * 16 + i)] = (a & 0xFFFF0000u) | (b >> 16);
+        }
+  const int64_t pair_bytes = N * LANES * 16 * 4;
+  const int64_t CP = pairs * pair_bytes <= x_in_l1_bytes() ? std::max<int64_t>(1, pairs)
+                                                             : std::max<int64_t>(G, x_in_l1_bytes() / pair_bytes / G * G);
+  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[WIDE_TILE * N * LANES];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
+      std::fill(acc, acc + tr * N * LANES, 0.0f);
+      for (int64_t c0 = 0; c0 < pairs; c0 += CP) {
+        const int64_t c1 = std::min(pairs, c0 + CP), whole = c0 + (c1 - c0) / G * G;
+        for (int64_t i = 0; i < tr; ++i) {
+          const int64_t ahead = std::min(rows - 1, v0 + i + 2);
+          nvfp4_block_lanes_bf16<N, G>(f, xb.data(), v0 + i, c0, whole, acc + i * N * LANES, ahead);
+          if (whole < c1) nvfp4_block_lanes_bf16<N, 1>(f, xb.data(), v0 + i, whole, c1, acc + i * N * LANES, ahead);
+        }
+      }
+      for (int64_t i = 0; i < tr; ++i)
+        for (int n = 0; n < N; ++n) {
+          V a = vload(acc + (i * N + n) * LANES);
+          for (int64_t g = 2 * pairs; g < f.groups(); ++g) a = nvfp4_groups<1>(f, x + n * xs, v0 + i, g, a);
+          out[n * os + v0 + i] = finish(a, f.row_scale(v0 + i), NVFP4Rows::kUnbias);
+        }
+    }
+  });
+}
+
+// Which vdpbf16ps kernel runs which batch (measured on Zen 4, V = 129280, H = 5120, 2 threads, best of 9-21
+// interleaved against the FMA kernels): FP8 every batch 1..8 (batch 1 27.8 -> 23.2 ms, in L2 61 -> 44 ps per
+// weight); NVFP4 batches 1..2 by block lanes (batch 1 16.6 -> 12.5 ms, 2 22.9 -> 16.9), 3..8 by row pairs
+// (block lanes read every x row once per weight row: batch 4 40 against 33 ms, 8 52 against 49).
+constexpr int NVFP4_LANES_MAX = 2;
 #endif  // TRTVOCAB_DPBF16
 
 template <int N, class F>
 void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
 #if TRTVOCAB_DPBF16
-  if constexpr (std::is_same_v<F, FP8Rows> && N >= FP8_BF16_MIN) {
+  if constexpr (std::is_same_v<F, FP8Rows>) {
     if (use_dpbf16() && x_fits_bf16(x, N, xs, f.steps() * LANES)) {
       wide_fp8_bf16<N>(f, x, xs, rows, out, os);
       return;
     }
   }
-  if constexpr (F::kGroupScaled && N >= NVFP4_BF16_MIN) {
+  if constexpr (F::kGroupScaled && N <= NVFP4_LANES_MAX) {
+    if (use_dpbf16() && x_fits_bf16(x, N, xs, f.blocks() / LANES * 16 * LANES)) {
+      wide_nvfp4_lanes_bf16<N>(f, x, xs, rows, out, os);
+      return;
+    }
+  }
+  if constexpr (F::kGroupScaled && N > NVFP4_LANES_MAX) {
     if (use_dpbf16() && x_fits_bf16(x, N, xs, f.blocks() / LANES * 16 * LANES)) {
       wide_nvfp4_bf16<N>(f, x, xs, rows, out, os);
       return;
@@ -1865,7 +1982,7 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
 int trtvocab_fused_isa() { return TRTVOCAB_AVX512 ? 3 : (TRTVOCAB_AVX2 ? 2 : 0); }
 
 // 1: this build has the vdpbf16ps kernels (AVX-512 BF16 + VBMI), vdpbf16ps is the two FMAs on this CPU
-// (dpbf16_matches_fma) and they are on (use_dpbf16): batches 2..8 of FP8 / NVFP4 heads whose x fits
+// (dpbf16_matches_fma) and they are on (use_dpbf16): batches 1..8 of FP8 / NVFP4 heads whose x fits
 // (x_fits_bf16) run them; else 0.
 int trtvocab_fused_dpbf16() {
 #if TRTVOCAB_DPBF16
