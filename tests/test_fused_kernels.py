@@ -966,6 +966,35 @@ def test_tiled_batches_bitwise_across_paths():
                 _same_on_every_path(paths, gemm.nvfp4_logits, x[:b], hidden, packed[lo:hi], bs[lo:hi], 1e-3)
 
 
+@pytest.mark.parametrize("hidden", [13, 24, 1029, 528, 5120])
+def test_dpbf16_tiled_batches_bitwise(hidden, dpbf16_paths):
+    """Batches >= 9 on the vdpbf16ps tile kernel (tile and x packed into bf16 step pairs) and on the FMA tile
+    kernels: the same bits, for x that qualifies and x that does not, every FP8 code under adversarial
+    scales at an odd step count (13: 2 steps, 24: 3, 1029: 129: the last step paired with a zero step) and
+    NVFP4 (528: a partial lane group; 5120: the head's H) with the smallest and largest block scales."""
+    paths = dpbf16_paths
+    gen = torch.Generator().manual_seed(hidden + 5)
+    if hidden % 16:
+        v = FINITE_FP8.numel() + 5
+        codes = FINITE_FP8[torch.randint(0, FINITE_FP8.numel(), (v, hidden), generator=gen)]
+        codes[torch.arange(FINITE_FP8.numel()), torch.arange(FINITE_FP8.numel()) % hidden] = FINITE_FP8
+        scales = [torch.rand(v, generator=gen)[3:] * 1e-2 + 1e-4, torch.tensor(2.0**60)]
+        for b in (9, 17, 64):
+            for _, x in _x_cases(b, hidden, gen):
+                for scale in scales:
+                    _same_bits_or_nan(paths, gemm.fp8_logits, kernels.fp8_x(x), hidden, codes[3:], scale)
+        return
+    v, _, packed = _every_nibble_rows(hidden, gen)
+    packed = nvfp4.to_block_major(packed)
+    block_scales = [(torch.randint(*codes, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8), g)
+                    for codes, g in (((0x01, 0x7F), 1e-3), ((0x7E, 0x7F), 6.0 * 448))]
+    for b in (9, 17, 64):
+        for _, x in _x_cases(b, hidden, gen):
+            xn = kernels.nvfp4_x(x)
+            for bs, global_scale in block_scales:
+                _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed[5:], bs[5:], global_scale)
+
+
 # ---- the dense bf16 / fp16 / float32 kernel -----------------------------------------------------------------
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 0.0}  # of the final rounding
 def _dense_head(dtype: torch.dtype, v: int, h: int, w: torch.Tensor, mapping: Mapping | None = None,

@@ -1513,15 +1513,24 @@ void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t row
 // the row's 8-lane totals, group after group (lanes 0-7 of a pair: group 2q, lanes 8-15: group 2q + 1):
 // wide_nvfp4_pairs' chains, so nvfp4_groups<1>'s. xb: [pairs][8 k][N][16] bf16 pairs (lane i: step 2k of
 // block 16q + i in the high word, step 2k + 1 in the low one); acc: the row's N totals ([N][8]).
+struct E2m1Lanes {
+  // vpermb: byte i into all four bytes of lane i; vpsrlvw: the even word (the high nibble's) right by 4.
+  __m512i idx = _mm512_set_epi32(0x0F0F0F0F, 0x0E0E0E0E, 0x0D0D0D0D, 0x0C0C0C0C, 0x0B0B0B0B, 0x0A0A0A0A, 0x09090909,
+                                 0x08080808, 0x07070707, 0x06060606, 0x05050505, 0x04040404, 0x03030303, 0x02020202,
+                                 0x01010101, 0x00000000);
+  __m512i shift = _mm512_set1_epi32(4);
+  __m512i table = e2m1_bf16_table();
+  // 16 bytes of packed e2m1 -> lane i: the low nibble of byte i (high word), its high nibble (low word).
+  __m512 operator()(const uint8_t* p) const {
+    const __m512i b = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(idx, b), shift), table));
+  }
+};
+
 template <int N, int G>
 inline void nvfp4_block_lanes_bf16(const NVFP4Rows& f, const uint32_t* xb, int64_t r, int64_t q0, int64_t q1,
                                    float* acc_mem, int64_t ahead) {
-  const __m512i table = e2m1_bf16_table();
-  // vpermb: byte i into all four bytes of lane i; vpsrlvw: the even word (the high nibble's) right by 4.
-  const __m512i idx = _mm512_set_epi32(0x0F0F0F0F, 0x0E0E0E0E, 0x0D0D0D0D, 0x0C0C0C0C, 0x0B0B0B0B, 0x0A0A0A0A,
-                                       0x09090909, 0x08080808, 0x07070707, 0x06060606, 0x05050505, 0x04040404,
-                                       0x03030303, 0x02020202, 0x01010101, 0x00000000);
-  const __m512i shift = _mm512_set1_epi32(4);
+  const E2m1Lanes decode;
   const int64_t nb = f.blocks();
   const uint8_t* row = f.packed + r * f.p_stride;
   const uint8_t* srow = f.bscale + r * f.bs_stride;
@@ -1535,9 +1544,7 @@ inline void nvfp4_block_lanes_bf16(const NVFP4Rows& f, const uint32_t* xb, int64
       for (int n = 0; n < N; ++n) part[j][n] = _mm512_setzero_ps();
     for (int64_t k = 0; k < LANES; ++k) {
       for (int j = 0; j < G; ++j) {
-        const __m512i b = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k * nb + j * 16)));
-        const __m512i v = _mm512_srlv_epi16(_mm512_permutexvar_epi8(idx, b), shift);
-        const __m512 w = _mm512_castsi512_ps(_mm512_permutexvar_epi16(v, table));
+        const __m512 w = decode(p + k * nb + j * 16);
         const uint32_t* xq = xb + ((q + j) * LANES + k) * N * 16;
         for (int n = 0; n < N; ++n)
           part[j][n] = dpbf16(part[j][n], w, _mm512_castsi512_ps(_mm512_loadu_si512(xq + n * 16)));
@@ -1849,7 +1856,166 @@ struct Aligned {
   }
 };
 
-template <class F>
+#if TRTVOCAB_DPBF16
+// ---- AVX-512 BF16, batch >= 9: the tile kernel with two chain steps per vdpbf16ps ----------------------
+// The same tiles, passes and chains as above, where every x row fits (x_fits_bf16) and the weights are FP8
+// or NVFP4 (exact in bf16): the decoded tile is packed into bf16 step pairs ([pair][8], NVFP4 [pair][group][8];
+// lane l: step 2t in the high word, 2t + 1 in the low one, an odd last step paired with a zero step) and
+// x into [block][pair][row pair][16], and the micro kernels run one vdpbf16ps where the FMA kernels run two:
+// the two FMAs of each chain, bitwise ("AVX-512 BF16" above). A zero step adds fma(0, x, acc) = acc (x is
+// finite), or a zero of another sign where acc is zero, which the finish's + 0 makes +0 either way.
+
+// wb_layout's blocks as bf16 pairs: block i at xt + i * pairs * WB_ROWS * 8, pair t of row pair j at
+// + (t * np + j) * 16: lanes 0-7 row 2j, 8-15 row 2j + 1 (rows past nb and the step past `steps`: zeros).
+inline void wb_layout_bf16(const float* x, int64_t xs, int64_t b0, int64_t nb, int64_t steps, uint32_t* xt) {
+  const int64_t pairs = (steps + 1) / 2;
+  for (int64_t i = 0; i * WB_ROWS < nb; ++i) {
+    const int64_t r0 = i * WB_ROWS, nr = std::min(WB_ROWS, nb - r0), np = (nr + 1) / 2;
+    uint32_t* blk = xt + i * pairs * WB_ROWS * LANES;
+    for (int64_t t = 0; t < pairs; ++t)
+      for (int64_t r = 0; r < 2 * np; ++r) {
+        uint32_t* dst = blk + t * np * 16 + r * LANES;
+        for (int64_t l = 0; l < LANES; ++l) {
+          uint32_t hi = 0, lo = 0;
+          if (r < nr) {
+            const float* row = x + (b0 + r0 + r) * xs;
+            std::memcpy(&hi, row + 2 * t * LANES + l, 4);
+            if (2 * t + 1 < steps) std::memcpy(&lo, row + (2 * t + 1) * LANES + l, 4);
+          }
+          dst[l] = (hi & 0xFFFF0000u) | (lo >> 16);
+        }
+      }
+  }
+}
+
+// A tile row's decoded steps [0, n) (wb_decode's [step][m][8], m = 1, or 2 NVFP4 groups) as bf16 pairs
+// [pair][m][8]; an odd n is paired with a zero step.
+inline void wb_pack_bf16(const float* w, int64_t n, int m, uint32_t* dst) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t t = 0; 2 * t < n; ++t)
+    for (int g = 0; g < m; ++g) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (2 * t * m + g) * LANES));
+      const __m256i b = 2 * t + 1 < n
+                            ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + ((2 * t + 1) * m + g) * LANES))
+                            : _mm256_setzero_si256();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (t * m + g) * LANES),
+                          _mm256_or_si256(_mm256_and_si256(a, high), _mm256_srli_epi32(b, 16)));
+    }
+}
+
+// Steps [s0, s0 + n) of weight row r straight into bf16 pairs ([pair][8], NVFP4 [pair][2 groups][8]) where
+// the chunk is whole (FP8: full steps, n a multiple of 4: fp8_pairs_bf16 on pairs t, t + 1 of the row;
+// NVFP4: two full groups, E2m1Lanes per k, block scales as wb_decode), else wb_decode into wt (float32
+// scratch) and wb_pack_bf16: the same values either way (fp8_pairs_bf16's tables are fp8_decode8's bits).
+inline void wb_decode_bf16(const FP8Rows& f, int64_t r, int64_t s0, int64_t n, uint32_t* dst, float* bs, float* wt) {
+  if (n % 4 == 0 && s0 + n <= f.full_steps()) {
+    const Fp8Bf16Tables& t = fp8_bf16_tables();
+    const uint8_t* p = f.w + r * f.w_stride + s0 * LANES;
+    for (int64_t s = 0; s < n; s += 4)
+      _mm512_storeu_ps(reinterpret_cast<float*>(dst + (s / 2) * LANES), fp8_pairs_bf16(p + s * LANES, p + (s + 2) * LANES, t));
+    return;
+  }
+  wb_decode(f, r, s0, n, wt, bs);
+  wb_pack_bf16(wt, n, 1, dst);
+}
+inline void wb_decode_bf16(const NVFP4Rows& f, int64_t r, int64_t s0, int64_t n, uint32_t* dst, float* bs, float* wt) {
+  const int64_t g = s0 / 16, nb = f.blocks();
+  if (n == 32 && (g + 2) * LANES <= nb) {
+    const E2m1Lanes decode;
+    const uint8_t* p = f.packed + r * f.p_stride + g * LANES;
+    for (int64_t k = 0; k < LANES; ++k) _mm512_storeu_ps(reinterpret_cast<float*>(dst + k * 2 * LANES), decode(p + k * nb));
+    _mm512_storeu_ps(bs, fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.bscale + r * f.bs_stride + g * LANES))));
+    return;
+  }
+  wb_decode(f, r, s0, n, wt, bs);
+  wb_pack_bf16(wt, 16, 2, dst);
+}
+
+// wb_micro by vdpbf16ps: `pairs` step pairs of NV packed tile rows (row v: w + v * ws) against NP row pairs
+// (pair t of row pair j: x + t * x_pair + j * 16).
+template <int NP, int NV>
+inline void wb_micro_bf16(const uint32_t* x, int64_t x_pair, const uint32_t* w, int64_t ws, int64_t pairs, float* acc,
+                          int64_t acc_v, const float*) {
+  __m512 a[NV][NP];
+  for (int v = 0; v < NV; ++v)
+    for (int j = 0; j < NP; ++j) a[v][j] = _mm512_loadu_ps(acc + v * acc_v + j * 16);
+  for (int64_t t = 0; t < pairs; ++t) {
+    __m512 xv[NP];
+    for (int j = 0; j < NP; ++j) xv[j] = _mm512_castsi512_ps(_mm512_loadu_si512(x + t * x_pair + j * 16));
+    for (int v = 0; v < NV; ++v) {
+      const __m512 wv = bcast_pair(w + v * ws + t * LANES);
+      for (int j = 0; j < NP; ++j) a[v][j] = dpbf16(a[v][j], wv, xv[j]);
+    }
+  }
+  for (int v = 0; v < NV; ++v)
+    for (int j = 0; j < NP; ++j) _mm512_storeu_ps(acc + v * acc_v + j * 16, a[v][j]);
+}
+
+// wb_micro_gs by vdpbf16ps: a group is 8 step pairs of the packed tile ([pair][2 groups][8]).
+template <int NP, int NV>
+__attribute__((noinline)) void wb_micro_gs_bf16(const uint32_t* x, int64_t x_pair, const uint32_t* w, int64_t ws,
+                                                int64_t pairs, float* acc, int64_t acc_v, const float* bs) {
+  __m512 a[NV][NP];
+  for (int64_t g = 0; g * 8 < pairs; ++g) {
+    for (int v = 0; v < NV; ++v)
+      for (int j = 0; j < NP; ++j) a[v][j] = _mm512_setzero_ps();
+    const uint32_t* xg = x + g * 8 * x_pair;
+    const uint32_t* wg = w + g * LANES;
+    for (int64_t t = 0; t < 8; ++t) {
+      __m512 xv[NP];
+      for (int j = 0; j < NP; ++j) xv[j] = _mm512_castsi512_ps(_mm512_loadu_si512(xg + t * x_pair + j * 16));
+      for (int v = 0; v < NV; ++v) {
+        const __m512 wv = bcast_pair(wg + v * ws + t * 2 * LANES);
+        for (int j = 0; j < NP; ++j) a[v][j] = dpbf16(a[v][j], wv, xv[j]);
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const __m512 b = _mm512_broadcast_f32x8(_mm256_loadu_ps(bs + (v * (WB_CHUNK / 16) + g) * LANES));
+      for (int j = 0; j < NP; ++j) {
+        float* p = acc + v * acc_v + j * 16;
+        _mm512_storeu_ps(p, _mm512_fmadd_ps(a[v][j], b, _mm512_loadu_ps(p)));
+      }
+    }
+  }
+}
+
+template <int NV, bool GS>
+inline void wb_micro_np_bf16(int64_t np, const uint32_t* x, int64_t x_pair, const uint32_t* w, int64_t ws,
+                             int64_t pairs, float* acc, int64_t acc_v, const float* bs) {
+  static_assert(WB_NP == 4, "the cases below");
+  auto call = [&](auto npc) {
+    constexpr int NP = decltype(npc)::value;
+    if constexpr (GS) {
+      wb_micro_gs_bf16<NP, NV>(x, x_pair, w, ws, pairs, acc, acc_v, bs);
+    } else {
+      wb_micro_bf16<NP, NV>(x, x_pair, w, ws, pairs, acc, acc_v, bs);
+    }
+  };
+  switch (np) {
+    case 4: call(std::integral_constant<int, 4>{}); break;
+    case 3: call(std::integral_constant<int, 3>{}); break;
+    case 2: call(std::integral_constant<int, 2>{}); break;
+    default: call(std::integral_constant<int, 1>{}); break;
+  }
+}
+
+template <bool GS>
+inline void wb_micro_any_bf16(int64_t nv, int64_t np, const uint32_t* x, int64_t x_pair, const uint32_t* w,
+                              int64_t ws, int64_t pairs, float* acc, int64_t acc_v, const float* bs) {
+  static_assert(WB_NV == 6, "the cases below");
+  switch (nv) {
+    case 6: wb_micro_np_bf16<6, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
+    case 5: wb_micro_np_bf16<5, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
+    case 4: wb_micro_np_bf16<4, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
+    case 3: wb_micro_np_bf16<3, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
+    case 2: wb_micro_np_bf16<2, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
+    default: wb_micro_np_bf16<1, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
+  }
+}
+#endif  // TRTVOCAB_DPBF16
+
+// BF: the vdpbf16ps micro kernels on bf16 pairs of the tile and of x (FP8 / NVFP4 where x fits).
+template <bool BF, class F>
 void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_t rows, float* out, int64_t os) {
   constexpr bool GS = F::kGroupScaled;
   const int64_t steps = f.steps();
@@ -1857,13 +2023,24 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
   const int64_t passes = (n_rows + WB_PASS - 1) / WB_PASS;  // of equal size
   const int64_t pass = (n_rows + passes - 1) / passes;
   const int64_t ws = WB_CHUNK * LANES;
+  const int64_t pairs = (steps + 1) / 2;
+  // The f32 layout's size holds the bf16 one (half of it).
   Aligned xt(((pass + WB_ROWS - 1) / WB_ROWS) * WB_ROWS * steps * LANES);
+  uint32_t* xtb = reinterpret_cast<uint32_t*>(xt.p);
   for (int64_t b0 = 0; b0 < n_rows; b0 += pass) {
     const int64_t nb = std::min(pass, n_rows - b0), blocks = (nb + WB_ROWS - 1) / WB_ROWS;
     const int64_t acc_v = blocks * WB_ROWS * LANES;  // floats per weight row's chains
+#if TRTVOCAB_DPBF16
+    if constexpr (BF) {
+      wb_layout_bf16(x, xs, b0, nb, steps, xtb);
+    } else {
+      wb_layout(x, xs, b0, nb, steps, xt.p);
+    }
+#else
     wb_layout(x, xs, b0, nb, steps, xt.p);
+#endif
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      Aligned wt(WB_TILE * ws), acc(WB_TILE * acc_v);
+      Aligned wt(WB_TILE * ws), acc(WB_TILE * acc_v), wtb(BF ? WB_TILE * ws / 2 : 0);
       alignas(64) float bs[WB_TILE * (WB_CHUNK / 16) * LANES];
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t v0 = t * WB_TILE, tr = std::min(WB_TILE, rows - v0);
@@ -1876,14 +2053,31 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
             } else if (v0 + WB_TILE + v < rows) {
               wb_prefetch(f, v0 + WB_TILE + v, 0);  // the next tile's first chunk
             }
+#if TRTVOCAB_DPBF16
+            if constexpr (BF) {
+              wb_decode_bf16(f, v0 + v, s0, ks, reinterpret_cast<uint32_t*>(wtb.p) + v * ws / 2,
+                             bs + v * (WB_CHUNK / 16) * LANES, wt.p + v * ws);
+              continue;
+            }
+#endif
             wb_decode(f, v0 + v, s0, ks, wt.p + v * ws, bs + v * (WB_CHUNK / 16) * LANES);
           }
           for (int64_t i = 0; i < blocks; ++i) {
             const int64_t np = (std::min(WB_ROWS, nb - i * WB_ROWS) + 1) / 2;
-            const float* xb = xt.p + i * steps * WB_ROWS * LANES + s0 * np * 16;
+            float* acc_i = acc.p + i * WB_ROWS * LANES;
             for (int64_t v = 0; v < tr; v += WB_NV) {
-              wb_micro_any<GS>(std::min<int64_t>(WB_NV, tr - v), np, xb, np * 16, wt.p + v * ws, ws, ks,
-                               acc.p + v * acc_v + i * WB_ROWS * LANES, acc_v, bs + v * (WB_CHUNK / 16) * LANES);
+              const int64_t nv = std::min<int64_t>(WB_NV, tr - v);
+              const float* bsv = bs + v * (WB_CHUNK / 16) * LANES;
+#if TRTVOCAB_DPBF16
+              if constexpr (BF) {
+                const uint32_t* xb = xtb + i * pairs * WB_ROWS * LANES + (s0 / 2) * np * 16;
+                wb_micro_any_bf16<GS>(nv, np, xb, np * 16, reinterpret_cast<const uint32_t*>(wtb.p) + v * ws / 2,
+                                      ws / 2, (ks + 1) / 2, acc_i + v * acc_v, acc_v, bsv);
+                continue;
+              }
+#endif
+              const float* xb = xt.p + i * steps * WB_ROWS * LANES + s0 * np * 16;
+              wb_micro_any<GS>(nv, np, xb, np * 16, wt.p + v * ws, ws, ks, acc_i + v * acc_v, acc_v, bsv);
             }
           }
         }
@@ -1895,6 +2089,20 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
       }
     });
   }
+}
+
+// Batch >= 9: the vdpbf16ps tile kernel where it runs (FP8 / NVFP4, x fits), else the FMA one.
+template <class F>
+void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_t rows, float* out, int64_t os) {
+#if TRTVOCAB_DPBF16
+  if constexpr (std::is_same_v<F, FP8Rows> || F::kGroupScaled) {
+    if (use_dpbf16() && x_fits_bf16(x, n_rows, xs, f.steps() * LANES)) {
+      wide_batched<true>(f, x, n_rows, xs, rows, out, os);
+      return;
+    }
+  }
+#endif
+  wide_batched<false>(f, x, n_rows, xs, rows, out, os);
 }
 #endif
 
