@@ -206,7 +206,7 @@ def main() -> None:
     if reason is None:
         loaded = kernels.load()
         dpbf16 = "on" if loaded.lib.trtvocab_fused_dpbf16() else "off (FMA kernels)"
-        print(f"fused kernels: {loaded.isa}, vdpbf16ps at B = 1..8 {dpbf16}, {loaded.path}")
+        print(f"fused kernels: {loaded.isa}, vdpbf16ps kernels {dpbf16}, {loaded.path}")
     else:
         print(f"fused kernels unavailable ({reason}): the 'fused' lines run the torch path")
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} ({os.cpu_count()} CPUs): "

@@ -681,7 +681,7 @@ def test_nvfp4_bitwise_across_paths(hidden):
             _same_on_every_path(paths, gemm.nvfp4_logits, x, hidden, packed[5:], bs[5:], global_scale)
 
 
-# ---- the vdpbf16ps kernels (AVX-512 BF16, batch 1..8): the FMA chain's bits, taken only where x fits ---------
+# ---- the vdpbf16ps kernels (AVX-512 BF16, every batch): the FMA chain's bits, taken only where x fits ---------
 def _has_dpbf16_kernels(lib: ctypes.CDLL) -> bool:
     """Whether this build compiled the vdpbf16ps kernels (its x check answers -1 where it has none)."""
     return lib.trtvocab_fused_x_fits_bf16(None, *[ctypes.c_int64(0)] * 3) != -1

@@ -21,7 +21,7 @@
 // AVX-512 builds run 512-bit versions of these kernels with the same chains: a zmm holds two
 // independent 8-lane chains (two weight rows, two NVFP4 lane groups, or, batch >= 9 (wide_batched),
 // two x rows against one weight row's step broadcast to both halves), never one 16-lane chain. With
-// AVX512-BF16 on AMD (dpbf16_pays_here), batches 1..8 of FP8 / NVFP4 run two steps of each chain per
+// AVX512-BF16 on AMD (dpbf16_pays_here), FP8 / NVFP4 at every batch run two steps of each chain per
 // vdpbf16ps, bitwise the two FMAs, wherever x fits (see "AVX-512 BF16" below).
 
 #include <ATen/Parallel.h>
@@ -50,7 +50,7 @@
 #else
 #define TRTVOCAB_AVX512 0
 #endif
-// The vdpbf16ps kernels of batch 1..8 (FP8 / NVFP4, where x fits): see "AVX-512 BF16" below.
+// The vdpbf16ps kernels (FP8 / NVFP4 at every batch, where x fits): see "AVX-512 BF16" below.
 #if TRTVOCAB_AVX512 && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 #define TRTVOCAB_DPBF16 1
 #else
@@ -2190,7 +2190,7 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
 int trtvocab_fused_isa() { return TRTVOCAB_AVX512 ? 3 : (TRTVOCAB_AVX2 ? 2 : 0); }
 
 // 1: this build has the vdpbf16ps kernels (AVX-512 BF16 + VBMI), vdpbf16ps is the two FMAs on this CPU
-// (dpbf16_matches_fma) and they are on (use_dpbf16): batches 1..8 of FP8 / NVFP4 heads whose x fits
+// (dpbf16_matches_fma) and they are on (use_dpbf16): FP8 / NVFP4 heads whose x fits
 // (x_fits_bf16) run them; else 0.
 int trtvocab_fused_dpbf16() {
 #if TRTVOCAB_DPBF16
