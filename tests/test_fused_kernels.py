@@ -809,6 +809,63 @@ def test_dpbf16_fp8_bitwise_every_x_and_batch(hidden, dpbf16_paths):
                     _same_bits_or_nan(paths, gemm.fp8_logits, x8, hidden, codes[lo:hi], rows_scale)
 
 
+def _bf16_rows_at_the_domain_edges(v: int, hidden: int, gen: torch.Generator) -> torch.Tensor:
+    """bf16 weights [v, hidden]: random rows, and rows whose logit shows whether a weight outside the vdpbf16ps
+    domain was read as the FMAs read it: a lone subnormal, a lone tiny normal, rows of 2**-30 (products
+    below 2**-124 against tiny x), a lone huge weight (products past 2**102 against big x), a zero row."""
+    w = torch.randn(v, hidden, generator=gen) * 0.05
+    w[1] = 0.0
+    w[1, hidden // 2] = 1e-40  # subnormal in bf16: vdpbf16ps reads it as zero
+    w[2] = 0.0
+    w[2, -1] = -(2.0**-126)
+    w[3] = 2.0**-30 * torch.where(torch.rand(hidden, generator=gen) < 0.5, -1.0, 1.0)
+    w[4] = 0.0
+    w[4, 0] = 2.0**120
+    w[5] = 0.0
+    w[6, :: 5] = 0.0
+    return w.bfloat16()
+
+
+@pytest.mark.parametrize("hidden", [13, 24, 520, 1029])
+def test_dpbf16_dense_bf16_bitwise_every_x_and_batch(hidden, dpbf16_paths):
+    """Dense bf16 heads at batch 1..9 on the vdpbf16ps kernels (batch <= 8; each pass checks the weights it read
+    against the domain this x allows, and reruns on FMAs where one is outside) and the FMA kernels: the same
+    bits, for x that qualifies, x that does not, tiny x against tiny weights and big x against a huge weight,
+    whole and from a row mid-pair."""
+    paths = dpbf16_paths
+    gen = torch.Generator().manual_seed(hidden + 5)
+    v = 23
+    w = _bf16_rows_at_the_domain_edges(v, hidden, gen)
+    for b in BATCHES_1_9:
+        cases = _x_cases(b, hidden, gen)
+        x = cases[0][1]
+        cases.append(("tiny", x.sign() * 2.0**-99))
+        big = x * 2.0**20
+        big[:, 0] = 2.0**-10
+        cases.append(("big vs huge", big))
+        for _, xc in cases:
+            x8 = kernels.fp8_x(xc)
+            _same_bits_or_nan(paths, gemm.dense_logits, x8, hidden, w)
+            _same_bits_or_nan(paths, gemm.dense_logits, x8, hidden, w[3:])
+
+
+def test_dpbf16_pairs_kernels_chunked_passes(dpbf16_paths):
+    """Where x's bf16 pairs outgrow a quarter of L2 (256 KiB: B = 8 past H = 16384 for dense bf16, 8192 for FP8,
+    whose pairs are laid out twice) the FP8 / dense bf16 vdpbf16ps kernels read K-chunks of 64 steps for a
+    tile's rows (an odd last chunk included): the same bits as the FMA kernels."""
+    paths = dpbf16_paths
+    hidden = 16404  # 2051 steps: the last chunk is a full pair and a partial step
+    gen = torch.Generator().manual_seed(6)
+    w = _bf16_rows_at_the_domain_edges(9, hidden, gen)
+    codes = FINITE_FP8[torch.randint(0, FINITE_FP8.numel(), (9, hidden), generator=gen)]
+    for b in (7, 8):
+        for name, x in _x_cases(b, hidden, gen):
+            if name in ("fits", "edge", "nan"):
+                x8 = kernels.fp8_x(x)
+                _same_bits_or_nan(paths, gemm.dense_logits, x8, hidden, w)
+                _same_bits_or_nan(paths, gemm.fp8_logits, x8, hidden, codes, torch.tensor(2e-3))
+
+
 @pytest.mark.parametrize("hidden", [16, 256, 528, 1040])
 def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden, dpbf16_paths):
     """NVFP4 heads (every nibble, the smallest and largest block scales, a partial group, a shard) on the

@@ -21,8 +21,9 @@
 // AVX-512 builds run 512-bit versions of these kernels with the same chains: a zmm holds two
 // independent 8-lane chains (two weight rows, two NVFP4 lane groups, or, batch >= 9 (wide_batched),
 // two x rows against one weight row's step broadcast to both halves), never one 16-lane chain. With
-// AVX512-BF16 on AMD (dpbf16_pays_here), FP8 / NVFP4 at every batch run two steps of each chain per
-// vdpbf16ps, bitwise the two FMAs, wherever x fits (see "AVX-512 BF16" below).
+// AVX512-BF16 on AMD (dpbf16_pays_here), FP8 / NVFP4 at every batch and dense bf16 at batch 1..8 run two
+// steps of each chain per vdpbf16ps, bitwise the two FMAs, wherever x and the weights fit (see "AVX-512
+// BF16" below).
 
 #include <ATen/Parallel.h>
 
@@ -1168,17 +1169,19 @@ void wide_nvfp4_pairs_of_rows(const NVFP4Rows& f, const float* x, int64_t xs, in
 // (FP8 q * 2**-8 and e2m1 values are) and no operand or partial sum can be subnormal or overflow: every
 // nonzero |x| in [2**-100, 2**100] (x_fits_bf16, checked per call) makes every product and partial sum
 // a multiple of 2**-124 (x's LSB >= 2**-107, FP8's 2**-17, e2m1's 2**-1) and below 2**125. Otherwise
-// the FMA kernels run: the choice never changes a bit. Dense weights (any bf16, tiny ones included)
-// stay on FMAs.
+// the FMA kernels run: the choice never changes a bit. Dense bf16 weights have any exponent, so their
+// domain is checked as they are read (Bf16Pairs): with x's nonzero exponents in [ex_lo, ex_hi], every
+// nonzero weight's exponent in [-110 - ex_lo, 100 - ex_hi] keeps the same two bounds; a pass that meets
+// one outside reruns on FMAs from the chains it started with.
 #if TRTVOCAB_DPBF16
 inline __m512 dpbf16(__m512 acc, __m512 a, __m512 b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);  // vector casts: the same 64 bytes
 }
 
-// Adversarial lanes inside the domain the kernels use (weights: FP8 q * 2**-8 or e2m1 values; x: zero
-// or bf16 of magnitude 2**-100 .. 2**100; acc: multiples of 2**-124 below 2**100): signed zeros, exact
-// cancellation, ties, the smallest and largest products, random values. vdpbf16ps against the two
-// FMAs, once per process.
+// Adversarial lanes inside the domain the kernels use (weights: FP8 q * 2**-8, e2m1 values or bf16 of
+// magnitude 2**-10 .. 2; x: zero or bf16 of magnitude 2**-100 .. 2**100; acc: multiples of 2**-124 below
+// 2**100): signed zeros, exact cancellation, ties, the smallest and largest products, random values.
+// vdpbf16ps against the two FMAs, once per process.
 bool dpbf16_check() {
   alignas(64) uint16_t a[32], b[32];
   alignas(64) float acc[16], got[16], want[16];
@@ -1200,6 +1203,8 @@ bool dpbf16_check() {
   };
   auto weight = [&]() {
     const uint32_t r = rnd();
+    if ((r & 7) == 7)  // a dense bf16 weight, any mantissa, exponent -10 .. 0 (x's bounds: the same domain)
+      return fl(static_cast<uint16_t>(((r & 8) << 12) | ((127 - (r >> 4) % 11) << 7) | ((r >> 9) & 0x7F)));
     if (r & 1) {  // e2m1
       const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
       return (r & 16) ? -mags[(r >> 1) & 7] : mags[(r >> 1) & 7];
@@ -1294,18 +1299,35 @@ inline bool x_fits_bf16(const float* x, int64_t n, int64_t xs, int64_t len) {
   return true;
 }
 
+// The biased exponents of x's nonzero values [n][len] (row stride xs): lo, hi (both 127 where all are zero).
+inline void x_exponents(const float* x, int64_t n, int64_t xs, int64_t len, int& lo, int& hi) {
+  lo = 255, hi = 0;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < len; ++i) {
+      uint32_t u;
+      std::memcpy(&u, x + r * xs + i, 4);
+      if (u & 0x7FFFFFFFu) {
+        const int e = static_cast<int>((u >> 23) & 0xFF);
+        lo = std::min(lo, e), hi = std::max(hi, e);
+      }
+    }
+  if (lo > hi) lo = hi = 127;
+}
+
 // x rows side by side as bf16 step pairs: pair t of x row n (steps 2t, 2t + 1 of `step(n, s)`, 8 floats
-// each) at [t][n][8]: the high 16 bits (x exact in bf16) of step 2t, then those of step 2t + 1.
-template <int N, class Step>
+// each) at [t][n][C][8] (C copies: 2 lay out the zmm that bcast_pair would build, for a plain load): the
+// high 16 bits (x exact in bf16) of step 2t, then those of step 2t + 1.
+template <int N, int C = 1, class Step>
 inline std::vector<uint32_t> bf16_pairs(int64_t pairs, const Step& step) {
-  std::vector<uint32_t> xb(static_cast<size_t>(std::max<int64_t>(1, pairs * N * LANES)));
+  std::vector<uint32_t> xb(static_cast<size_t>(std::max<int64_t>(1, pairs * N * C * LANES)));
   for (int64_t t = 0; t < pairs; ++t)
     for (int n = 0; n < N; ++n) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step(n, 2 * t)));
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step(n, 2 * t + 1)));
       const __m256i v = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))),
                                         _mm256_srli_epi32(b, 16));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb.data() + (t * N + n) * LANES), v);
+      for (int c = 0; c < C; ++c)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb.data() + ((t * N + n) * C + c) * LANES), v);
     }
   return xb;
 }
@@ -1356,50 +1378,128 @@ inline __m512 fp8_pairs_bf16(const uint8_t* a, const uint8_t* b, const Fp8Bf16Ta
   return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(w, d, t.sign, 0xF8));  // w | (d & sign)
 }
 
-// FP8 steps [s0, s1) (s0 even) of P row pairs for N x rows: full step pairs by vdpbf16ps (steps s, s + 1
-// of a row pair decoded to bf16 pairs by fp8_pairs_bf16: step s in the high half of each 32-bit lane),
-// the rest by wide_steps. xb: bf16_pairs of x; xt: x for wide_steps; acc: [P][N][16].
-template <int N, int P>
-inline void wide_steps_bf16(const FP8Rows& f, const float* xt, const uint32_t* xb, const int64_t* pr, int64_t s0,
-                            int64_t s1, float* acc) {
+// FP8 codes of steps s, s + 1 of rows a | b as bf16 pairs (fp8_pairs_bf16); FP8 weights are always in the
+// vdpbf16ps domain.
+struct Fp8Pairs {
+  // x's pairs in two copies (a plain zmm load, no broadcast): measured on Zen 4 (V = 129280, H = 5120,
+  // 2 threads, best of 7) B = 4 24.2 -> 22.3 ms, 8 39.2 -> 33.3; bf16 rows, which read twice the bytes,
+  // ran B = 8 42 -> 53 with them and keep one.
+  static constexpr int kXCopies = 2;
   const Fp8Bf16Tables& t = fp8_bf16_tables();
+  __m512 operator()(const uint8_t* a, const uint8_t* b) { return fp8_pairs_bf16(a, b, t); }
+  bool in_domain() const { return true; }
+  template <int P, int N>
+  static bool chains_in_domain(const __m512 (&)[P][N]) { return true; }
+};
+
+// Dense bf16 steps s, s + 1 of rows a | b (16 values of each) as bf16 pairs: one vpermw over the two rows'
+// 32 bytes (lane i < 8: row a's value i of step s in the high word, of step s + 1 in the low one; i >= 8: row
+// b's). Each weight's magnitude bits u = w << 1 are folded into a running max (u) and min (u - 1: a zero
+// wraps to the top, so zeros always pass): in_domain says whether every nonzero weight read so far has a
+// biased exponent in [lo, hi] (the vdpbf16ps domain for this call's x, see above).
+struct Bf16Pairs {
+  static constexpr int kXCopies = 1;
+  __m512i idx, one = _mm512_set1_epi16(1), umax = _mm512_setzero_si512(), tmin = _mm512_set1_epi32(-1);
+  uint16_t u_lo, u_end;  // nonzero u must lie in [u_lo, u_end)
+  Bf16Pairs(int lo, int hi) : u_lo(static_cast<uint16_t>(lo << 8)), u_end(static_cast<uint16_t>((hi + 1) << 8)) {
+    alignas(64) uint16_t w[32];
+    for (int i = 0; i < 16; ++i) {
+      const int base = i < 8 ? 0 : 16, l = i % 8;
+      w[2 * i] = static_cast<uint16_t>(base + 8 + l);  // low word: step s + 1
+      w[2 * i + 1] = static_cast<uint16_t>(base + l);  // high word: step s
+    }
+    idx = _mm512_load_si512(w);
+  }
+  __m512 operator()(const uint16_t* a, const uint16_t* b) {
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+    const __m512i u = _mm512_slli_epi16(v, 1);
+    umax = _mm512_max_epu16(umax, u);
+    tmin = _mm512_min_epu16(tmin, _mm512_sub_epi16(u, one));
+    return _mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, v));
+  }
+  bool in_domain() const {
+    return !(_mm512_cmpge_epu16_mask(umax, _mm512_set1_epi16(static_cast<short>(u_end))) |
+             _mm512_cmplt_epu16_mask(tmin, _mm512_set1_epi16(static_cast<short>(u_lo - 1))));
+  }
+  // A K-chunk's chains as it starts: a pass that reran on FMAs may have left one subnormal (which
+  // vdpbf16ps would read as zero), off the 2**-124 grid or past 2**125; such rows stay on FMAs. Nonzero
+  // chains in [2**-100, 2**125) are safe (their ulp is at least 2**-124).
+  template <int P, int N>
+  static bool chains_in_domain(const __m512 (&a)[P][N]) {
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), lo = _mm512_set1_epi32(0x0D800000);
+    const __m512i end = _mm512_set1_epi32(0x7E000000);
+    __mmask16 bad = 0;
+    for (int p = 0; p < P; ++p)
+      for (int n = 0; n < N; ++n) {
+        const __m512i m = _mm512_and_si512(_mm512_castps_si512(a[p][n]), abs);
+        bad |= _mm512_test_epi32_mask(m, m) & (_mm512_cmplt_epu32_mask(m, lo) | _mm512_cmpge_epu32_mask(m, end));
+      }
+    return bad == 0;
+  }
+};
+
+// Steps [s0, s1) (s0 even) of P row pairs for N x rows (FP8 or dense bf16 rows, decoded by D: Fp8Pairs /
+// Bf16Pairs): full step pairs by vdpbf16ps (step s in the high half of each 32-bit lane), the rest by
+// wide_steps; a pass whose weights left D's domain reruns whole by wide_steps from the chains it started
+// with (still in acc). xb: bf16_pairs of x; xt: x for wide_steps; acc: [P][N][16].
+template <int N, int P, class F, class D>
+inline void wide_steps_bf16(const F& f, D dec, const float* xt, const uint32_t* xb, const int64_t* pr, int64_t s0,
+                            int64_t s1, float* acc) {
   __m512 a[P][N];
   load_chains(acc, a);
+  if (!D::chains_in_domain(a)) {  // an earlier pass of these rows ran on FMAs and left a chain outside
+    wide_steps<N, P>(f, xt, pr, s0, s1, acc);
+    return;
+  }
   const int64_t full = std::min(s1, f.full_steps());
+  constexpr int64_t kBytes = static_cast<int64_t>(sizeof(*f.w));
   // The next pass's lines, fetched a pass ahead: into L2 where a pass reads more than half an L1.
-  const bool far = 2 * P * (s1 - s0) * LANES * static_cast<int64_t>(sizeof(*f.w)) > l1d_bytes() / 2;
+  const bool far = 2 * P * (s1 - s0) * LANES * kBytes > l1d_bytes() / 2;
   int64_t s = s0;
   for (; s + 1 < full; s += 2) {
-    if ((s & 7) == 0)
+    if (((s * kBytes) & 7) == 0)  // a new 64-byte line of each row: fetch it for the next P pairs
       for (int i = 0; i < 2 * P; ++i) f.prefetch_row(pr[2 * P + i], s, far);
     __m512 w[P];
     for (int p = 0; p < P; ++p)
-      w[p] = fp8_pairs_bf16(f.w + pr[2 * p] * f.w_stride + s * LANES, f.w + pr[2 * p + 1] * f.w_stride + s * LANES, t);
+      w[p] = dec(f.w + pr[2 * p] * f.w_stride + s * LANES, f.w + pr[2 * p + 1] * f.w_stride + s * LANES);
     for (int n = 0; n < N; ++n) {
-      const __m512 xv = bcast_pair(xb + ((s / 2) * N + n) * LANES);
+      const uint32_t* xp = xb + ((s / 2) * N + n) * D::kXCopies * LANES;
+      const __m512 xv = D::kXCopies == 2 ? _mm512_loadu_ps(reinterpret_cast<const float*>(xp)) : bcast_pair(xp);
       for (int p = 0; p < P; ++p) a[p][n] = dpbf16(a[p][n], w[p], xv);
     }
+  }
+  if (!dec.in_domain()) {
+    wide_steps<N, P>(f, xt, pr, s0, s1, acc);
+    return;
   }
   store_chains(a, acc);
   if (s < s1) wide_steps<N, P>(f, xt, pr, s, s1, acc);
 }
 
-template <int N>
-void wide_fp8_bf16(const FP8Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  // Row pairs per pass: P * N zmm chains, P weight steps, x and fp8_pairs_bf16's 6 tables in the 32
-  // registers (measured on Zen 4; B = 5, 6 ran faster with 4 pairs than with 3).
+// FP8 / dense bf16, batch N = 1..8, by vdpbf16ps: wide_direct's tiles, passes and chains; D: the pair decoder.
+constexpr int64_t X_IN_L2_BYTES = 256 * 1024;  // a quarter of the smallest L2 of the AVX-512 BF16 CPUs (1 MiB)
+template <int N, class F, class D>
+void wide_pairs_bf16(const F& f, const D& dec, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  // Row pairs per pass: P * N zmm chains, P weight steps, x and the decoder's registers in the 32
+  // (measured on Zen 4 for FP8; B = 5, 6 ran faster with 4 pairs than with 3).
   constexpr int P = N == 1 ? 8 : (N == 2 ? 8 : (N == 3 ? 6 : (N <= 6 ? 4 : 2)));
   const int64_t steps = f.steps();
-  const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : FP8Rows::kDirectChunk;  // even
+  // Whole rows while x's bf16 pairs fit in L2 (a row pair's pass then reads them from L2 at half the
+  // weights' bytes): measured on Zen 4 (V = 129280, H = 5120, 2 threads, best of 7 interleaved) against
+  // chunks of kDirectChunk steps: FP8 B = 3 38.9 -> 26.5 ms, 4 32.3 -> 28.3, 8 even; bf16 B = 4 53 -> 31,
+  // 8 56 -> 41 (chunks of 256 steps in between).
+  const int64_t x_bytes = N * (steps / 2) * D::kXCopies * LANES * 4;
+  const int64_t KC = x_bytes <= X_IN_L2_BYTES ? steps : F::kDirectChunk;  // even
   const std::vector<float> xt = rows_side_by_side<N>(x, xs, steps);
-  const std::vector<uint32_t> xb =
-      bf16_pairs<N>(f.full_steps() / 2, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
+  const std::vector<uint32_t> xb = bf16_pairs<N, D::kXCopies>(
+      f.full_steps() / 2, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
   pair_tiles<N, P>(
       rows, steps, KC,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
-        wide_steps_bf16<N, decltype(p)::value>(f, xt.data(), xb.data(), prp, c0, c1, acc);
+        wide_steps_bf16<N, decltype(p)::value>(f, dec, xt.data(), xb.data(), prp, c0, c1, acc);
       },
-      [&](int64_t v, int n, V chain) { out[n * os + v] = finish(chain, f.row_scale(v), FP8Rows::kUnbias); });
+      [&](int64_t v, int n, V chain) { out[n * os + v] = finish(chain, f.row_scale(v), F::kUnbias); });
 }
 
 // The bf16 bits of the 16 e2m1 values (code 8: -0.0), twice over: vpermw reads a word's low 5 bits.
@@ -1619,8 +1719,19 @@ void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int6
 #if TRTVOCAB_DPBF16
   if constexpr (std::is_same_v<F, FP8Rows>) {
     if (use_dpbf16() && x_fits_bf16(x, N, xs, f.steps() * LANES)) {
-      wide_fp8_bf16<N>(f, x, xs, rows, out, os);
+      wide_pairs_bf16<N>(f, Fp8Pairs{}, x, xs, rows, out, os);
       return;
+    }
+  }
+  if constexpr (std::is_same_v<F, DenseRows<Dense::BF16>>) {
+    if (use_dpbf16() && x_fits_bf16(x, N, xs, f.steps() * LANES)) {
+      int lo, hi;  // the weights' biased exponents that keep the domain for this x (see "AVX-512 BF16")
+      x_exponents(x, N, xs, f.steps() * LANES, lo, hi);
+      lo = std::max(1, 144 - lo), hi = std::min(254, 354 - hi);
+      if (lo <= hi) {
+        wide_pairs_bf16<N>(f, Bf16Pairs(lo, hi), x, xs, rows, out, os);
+        return;
+      }
     }
   }
   if constexpr (F::kGroupScaled && N <= NVFP4_LANES_MAX) {
