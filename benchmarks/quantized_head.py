@@ -136,14 +136,18 @@ def time_call(fn: Callable[[torch.Tensor], object], x: torch.Tensor) -> float:
 
 
 def library_call(path: str, head: LMHead) -> Callable[[torch.Tensor], object]:
-    """``head`` with its FP8 / NVFP4 kernels taken from another build of the library (``path``, e.g.
-    an older commit's, ABI 2): before / after in the same interleaved rounds."""
+    """``head`` with its FP8 / NVFP4 / dense kernels taken from another build of the library (``path``,
+    e.g. an older commit's, ABI 2 or 3): before / after in the same interleaved rounds."""
     lib = ctypes.CDLL(path)
+    lib.trtvocab_dense_logits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + \
+        [ctypes.c_int64] * 2 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
     lib.trtvocab_fp8_logits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + \
         [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     lib.trtvocab_nvfp4_logits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + \
         [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
-    loaded = kernels.Loaded(lib=lib, path=path, isa="other build", seconds=0.0)
+    # Its own path name: the dense heads take the kernel at the batches dense_max_batch gives that path.
+    isa = kernels.ISA_NAMES.get(lib.trtvocab_fused_isa(), "unknown")
+    loaded = kernels.Loaded(lib=lib, path=path, isa=isa, seconds=0.0)
 
     def call(x: torch.Tensor) -> object:
         previous = runtime._loaded
@@ -220,6 +224,9 @@ def main() -> None:
         if name in ("bf16", "fp16"):
             dtype = head.weights.weight.dtype
             variants[name] = (lambda x, head=head, dtype=dtype: head(x.to(dtype)), head.resident_bytes())
+            if args.before_library:
+                before = library_call(args.before_library, head)
+                variants[f"{name} before"] = (lambda x, f=before, dtype=dtype: f(x.to(dtype)), head.resident_bytes())
             fallback = torch_path(head)  # torch's GEMM: the dense heads' path before the dense kernel
             variants[f"{name} torch GEMM"] = (lambda x, f=fallback, dtype=dtype: f(x.to(dtype)), head.resident_bytes())
             if reason is None:  # the dense kernel even where dense_max_batch keeps torch's GEMM: is that right?
