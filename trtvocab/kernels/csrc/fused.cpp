@@ -1489,11 +1489,11 @@ void wide_pairs_bf16(const F& f, const D& dec, const float* x, int64_t xs, int64
   // weights' bytes): measured on Zen 4 (V = 129280, H = 5120, 2 threads, best of 7 interleaved) against
   // chunks of kDirectChunk steps: FP8 B = 3 38.9 -> 26.5 ms, 4 32.3 -> 28.3, 8 even; bf16 B = 4 53 -> 31,
   // 8 56 -> 41 (chunks of 256 steps in between).
-  const int64_t x_bytes = N * (steps / 2) * D::kXCopies * LANES * 4;
-  const int64_t KC = x_bytes <= X_IN_L2_BYTES ? steps : F::kDirectChunk;  // even
   const std::vector<float> xt = rows_side_by_side<N>(x, xs, steps);
   const std::vector<uint32_t> xb = bf16_pairs<N, D::kXCopies>(
       f.full_steps() / 2, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
+  const int64_t x_bytes = static_cast<int64_t>(xb.size() * sizeof(uint32_t));
+  const int64_t KC = x_bytes <= X_IN_L2_BYTES ? steps : F::kDirectChunk;  // even
   pair_tiles<N, P>(
       rows, steps, KC,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
@@ -1725,8 +1725,9 @@ void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int6
   }
   if constexpr (std::is_same_v<F, DenseRows<Dense::BF16>>) {
     if (use_dpbf16() && x_fits_bf16(x, N, xs, f.steps() * LANES)) {
-      int lo, hi;  // the weights' biased exponents that keep the domain for this x (see "AVX-512 BF16")
+      int lo, hi;  // x's biased exponents, then the weights' that keep the domain (see "AVX-512 BF16"):
       x_exponents(x, N, xs, f.steps() * LANES, lo, hi);
+      // e_w - 127 in [-110 - (lo - 127), 100 - (hi - 127)], normal and finite.
       lo = std::max(1, 144 - lo), hi = std::min(254, 354 - hi);
       if (lo <= hi) {
         wide_pairs_bf16<N>(f, Bf16Pairs(lo, hi), x, xs, rows, out, os);
