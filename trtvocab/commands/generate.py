@@ -29,7 +29,7 @@ from trtvocab.base.formats import Runtime
 from trtvocab.commands.grammar import GrammarSpec, RowGrammars, check_grammar, compile_grammar, grammar_spec
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, InputError
 from trtvocab.parallel import distributed as D
-from trtvocab.parallel.launch import usable_cores
+from trtvocab.parallel.launch import usable_cores, warm_up
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import calc_shard
 from trtvocab.sampling import SamplingParams
@@ -38,6 +38,13 @@ from trtvocab.sampling import SamplingParams
 # (protocol: trtvocab.parallel.distributed.Handshake): a rank whose setup or backend failed stops the others.
 SETUP_HANDSHAKE = D.Handshake("generate", (D.Field("vocab_size"), D.Field("hidden_size"), D.Field("prompts")))
 STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on", tuple(Runtime), per_rank=True)))
+# What a rank imports (unpickling the model and tokenizer, opening its head), imported once by the
+# ranks' server instead (trtvocab.parallel.launch.warm_up); a model's own modeling_<arch> module
+# is small once transformers.modeling_utils is in.
+_RANK_MODULES = ("trtvocab.commands.generate", "trtvocab.commands.hf_loader", "trtvocab.checkpoints.gguf",
+                 "transformers.modeling_utils", "transformers.tokenization_utils_base", "tokenizers")
+_BACKEND_MODULES = {"torch": ("trtvocab.backends.torch",), "onnx": ("trtvocab.backends.onnx", "onnxruntime"),
+                    "tensorrt": ("trtvocab.backends.tensorrt",)}
 _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
                   "seed": "--seed"}
 
@@ -393,6 +400,8 @@ def prepare(
     vocab, _ = shape
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
+    if ranks > 1:  # the ranks' server imports what they run while this process loads the model
+        warm_up(_RANK_MODULES + (_BACKEND_MODULES.get(art.backend, ()) if art is not None else ()))
     loaded = load_model(path)
     # Every distinct grammar compiled once against the tokenizer, before any rank starts: bounded in time,
     # refused when it lets the model say nothing (the ranks' compile is then xgrammar's cache at tp 1).

@@ -1,10 +1,12 @@
 """Run a function on N local ranks with a real process group (gloo on CPU, NCCL on GPU).
 
-``run_ranks(fn, 3, *args)`` starts three processes (spawn), each joins a
+``run_ranks(fn, 3, *args)`` starts three processes, each joins a
 ``torch.distributed`` group with a timeout, calls ``fn(rank, world_size, *args)``
-and sends its return value (or its exception) back. Under ``torchrun`` use
-:func:`trtvocab.parallel.distributed.init_from_env` instead; :func:`run_ranks` is for
-local launches, tests and the CLI.
+and sends its return value (or its exception) back.
+
+The ranks are forked from one server process that has imported torch (and what
+:func:`warm_up` named) once, not spawned; they get the caller's directory, ``sys.path`` and
+``os.environ`` as a spawned rank would. Why: docs/architecture.md ("Starting ranks").
 
 Results travel back over a ``multiprocessing`` queue as pickles: between this process and
 children it started itself, never from a file or a peer it did not start (the one use of
@@ -40,6 +42,31 @@ FAILURE_GRACE_S = 3.0
 # ranks' own work, never a peer that is still importing torch.
 STARTUP_S = 600.0
 _UP = "up"  # a rank's first message: its interpreter is up and waiting for the work
+# What the rank server imports before it forks any rank (more through warm_up()).
+_PRELOAD = ["torch", "torch.distributed", "trtvocab.parallel.launch"]
+
+
+def _context() -> Any:
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(_PRELOAD))  # read only when the server starts
+    return ctx
+
+
+def warm_up(modules: Sequence[str] = ()) -> None:
+    """Start the rank server now, with ``modules`` imported there too, so it starts while this
+    process does other work (loading a model): a caller that knows it will run ranks calls this
+    first. A module that fails to import there is imported by each rank instead. Without effect
+    once the server runs (it keeps what it imported) or where ranks are spawned."""
+    for m in modules:
+        if m not in _PRELOAD:
+            _PRELOAD.append(m)
+    ctx = _context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
 
 def free_port() -> int:
@@ -72,7 +99,10 @@ def _worker(
     timeout_s: float,
     results: Any,
     inbox: Any,
+    environ: dict[str, str],
 ) -> None:
+    os.environ.clear()  # the parent's environment now, not the rank server's at its start
+    os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     # Each rank gets one thread on small machines: N ranks x all cores would oversubscribe.
     torch.set_num_threads(max(1, usable_cores() // world))
@@ -153,15 +183,16 @@ def run_ranks(
         # One GPU per rank where there are enough; gloo alone otherwise (CPU tensors only).
         enough = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
         backend = default_backend() if enough else "gloo"
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = free_port()
     # The function and its arguments go through a queue once every process has started, not as
-    # Process arguments: spawn writes those into a pipe the child reads only after its interpreter
-    # and imports are up, so a large argument (a model, a tokenizer) would start the ranks one
+    # Process arguments: those are written into a pipe the child reads only after its interpreter
+    # and imports are up (spawn), so a large argument (a model, a tokenizer) would start the ranks one
     # after another. From a queue, each child unpickles its share while the others start too.
     inboxes = [ctx.Queue() for _ in range(world_size)]
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, results, inboxes[r]),
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, results, inboxes[r],
+                                                       dict(os.environ)),
                          daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
