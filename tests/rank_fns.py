@@ -573,3 +573,11 @@ def load_replicated_next_to_split(rank: int, world: int, path: str, module: str)
         emb = VocabParallelEmbedding.from_checkpoint(path, mapping=mapping, dtype=torch.float32,
                                                      tensor_name="lm_head.weight")
         emb(torch.zeros(1, dtype=torch.int64))
+
+
+def what_a_rank_sees(rank: int, world: int, names: list[str]) -> dict[str, Any]:
+    """This rank's view of the caller's state: the named environment variables, its current
+    directory."""
+    import os
+
+    return {"env": {n: os.environ.get(n) for n in names}, "cwd": os.getcwd()}

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import model_config, write_hf_dir
-from rank_fns import bad_input_and_load_cases, exit_hard, raise_bad_seq_lens_on
+from rank_fns import bad_input_and_load_cases, exit_hard, raise_bad_seq_lens_on, what_a_rank_sees
 from safetensors.torch import save_file
 
 from trtvocab.errors import InputError, PeerRankError
@@ -140,6 +140,21 @@ def test_launcher_does_not_wait_for_dead_ranks(tmp_path: Path, launch_ranks: Lau
     died = max(float((tmp_path / f"rank{r}").read_text()) for r in range(2))
     assert returned - died < TIMEOUT_S, returned - died  # the launcher's grace after a failure: 3 s
     assert "exited without a result" in str(info.value)
+
+
+def test_ranks_see_the_environment_and_directory_of_the_call(tmp_path: Path, launch_ranks: Launch,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks fork from a server started at the first launch (or earlier): what the caller changed
+    since (a variable set, one removed, the directory) must still reach them, as it would a spawned rank."""
+    monkeypatch.setenv("TRTVOCAB_TEST_GONE", "old")
+    launch_ranks(what_a_rank_sees, 2, [], timeout_s=TIMEOUT_S)  # the server runs from here on, at the latest
+    monkeypatch.delenv("TRTVOCAB_TEST_GONE")
+    monkeypatch.setenv("TRTVOCAB_TEST_NEW", "new")
+    monkeypatch.chdir(tmp_path)
+    seen = launch_ranks(what_a_rank_sees, 2, ["TRTVOCAB_TEST_GONE", "TRTVOCAB_TEST_NEW"], timeout_s=TIMEOUT_S)
+    for rank, view in enumerate(seen):
+        assert view["env"] == {"TRTVOCAB_TEST_GONE": None, "TRTVOCAB_TEST_NEW": "new"}, (rank, view)
+        assert Path(view["cwd"]).resolve() == tmp_path.resolve(), (rank, view)
 
 
 @pytest.mark.parametrize("module", ["head", "embedding"])
