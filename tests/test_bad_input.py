@@ -181,3 +181,34 @@ def test_one_rank_failing_to_load_stops_every_rank(launched: list[dict[str, Any]
     assert all(rec["seconds"] < TIMEOUT_S for rec in recs), [rec["seconds"] for rec in recs]
     # the group is still usable afterwards: every rank loads the good copy and runs a forward
     assert all(r["loads"]["healthy after"]["type"] == "ok" for r in launched), [r["loads"] for r in launched]
+
+
+RANKS_DIE_AT_START = '''
+import os
+import sys
+
+if __name__ == "__mp_main__":  # each rank imports the caller's main script first: die there
+    os._exit(3)
+if __name__ == "__main__":
+    from trtvocab.parallel.launch import run_ranks
+
+    try:
+        run_ranks(max, 2, b"x" * (4 << 20), timeout_s=30)  # work far larger than a pipe's buffer
+    except Exception as exc:
+        print(type(exc).__name__, str(exc).splitlines()[1])
+'''
+
+
+@pytest.mark.timeout(240)
+def test_caller_exits_when_ranks_die_before_reading_their_work(tmp_path: Path) -> None:
+    """Ranks that die before they read their (large) work: the caller reports them and then exits,
+    instead of waiting at exit for the work to be read."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "die_at_start.py"
+    script.write_text(RANKS_DIE_AT_START)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("RankFailures rank 0: DistributedError: rank 0 exited without a result (exit code"), \
+        done.stdout

@@ -242,6 +242,11 @@ def run_ranks(
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+        # A rank that died before it read its work leaves that work in its inbox's feeder thread,
+        # which this process would otherwise wait for at exit, forever (nobody reads the pipe).
+        for inbox in inboxes:
+            inbox.cancel_join_thread()
+            inbox.close()
     missing = [r for r in range(world_size) if r not in outputs and r not in errors]
     for r in missing:
         errors[r] = DistributedError(f"rank {r} exited without a result (exit code {procs[r].exitcode})")
