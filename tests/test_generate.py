@@ -259,6 +259,14 @@ def test_cli_text_output_ends_with_tokens_per_second(smollm2: Path) -> None:
     lines = res.stdout.strip().splitlines()
     assert "tp 1" in lines[0] and "greedy" in lines[0] and A in lines[1]
     assert lines[-2] == " Paris." and lines[-1].startswith("2 new tokens") and lines[-1].endswith("tokens/s")
+    # "2 new tokens in S s (prefill P s, then D tokens/s): R tokens/s": the first token comes from the prefill
+    got = re.fullmatch(r"2 new tokens in ([\d.]+) s \(prefill ([\d.]+) s, then ([\d.]+) tokens/s\): ([\d.]+) tokens/s",
+                       lines[-1])
+    assert got, lines[-1]
+    total, prefill, then, rate = map(float, got.groups())
+    # the printed seconds are rounded to 0.005 s, the rates to 0.05
+    assert 2 / (total + 0.005) - 0.05 <= rate <= 2 / max(total - 0.005, 1e-9) + 0.05, lines[-1]
+    assert 1 / (total - prefill + 0.01) - 0.05 <= then <= 1 / max(total - prefill - 0.01, 1e-9) + 0.05, lines[-1]
 
 
 # ---- artifacts -------------------------------------------------------------------------------------------------

@@ -701,7 +701,9 @@ def generate(
     for i, r in enumerate(report.results):
         console.print(f"[bold][{i + 1}][/] [dim]{escape(r.prompt)}[/]", highlight=False)
         console.print(escape(r.text.rstrip("\n")), highlight=False, soft_wrap=True)
-    console.print(f"{report.new_tokens} new tokens in {report.seconds:.2f} s (prefill {report.prefill_s:.2f} s): "
+    after = report.decode_tokens_per_s
+    then = f", then {after:.1f} tokens/s" if after is not None else ""
+    console.print(f"{report.new_tokens} new tokens in {report.seconds:.2f} s (prefill {report.prefill_s:.2f} s{then}): "
                   f"{report.tokens_per_s:.1f} tokens/s", highlight=False)
 
 

@@ -120,6 +120,12 @@ class GenerateReport:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens/s after the prefill (which gives each prompt its first token); None when none followed."""
+        after = self.new_tokens - len(self.results)
+        return after / self.decode_s if after > 0 and self.decode_s > 0 else None
+
     def as_json(self) -> dict[str, Any]:
         """``{"results": [{"prompt", "token_ids", "text"}, ...]}``: what ``generate --json`` prints."""
         return {"results": [{"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text} for r in self.results]}
