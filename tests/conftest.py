@@ -1,8 +1,8 @@
 """Shared fixtures: real safetensors checkpoints on disk, and importable rank functions.
 
-Multi-rank tests spawn processes (``trtvocab.parallel.launch.run_ranks``); a spawned child
+Multi-rank tests start rank processes (``trtvocab.parallel.launch.run_ranks``); a rank
 unpickles its function by module name, so ``tests/rank_fns.py`` must be importable
-there. Putting ``tests/`` on ``sys.path`` here is enough: spawn passes the parent's
+there. Putting ``tests/`` on ``sys.path`` here is enough: multiprocessing passes the parent's
 ``sys.path`` to every child (``multiprocessing.spawn.get_preparation_data``), and it
 also covers ``pytest --import-mode=importlib``, which does not add test directories.
 """
