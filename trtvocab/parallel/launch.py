@@ -2,7 +2,9 @@
 
 ``run_ranks(fn, 3, *args)`` starts three processes, each joins a
 ``torch.distributed`` group with a timeout, calls ``fn(rank, world_size, *args)``
-and sends its return value (or its exception) back.
+and sends its return value (or its exception) back. Under ``torchrun`` use
+:func:`trtvocab.parallel.distributed.init_from_env` instead; :func:`run_ranks` is for
+local launches, tests and the CLI.
 
 The ranks are forked from one server process that has imported torch (and what
 :func:`warm_up` named) once, not spawned; they get the caller's directory, ``sys.path`` and
