@@ -24,6 +24,10 @@ from trtvocab.errors import ArtifactError, EngineUnavailableError
 ORDER = ("tensorrt", "onnx", "torch")
 CHOICES = ("auto", *ORDER)
 ALIASES = {"onnxruntime": "onnx"}
+# The modules each backend runs on (its own and its runtime's), for a caller that imports them
+# ahead of time (generate's rank server: trtvocab.parallel.launch.warm_up).
+MODULES = {"tensorrt": ("trtvocab.backends.tensorrt",), "onnx": ("trtvocab.backends.onnx", "onnxruntime"),
+           "torch": ("trtvocab.backends.torch",)}
 
 
 def canonical(name: str) -> str:

@@ -43,8 +43,6 @@ STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on"
 # is small once transformers.modeling_utils is in.
 _RANK_MODULES = ("trtvocab.commands.generate", "trtvocab.commands.hf_loader", "trtvocab.checkpoints.gguf",
                  "transformers.modeling_utils", "transformers.tokenization_utils_base", "tokenizers")
-_BACKEND_MODULES = {"torch": ("trtvocab.backends.torch",), "onnx": ("trtvocab.backends.onnx", "onnxruntime"),
-                    "tensorrt": ("trtvocab.backends.tensorrt",)}
 _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
                   "seed": "--seed"}
 
@@ -407,7 +405,9 @@ def prepare(
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
     if ranks > 1:  # the ranks' server imports what they run while this process loads the model
-        warm_up(_RANK_MODULES + (_BACKEND_MODULES.get(art.backend, ()) if art is not None else ()))
+        from trtvocab.backends import MODULES
+
+        warm_up(_RANK_MODULES + (MODULES[art.backend] if art is not None else ()))
     loaded = load_model(path)
     # Every distinct grammar compiled once against the tokenizer, before any rank starts: bounded in time,
     # refused when it lets the model say nothing (the ranks' compile is then xgrammar's cache at tp 1).

@@ -193,8 +193,8 @@ def run_ranks(
     # and imports are up (spawn), so a large argument (a model, a tokenizer) would start the ranks one
     # after another. From a queue, each child unpickles its share while the others start too.
     inboxes = [ctx.Queue() for _ in range(world_size)]
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, results, inboxes[r],
-                                                       dict(os.environ)),
+    environ = dict(os.environ)
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, results, inboxes[r], environ),
                          daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
