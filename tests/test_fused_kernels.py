@@ -885,9 +885,11 @@ def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden, dpbf16_paths):
 
 @pytest.mark.parametrize("hidden", [2816, 4240, 5120])
 def test_dpbf16_nvfp4_chunked_passes(hidden, dpbf16_paths):
-    """Where x's bf16 pairs outgrow L1 (B = 8 from H = 2688 on a 48 KiB L1D, B = 5 from H = 4224) the vdpbf16ps
-    kernel runs K-chunks of 16 lane groups for a tile's rows: the same bits as the FMA kernels. 2816: a short
-    last chunk; 4240: a last chunk of one group (the single-group tail) and a partial group; 5120: the head's H."""
+    """The vdpbf16ps row-pair kernel (B = 4..8, and 3 where x's pairs outgrow L1) runs K-chunks of as many lane
+    groups as keep x's pairs (two copies, N * 512 bytes a group) in L1 less 16 KiB, for a tile's rows: on a 48 KiB
+    L1D 8 groups at B = 8, 12 at B = 5 (4 and 6 on 32 KiB). The same bits as the FMA kernels. 2816 (22 groups): a
+    short last chunk; 4240 (33 and a partial group): a last chunk of one group at B = 8, of an odd number (the
+    single-group tail) at B = 5; 5120: the head's H."""
     paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 3)
     v, _, packed = _every_nibble_rows(hidden, gen)

@@ -35,6 +35,7 @@
 #include <limits>
 #include <type_traits>
 #include <unistd.h>
+#include <new>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -59,6 +60,26 @@
 #endif
 
 namespace {
+
+// std::vector storage on 64-byte lines, so that no vector load of a re-laid-out x or a decoded tile spans
+// two lines (malloc's 16-byte alignment split every other zmm load of x's pairs: on Zen 5, V = 129280, H =
+// 5120, FP8 B = 8 29.8 -> 20.8 ms, NVFP4 B = 3 14.2 -> 10.6, B = 4 21.1 -> 17.5, where malloc's address
+// fell that way).
+template <class T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const LineAligned<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const LineAligned<U>&) const { return false; }
+};
+using Words = std::vector<uint32_t, LineAligned<uint32_t>>;
+using Floats = std::vector<float, LineAligned<float>>;
 
 constexpr int64_t LANES = 8;
 constexpr int64_t BATCH_BLOCK = 64;   // x rows per pass over a decoded tile
@@ -771,9 +792,9 @@ void batched(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64
   const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     const int64_t nblock = std::min(n_rows, BATCH_BLOCK);
-    std::vector<float> wt(static_cast<size_t>(TILE_ROWS * CHUNK_STEPS * LANES));
-    std::vector<float> acc(static_cast<size_t>(TILE_ROWS * nblock * LANES));
-    std::vector<float> bs(static_cast<size_t>(TILE_ROWS * LANES));  // a group's block scales (NVFP4)
+    Floats wt(static_cast<size_t>(TILE_ROWS * CHUNK_STEPS * LANES));
+    Floats acc(static_cast<size_t>(TILE_ROWS * nblock * LANES));
+    Floats bs(static_cast<size_t>(TILE_ROWS * LANES));  // a group's block scales (NVFP4)
     constexpr bool GS = F::kGroupScaled;
     const int64_t ws = CHUNK_STEPS * LANES, acc_v = nblock * LANES;
     for (int64_t t = t0; t < t1; ++t) {
@@ -885,8 +906,8 @@ constexpr int64_t WIDE_TILE = 32;  // weight rows per tile of the AVX-512 pair k
 // x [N, xs] re-laid out as [steps][N][8]: the N batch rows of a step side by side, so a pair kernel
 // reads one step of every row with one cache line walk.
 template <int N>
-inline std::vector<float> rows_side_by_side(const float* x, int64_t xs, int64_t steps) {
-  std::vector<float> xt(static_cast<size_t>(std::max<int64_t>(1, steps * N * LANES)));
+inline Floats rows_side_by_side(const float* x, int64_t xs, int64_t steps) {
+  Floats xt(static_cast<size_t>(std::max<int64_t>(1, steps * N * LANES)));
   for (int64_t s = 0; s < steps; ++s)
     for (int n = 0; n < N; ++n)
       std::memcpy(xt.data() + (s * N + n) * LANES, x + n * xs + s * LANES, LANES * sizeof(float));
@@ -991,7 +1012,7 @@ void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* ou
   constexpr int P = N == 1 ? 8 : (N == 2 ? 5 : (N == 3 ? 5 : (N == 4 ? 4 : (N <= 6 ? 3 : 2))));
   const int64_t steps = f.steps();
   const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : F::kDirectChunk;
-  const std::vector<float> xt = rows_side_by_side<N>(x, xs, steps);
+  const Floats xt = rows_side_by_side<N>(x, xs, steps);
   pair_tiles<N, P>(
       rows, steps, KC,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
@@ -1053,7 +1074,7 @@ inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int
 template <int N>
 void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   const int64_t pairs = f.blocks() / 16;
-  std::vector<float> xw(static_cast<size_t>(std::max<int64_t>(1, pairs * 16 * N * 16)));
+  Floats xw(static_cast<size_t>(std::max<int64_t>(1, pairs * 16 * N * 16)));
   for (int64_t q = 0; q < pairs; ++q)
     for (int64_t s = 0; s < 16; ++s)
       for (int n = 0; n < N; ++n)
@@ -1148,7 +1169,7 @@ void wide_nvfp4_pairs_of_rows(const NVFP4Rows& f, const float* x, int64_t xs, in
   constexpr int P = N <= 2 ? 4 : (N <= 4 ? 3 : 2);
   constexpr int64_t CG = 32 / N;  // groups per K-chunk: N * CG * 512 bytes (16 KiB) of x in L1
   const int64_t full = f.blocks() / LANES;  // full groups
-  const std::vector<float> xt = rows_side_by_side<N>(x, xs, full * 16);
+  const Floats xt = rows_side_by_side<N>(x, xs, full * 16);
   pair_tiles<N, P>(
       rows, full, CG,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
@@ -1318,8 +1339,8 @@ inline void x_exponents(const float* x, int64_t n, int64_t xs, int64_t len, int&
 // each) at [t][n][C][8] (C copies: 2 lay out the zmm that bcast_pair would build, for a plain load): the
 // high 16 bits (x exact in bf16) of step 2t, then those of step 2t + 1.
 template <int N, int C = 1, class Step>
-inline std::vector<uint32_t> bf16_pairs(int64_t pairs, const Step& step) {
-  std::vector<uint32_t> xb(static_cast<size_t>(std::max<int64_t>(1, pairs * N * C * LANES)));
+inline Words bf16_pairs(int64_t pairs, const Step& step) {
+  Words xb(static_cast<size_t>(std::max<int64_t>(1, pairs * N * C * LANES)));
   for (int64_t t = 0; t < pairs; ++t)
     for (int n = 0; n < N; ++n) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step(n, 2 * t)));
@@ -1482,18 +1503,28 @@ constexpr int64_t X_IN_L2_BYTES = 256 * 1024;  // a quarter of the smallest L2 o
 template <int N, class F, class D>
 void wide_pairs_bf16(const F& f, const D& dec, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   // Row pairs per pass: P * N zmm chains, P weight steps, x and the decoder's registers in the 32
-  // (measured on Zen 4 for FP8; B = 5, 6 ran faster with 4 pairs than with 3).
-  constexpr int P = N == 1 ? 8 : (N == 2 ? 8 : (N == 3 ? 6 : (N <= 6 ? 4 : 2)));
+  // (measured on Zen 4 for FP8; B = 5, 6 ran faster with 4 pairs than with 3; B = 3 on Zen 5 (V = 129280,
+  // H = 5120, 2 threads, best of 11 interleaved) 20.8 ms with 6 pairs, 14.1 with 4, 15.7 with 5).
+  constexpr int P = N <= 2 ? 8 : (N <= 6 ? 4 : 2);
   const int64_t steps = f.steps();
   // Whole rows while x's bf16 pairs fit in L2 (a row pair's pass then reads them from L2 at half the
   // weights' bytes): measured on Zen 4 (V = 129280, H = 5120, 2 threads, best of 7 interleaved) against
   // chunks of kDirectChunk steps: FP8 B = 3 38.9 -> 26.5 ms, 4 32.3 -> 28.3, 8 even; bf16 B = 4 53 -> 31,
   // 8 56 -> 41 (chunks of 256 steps in between).
-  const std::vector<float> xt = rows_side_by_side<N>(x, xs, steps);
-  const std::vector<uint32_t> xb = bf16_pairs<N, D::kXCopies>(
+  const Floats xt = rows_side_by_side<N>(x, xs, steps);
+  const Words xb = bf16_pairs<N, D::kXCopies>(
       f.full_steps() / 2, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
   const int64_t x_bytes = static_cast<int64_t>(xb.size() * sizeof(uint32_t));
-  const int64_t KC = x_bytes <= X_IN_L2_BYTES ? steps : F::kDirectChunk;  // even
+  int64_t KC = x_bytes <= X_IN_L2_BYTES ? steps : F::kDirectChunk;  // even
+  // Two row pairs a pass (B = 7, 8) take 32 bytes of x's pairs (two copies) per vdpbf16ps: from L2 that
+  // held FP8 to about 1.3 cycles each on Zen 5. Where K-chunks of FP8_L1_CHUNK steps keep them in L1 with
+  // 16 KiB to spare (N * 4 KiB: Zen 5's 48 KiB L1D, not Zen 4's 32 KiB), they run in those: Zen 5, V =
+  // 129280, H = 5120, 2 threads, best of 9-11 interleaved, three runs: B = 7 26.5 -> 24.0, 27.7 -> 25.0,
+  // 22.2 -> 19.1 ms; B = 8 24.2 -> 20.3, 25.1 -> 20.9, 28.9 -> 27.0 (chunks of 64 and 96 steps between,
+  // 160 and 192 slower than whole rows).
+  constexpr int64_t FP8_L1_CHUNK = 128;
+  const int64_t chunk_bytes = FP8_L1_CHUNK / 2 * N * D::kXCopies * LANES * 4;
+  if (D::kXCopies == 2 && P == 2 && steps > FP8_L1_CHUNK && chunk_bytes <= l1d_bytes() - 16 * 1024) KC = FP8_L1_CHUNK;
   pair_tiles<N, P>(
       rows, steps, KC,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
@@ -1518,7 +1549,9 @@ inline __m512i e2m1_bf16_table() {
 // the 16 lanes, vpmultishiftqb puts the high nibble in the low word and the byte in the high word,
 // vpermw maps each word's low 5 bits through the e2m1 bf16 table (twice over: bit 4 ignored).
 // G groups at a time (their block sums interleaved, added to the totals in group order), then single
-// groups. xb: [groups][8 k][N][8] bf16 pairs; acc_mem: [P][N][16]; groups [g0, g1), all full.
+// groups. xb: [groups][8 k][N][16] bf16 pairs (two copies: a plain zmm load); acc_mem: [P][N][16], the
+// totals (load, fma, store per group: P * N of them do not fit in registers beside P * G * N block
+// sums); groups [g0, g1), all full.
 template <int N, int P, int G>
 inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const int64_t* pr, int64_t g0, int64_t g1,
                                  float* acc_mem) {
@@ -1533,8 +1566,6 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
     ra[p] = f.packed + pr[2 * p] * f.p_stride;
     rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
   }
-  __m512 acc[P][N];
-  load_chains(acc_mem, acc);
   int64_t g = g0;
   for (; g + G <= g1; g += G) {
     for (int j = 0; j < G; ++j) {
@@ -1554,9 +1585,9 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
           w[p][j] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl, v), table));
         }
       for (int j = 0; j < G; ++j) {
-        const uint32_t* xk = xb + ((g + j) * LANES + k) * N * LANES;
+        const uint32_t* xk = xb + ((g + j) * LANES + k) * N * 2 * LANES;
         for (int n = 0; n < N; ++n) {
-          const __m512 xv = bcast_pair(xk + n * LANES);
+          const __m512 xv = _mm512_load_ps(reinterpret_cast<const float*>(xk + n * 2 * LANES));
           for (int p = 0; p < P; ++p) part[p][j][n] = dpbf16(part[p][j][n], w[p][j], xv);
         }
       }
@@ -1564,10 +1595,12 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
     for (int j = 0; j < G; ++j)
       for (int p = 0; p < P; ++p) {
         const __m512 bs = pair_block_scales(f, pr[2 * p], pr[2 * p + 1], g + j);
-        for (int n = 0; n < N; ++n) acc[p][n] = _mm512_fmadd_ps(part[p][j][n], bs, acc[p][n]);
+        for (int n = 0; n < N; ++n) {
+          float* a = acc_mem + (p * N + n) * 16;
+          _mm512_store_ps(a, _mm512_fmadd_ps(part[p][j][n], bs, _mm512_load_ps(a)));
+        }
       }
   }
-  store_chains(acc, acc_mem);
   if constexpr (G > 1) {
     if (g < g1) nvfp4_row_pairs_bf16<N, P, 1>(f, xb, pr, g, g1, acc_mem);
   }
@@ -1576,23 +1609,25 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
 // The bytes of x a pass keeps in L1: this CPU's L1D less 8 KiB for the weight lines in flight (48 KiB
 // on Zen 5 and Intel from Ice Lake on, 32 KiB on Zen 4 and Cooper Lake).
 inline int64_t x_in_l1_bytes() { return l1d_bytes() - 8 * 1024; }
-constexpr int64_t NVFP4_BF16_CHUNK = 16;  // groups per pass when x does not fit (N * 4 KiB of x's pairs)
 
 // NVFP4, batch 3..8, by vdpbf16ps: P row pairs, G lane groups of each interleaved (P * G * N independent
-// block sums for the latency of vdpbf16ps; the row totals in registers).
+// block sums for the latency of vdpbf16ps).
 template <int N>
 void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  // One row pair (two rows' 16 streams of 8-byte runs; more pairs measured slower), G groups in flight:
-  // G * N block sums and N totals in registers.
-  constexpr int P = 1, G = N <= 4 ? 4 : 2;
+  // Two row pairs (each x load serves two vdpbf16ps), G groups in flight: 12-16 block sums in registers.
+  // x's pairs in two copies: a 32-byte broadcast load takes one of vdpbf16ps's two pipes on Zen 5, a
+  // 64-byte load on a 64-byte line does not. Measured on Zen 5 (V = 129280, H = 5120, 2 threads, best of 11
+  // interleaved) against one row pair, broadcasts and the totals in registers: B = 4 17.4 -> 15.8 ms, 5
+  // 20.7 -> 17.1, 6 22.9 -> 21.2, 8 26.2 -> 24.5; one row pair with the two copies was slower (B = 8 30).
+  constexpr int P = 2, G = N <= 5 ? 2 : 1;
   const int64_t full = f.blocks() / LANES;
-  // Every row pair reads all of x: whole rows while x's pairs fit in L1 (x_in_l1_bytes), else chunks of
-  // NVFP4_BF16_CHUNK groups for all the tile's rows (the totals kept in memory between chunks; measured
-  // 36 -> 28 ms at B = 8, V = 129280, H = 5120, where x is 80 KiB and was read from L2 for every pair).
-  const std::vector<uint32_t> xb =
-      bf16_pairs<N>(full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
-  const int64_t x_bytes = static_cast<int64_t>(xb.size() * sizeof(uint32_t));
-  const int64_t CG = x_bytes <= x_in_l1_bytes() ? full : NVFP4_BF16_CHUNK;
+  const Words xb =
+      bf16_pairs<N, 2>(full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
+  // Every row pair reads all of x: chunks of as many groups as keep x's pairs in L1 with 16 KiB to spare
+  // (the totals kept in memory between chunks; chunks of 16 groups measured 36 -> 28 ms at B = 8 on Zen 4,
+  // where x was read from L2 for every pair; 32 against 40 KiB on Zen 5 about even).
+  const int64_t group_bytes = LANES * N * 2 * LANES * static_cast<int64_t>(sizeof(uint32_t));
+  const int64_t CG = std::max<int64_t>(1, std::min(full, (l1d_bytes() - 16 * 1024) / group_bytes));
   pair_tiles<N, P>(
       rows, full, CG,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
@@ -1673,7 +1708,7 @@ void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64
   // 129280, H = 5120, 2 threads, best of 21 interleaved: G = 4 14.2 ms, G = 3 17.1, row pairs 16.9).
   constexpr int G = N == 1 ? 4 : (N == 2 ? 2 : 4);
   const int64_t pairs = f.blocks() / 16;
-  std::vector<uint32_t> xb(static_cast<size_t>(std::max<int64_t>(1, pairs * LANES * N * 16)));
+  Words xb(static_cast<size_t>(std::max<int64_t>(1, pairs * LANES * N * 16)));
   for (int64_t q = 0; q < pairs; ++q)
     for (int64_t k = 0; k < LANES; ++k)
       for (int n = 0; n < N; ++n)
@@ -1967,14 +2002,6 @@ inline void wb_prefetch(const F& f, int64_t r, int64_t s) {
   }
 }
 
-// n floats, 64-byte aligned (every zmm load of x, the tile and the chains within one cache line).
-struct Aligned {
-  std::vector<float> buf;
-  float* p;
-  explicit Aligned(int64_t n) : buf(static_cast<size_t>(n + 16)) {
-    p = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-  }
-};
 
 #if TRTVOCAB_DPBF16
 // ---- AVX-512 BF16, batch >= 9: the tile kernel with two chain steps per vdpbf16ps ----------------------
@@ -2145,8 +2172,8 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
   const int64_t ws = WB_CHUNK * LANES;
   const int64_t pairs = (steps + 1) / 2;
   // The f32 layout's size holds the bf16 one (half of it).
-  Aligned xt(((pass + WB_ROWS - 1) / WB_ROWS) * WB_ROWS * steps * LANES);
-  uint32_t* xtb = reinterpret_cast<uint32_t*>(xt.p);
+  Floats xt(static_cast<size_t>(((pass + WB_ROWS - 1) / WB_ROWS) * WB_ROWS * steps * LANES));
+  uint32_t* xtb = reinterpret_cast<uint32_t*>(xt.data());
   for (int64_t b0 = 0; b0 < n_rows; b0 += pass) {
     const int64_t nb = std::min(pass, n_rows - b0), blocks = (nb + WB_ROWS - 1) / WB_ROWS;
     const int64_t acc_v = blocks * WB_ROWS * LANES;  // floats per weight row's chains
@@ -2154,17 +2181,18 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
     if constexpr (BF) {
       wb_layout_bf16(x, xs, b0, nb, steps, xtb);
     } else {
-      wb_layout(x, xs, b0, nb, steps, xt.p);
+      wb_layout(x, xs, b0, nb, steps, xt.data());
     }
 #else
-    wb_layout(x, xs, b0, nb, steps, xt.p);
+    wb_layout(x, xs, b0, nb, steps, xt.data());
 #endif
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      Aligned wt(WB_TILE * ws), acc(WB_TILE * acc_v), wtb(BF ? WB_TILE * ws / 2 : 0);
+      Floats wt(static_cast<size_t>(WB_TILE * ws)), acc(static_cast<size_t>(WB_TILE * acc_v)),
+          wtb(static_cast<size_t>(BF ? WB_TILE * ws / 2 : 0));
       alignas(64) float bs[WB_TILE * (WB_CHUNK / 16) * LANES];
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t v0 = t * WB_TILE, tr = std::min(WB_TILE, rows - v0);
-        std::fill(acc.p, acc.p + WB_TILE * acc_v, 0.0f);
+        std::fill(acc.data(), acc.data() + WB_TILE * acc_v, 0.0f);
         for (int64_t s0 = 0; s0 < steps; s0 += WB_CHUNK) {
           const int64_t ks = std::min(WB_CHUNK, steps - s0);
           for (int64_t v = 0; v < tr; ++v) {
@@ -2175,36 +2203,36 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
             }
 #if TRTVOCAB_DPBF16
             if constexpr (BF) {
-              wb_decode_bf16(f, v0 + v, s0, ks, reinterpret_cast<uint32_t*>(wtb.p) + v * ws / 2,
-                             bs + v * (WB_CHUNK / 16) * LANES, wt.p + v * ws);
+              wb_decode_bf16(f, v0 + v, s0, ks, reinterpret_cast<uint32_t*>(wtb.data()) + v * ws / 2,
+                             bs + v * (WB_CHUNK / 16) * LANES, wt.data() + v * ws);
               continue;
             }
 #endif
-            wb_decode(f, v0 + v, s0, ks, wt.p + v * ws, bs + v * (WB_CHUNK / 16) * LANES);
+            wb_decode(f, v0 + v, s0, ks, wt.data() + v * ws, bs + v * (WB_CHUNK / 16) * LANES);
           }
           for (int64_t i = 0; i < blocks; ++i) {
             const int64_t np = (std::min(WB_ROWS, nb - i * WB_ROWS) + 1) / 2;
-            float* acc_i = acc.p + i * WB_ROWS * LANES;
+            float* acc_i = acc.data() + i * WB_ROWS * LANES;
             for (int64_t v = 0; v < tr; v += WB_NV) {
               const int64_t nv = std::min<int64_t>(WB_NV, tr - v);
               const float* bsv = bs + v * (WB_CHUNK / 16) * LANES;
 #if TRTVOCAB_DPBF16
               if constexpr (BF) {
                 const uint32_t* xb = xtb + i * pairs * WB_ROWS * LANES + (s0 / 2) * np * 16;
-                wb_micro_any_bf16<GS>(nv, np, xb, np * 16, reinterpret_cast<const uint32_t*>(wtb.p) + v * ws / 2,
+                wb_micro_any_bf16<GS>(nv, np, xb, np * 16, reinterpret_cast<const uint32_t*>(wtb.data()) + v * ws / 2,
                                       ws / 2, (ks + 1) / 2, acc_i + v * acc_v, acc_v, bsv);
                 continue;
               }
 #endif
-              const float* xb = xt.p + i * steps * WB_ROWS * LANES + s0 * np * 16;
-              wb_micro_any<GS>(nv, np, xb, np * 16, wt.p + v * ws, ws, ks, acc_i + v * acc_v, acc_v, bsv);
+              const float* xb = xt.data() + i * steps * WB_ROWS * LANES + s0 * np * 16;
+              wb_micro_any<GS>(nv, np, xb, np * 16, wt.data() + v * ws, ws, ks, acc_i + v * acc_v, acc_v, bsv);
             }
           }
         }
         for (int64_t v = 0; v < tr; ++v) {
           const float scale = f.row_scale(v0 + v);
           for (int64_t n = 0; n < nb; ++n)
-            out[(b0 + n) * os + v0 + v] = finish(vload(acc.p + v * acc_v + n * LANES), scale, F::kUnbias);
+            out[(b0 + n) * os + v0 + v] = finish(vload(acc.data() + v * acc_v + n * LANES), scale, F::kUnbias);
         }
       }
     });
