@@ -908,14 +908,15 @@ def test_dpbf16_nvfp4_block_lanes_chunked_passes(hidden, dpbf16_paths):
     """Batches 1 and 2 run the block-lanes vdpbf16ps kernel, which reads x's pairs whole while they fit in L1
     (its size less 8 KiB) and in K-chunks of pairs for a tile's rows beyond: 6400 (25 pairs) is chunked at
     B = 2 on a 32 KiB L1D, 12816 (50 pairs and a partial group) at B = 1 there and at B = 2 on 48 KiB, with a
-    short last chunk run one pair at a time. Batch 3 runs it only while x's pairs fit whole (6400 on a 48 KiB
-    L1D: 37.5 KiB) and the row pairs otherwise (12816, and 6400 on 32 KiB). The same bits as the FMA kernels."""
+    short last chunk run one pair at a time. Batches 3 and 4 run it only while x's pairs fit whole (B = 3 at
+    6400 on a 48 KiB L1D: 37.5 KiB) and the row pairs otherwise (B = 4 here, B = 3 at 12816 and on 32 KiB). The
+    same bits as the FMA kernels."""
     paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 4)
     v, _, packed = _every_nibble_rows(hidden, gen)
     packed = nvfp4.to_block_major(packed)
     bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
-    for b in (1, 2, 3):
+    for b in (1, 2, 3, 4):
         for name, x in _x_cases(b, hidden, gen):
             if name in ("fits", "edge", "nan"):
                 xn = kernels.nvfp4_x(x)

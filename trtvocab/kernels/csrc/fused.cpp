@@ -1704,9 +1704,10 @@ inline int64_t lanes_x_bytes(const NVFP4Rows& f, int n) { return f.blocks() / 16
 // totals wait in memory between chunks: a float32 store is exact).
 template <int N>
 void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  // G * N independent block sums per k (measured: G = 2, 5, 10 no faster at batch 1; batch 3 on Zen 5, V =
-  // 129280, H = 5120, 2 threads, best of 21 interleaved: G = 4 14.2 ms, G = 3 17.1, row pairs 16.9).
-  constexpr int G = N == 1 ? 4 : (N == 2 ? 2 : 4);
+  // G * N independent block sums per k (measured: G = 2, 5, 10 no faster at batch 1, 6-12 on Zen 5; batch 3
+  // on Zen 5, V = 129280, H = 5120, 2 threads, best of 21 interleaved: G = 4 14.2 ms, G = 3 17.1, row pairs
+  // 16.9).
+  constexpr int G = N == 2 ? 2 : 4;
   const int64_t pairs = f.blocks() / 16;
   Words xb(static_cast<size_t>(std::max<int64_t>(1, pairs * LANES * N * 16)));
   for (int64_t q = 0; q < pairs; ++q)
@@ -1750,10 +1751,11 @@ void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64
 // Which vdpbf16ps kernel runs which batch (measured on Zen 4, V = 129280, H = 5120, 2 threads, best of 9-21
 // interleaved against the FMA kernels): FP8 every batch 1..8 (batch 1 27.8 -> 23.2 ms, in L2 61 -> 44 ps per
 // weight); NVFP4 batches 1..2 by block lanes (batch 1 16.6 -> 12.5 ms, 2 22.9 -> 16.9), 3..8 by row pairs
-// (block lanes read every x row once per weight row: batch 4 40 against 33 ms, 8 52 against 49). Batch 3
-// runs block lanes where all of x's pairs stay in L1 (30 KiB at H = 5120: Zen 5's 48 KiB L1D, not Zen 4's
-// 32 KiB; Zen 5, best of 21 interleaved: 16.9 -> 14.2 ms); batch 4 (40 KiB) measured even there.
-constexpr int NVFP4_LANES_MAX = 3;
+// (block lanes read every x row once per weight row: batch 4 40 against 33 ms, 8 52 against 49). Batches 3
+// and 4 run block lanes where all of x's pairs stay in L1 (30 and 40 KiB at H = 5120: Zen 5's 48 KiB L1D,
+// not Zen 4's 32 KiB; Zen 5, best of 21 interleaved, x on 64-byte lines: batch 3 16.9 -> 14.2 ms, batch 4
+// 14.1 -> 12.6 against the two-pair row kernel, 6.0 -> 4.8 at H = 4096, V = 60000).
+constexpr int NVFP4_LANES_MAX = 4;
 #endif  // TRTVOCAB_DPBF16
 
 template <int N, class F>
