@@ -33,9 +33,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <type_traits>
 #include <unistd.h>
-#include <new>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -115,6 +115,12 @@ inline int64_t l1d_bytes() {
   }();
   return bytes;
 }
+// The bytes of x a pass keeps in L1: this CPU's L1D less 8 KiB for the weight lines in flight (48 KiB
+// on Zen 5 and Intel from Ice Lake on, 32 KiB on Zen 4 and Cooper Lake).
+inline int64_t x_in_l1_bytes() { return l1d_bytes() - 8 * 1024; }
+// The bytes of x a K-chunk of the two-pair vdpbf16ps kernels keeps in L1: 16 KiB to spare (their passes
+// read twice the weight lines, and their totals wait in memory).
+inline int64_t x_chunk_in_l1_bytes() { return l1d_bytes() - 16 * 1024; }
 
 // The NVFP4 decoders read 8 runs of 8 bytes per row and group (more streams than hardware prefetchers
 // follow, a row at a time at batch 1, a tile's worth batched), so they ask ahead. The 512-bit kernels on
@@ -1523,8 +1529,10 @@ void wide_pairs_bf16(const F& f, const D& dec, const float* x, int64_t xs, int64
   // 22.2 -> 19.1 ms; B = 8 24.2 -> 20.3, 25.1 -> 20.9, 28.9 -> 27.0 (chunks of 64 and 96 steps between,
   // 160 and 192 slower than whole rows).
   constexpr int64_t FP8_L1_CHUNK = 128;
-  const int64_t chunk_bytes = FP8_L1_CHUNK / 2 * N * D::kXCopies * LANES * 4;
-  if (D::kXCopies == 2 && P == 2 && steps > FP8_L1_CHUNK && chunk_bytes <= l1d_bytes() - 16 * 1024) KC = FP8_L1_CHUNK;
+  if constexpr (D::kXCopies == 2 && P == 2) {
+    const int64_t chunk_bytes = FP8_L1_CHUNK / 2 * N * D::kXCopies * LANES * 4;
+    if (steps > FP8_L1_CHUNK && chunk_bytes <= x_chunk_in_l1_bytes()) KC = FP8_L1_CHUNK;
+  }
   pair_tiles<N, P>(
       rows, steps, KC,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
@@ -1606,10 +1614,6 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
   }
 }
 
-// The bytes of x a pass keeps in L1: this CPU's L1D less 8 KiB for the weight lines in flight (48 KiB
-// on Zen 5 and Intel from Ice Lake on, 32 KiB on Zen 4 and Cooper Lake).
-inline int64_t x_in_l1_bytes() { return l1d_bytes() - 8 * 1024; }
-
 // NVFP4, batch 3..8, by vdpbf16ps: P row pairs, G lane groups of each interleaved (P * G * N independent
 // block sums for the latency of vdpbf16ps).
 template <int N>
@@ -1627,7 +1631,7 @@ void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t row
   // (the totals kept in memory between chunks; chunks of 16 groups measured 36 -> 28 ms at B = 8 on Zen 4,
   // where x was read from L2 for every pair; 32 against 40 KiB on Zen 5 about even).
   const int64_t group_bytes = LANES * N * 2 * LANES * static_cast<int64_t>(sizeof(uint32_t));
-  const int64_t CG = std::max<int64_t>(1, std::min(full, (l1d_bytes() - 16 * 1024) / group_bytes));
+  const int64_t CG = std::max<int64_t>(1, std::min(full, x_chunk_in_l1_bytes() / group_bytes));
   pair_tiles<N, P>(
       rows, full, CG,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
@@ -1722,7 +1726,7 @@ void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64
           xb[static_cast<size_t>(((q * LANES + k) * N + n) * 16 + i)] = (a & 0xFFFF0000u) | (b >> 16);
         }
   const int64_t pair_bytes = N * LANES * 16 * 4;
-  const int64_t CP = pairs * pair_bytes <= x_in_l1_bytes() ? std::max<int64_t>(1, pairs)
+  const int64_t CP = lanes_x_bytes(f, N) <= x_in_l1_bytes() ? std::max<int64_t>(1, pairs)
                                                              : std::max<int64_t>(G, x_in_l1_bytes() / pair_bytes / G * G);
   const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -2003,7 +2007,6 @@ inline void wb_prefetch(const F& f, int64_t r, int64_t s) {
     for (int64_t i = 0; i < bytes; i += 64) prefetch(p + i);
   }
 }
-
 
 #if TRTVOCAB_DPBF16
 // ---- AVX-512 BF16, batch >= 9: the tile kernel with two chain steps per vdpbf16ps ----------------------
