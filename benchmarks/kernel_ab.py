@@ -28,6 +28,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quantized_head import random_tensors
+
+from trtvocab import QuantAlgo
 from trtvocab.kernels import build, gemm, runtime
 from trtvocab.quant import nvfp4
 
@@ -53,17 +57,14 @@ Call = Callable[[build.Loaded], torch.Tensor]
 
 
 def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -> Call:
-    """One decode call of ``fmt`` at ``batch`` rows on random valid codes, for a given library."""
+    """One decode call of ``fmt`` at ``batch`` rows on random valid codes (quantized_head's), for a given library."""
     x = torch.randn(batch, hidden, generator=gen).bfloat16().float()
+    t = random_tensors(QuantAlgo.FP8 if fmt == "fp8" else QuantAlgo.NVFP4, vocab, hidden, gen)
     if fmt == "fp8":
-        codes = torch.randint(0, 256, (vocab, hidden), dtype=torch.uint8, generator=gen)
-        codes[(codes & 0x7F) == 0x7F] = 0  # e4m3fn NaN
-        xf, scale = gemm.fp8_x(x), torch.tensor(2e-4)
-        return lambda lib: gemm.fp8_logits(lib, xf, hidden, codes, scale)
-    packed = nvfp4.to_block_major(torch.randint(0, 256, (vocab, hidden // 2), dtype=torch.uint8, generator=gen))
-    scales = torch.randint(0x30, 0x60, (vocab, hidden // 16), dtype=torch.uint8, generator=gen)
-    xn = gemm.nvfp4_x(x)
-    return lambda lib: gemm.nvfp4_logits(lib, xn, hidden, packed, scales, 0.01)
+        xf = gemm.fp8_x(x)
+        return lambda lib: gemm.fp8_logits(lib, xf, hidden, t["weight"], t["weight_scale"])
+    packed, xn, global_scale = nvfp4.to_block_major(t["weight"]), gemm.nvfp4_x(x), float(t["weight_scale_2"])
+    return lambda lib: gemm.nvfp4_logits(lib, xn, hidden, packed, t["weight_scale"], global_scale)
 
 
 def main() -> None:
