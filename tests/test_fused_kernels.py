@@ -885,7 +885,7 @@ def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden, dpbf16_paths):
 
 @pytest.mark.parametrize("hidden", [2816, 4240, 5120])
 def test_dpbf16_nvfp4_chunked_passes(hidden, dpbf16_paths):
-    """The vdpbf16ps row-pair kernel (B = 4..8, and 3 where x's pairs outgrow L1) runs K-chunks of as many lane
+    """The vdpbf16ps row-pair kernel (B = 5..8, and 3-4 where x's pairs outgrow L1) runs K-chunks of as many lane
     groups as keep x's pairs (two copies, N * 512 bytes a group) in L1 less 16 KiB, for a tile's rows: on a 48 KiB
     L1D 8 groups at B = 8, 12 at B = 5 (4 and 6 on 32 KiB). The same bits as the FMA kernels. 2816 (22 groups): a
     short last chunk; 4240 (33 and a partial group): a last chunk of one group at B = 8, of an odd number (the
