@@ -1343,16 +1343,17 @@ inline void x_exponents(const float* x, int64_t n, int64_t xs, int64_t len, int&
 
 // x rows side by side as bf16 step pairs: pair t of x row n (steps 2t, 2t + 1 of `step(n, s)`, 8 floats
 // each) at [t][n][C][8] (C copies: 2 lay out the zmm that bcast_pair would build, for a plain load): the
-// high 16 bits (x exact in bf16) of step 2t, then those of step 2t + 1.
+// high 16 bits (x exact in bf16) of step 2t, then those of step 2t + 1; word i from value order[i] of the steps.
 template <int N, int C = 1, class Step>
-inline Words bf16_pairs(int64_t pairs, const Step& step) {
+inline Words bf16_pairs(int64_t pairs, const Step& step, __m256i order = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) {
   Words xb(static_cast<size_t>(std::max<int64_t>(1, pairs * N * C * LANES)));
   for (int64_t t = 0; t < pairs; ++t)
     for (int n = 0; n < N; ++n) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step(n, 2 * t)));
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step(n, 2 * t + 1)));
-      const __m256i v = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))),
-                                        _mm256_srli_epi32(b, 16));
+      const __m256i v = _mm256_permutevar8x32_epi32(
+          _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))), _mm256_srli_epi32(b, 16)),
+          order);
       for (int c = 0; c < C; ++c)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb.data() + ((t * N + n) * C + c) * LANES), v);
     }
@@ -1552,21 +1553,52 @@ inline __m512i e2m1_bf16_table() {
       0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000);
 }
 
-// NVFP4 row pairs (nvfp4_row_pairs' layout and chains) by vdpbf16ps: byte k of a block holds steps
-// 2k (low nibble) and 2k + 1 (high nibble), one bf16 pair: vpmovzxbd spreads a row pair's 16 bytes over
-// the 16 lanes, vpmultishiftqb puts the high nibble in the low word and the byte in the high word,
-// vpermw maps each word's low 5 bits through the e2m1 bf16 table (twice over: bit 4 ignored).
+// NVFP4 row pairs by vdpbf16ps, decoded with one shuffle per 32 weights. Byte k of a block holds steps 2k
+// (low nibble) and 2k + 1 (high nibble), one bf16 pair. The 8 bytes of a group's k of rows a and b are
+// broadcast to the low and high four qwords (8-byte broadcast loads), qword m shifted right by 8m: its
+// dwords then start at bytes m and m + 4, so lanes 2m, 2m + 1 of a row hold blocks m, m + 4 (SPREAD_ORDER).
+// Shifts and a vpternlogd put the low nibble in the high word and the high nibble in the low word, and one
+// vpermw maps each word's low 5 bits through the e2m1 bf16 table (twice over: bit 4 ignored). x's pairs
+// and the block scales are laid out in that lane order, and the totals are put back in block order before
+// the reduction tree (unspread): the chains are nvfp4_row_pairs', lane for lane. Why: every shuffle takes
+// one of vdpbf16ps's two pipes on Zen 5, and the four-shuffle decode (vpmovzxbd, vpmultishiftqb, vpermw
+// and the 16-byte merge) held a loop of two row pairs at batch 8 to 0.73 of the vdpbf16ps rate, this one
+// to 0.92 (weights and x in L1, one thread).
+constexpr int SPREAD_ORDER[LANES] = {0, 4, 1, 5, 2, 6, 3, 7};  // lane -> block of the group
+struct SpreadPairs {
+  __m512i shift = _mm512_set_epi64(24, 16, 8, 0, 24, 16, 8, 0);
+  __m512i low_words = _mm512_set1_epi32(0xFFFF);
+  __m512i table = e2m1_bf16_table();
+  __m128i bytes = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);  // block scales
+  // 8 bytes of row a, 8 of row b -> qword m (row a: m < 4, b: m >= 4) = the row's bytes from byte m % 4.
+  __m512i spread(const uint8_t* a, const uint8_t* b) const {
+    int64_t u;
+    std::memcpy(&u, a, 8);
+    const __m512i v = _mm512_mask_broadcastq_epi64(_mm512_set1_epi64(u), 0xF0,
+                                                   _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+    return _mm512_srlv_epi64(v, shift);
+  }
+  __m512 operator()(const uint8_t* a, const uint8_t* b) const {
+    const __m512i q = spread(a, b);
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_slli_epi32(q, 16), _mm512_srli_epi32(q, 4), low_words, 0xD8);
+    return _mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, table));  // 0xD8: low words from srli, high from slli
+  }
+  // Block scales of group g of rows a | b in lane order (pair_block_scales with the bytes in SPREAD_ORDER).
+  __m512 scales(const NVFP4Rows& f, int64_t a, int64_t b, int64_t g) const {
+    const __m128i v = two_steps(f.bscale + a * f.bs_stride + g * LANES, f.bscale + b * f.bs_stride + g * LANES);
+    return fp8_decode16(_mm_shuffle_epi8(v, bytes));
+  }
+};
+// A chain's 8 lanes in SPREAD_ORDER -> block order.
+inline V unspread(V a) { return {_mm256_permutevar8x32_ps(a.v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7))}; }
+
 // G groups at a time (their block sums interleaved, added to the totals in group order), then single
-// groups. xb: [groups][8 k][N][16] bf16 pairs (two copies: a plain zmm load); acc_mem: [P][N][16], the
-// totals (load, fma, store per group: P * N of them do not fit in registers beside P * G * N block
-// sums); groups [g0, g1), all full.
+// groups. xb: [groups][8 k][N][16] bf16 pairs in SPREAD_ORDER (two copies: a plain zmm load); acc_mem:
+// [P][N][16], the totals in SPREAD_ORDER (load, fma, store per group: P * N of them do not fit in registers
+// beside P * G * N block sums); groups [g0, g1), all full.
 template <int N, int P, int G>
-inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const int64_t* pr, int64_t g0, int64_t g1,
-                                 float* acc_mem) {
-  const __m512i table = e2m1_bf16_table();
-  // Per 64-bit lane (two 32-bit lanes, bytes c0, c1 at bits 0, 32): low words <- bits 4.., 36.. (the high
-  // nibbles: the bits above are zero), high words <- bits 0.., 32.. (the bytes).
-  const __m512i ctrl = _mm512_set1_epi64(0x0020002400000004LL);
+inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const SpreadPairs& dec, const uint32_t* xb, const int64_t* pr,
+                                 int64_t g0, int64_t g1, float* acc_mem) {
   const int64_t nb = f.blocks();
   const uint8_t* ra[P];
   const uint8_t* rb[P];
@@ -1589,8 +1621,7 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
       for (int p = 0; p < P; ++p)
         for (int j = 0; j < G; ++j) {
           const int64_t o = k * nb + (g + j) * LANES;
-          const __m512i v = _mm512_cvtepu8_epi32(two_steps(ra[p] + o, rb[p] + o));
-          w[p][j] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(ctrl, v), table));
+          w[p][j] = dec(ra[p] + o, rb[p] + o);
         }
       for (int j = 0; j < G; ++j) {
         const uint32_t* xk = xb + ((g + j) * LANES + k) * N * 2 * LANES;
@@ -1602,7 +1633,7 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
     }
     for (int j = 0; j < G; ++j)
       for (int p = 0; p < P; ++p) {
-        const __m512 bs = pair_block_scales(f, pr[2 * p], pr[2 * p + 1], g + j);
+        const __m512 bs = dec.scales(f, pr[2 * p], pr[2 * p + 1], g + j);
         for (int n = 0; n < N; ++n) {
           float* a = acc_mem + (p * N + n) * 16;
           _mm512_store_ps(a, _mm512_fmadd_ps(part[p][j][n], bs, _mm512_load_ps(a)));
@@ -1610,7 +1641,7 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const uint32_t* xb, const i
       }
   }
   if constexpr (G > 1) {
-    if (g < g1) nvfp4_row_pairs_bf16<N, P, 1>(f, xb, pr, g, g1, acc_mem);
+    if (g < g1) nvfp4_row_pairs_bf16<N, P, 1>(f, dec, xb, pr, g, g1, acc_mem);
   }
 }
 
@@ -1625,8 +1656,11 @@ void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t row
   // 20.7 -> 17.1, 6 22.9 -> 21.2, 8 26.2 -> 24.5; one row pair with the two copies was slower (B = 8 30).
   constexpr int P = 2, G = N <= 5 ? 2 : 1;
   const int64_t full = f.blocks() / LANES;
-  const Words xb =
-      bf16_pairs<N, 2>(full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; });
+  const SpreadPairs dec;
+  const Words xb = bf16_pairs<N, 2>(
+      full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; },
+      _mm256_setr_epi32(SPREAD_ORDER[0], SPREAD_ORDER[1], SPREAD_ORDER[2], SPREAD_ORDER[3], SPREAD_ORDER[4],
+                        SPREAD_ORDER[5], SPREAD_ORDER[6], SPREAD_ORDER[7]));
   // Every row pair reads all of x: chunks of as many groups as keep x's pairs in L1 with 16 KiB to spare
   // (the totals kept in memory between chunks; chunks of 16 groups measured 36 -> 28 ms at B = 8 on Zen 4,
   // where x was read from L2 for every pair; 32 against 40 KiB on Zen 5 about even).
@@ -1635,9 +1669,10 @@ void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t row
   pair_tiles<N, P>(
       rows, full, CG,
       [&](auto p, const int64_t* prp, int64_t c0, int64_t c1, float* acc) {
-        nvfp4_row_pairs_bf16<N, decltype(p)::value, G>(f, xb.data(), prp, c0, c1, acc);
+        nvfp4_row_pairs_bf16<N, decltype(p)::value, G>(f, dec, xb.data(), prp, c0, c1, acc);
       },
       [&](int64_t v, int n, V total) {
+        total = unspread(total);
         for (int64_t g = full; g < f.groups(); ++g) total = nvfp4_groups<1>(f, x + n * xs, v, g, total);
         out[n * os + v] = finish(total, f.row_scale(v), NVFP4Rows::kUnbias);
       });
