@@ -924,6 +924,25 @@ def test_dpbf16_nvfp4_block_lanes_chunked_passes(hidden, dpbf16_paths):
                 _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed[3:], bs[3:], 1e-3)
 
 
+@pytest.mark.parametrize("hidden", [5376, 6400])
+def test_dpbf16_nvfp4_row_runs_pending_chunks(hidden, dpbf16_paths):
+    """Batch 1 runs the row-runs vdpbf16ps kernel: each row in chunks of at most 20 block pairs (5376: 21 pairs,
+    chunks of 11 and 10; 6400: 25, chunks of 13 and 12), each chunk's block sums scaled and added while the next
+    chunk runs, the last one of a thread's rows at the end. Shards of 1, 2, 3 and 40 rows (one thread, two, a
+    partial group's row after a full one): the same bits as the FMA kernels."""
+    paths = dpbf16_paths
+    gen = torch.Generator().manual_seed(hidden + 5)
+    v, _, packed = _every_nibble_rows(hidden, gen)
+    packed = nvfp4.to_block_major(packed)
+    bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+    for name, x in _x_cases(1, hidden, gen):
+        if name in ("fits", "edge"):
+            xn = kernels.nvfp4_x(x)
+            for start, rows in ((0, 1), (7, 2), (100, 3), (3, 40)):
+                _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed[start : start + rows],
+                                  bs[start : start + rows], 1e-3)
+
+
 # ---- batch >= 9: the AVX-512 tile kernel, against the AVX2 one and against batch 1 -----------------------------
 # The batches are the remainders of its register blocks: 8 x rows per block (4 row pairs, the last block's odd row
 # paired with zeros), 6 weight rows per micro kernel, 24 per tile, 128 x rows per pass. The row ranges start

@@ -28,6 +28,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +36,7 @@
 #include <limits>
 #include <new>
 #include <type_traits>
+#include <utility>
 #include <unistd.h>
 #include <vector>
 
@@ -1583,10 +1585,11 @@ struct SpreadPairs {
     const __m512i idx = _mm512_ternarylogic_epi32(_mm512_slli_epi32(q, 16), _mm512_srli_epi32(q, 4), low_words, 0xD8);
     return _mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, table));  // 0xD8: low words from srli, high from slli
   }
-  // Block scales of group g of rows a | b in lane order (pair_block_scales with the bytes in SPREAD_ORDER).
+  // 8 block scales at a, 8 at b (lanes 0-7 | 8-15) in lane order: fp8_decode16 with the bytes in SPREAD_ORDER.
+  __m512 scales(const uint8_t* a, const uint8_t* b) const { return fp8_decode16(_mm_shuffle_epi8(two_steps(a, b), bytes)); }
+  // Block scales of group g of rows a | b in lane order.
   __m512 scales(const NVFP4Rows& f, int64_t a, int64_t b, int64_t g) const {
-    const __m128i v = two_steps(f.bscale + a * f.bs_stride + g * LANES, f.bscale + b * f.bs_stride + g * LANES);
-    return fp8_decode16(_mm_shuffle_epi8(v, bytes));
+    return scales(f.bscale + a * f.bs_stride + g * LANES, f.bscale + b * f.bs_stride + g * LANES);
   }
 };
 // A chain's 8 lanes in SPREAD_ORDER -> block order.
@@ -1787,13 +1790,170 @@ void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64
   });
 }
 
+// NVFP4, batch 1..NVFP4_RUNS_MAX, by vdpbf16ps, each row read in address order: run k (byte k of every
+// block, nb contiguous bytes) for all of a chunk's block pairs, then run k + 1, so that a row is one forward
+// stream of lines (and a thread's rows one stream) instead of 8 runs advancing side by side. A read of the
+// weights alone (V = 129280, H = 5120, 2 threads, Zen 5) took 7.5-8.6 ms in this order, 9.4-9.8 in the
+// block-lanes order; this kernel ran batch 1 in 7.8 ms against block lanes' 8.3 (best of 21 interleaved), and
+// batch 2, with half the pairs per chunk, in 10.4 against 9.4 (so it runs batch 1 only). A pair q (blocks 16q
+// .. 16q + 15, 16 bytes of run k) is decoded by E2m1Lanes (the one-shuffle SpreadPairs, with more
+// instructions, ran batch 1 in 8.9 ms); its block sums stay in registers across the 8 runs (Q * N zmm, a
+// chunk of Q <= RUNS_REGS / N pairs). A chunk's sums are then scaled and added to the row's totals in group
+// order (nvfp4_block_lanes_bf16's chains, lane for lane), but during the next chunk's runs: that chain of 2 Q
+// FMAs per x row is serial, and at the end of its own chunk it held up the next row's loads (9.1 ms).
+constexpr int RUNS_REGS = 20;  // block sums in registers (32 zmm: the decoder's 3 constants, w, x)
+constexpr int NVFP4_RUNS_MAX = 1;
+// The chunk whose block sums wait to be scaled and added (row < 0: none), and the row it finishes.
+struct RunsPending {
+  alignas(64) float part[RUNS_REGS][16];  // [q * N + n], in SPREAD_ORDER
+  int64_t row = -1, q0 = 0, cnt = 0;
+  V acc[NVFP4_RUNS_MAX];                  // the totals of `row`, the pending chunk not yet added
+  int64_t done = -1;                      // a row whose totals are complete (in done_acc), or -1
+  V done_acc[NVFP4_RUNS_MAX];
+};
+
+// Chunk [q0, q0 + Q) of row r, while adding the pending chunk; then this chunk is the pending one.
+template <int N, int Q>
+void nvfp4_row_runs_bf16(const NVFP4Rows& f, const E2m1Lanes& dec, const uint32_t* xb, int64_t r, int64_t q0,
+                         int64_t ahead, bool to_l2, RunsPending& pend) {
+  const int64_t nb = f.blocks();
+  const uint8_t* row = f.packed + r * f.p_stride + q0 * 16;
+  const uint8_t* next = f.packed + ahead * f.p_stride + q0 * 16;
+  // Not prefetch_runs: its function-local static's guard is a possible call, around which the compiler
+  // spills the live block sums (20 zmm stores and loads per run).
+  const auto lines = [to_l2](const uint8_t* a, int64_t bytes) {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(a) + static_cast<uintptr_t>(bytes);
+    for (uintptr_t l = reinterpret_cast<uintptr_t>(a) & ~uintptr_t{63}; l < end; l += 64) {
+      if (to_l2) {
+        __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 2);
+      } else {
+        __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 3);
+      }
+    }
+  };
+  lines(f.bscale + ahead * f.bs_stride + q0 * 16, Q * 16);
+  const bool adding = pend.row >= 0;
+  const uint8_t* psrow = adding ? f.bscale + pend.row * f.bs_stride + pend.q0 * 16 : nullptr;
+  V acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = pend.acc[n];
+  __m512 part[Q][N];
+  _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q)
+    for (int n = 0; n < N; ++n) part[q][n] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < LANES; ++k) {
+    lines(next + k * nb, Q * 16);
+    _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q) {
+      const uint8_t* b = row + k * nb + q * 16;
+      const __m512 w = dec(b);
+      const uint32_t* xq = xb + ((q0 + q) * LANES + k) * N * 16;
+      for (int n = 0; n < N; ++n)
+        part[q][n] = dpbf16(part[q][n], w, _mm512_load_ps(reinterpret_cast<const float*>(xq + n * 16)));
+    }
+    if (adding)  // an eighth of the pending chunk's pairs, in order
+      for (int64_t q = k * pend.cnt / LANES; q < (k + 1) * pend.cnt / LANES; ++q) {
+        const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(psrow + q * 16)));
+        for (int n = 0; n < N; ++n) {
+          const __m512 s = _mm512_load_ps(pend.part[q * N + n]);
+          acc[n] = vfma(half0(s), half0(bs), acc[n]);
+          acc[n] = vfma(half1(s), half1(bs), acc[n]);
+        }
+      }
+  }
+  pend.done = -1;
+  if (adding && pend.row != r) {  // the pending chunk was its row's last
+    pend.done = pend.row;
+    for (int n = 0; n < N; ++n) pend.done_acc[n] = acc[n], acc[n] = vzero();
+  }
+  _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q)
+    for (int n = 0; n < N; ++n) _mm512_store_ps(pend.part[q * N + n], part[q][n]);
+  for (int n = 0; n < N; ++n) pend.acc[n] = adding ? acc[n] : vzero();
+  pend.row = r, pend.q0 = q0, pend.cnt = Q;
+}
+// The pending chunk's sums scaled and added to its row's totals, at once (after a thread's last chunk).
+template <int N>
+void runs_add_pending(const NVFP4Rows& f, const E2m1Lanes& dec, const RunsPending& pend, V* acc) {
+  const uint8_t* srow = f.bscale + pend.row * f.bs_stride + pend.q0 * 16;
+  for (int n = 0; n < N; ++n) acc[n] = pend.acc[n];
+  for (int64_t q = 0; q < pend.cnt; ++q) {
+    const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + q * 16)));
+    for (int n = 0; n < N; ++n) {
+      const __m512 s = _mm512_load_ps(pend.part[q * N + n]);
+      acc[n] = vfma(half0(s), half0(bs), acc[n]);
+      acc[n] = vfma(half1(s), half1(bs), acc[n]);
+    }
+  }
+}
+// nvfp4_row_runs_bf16<N, Q> for Q = 1 .. RUNS_REGS / N, by a table built at compile time.
+template <int N>
+using RowRuns = void (*)(const NVFP4Rows&, const E2m1Lanes&, const uint32_t*, int64_t, int64_t, int64_t, bool,
+                         RunsPending&);
+template <int N, size_t... Q>
+constexpr std::array<RowRuns<N>, sizeof...(Q)> row_runs_table(std::index_sequence<Q...>) {
+  return {&nvfp4_row_runs_bf16<N, static_cast<int>(Q) + 1>...};
+}
+
+template <int N>
+void wide_nvfp4_runs_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  constexpr int QMAX = RUNS_REGS / N;
+  static constexpr auto table = row_runs_table<N>(std::make_index_sequence<QMAX>{});
+  const int64_t pairs = f.blocks() / 16;
+  const E2m1Lanes dec;
+  Words xb(static_cast<size_t>(std::max<int64_t>(1, pairs * LANES * N * 16)));
+  for (int64_t q = 0; q < pairs; ++q)
+    for (int64_t k = 0; k < LANES; ++k)
+      for (int n = 0; n < N; ++n)
+        for (int64_t i = 0; i < 16; ++i) {
+          uint32_t a, b;
+          // x is in step order (gemm.py nvfp4_x): step 2k + h of block 8g + l at 128 g + 16 k + 8 h + l.
+          const float* e = x + n * xs + (2 * q + i / LANES) * 128 + 16 * k + i % LANES;
+          std::memcpy(&a, e, 4);
+          std::memcpy(&b, e + LANES, 4);
+          xb[static_cast<size_t>(((q * LANES + k) * N + n) * 16 + i)] = (a & 0xFFFF0000u) | (b >> 16);
+        }
+  // Equal chunks of at most QMAX pairs (a row of H = 5120 at batch 1: one chunk of 20).
+  const int64_t chunks = std::max<int64_t>(1, (pairs + QMAX - 1) / QMAX), per = (pairs + chunks - 1) / chunks;
+  // Rows ahead to prefetch: a row (2880 bytes at H = 5120) takes about 100 ns at batch 1.
+  constexpr int64_t AHEAD = 3;
+  const bool to_l2 = l1d_bytes() < 48 * 1024;
+  const auto finish_row = [&](int64_t r, const V* acc) {
+    for (int n = 0; n < N; ++n) {
+      V a = acc[n];
+      for (int64_t g = 2 * pairs; g < f.groups(); ++g) a = nvfp4_groups<1>(f, x + n * xs, r, g, a);
+      out[n * os + r] = finish(a, f.row_scale(r), NVFP4Rows::kUnbias);
+    }
+  };
+  at::parallel_for(0, rows, WIDE_TILE, [&](int64_t r0, int64_t r1) {
+    RunsPending pend;
+    for (int n = 0; n < N; ++n) pend.acc[n] = vzero();
+    const auto call = [&](int64_t r, int64_t q0, int64_t cnt) {
+      table[static_cast<size_t>(cnt - 1)](f, dec, xb.data(), r, q0, std::min(rows - 1, r + AHEAD), to_l2, pend);
+      if (pend.done >= 0) finish_row(pend.done, pend.done_acc);
+    };
+    for (int64_t r = r0; r < r1; ++r) {
+      if (pairs == 0) {
+        V acc[N];
+        for (int n = 0; n < N; ++n) acc[n] = vzero();
+        finish_row(r, acc);
+        continue;
+      }
+      for (int64_t q0 = 0; q0 < pairs; q0 += per) call(r, q0, std::min(per, pairs - q0));
+    }
+    if (pend.row >= 0) {  // the range's last chunk
+      V acc[N];
+      runs_add_pending<N>(f, dec, pend, acc);
+      finish_row(pend.row, acc);
+    }
+  });
+}
+
+
 // Which vdpbf16ps kernel runs which batch (measured on Zen 4, V = 129280, H = 5120, 2 threads, best of 9-21
 // interleaved against the FMA kernels): FP8 every batch 1..8 (batch 1 27.8 -> 23.2 ms, in L2 61 -> 44 ps per
 // weight); NVFP4 batches 1..2 by block lanes (batch 1 16.6 -> 12.5 ms, 2 22.9 -> 16.9), 3..8 by row pairs
 // (block lanes read every x row once per weight row: batch 4 40 against 33 ms, 8 52 against 49). Batches 3
 // and 4 run block lanes where all of x's pairs stay in L1 (30 and 40 KiB at H = 5120: Zen 5's 48 KiB L1D,
 // not Zen 4's 32 KiB; Zen 5, best of 21 interleaved, x on 64-byte lines: batch 3 16.9 -> 14.2 ms, batch 4
-// 14.1 -> 12.6 against the two-pair row kernel, 6.0 -> 4.8 at H = 4096, V = 60000).
+// 14.1 -> 12.6 against the two-pair row kernel, 6.0 -> 4.8 at H = 4096, V = 60000). Batch 1 runs row runs
+// (wide_nvfp4_runs_bf16, measured on Zen 5 only).
 constexpr int NVFP4_LANES_MAX = 4;
 #endif  // TRTVOCAB_DPBF16
 
@@ -1816,6 +1976,12 @@ void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int6
         wide_pairs_bf16<N>(f, Bf16Pairs(lo, hi), x, xs, rows, out, os);
         return;
       }
+    }
+  }
+  if constexpr (F::kGroupScaled && N <= NVFP4_RUNS_MAX) {
+    if (use_dpbf16() && x_fits_bf16(x, N, xs, f.blocks() / LANES * 16 * LANES)) {
+      wide_nvfp4_runs_bf16<N>(f, x, xs, rows, out, os);
+      return;
     }
   }
   if constexpr (F::kGroupScaled && N <= NVFP4_LANES_MAX) {
