@@ -131,17 +131,24 @@ inline int64_t x_chunk_in_l1_bytes() { return l1d_bytes() - 16 * 1024; }
 // batch 1 28 -> 18 ms, batch 4 43 -> 35 ms, batch 9 114 -> 102 ms). The 8-lane kernels there were 10-40 %
 // slower with L2 prefetches (compute bound, they want the lines in L1), and Zen 5's 48 KiB L1D ran batch 1
 // at 0.88 of the measured bandwidth with L1 prefetches: both keep them.
-inline void prefetch_runs(const void* p) {
+inline bool prefetch_to_l2() { return TRTVOCAB_AVX512 && l1d_bytes() < 48 * 1024; }
+// The line at p, into L2 only where to_l2 (prefetch_to_l2, asked by the caller outside its loop: the guard of
+// a function-local static is a possible call, and around one the compiler spills every live vector register,
+// the block sums of a kernel that keeps them across its loads).
+inline void prefetch_line(const void* p, bool to_l2) {
 #if defined(__GNUC__) || defined(__clang__)
-  static const bool to_l2 = TRTVOCAB_AVX512 && l1d_bytes() < 48 * 1024;
   if (to_l2) {
     __builtin_prefetch(p, 0, 2);
   } else {
     __builtin_prefetch(p, 0, 3);
   }
 #else
-  (void)p;
+  (void)p, (void)to_l2;
 #endif
+}
+inline void prefetch_runs(const void* p) {
+  static const bool to_l2 = prefetch_to_l2();
+  prefetch_line(p, to_l2);
 }
 
 // ---- 8-lane float vectors ---------------------------------------------------------------------
@@ -1819,17 +1826,11 @@ void nvfp4_row_runs_bf16(const NVFP4Rows& f, const E2m1Lanes& dec, const uint32_
   const int64_t nb = f.blocks();
   const uint8_t* row = f.packed + r * f.p_stride + q0 * 16;
   const uint8_t* next = f.packed + ahead * f.p_stride + q0 * 16;
-  // Not prefetch_runs: its function-local static's guard is a possible call, around which the compiler
-  // spills the live block sums (20 zmm stores and loads per run).
+  // prefetch_line, not prefetch_runs: with prefetch_runs the block sums were spilled and reloaded per run.
   const auto lines = [to_l2](const uint8_t* a, int64_t bytes) {
     const uintptr_t end = reinterpret_cast<uintptr_t>(a) + static_cast<uintptr_t>(bytes);
-    for (uintptr_t l = reinterpret_cast<uintptr_t>(a) & ~uintptr_t{63}; l < end; l += 64) {
-      if (to_l2) {
-        __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 2);
-      } else {
-        __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 3);
-      }
-    }
+    for (uintptr_t l = reinterpret_cast<uintptr_t>(a) & ~uintptr_t{63}; l < end; l += 64)
+      prefetch_line(reinterpret_cast<const void*>(l), to_l2);
   };
   lines(f.bscale + ahead * f.bs_stride + q0 * 16, Q * 16);
   const bool adding = pend.row >= 0;
@@ -1913,7 +1914,7 @@ void wide_nvfp4_runs_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_
   const int64_t chunks = std::max<int64_t>(1, (pairs + QMAX - 1) / QMAX), per = (pairs + chunks - 1) / chunks;
   // Rows ahead to prefetch: a row (2880 bytes at H = 5120) takes about 100 ns at batch 1.
   constexpr int64_t AHEAD = 3;
-  const bool to_l2 = l1d_bytes() < 48 * 1024;
+  const bool to_l2 = prefetch_to_l2();
   const auto finish_row = [&](int64_t r, const V* acc) {
     for (int n = 0; n < N; ++n) {
       V a = acc[n];
