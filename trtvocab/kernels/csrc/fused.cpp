@@ -1748,16 +1748,10 @@ inline void nvfp4_block_lanes_bf16(const NVFP4Rows& f, const uint32_t* xb, int64
 // The bytes of x's bf16 pairs in the block-lanes layout ([pairs][8 k][N][16] 32-bit words).
 inline int64_t lanes_x_bytes(const NVFP4Rows& f, int n) { return f.blocks() / 16 * LANES * n * 16 * 4; }
 
-// NVFP4, batch 1..NVFP4_LANES_MAX, by nvfp4_block_lanes_bf16: tiles of WIDE_TILE rows, a row at a time, x's pairs read
-// whole while they fit in L1 (x_in_l1_bytes), else in K-chunks of pairs for all the tile's rows (the
-// totals wait in memory between chunks: a float32 store is exact).
+// x's bf16 pairs for the kernels with a row's 16 blocks per zmm: [pairs][8 k][N][16] 32-bit words, word i
+// of pair q = step 2k (high half) and 2k + 1 (low half) of block 16q + i.
 template <int N>
-void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  // G * N independent block sums per k (measured: G = 2, 5, 10 no faster at batch 1, 6-12 on Zen 5; batch 3
-  // on Zen 5, V = 129280, H = 5120, 2 threads, best of 21 interleaved: G = 4 14.2 ms, G = 3 17.1, row pairs
-  // 16.9).
-  constexpr int G = N == 2 ? 2 : 4;
-  const int64_t pairs = f.blocks() / 16;
+inline Words block_lane_pairs(const float* x, int64_t xs, int64_t pairs) {
   Words xb(static_cast<size_t>(std::max<int64_t>(1, pairs * LANES * N * 16)));
   for (int64_t q = 0; q < pairs; ++q)
     for (int64_t k = 0; k < LANES; ++k)
@@ -1770,6 +1764,20 @@ void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64
           std::memcpy(&b, e + LANES, 4);
           xb[static_cast<size_t>(((q * LANES + k) * N + n) * 16 + i)] = (a & 0xFFFF0000u) | (b >> 16);
         }
+  return xb;
+}
+
+// NVFP4, batch 1..NVFP4_LANES_MAX, by nvfp4_block_lanes_bf16: tiles of WIDE_TILE rows, a row at a time, x's pairs read
+// whole while they fit in L1 (x_in_l1_bytes), else in K-chunks of pairs for all the tile's rows (the
+// totals wait in memory between chunks: a float32 store is exact).
+template <int N>
+void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  // G * N independent block sums per k (measured: G = 2, 5, 10 no faster at batch 1, 6-12 on Zen 5; batch 3
+  // on Zen 5, V = 129280, H = 5120, 2 threads, best of 21 interleaved: G = 4 14.2 ms, G = 3 17.1, row pairs
+  // 16.9).
+  constexpr int G = N == 2 ? 2 : 4;
+  const int64_t pairs = f.blocks() / 16;
+  const Words xb = block_lane_pairs<N>(x, xs, pairs);
   const int64_t pair_bytes = N * LANES * 16 * 4;
   const int64_t CP = lanes_x_bytes(f, N) <= x_in_l1_bytes() ? std::max<int64_t>(1, pairs)
                                                              : std::max<int64_t>(G, x_in_l1_bytes() / pair_bytes / G * G);
@@ -1898,18 +1906,7 @@ void wide_nvfp4_runs_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_
   static constexpr auto table = row_runs_table<N>(std::make_index_sequence<QMAX>{});
   const int64_t pairs = f.blocks() / 16;
   const E2m1Lanes dec;
-  Words xb(static_cast<size_t>(std::max<int64_t>(1, pairs * LANES * N * 16)));
-  for (int64_t q = 0; q < pairs; ++q)
-    for (int64_t k = 0; k < LANES; ++k)
-      for (int n = 0; n < N; ++n)
-        for (int64_t i = 0; i < 16; ++i) {
-          uint32_t a, b;
-          // x is in step order (gemm.py nvfp4_x): step 2k + h of block 8g + l at 128 g + 16 k + 8 h + l.
-          const float* e = x + n * xs + (2 * q + i / LANES) * 128 + 16 * k + i % LANES;
-          std::memcpy(&a, e, 4);
-          std::memcpy(&b, e + LANES, 4);
-          xb[static_cast<size_t>(((q * LANES + k) * N + n) * 16 + i)] = (a & 0xFFFF0000u) | (b >> 16);
-        }
+  const Words xb = block_lane_pairs<N>(x, xs, pairs);
   // Equal chunks of at most QMAX pairs (a row of H = 5120 at batch 1: one chunk of 20).
   const int64_t chunks = std::max<int64_t>(1, (pairs + QMAX - 1) / QMAX), per = (pairs + chunks - 1) / chunks;
   // Rows ahead to prefetch: a row (2880 bytes at H = 5120) takes about 100 ns at batch 1.
