@@ -1902,6 +1902,7 @@ constexpr std::array<RowRuns<N>, sizeof...(Q)> row_runs_table(std::index_sequenc
 
 template <int N>
 void wide_nvfp4_runs_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
+  static_assert(N <= NVFP4_RUNS_MAX, "RunsPending holds NVFP4_RUNS_MAX totals");
   constexpr int QMAX = RUNS_REGS / N;
   static constexpr auto table = row_runs_table<N>(std::make_index_sequence<QMAX>{});
   const int64_t pairs = f.blocks() / 16;
