@@ -905,10 +905,10 @@ def test_dpbf16_nvfp4_chunked_passes(hidden, dpbf16_paths):
 
 @pytest.mark.parametrize("hidden", [6400, 12816])
 def test_dpbf16_nvfp4_block_lanes_chunked_passes(hidden, dpbf16_paths):
-    """Batches 1 and 2 run the block-lanes vdpbf16ps kernel, which reads x's pairs whole while they fit in L1
-    (its size less 8 KiB) and in K-chunks of pairs for a tile's rows beyond: 6400 (25 pairs) is chunked at
-    B = 2 on a 32 KiB L1D, 12816 (50 pairs and a partial group) at B = 1 there and at B = 2 on 48 KiB, with a
-    short last chunk run one pair at a time. Batches 3 and 4 run it only while x's pairs fit whole (B = 3 at
+    """Batch 2 runs the block-lanes vdpbf16ps kernel, which reads x's pairs whole while they fit in L1 (its size
+    less 8 KiB) and in K-chunks of pairs for a tile's rows beyond: 6400 (25 pairs) is chunked at B = 2 on a 32 KiB
+    L1D, 12816 (50 pairs and a partial group) on 48 KiB, with a short last chunk run one pair at a time. Batch 1
+    runs row runs (three chunks of a row at 12816). Batches 3 and 4 run it only while x's pairs fit whole (B = 3 at
     6400 on a 48 KiB L1D: 37.5 KiB) and the row pairs otherwise (B = 4 here, B = 3 at 12816 and on 32 KiB). The
     same bits as the FMA kernels."""
     paths = dpbf16_paths
@@ -924,12 +924,13 @@ def test_dpbf16_nvfp4_block_lanes_chunked_passes(hidden, dpbf16_paths):
                 _same_bits_or_nan(paths, gemm.nvfp4_logits, xn, hidden, packed[3:], bs[3:], 1e-3)
 
 
-@pytest.mark.parametrize("hidden", [5376, 6400])
+@pytest.mark.parametrize("hidden", [4240, 5376, 6400])
 def test_dpbf16_nvfp4_row_runs_pending_chunks(hidden, dpbf16_paths):
     """Batch 1 runs the row-runs vdpbf16ps kernel: each row in chunks of at most 20 block pairs (5376: 21 pairs,
-    chunks of 11 and 10; 6400: 25, chunks of 13 and 12), each chunk's block sums scaled and added while the next
-    chunk runs, the last one of a thread's rows at the end. Shards of 1, 2, 3 and 40 rows (one thread, two, a
-    partial group's row after a full one): the same bits as the FMA kernels."""
+    chunks of 11 and 10; 6400: 25, chunks of 13 and 12; 4240: one chunk of 16, then a full and a partial group
+    in the 8-lane tail), each chunk's block sums scaled and added while the next chunk runs, the last one of a
+    thread's rows at the end. Shards of 1, 2, 3 and 40 rows (40: two ranges of 20 rows where torch has two
+    threads): the same bits as the FMA kernels."""
     paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 5)
     v, _, packed = _every_nibble_rows(hidden, gen)

@@ -1767,7 +1767,7 @@ inline Words block_lane_pairs(const float* x, int64_t xs, int64_t pairs) {
   return xb;
 }
 
-// NVFP4, batch 1..NVFP4_LANES_MAX, by nvfp4_block_lanes_bf16: tiles of WIDE_TILE rows, a row at a time, x's pairs read
+// NVFP4, batch 2..NVFP4_LANES_MAX (batch 1 where row runs do not run), by nvfp4_block_lanes_bf16: tiles of WIDE_TILE rows, a row at a time, x's pairs read
 // whole while they fit in L1 (x_in_l1_bytes), else in K-chunks of pairs for all the tile's rows (the
 // totals wait in memory between chunks: a float32 store is exact).
 template <int N>
@@ -1820,7 +1820,7 @@ constexpr int RUNS_REGS = 20;  // block sums in registers (32 zmm: the decoder's
 constexpr int NVFP4_RUNS_MAX = 1;
 // The chunk whose block sums wait to be scaled and added (row < 0: none), and the row it finishes.
 struct RunsPending {
-  alignas(64) float part[RUNS_REGS][16];  // [q * N + n], in SPREAD_ORDER
+  alignas(64) float part[RUNS_REGS][16];  // [q * N + n], lane i = block 16q + i (E2m1Lanes)
   int64_t row = -1, q0 = 0, cnt = 0;
   V acc[NVFP4_RUNS_MAX];                  // the totals of `row`, the pending chunk not yet added
   int64_t done = -1;                      // a row whose totals are complete (in done_acc), or -1
@@ -1879,7 +1879,7 @@ void nvfp4_row_runs_bf16(const NVFP4Rows& f, const E2m1Lanes& dec, const uint32_
 }
 // The pending chunk's sums scaled and added to its row's totals, at once (after a thread's last chunk).
 template <int N>
-void runs_add_pending(const NVFP4Rows& f, const E2m1Lanes& dec, const RunsPending& pend, V* acc) {
+void runs_add_pending(const NVFP4Rows& f, const RunsPending& pend, V* acc) {
   const uint8_t* srow = f.bscale + pend.row * f.bs_stride + pend.q0 * 16;
   for (int n = 0; n < N; ++n) acc[n] = pend.acc[n];
   for (int64_t q = 0; q < pend.cnt; ++q) {
@@ -1938,7 +1938,7 @@ void wide_nvfp4_runs_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_
     }
     if (pend.row >= 0) {  // the range's last chunk
       V acc[N];
-      runs_add_pending<N>(f, dec, pend, acc);
+      runs_add_pending<N>(f, pend, acc);
       finish_row(pend.row, acc);
     }
   });
