@@ -1767,9 +1767,9 @@ inline Words block_lane_pairs(const float* x, int64_t xs, int64_t pairs) {
   return xb;
 }
 
-// NVFP4, batch 2..NVFP4_LANES_MAX (batch 1 where row runs do not run), by nvfp4_block_lanes_bf16: tiles of WIDE_TILE rows, a row at a time, x's pairs read
-// whole while they fit in L1 (x_in_l1_bytes), else in K-chunks of pairs for all the tile's rows (the
-// totals wait in memory between chunks: a float32 store is exact).
+// NVFP4, batch 2..NVFP4_LANES_MAX (batch 1 runs row runs: the same chains), by nvfp4_block_lanes_bf16: tiles
+// of WIDE_TILE rows, a row at a time, x's pairs read whole while they fit in L1 (x_in_l1_bytes), else in
+// K-chunks of pairs for all the tile's rows (the totals wait in memory between chunks: a float32 store is exact).
 template <int N>
 void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   // G * N independent block sums per k (measured: G = 2, 5, 10 no faster at batch 1, 6-12 on Zen 5; batch 3
