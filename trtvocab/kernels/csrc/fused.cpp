@@ -1573,12 +1573,26 @@ inline __m512i e2m1_bf16_table() {
 // one of vdpbf16ps's two pipes on Zen 5, and the four-shuffle decode (vpmovzxbd, vpmultishiftqb, vpermw
 // and the 16-byte merge) held a loop of two row pairs at batch 8 to 0.73 of the vdpbf16ps rate, this one
 // to 0.92 (weights and x in L1, one thread).
-constexpr int SPREAD_ORDER[LANES] = {0, 4, 1, 5, 2, 6, 3, 7};  // lane -> block of the group
+alignas(32) constexpr int32_t SPREAD_ORDER[LANES] = {0, 4, 1, 5, 2, 6, 3, 7};  // lane -> block of the group
+// SPREAD_ORDER as vpermd indices (x's pairs into lane order); its inverse (a chain back to block order).
+inline __m256i spread_order() { return _mm256_load_si256(reinterpret_cast<const __m256i*>(SPREAD_ORDER)); }
+constexpr std::array<int32_t, LANES> spread_inverse_table() {
+  std::array<int32_t, LANES> inv{};
+  for (int i = 0; i < LANES; ++i) inv[static_cast<size_t>(SPREAD_ORDER[i])] = i;
+  return inv;
+}
+alignas(32) constexpr std::array<int32_t, LANES> SPREAD_INVERSE = spread_inverse_table();
+inline __m256i spread_inverse() { return _mm256_load_si256(reinterpret_cast<const __m256i*>(SPREAD_INVERSE.data())); }
 struct SpreadPairs {
   __m512i shift = _mm512_set_epi64(24, 16, 8, 0, 24, 16, 8, 0);
   __m512i low_words = _mm512_set1_epi32(0xFFFF);
   __m512i table = e2m1_bf16_table();
-  __m128i bytes = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);  // block scales
+  // The block scales' vpshufb: rows a | b (bytes 0-7 | 8-15), each in SPREAD_ORDER.
+  __m128i bytes = [] {
+    alignas(16) uint8_t b[16];
+    for (int i = 0; i < 16; ++i) b[i] = static_cast<uint8_t>(i / LANES * LANES + SPREAD_ORDER[i % LANES]);
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(b));
+  }();
   // 8 bytes of row a, 8 of row b -> qword m (row a: m < 4, b: m >= 4) = the row's bytes from byte m % 4.
   __m512i spread(const uint8_t* a, const uint8_t* b) const {
     int64_t u;
@@ -1600,7 +1614,7 @@ struct SpreadPairs {
   }
 };
 // A chain's 8 lanes in SPREAD_ORDER -> block order.
-inline V unspread(V a) { return {_mm256_permutevar8x32_ps(a.v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7))}; }
+inline V unspread(V a) { return {_mm256_permutevar8x32_ps(a.v, spread_inverse())}; }
 
 // G groups at a time (their block sums interleaved, added to the totals in group order), then single
 // groups. xb: [groups][8 k][N][16] bf16 pairs in SPREAD_ORDER (two copies: a plain zmm load); acc_mem:
@@ -1668,9 +1682,7 @@ void wide_nvfp4_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t row
   const int64_t full = f.blocks() / LANES;
   const SpreadPairs dec;
   const Words xb = bf16_pairs<N, 2>(
-      full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; },
-      _mm256_setr_epi32(SPREAD_ORDER[0], SPREAD_ORDER[1], SPREAD_ORDER[2], SPREAD_ORDER[3], SPREAD_ORDER[4],
-                        SPREAD_ORDER[5], SPREAD_ORDER[6], SPREAD_ORDER[7]));
+      full * LANES, [&](int n, int64_t s) { return x + n * xs + s * LANES; }, spread_order());
   // Every row pair reads all of x: chunks of as many groups as keep x's pairs in L1 with 16 KiB to spare
   // (the totals kept in memory between chunks; chunks of 16 groups measured 36 -> 28 ms at B = 8 on Zen 4,
   // where x was read from L2 for every pair; 32 against 40 KiB on Zen 5 about even).
@@ -1874,7 +1886,7 @@ void nvfp4_row_runs_bf16(const NVFP4Rows& f, const E2m1Lanes& dec, const uint32_
   }
   _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q)
     for (int n = 0; n < N; ++n) _mm512_store_ps(pend.part[q * N + n], part[q][n]);
-  for (int n = 0; n < N; ++n) pend.acc[n] = adding ? acc[n] : vzero();
+  for (int n = 0; n < N; ++n) pend.acc[n] = acc[n];  // zero after a finished row (and before the first)
   pend.row = r, pend.q0 = q0, pend.cnt = Q;
 }
 // The pending chunk's sums scaled and added to its row's totals, at once (after a thread's last chunk).
@@ -1983,7 +1995,8 @@ void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int6
       return;
     }
   }
-  if constexpr (F::kGroupScaled && N <= NVFP4_LANES_MAX) {
+  // Batch 1 took row runs above under the same test, so block lanes start at batch 2.
+  if constexpr (F::kGroupScaled && N > NVFP4_RUNS_MAX && N <= NVFP4_LANES_MAX) {
     if (use_dpbf16() && (N <= 2 || lanes_x_bytes(f, N) <= x_in_l1_bytes()) &&
         x_fits_bf16(x, N, xs, f.blocks() / LANES * 16 * LANES)) {
       wide_nvfp4_lanes_bf16<N>(f, x, xs, rows, out, os);
