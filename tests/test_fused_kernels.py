@@ -866,6 +866,13 @@ def test_dpbf16_pairs_kernels_chunked_passes(dpbf16_paths):
                 _same_bits_or_nan(paths, gemm.fp8_logits, x8, hidden, codes, torch.tensor(2e-3))
 
 
+def _block_major_rows(hidden: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_every_nibble_rows`` in block-major order, with random e4m3 block scales 0x01..0x7E."""
+    v, _, packed = _every_nibble_rows(hidden, gen)
+    bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+    return nvfp4.to_block_major(packed), bs
+
+
 @pytest.mark.parametrize("hidden", [16, 256, 528, 1040])
 def test_dpbf16_nvfp4_bitwise_every_x_and_batch(hidden, dpbf16_paths):
     """NVFP4 heads (every nibble, the smallest and largest block scales, a partial group, a shard) on the
@@ -892,9 +899,7 @@ def test_dpbf16_nvfp4_chunked_passes(hidden, dpbf16_paths):
     single-group tail) at B = 5; 5120: the head's H."""
     paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 3)
-    v, _, packed = _every_nibble_rows(hidden, gen)
-    packed = nvfp4.to_block_major(packed)
-    bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+    packed, bs = _block_major_rows(hidden, gen)
     for b in (5, 8):
         for name, x in _x_cases(b, hidden, gen):
             if name in ("fits", "edge", "nan"):
@@ -913,9 +918,7 @@ def test_dpbf16_nvfp4_block_lanes_chunked_passes(hidden, dpbf16_paths):
     same bits as the FMA kernels."""
     paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 4)
-    v, _, packed = _every_nibble_rows(hidden, gen)
-    packed = nvfp4.to_block_major(packed)
-    bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+    packed, bs = _block_major_rows(hidden, gen)
     for b in (1, 2, 3, 4):
         for name, x in _x_cases(b, hidden, gen):
             if name in ("fits", "edge", "nan"):
@@ -933,9 +936,7 @@ def test_dpbf16_nvfp4_row_runs_pending_chunks(hidden, dpbf16_paths):
     threads): the same bits as the FMA kernels."""
     paths = dpbf16_paths
     gen = torch.Generator().manual_seed(hidden + 5)
-    v, _, packed = _every_nibble_rows(hidden, gen)
-    packed = nvfp4.to_block_major(packed)
-    bs = torch.randint(0x01, 0x7F, (v, hidden // 16), dtype=torch.uint8, generator=gen).view(F8)
+    packed, bs = _block_major_rows(hidden, gen)
     for name, x in _x_cases(1, hidden, gen):
         if name in ("fits", "edge"):
             xn = kernels.nvfp4_x(x)
