@@ -1,8 +1,10 @@
 """trtvocab: the vocabulary dimension of LLM inference (LM head, TP sharding, FP8/NVFP4, engines)."""
 
 from trtvocab import sampling
+from trtvocab.base.family import EmbeddingOps, Family, HeadOps
 from trtvocab.embedding import VocabParallelEmbedding, tie_weights
 from trtvocab.errors import (
+    ArchitectureError,
     ArtifactError,
     CheckpointError,
     ConfigError,
@@ -23,11 +25,15 @@ from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
 from trtvocab.version import __version__
 
 __all__ = [
+    "ArchitectureError",
     "ArtifactError",
     "CheckpointError",
     "ConfigError",
     "DistributedError",
+    "EmbeddingOps",
     "EngineUnavailableError",
+    "Family",
+    "HeadOps",
     "InputError",
     "LMHead",
     "LogitsProcessor",

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from trtvocab.base.dtypes import DTYPES
+from trtvocab.base.family import EmbeddingOps
 from trtvocab.base.formats import Activation, WeightFormat
 from trtvocab.errors import ConfigError, InputError, RankMismatchError
 from trtvocab.parallel import distributed as D
@@ -74,6 +75,9 @@ class VocabParallelEmbedding(VocabParallelModule):
         reduce_output: all-reduce the partial rows (default); ``False`` returns this rank's
             partial rows (zero where it owns no id), for callers that reduce themselves.
         device: where the table lives.
+        embedding_ops: what the family's embedding module does to the rows
+            (:class:`~trtvocab.base.family.EmbeddingOps`: Gemma's ``sqrt(H)`` scale); default none.
+            ``from_checkpoint`` reads it from the checkpoint (:mod:`trtvocab.checkpoints.families`).
 
     ``forward(input_ids)``: an integer tensor of any shape ``[...]`` -> ``[..., H]`` in ``dtype``.
     """
@@ -81,13 +85,17 @@ class VocabParallelEmbedding(VocabParallelModule):
     def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype = torch.bfloat16,
                  mapping: Mapping | None = None, vocab_layout: VocabLayout = "uneven", pad_to: int = 64,
                  process_group: Any = None, quant_config: QuantConfig | None = None, reduce_output: bool = True,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, embedding_ops: EmbeddingOps | None = None) -> None:
         if quant_config is not None and quant_config.quant_algo is not QuantAlgo.FP8:
             raise ConfigError(f"VocabParallelEmbedding: only FP8 tables are supported, got {quant_config.quant_algo}")
         super().__init__(vocab_size, hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
                          pad_to=pad_to, process_group=process_group)
         self.reduce_output = bool(reduce_output)
         self.quant_config = quant_config
+        if embedding_ops is not None and not isinstance(embedding_ops, EmbeddingOps):
+            raise ConfigError("VocabParallelEmbedding embedding_ops must be a trtvocab.base.family.EmbeddingOps, "
+                              f"got {type(embedding_ops).__name__}")
+        self.embedding_ops: EmbeddingOps = embedding_ops or EmbeddingOps()
         if quant_config is None:
             self.weights: WeightMethod = DenseWeight(self.shard, hidden_size, dtype)
         else:
@@ -128,7 +136,7 @@ class VocabParallelEmbedding(VocabParallelModule):
                 warnings.warn(source.notice, stacklevel=4)
             emb = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
                       pad_to=pad_to, process_group=process_group, quant_config=source.quant_config,
-                      reduce_output=reduce_output)
+                      reduce_output=reduce_output, embedding_ops=source.embedding_ops)
             emb.load_weights(source.tensors)
             return emb
 
@@ -136,20 +144,25 @@ class VocabParallelEmbedding(VocabParallelModule):
                                  what=f"VocabParallelEmbedding.from_checkpoint({path})")
 
     @classmethod
-    def from_head(cls, lm_head: Any, *, reduce_output: bool = True) -> VocabParallelEmbedding:
+    def from_head(cls, lm_head: Any, *, reduce_output: bool = True,
+                  embedding_ops: EmbeddingOps | None = None) -> VocabParallelEmbedding:
         """An embedding that shares a loaded dense head's shard (the checkpoint's one table was
         read into the head): same vocab, hidden size, dtype, mapping, layout, process group and
         device; ``embedding.weights is lm_head.weights`` afterwards. A head that holds no loaded
-        table, or a quantized one, is refused (:class:`ConfigError` naming the head)."""
+        table, or a quantized one, is refused (:class:`ConfigError` naming the head).
+        ``embedding_ops``: the family's (default: that of the family the head was loaded as)."""
         if lm_head.weight_format is not WeightFormat.DENSE:
             raise ConfigError(f"VocabParallelEmbedding.from_head: the head is {lm_head.weight_format}; "
                               "only dense tables can be tied (the gating rule keeps tied heads dense)")
         if not lm_head.weights.loaded:
             raise ConfigError("VocabParallelEmbedding.from_head: the head holds no loaded table "
                               "(load_weights / from_checkpoint first)")
+        family = getattr(lm_head, "family", None)
+        if embedding_ops is None and family is not None:
+            embedding_ops = family.embedding
         emb = cls(lm_head.vocab_size, lm_head.hidden_size, dtype=lm_head.dtype, mapping=lm_head.mapping,
                   vocab_layout=lm_head.vocab_layout, pad_to=lm_head.pad_to, process_group=lm_head.process_group,
-                  reduce_output=reduce_output, device=lm_head.device)
+                  reduce_output=reduce_output, device=lm_head.device, embedding_ops=embedding_ops)
         _tie_checks(emb, lm_head)
         emb.weights = lm_head.weights
         return emb
@@ -217,7 +230,8 @@ class VocabParallelEmbedding(VocabParallelModule):
             if error is not None:
                 raise error
             rows, scales = self.local_rows(input_ids)
-            return self.dequantize_rows(rows, scales).reshape(*input_ids.shape, self.hidden_size)
+            out = self.embedding_ops.apply(self.dequantize_rows(rows, scales))
+            return out.reshape(*input_ids.shape, self.hidden_size)
         count = input_ids.numel() if isinstance(input_ids, torch.Tensor) else 0
         adp = self.mapping.enable_attention_dp
         # The ids themselves must agree without attention DP: their digest (int64 values and shape).
@@ -232,13 +246,15 @@ class VocabParallelEmbedding(VocabParallelModule):
             if scales is not None:
                 D.all_reduce(scales, dist.ReduceOp.SUM, self.process_group)  # one owner: exact
         out = self.dequantize_rows(rows, scales)
+        out = self.embedding_ops.apply(out)  # one owner per id: scaling partial rows is scaling their sum
         if adp:
             me = self.mapping.tp_rank
             out = out[sum(counts[:me]) : sum(counts[: me + 1])]
         return out.reshape(*input_ids.shape, self.hidden_size)
 
     def extra_repr(self) -> str:
-        return f"{self._placement()}, reduce_output={self.reduce_output}"
+        ops = "" if self.embedding_ops.is_identity else f", ops={self.embedding_ops.describe()}"
+        return f"{self._placement()}, reduce_output={self.reduce_output}{ops}"
 
 
 def _sum_bits(rows: torch.Tensor, group: Any) -> None:

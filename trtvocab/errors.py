@@ -30,6 +30,11 @@ class CheckpointError(TrtVocabError, ValueError):
     """A checkpoint is missing a tensor, or holds one of the wrong shape or dtype."""
 
 
+class ArchitectureError(CheckpointError):
+    """A checkpoint's architecture changes the logits or the embedding rows in a way trtvocab does not
+    model (a config field, a tensor); the message names the model type and the field."""
+
+
 class KeywordOnlyError(TrtVocabError, TypeError):
     """A call passed positional arguments to something whose fields are keyword-only
     (``SamplingParams(0.5)``); the message names the fields to pass by name."""

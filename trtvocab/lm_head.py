@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from trtvocab.base.dtypes import DTYPES, short_name
+from trtvocab.base.family import Family, HeadOps
 from trtvocab.base.formats import WeightFormat
 from trtvocab.base.inputs import hidden_states_error
-from trtvocab.errors import ConfigError, InputError
+from trtvocab.errors import CheckpointError, ConfigError, InputError
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
@@ -33,6 +34,7 @@ from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import MAPPINGS as _MAPPINGS
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import WeightMethod, weight_class
+from trtvocab.weights.base import read_rows
 from trtvocab.weights.dense import FLOAT32_BLOCK_ELEMENTS
 from trtvocab.weights.deterministic import tiled_logits
 from trtvocab.weights.loader import open_head
@@ -44,7 +46,7 @@ FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
     D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", DTYPES),
-    D.Field("rows", per_rank=True),
+    D.Field("head ops (digest)"), D.Field("rows", per_rank=True),
 ))
 
 
@@ -79,6 +81,9 @@ class LMHead(VocabParallelModule):
         process_group: the TP group when ``world_size > tp_size``
             (:func:`trtvocab.parallel.distributed.new_tp_group`); ``None`` is the default group.
         device: where the weights live.
+        head_ops: what the family's output layer computes after ``x @ W.T``
+            (:class:`~trtvocab.base.family.HeadOps`: bias, scale, divisor, soft-capping); default plain.
+            ``from_checkpoint`` reads it from the checkpoint (:mod:`trtvocab.checkpoints.families`).
 
     Differences from TensorRT-LLM's ``LMHead``: its defaults are
     ``tensor_parallel_mode=None, gather_output=False`` (a replicated head, or un-gathered
@@ -122,6 +127,7 @@ class LMHead(VocabParallelModule):
         check_finite: bool = True,
         handshake_every_call: bool = False,
         quant_decision: HeadQuantDecision | None = None,
+        head_ops: HeadOps | None = None,
     ) -> None:
         if TensorParallelMode(tensor_parallel_mode) is not TensorParallelMode.COLUMN:
             raise ConfigError("LMHead supports only COLUMN tensor parallelism (split over the vocab)")
@@ -151,6 +157,13 @@ class LMHead(VocabParallelModule):
         # True: a full handshake on every split call (no Agreement; see trtvocab.parallel.distributed).
         self.handshake_every_call = bool(handshake_every_call)
         self.weights: WeightMethod = weight_class(quant_config)(self.shard, hidden_size, dtype, quant_config)
+        if head_ops is not None and not isinstance(head_ops, HeadOps):
+            raise ConfigError(f"LMHead head_ops must be a trtvocab.base.family.HeadOps, got {type(head_ops).__name__}")
+        self.head_ops: HeadOps = head_ops or HeadOps()
+        # The family the head was loaded as (from_checkpoint), for reports; None when built by hand.
+        self.family: Family | None = None
+        # The owned columns' [V_local] bias, float32 (head_ops.bias); loaded with the weight.
+        self.register_buffer("bias", torch.zeros(self.shard.size if self.head_ops.bias else 0, dtype=torch.float32))
         if device is not None:
             self.to(device)
 
@@ -201,14 +214,38 @@ class LMHead(VocabParallelModule):
         """
         def build() -> LMHead:
             source = open_head(path, mapping=mapping, tensor_name=tensor_name, quant=quant, weight_only=weight_only)
+            family = source.family
             head = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping,
                        gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
                        pad_to=pad_to, process_group=process_group, deterministic=deterministic,
-                       output_dtype=output_dtype, quant_decision=source.decision)
+                       output_dtype=output_dtype, quant_decision=source.decision,
+                       head_ops=family.head if family is not None else None)
+            head.family = family
             head.load_weights(source.shard_tensors(head.shard))
             return head
 
         return load_collectively(build, mapping=mapping, group=process_group, what=f"LMHead.from_checkpoint({path})")
+
+    def load_weights(self, tensors: dict[str, Any]) -> None:
+        """Load the weight (and scales) from tensors or lazy slices holding all V rows or this shard's
+        rows; a head with ``head_ops.bias`` also takes its ``[V]`` (or ``[V_local]``) ``bias`` (any
+        ``<module>.bias`` key), read shard-only and kept in float32. A bias given to a head without
+        ``head_ops.bias`` is refused (it would be dropped)."""
+        biases = {k: v for k, v in tensors.items() if k == "bias" or k.endswith(".bias")}
+        if len(biases) > 1:
+            raise CheckpointError(f"LMHead.load_weights: two bias tensors {sorted(biases)}")
+        if biases and not self.head_ops.bias:
+            raise CheckpointError(f"LMHead.load_weights: got {next(iter(biases))!r} but the head has no bias "
+                                  "(head_ops=HeadOps(bias=True) to apply it)")
+        if self.head_ops.bias:
+            if not biases:
+                raise CheckpointError("LMHead.load_weights: head_ops.bias is set but no 'bias' tensor was given")
+            name, value = next(iter(biases.items()))
+            rows = read_rows(value, name, self.shard, ()).to(torch.float32)
+            if not bool(torch.isfinite(rows).all()):
+                raise CheckpointError(f"{name}: the head's bias holds NaN or inf")
+            self.bias.copy_(rows.to(self.bias.device))
+        super().load_weights({k: v for k, v in tensors.items() if k not in biases})
 
     # ---- forward --------------------------------------------------------------------------
     def check_input(self, hidden: Any) -> InputError | None:
@@ -226,7 +263,8 @@ class LMHead(VocabParallelModule):
                 _LAYOUT: self.layout_code, "dtype": self.dtype,
                 "gather_output": self.gather_output, "weight format": self.weight_format,
                 "mapping": self.mapping_kind,
-                "deterministic": self.deterministic, "output dtype": self.output_dtype, "rows": rows}
+                "deterministic": self.deterministic, "output dtype": self.output_dtype,
+                "head ops (digest)": self.head_ops.digest(), "rows": rows}
 
     def _owned_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, V_local]`` logits of the owned columns, in :attr:`output_dtype`."""
@@ -248,6 +286,13 @@ class LMHead(VocabParallelModule):
         hi = size if hi is None else hi
         if not 0 <= lo <= hi <= size:
             raise ValueError(f"column_logits: columns [{lo}, {hi}) outside this shard's [0, {size})")
+        logits = self._gemm(hidden, lo, hi, prepared)
+        if self.head_ops.is_identity:
+            return logits
+        return self.head_ops.apply_(logits, self.bias[lo:hi] if self.head_ops.bias else None)
+
+    def _gemm(self, hidden: torch.Tensor, lo: int, hi: int, prepared: Any) -> torch.Tensor:
+        """``x @ W.T`` of the owned columns ``[lo, hi)``: the GEMM :meth:`column_logits` picks."""
         w = self.weights
         if self.deterministic:
             return tiled_logits(hidden, w.weight[lo:hi], self.shard.start + lo, hi - lo, self.output_dtype)
@@ -333,4 +378,5 @@ class LMHead(VocabParallelModule):
         raise error
 
     def extra_repr(self) -> str:
-        return f"{self._placement()}, gather_output={self.gather_output}"
+        ops = "" if self.head_ops.is_identity else f", ops={self.head_ops.describe()}"
+        return f"{self._placement()}, gather_output={self.gather_output}{ops}"

@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
+from trtvocab.base.family import EmbeddingOps, Family
 from trtvocab.base.formats import Activation, Granularity, WeightFormat
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
+from trtvocab.checkpoints.families import family_of
 from trtvocab.checkpoints.names import EMBEDDING_NAMES
 from trtvocab.errors import CheckpointError, ConfigError, QuantizationError
 from trtvocab.parallel.mapping import Mapping
@@ -106,6 +108,7 @@ class HeadSource:
     toolchain: str = ""
     checkpoint: Any = None  # Checkpoint | GGUFCheckpoint, once probed
     decision: HeadQuantDecision | None = None
+    family: Family | None = None  # what the output layer computes beyond x @ W.T (probed checkpoints)
 
     @property
     def vocab_size(self) -> int:
@@ -127,7 +130,13 @@ class HeadSource:
 
     def shard_tensors(self, shard: VocabShard) -> dict[str, Any]:
         """What ``load_weights`` of a head with ``shard`` takes: lazy row readers or dense rows of a
-        probed checkpoint, or the in-memory tensors."""
+        probed checkpoint (with the family's bias, when it has one), or the in-memory tensors."""
+        tensors = self._weight_tensors(shard)
+        if self.family is not None and self.family.bias_tensor is not None and self.decision is not None:
+            tensors = {**tensors, "bias": self.checkpoint.get_slice(self.family.bias_tensor)}
+        return tensors
+
+    def _weight_tensors(self, shard: VocabShard) -> dict[str, Any]:
         if self.decision is None:
             if self.tensors is None:
                 raise ConfigError(f"head source {self.name or self.path!r}: neither tensors nor a probed checkpoint "
@@ -163,11 +172,17 @@ def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: 
     decision = resolve_lm_head_quant(ckpt, mapping=mapping, tensor_name=tensor_name, quant=quant,
                                      weight_only=weight_only)
     vocab, hidden = head_shape(ckpt, decision)
+    family = family_of(ckpt, head_tensor=decision.tensor_name, hidden_size=hidden, need_embedding=False)
+    if family.bias_tensor is not None:
+        bias_shape = list(ckpt.info(family.bias_tensor).shape)
+        if bias_shape != [vocab]:
+            raise CheckpointError(f"{family.bias_tensor}: the head's bias must be [{vocab}], got {bias_shape}")
+        ckpt.get_slice(family.bias_tensor)
     # Validate the tensor's byte range against the file now (one stat, nothing read): a tiny
     # file whose header claims 32 GiB is refused before the head allocates its shard.
     ckpt.get_slice(decision.tensor_name)
     return HeadSource(name=str(path), path=str(path), tensor_name=decision.tensor_name, quant_config=decision.config,
-                      shape=(vocab, hidden), checkpoint=ckpt, decision=decision)
+                      shape=(vocab, hidden), checkpoint=ckpt, decision=decision, family=family)
 
 
 # ---- the input embedding ------------------------------------------------------------------------------
@@ -183,6 +198,8 @@ class EmbeddingSource:
     tensors: dict[str, Any]
     quant_config: QuantConfig | None
     notice: str | None = None
+    embedding_ops: EmbeddingOps = EmbeddingOps()  # what the family's embedding module does to the rows
+    family: Family | None = None
 
 
 def embedding_tensor_name(ckpt: Any, tensor_name: str | None = None) -> str:
@@ -214,8 +231,9 @@ def open_embedding(path: Any, tensor_name: str | None = None) -> EmbeddingSource
         got = ct.embedding_tensors(ckpt, section, f"{ckpt.path / 'config.json'} quantization_config", name)
         config = None if got.algo is None else QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE,
                                                            granularity=got.granularity)
+        family = family_of(ckpt, hidden_size=got.hidden_size, need_head=False)
         return EmbeddingSource(ckpt, got.tensor_name, got.vocab_size, got.hidden_size, got.tensors, config,
-                               got.notice)
+                               got.notice, family.embedding, family)
     info = ckpt.info(name)
     if len(info.shape) != 2:
         raise CheckpointError(f"{name}: expected a 2-D [V, H] table, got {list(info.shape)}")
@@ -230,4 +248,6 @@ def open_embedding(path: Any, tensor_name: str | None = None) -> EmbeddingSource
         per_row = granularity is Granularity.PER_ROW
         tensors["weight_scale"] = ckpt.get_slice(scale_name) if per_row else ckpt.read(scale_name)
         config = QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE, granularity=granularity)
-    return EmbeddingSource(ckpt, name, info.shape[0], info.shape[1], tensors, config)
+    family = family_of(ckpt, hidden_size=info.shape[1], need_head=False)
+    return EmbeddingSource(ckpt, name, info.shape[0], info.shape[1], tensors, config,
+                           embedding_ops=family.embedding, family=family)

@@ -1,0 +1,212 @@
+"""Which family a checkpoint is, and so what its output layer and input embedding compute.
+
+:func:`family_of` reads ``config.json`` (``model_type`` and the fields below) or a GGUF file's
+metadata (``general.architecture`` and the keys llama.cpp writes for the same fields) plus the
+checkpoint's tensor names, and returns a :class:`~trtvocab.base.family.Family`. The rules follow
+transformers' model classes (``*ForCausalLM.forward`` and the embedding module), checked by the
+conformance suite (``tools/model_zoo.py``, table in ``docs/model_families.md``):
+
+=================================================  =====================================================
+model types                                        what the vocabulary ends compute
+=================================================  =====================================================
+gemma2, gemma3(_text), gemma4(_text, _unified),    ``final_logit_softcapping`` (None: off); the
+vaultgemma                                         embedding times ``sqrt(H)`` rounded to its dtype
+gemma                                              the embedding times ``sqrt(H)`` rounded to its dtype
+beam, nanochat                                     ``final_logit_softcapping``
+recurrent_gemma                                    ``logits_soft_cap`` (its ``sqrt(H)`` is the body's)
+xlstm                                              ``output_logit_soft_cap``
+cohere, cohere2, cohere2_moe, aya_vision, ...      logits times ``logit_scale``
+granite family                                     logits divided by ``logits_scaling``
+hyperclovax                                        logits times ``logits_scaling`` (same name, other way)
+falcon_h1                                          logits times ``lm_head_multiplier``
+xglm                                               the embedding times ``sqrt(d_model)`` when
+                                                   ``scale_embedding``
+minicpm3                                           the embedding times ``scale_emb`` rounded to its dtype
+any                                                a head bias: ``lm_head.bias`` (BERT family:
+                                                   ``cls.predictions.bias``), sharded with its columns
+=================================================  =====================================================
+
+Refused (:class:`~trtvocab.errors.ArchitectureError`, naming the model type and the field or
+tensor): a learned per-token logit scale (dory), a normalized embedding (inkling), a post-head
+transform (inkling2), and any model type not listed here whose config sets one of
+:data:`TRANSFORM_FIELDS` to a non-neutral value (its meaning depends on the architecture). What a
+body applies itself (Granite's ``embedding_multiplier`` on ``inputs_embeds``, a transform before the
+head such as BERT's prediction transform or MiniCPM3's width scaling) stays with the body: the
+head's input is what the body hands to ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from trtvocab.base.family import EmbeddingOps, Family, HeadOps
+from trtvocab.errors import ArchitectureError
+
+# Config fields whose meaning depends on the architecture: a model type this module does not list
+# is refused when any of them holds a non-neutral value.
+TRANSFORM_FIELDS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap", "logit_scale",
+                    "logits_scaling", "lm_head_multiplier", "scale_emb", "scale_embedding", "embed_scale",
+                    "logit_softcapping", "final_logit_softcap", "output_multiplier", "logits_multiplier")
+# The head's bias, by the head tensor's module (a tied head: the BERT family's prediction bias).
+BIAS_NAMES = ("lm_head.bias", "cls.predictions.bias", "cls.predictions.decoder.bias")
+_NEUTRAL = (None, False, 1, 1.0)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one model type's config fields map onto the ops (field names, not values)."""
+
+    softcap: str | None = None  # final_logit_softcapping: c * tanh(z / c); None / absent: off
+    scale: str | None = None  # multiply the logits by this field
+    divisor: str | None = None  # divide the logits by this field
+    embed_sqrt_hidden: bool = False  # rows * sqrt(H), rounded to the table's dtype
+    embed_sqrt_if: str | None = None  # rows * sqrt(H) (a Python float) when this boolean field is true
+    embed_field: str | None = None  # rows * this field, rounded to the table's dtype
+    refuse_head: str | None = None  # why the head cannot be computed here
+    refuse_embedding: str | None = None  # why the embedding cannot be computed here
+    ignored: tuple[str, ...] = ()  # transform-looking fields this architecture's logits never use
+    body: tuple[str, ...] = ()  # what the body applies itself
+
+
+_GEMMA = Rule(softcap="final_logit_softcapping", embed_sqrt_hidden=True)
+_COHERE = Rule(scale="logit_scale")
+_GRANITE = Rule(divisor="logits_scaling", body=("embedding_multiplier (on inputs_embeds)",
+                                                "residual_multiplier", "attention_multiplier"))
+RULES: dict[str, Rule] = {
+    "gemma": Rule(embed_sqrt_hidden=True),
+    "gemma2": _GEMMA, "gemma3": _GEMMA, "gemma3_text": _GEMMA, "gemma4": _GEMMA, "gemma4_text": _GEMMA,
+    "gemma4_unified": _GEMMA, "gemma4_unified_text": _GEMMA, "vaultgemma": _GEMMA,
+    "beam": Rule(softcap="final_logit_softcapping"),
+    "nanochat": Rule(softcap="final_logit_softcapping"),
+    "recurrent_gemma": Rule(softcap="logits_soft_cap", body=("the embedding rows times sqrt(H) (its normalizer)",)),
+    "xlstm": Rule(softcap="output_logit_soft_cap"),
+    "cohere": _COHERE, "cohere2": _COHERE, "cohere2_moe": _COHERE, "cohere_compass": _COHERE,
+    "cohere_compass_text": _COHERE, "aya_vision": _COHERE,
+    "granite": _GRANITE, "granite_swa": _GRANITE, "granitemoe": _GRANITE, "granitemoe_swa": _GRANITE,
+    "granitemoeshared": _GRANITE, "granitemoehybrid": _GRANITE,
+    "hyperclovax": Rule(scale="logits_scaling", body=("embedding_multiplier (on inputs_embeds)",)),
+    "falcon_h1": Rule(scale="lm_head_multiplier", body=("embedding_multiplier (on inputs_embeds)",)),
+    "xglm": Rule(embed_sqrt_if="scale_embedding"),
+    "minicpm3": Rule(embed_field="scale_emb", ignored=("logits_scaling",),
+                     body=("hidden / (hidden_size / dim_model_base) before the head",)),
+    "mpt": Rule(ignored=("logit_scale",)),  # transformers' MPT never applies its logit_scale
+    "hrm_text": Rule(body=("embedding_scale (on the embedding rows, in the forward)",)),
+    "afmoe": Rule(body=("mup_enabled: the embedding rows times sqrt(H), in the forward",)),
+    "dory": Rule(refuse_head="a learned per-token logit scale (lm_head.logit_scale / initializer_range)"),
+    "inkling_text": Rule(refuse_embedding="a normalized embedding (embed_tokens.embed_norm, an RMSNorm of the rows)"),
+    "inkling2_text": Rule(refuse_head="a transform after lm_head", refuse_embedding="a normalized embedding"),
+    "inkling2_loop_text": Rule(refuse_head="a transform after lm_head", refuse_embedding="a normalized embedding"),
+    "musicgen": Rule(refuse_head="one head per codebook"), "musicgen_melody": Rule(refuse_head="one head per codebook"),
+}
+# GGUF general.architecture (llama.cpp's names) -> the ops and the metadata keys llama.cpp writes.
+GGUF_RULES: dict[str, Rule] = {
+    "gemma": Rule(embed_sqrt_hidden=True),
+    "gemma2": Rule(softcap="final_logit_softcapping", embed_sqrt_hidden=True),
+    "gemma3": Rule(softcap="final_logit_softcapping", embed_sqrt_hidden=True),
+    "command-r": Rule(scale="logit_scale"),
+    "cohere2": Rule(scale="logit_scale"),
+    # llama.cpp writes Granite's logits_scaling as <arch>.logit_scale and divides by it.
+    "granite": Rule(divisor="logit_scale", body=("<arch>.embedding_scale (on the embedding rows)",)),
+    "granitemoe": Rule(divisor="logit_scale", body=("<arch>.embedding_scale (on the embedding rows)",)),
+    "granitehybrid": Rule(divisor="logit_scale", body=("<arch>.embedding_scale (on the embedding rows)",)),
+    "gemma3n": Rule(refuse_head="Gemma 3n (per-layer embeddings, AltUp)",
+                    refuse_embedding="Gemma 3n (per-layer embeddings, AltUp)"),
+    "gemma-embedding": Rule(refuse_head="an embedding model (no LM head)", embed_sqrt_hidden=True),
+}
+GGUF_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "embedding_scale", "attn_logit_softcapping")
+
+
+def _number(value: Any, where: str, arch: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ArchitectureError(f"{where}: {arch}: expected a finite number > 0, got {value!r:.80}")
+    return float(value)
+
+
+def _is_gguf(ckpt: Any) -> bool:
+    return hasattr(ckpt, "metadata") and hasattr(ckpt, "array_lengths")
+
+
+def _fields(ckpt: Any) -> tuple[str, str, dict[str, Any], str]:
+    """``(architecture, where, fields, prefix)``: the config's fields (a GGUF file: its ``<arch>.*``
+    metadata without the prefix) and how a message names their source."""
+    if _is_gguf(ckpt):
+        arch = str(ckpt.config.get("model_type", ""))
+        prefix = f"{arch}."
+        fields = {k[len(prefix):]: v for k, v in ckpt.metadata.items() if arch and k.startswith(prefix)}
+        return arch, f"{ckpt.path} (GGUF metadata)", fields, prefix
+    config = getattr(ckpt, "config", {}) or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    merged = {**text, **{k: v for k, v in config.items() if k != "text_config"}}
+    arch = config.get("model_type", "")
+    directory = getattr(ckpt, "directory", getattr(ckpt, "path", "?"))
+    return (arch if isinstance(arch, str) else ""), f"{directory}/config.json", merged, ""
+
+
+def _bias_tensor(ckpt: Any, head_tensor: str | None) -> str | None:
+    if head_tensor is None:
+        return None
+    module = head_tensor.rsplit(".", 1)[0]
+    candidates = [f"{module}.bias"] if module.endswith("lm_head") else [f"{module}.bias", *BIAS_NAMES]
+    return next((name for name in candidates if ckpt.has(name)), None)
+
+
+def family_of(ckpt: Any, *, head_tensor: str | None = None, hidden_size: int | None = None,
+              need_head: bool = True, need_embedding: bool = True) -> Family:
+    """The family of an opened checkpoint (headers only).
+
+    ``head_tensor``: the tensor holding the head (its module's ``bias`` is the head's bias);
+    ``hidden_size``: H, for ``sqrt(H)`` scales (default: the config's). ``need_head`` /
+    ``need_embedding``: which end the caller loads; only a refusal of an end it loads raises.
+    Raises :class:`~trtvocab.errors.ArchitectureError` naming the model type and the field.
+    """
+    arch, where, fields, prefix = _fields(ckpt)
+    gguf_file = _is_gguf(ckpt)
+    rule = (GGUF_RULES if gguf_file else RULES).get(arch)
+    if rule is None:
+        scanned = GGUF_TRANSFORM_KEYS if gguf_file else TRANSFORM_FIELDS
+        for name in scanned:
+            if fields.get(name) not in _NEUTRAL:
+                raise ArchitectureError(
+                    f"{where}: model type {arch or '(none)'!r} sets {prefix}{name} = {fields[name]!r:.80}, and trtvocab "
+                    "does not know what this architecture does with it (it changes the logits or the embedding "
+                    "rows in some families); refused rather than computed wrong. Known families: "
+                    "docs/model_families.md")
+        rule = Rule()
+    if need_head and rule.refuse_head:
+        raise ArchitectureError(f"{where}: model type {arch!r}: its output layer has {rule.refuse_head}, "
+                                "which trtvocab does not model; refused rather than computed wrong")
+    if need_embedding and rule.refuse_embedding:
+        raise ArchitectureError(f"{where}: model type {arch!r}: its input embedding is {rule.refuse_embedding}, "
+                                "which trtvocab does not model; refused rather than computed wrong")
+    source: list[str] = []
+
+    def value(name: str | None) -> float | None:
+        if name is None or fields.get(name) in (None, False):
+            return None
+        got = _number(fields[name], f"{where} {prefix}{name}", arch)
+        source.append(f"{prefix}{name} = {got:g}")
+        return got
+
+    softcap = value(rule.softcap)
+    scale = value(rule.scale) or 1.0
+    divisor = value(rule.divisor) or 1.0
+    bias = _bias_tensor(ckpt, head_tensor)
+    if bias is not None:
+        source.append(f"bias {bias}")
+    head = HeadOps(bias=bias is not None, scale=scale, divisor=divisor, softcap=softcap)
+    hidden = hidden_size if hidden_size is not None else fields.get("hidden_size", fields.get("d_model"))
+    embedding = EmbeddingOps()
+    if rule.embed_sqrt_hidden or (rule.embed_sqrt_if and fields.get(rule.embed_sqrt_if) is True):
+        if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+            raise ArchitectureError(f"{where}: model type {arch!r} scales its embedding by sqrt(hidden size), "
+                                    "but the hidden size is unknown")
+        embedding = EmbeddingOps(scale=math.sqrt(hidden), round_scale=rule.embed_sqrt_hidden)
+        source.append(f"embedding * sqrt({hidden})")
+    elif rule.embed_field is not None:
+        factor = value(rule.embed_field)
+        if factor is not None:
+            embedding = EmbeddingOps(scale=factor)
+    return Family(architecture=arch, head=head, embedding=embedding, bias_tensor=bias, source=tuple(source),
+                  body=rule.body)
