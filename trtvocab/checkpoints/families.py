@@ -169,9 +169,9 @@ def family_of(ckpt: Any, *, head_tensor: str | None = None, hidden_size: int | N
         for name in scanned:
             if fields.get(name) not in _NEUTRAL:
                 raise ArchitectureError(
-                    f"{where}: model type {arch or '(none)'!r} sets {prefix}{name} = {fields[name]!r:.80}, and trtvocab "
-                    "does not know what this architecture does with it (it changes the logits or the embedding "
-                    "rows in some families); refused rather than computed wrong. Known families: "
+                    f"{where}: model type {arch or '(none)'!r} sets {prefix}{name} = {fields[name]!r:.80}, and "
+                    "trtvocab does not know what this architecture does with it (it changes the logits or the "
+                    "embedding rows in some families); refused rather than computed wrong. Known families: "
                     "docs/model_families.md")
         rule = Rule()
     if need_head and rule.refuse_head:

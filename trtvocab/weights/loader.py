@@ -11,7 +11,7 @@ nothing here knows the head class. :func:`open_embedding` does the same for the 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +198,7 @@ class EmbeddingSource:
     tensors: dict[str, Any]
     quant_config: QuantConfig | None
     notice: str | None = None
-    embedding_ops: EmbeddingOps = EmbeddingOps()  # what the family's embedding module does to the rows
+    embedding_ops: EmbeddingOps = field(default_factory=EmbeddingOps)  # what the family's embedding does to rows
     family: Family | None = None
 
 
