@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtvocab.artifact.recipe import MAX_HIDDEN, MAX_TP, MAX_VOCAB, BuildRecipe, LMHeadSection, MappingSection
+from trtvocab.base.family import Family
 from trtvocab.base.formats import Runtime, WeightFormat
 from trtvocab.errors import ConfigError
 from trtvocab.export.records import EngineBuild, Profile
@@ -25,6 +26,8 @@ class HeadRecord(LMHeadSection):
     vocab_size: int = Field(ge=1, le=MAX_VOCAB)
     hidden_size: int = Field(ge=1, le=MAX_HIDDEN)
     tensor: str | None = None
+    # What the family's output layer and embedding compute beyond x @ W.T / W[ids] (the checkpoint's).
+    family: Family = Family()
 
 
 class QuantRecord(_Record):

@@ -26,7 +26,7 @@ def head_from_artifact(root: Path, manifest: Manifest, rank: int, process_group:
     head = LMHead(
         h.vocab_size, h.hidden_size, dtype=head_dtype(h.dtype), mapping=manifest.mapping.for_rank(rank),
         gather_output=True, quant_config=manifest.quant.config, vocab_layout=h.vocab_layout, pad_to=h.pad_to,
-        process_group=process_group, **h.head_options(),
+        process_group=process_group, head_ops=h.family.head, **h.head_options(),
     )
     path = Path(root) / manifest.entry(rank).files.weights
     open_regular(path, "rank weights").close()  # never hand a FIFO or a device to the loader

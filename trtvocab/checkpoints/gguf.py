@@ -39,7 +39,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 HF_LM_HEAD = LM_HEAD_NAME
 HF_EMBEDDING = EMBEDDING_NAMES[0]  # model.embed_tokens.weight
 # GGUF tensor name -> the HF name trtvocab's gating and loading look for.
-HF_NAMES = {"output.weight": HF_LM_HEAD, "token_embd.weight": HF_EMBEDDING}
+HF_NAMES = {"output.weight": HF_LM_HEAD, "token_embd.weight": HF_EMBEDDING, "output.bias": "lm_head.bias"}
 # Types read as stored: GGML type -> (safetensors-style tag, torch dtype).
 NATIVE_TYPES: dict[gguf.GGMLQuantizationType, tuple[str, torch.dtype]] = {
     gguf.GGMLQuantizationType.F32: ("F32", torch.float32),

@@ -88,6 +88,19 @@ def build_embedding_model(emb: VocabParallelEmbedding, opset: int = DEFAULT_OPSE
             nodes.append(helper.make_node("Identity", ["rows_f32"], [EMBED_ROWS]))
         else:
             nodes.append(helper.make_node("Cast", ["rows_f32"], [EMBED_ROWS], to=_ONNX_FLOAT[dtype]))
+    ops = emb.embedding_ops
+    if not ops.is_identity:  # the family's scale (Gemma's sqrt(H)): as the module multiplies, in float32
+        nodes[-1].output[:] = ["rows_unscaled"]
+        scale = torch.tensor(ops.scale, dtype=torch.float32)
+        if ops.round_scale:
+            scale = scale.to(emb.dtype).float()
+        inits.append(tensor_proto("embedding/scale", scale))
+        if dtype == "float32":
+            nodes.append(helper.make_node("Mul", ["rows_unscaled", "embedding/scale"], [EMBED_ROWS]))
+        else:  # a 16-bit row times the scale is computed in float32 and rounded once, as torch does
+            nodes += [helper.make_node("Cast", ["rows_unscaled"], ["rows_unscaled_f32"], to=TensorProto.FLOAT),
+                      helper.make_node("Mul", ["rows_unscaled_f32", "embedding/scale"], ["rows_scaled_f32"]),
+                      helper.make_node("Cast", ["rows_scaled_f32"], [EMBED_ROWS], to=_ONNX_FLOAT[dtype])]
     graph = helper.make_graph(
         nodes, f"embedding_rank{emb.tp_rank}",
         [helper.make_tensor_value_info(EMBED_IDS, TensorProto.INT64, ["num_tokens"])],
@@ -99,7 +112,8 @@ def build_embedding_model(emb: VocabParallelEmbedding, opset: int = DEFAULT_OPSE
         _META + "kind": "embedding", _META + "weight_format": str(fmt), _META + "dtype": dtype,
         _META + "vocab_size": str(emb.vocab_size), _META + "vocab_start": str(emb.shard.start),
         _META + "vocab_end": str(emb.shard.end), _META + "hidden_size": str(hidden),
-        _META + "tp_size": str(emb.tp_size), _META + "tp_rank": str(emb.tp_rank)})
+        _META + "tp_size": str(emb.tp_size), _META + "tp_rank": str(emb.tp_rank),
+        _META + "embed_scale": repr(emb.embedding_ops.scale)})
     return model
 
 

@@ -51,6 +51,8 @@ DEFAULT_OPSET = 23
 MIN_OPSET = {WeightFormat.DENSE: 19, WeightFormat.FP8: 19, WeightFormat.NVFP4: 23}
 WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE = (
     "lm_head.weight", "lm_head.weight_scale", "lm_head.weight_scale_2", "lm_head.input_scale")
+BIAS = "lm_head.bias"
+GEMM_LOGITS = "lm_head/gemm_logits"  # x @ W.T, before the family's ops (when it has any)
 _META = "trtvocab."
 
 _ONNX_FLOAT = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT}
@@ -76,6 +78,11 @@ class GraphSpec:
     dequantize_fp4: bool = False
     float32_logits: bool = False  # a dense half-precision head with output_dtype=float32
     deterministic: bool = False  # the head's deterministic=True (TensorRT: distributive independence)
+    # The family's ops after x @ W.T (trtvocab.base.family.HeadOps), in float32: Add, Mul, Div, Tanh.
+    head_bias: bool = False
+    logit_scale: float = 1.0
+    logit_divisor: float = 1.0
+    softcap: float = 0.0  # 0: none
     opset: int = DEFAULT_OPSET
     # Where the shard sits (provenance; does not change the graph).
     vocab_start: int = 0
@@ -103,7 +110,8 @@ class GraphSpec:
         return cls(**values)
 
 
-_FIELD_PARSERS: dict[str, Any] = {"bool": lambda raw: raw == "True", "int": int, "WeightFormat": WeightFormat,
+_FIELD_PARSERS: dict[str, Any] = {"bool": lambda raw: raw == "True", "int": int, "float": float,
+                                  "WeightFormat": WeightFormat,
                                   "Activation": Activation, "Granularity": Granularity}
 
 
@@ -226,6 +234,11 @@ def head_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
             out[INPUT_SCALE] = _scalar(INPUT_SCALE, t.get("input_scale"))
     else:
         raise QuantizationError(f"no ONNX export for weight format {spec.weight_format!r}")
+    if spec.head_bias:
+        bias = getattr(head, "bias", None)
+        if bias is None or tuple(bias.shape) != (v,):
+            raise CheckpointError(f"the head's bias: expected float32 [{v}], got {getattr(bias, 'shape', None)}")
+        out[BIAS] = tensor_proto(BIAS, bias.detach().float())
     return out
 
 
@@ -259,8 +272,38 @@ def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_
         and getattr(head, "output_dtype", head.dtype) == torch.float32,
         deterministic=bool(getattr(head, "deterministic", False)),
         vocab_start=head.vocab_start, vocab_end=head.vocab_end, vocab_size=head.vocab_size,
-        tp_size=head.tp_size, tp_rank=head.tp_rank,
+        tp_size=head.tp_size, tp_rank=head.tp_rank, **_ops_fields(head),
     )
+
+
+def _ops_fields(head: LMHead) -> dict[str, Any]:
+    ops = head.head_ops
+    return {"head_bias": ops.bias, "logit_scale": ops.scale, "logit_divisor": ops.divisor,
+            "softcap": ops.softcap or 0.0}
+
+
+def has_head_ops(spec: GraphSpec) -> bool:
+    """Whether the graph applies a family's ops after ``x @ W.T``."""
+    return spec.head_bias or spec.logit_scale != 1.0 or spec.logit_divisor != 1.0 or spec.softcap > 0
+
+
+def _head_ops(g: _Graph, spec: GraphSpec, tensors: dict[str, TensorProto]) -> None:
+    """``softcap(((z + b) * scale) / divisor)`` on the float32 ``z`` the GEMM wrote to GEMM_LOGITS, in the
+    fallback's order (trtvocab.base.family.HeadOps): Add, Mul, Div, then Div, Tanh, Mul."""
+    steps: list[tuple[str, str]] = []
+    if spec.head_bias:
+        steps.append(("Add", g.init(tensors[BIAS])))
+    if spec.logit_scale != 1.0:
+        steps.append(("Mul", g.const("logit_scale", spec.logit_scale, np.float32)))
+    if spec.logit_divisor != 1.0:
+        steps.append(("Div", g.const("logit_divisor", spec.logit_divisor, np.float32)))
+    if spec.softcap > 0:
+        cap = g.const("softcap", spec.softcap, np.float32)
+        steps += [("Div", cap), ("Tanh", ""), ("Mul", cap)]
+    z = GEMM_LOGITS
+    for i, (op, operand) in enumerate(steps):
+        out = LOGITS if i == len(steps) - 1 else None
+        z = g.node(op, [z] + ([operand] if operand else []), out=out)
 
 
 # ---- graph ----------------------------------------------------------------------------------
@@ -469,6 +512,10 @@ def build_model(tensors: dict[str, TensorProto], spec: GraphSpec) -> onnx.ModelP
         _nvfp4(g, x, tensors, spec, rows)
     else:
         raise QuantizationError(f"no ONNX export for weight format {spec.weight_format!r}")
+    if has_head_ops(spec):  # the GEMM's output feeds the family's ops, which write the logits
+        for node in g.nodes:
+            node.output[:] = [GEMM_LOGITS if o == LOGITS else o for o in node.output]
+        _head_ops(g, spec, tensors)
     outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, [rows, v])]
     graph = helper.make_graph(g.nodes, f"lm_head_rank{spec.tp_rank}", inputs, outputs, g.inits,
                               value_info=g.value_info)

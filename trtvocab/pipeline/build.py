@@ -28,6 +28,7 @@ from trtvocab.artifact.manifest import (
 from trtvocab.artifact.recipe import BuildRecipe
 from trtvocab.base import fsutil
 from trtvocab.base.dtypes import head_dtype
+from trtvocab.base.family import Family
 from trtvocab.base.formats import Runtime, WeightFormat
 from trtvocab.checkpoints.provenance import head_digest
 from trtvocab.embedding import VocabParallelEmbedding
@@ -85,7 +86,7 @@ def verify_embedding_export(emb: VocabParallelEmbedding, onnx_path: Path) -> Ver
     ids = torch.cat([torch.tensor([-1, 0, emb.vocab_start, emb.vocab_end - 1, emb.vocab_end, emb.vocab_size,
                                    emb.vocab_size + 5]), torch.randint(0, emb.vocab_size, (57,), generator=gen)])
     rows, scales = emb.local_rows(ids)
-    want = emb.dequantize_rows(rows, scales)
+    want = emb.embedding_ops.apply(emb.dequantize_rows(rows, scales))
     got = run_embedding_onnx(onnx_path, ids)
     err = float((got.float() - want.float()).abs().max())
     equal = bool(torch.equal(got, want))
@@ -128,8 +129,8 @@ def verify_export(head: LMHead, onnx_path: Path, context: bool) -> VerifyRecord:
 
 def build_rank(
     recipe: BuildRecipe, rank: int, root: Path, progress: Progress
-) -> tuple[RankEntry, tuple[int, int]]:
-    """Build one rank into ``root``; returns its manifest entry and the head's ``(V, H)``
+) -> tuple[RankEntry, tuple[int, int, Family]]:
+    """Build one rank into ``root``; returns its manifest entry and the head's ``(V, H, family)``
     (not the head: each rank's weights are freed before the next rank loads)."""
     out = artifacts.rank_dir(root, rank)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,6 +138,8 @@ def build_rank(
     head = make_head(recipe, rank)
     progress(rank, "save weights")
     tensors = {k: v.contiguous() for k, v in head.weights.export_tensors().items()}
+    if head.head_ops.bias:
+        tensors["bias"] = head.bias.contiguous()
     with fsutil.writing(f"rank{rank}/weights.safetensors"):
         save_file(tensors, str(out / "weights.safetensors"),
                   metadata={"rank": str(rank), "start": str(head.vocab_start), "end": str(head.vocab_end)})
@@ -186,7 +189,8 @@ def build_rank(
                       weight_format=head.weight_format, resident_bytes=head.resident_bytes(), files=files,
                       verify=verify, engine=engine, quant=describe_quant(head), embedding_verify=embedding_verify,
                       embedding_engine=embedding_engine)
-    return entry, (head.vocab_size, head.hidden_size)
+    family = head.family or Family(head=head.head_ops)
+    return entry, (head.vocab_size, head.hidden_size, family)
 
 
 def build_engine_for(recipe: BuildRecipe, onnx_path: Path, plan_path: Path,
@@ -250,7 +254,7 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
     with fsutil.writing(f"build --out {out}", note=untouched), artifacts.staging(out, force=force) as stage:
         built = [build_rank(recipe, r, stage, progress) for r in ranks]
         entries = [entry for entry, _ in built]
-        vocab, hidden = built[0][1]
+        vocab, hidden, family = built[0][1]
         manifest = Manifest(
             format=artifacts.FORMAT, format_version=artifacts.FORMAT_VERSION,
             created=started.isoformat(timespec="seconds"), versions=artifacts.versions(), recipe=recipe,
@@ -258,7 +262,7 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
             checkpoint=str(recipe.checkpoint_path()) if recipe.checkpoint.synthetic is None else "synthetic",
             checkpoint_sha256=None if recipe.checkpoint.synthetic is not None
             else head_digest(recipe.checkpoint_path(), recipe.checkpoint.tensor),
-            head=HeadRecord(vocab_size=vocab, hidden_size=hidden, tensor=recipe.checkpoint.tensor,
+            head=HeadRecord(vocab_size=vocab, hidden_size=hidden, tensor=recipe.checkpoint.tensor, family=family,
                             **recipe.lm_head.model_dump()),
             mapping=recipe.mapping, quant=entries[0].quant, profile=recipe.profile, ranks=entries,
             ranks_built=ranks,
