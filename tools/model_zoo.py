@@ -68,47 +68,54 @@ SKIP = {"blt": "instantiating its byte-latent patcher and encoders takes minutes
 
 
 # ---- worker: one model type -------------------------------------------------------------------------
-def _shrink(d: dict[str, Any], drop: set[str]) -> dict[str, Any]:
+def _shrink(d: dict[str, Any], drop: set[str], layers: bool = True) -> dict[str, Any]:
+    """The overrides that make config dict ``d`` tiny (sub-configs shrunk whole); ``drop``: size fields
+    left at their defaults; ``layers``: also drop the per-layer lists the class derives from the count."""
     out = {}
     for key, value in d.items():
         if isinstance(value, dict) and "model_type" in value:
-            out[key] = _shrink(value, drop)
+            out[key] = {**value, **_shrink(value, drop, layers)}
         elif key in SIZES and key not in drop and isinstance(value, int) and not isinstance(value, bool):
             out[key] = SIZES[key]
-        else:
-            out[key] = value
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-        v = out.get(key)
+        v = d.get(key)
         if isinstance(v, int) and v >= VOCAB:
             out[key] = 0
-        elif isinstance(v, list):
+        elif isinstance(v, list) and any(isinstance(t, int) and t >= VOCAB for t in v):
             out[key] = [t if t < VOCAB else 0 for t in v]
     for key, value in LATENT.items():
-        if key in out and out[key] in (None, 1, 1.0) and not isinstance(out[key], bool):
+        if key in d and d[key] in (None, 1, 1.0) and not isinstance(d[key], bool):
             out[key] = value
     return out
 
 
 def _configs(model_type: str) -> list[tuple[str, Any]]:
+    """Candidate tiny configs, tried in order: overrides through ``AutoConfig.for_model`` (the class
+    derives its per-layer fields from the new sizes), a few variants, then a rebuild from the dict."""
     from transformers import AutoConfig
 
     base = AutoConfig.for_model(model_type)
     cls = type(base)
     d = base.to_dict()
+    layer_keys = {"num_hidden_layers", "n_layer", "num_layers", "n_layers"}
     variants = [("A", set(), {}), ("A-kv2", set(), {"num_key_value_heads": 2}),
                 ("A-nohd", {"head_dim"}, {}), ("A-kv2-nohd", {"head_dim"}, {"num_key_value_heads": 2}),
-                ("A-L", {"num_hidden_layers", "n_layer", "num_layers", "n_layers"}, {})]
+                ("A-L", layer_keys, {}), ("A-L-kv2", layer_keys, {"num_key_value_heads": 2})]
     out = []
     for name, drop, extra in variants:
         def build(drop: set[str] = drop, extra: dict[str, Any] = extra) -> Any:
-            small = _shrink(d, drop)
-            small.update({k: v for k, v in extra.items() if k in small})
-            small.update(SPECIAL.get(model_type, {}))
-            small.pop("model_type", None)
-            if "layer_types" not in SPECIAL.get(model_type, {}) and "layer_types" not in drop:
-                small.pop("layer_types", None)  # derived from the layer count: the class rebuilds it
-            return cls(**{k: v for k, v in small.items() if not k.startswith("_")})
+            over = _shrink(d, drop)
+            over.update({k: v for k, v in extra.items() if k in d})
+            over.update(SPECIAL.get(model_type, {}))
+            return AutoConfig.for_model(model_type, **over)
         out.append((name, build))
+
+    def rebuild() -> Any:
+        small = {**d, **_shrink(d, set()), **SPECIAL.get(model_type, {})}
+        small.pop("model_type", None)
+        small.pop("layer_types", None)
+        return cls(**{k: v for k, v in small.items() if not k.startswith("_")})
+    out.append(("R", rebuild))
     return out
 
 
@@ -130,7 +137,7 @@ def _instantiate(model_type: str) -> tuple[str, Any]:
     raise RuntimeError("; ".join(errors[:2]))
 
 
-def _prepare(model_type: str, folder: Path) -> dict[str, Any]:
+def prepare(model_type: str, folder: Path) -> dict[str, Any]:
     """Build, perturb and save the tiny model; save the references beside it."""
     import torch
     from safetensors.torch import save_file
@@ -164,19 +171,25 @@ def _prepare(model_type: str, folder: Path) -> dict[str, Any]:
 
 
 def _forward(model: Any, ids: Any) -> tuple[Any, Any]:
-    """``(rows lm_head receives [T, H], logits [T, V])`` of one forward."""
+    """``(rows lm_head receives [T, H], logits [T, V])`` of one forward. Where the head runs on more
+    rows than the logits keep (ProphetNet's n-gram streams), the rows whose head output is the logits."""
     import torch
 
     captured: dict[str, torch.Tensor] = {}
     hook = model.get_output_embeddings().register_forward_hook(
-        lambda mod, args, out: captured.update(x=args[0].detach()))
+        lambda mod, args, out: captured.update(x=args[0].detach(), y=out.detach()))
     try:
         with torch.no_grad():
             logits = model(ids).logits[0]
     finally:
         hook.remove()
-    hidden = captured["x"].reshape(-1, captured["x"].shape[-1])[-logits.shape[0]:]
-    return hidden, logits
+    rows = captured["x"].reshape(-1, captured["x"].shape[-1])
+    outs = captured["y"].reshape(-1, captured["y"].shape[-1])
+    picked = []
+    for t in range(logits.shape[0]):
+        same = [k for k in range(outs.shape[0]) if torch.equal(outs[k], logits[t])]
+        picked.append(same[0] if same else rows.shape[0] - logits.shape[0] + t)
+    return rows[picked], logits
 
 
 def head_tolerance(max_logit: float) -> float:
@@ -236,7 +249,7 @@ def worker(root: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         result: dict[str, Any] = {"type": mt}
         try:
-            result.update(_prepare(mt, folder))
+            result.update(prepare(mt, folder))
         except Exception as exc:
             result.update(status="not instantiable", why=f"{type(exc).__name__}: {str(exc)[:300]}")
             print(json.dumps(result), flush=True)

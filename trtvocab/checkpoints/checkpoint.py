@@ -25,7 +25,7 @@ import torch
 from trtvocab.base.fsutil import as_path, file_kind, open_regular, parse_json, read_regular
 from trtvocab.base.safetensors_header import is_count, json_name, parse_header
 from trtvocab.checkpoints.lazy_rows import RowReader, read_span
-from trtvocab.checkpoints.names import EMBEDDING_NAMES, LM_HEAD_NAME, LM_HEAD_PACKED_NAME, names_tied_head
+from trtvocab.checkpoints.names import EMBEDDING_NAMES, HEAD_NAMES, LM_HEAD_NAME, find_embedding, names_tied_head
 from trtvocab.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -334,13 +334,13 @@ class Checkpoint:
             return tensor_name, names_tied_head(tensor_name)
         # A stored head is the head whatever tie_word_embeddings says (a quantized one included:
         # it is never replaced by the tied embedding).
-        for name in (LM_HEAD_NAME, LM_HEAD_PACKED_NAME):
+        for name in HEAD_NAMES:
             if self.has(name):
                 return name, False
         if self.tie_word_embeddings:
-            for name in EMBEDDING_NAMES:
-                if self.has(name):
-                    return name, True
+            name = find_embedding(self)
+            if name is not None and not name.endswith("_packed"):
+                return name, True
         raise CheckpointError(
             f"checkpoint {self.path}: no {LM_HEAD_NAME!r}"
             + (f" and no tied embedding among {list(EMBEDDING_NAMES)}" if self.tie_word_embeddings

@@ -9,9 +9,10 @@ conformance suite (``tools/model_zoo.py``, table in ``docs/model_families.md``):
 =================================================  =====================================================
 model types                                        what the vocabulary ends compute
 =================================================  =====================================================
-gemma2, gemma3(_text), gemma4(_text, _unified),    ``final_logit_softcapping`` (None: off); the
-vaultgemma                                         embedding times ``sqrt(H)`` rounded to its dtype
-gemma                                              the embedding times ``sqrt(H)`` rounded to its dtype
+gemma2, gemma3_text, gemma4_text,                  ``final_logit_softcapping`` (None: off); the
+gemma4_unified_text, vaultgemma                    embedding times ``sqrt(H)`` rounded to its dtype
+gemma, gemma3, gemma4, gemma4_unified              the embedding times ``sqrt(H)`` rounded to its dtype
+                                                   (the multimodal classes never soft-cap)
 beam, nanochat                                     ``final_logit_softcapping``
 recurrent_gemma                                    ``logits_soft_cap`` (its ``sqrt(H)`` is the body's)
 xlstm                                              ``output_logit_soft_cap``
@@ -50,7 +51,11 @@ TRANSFORM_FIELDS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_
                     "logits_scaling", "lm_head_multiplier", "scale_emb", "scale_embedding", "embed_scale",
                     "logit_softcapping", "final_logit_softcap", "output_multiplier", "logits_multiplier")
 # The head's bias, by the head tensor's module (a tied head: the BERT family's prediction bias).
-BIAS_NAMES = ("lm_head.bias", "cls.predictions.bias", "cls.predictions.decoder.bias")
+BIAS_NAMES = ("lm_head.bias", "cls.predictions.bias", "cls.predictions.decoder.bias", "pred_layer.proj.bias",
+              "lm_loss.bias", "generator_lm_head.bias", "decoder.bias")
+# Tensors of an output layer trtvocab does not model: refused when present (BART-style seq2seq heads).
+UNMODELED_TENSORS = {"final_logits_bias": "a final_logits_bias buffer added to the logits (a seq2seq head)",
+                     "lm_head.logit_scale": "a learned per-token logit scale"}
 _NEUTRAL = (None, False, 1, 1.0)
 
 
@@ -74,10 +79,16 @@ _GEMMA = Rule(softcap="final_logit_softcapping", embed_sqrt_hidden=True)
 _COHERE = Rule(scale="logit_scale")
 _GRANITE = Rule(divisor="logits_scaling", body=("embedding_multiplier (on inputs_embeds)",
                                                 "residual_multiplier", "attention_multiplier"))
+# *ScaledWordEmbedding: rows * sqrt(d_model) (a Python float) inside the module when scale_embedding.
+_SCALED = Rule(embed_sqrt_if="scale_embedding")
+_SCALED_IN_FORWARD = Rule(ignored=("scale_embedding",),
+                          body=("the embedding rows times sqrt(d_model) when scale_embedding, in the forward",))
 RULES: dict[str, Rule] = {
     "gemma": Rule(embed_sqrt_hidden=True),
-    "gemma2": _GEMMA, "gemma3": _GEMMA, "gemma3_text": _GEMMA, "gemma4": _GEMMA, "gemma4_text": _GEMMA,
-    "gemma4_unified": _GEMMA, "gemma4_unified_text": _GEMMA, "vaultgemma": _GEMMA,
+    "gemma2": _GEMMA, "gemma3_text": _GEMMA, "gemma4_text": _GEMMA, "gemma4_unified_text": _GEMMA, "vaultgemma": _GEMMA,
+    # The multimodal classes (*ForConditionalGeneration) do not soft-cap in transformers: only the text ones do.
+    **dict.fromkeys(("gemma3", "gemma4", "gemma4_unified"), Rule(embed_sqrt_hidden=True,
+                                                                  ignored=("final_logit_softcapping",))),
     "beam": Rule(softcap="final_logit_softcapping"),
     "nanochat": Rule(softcap="final_logit_softcapping"),
     "recurrent_gemma": Rule(softcap="logits_soft_cap", body=("the embedding rows times sqrt(H) (its normalizer)",)),
@@ -99,6 +110,9 @@ RULES: dict[str, Rule] = {
     "inkling2_text": Rule(refuse_head="a transform after lm_head", refuse_embedding="a normalized embedding"),
     "inkling2_loop_text": Rule(refuse_head="a transform after lm_head", refuse_embedding="a normalized embedding"),
     "musicgen": Rule(refuse_head="one head per codebook"), "musicgen_melody": Rule(refuse_head="one head per codebook"),
+    **dict.fromkeys(("bart", "mbart", "plbart", "blenderbot", "bigbird_pegasus", "biogpt", "trocr"), _SCALED),
+    **dict.fromkeys(("blenderbot-small", "marian", "pegasus", "mvp", "whisper"), _SCALED_IN_FORWARD),
+    "ctrl": Rule(body=("the embedding rows times sqrt(d_model), in the forward",)),
 }
 # GGUF general.architecture (llama.cpp's names) -> the ops and the metadata keys llama.cpp writes.
 GGUF_RULES: dict[str, Rule] = {
@@ -174,6 +188,11 @@ def family_of(ckpt: Any, *, head_tensor: str | None = None, hidden_size: int | N
                     "embedding rows in some families); refused rather than computed wrong. Known families: "
                     "docs/model_families.md")
         rule = Rule()
+    if need_head:
+        for tensor, what in UNMODELED_TENSORS.items():
+            if ckpt.has(tensor):
+                raise ArchitectureError(f"{where}: model type {arch!r}: the checkpoint holds {tensor} ({what}), "
+                                        "which trtvocab does not model; refused rather than computed wrong")
     if need_head and rule.refuse_head:
         raise ArchitectureError(f"{where}: model type {arch!r}: its output layer has {rule.refuse_head}, "
                                 "which trtvocab does not model; refused rather than computed wrong")

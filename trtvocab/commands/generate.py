@@ -635,6 +635,9 @@ def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, voca
     if (entry.start, entry.end) != (head.vocab_start, head.vocab_end):
         raise ArtifactError(f"--artifact: rank {rank} holds columns [{entry.start}, {entry.end}), the model's "
                             f"shard is [{head.vocab_start}, {head.vocab_end})")
+    if manifest.head.family.head != head.head_ops:
+        raise ArtifactError(f"--artifact: its head computes {manifest.head.family.head.describe()}, the model's head "
+                            f"{head.head_ops.describe()} (built from another checkpoint?)")
     backend = open_backend(art.backend, Path(art.root), manifest, rank)
     # The PyTorch fallback of a deterministic build is bitwise tp/batch-invariant; engines promise less.
     deterministic = bool(manifest.head.deterministic) and art.backend == "torch"

@@ -21,7 +21,7 @@ from trtvocab.base.family import EmbeddingOps, Family
 from trtvocab.base.formats import Activation, Granularity, WeightFormat
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.families import family_of
-from trtvocab.checkpoints.names import EMBEDDING_NAMES
+from trtvocab.checkpoints.names import EMBEDDING_NAMES, find_embedding
 from trtvocab.errors import CheckpointError, ConfigError, QuantizationError
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabShard
@@ -42,7 +42,12 @@ def head_shape(ckpt: Checkpoint, decision: HeadQuantDecision) -> tuple[int, int]
     cfg_vocab, cfg_hidden = ckpt.config_int("vocab_size"), ckpt.config_int("hidden_size")
     if cfg_vocab is not None and cfg_vocab != vocab:
         raise CheckpointError(f"{decision.tensor_name}: has {vocab} rows but config.json vocab_size is {cfg_vocab}")
-    if cfg_hidden is not None and cfg_hidden != hidden:
+    # A head narrower or wider than the body (ELECTRA's embedding_size, RemBERT's output_embedding_size,
+    # Reformer's two concatenated streams) is named by its own config field.
+    widths = {ckpt.config_int(k) for k in ("embedding_size", "output_embedding_size", "input_embedding_size")}
+    if ckpt.config_value("model_type") == "reformer" and cfg_hidden is not None:
+        widths.add(2 * cfg_hidden)
+    if cfg_hidden is not None and cfg_hidden != hidden and hidden not in widths:
         raise CheckpointError(
             f"{decision.tensor_name}: holds hidden size {hidden} but config.json hidden_size is {cfg_hidden}"
         )
@@ -208,10 +213,9 @@ def embedding_tensor_name(ckpt: Any, tensor_name: str | None = None) -> str:
     if tensor_name is not None:
         ckpt.info(tensor_name)  # raises naming the checkpoint when absent
         return tensor_name
-    for name in EMBEDDING_NAMES:
-        for candidate in (name, name + "_packed"):
-            if ckpt.has(candidate):
-                return candidate
+    found = find_embedding(ckpt)
+    if found is not None:
+        return found
     raise CheckpointError(f"checkpoint {ckpt.path}: no input embedding among {list(EMBEDDING_NAMES)}; "
                           "pass tensor_name= to name it")
 
