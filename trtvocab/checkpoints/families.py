@@ -9,10 +9,10 @@ conformance suite (``tools/model_zoo.py``, table in ``docs/model_families.md``):
 =================================================  =====================================================
 model types                                        what the vocabulary ends compute
 =================================================  =====================================================
-gemma2, gemma3_text, gemma4_text,                  ``final_logit_softcapping`` (None: off); the
-gemma4_unified_text, vaultgemma                    embedding times ``sqrt(H)`` rounded to its dtype
-gemma, gemma3, gemma4, gemma4_unified              the embedding times ``sqrt(H)`` rounded to its dtype
-                                                   (the multimodal classes never soft-cap)
+gemma2, gemma3_text, gemma4_text, vaultgemma,      ``final_logit_softcapping`` (None: off); the
+gemma4_unified(_text)                              embedding times ``sqrt(H)`` rounded to its dtype
+gemma, gemma3, gemma4                              the embedding times ``sqrt(H)`` rounded to its dtype
+                                                   (Gemma 3 / 4's multimodal classes never soft-cap)
 beam, nanochat                                     ``final_logit_softcapping``
 recurrent_gemma                                    ``logits_soft_cap`` (its ``sqrt(H)`` is the body's)
 xlstm                                              ``output_logit_soft_cap``
@@ -86,9 +86,9 @@ _SCALED_IN_FORWARD = Rule(ignored=("scale_embedding",),
 RULES: dict[str, Rule] = {
     "gemma": Rule(embed_sqrt_hidden=True),
     "gemma2": _GEMMA, "gemma3_text": _GEMMA, "gemma4_text": _GEMMA, "gemma4_unified_text": _GEMMA, "vaultgemma": _GEMMA,
-    # The multimodal classes (*ForConditionalGeneration) do not soft-cap in transformers: only the text ones do.
-    **dict.fromkeys(("gemma3", "gemma4", "gemma4_unified"), Rule(embed_sqrt_hidden=True,
-                                                                  ignored=("final_logit_softcapping",))),
+    "gemma4_unified": _GEMMA,
+    # Gemma 3 and 4's multimodal classes (*ForConditionalGeneration) do not soft-cap in transformers.
+    **dict.fromkeys(("gemma3", "gemma4"), Rule(embed_sqrt_hidden=True, ignored=("final_logit_softcapping",))),
     "beam": Rule(softcap="final_logit_softcapping"),
     "nanochat": Rule(softcap="final_logit_softcapping"),
     "recurrent_gemma": Rule(softcap="logits_soft_cap", body=("the embedding rows times sqrt(H) (its normalizer)",)),
