@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
@@ -15,7 +17,58 @@ from rich.table import Table
 
 from trtvocab.errors import ConfigError, InputError, PeerRankError, RankFailures, TrtVocabError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# typer's click (typer >= 0.2x vendors its own): its Context and HelpFormatter, whichever it is.
+_ClickContext = typer.core.TyperCommand.context_class
+
+
+class _HelpFormatter(_ClickContext.formatter_class):  # type: ignore[name-defined,misc]
+    """click's help, wrapped only at spaces: ``--json-schema``, ``tensorrt-rtx`` and a long value list never
+    break inside a word (click's wrapper breaks at hyphens)."""
+
+    @staticmethod
+    def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+        wrapper = textwrap.TextWrapper(width, initial_indent=indent, subsequent_indent=indent,
+                                       break_on_hyphens=False, break_long_words=False)
+        lines: list[str] = []
+        for para in text.split("\n\n"):
+            lines += [*(wrapper.wrap(" ".join(para.split())) or [""]), ""]
+        return lines[:-1]
+
+    def write_text(self, text: str) -> None:
+        self.write("\n".join(self._wrap(text, self.width, " " * self.current_indent)) + "\n")
+
+    def write_dl(self, rows: Any, col_max: int = 30, col_spacing: int = 2) -> None:
+        rows = list(rows)
+        first_col = min(max((len(first) for first, _ in rows), default=0), col_max) + col_spacing
+        pad = " " * (first_col + self.current_indent)
+        for first, second in rows:
+            self.write(f"{'':>{self.current_indent}}{first}")
+            if not second:
+                self.write("\n")
+                continue
+            if len(first) <= first_col - col_spacing:
+                self.write(" " * (first_col - len(first)))
+            else:
+                self.write("\n" + pad)
+            lines = self._wrap(second, max(self.width - first_col - 2, 10))
+            self.write("\n".join([lines[0], *(pad + line if line else "" for line in lines[1:])]) + "\n")
+
+
+class _Context(_ClickContext):  # type: ignore[valid-type,misc]
+    formatter_class = _HelpFormatter
+
+
+class _Group(typer.core.TyperGroup):
+    context_class = _Context
+
+
+class _Command(typer.core.TyperCommand):
+    context_class = _Context
+
+
+# Help is plain text (rich_markup_mode=None): "[output]", "[engine]" and "E[h^2]" are words, not markup.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  cls=_Group,
                   help="The vocabulary dimension of LLM inference: plan, build and run TP-sharded LM heads.")
 # Piped output gets wide lines: rich would otherwise wrap tables at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -68,9 +121,10 @@ def _check_output_file(path: Path | None, option: str) -> None:
 
 
 # ---- plan -----------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def plan(
-    checkpoint: Annotated[Path | None, typer.Argument(help="HF directory or .safetensors file")] = None,
+    checkpoint: Annotated[Path | None, typer.Argument(help="HF directory, .safetensors or llama.cpp .gguf "
+                                                      "file")] = None,
     vocab: Annotated[int | None, typer.Option(help="vocabulary size (instead of a checkpoint)")] = None,
     hidden: Annotated[int | None, typer.Option(help="hidden size (instead of a checkpoint)")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel size")] = 1,
@@ -136,7 +190,7 @@ def plan(
 
 
 # ---- build ----------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def build(
     recipe: Annotated[Path, typer.Argument(help="builders/*.toml")],
     out: Annotated[Path | None, typer.Option(help="artifact folder (default: the recipe's [output] dir)")] = None,
@@ -233,7 +287,7 @@ def engine_summary(engine: Any) -> str:
 
 
 # ---- infer ----------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def infer(
     artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
     hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (and optional seq_lens)")],
@@ -315,7 +369,7 @@ def _save_logits(path: Path, logits) -> None:  # type: ignore[no-untyped-def]
 
 
 # ---- inspect --------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Manifest summary, per-rank shard ranges and bytes, checksum verification."""
@@ -372,7 +426,7 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
 
 
 # ---- hidden ---------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def hidden(
     model: Annotated[Path, typer.Argument(help="HF model directory or a llama.cpp .gguf file (transformers, "
                                           "offline)")],
@@ -434,7 +488,7 @@ MIN_TOP_HELP = "gate: fail (exit 1) when a variant's Same top p is below this fr
 MAX_PPL_HELP = "gate: fail (exit 1) when a variant's PPL(Q)/PPL(base) exceeds this (e.g. 1.01)"
 
 
-@app.command()
+@app.command(cls=_Command)
 def quantize(
     checkpoint: Annotated[Path, typer.Argument(help="dense HF directory, .safetensors or .gguf file")],
     algo: Annotated[str, typer.Option(help="fp8 | nvfp4")],
@@ -541,7 +595,7 @@ def _quantize_gate(checkpoint: Path, gate: Path, gates, tensor_name: str | None,
 
 
 # ---- compare --------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def compare(
     baseline: Annotated[Path, typer.Argument(help="dense (bf16 / fp32) checkpoint: HF dir, .safetensors or .gguf")],
     hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (+ seq_lens, next_token_ids)")],
@@ -630,7 +684,7 @@ GRAMMAR_LIMITS_HELP = ("Limits: a schema of at most 1 MiB nested at most 128 dee
                        "constraint that matches nothing are refused")
 
 
-@app.command()
+@app.command(cls=_Command)
 def generate(
     model: Annotated[Path, typer.Argument(help="HF causal-LM directory or a llama.cpp .gguf file (transformers, "
                                           "offline)")],
@@ -709,3 +763,7 @@ def generate(
 
 def main() -> None:  # pragma: no cover
     sys.exit(app())
+
+
+if __name__ == "__main__":  # pragma: no cover  (python -m trtvocab.commands.cli)
+    main()
