@@ -2,11 +2,12 @@
 
 Help is rendered as plain text (no rich markup: ``[output]`` and ``E[h^2]`` are words), wrapped at
 spaces only (a flag such as ``--json-schema`` never breaks at its hyphen), and every command that
-accepts a llama.cpp GGUF says so.
+accepts a llama.cpp GGUF says so. ``--help`` and argument errors import no torch.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -54,3 +55,25 @@ def test_bracketed_words_survive() -> None:
 @pytest.mark.parametrize("name", sorted(GGUF_COMMANDS))
 def test_gguf_named_wherever_accepted(name: str) -> None:
     assert ".gguf" in _help(name)
+
+
+START_SCRIPT = """
+import json, sys
+sys.argv = ["trtvocab", *json.loads(sys.argv[1])]
+from trtvocab.commands.cli import app
+try:
+    app()
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["build", "--help"], ["generate", "--help"], ["biuld"],
+                                  ["build", "--froce", "x.toml"], ["infer", "art"]])
+def test_help_and_argument_errors_import_no_torch(fresh_python: Any, args: list[str]) -> None:
+    """A fresh interpreter: ``--help`` and a mistyped command or option answer without importing torch."""
+    out = fresh_python(START_SCRIPT, json.dumps(args))
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["code"] in (0, 2), out.stdout
+    assert result["torch"] is False, f"trtvocab {' '.join(args)} imported torch"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtvocab.errors import ConfigError, InputError, PeerRankError, RankFailures, TrtVocabError
+
+_STARTED = time.perf_counter()  # about when the command line started (start-up times: _time_line)
 
 # typer's click (typer >= 0.2x vendors its own): its Context and HelpFormatter, whichever it is.
 _ClickContext = typer.core.TyperCommand.context_class
@@ -91,6 +94,14 @@ def _fail(exc: Exception) -> typer.Exit:
     err_console.print(f"[bold red]error:[/] {escape(type(shown).__name__)}: {escape(str(shown))}{escape(note)}",
                       highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
+
+
+def _time_line(startup: list[tuple[str, float]], work: str, work_s: float) -> str:
+    """``time: start-up S s (imports a s, load b s) + decode W s = T s``: where a command's wall clock went
+    (``imports`` runs from the command line's start to ``startup``'s first phase)."""
+    up = sum(s for _, s in startup)
+    parts = ", ".join(f"{name} {s:.1f} s" for name, s in startup)
+    return f"time: start-up {up:.1f} s ({parts}) + {work} {work_s:.1f} s = {up + work_s:.1f} s"
 
 
 INT64_MAX = 2**63 - 1
@@ -209,25 +220,34 @@ def build(
     from trtvocab.base.units import human_bytes as human
     from trtvocab.pipeline.build import build as run_build
 
+    imported = time.perf_counter()
     try:
         rec = load_recipe(recipe)
         rec = _engine_overrides(rec, require_engine, compiler, targets)
         rank_list = _int_list(ranks, "--ranks", 0, 4095) if ranks else None
+        loaded = time.perf_counter()
         stages = ["load shard", "save weights", "export onnx", "verify onnx", "build engine", "export embedding",
                   "build embedding engine"]
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stage]}"),
                       TimeElapsedColumn(), console=err_console, transient=False) as bar:
             tasks: dict[int, int] = {}
 
+            def finish(task: int) -> None:  # its clock stops: the bar shows this rank's own time
+                if not bar.tasks[task].finished:
+                    bar.update(task, completed=len(stages), stage="done")
+
             def progress(rank: int, stage: str) -> None:
-                if rank not in tasks:
+                if rank not in tasks:  # ranks build one after another: a new rank ends the one before
+                    for t in tasks.values():
+                        finish(t)
                     tasks[rank] = bar.add_task(f"rank {rank}", total=len(stages), stage=stage)
                 done = stages.index(stage) if stage in stages else 0
                 bar.update(tasks[rank], completed=done, stage=stage)
 
             path, manifest = run_build(rec, out, ranks=rank_list, force=force, progress=progress)
             for t in tasks.values():
-                bar.update(t, completed=len(stages), stage="done")
+                finish(t)
+        built = time.perf_counter()
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     table = Table(title=f"built {escape(str(path))}  ({escape(manifest.quant.label)}, tp={manifest.mapping.tp_size})")
@@ -247,6 +267,8 @@ def build(
     for reason in sorted(r for r in reasons if r):
         console.print(f"[yellow]TensorRT engine not built:[/] {escape(reason)}. "
                       "Wrote the ONNX graphs and the PyTorch fallback weights instead.", highlight=False)
+    err_console.print(_time_line([("imports", imported - _STARTED), ("recipe", loaded - imported)],
+                                 f"build of {len(manifest.ranks)} rank(s)", built - loaded), highlight=False)
 
 
 def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: str | None) -> Any:
@@ -631,16 +653,19 @@ def compare(
     from trtvocab.commands.compare import plot_report
     from trtvocab.commands.hidden import load_hidden_file
 
+    imported = time.perf_counter()
     try:
         gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
         _check_output_file(plot, "--plot")
         data = load_hidden_file(hidden)
         calib_states = load_hidden_file(calib).states if calib is not None else None
         specs = [s for s in (simulate or "").split(",") if s.strip()]
+        loaded = time.perf_counter()
         report = run_compare(baseline, list(variants or []), data.states, data.seq_lens, simulate=specs,
                              calib=calib_states, tp=tp, all_tokens=all_tokens, dtype=dtype,
                              next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed,
                              variant_specs=list(variant_specs or []))
+        compared = time.perf_counter()
         failures = check_gates(report, gates)
         if plot is not None:
             plot_report(report, plot)
@@ -667,10 +692,19 @@ def compare(
         err_console.print(f"note: {escape(report.teacher_forced_note)}", highlight=False, soft_wrap=True)
     if plot is not None and not as_json:
         err_console.print(f"wrote {escape(str(plot))}", highlight=False)
+    err_console.print(_time_line([("imports", imported - _STARTED), ("hidden states", loaded - imported)],
+                                 f"heads loaded and scored{f' on {tp} ranks' if tp > 1 else ''}",
+                                 compared - loaded), highlight=False)
     if failures:
         for line in failures:
             err_console.print(escape(line), highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
+    if gates.active:
+        held = ", ".join(f"{option} {value:g}" for option, value in (
+            ("--max-kld-mean", max_kld_mean), ("--min-same-top", min_same_top), ("--max-ppl-ratio", max_ppl_ratio))
+            if value is not None)
+        err_console.print(f"gates passed: all {len(report.variants)} variant(s) hold {held}", highlight=False,
+                          soft_wrap=True)
 
 
 # ---- generate -------------------------------------------------------------------------------
@@ -723,13 +757,16 @@ def generate(
     from trtvocab.commands.generate import generate as run_generate
     from trtvocab.commands.generate import prepare, sampling_params
 
+    imported = time.perf_counter()
     try:
         params = sampling_params(temperature, top_k, top_p, min_p, seed)
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
                                attention_dp=attention_dp, body_ranks=body_ranks)
+        prepared = time.perf_counter()
         report = run_generate(spec, loaded)
+        ran = time.perf_counter()
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
@@ -759,6 +796,11 @@ def generate(
     then = f", then {after:.1f} tokens/s" if after is not None else ""
     console.print(f"{report.new_tokens} new tokens in {report.seconds:.2f} s (prefill {report.prefill_s:.2f} s{then}): "
                   f"{report.tokens_per_s:.1f} tokens/s", highlight=False)
+    # The decode loop's rate above leaves out what came before it: said on stderr (stdout stays the answer).
+    setup = ("ranks", max(ran - prepared - report.seconds, 0.0)) if report.tp > 1 else \
+        ("set-up", max(ran - prepared - report.seconds, 0.0))
+    err_console.print(_time_line([("imports", imported - _STARTED), ("model load", prepared - imported), setup],
+                                 "decode", report.seconds), highlight=False, soft_wrap=True)
 
 
 def main() -> None:  # pragma: no cover
