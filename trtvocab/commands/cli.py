@@ -1,4 +1,4 @@
-"""The ``trtvocab`` command line: plan, build, infer, inspect, hidden, quantize, compare, generate."""
+"""The ``trtvocab`` command line: plan, models, build, infer, inspect, hidden, quantize, compare, generate."""
 
 from __future__ import annotations
 
@@ -198,6 +198,27 @@ def plan(
     for row in ledger_rows(p):
         ledger.add_row(*row)
     console.print(ledger)
+
+
+# ---- models ---------------------------------------------------------------------------------
+@app.command(cls=_Command)
+def models(
+    name: Annotated[str | None, typer.Argument(help="print only this model's path (smollm2 | minilm), e.g. "
+                                               "trtvocab generate $(trtvocab models smollm2) ...")] = None,
+) -> None:
+    """Where the real models of the README and the recipes are installed (SmolLM2's GGUF, MiniLM's folder)."""
+    from trtvocab.commands.models import MODELS, find, model_path
+
+    if name is not None:
+        try:
+            print(model_path(name))
+        except TrtVocabError as exc:
+            raise _fail(exc) from None
+        return
+    for m in MODELS:
+        path = find(m)
+        print(f"{m.name:<8} {path if path is not None else 'not installed: ' + m.install}")
+        print(f"{'':<8} {m.what}")
 
 
 # ---- build ----------------------------------------------------------------------------------
