@@ -713,14 +713,15 @@ def compare(
         err_console.print(f"note: {escape(report.teacher_forced_note)}", highlight=False, soft_wrap=True)
     if plot is not None and not as_json:
         err_console.print(f"wrote {escape(str(plot))}", highlight=False)
-    err_console.print(_time_line([("imports", imported - _STARTED), ("hidden states", loaded - imported)],
-                                 f"heads loaded and scored{f' on {tp} ranks' if tp > 1 else ''}",
-                                 compared - loaded), highlight=False)
+    if not as_json:  # --json: the JSON only, whichever stream a caller reads
+        err_console.print(_time_line([("imports", imported - _STARTED), ("hidden states", loaded - imported)],
+                                     f"heads loaded and scored{f' on {tp} ranks' if tp > 1 else ''}",
+                                     compared - loaded), highlight=False)
     if failures:
         for line in failures:
             err_console.print(escape(line), highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
-    if gates.active:
+    if gates.active and not as_json:
         held = ", ".join(f"{option} {value:g}" for option, value in (
             ("--max-kld-mean", max_kld_mean), ("--min-same-top", min_same_top), ("--max-ppl-ratio", max_ppl_ratio))
             if value is not None)
