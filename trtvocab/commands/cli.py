@@ -795,7 +795,9 @@ def generate(
         print(json.dumps(report.as_json()))
         return
     how = "greedy" if params.greedy else f"temperature {params.temperature:g}, seed {params.seed}"
-    notes = [f"tp {report.tp}", f"head: {report.head}" + (f" ({artifact})" if artifact is not None else ""), how]
+    chosen = f", as --backend {backend} chose" if backend != "auto" else ", --backend auto"
+    notes = [f"tp {report.tp}", f"head: {report.head}" + (f" ({artifact}{chosen})" if artifact is not None else ""),
+             how]
     if report.grammar:
         notes.append(report.grammar)
     if report.deterministic:  # what ran: a deterministic head, or a deterministic artifact on its PyTorch fallback

