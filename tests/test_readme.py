@@ -5,6 +5,8 @@ Every ```bash block is read the way a shell would (continuation lines joined, co
 Each ``trtvocab`` line must parse with the real CLI (command, options, values), every flag of an optional
 part must exist, and every file or folder a line reads must be in the repository or written by a line
 before it (``--out``, ``--plot``, ``make demo``'s artifact). ``make`` targets and example scripts must exist.
+``trtvocab models`` and ``plan`` lines run for real; the rest (minutes of builds and models) is
+what ``make demo`` and the model-tier tests run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
 from trtvocab.commands.cli import app
 from trtvocab.commands.models import MODELS, find
@@ -25,6 +28,7 @@ README = ROOT / "README.md"
 MAKEFILE = ROOT / "Makefile"
 IGNORED = {"artifacts", "out", "build", "dist", ".venv"}  # .gitignore's folders: absent from a fresh clone
 OUTPUT_OPTIONS = {"out", "plot"}  # the options whose path a command writes
+RUN_NOW = {"models", "plan"}  # the commands cheap enough to run for real here (a header read at most)
 MODELS_CALL = re.compile(r"\$\(trtvocab models (\w+)\)")
 
 
@@ -147,6 +151,10 @@ class Session:
         for path in reads:
             if not self.readable(path):
                 self.problems.append(f"{line}: reads {path}, which no line before it writes")
+        if args[0] in RUN_NOW and not optional:  # seconds at most: these run for real
+            res = CliRunner().invoke(app, args)
+            if res.exit_code != 0:
+                self.problems.append(f"{line}: exit {res.exit_code}: {res.output[-300:]}")
 
 
 def _model_path(name: str) -> Path:
