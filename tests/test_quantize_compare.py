@@ -381,6 +381,11 @@ def test_quantize_gate_publishes_only_a_passing_head(data, tf_hidden: Path) -> N
                               "--min-same-top", "1.0", "--max-ppl-ratio", "0.5"])
     assert bad.exit_code == 1
     assert sum(line.startswith("gate failed: sim:nvfp4: ") for line in bad.output.splitlines()) >= 1
+    good = runner.invoke(app, ["compare", str(data["ckpt"]), "--hidden", str(tf_hidden), "--simulate", "fp8,nvfp4",
+                               "--max-kld-mean", "10"])
+    assert good.exit_code == 0 and "gates passed: all 2 variant(s) hold --max-kld-mean 10" in good.stderr
+    assert re.search(r"^time: start-up [\d.]+ s \(imports [\d.]+ s, hidden states [\d.]+ s\) \+ heads loaded and "
+                     r"scored [\d.]+ s = [\d.]+ s$", good.stderr, flags=re.MULTILINE), good.stderr
 
 
 def test_nvfp4_mse_checkpoint_is_ordinary_nvfp4(data, tmp_path: Path) -> None:

@@ -1,8 +1,14 @@
-"""trtvocab: the vocabulary dimension of LLM inference (LM head, TP sharding, FP8/NVFP4, engines)."""
+"""trtvocab: the vocabulary dimension of LLM inference (LM head, TP sharding, FP8/NVFP4, engines).
 
-from trtvocab import sampling
-from trtvocab.base.family import EmbeddingOps, Family, HeadOps
-from trtvocab.embedding import VocabParallelEmbedding, tie_weights
+The public names are imported on first use (PEP 562), so that ``trtvocab --help`` and the command
+line's argument errors answer without importing torch; ``from trtvocab import LMHead`` is unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from trtvocab.errors import (
     ArchitectureError,
     ArtifactError,
@@ -17,12 +23,48 @@ from trtvocab.errors import (
     RankMismatchError,
     TrtVocabError,
 )
-from trtvocab.lm_head import LMHead, TensorParallelMode
-from trtvocab.logits import LogitsProcessor
-from trtvocab.parallel.mapping import Mapping
-from trtvocab.parallel.sharding import VocabShard, calc_shard, padded_vocab_size, shard_sizes, vocab_shard
-from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
 from trtvocab.version import __version__
+
+if TYPE_CHECKING:
+    from trtvocab import sampling
+    from trtvocab.base.family import EmbeddingOps, Family, HeadOps
+    from trtvocab.embedding import VocabParallelEmbedding, tie_weights
+    from trtvocab.lm_head import LMHead, TensorParallelMode
+    from trtvocab.logits import LogitsProcessor
+    from trtvocab.parallel.mapping import Mapping
+    from trtvocab.parallel.sharding import VocabShard, calc_shard, padded_vocab_size, shard_sizes, vocab_shard
+    from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
+
+# public name -> the module that defines it (imported on first access)
+_LAZY = {
+    "sampling": "trtvocab.sampling",
+    "EmbeddingOps": "trtvocab.base.family", "Family": "trtvocab.base.family", "HeadOps": "trtvocab.base.family",
+    "VocabParallelEmbedding": "trtvocab.embedding", "tie_weights": "trtvocab.embedding",
+    "LMHead": "trtvocab.lm_head", "TensorParallelMode": "trtvocab.lm_head",
+    "LogitsProcessor": "trtvocab.logits",
+    "Mapping": "trtvocab.parallel.mapping",
+    "VocabShard": "trtvocab.parallel.sharding", "calc_shard": "trtvocab.parallel.sharding",
+    "padded_vocab_size": "trtvocab.parallel.sharding", "shard_sizes": "trtvocab.parallel.sharding",
+    "vocab_shard": "trtvocab.parallel.sharding",
+    "QuantAlgo": "trtvocab.quant.config", "QuantConfig": "trtvocab.quant.config",
+    "resolve_lm_head_quant": "trtvocab.quant.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trtvocab' has no attribute {name!r}")
+    value = importlib.import_module(module)
+    if name != "sampling":
+        value = getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ArchitectureError",

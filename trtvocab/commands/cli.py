@@ -1,13 +1,16 @@
-"""The ``trtvocab`` command line: plan, build, infer, inspect, hidden, quantize, compare, generate."""
+"""The ``trtvocab`` command line: plan, models, build, infer, inspect, hidden, quantize, compare, generate."""
 
 from __future__ import annotations
 
 import json
 import sys
+import textwrap
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
@@ -15,7 +18,60 @@ from rich.table import Table
 
 from trtvocab.errors import ConfigError, InputError, PeerRankError, RankFailures, TrtVocabError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+_STARTED = time.perf_counter()  # about when the command line started (start-up times: _time_line)
+
+# typer's click (typer >= 0.2x vendors its own): its Context and HelpFormatter, whichever it is.
+_ClickContext = typer.core.TyperCommand.context_class
+
+
+class _HelpFormatter(_ClickContext.formatter_class):  # type: ignore[name-defined,misc]
+    """click's help, wrapped only at spaces: ``--json-schema``, ``tensorrt-rtx`` and a long value list never
+    break inside a word (click's wrapper breaks at hyphens)."""
+
+    @staticmethod
+    def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+        wrapper = textwrap.TextWrapper(width, initial_indent=indent, subsequent_indent=indent,
+                                       break_on_hyphens=False, break_long_words=False)
+        lines: list[str] = []
+        for para in text.split("\n\n"):
+            lines += [*(wrapper.wrap(" ".join(para.split())) or [""]), ""]
+        return lines[:-1]
+
+    def write_text(self, text: str) -> None:
+        self.write("\n".join(self._wrap(text, self.width, " " * self.current_indent)) + "\n")
+
+    def write_dl(self, rows: Any, col_max: int = 30, col_spacing: int = 2) -> None:
+        rows = list(rows)
+        first_col = min(max((len(first) for first, _ in rows), default=0), col_max) + col_spacing
+        pad = " " * (first_col + self.current_indent)
+        for first, second in rows:
+            self.write(f"{'':>{self.current_indent}}{first}")
+            if not second:
+                self.write("\n")
+                continue
+            if len(first) <= first_col - col_spacing:
+                self.write(" " * (first_col - len(first)))
+            else:
+                self.write("\n" + pad)
+            lines = self._wrap(second, max(self.width - first_col - 2, 10))
+            self.write("\n".join([lines[0], *(pad + line if line else "" for line in lines[1:])]) + "\n")
+
+
+class _Context(_ClickContext):  # type: ignore[valid-type,misc]
+    formatter_class = _HelpFormatter
+
+
+class _Group(typer.core.TyperGroup):
+    context_class = _Context
+
+
+class _Command(typer.core.TyperCommand):
+    context_class = _Context
+
+
+# Help is plain text (rich_markup_mode=None): "[output]", "[engine]" and "E[h^2]" are words, not markup.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  cls=_Group,
                   help="The vocabulary dimension of LLM inference: plan, build and run TP-sharded LM heads.")
 # Piped output gets wide lines: rich would otherwise wrap tables at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -38,6 +94,14 @@ def _fail(exc: Exception) -> typer.Exit:
     err_console.print(f"[bold red]error:[/] {escape(type(shown).__name__)}: {escape(str(shown))}{escape(note)}",
                       highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
+
+
+def _time_line(startup: list[tuple[str, float]], work: str, work_s: float) -> str:
+    """``time: start-up S s (imports a s, load b s) + decode W s = T s``: where a command's wall clock went
+    (``imports`` runs from the command line's start to ``startup``'s first phase)."""
+    up = sum(s for _, s in startup)
+    parts = ", ".join(f"{name} {s:.1f} s" for name, s in startup)
+    return f"time: start-up {up:.1f} s ({parts}) + {work} {work_s:.1f} s = {up + work_s:.1f} s"
 
 
 INT64_MAX = 2**63 - 1
@@ -68,9 +132,10 @@ def _check_output_file(path: Path | None, option: str) -> None:
 
 
 # ---- plan -----------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def plan(
-    checkpoint: Annotated[Path | None, typer.Argument(help="HF directory or .safetensors file")] = None,
+    checkpoint: Annotated[Path | None, typer.Argument(help="HF directory, .safetensors or llama.cpp .gguf "
+                                                      "file")] = None,
     vocab: Annotated[int | None, typer.Option(help="vocabulary size (instead of a checkpoint)")] = None,
     hidden: Annotated[int | None, typer.Option(help="hidden size (instead of a checkpoint)")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel size")] = 1,
@@ -135,8 +200,29 @@ def plan(
     console.print(ledger)
 
 
+# ---- models ---------------------------------------------------------------------------------
+@app.command(cls=_Command)
+def models(
+    name: Annotated[str | None, typer.Argument(help="print only this model's path (smollm2 | minilm), e.g. "
+                                               "trtvocab generate $(trtvocab models smollm2) ...")] = None,
+) -> None:
+    """Where the real models of the README and the recipes are installed (SmolLM2's GGUF, MiniLM's folder)."""
+    from trtvocab.commands.models import MODELS, find, model_path
+
+    if name is not None:
+        try:
+            print(model_path(name))
+        except TrtVocabError as exc:
+            raise _fail(exc) from None
+        return
+    for m in MODELS:
+        path = find(m)
+        print(f"{m.name:<8} {path if path is not None else 'not installed: ' + m.install}")
+        print(f"{'':<8} {m.what}")
+
+
 # ---- build ----------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def build(
     recipe: Annotated[Path, typer.Argument(help="builders/*.toml")],
     out: Annotated[Path | None, typer.Option(help="artifact folder (default: the recipe's [output] dir)")] = None,
@@ -155,25 +241,34 @@ def build(
     from trtvocab.base.units import human_bytes as human
     from trtvocab.pipeline.build import build as run_build
 
+    imported = time.perf_counter()
     try:
         rec = load_recipe(recipe)
         rec = _engine_overrides(rec, require_engine, compiler, targets)
         rank_list = _int_list(ranks, "--ranks", 0, 4095) if ranks else None
+        loaded = time.perf_counter()
         stages = ["load shard", "save weights", "export onnx", "verify onnx", "build engine", "export embedding",
                   "build embedding engine"]
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stage]}"),
                       TimeElapsedColumn(), console=err_console, transient=False) as bar:
             tasks: dict[int, int] = {}
 
+            def finish(task: int) -> None:  # its clock stops: the bar shows this rank's own time
+                if not bar.tasks[task].finished:
+                    bar.update(task, completed=len(stages), stage="done")
+
             def progress(rank: int, stage: str) -> None:
-                if rank not in tasks:
+                if rank not in tasks:  # ranks build one after another: a new rank ends the one before
+                    for t in tasks.values():
+                        finish(t)
                     tasks[rank] = bar.add_task(f"rank {rank}", total=len(stages), stage=stage)
                 done = stages.index(stage) if stage in stages else 0
                 bar.update(tasks[rank], completed=done, stage=stage)
 
             path, manifest = run_build(rec, out, ranks=rank_list, force=force, progress=progress)
             for t in tasks.values():
-                bar.update(t, completed=len(stages), stage="done")
+                finish(t)
+        built = time.perf_counter()
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     table = Table(title=f"built {escape(str(path))}  ({escape(manifest.quant.label)}, tp={manifest.mapping.tp_size})")
@@ -193,6 +288,8 @@ def build(
     for reason in sorted(r for r in reasons if r):
         console.print(f"[yellow]TensorRT engine not built:[/] {escape(reason)}. "
                       "Wrote the ONNX graphs and the PyTorch fallback weights instead.", highlight=False)
+    err_console.print(_time_line([("imports", imported - _STARTED), ("recipe", loaded - imported)],
+                                 f"build of {len(manifest.ranks)} rank(s)", built - loaded), highlight=False)
 
 
 def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: str | None) -> Any:
@@ -233,7 +330,7 @@ def engine_summary(engine: Any) -> str:
 
 
 # ---- infer ----------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def infer(
     artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
     hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (and optional seq_lens)")],
@@ -315,7 +412,7 @@ def _save_logits(path: Path, logits) -> None:  # type: ignore[no-untyped-def]
 
 
 # ---- inspect --------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Manifest summary, per-rank shard ranges and bytes, checksum verification."""
@@ -372,7 +469,7 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
 
 
 # ---- hidden ---------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def hidden(
     model: Annotated[Path, typer.Argument(help="HF model directory or a llama.cpp .gguf file (transformers, "
                                           "offline)")],
@@ -434,7 +531,7 @@ MIN_TOP_HELP = "gate: fail (exit 1) when a variant's Same top p is below this fr
 MAX_PPL_HELP = "gate: fail (exit 1) when a variant's PPL(Q)/PPL(base) exceeds this (e.g. 1.01)"
 
 
-@app.command()
+@app.command(cls=_Command)
 def quantize(
     checkpoint: Annotated[Path, typer.Argument(help="dense HF directory, .safetensors or .gguf file")],
     algo: Annotated[str, typer.Option(help="fp8 | nvfp4")],
@@ -541,7 +638,7 @@ def _quantize_gate(checkpoint: Path, gate: Path, gates, tensor_name: str | None,
 
 
 # ---- compare --------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=_Command)
 def compare(
     baseline: Annotated[Path, typer.Argument(help="dense (bf16 / fp32) checkpoint: HF dir, .safetensors or .gguf")],
     hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (+ seq_lens, next_token_ids)")],
@@ -577,16 +674,19 @@ def compare(
     from trtvocab.commands.compare import plot_report
     from trtvocab.commands.hidden import load_hidden_file
 
+    imported = time.perf_counter()
     try:
         gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
         _check_output_file(plot, "--plot")
         data = load_hidden_file(hidden)
         calib_states = load_hidden_file(calib).states if calib is not None else None
         specs = [s for s in (simulate or "").split(",") if s.strip()]
+        loaded = time.perf_counter()
         report = run_compare(baseline, list(variants or []), data.states, data.seq_lens, simulate=specs,
                              calib=calib_states, tp=tp, all_tokens=all_tokens, dtype=dtype,
                              next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed,
                              variant_specs=list(variant_specs or []))
+        compared = time.perf_counter()
         failures = check_gates(report, gates)
         if plot is not None:
             plot_report(report, plot)
@@ -613,10 +713,20 @@ def compare(
         err_console.print(f"note: {escape(report.teacher_forced_note)}", highlight=False, soft_wrap=True)
     if plot is not None and not as_json:
         err_console.print(f"wrote {escape(str(plot))}", highlight=False)
+    if not as_json:  # --json: the JSON only, whichever stream a caller reads
+        err_console.print(_time_line([("imports", imported - _STARTED), ("hidden states", loaded - imported)],
+                                     f"heads loaded and scored{f' on {tp} ranks' if tp > 1 else ''}",
+                                     compared - loaded), highlight=False)
     if failures:
         for line in failures:
             err_console.print(escape(line), highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
+    if gates.active and not as_json:
+        held = ", ".join(f"{option} {value:g}" for option, value in (
+            ("--max-kld-mean", max_kld_mean), ("--min-same-top", min_same_top), ("--max-ppl-ratio", max_ppl_ratio))
+            if value is not None)
+        err_console.print(f"gates passed: all {len(report.variants)} variant(s) hold {held}", highlight=False,
+                          soft_wrap=True)
 
 
 # ---- generate -------------------------------------------------------------------------------
@@ -630,7 +740,7 @@ GRAMMAR_LIMITS_HELP = ("Limits: a schema of at most 1 MiB nested at most 128 dee
                        "constraint that matches nothing are refused")
 
 
-@app.command()
+@app.command(cls=_Command)
 def generate(
     model: Annotated[Path, typer.Argument(help="HF causal-LM directory or a llama.cpp .gguf file (transformers, "
                                           "offline)")],
@@ -669,20 +779,25 @@ def generate(
     from trtvocab.commands.generate import generate as run_generate
     from trtvocab.commands.generate import prepare, sampling_params
 
+    imported = time.perf_counter()
     try:
         params = sampling_params(temperature, top_k, top_p, min_p, seed)
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
                                attention_dp=attention_dp, body_ranks=body_ranks)
+        prepared = time.perf_counter()
         report = run_generate(spec, loaded)
+        ran = time.perf_counter()
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
         print(json.dumps(report.as_json()))
         return
     how = "greedy" if params.greedy else f"temperature {params.temperature:g}, seed {params.seed}"
-    notes = [f"tp {report.tp}", f"head: {report.head}" + (f" ({artifact})" if artifact is not None else ""), how]
+    chosen = f", as --backend {backend} chose" if backend != "auto" else ", --backend auto"
+    notes = [f"tp {report.tp}", f"head: {report.head}" + (f" ({artifact}{chosen})" if artifact is not None else ""),
+             how]
     if report.grammar:
         notes.append(report.grammar)
     if report.deterministic:  # what ran: a deterministic head, or a deterministic artifact on its PyTorch fallback
@@ -705,7 +820,16 @@ def generate(
     then = f", then {after:.1f} tokens/s" if after is not None else ""
     console.print(f"{report.new_tokens} new tokens in {report.seconds:.2f} s (prefill {report.prefill_s:.2f} s{then}): "
                   f"{report.tokens_per_s:.1f} tokens/s", highlight=False)
+    # The decode loop's rate above leaves out what came before it: said on stderr (stdout stays the answer).
+    setup = ("ranks", max(ran - prepared - report.seconds, 0.0)) if report.tp > 1 else \
+        ("set-up", max(ran - prepared - report.seconds, 0.0))
+    err_console.print(_time_line([("imports", imported - _STARTED), ("model load", prepared - imported), setup],
+                                 "decode", report.seconds), highlight=False, soft_wrap=True)
 
 
 def main() -> None:  # pragma: no cover
     sys.exit(app())
+
+
+if __name__ == "__main__":  # pragma: no cover  (python -m trtvocab.commands.cli)
+    main()

@@ -259,7 +259,9 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
         raise ConfigError(f"--tp {tp}: the artifact {root} is built for tp {art_tp} (omit --tp, or pass --tp {art_tp})")
     chosen, usable = pick_backend(manifest, backend)
     notes = [note] if note else []
-    if chosen != "tensorrt" and manifest.backends.tensorrt and usable["tensorrt"] is not None:
+    # Only auto falls back; a backend the user named is no fallback (the header says it was chosen).
+    if canonical(backend) == "auto" and chosen != "tensorrt" and manifest.backends.tensorrt \
+            and usable["tensorrt"] is not None:
         notes.append(f"TensorRT engines not run: {usable['tensorrt']}; the head ran on {chosen} instead")
     return ArtifactSpec(str(root.resolve()), chosen, art_tp, "; ".join(notes) or None, manifest)
 

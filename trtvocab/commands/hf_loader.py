@@ -17,6 +17,8 @@ import importlib
 import io
 import json
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,7 +103,7 @@ def is_causal(path: str | Path) -> bool:
 
 
 @contextlib.contextmanager
-def _quiet_load() -> Iterator[None]:
+def quiet_load() -> Iterator[None]:
     """transformers' GGUF loader draws its own tqdm bar ("de-quantizing GGUF tensors") on stderr, which no
     transformers setting turns off: the load's stderr goes nowhere (its errors still raise)."""
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
@@ -161,12 +163,54 @@ def load(path: str | Path, *, causal: bool, dtype: torch.dtype | None = None, la
         return _load(transformers, path, where, kwargs, prefix, causal, dtype)
 
 
+CACHE_ENV_VAR = "TRTVOCAB_CACHE_DIR"  # default: $XDG_CACHE_HOME/trtvocab, else ~/.cache/trtvocab
+
+
+def cache_dir() -> Path:
+    """trtvocab's cache folder (converted tokenizers): ``$TRTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/trtvocab``,
+    else ``~/.cache/trtvocab``."""
+    if os.environ.get(CACHE_ENV_VAR):
+        return Path(os.environ[CACHE_ENV_VAR])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtvocab"
+
+
+def gguf_tokenizer(path: str | Path, transformers: Any = None) -> Any:
+    """The tokenizer of a ``.gguf`` file: transformers converts it once (seconds: the whole vocabulary and
+    merges are read from the file's metadata), and the result is kept in ``cache_dir()/tokenizers/SHA256``
+    (the file's sha256: another file, or the same name rewritten, is another entry), published by a rename
+    so that a reader never sees half an entry. A cache that cannot be written or read is skipped."""
+    from trtvocab.base.fsutil import sha256_file
+
+    transformers = transformers or quiet_transformers()
+    path = Path(path)
+    entry = cache_dir() / "tokenizers" / sha256_file(path, what="GGUF model", error=CheckpointError)
+    if (entry / "tokenizer_config.json").is_file():
+        try:
+            return transformers.AutoTokenizer.from_pretrained(str(entry), local_files_only=True)
+        except Exception:  # a damaged entry: convert again (the new entry replaces it below)
+            pass
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{entry.name[:16]}.", dir=entry.parent))
+    except OSError:
+        return tok
+    try:
+        tok.save_pretrained(str(stage))
+        if entry.exists():  # damaged (or written meanwhile by another process): ours replaces it
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(stage, entry)
+    except OSError:
+        shutil.rmtree(stage, ignore_errors=True)
+    return tok
+
+
 def _load(transformers: Any, path: Path, where: str, kwargs: dict[str, Any], prefix: str, causal: bool,
           dtype: torch.dtype | None) -> tuple[Any, Any]:
     try:
-        with _quiet_load():
-            tok = transformers.AutoTokenizer.from_pretrained(
-                where, local_files_only=True, **({"gguf_file": path.name} if is_gguf(path) else {}))
+        with quiet_load():
+            tok = gguf_tokenizer(path, transformers) if is_gguf(path) else \
+                transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad folder
         raise CheckpointError(f"{prefix}: cannot load its tokenizer ({type(exc).__name__}: {first_line(exc)})") \
             from None
@@ -175,7 +219,7 @@ def _load(transformers: Any, path: Path, where: str, kwargs: dict[str, Any], pre
         extra["dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"] = dtype
     try:
         cls = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
-        with _quiet_load():
+        with quiet_load():
             model = cls.from_pretrained(where, local_files_only=True, **kwargs, **extra).eval()
     except Exception as exc:
         what = "GGUF file" if is_gguf(path) else "safetensors weights"
@@ -202,5 +246,6 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype | None = None, label:
     return load(path, causal=True, dtype=dtype, label=label)
 
 
-__all__ = ["PICKLE_PATTERNS", "TOKENIZER_FILES", "architectures", "check_gguf_file", "check_model_dir", "first_line",
-           "is_causal", "is_gguf", "load", "load_causal_lm", "model_config", "quiet_transformers"]
+__all__ = ["CACHE_ENV_VAR", "PICKLE_PATTERNS", "TOKENIZER_FILES", "architectures", "cache_dir", "check_gguf_file",
+           "check_model_dir", "first_line", "gguf_tokenizer", "is_causal", "is_gguf", "load", "load_causal_lm",
+           "model_config", "quiet_load", "quiet_transformers"]

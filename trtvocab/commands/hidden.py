@@ -133,7 +133,7 @@ def text_hidden_states(
                 rows.append(states[0].float())
                 lens.append(len(window))
                 ids_out.append(input_ids[0])
-                last.append(tok.convert_ids_to_tokens(int(window[-1])))
+                last.append(token_text(tok, window[-1]))
                 total += len(window)
             if progress is not None:
                 progress(d + 1, len(texts))
@@ -167,15 +167,28 @@ check_model_dir = hf_loader.check_model_dir
 check_gguf_file = hf_loader.check_gguf_file
 
 
-def decoder(model_dir: str | Path | None) -> Any:
-    """A token-id -> text function from the checkpoint's tokenizer, or plain ids when there is none."""
-    if model_dir is not None and Path(model_dir).is_dir():
-        try:
-            from transformers import AutoTokenizer
+def token_text(tok: Any, token_id: int) -> str:
+    """One token as a reader sees it: its decoded text (`` Paris``, not BPE's ``ĠParis``), quoted when it
+    starts or ends with whitespace or is not printable (``' Paris'``, ``'\\n'``)."""
+    text = tok.decode([int(token_id)])
+    return text if text and text == text.strip() and text.isprintable() else repr(text)
 
-            tok = AutoTokenizer.from_pretrained(str(model_dir))
-            return lambda i: tok.convert_ids_to_tokens(int(i))
-        except Exception:  # no tokenizer files or transformers missing: fall back to ids
+
+def decoder(checkpoint: str | Path | None) -> Any:
+    """A token-id -> text function (:func:`token_text`) from the checkpoint's tokenizer: a model folder's, or a
+    ``.gguf`` file's (converted once, then cached: :func:`trtvocab.commands.hf_loader.gguf_tokenizer`); plain
+    ids (``#7042``) when there is none."""
+    if checkpoint is not None and (Path(checkpoint).is_dir() or hf_loader.is_gguf(checkpoint)):
+        try:
+            if Path(checkpoint).is_dir():
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+            else:
+                with hf_loader.quiet_load():
+                    tok = hf_loader.gguf_tokenizer(checkpoint)
+            return lambda i: token_text(tok, i)
+        except Exception:  # no tokenizer files, no such file, or transformers missing: fall back to ids
             pass
     return lambda i: f"#{int(i)}"
 
