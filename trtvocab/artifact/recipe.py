@@ -27,7 +27,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 from trtvocab.base.dtypes import DtypeName
 from trtvocab.base.fsutil import read_regular
-from trtvocab.errors import ConfigError
+from trtvocab.errors import ConfigError, TrtVocabError
 from trtvocab.export.records import Profile
 from trtvocab.parallel.mapping import Mapping
 
@@ -78,14 +78,15 @@ class CheckpointSection(_Section):
     package_subdir: str = "model"
     gguf_package: str | None = None  # or: an installed package shipping a .gguf file (found, not imported)
     file: str | None = None  # the .gguf file inside gguf_package
+    model: str | None = None  # or: a real model by its `trtvocab models` name (gemma3, smollm2, minilm)
     tensor: str | None = None  # head tensor name; default lm_head.weight or the tied embedding
     synthetic: SyntheticSpec | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> CheckpointSection:
-        given = [k for k in ("path", "package", "gguf_package", "synthetic") if getattr(self, k) is not None]
+        given = [k for k in ("path", "package", "gguf_package", "model", "synthetic") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of path, package, synthetic, or gguf_package with file "
+            raise ValueError(f"give exactly one of path, package, model, synthetic, or gguf_package with file "
                              f"(got {given or 'none'})")
         if (self.file is None) != (self.gguf_package is None):
             raise ValueError("file and gguf_package go together: file names the .gguf inside gguf_package")
@@ -238,6 +239,13 @@ class BuildRecipe(_Section):
         ck = self.checkpoint
         if ck.synthetic is not None:
             return None
+        if ck.model is not None:
+            from trtvocab.checkpoints.real_models import model_path
+
+            try:
+                return model_path(ck.model)
+            except TrtVocabError as exc:
+                raise ConfigError(f"{self.source or 'recipe'}: [checkpoint] model: {exc}") from None
         if ck.gguf_package is not None:
             from importlib.util import find_spec
 

@@ -203,12 +203,24 @@ def plan(
 # ---- models ---------------------------------------------------------------------------------
 @app.command(cls=_Command)
 def models(
-    name: Annotated[str | None, typer.Argument(help="print only this model's path (smollm2 | minilm), e.g. "
-                                               "trtvocab generate $(trtvocab models smollm2) ...")] = None,
+    name: Annotated[str | None, typer.Argument(help="print only this model's path (smollm2 | minilm | gemma3), "
+                                               "e.g. trtvocab generate $(trtvocab models smollm2) ...")] = None,
+    assemble: Annotated[bool, typer.Option(help="write a chunked model's file first (gemma3: its package's four "
+                                           "chunks, sha256 checked; once)")] = False,
 ) -> None:
-    """Where the real models of the README and the recipes are installed (SmolLM2's GGUF, MiniLM's folder)."""
-    from trtvocab.commands.models import MODELS, find, model_path
+    """Where the real models of the README and the recipes are installed (SmolLM2's GGUF, MiniLM's folder,
+    Gemma 3 270M's GGUF)."""
+    from trtvocab.checkpoints.real_models import MODELS, find, model_path
 
+    if assemble:
+        from trtvocab.checkpoints.real_models import assemble as assemble_model
+
+        if name is None:
+            raise _fail(InputError("--assemble needs a model name (gemma3)"))
+        try:
+            assemble_model(name)
+        except TrtVocabError as exc:
+            raise _fail(exc) from None
     if name is not None:
         try:
             print(model_path(name))
