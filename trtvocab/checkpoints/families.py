@@ -129,6 +129,11 @@ GGUF_RULES: dict[str, Rule] = {
                     refuse_embedding="Gemma 3n (per-layer embeddings, AltUp)"),
     "gemma-embedding": Rule(refuse_head="an embedding model (no LM head)", embed_sqrt_hidden=True),
 }
+# llama.cpp's architecture name -> transformers' model type of the same family (what a checkpoint written from
+# a GGUF file names in its config.json, with the family's fields: hf_config_fields).
+GGUF_TO_HF = {"gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text", "command-r": "cohere",
+              "cohere2": "cohere2", "granite": "granite", "granitemoe": "granitemoe",
+              "granitehybrid": "granitemoehybrid", "phi2": "phi"}
 GGUF_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "embedding_scale", "attn_logit_softcapping")
 
 
@@ -229,3 +234,26 @@ def family_of(ckpt: Any, *, head_tensor: str | None = None, hidden_size: int | N
             embedding = EmbeddingOps(scale=factor)
     return Family(architecture=arch, head=head, embedding=embedding, bias_tensor=bias, source=tuple(source),
                   body=rule.body)
+
+
+def hf_config_fields(ckpt: Any, family: Family) -> dict[str, Any]:
+    """The ``config.json`` fields that make a checkpoint written from ``ckpt``'s head read back as the
+    same family: nothing for an HF checkpoint (its config is copied); for a GGUF file, transformers'
+    model type and the family's fields under that type's names (``final_logit_softcapping``,
+    ``logit_scale``, ``logits_scaling``). An op the type has no field for is refused."""
+    if not _is_gguf(ckpt):
+        return {}
+    hf_type = GGUF_TO_HF.get(family.architecture, family.architecture)
+    rule = RULES.get(hf_type, Rule())
+    out: dict[str, Any] = {"model_type": hf_type} if hf_type else {}
+    ops = family.head
+    for what, value, name, neutral in (("soft-capping", ops.softcap, rule.softcap, None),
+                                       ("a logit scale", ops.scale, rule.scale, 1.0),
+                                       ("a logit divisor", ops.divisor, rule.divisor, 1.0)):
+        if value == neutral:
+            continue
+        if name is None:
+            raise ArchitectureError(f"{ckpt.path}: model type {family.architecture!r} has {what} ({value:g}) that "
+                                    f"transformers' {hf_type!r} config cannot express")
+        out[name] = value
+    return out

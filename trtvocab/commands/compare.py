@@ -269,11 +269,16 @@ def simulate_tensors(weight: torch.Tensor, spec: SimSpec,
                                  column_weights=weights), ""
 
 
-def simulate_source(weight: torch.Tensor, spec: SimSpec, calib: torch.Tensor | None) -> HeadSource:
-    """Quantize a dense ``[V, H]`` head in memory (no checkpoint written)."""
+def simulate_source(weight: torch.Tensor, spec: SimSpec, calib: torch.Tensor | None, *, family: Any = None,
+                    bias: torch.Tensor | None = None) -> HeadSource:
+    """Quantize a dense ``[V, H]`` head in memory (no checkpoint written); ``family`` / ``bias``: the
+    baseline's, so the simulated head computes the same ops after its GEMM."""
     tensors, note = simulate_tensors(weight, spec, calib)
+    if bias is not None:
+        tensors = {**tensors, "lm_head.bias": bias}
     return HeadSource(name=f"sim:{spec.text}", tensors=tensors, quant_config=spec.config,
-                      shape=(int(weight.shape[0]), int(weight.shape[1])), note=note, toolchain=SIMULATED)
+                      shape=(int(weight.shape[0]), int(weight.shape[1])), note=note, toolchain=SIMULATED,
+                      family=family)
 
 
 # ---- running heads ---------------------------------------------------------------------------
@@ -285,7 +290,8 @@ def build_head(source: HeadSource, mapping: Any, dtype: torch.dtype) -> Any:
     if source.tensors is None or source.shape is None:
         raise ConfigError(f"{source.name}: a HeadSource needs a path or tensors with a shape")
     vocab, hidden = source.shape
-    head = LMHead(vocab, hidden, dtype=dtype, mapping=mapping, quant_config=source.quant_config)
+    head = LMHead(vocab, hidden, dtype=dtype, mapping=mapping, quant_config=source.quant_config,
+                  head_ops=source.family.head if source.family is not None else None)
     head.load_weights(source.tensors)
     return head
 
@@ -618,10 +624,14 @@ def compare(
     if specs:
         from trtvocab.checkpoints.checkpoint import open_checkpoint
         from trtvocab.commands.quantize import read_head
+        from trtvocab.weights.loader import open_head
 
-        _, _, weight = read_head(open_checkpoint(baseline), tensor_name)
+        base_ckpt = open_checkpoint(baseline)
+        _, _, weight = read_head(base_ckpt, tensor_name)
+        family = open_head(baseline, tensor_name=tensor_name).family
+        bias = base_ckpt.read(family.bias_tensor).float() if family is not None and family.bias_tensor else None
         for spec in specs:
-            src = simulate_source(weight, spec, calib if calib is not None else hidden)
+            src = simulate_source(weight, spec, calib if calib is not None else hidden, family=family, bias=bias)
             if spec.activation is Activation.STATIC and calib is None:
                 src.note = (src.note + "; " if src.note else "") + "input_scale calibrated on the compared rows"
             if spec.scale_search == "mse-act" and calib is None:

@@ -270,8 +270,12 @@ def hf_quant_config(algo: QuantAlgo) -> dict[str, Any]:
 
 
 def _untied_config(ckpt: Checkpoint, vocab: int, hidden: int) -> dict[str, Any]:
-    """The source ``config.json`` with the head untied and no quantization_config (the writer adds its own)."""
+    """The source ``config.json`` with the head untied and no quantization_config (the writer adds its own);
+    a GGUF source's family in transformers' terms (:func:`~trtvocab.checkpoints.families.hf_config_fields`)."""
+    from trtvocab.checkpoints.families import family_of, hf_config_fields
+
     config = dict(ckpt.config)
+    config.update(hf_config_fields(ckpt, family_of(ckpt, hidden_size=hidden, need_embedding=False)))
     config.pop("quantization_config", None)
     config.setdefault("vocab_size", vocab)
     config.setdefault("hidden_size", hidden)
@@ -362,6 +366,14 @@ def quantize_checkpoint(
     ckpt = open_checkpoint(checkpoint)
     name, tied, weight = read_head(ckpt, tensor_name)
     vocab, hidden = weight.shape
+    from trtvocab.checkpoints.families import family_of
+
+    # The family's bias goes with the head (float32, as stored); its scale / soft-cap go in config.json.
+    family = family_of(ckpt, head_tensor=name, hidden_size=hidden, need_embedding=False)
+    extra = {"lm_head.bias": ckpt.read(family.bias_tensor).float()} if family.bias_tensor else {}
+    if extra and fmt == COMPRESSED_TENSORS:
+        raise QuantizationError(f"--format {COMPRESSED_TENSORS}: the head has a bias ({family.bias_tensor}); "
+                                f"write it with --format {MODELOPT}")
     if isinstance(calib, (str, Path)):
         calib = load_calibration(calib)
     calib_rows = 0 if calib is None else int(calib.shape[0])
@@ -417,7 +429,7 @@ def quantize_checkpoint(
         producer = "trtvocab quantize (modelopt export" + ("; NVFP4 block scales by MSE search)"
                                                            if scale_search == "mse" else ")")
         metadata = {"format": "pt", "producer": producer}
-        save_file(tensors, str(stage / "model.safetensors"), metadata=metadata)
+        save_file({**tensors, **extra}, str(stage / "model.safetensors"), metadata=metadata)
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
         config = _output_config(ckpt, hf_quant, vocab, hidden, has_input)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
