@@ -1,24 +1,15 @@
-"""What a model family's output layer and input embedding compute beyond ``x @ W.T`` and ``W[ids]``.
-
-A real head is often more than a matrix product, and a real embedding more than a row lookup
-(transformers' model classes are the contract)::
+"""What a model family's output layer and input embedding compute beyond ``x @ W.T`` and ``W[ids]``::
 
     logits = softcap(((x @ W.T + b) * scale) / divisor)      softcap(z) = c * tanh(z / c)
     rows   = W[ids] * embed_scale
 
-``b`` is the head's ``[V]`` bias (Phi, CodeGen, GPT-J, the BERT family), sharded with its
-columns; ``scale`` a multiplier applied after the head (Cohere ``logit_scale``, Falcon-H1
-``lm_head_multiplier``, HyperCLOVA X ``logits_scaling``); ``divisor`` a divisor (Granite
-``logits_scaling``); ``softcap`` Gemma 2's ``final_logit_softcapping`` (and its other names);
-``embed_scale`` the scale a family's embedding module applies itself (Gemma's ``sqrt(H)``, rounded
-to the table's dtype first; XGLM's ``sqrt(d_model)``; MiniCPM3's ``scale_emb``).
-
-Each step runs in the logits' dtype, in transformers' order (bias, multiply, divide, then
-``/ c``, ``tanh``, ``* c``); the bias is stored in float32 and added in float32. Elementwise
-steps only: any column range of a shard gets the bits of the whole shard (the chunked decode
-depends on it). Which family computes what is decided at load, from ``config.json`` or the
-GGUF metadata (:mod:`trtvocab.checkpoints.families`); these classes are also what an API user
-passes to :class:`~trtvocab.lm_head.LMHead` / :class:`~trtvocab.embedding.VocabParallelEmbedding`.
+``b`` is the head's ``[V]`` bias (sharded with its columns), ``scale`` / ``divisor`` a logit multiplier or
+divisor, ``softcap`` Gemma 2's ``final_logit_softcapping``, ``embed_scale`` the scale a family's embedding
+module applies itself (Gemma's ``sqrt(H)``, rounded to the table's dtype first). Each step runs in the
+logits' dtype in transformers' order; elementwise, so any column range of a shard has the bits of the
+whole shard. Which family computes what is read at load (:mod:`trtvocab.checkpoints.families`); these
+classes are also what an API user passes to the head and the embedding. Where each op runs:
+docs/architecture.md, "Model families".
 """
 
 from __future__ import annotations

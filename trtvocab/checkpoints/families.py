@@ -1,39 +1,14 @@
 """Which family a checkpoint is, and so what its output layer and input embedding compute.
 
-:func:`family_of` reads ``config.json`` (``model_type`` and the fields below) or a GGUF file's
-metadata (``general.architecture`` and the keys llama.cpp writes for the same fields) plus the
-checkpoint's tensor names, and returns a :class:`~trtvocab.base.family.Family`. The rules follow
-transformers' model classes (``*ForCausalLM.forward`` and the embedding module), checked by the
-conformance suite (``tools/model_zoo.py``, table in ``docs/model_families.md``):
-
-=================================================  =====================================================
-model types                                        what the vocabulary ends compute
-=================================================  =====================================================
-gemma2, gemma3_text, gemma4_text, vaultgemma,      ``final_logit_softcapping`` (None: off); the
-gemma4_unified(_text)                              embedding times ``sqrt(H)`` rounded to its dtype
-gemma, gemma3, gemma4                              the embedding times ``sqrt(H)`` rounded to its dtype
-                                                   (Gemma 3 / 4's multimodal classes never soft-cap)
-beam, nanochat                                     ``final_logit_softcapping``
-recurrent_gemma                                    ``logits_soft_cap`` (its ``sqrt(H)`` is the body's)
-xlstm                                              ``output_logit_soft_cap``
-cohere, cohere2, cohere2_moe, aya_vision, ...      logits times ``logit_scale``
-granite family                                     logits divided by ``logits_scaling``
-hyperclovax                                        logits times ``logits_scaling`` (same name, other way)
-falcon_h1                                          logits times ``lm_head_multiplier``
-xglm                                               the embedding times ``sqrt(d_model)`` when
-                                                   ``scale_embedding``
-minicpm3                                           the embedding times ``scale_emb`` rounded to its dtype
-any                                                a head bias: ``lm_head.bias`` (BERT family:
-                                                   ``cls.predictions.bias``), sharded with its columns
-=================================================  =====================================================
-
-Refused (:class:`~trtvocab.errors.ArchitectureError`, naming the model type and the field or
-tensor): a learned per-token logit scale (dory), a normalized embedding (inkling), a post-head
-transform (inkling2), and any model type not listed here whose config sets one of
-:data:`TRANSFORM_FIELDS` to a non-neutral value (its meaning depends on the architecture). What a
-body applies itself (Granite's ``embedding_multiplier`` on ``inputs_embeds``, a transform before the
-head such as BERT's prediction transform or MiniCPM3's width scaling) stays with the body: the
-head's input is what the body hands to ``lm_head``.
+:func:`family_of` reads ``config.json`` (``model_type`` and the fields of :data:`RULES`) or a GGUF
+file's metadata (``general.architecture`` and the keys of :data:`GGUF_RULES`) plus the checkpoint's
+tensor names, and returns a :class:`~trtvocab.base.family.Family`. The rules follow transformers'
+model classes (the same field name can mean opposite things: Granite divides by ``logits_scaling``,
+HyperCLOVA X multiplies), checked by the conformance suite (``tools/model_zoo.py``; the table is
+docs/model_families.md). Refused with :class:`~trtvocab.errors.ArchitectureError`, naming the model type
+and the field or tensor: what is not modeled (a learned per-token logit scale, a normalized
+embedding, a ``final_logits_bias``) and any model type not listed here whose config sets one of
+:data:`TRANSFORM_FIELDS` to a non-neutral value. What a body applies itself stays with the body.
 """
 
 from __future__ import annotations
