@@ -14,7 +14,6 @@ table, the matching rules and the exactness: the section "the format" below.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,7 +21,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trtvocab.base.formats import Activation, Granularity
-from trtvocab.errors import CheckpointError, QuantizationError
+from trtvocab.errors import CheckpointError, PatternError, QuantizationError
+from trtvocab.quant import patterns
 from trtvocab.quant.fp8 import FP8_DTYPE
 from trtvocab.quant.nvfp4 import BLOCK, unpack_codes
 
@@ -146,18 +146,20 @@ def parse_config(section: dict[str, Any], where: str) -> CTConfig:
 
 
 # ---- matching (compressed-tensors' rules) ----------------------------------------------------------
-def _regex(pattern: str, where: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern[3:])
-    except re.error as exc:
-        raise QuantizationError(f"{where}: {pattern!r} is not a valid regular expression ({exc})") from None
+def _shown(pattern: str) -> str:
+    """A config entry as messages quote it (a long one cut to 80 characters)."""
+    return repr(pattern) if len(pattern) <= 80 else f"{pattern[:80]!r}... ({len(pattern)} characters)"
 
 
 def name_matches(pattern: str, module: str, where: str) -> bool:
-    """Exact name, or ``re:`` + ``re.match`` (anchored at the start only)."""
-    if pattern.startswith("re:"):
-        return _regex(pattern, where).match(module) is not None
-    return pattern == module
+    """Exact name, or ``re:`` + ``re.match``'s answer (anchored at the start only), computed by the bounded
+    matcher of :mod:`trtvocab.quant.patterns` (a refused pattern: :class:`PatternError` naming the entry)."""
+    if not pattern.startswith("re:"):
+        return pattern == module
+    try:
+        return patterns.match(patterns.compile_pattern(pattern[3:]), module)
+    except PatternError as exc:
+        raise PatternError(f"{where} entry {_shown(pattern)}: {exc}") from None
 
 
 def target_matches(pattern: str, module: str, classes: tuple[str, ...], where: str) -> bool:
@@ -211,18 +213,30 @@ def match_group(cfg: CTConfig, module: str, classes: tuple[str, ...], where: str
     return Match(key, cfg.config_groups[key], target, target not in by_name)
 
 
+MAX_SUBCONFIG_DEPTH = 64  # sparsity / transform configs nest a few levels; deeper is refused, not recursed
+
+
 def _matched_elsewhere(section: Any, module: str, classes: tuple[str, ...], where: str) -> bool:
-    """Whether a sparsity / transform sub-config (``targets`` + ``ignore`` lists, any depth) reaches ``module``."""
-    if isinstance(section, dict):
-        targets = section.get("targets")
+    """Whether a sparsity / transform sub-config (``targets`` + ``ignore`` lists, any depth up to
+    :data:`MAX_SUBCONFIG_DEPTH`) reaches ``module``; walked with an explicit stack (no recursion)."""
+    stack: list[tuple[Any, int]] = [(section, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > MAX_SUBCONFIG_DEPTH:
+            raise QuantizationError(f"{where}: nested more than {MAX_SUBCONFIG_DEPTH} levels deep (a sparsity / "
+                                    "transform config nests a few)")
+        if isinstance(node, list):
+            stack.extend((v, depth + 1) for v in reversed(node))
+            continue
+        targets = node.get("targets")
         if isinstance(targets, list) and all(isinstance(t, str) for t in targets):
-            ignore = _strings(section.get("ignore"), f"{where} ignore")
+            ignore = _strings(node.get("ignore"), f"{where} ignore")
             if any(target_matches(t, module, classes, where) for t in targets) and not any(
                     target_matches(p, module, classes, where) for p in ignore):
                 return True
-        return any(_matched_elsewhere(v, module, classes, where) for k, v in section.items() if k != "ignore")
-    if isinstance(section, list):
-        return any(_matched_elsewhere(v, module, classes, where) for v in section)
+        stack.extend((v, depth + 1) for k, v in reversed(list(node.items())) if k != "ignore")
     return False
 
 

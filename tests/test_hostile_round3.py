@@ -1,0 +1,108 @@
+"""Hostile inputs, round 3 (issue 37; the probes of the report hostile-inputs-round3.md, by id).
+
+compressed-tensors config content (``re:`` patterns, nesting, ``quant_method``), the dequantize path's
+scales, the TensorRT-RTX runtime cache beside an artifact's plan, the timing cache, forced kernel ISAs,
+the engine requirement without ONNX, a full disk during ``quantize``. Cases that used to hang run under
+a deadline, so a regression fails in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from test_hostile_checkpoint import deadline
+
+from trtvocab import LMHead
+from trtvocab.errors import CheckpointError, PatternError, QuantizationError
+from trtvocab.quant import patterns
+from trtvocab.quant.config import resolve_lm_head_quant
+
+pytest.importorskip("compressed_tensors")
+sys.path.insert(0, str(Path(__file__).parent))
+import ct_writer as ctw
+
+V, H = 64, 32
+CATASTROPHIC = "re:(" + "|".join(["."] * 24) + ")*Z"  # re.match: minutes on 'lm_head', hours at 48
+
+
+def _ct(tmp_path: Path, name: str, preset: str = "FP8_W8A16_TENSOR") -> Path:
+    return ctw.write_ct(tmp_path / name, V, H, head=preset, embed=None, seed=2)
+
+
+# ==== H1 / M3: re: patterns and nesting in config.json ======================================================
+def test_c25_catastrophic_ignore_pattern_is_answered_in_seconds(tmp_path: Path) -> None:
+    """c25: ``ignore = ["re:(.|.|...24...)*Z"]`` hung every command that opens the checkpoint; the bounded
+    matcher answers it (no match: no ``Z`` in ``lm_head``), so the head loads quantized."""
+    path = _ct(tmp_path, "c25")
+    ctw.edit_config(path, lambda qc: qc.__setitem__("ignore", [CATASTROPHIC]))
+    with deadline(20):
+        head = LMHead.from_checkpoint(path)
+    assert head.weight_format.value == "FP8"
+
+
+def test_c25b_catastrophic_target_pattern_matches_in_bounded_time(tmp_path: Path) -> None:
+    """c25b: the same pattern as a config group's target: answered (no match), not hung."""
+    path = _ct(tmp_path, "c25b")
+    ctw.edit_config(path, lambda qc: qc["config_groups"]["group_0"]["targets"].append(CATASTROPHIC))
+    with deadline(20):
+        decision = resolve_lm_head_quant(path)
+    assert decision.config is not None and decision.config.quant_algo.value == "FP8"
+
+
+@pytest.mark.parametrize(("pattern", "needle"), [
+    ("re:" + "(" * 1200 + "x" + ")" * 1200, "nest 1200 deep"),  # c27: RecursionError in re's parser
+    ("re:" + "a" * 70000, "70000 characters"),
+    ("re:(a)\\1|x", "back-reference"),
+    ("re:(", "not a valid regular expression"),
+])
+def test_c27_deep_long_or_unsupported_patterns_name_the_file_and_entry(tmp_path: Path, pattern: str,
+                                                                       needle: str) -> None:
+    """c27 (and neighbours): a typed PatternError naming config.json, ``ignore`` and the entry."""
+    path = _ct(tmp_path, "c27")
+    ctw.edit_config(path, lambda qc: qc.__setitem__("ignore", [pattern]))
+    with deadline(20), pytest.raises(PatternError) as err:
+        resolve_lm_head_quant(path)
+    text = str(err.value)
+    for part in (str(path / "config.json"), "ignore entry", repr(pattern[:20])[:-1], needle):
+        assert part in text, (part, text)
+
+
+@pytest.mark.parametrize("depth", [400, 900, 100_000])
+def test_c36_deeply_nested_sparsity_config_is_refused_not_recursed(tmp_path: Path, depth: int) -> None:
+    """c36 / c36b: ``sparsity_config`` lists nested 400 / 900 deep raised an untyped RecursionError."""
+    path = _ct(tmp_path, "c36")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"]["sparsity_config"] = {"groups": "NESTED"}
+    nested = "[" * depth + '{"targets": ["x"]}' + "]" * depth
+    (path / "config.json").write_text(json.dumps(cfg).replace('"NESTED"', nested))
+    with deadline(20), pytest.raises((QuantizationError, CheckpointError)) as err:  # json's own limit past ~1000
+        resolve_lm_head_quant(path)
+    assert "deep" in str(err.value) and "config.json" in str(err.value), str(err.value)
+
+
+REAL_PATTERNS = [r".*lm_head", r".*lm_head$", r"lm_hea", r"lm_head|", r".*", r".*self_attn.*",
+                 r"model.layers.\d+.mlp.*", r".*mlp\.(gate|up|down)_proj$", r".*(q|k|v)_proj$", r"^lm_head$",
+                 r"(?!.*lm_head).*", r".*(?<!lm_)head", r".*embed.*", r"[^.]+$", r"(?s).*head", r"lm_head\b",
+                 r"(?:lm_){1,2}head", r".*layers\.(?!0\.).*", r"(?P<x>lm)_head", r".*?head", r"\Alm_head\Z",
+                 r"(lm|model)(_head|\.embed_tokens)$", r"(?m)^lm", r"[\w.]*tokens", r".{7}", r".{8}", r"(?a)\w+$",
+                 r"(?x) lm _ head", r"(?<=model\.)embed", r"(a|ab)(c|bcd)(d*)", r"x*", r"lm_head\n?$"]
+NAMES = ["lm_head", "model.embed_tokens", "transformer.wte", "model.layers.0.mlp.gate_proj", "", "lm_head\n",
+         "model.layers.1.self_attn.q_proj", "LM_HEAD"]
+
+
+def test_bounded_matcher_answers_as_re_match_for_real_patterns() -> None:
+    """The semantics kept: for the patterns real checkpoints use, the bounded matcher is ``re.match``."""
+    for pattern in REAL_PATTERNS:
+        compiled = patterns.compile_pattern(pattern)
+        for name in NAMES:
+            assert patterns.match(compiled, name) == (re.match(pattern, name) is not None), (pattern, name)
+
+
+def test_bounded_matcher_stays_bounded_on_nested_repeats() -> None:
+    """Nested and alternated repeats (exponential for a backtracking matcher) take a few hundred steps."""
+    for pattern in ["(" + "|".join(["."] * 48) + ")*Z", "(a*)*" * 20 + "b", "((a|aa)+)+c", "(.*)*" * 8 + "Z"]:
+        assert not patterns.match(patterns.compile_pattern(pattern), "a" * 30 + "lm_head")
