@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from test_hostile_checkpoint import deadline
 
-from trtvocab import LMHead
+from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.errors import CheckpointError, PatternError, QuantizationError
 from trtvocab.quant import patterns
 from trtvocab.quant.config import resolve_lm_head_quant
@@ -106,3 +109,70 @@ def test_bounded_matcher_stays_bounded_on_nested_repeats() -> None:
     """Nested and alternated repeats (exponential for a backtracking matcher) take a few hundred steps."""
     for pattern in ["(" + "|".join(["."] * 48) + ")*Z", "(a*)*" * 20 + "b", "((a|aa)+)+c", "(.*)*" * 8 + "Z"]:
         assert not patterns.match(patterns.compile_pattern(pattern), "a" * 30 + "lm_head")
+
+
+# ==== H2: the dequantize path refuses the scales the quantized path refuses ==================================
+def _set(name: str, make: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict], dict]:
+    return lambda t: {**t, name: make(t[name])}
+
+
+def _neg_e4m3(t: torch.Tensor) -> torch.Tensor:
+    return (t.view(torch.uint8) | 0x80).view(torch.float8_e4m3fn)
+
+
+def _one_sign_bit(t: torch.Tensor) -> torch.Tensor:
+    bits = t.view(torch.uint8).clone()
+    bits[3, 0] |= 0x80  # the sign of row 3's first block scale
+    return bits.view(torch.float8_e4m3fn)
+
+
+def _neg_row5(t: torch.Tensor) -> torch.Tensor:
+    out = t.clone()
+    out[5] = -out[5]
+    return out
+
+
+SCALE_CASES = {  # probe id -> (preset, tensor, edit)
+    "N02_all_block_scales_negative": ("NVFP4A16", "lm_head.weight_scale", _neg_e4m3),
+    "N03_all_block_scales_zero": ("NVFP4A16", "lm_head.weight_scale", lambda t: torch.zeros_like(t)),
+    "N07_fp8_row_scale_negative": ("FP8_W8A16_CHANNEL", "lm_head.weight_scale", _neg_row5),
+    "N07b_fp8_row_scale_zero": ("FP8_W8A16_CHANNEL", "lm_head.weight_scale", lambda t: torch.zeros_like(t)),
+    "N09_one_block_scale_sign_bit": ("NVFP4A16", "lm_head.weight_scale", _one_sign_bit),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALE_CASES))
+def test_n02_n09_dequantize_path_refuses_what_the_quantized_path_refuses(tmp_path: Path, case: str) -> None:
+    """N02 / N03 / N07 / N09: quant='none' loaded negative or zero scales (silently wrong logits) that
+    quant='auto' refuses; both paths now give the same QuantizationError naming the tensor."""
+    preset, name, edit = SCALE_CASES[case]
+    path = _ct(tmp_path, case, preset)
+    ctw.rewrite_tensors(path, _set(name, edit))
+    for quant in ("auto", "none"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(QuantizationError) as err:
+                LMHead.from_checkpoint(path, quant=quant)
+        assert name in str(err.value) and "finite and > 0" in str(err.value), (quant, str(err.value))
+
+
+def test_n02_nvfp4_embedding_refuses_negative_block_scales(tmp_path: Path) -> None:
+    """N02 through the other user of the decompressed rows: an NVFP4 embedding (always dequantized)."""
+    path = ctw.write_ct(tmp_path / "emb", V, H, head=None, embed="NVFP4A16", seed=2)
+    ctw.rewrite_tensors(path, _set("model.embed_tokens.weight_scale", _neg_e4m3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(QuantizationError, match=r"model\.embed_tokens\.weight_scale: block scales"):
+            VocabParallelEmbedding.from_checkpoint(path)
+
+
+def test_t24_subnormal_global_scale_names_the_stored_tensor(tmp_path: Path) -> None:
+    """t24 (Low): a subnormal ``weight_global_scale`` was reported as ``weight_scale_2``, a tensor the file
+    does not have; both paths now name ``lm_head.weight_global_scale``."""
+    path = _ct(tmp_path, "t24", "NVFP4A16")
+    ctw.rewrite_tensors(path, _set("lm_head.weight_global_scale", lambda t: torch.full_like(t, 1e-45)))
+    for quant in ("auto", "none"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(QuantizationError, match=r"lm_head\.weight_global_scale"):
+                LMHead.from_checkpoint(path, quant=quant)

@@ -25,6 +25,7 @@ from trtvocab.errors import CheckpointError, PatternError, QuantizationError
 from trtvocab.quant import patterns
 from trtvocab.quant.fp8 import FP8_DTYPE
 from trtvocab.quant.nvfp4 import BLOCK, unpack_codes
+from trtvocab.quant.scales import check_block_scales, check_row_scales, check_scale_range
 
 if TYPE_CHECKING:
     from trtvocab.checkpoints.checkpoint import Checkpoint
@@ -499,9 +500,7 @@ class DecompressedRows:
             self.scales = ckpt.get_slice(f"{module}.weight_scale")
             self.global_scale = ckpt.read(f"{module}.weight_global_scale").float().reshape(())
             self.dtype = torch.bfloat16
-            if not bool(torch.isfinite(self.global_scale)) or not bool(self.global_scale > 0):
-                raise QuantizationError(f"{module}.weight_global_scale must be finite and > 0, got "
-                                        f"{self.global_scale.item()}")
+            reciprocal(self.global_scale, f"{module}.weight_global_scale")  # the quantized path's rule
         else:
             self.codes = ckpt.get_slice(f"{module}.weight")
             info = ckpt.info(f"{module}.weight_scale")
@@ -535,18 +534,13 @@ class DecompressedRows:
         codes = self.codes[lo:hi]
         if self.algo == "NVFP4":
             scales = self.scales[lo:hi]
-            _finite_block_scales(scales, f"{self.module}.weight_scale")
+            check_block_scales(scales, f"{self.module}.weight_scale")  # the quantized path's rule
             return decompress_nvfp4(codes, scales, self.global_scale)
         if codes.dtype != FP8_DTYPE:
             raise CheckpointError(f"{self.module}.weight: expected float8_e4m3fn codes, got {codes.dtype}")
         scale = self.scales[lo:hi] if self.per_row else self.scales
+        check_row_scales(scale, f"{self.module}.weight_scale")  # the quantized path's rule
         return decompress_fp8(codes, scale)
-
-
-def _finite_block_scales(scales: torch.Tensor, name: str) -> None:
-    bits = scales.view(torch.uint8)
-    if bool(((bits & 0x7F) == 0x7F).any()):
-        raise QuantizationError(f"{name}: NVFP4 block scales hold E4M3 NaN codes")
 
 
 # ---- the quantized run: ModelOpt-named tensors -------------------------------------------------------
@@ -575,8 +569,11 @@ def _positive_scalar(value: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def reciprocal(value: torch.Tensor, name: str) -> torch.Tensor:
-    """``fp32(1 / value)``: a compressed-tensors global scale as ModelOpt's ``weight_scale_2`` / ``input_scale``."""
-    return torch.ones((), dtype=torch.float32) / _positive_scalar(value, name)
+    """``fp32(1 / value)``: a compressed-tensors global scale as ModelOpt's ``weight_scale_2`` / ``input_scale``
+    (the error names the stored tensor, ``name``, also when only its reciprocal is out of range)."""
+    out = torch.ones((), dtype=torch.float32) / _positive_scalar(value, name)
+    check_scale_range(out, f"{name} = {value.float().reshape(()).item():g} (its reciprocal, the ModelOpt scale)")
+    return out
 
 
 def modelopt_tensors(ckpt: Checkpoint, module: str, algo: str, granularity: Granularity) -> dict[str, Any]:
