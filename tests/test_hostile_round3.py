@@ -11,16 +11,22 @@ from __future__ import annotations
 import json
 import re
 import sys
+import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from test_hostile import cli, copy_art, recipe_dict
 from test_hostile_checkpoint import deadline
 
 from trtvocab import LMHead, VocabParallelEmbedding
-from trtvocab.errors import CheckpointError, PatternError, QuantizationError
+from trtvocab.artifact import store as artifacts
+from trtvocab.artifact.recipe import parse_recipe
+from trtvocab.errors import ArtifactError, CheckpointError, PatternError, QuantizationError
+from trtvocab.pipeline.build import build
 from trtvocab.quant import patterns
 from trtvocab.quant.config import resolve_lm_head_quant
 
@@ -176,3 +182,130 @@ def test_t24_subnormal_global_scale_names_the_stored_tensor(tmp_path: Path) -> N
             warnings.simplefilter("ignore")
             with pytest.raises(QuantizationError, match=r"lm_head\.weight_global_scale"):
                 LMHead.from_checkpoint(path, quant=quant)
+
+
+# ==== H3: the TensorRT-RTX runtime cache never lands in (and never bricks) an artifact =======================
+@pytest.fixture(scope="module")
+def art(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small tp-2 artifact (ONNX graphs and fallback weights; no engine on this machine)."""
+    out = tmp_path_factory.mktemp("round3") / "art"
+    root, _manifest = build(parse_recipe(recipe_dict(out), "round3.toml"))
+    return root
+
+
+def test_p11_x10_runtime_cache_an_earlier_run_left_does_not_brick_the_artifact(art: Path, tmp_path: Path) -> None:
+    """p11 / x10: ``rank0/lm_head.plan.runtime-cache`` (what the RTX runner wrote after its first run) made
+    every later ``inspect`` / ``infer`` / ``generate --artifact`` refuse the artifact. It is never opened
+    (caches live outside artifacts now), so it is passed over; any other unlisted file is still refused."""
+    root = copy_art(art, tmp_path / "p11")
+    for name in ("lm_head.plan.runtime-cache", "embedding.plan.runtime-cache"):
+        (root / "rank0" / name).write_bytes(bytes(range(256)) * 16)
+    artifacts.read_manifest(root)
+    code, output = cli("inspect", str(root))
+    assert code == 0, output
+    (root / "rank1" / "lm_head.plan.runtime-cache.tmp").write_bytes(b"x")
+    with pytest.raises(ArtifactError, match=r"runtime-cache\.tmp: not listed"):
+        artifacts.read_manifest(root)
+
+
+class _RtxDouble:
+    """TEST DOUBLE of ``tensorrt_rtx`` as EngineRunner uses it: an engine with one input and one output,
+    a runtime cache that records what it was given and serializes to fixed bytes."""
+
+    __version__ = "1.7.1.fake"
+
+    def __init__(self) -> None:
+        self.loaded: list[bytes] = []
+        double = self
+
+        class Severity:
+            INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = range(5)
+
+        class ILogger:
+            def __init__(self) -> None:
+                pass
+
+        ILogger.Severity = Severity  # type: ignore[attr-defined]
+        self.ILogger = ILogger
+        self.EngineValidity = types.SimpleNamespace(VALID=0, INVALID=2)
+        self.DynamicShapesKernelSpecializationStrategy = types.SimpleNamespace(EAGER="eager")
+        self.TensorIOMode = types.SimpleNamespace(INPUT="in", OUTPUT="out")
+
+        class Cache:
+            def deserialize(self, blob: bytes) -> bool:
+                double.loaded.append(bytes(blob))
+                return True
+
+            def reset(self) -> None:
+                pass
+
+            def serialize(self) -> bytes:
+                return b"KERNELS-FOR-THIS-GPU"
+
+        class RuntimeConfig:
+            dynamic_shapes_kernel_specialization_strategy = None
+
+            def create_runtime_cache(self) -> Cache:
+                return Cache()
+
+            def set_runtime_cache(self, cache: Cache) -> None:
+                pass
+
+        class Engine:
+            num_io_tensors = 2
+
+            def create_runtime_config(self) -> RuntimeConfig:
+                return RuntimeConfig()
+
+            def create_execution_context(self, config: Any = None) -> object:
+                return object()
+
+            def get_tensor_name(self, i: int) -> str:
+                return ["hidden_states", "logits"][i]
+
+            def get_tensor_mode(self, name: str) -> str:
+                return "in" if name == "hidden_states" else "out"
+
+        class Runtime:
+            def __init__(self, logger: Any) -> None:
+                pass
+
+            def get_engine_validity(self, blob: bytes) -> tuple[int, str]:
+                return 0, ""
+
+            def deserialize_cuda_engine(self, blob: bytes) -> Engine:
+                return Engine()
+
+        self.Runtime = Runtime
+
+
+def test_p11_runtime_cache_is_kept_outside_the_artifact_and_read_on_the_second_load(
+        art: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """p11 on the runner's side (a simulated GPU): the first load writes its cache under
+    $TRTVOCAB_RUNTIME_CACHE_DIR keyed by the plan's sha256, nothing in the rank folder; the second
+    load (a new runner, as a new process would) reads it; the artifact still verifies."""
+    from trtvocab.backends import tensorrt as trt_backend
+    from trtvocab.export.targets import Compiler
+    from trtvocab.export.tensorrt import Toolkit
+
+    double = _RtxDouble()
+    monkeypatch.setattr(trt_backend, "import_compiler", lambda c: Toolkit(Compiler.TENSORRT_RTX, double))
+    monkeypatch.setattr(trt_backend, "cuda_device", lambda: "cuda:0")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake RTX 5090 (test double)")
+    monkeypatch.setenv("TRTVOCAB_RUNTIME_CACHE_DIR", str(tmp_path / "cache"))
+    root = copy_art(art, tmp_path / "a")
+    plan = root / "rank0" / "lm_head.plan"
+    built = plan.exists()  # an RTX plan where tensorrt_rtx is installed; else a stand-in the double accepts
+    if not built:
+        plan.write_bytes(b"FAKE-RTX-PLAN")
+    before = sorted(p.name for p in (root / "rank0").iterdir())
+    first = trt_backend.EngineRunner(plan, None, None, "tensorrt-rtx")
+    first.save_runtime_cache()
+    assert sorted(p.name for p in (root / "rank0").iterdir()) == before  # nothing written into the artifact
+    assert first.cache_path is not None and first.cache_path.parent == tmp_path / "cache"
+    assert first.cache_path.read_bytes() == b"KERNELS-FOR-THIS-GPU"
+    second = trt_backend.EngineRunner(plan, None, None, "tensorrt-rtx")
+    assert second.cache_path == first.cache_path and double.loaded == [b"KERNELS-FOR-THIS-GPU"]
+    if not built:
+        plan.unlink()
+    artifacts.read_manifest(root)  # the second load's verification passes: the rank folder is as built

@@ -109,7 +109,14 @@ def read_regular(path: str | Path, what: str, *, max_bytes: int, error: ErrorTyp
         size = os.fstat(fh.fileno()).st_size
         if size > max_bytes:
             raise error(f"{what} {path}: {size} bytes, more than the {max_bytes} allowed")
-        data = fh.read(max_bytes + 1)
+        chunks, left = [], max_bytes + 1  # in chunks: read(n) would allocate n bytes up front (64 GiB for a plan)
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
     if len(data) > max_bytes:
         raise error(f"{what} {path}: grew while being read (more than {max_bytes} bytes)")
     return data
