@@ -19,13 +19,15 @@ from typing import Any
 
 import pytest
 import torch
-from test_hostile import cli, copy_art, recipe_dict
+from test_hostile import assert_cli_error, cli, copy_art, recipe_dict
 from test_hostile_checkpoint import deadline
+from test_tensorrt_glue import PROFILE, FakeTensorRT, dense_graph
 
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.artifact import store as artifacts
 from trtvocab.artifact.recipe import parse_recipe
-from trtvocab.errors import ArtifactError, CheckpointError, PatternError, QuantizationError
+from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, PatternError, QuantizationError
+from trtvocab.export import tensorrt as T
 from trtvocab.pipeline.build import build
 from trtvocab.quant import patterns
 from trtvocab.quant.config import resolve_lm_head_quant
@@ -309,3 +311,86 @@ def test_p11_runtime_cache_is_kept_outside_the_artifact_and_read_on_the_second_l
     if not built:
         plan.unlink()
     artifacts.read_manifest(root)  # the second load's verification passes: the rank folder is as built
+
+
+# ==== A1: [engine] timing_cache never overwrites a file that is not a timing cache ==========================
+@pytest.fixture
+def fake_trt(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeTensorRT]:
+    """tests/test_tensorrt_glue.py's test double of standard TensorRT, on a pretended CC 9.0 GPU."""
+
+    def install(**kwargs: Any) -> FakeTensorRT:
+        fake = FakeTensorRT(**kwargs)
+        monkeypatch.setitem(sys.modules, "tensorrt", fake)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake H100 (test double)")
+        return fake
+
+    return install
+
+
+def test_a1_timing_cache_path_naming_a_foreign_file_is_refused_and_left_alone(
+        tmp_path: Path, fake_trt: Callable[..., FakeTensorRT]) -> None:
+    """A1 (code reading): with standard TensorRT the build read ``[engine] timing_cache`` and then replaced
+    it atomically, whatever it was (``~/.bashrc``, ``/etc/passwd``). A file TensorRT does not read as a
+    timing cache is now refused before building and left byte for byte; a real cache is still updated."""
+    fake_trt(cache_ok=lambda blob: blob.startswith(b"TIMING-CACHE") or blob == b"OLD-CACHE")
+    graph = dense_graph(tmp_path)
+    victim = tmp_path / "bashrc"
+    victim.write_bytes(b"export PATH=$HOME/bin:$PATH\n")
+    with pytest.raises(ConfigError, match=r"timing_cache .*bashrc: exists but TensorRT"):
+        T.build_engine(graph, tmp_path / "out" / "lm_head.plan", PROFILE, 1 << 30, victim)
+    assert victim.read_bytes() == b"export PATH=$HOME/bin:$PATH\n"
+    assert not (tmp_path / "out" / "lm_head.plan").exists()
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="not a regular file"):
+        T.build_engine(graph, tmp_path / "out" / "lm_head.plan", PROFILE, 1 << 30, folder)
+    cache = tmp_path / "timing.cache"  # absent: created; then a cache TensorRT reads: updated
+    T.build_engine(graph, tmp_path / "out" / "lm_head.plan", PROFILE, 1 << 30, cache)
+    assert cache.read_bytes() == b"TIMING-CACHE"
+    T.build_engine(graph, tmp_path / "out" / "lm_head.plan", PROFILE, 1 << 30, cache)
+    assert cache.read_bytes() == b"TIMING-CACHE"
+
+
+# ==== M1 / Lows of the [engine] options ======================================================================
+@pytest.mark.parametrize("how", ["e26_recipe_require", "f11_cli_require_engine"])
+def test_e26_f11_required_engine_without_onnx_fails_before_writing(tmp_path: Path, how: str) -> None:
+    """e26 / f11: ``require = true`` (or ``--require-engine``) with ``[output] onnx = false`` exited 0 with no
+    engine; now one EngineUnavailableError line, exit 2, nothing written."""
+    out = tmp_path / "art"
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[checkpoint.synthetic]\nvocab_size = 101\nhidden_size = 16\n[output]\ndir = "{out}"\n'
+                      f'onnx = false\n' + ('[engine]\nrequire = true\n' if how.startswith("e26") else ""))
+    code, output = cli("build", str(recipe), *([] if how.startswith("e26") else ["--require-engine"]))
+    assert_cli_error(code, output, "EngineUnavailableError", "onnx = false")
+    assert not out.exists()
+
+
+def test_e27_notice_without_onnx_says_what_was_written(tmp_path: Path) -> None:
+    """e27 (Low): with ``onnx = false`` the notice said "Wrote the ONNX graphs"; it names what was written."""
+    out = tmp_path / "art"
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[checkpoint.synthetic]\nvocab_size = 101\nhidden_size = 16\n[output]\ndir = "{out}"\n'
+                      'onnx = false\n')
+    code, output = cli("build", str(recipe))
+    assert code == 0, output
+    assert "Wrote the ONNX graphs" not in output and "PyTorch fallback weights only" in output
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--compiler", "bogus"], ["--compiler 'bogus'"]),  # f01
+    (["--compiler", ""], ["--compiler ''"]),  # f02
+    (["--compiler", "tensorrt", "--targets", "sm89"], ["TensorRT-RTX targets", "compiler 'tensorrt'"]),  # f08
+])
+def test_f01_f02_f08_engine_flags_name_the_flag_and_value(tmp_path: Path, args: list[str],
+                                                          needles: list[str]) -> None:
+    """f01 / f02 / f08 (Low): a bad ``--compiler`` names the flag and its value; ``--compiler tensorrt`` with
+    TensorRT-RTX ``--targets`` is a contradiction refused before any work."""
+    recipe = tmp_path / "r.toml"
+    out = tmp_path / "a"
+    recipe.write_text(f'[checkpoint.synthetic]\nvocab_size = 101\nhidden_size = 16\n[output]\ndir = "{out}"\n')
+    code, output = cli("build", str(recipe), *args)
+    assert_cli_error(code, output, "ConfigError", *needles)
+    assert not out.exists()

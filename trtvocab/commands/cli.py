@@ -191,8 +191,9 @@ def build(
             console.print(f"[yellow]rank {e.rank} engine warning:[/] {escape(warning)}", highlight=False)
     reasons = {e.engine.reason for e in manifest.ranks if not e.engine.built}
     for reason in sorted(r for r in reasons if r):
-        console.print(f"[yellow]TensorRT engine not built:[/] {escape(reason)}. "
-                      "Wrote the ONNX graphs and the PyTorch fallback weights instead.", highlight=False)
+        wrote = ("Wrote the ONNX graphs and the PyTorch fallback weights instead" if manifest.backends.onnx
+                 else "Wrote the PyTorch fallback weights only")
+        console.print(f"[yellow]TensorRT engine not built:[/] {escape(reason)}. {wrote}.", highlight=False)
 
 
 def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: str | None) -> Any:
@@ -209,7 +210,10 @@ def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: st
     try:
         section = EngineSection(**update)
     except ValidationError as exc:
-        raise ConfigError("--compiler / --targets: " + "; ".join(e["msg"] for e in exc.errors())) from None
+        flags = {"compiler": f"--compiler {compiler!r}", "targets": f"--targets {targets!r}"}
+        raise ConfigError("; ".join(
+            f"{flags.get(str(e['loc'][0]), '--compiler / --targets') if e['loc'] else '--compiler / --targets'}: "
+            f"{e['msg']}" for e in exc.errors())) from None
     return rec.model_copy(update={"engine": section})
 
 

@@ -240,6 +240,10 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
     bad = [r for r in ranks if not 0 <= r < tp]
     if bad:
         raise ConfigError(f"--ranks {bad} out of range for tp_size {tp}")
+    if recipe.engine.require and not recipe.output.onnx:  # engines are built from the ONNX graphs
+        raise EngineUnavailableError("engine required ([engine] require / --require-engine) but [output] onnx = "
+                                     "false: an engine is built from the ONNX graph, so none can be; set "
+                                     "[output] onnx = true or drop the requirement (nothing was written)")
     out = Path(out or recipe.output.dir)
     progress = progress or (lambda rank, stage: None)
     started = datetime.datetime.now(datetime.timezone.utc)
