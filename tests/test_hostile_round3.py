@@ -436,3 +436,45 @@ def test_k05_a_huge_isa_value_is_not_echoed_whole(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ValueError) as err:
         kbuild.requested_isa()
     assert len(str(err.value)) < 300 and "100000 characters" in str(err.value)
+
+
+# ==== M2: an unrecognised quant_method is named, not a symptom ==============================================
+def _qm_null(cfg: dict) -> None:
+    cfg["quantization_config"] = None
+
+
+def _qm_missing(cfg: dict) -> None:
+    del cfg["quantization_config"]["quant_method"]
+
+
+def _qm_case(cfg: dict) -> None:
+    cfg["quantization_config"]["quant_method"] = "Compressed-Tensors"
+
+
+def _qm_list(cfg: dict) -> None:
+    cfg["quantization_config"]["quant_method"] = ["compressed-tensors"]
+
+
+QUANT_METHOD_CASES = {  # probe id -> (preset, edit of config.json, what the message quotes)
+    "c03_qc_null": ("FP8", _qm_null, "quantization_config is None"),
+    "c04_no_quant_method_fp8": ("FP8", _qm_missing, "has no quant_method"),
+    "c05_quant_method_case_fp8": ("FP8", _qm_case, "quant_method is 'Compressed-Tensors'"),
+    "c05b_quant_method_case_nvfp4": ("NVFP4", _qm_case, "quant_method is 'Compressed-Tensors'"),
+    "c48_quant_method_list": ("FP8", _qm_list, "quant_method is ['compressed-tensors']"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(QUANT_METHOD_CASES))
+def test_c03_c48_unrecognised_quant_method_is_named(tmp_path: Path, case: str) -> None:
+    """c03 / c04 / c05 / c05b / c48: the file fell to the ModelOpt rules and the error was a symptom
+    ("expected a float32 scale", "weight_scale_2 is missing"); it now names config.json and quant_method."""
+    preset, edit, quoted = QUANT_METHOD_CASES[case]
+    path = _ct(tmp_path, case, preset)
+    cfg = ctw.read_config(path)
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+    for quant in ("auto", "none"):
+        with pytest.raises(QuantizationError) as err:
+            LMHead.from_checkpoint(path, quant=quant)
+        for part in (str(path / "config.json"), quoted, "compressed-tensors tensors"):
+            assert part in str(err.value), (part, str(err.value))
