@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from test_hostile import assert_cli_error, cli, copy_art, recipe_dict
 from test_hostile_checkpoint import deadline
 from test_tensorrt_glue import PROFILE, FakeTensorRT, dense_graph
@@ -478,3 +479,52 @@ def test_c03_c48_unrecognised_quant_method_is_named(tmp_path: Path, case: str) -
             LMHead.from_checkpoint(path, quant=quant)
         for part in (str(path / "config.json"), quoted, "compressed-tensors tensors"):
             assert part in str(err.value), (part, str(err.value))
+
+
+# ==== M4 and the --out Lows of quantize =======================================================================
+def _dense_ckpt(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    weight = torch.randn(V, H, generator=torch.Generator().manual_seed(0)).bfloat16()
+    save_file({"lm_head.weight": weight}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"vocab_size": V, "hidden_size": H}))
+    return folder
+
+
+def _quantize_cli(src: Path, out: Path, *extra: str) -> tuple[int, str]:
+    return cli("quantize", str(src), "--algo", "fp8", "--format", "compressed-tensors", "--out", str(out), *extra)
+
+
+def test_q26_full_disk_during_quantize_is_one_error_line_and_keeps_the_old_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """q26: a full disk (EFBIG under RLIMIT_FSIZE) during ``quantize --force`` printed a SafetensorError
+    traceback; now one WriteError line naming ``--out``, the old output byte for byte, no private folder."""
+    import safetensors.torch
+
+    src = _dense_ckpt(tmp_path / "dense")
+    out = tmp_path / "q"
+    code, output = _quantize_cli(src, out)
+    assert code == 0, output
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def too_large(*args: Any, **kwargs: Any) -> None:
+        raise safetensors.SafetensorError("Error while serializing: I/O error: File too large (os error 27)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", too_large)
+    code, output = _quantize_cli(src, out, "--force")
+    assert_cli_error(code, output, "WriteError", f"quantize --out {out}", "EFBIG", "is as it was")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dense", "q"]
+
+
+@pytest.mark.parametrize("case", ["q07_out_in_proc", "q08_out_under_a_file", "q22_name_too_long"])
+def test_q07_q08_q22_out_problems_are_refused_before_the_work_naming_out(tmp_path: Path, case: str) -> None:
+    """q07 / q08 / q22 (Low): ``--out`` under /proc, under a file, or with a 300-character name failed after
+    the quantization work with a raw OSError naming the private build folder; now an ArtifactError naming
+    ``--out`` before any work."""
+    src = _dense_ckpt(tmp_path / "dense")
+    (tmp_path / "afile").write_text("x")
+    out = {"q07_out_in_proc": Path("/proc/trtvocab_q37"), "q08_out_under_a_file": tmp_path / "afile" / "sub",
+           "q22_name_too_long": tmp_path / ("n" * 300)}[case]
+    code, output = _quantize_cli(src, out)
+    assert_cli_error(code, output, "ArtifactError", "--out")
+    assert ".building-" not in output

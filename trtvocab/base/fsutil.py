@@ -398,6 +398,34 @@ def check_target(out: Path, force: bool, is_ours: Callable[[Path], bool]) -> Non
                             "refusing to replace it even with --force")
 
 
+NAME_MAX = 255
+
+
+def check_destination(out: Path, option: str = "--out") -> None:
+    """Refuse, before any work, an ``out`` that :func:`staging` could not build beside: a name too long
+    for its private sibling (``.NAME.building-HOST-PID-RANDOM``), a parent that is a file, or a folder
+    in which nothing can be created (``/proc``, read-only, immutable). A folder is created in the
+    nearest existing parent and removed at once, the one way to know (root passes ``access``)."""
+    out = Path(out)
+    private = _private(out, "building").name
+    if len(os.fsencode(private)) > NAME_MAX:
+        room = NAME_MAX - (len(os.fsencode(private)) - len(os.fsencode(out.name)))
+        raise ArtifactError(f"{option} {out}: the name has {len(os.fsencode(out.name))} bytes; at most {room} fit "
+                            f"(its private build folder beside it adds {NAME_MAX - room})")
+    parent = out.parent.absolute()
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ArtifactError(f"{option} {out}: {parent} is not a folder")
+    probe = parent / f".{out.name[:40]}.probe-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"{option} {out}: cannot create folders in {parent}: "
+                            f"{describe_errno(exc.errno) if exc.errno else exc}") from None
+    probe.rmdir()
+
+
 def _publish(stage: Path, out: Path, force: bool, is_ours: Callable[[Path], bool]) -> None:
     appeared = ArtifactError(f"{out} appeared while this run was building (another run published it first); "
                              "nothing was replaced")

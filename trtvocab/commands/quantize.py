@@ -18,6 +18,7 @@ import contextlib
 import copy
 import io
 import json
+import os
 import shutil
 import warnings
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from torch import nn
 
 from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import Activation
-from trtvocab.base.fsutil import check_target, staging
+from trtvocab.base.fsutil import check_destination, check_target, staging, writing
 from trtvocab.base.inputs import check_hidden_states
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.names import LM_HEAD_NAME
@@ -359,6 +360,7 @@ def quantize_checkpoint(
 
         import_compressed_tensors()  # before the work
     check_target(Path(out), force, is_quantized_output)  # before the work: never minutes of it for a refusal
+    check_destination(Path(out))
     ckpt = open_checkpoint(checkpoint)
     name, tied, weight = read_head(ckpt, tensor_name)
     vocab, hidden = weight.shape
@@ -407,7 +409,8 @@ def quantize_checkpoint(
             return replace(result, published=False, gate_failures=list(failures))
     from safetensors.torch import save_file
 
-    with staging(out, force=force, is_ours=is_quantized_output) as stage:
+    with writing(f"quantize --out {out}", note=_untouched(out)), \
+            staging(out, force=force, is_ours=is_quantized_output) as stage:
         from trtvocab.version import __version__
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
@@ -426,6 +429,11 @@ def quantize_checkpoint(
             if src.is_file():
                 shutil.copy2(src, stage / fname)
     return result
+
+
+def _untouched(out: Path) -> str:
+    """What a failed write leaves (the note of a WriteError): staging removed its private folder."""
+    return f"; nothing was published and {out} is as it was" if os.path.lexists(out) else "; nothing was published"
 
 
 def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: QuantAlgo, name: str, tied: bool,
@@ -471,7 +479,8 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
             return replace(result, published=False, gate_failures=list(failures))
     from safetensors.torch import save_file
 
-    with staging(out, force=force, is_ours=is_quantized_output) as stage:
+    with writing(f"quantize --out {out}", note=_untouched(out)), \
+            staging(out, force=force, is_ours=is_quantized_output) as stage:
         from trtvocab.version import __version__
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
