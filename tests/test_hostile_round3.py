@@ -528,3 +528,60 @@ def test_q07_q08_q22_out_problems_are_refused_before_the_work_naming_out(tmp_pat
     code, output = _quantize_cli(src, out)
     assert_cli_error(code, output, "ArtifactError", "--out")
     assert ".building-" not in output
+
+
+# ==== the compressed-tensors Lows, messages and modes ==========================================================
+@pytest.mark.parametrize(("case", "edit", "needles"), [
+    ("t40_nv_packed_1d", _set("lm_head.weight_packed", lambda t: t.reshape(-1)), ["must be 2-D", "[V, H/2]"]),
+    ("t43_ct_plus_weight_scale_2", lambda t: {**t, "lm_head.weight_scale_2": torch.tensor(123.0)},
+     ["lm_head.weight_scale_2 (ModelOpt's global scale)", "one module has one quantization format"]),
+    ("t46_zero_point", lambda t: {**t, "lm_head.weight_zero_point": torch.zeros(V, 1, dtype=torch.int8)},
+     ["lm_head.weight_zero_point is stored"]),
+])
+def test_t40_t43_t46_refusals_name_the_real_cause(tmp_path: Path, case: str, edit: Callable[[dict], dict],
+                                                  needles: list[str]) -> None:
+    """t40 / t43 / t46 (Low): a 1-D packed weight was reported as "block scales [1024, 0]", a stray ModelOpt
+    ``weight_scale_2`` loaded without a word, a ``weight_zero_point`` was reported as "symmetric"."""
+    path = _ct(tmp_path, case, "FP8_W8A16_CHANNEL" if case.startswith("t46") else "NVFP4A16")
+    ctw.rewrite_tensors(path, edit)
+    with pytest.raises(QuantizationError) as err:
+        LMHead.from_checkpoint(path)
+    for needle in needles:
+        assert needle in str(err.value), (needle, str(err.value))
+
+
+def test_v05_v08_user_names_never_become_emoji(capsys: pytest.CaptureFixture[str]) -> None:
+    """v05 / v08 (Low): rich turned ``:X:`` / ``:b:`` inside a user-supplied name into an emoji."""
+    from trtvocab.commands.cli import _fail
+
+    _fail(ConfigError("--variant 'a:b:c=ck/ct_fp8' and compressed-tensors:X: logits"))
+    err = capsys.readouterr().err
+    assert "'a:b:c=ck/ct_fp8'" in err and "compressed-tensors:X:" in err, err
+
+
+def test_t30_m01_m02_cli_dequantize_build_refuses_bad_scales_warns_in_one_line_and_writes_readable_files(
+        tmp_path: Path) -> None:
+    """t30_cli_build_mode_none (H2 through the CLI): ``[quantization] mode = "none"`` over negative block scales
+    built and published; now one error line. m02 (Low): the dequantize warning printed in raw Python form
+    (file, line number, source line); now one ``warning:`` line. m01 (Low): ``weights.safetensors`` was written
+    0600 while the manifest was 0644; now every file of the artifact has the same mode."""
+    good = _ct(tmp_path, "ok", "NVFP4A16")
+    bad = _ct(tmp_path, "bad", "NVFP4A16")
+    ctw.rewrite_tensors(bad, _set("lm_head.weight_scale", _neg_e4m3))
+
+    def recipe(ckpt: Path, out: Path) -> Path:
+        path = tmp_path / f"{out.name}.toml"
+        path.write_text(f'[checkpoint]\npath = "{ckpt}"\n[quantization]\nmode = "none"\n'
+                        f'[output]\ndir = "{out}"\nonnx = false\n')
+        return path
+
+    code, output = cli("build", str(recipe(good, tmp_path / "art")))  # first: a warning is shown once
+    assert code == 0, output
+    assert "UserWarning" not in output and ".py:" not in output, output
+    assert sum("warning:" in line and "dequantizing" in line for line in output.splitlines()) == 1, output
+    code, output = cli("build", str(recipe(bad, tmp_path / "art_bad")))
+    assert_cli_error(code, output, "QuantizationError", "lm_head.weight_scale: block scales must be finite and > 0")
+    assert not (tmp_path / "art_bad").exists()
+    modes = {p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777 for p in (tmp_path / "art").rglob("*")
+             if p.is_file()}
+    assert len(set(modes.values())) == 1, modes

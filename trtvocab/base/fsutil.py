@@ -202,6 +202,14 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def default_mode(path: str | Path) -> None:
+    """Give a file written through a private temp file (safetensors' ``save_file``: ``0600``) the mode
+    ``open`` would have given it (``0666`` less the umask), like every other file of an output."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def fsync_tree(root: str | Path) -> None:
     """fsync every regular file, then every folder (deepest first), under ``root`` and ``root`` itself.
     Symlinks are not followed."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,8 +19,21 @@ from trtvocab.errors import ConfigError, InputError, PeerRankError, RankFailures
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="The vocabulary dimension of LLM inference: plan, build and run TP-sharded LM heads.")
 # Piped output gets wide lines: rich would otherwise wrap tables at 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# emoji=False: a name a user gives (':X:', 'a:b:c') prints as itself, never as an emoji.
+console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as one ``warning:`` line (no source file, line number or source line)."""
+    err_console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
+@app.callback()
+def _cli() -> None:
+    """The vocabulary dimension of LLM inference: plan, build and run TP-sharded LM heads."""
+    warnings.showwarning = _show_warning
 
 
 def _fail(exc: Exception) -> typer.Exit:

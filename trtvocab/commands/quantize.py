@@ -31,7 +31,7 @@ from torch import nn
 
 from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import Activation
-from trtvocab.base.fsutil import check_destination, check_target, staging, writing
+from trtvocab.base.fsutil import check_destination, check_target, default_mode, staging, writing
 from trtvocab.base.inputs import check_hidden_states
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.names import LM_HEAD_NAME
@@ -421,6 +421,7 @@ def quantize_checkpoint(
                                                            if scale_search == "mse" else ")")
         metadata = {"format": "pt", "producer": producer}
         save_file(tensors, str(stage / "model.safetensors"), metadata=metadata)
+        default_mode(stage / "model.safetensors")  # readable as config.json is (not safetensors' 0600)
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
         config = _output_config(ckpt, hf_quant, vocab, hidden, has_input)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -489,6 +490,7 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
         (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         metadata = {"format": "pt", "producer": f"trtvocab quantize (compressed-tensors {head.library_version})"}
         save_file(head.tensors, str(stage / "model.safetensors"), metadata=metadata)
+        default_mode(stage / "model.safetensors")  # readable as config.json is (not safetensors' 0600)
         (stage / "config.json").write_text(json.dumps(_untied_config(ckpt, vocab, hidden), indent=2) + "\n")
         head.compressor.update_config(str(stage))  # the library writes quantization_config
         for fname in TOKENIZER_FILES:

@@ -140,6 +140,7 @@ def build_rank(
     with fsutil.writing(f"rank{rank}/weights.safetensors"):
         save_file(tensors, str(out / "weights.safetensors"),
                   metadata={"rank": str(rank), "start": str(head.vocab_start), "end": str(head.vocab_end)})
+        fsutil.default_mode(out / "weights.safetensors")  # readable as the manifest and graphs are (not 0600)
     files = RankFiles(weights=f"rank{rank}/weights.safetensors")
     verify: VerifyRecord | None = None
     if recipe.output.onnx:

@@ -343,7 +343,11 @@ def _check_scale_tensors(ckpt: Checkpoint, stored: Stored, algo: str, granularit
     """Shapes and dtypes of the scales (header only)."""
     m = stored.module
     weight = ckpt.info(stored.weight)  # type: ignore[arg-type]
-    vocab = weight.shape[0] if weight.shape else 0
+    if len(weight.shape) != 2:
+        wanted = "[V, H/2] (two FP4 codes a byte)" if algo == "NVFP4" else "[V, H]"
+        raise QuantizationError(f"{file}: {stored.weight} must be 2-D {wanted} ({where}), got "
+                                f"{weight.dtype} {list(weight.shape)}")
+    vocab = weight.shape[0]
     scale = ckpt.info(f"{m}.weight_scale")
     numel = 1
     for d in scale.shape:
@@ -421,7 +425,11 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
         return CTModule(module, stored.weight, None, entry=entry, reason=detail + "; loaded dense (quant='none'), "
                         "its scales unused", notice=f"{detail}; loading the dense weights, the scales beside them "
                         "are not applied (quant='none')")
-    if args.type != "float" or not args.symmetric or "weight_zero_point" in stored.present:
+    if "weight_zero_point" in stored.present:
+        raise QuantizationError(f"{file}: {entry}: {module}.weight_zero_point is stored: zero-point (asymmetric) "
+                                "weights are not supported for the head or the embedding (symmetric FP8 E4M3 and "
+                                "NVFP4 only)")
+    if args.type != "float" or not args.symmetric:
         raise QuantizationError(f"{file}: {entry}: {args.type}{args.num_bits} "
                                 f"{'symmetric' if args.symmetric else 'asymmetric'} weights are not supported for "
                                 "the head or the embedding (FP8 E4M3 and NVFP4 only)")
@@ -455,6 +463,11 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
     for key in needed:
         if key not in stored.present:
             raise QuantizationError(f"{file}: {entry} quantizes {module} as {algo}, but {module}.{key} is missing")
+    if ckpt.has(f"{module}.weight_scale_2"):
+        raise QuantizationError(f"{file}: {entry} quantizes {module} as compressed-tensors {algo}, but "
+                                f"{module}.weight_scale_2 (ModelOpt's global scale) is stored beside its "
+                                f"{'weight_global_scale' if algo == 'NVFP4' else 'weight_scale'}; one module has "
+                                "one quantization format")
     _check_scale_tensors(ckpt, stored, algo, granularity, entry, file)
     activation, notice = (_fp8_activation if algo == "FP8" else _nvfp4_activation)(group, stored, entry, file)
     vllm_note = None
