@@ -25,7 +25,9 @@ from trtvocab.errors import PatternError
 MAX_PATTERN_CHARS = 4096  # real targets are tens of characters
 MAX_PATTERN_DEPTH = 32  # groups nested (counted by a loop before the parser recurses)
 MAX_STEPS = 200_000  # node evaluations per (pattern, name); real patterns take under a thousand
-_FLAGS_RUN = re.DOTALL | re.MULTILINE | re.ASCII | re.VERBOSE | re.UNICODE
+# The flags as ints (RegexFlag arithmetic costs more than the rest of a short pattern's compile).
+_DOTALL, _MULTILINE, _ASCII = int(re.DOTALL), int(re.MULTILINE), int(re.ASCII)
+_FLAGS_RUN = _DOTALL | _MULTILINE | _ASCII | int(re.VERBOSE) | int(re.UNICODE)
 
 
 class _Node:
@@ -80,6 +82,16 @@ class _Char(_Node):
     def compute(self, ctx: _Context, pos: int) -> frozenset[int]:
         text = ctx.text
         return frozenset((pos + 1,)) if pos < len(text) and self.test(text[pos]) else frozenset()
+
+
+class _Literal(_Node):
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def compute(self, ctx: _Context, pos: int) -> frozenset[int]:
+        return frozenset((pos + len(self.text),)) if ctx.text.startswith(self.text, pos) else frozenset()
 
 
 class _Seq(_Node):
@@ -199,14 +211,14 @@ def _char_set(items: list[tuple[object, object]], flags: int) -> Callable[[str],
             lo, hi = av  # type: ignore[misc]
             tests.append(lambda ch, lo=lo, hi=hi: lo <= ord(ch) <= hi)
         elif op is sre.CATEGORY:
-            tests.append(_category(av, bool(flags & re.ASCII)))
+            tests.append(_category(av, bool(flags & _ASCII)))
         else:
             raise _Unsupported(f"{op} inside a character class")
     return lambda ch: any(t(ch) for t in tests) != negate
 
 
 def _at(code: object, flags: int) -> Callable[[str, int], bool]:
-    multiline, ascii_only = bool(flags & re.MULTILINE), bool(flags & re.ASCII)
+    multiline, ascii_only = bool(flags & _MULTILINE), bool(flags & _ASCII)
 
     def boundary(text: str, pos: int) -> bool:
         before = pos > 0 and _word(text[pos - 1], ascii_only)
@@ -283,18 +295,29 @@ def compile_pattern(source: str) -> Compiled:
         return node
 
     def build(sub: object, flags: int) -> _Node:
-        items = [one(op, av, flags) for op, av in sub]  # type: ignore[attr-defined]
+        if flags & ~_FLAGS_RUN:
+            raise _Unsupported("case-insensitive or locale matching")
+        items: list[_Node] = []
+        run: list[str] = []  # consecutive literal characters become one node
+        for op, av in sub:  # type: ignore[attr-defined]
+            if op is sre.LITERAL:
+                run.append(chr(av))
+                continue
+            if run:
+                items.append(add(_Literal("".join(run))))
+                run = []
+            items.append(one(op, av, flags))
+        if run:
+            items.append(add(_Literal("".join(run))))
         return items[0] if len(items) == 1 else add(_Seq(items))
 
     def one(op: object, av: object, flags: int) -> _Node:
-        if flags & ~_FLAGS_RUN:
-            raise _Unsupported("case-insensitive or locale matching")
         if op is sre.LITERAL:
             return add(_Char(lambda ch, c=chr(av): ch == c))  # type: ignore[arg-type]
         if op is sre.NOT_LITERAL:
             return add(_Char(lambda ch, c=chr(av): ch != c))  # type: ignore[arg-type]
         if op is sre.ANY:
-            dotall = bool(flags & re.DOTALL)
+            dotall = bool(flags & _DOTALL)
             return add(_Char(lambda ch: dotall or ch != "\n"))
         if op is sre.IN:
             return add(_Char(_char_set(av, flags)))  # type: ignore[arg-type]
@@ -302,7 +325,7 @@ def compile_pattern(source: str) -> Compiled:
             return add(_Alt([build(b, flags) for b in av[1]]))  # type: ignore[index]
         if op is sre.SUBPATTERN:
             _group, add_flags, del_flags, body = av  # type: ignore[misc]
-            return build(body, (flags | add_flags) & ~del_flags)
+            return build(body, (flags | int(add_flags)) & ~int(del_flags))
         if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):  # greedy or lazy: the same matches exist
             low, high, body = av  # type: ignore[misc]
             return add(_Repeat(low, None if high is sre.MAXREPEAT else high, build(body, flags)))
@@ -316,7 +339,7 @@ def compile_pattern(source: str) -> Compiled:
         raise _Unsupported(names.get(op, str(op)))  # type: ignore[call-overload]
 
     try:
-        root = build(parsed, parsed.state.flags)
+        root = build(parsed, int(parsed.state.flags))
     except _Unsupported as exc:
         raise PatternError(f"uses {exc}, which trtvocab's bounded matcher does not run") from None
     except RecursionError:
