@@ -9,6 +9,7 @@ a deadline, so a regression fails in seconds.
 from __future__ import annotations
 
 import json
+import random
 import re
 import sys
 import types
@@ -112,6 +113,46 @@ def test_bounded_matcher_answers_as_re_match_for_real_patterns() -> None:
         compiled = patterns.compile_pattern(pattern)
         for name in NAMES:
             assert patterns.match(compiled, name) == (re.match(pattern, name) is not None), (pattern, name)
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    atoms = ["a", "b", ".", "_", r"\.", "[ab]", "[^a]", r"\w", r"\d", "1", "^", "$", r"\b", r"\B"]
+    k = rng.random()
+    if depth > 3 or k < 0.35:
+        return rng.choice(atoms)
+    if k < 0.55:
+        return "".join(_random_pattern(rng, depth + 1) for _ in range(rng.randint(1, 3)))
+    if k < 0.7:
+        return "(" + "|".join(_random_pattern(rng, depth + 1) for _ in range(rng.randint(1, 3))) + ")"
+    if k < 0.8:
+        return f"(?:{_random_pattern(rng, depth + 1)})" + rng.choice(["*", "+", "?", "{0,2}", "{2}", "*?", "{1,}"])
+    if k < 0.88:
+        return rng.choice(["(?=", "(?!"]) + _random_pattern(rng, depth + 1) + ")"
+    if k < 0.93:
+        return rng.choice(["(?<=", "(?<!"]) + rng.choice(["a", "ab", r"\.", "[ab]"]) + ")"
+    return _random_pattern(rng, depth + 1) + rng.choice(["*", "+", "?"])
+
+
+def test_bounded_matcher_answers_as_re_match_on_random_patterns() -> None:
+    """A differential check on 1500 random small patterns (anchors, ``\\b`` / ``\\B``, lookarounds, nested
+    and lazy repeats) against every short name: the bounded matcher's answer is ``re.match``'s."""
+    rng = random.Random(37)
+    names = ["", "a", "b", "ab", "ba", "a.b", "a_1", "lm_head", "aab", "b.a.", "1a", "a\n"]
+    checked = 0
+    for _ in range(1500):
+        pattern = _random_pattern(rng)
+        try:
+            compiled_re = re.compile(pattern)
+        except re.error:
+            continue
+        try:
+            compiled = patterns.compile_pattern(pattern)
+        except PatternError:  # a possessive repeat ('a?+'): refused, not run
+            continue
+        for name in names:
+            assert patterns.match(compiled, name) == (compiled_re.match(name) is not None), (pattern, name)
+            checked += 1
+    assert checked > 10_000
 
 
 def test_bounded_matcher_stays_bounded_on_nested_repeats() -> None:

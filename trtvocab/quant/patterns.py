@@ -237,7 +237,7 @@ def _at(code: object, flags: int) -> Callable[[str, int], bool]:
         sre.AT_END: end,
         sre.AT_END_STRING: lambda t, p: p == len(t),
         sre.AT_BOUNDARY: boundary,
-        sre.AT_NON_BOUNDARY: lambda t, p: not boundary(t, p),
+        sre.AT_NON_BOUNDARY: lambda t, p: bool(t) and not boundary(t, p),  # sre: never in an empty string
     }
     if code not in table:
         raise _Unsupported(f"the anchor {code}")
