@@ -14,6 +14,7 @@ import importlib.util
 import os
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -158,7 +159,8 @@ class FakeTensorRT(types.ModuleType):
     about whether TensorRT would parse or build the graph.
     """
 
-    def __init__(self, *, parse_ok: bool = True, blob: bytes | None = b"FAKE-PLAN") -> None:
+    def __init__(self, *, parse_ok: bool = True, blob: bytes | None = b"FAKE-PLAN",
+                 cache_ok: Callable[[bytes], bool] = lambda blob: True) -> None:
         super().__init__("tensorrt")
         self.__version__ = "11.0.0.fake"
         self.calls: dict = {"profile": {}}
@@ -251,7 +253,7 @@ class FakeTensorRT(types.ModuleType):
 
             def create_timing_cache(self, blob):
                 fake.calls["cache_in"] = bytes(blob)
-                return Cache()
+                return Cache() if cache_ok(bytes(blob)) else None  # TensorRT: None for a blob it cannot read
 
             def set_timing_cache(self, cache, ignore_mismatch):
                 fake.calls["cache_set"] = ignore_mismatch

@@ -44,6 +44,11 @@ class QuantizationError(TrtVocabError, ValueError):
     """A quantization config or stored scale is unusable."""
 
 
+class PatternError(QuantizationError):
+    """A ``re:`` pattern of a checkpoint's quantization config is refused: too long, nested too deeply,
+    invalid, using a construct the bounded matcher does not run, or needing more steps than its bound."""
+
+
 class DistributedError(TrtVocabError, RuntimeError):
     """A process group could not be set up, a launched rank failed, or the ranks of a group
     did not agree in a handshake (the two subclasses below)."""

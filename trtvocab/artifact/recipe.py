@@ -184,6 +184,13 @@ class EngineSection(_Section):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
 
+    @model_validator(mode="after")
+    def _targets_need_rtx(self) -> EngineSection:
+        if self.compiler == "tensorrt" and self.targets is not None:
+            raise ValueError(f"targets {self.targets} are TensorRT-RTX targets, but compiler 'tensorrt' builds for "
+                             "the local GPU only (leave targets out, or use compiler 'tensorrt-rtx' or 'auto')")
+        return self
+
 
 class OutputSection(_Section):
     """``[output]``: the artifact folder, whether to export ONNX and check it against the fallback."""

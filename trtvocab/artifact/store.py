@@ -309,9 +309,16 @@ def check_rank_headers(root: Path, m: Manifest) -> None:
                                 f"{count * _ITEMSIZE[weight['dtype']]}")
 
 
+# What earlier runners wrote beside a TensorRT-RTX plan after its first run. trtvocab never opens them
+# (runtime caches live outside the artifact: trtvocab.backends.tensorrt.runtime_cache_path), so they
+# are the one unlisted thing a rank folder may hold: an artifact run once is not refused (issue 37, H3).
+LEGACY_RUNTIME_CACHES = frozenset({"lm_head.plan.runtime-cache", "embedding.plan.runtime-cache"})
+
+
 def verify_files(root: Path, manifest: Manifest) -> None:
     """Every listed file: a regular file inside the artifact, of the recorded size and sha256 (reading
-    at most one byte more than recorded); every file in a rank folder: listed."""
+    at most one byte more than recorded); every file in a rank folder: listed (but for
+    :data:`LEGACY_RUNTIME_CACHES`, never opened)."""
     root = Path(root)
     if not manifest.files:
         raise ArtifactError(f"{root / MANIFEST}: lists no files (a manifest from an unfinished or other build)")
@@ -320,7 +327,7 @@ def verify_files(root: Path, manifest: Manifest) -> None:
         for dirpath, _dirs, names in os.walk(folder):
             for name in names:
                 rel = (Path(dirpath) / name).relative_to(root).as_posix()
-                if rel not in manifest.files:
+                if rel not in manifest.files and not (name in LEGACY_RUNTIME_CACHES and Path(dirpath) == folder):
                     raise ArtifactError(f"{root / rel}: not listed in the manifest's files (the runtime could "
                                         "open it unverified)")
     for rel, meta in manifest.files.items():

@@ -34,6 +34,29 @@ from trtvocab.export.tensorrt import cuda_device, import_compiler, recording_log
 
 MAX_PLAN_BYTES = 64 << 30  # a plan read without a recorded size (direct EngineRunner use)
 MAX_RUNTIME_CACHE_BYTES = 1 << 30
+RUNTIME_CACHE_ENV = "TRTVOCAB_RUNTIME_CACHE_DIR"
+
+
+def runtime_cache_dir() -> Path:
+    """Where TensorRT-RTX runtime caches live: ``$TRTVOCAB_RUNTIME_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/trtvocab/rtx-runtime-cache``, else ``~/.cache/trtvocab/rtx-runtime-cache``.
+    Never inside an artifact: its rank folders hold only the files its manifest lists (issue 37, H3)."""
+    if os.environ.get(RUNTIME_CACHE_ENV):
+        return Path(os.environ[RUNTIME_CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "trtvocab" / "rtx-runtime-cache"
+
+
+def runtime_cache_path(plan_sha256: str, gpu: str) -> Path:
+    """The runtime cache of one plan on one GPU model: keyed by the plan's sha256 and the GPU's name."""
+    return runtime_cache_dir() / f"{plan_sha256}-{sha256_bytes(gpu.encode())[:16]}.runtime-cache"
+
+
+def _gpu_name(device: Any) -> str:
+    try:
+        return str(torch.cuda.get_device_name(device))
+    except Exception:  # a name only keys the cache
+        return "unknown GPU"
 
 
 def current_gpu() -> tuple[str, str] | None:
@@ -113,7 +136,8 @@ class EngineRunner:
         if self.engine is None:
             raise ArtifactError(f"{path}: {compiler} {kit.version} cannot deserialize this plan (built by "
                                 f"another version or for another GPU): {'; '.join(self.logger.errors)}")
-        self.cache_path = path.with_name(path.name + ".runtime-cache") if kit.aot else None
+        self.cache_path = runtime_cache_path(sha256 or sha256_bytes(blob), _gpu_name(self.device)) if kit.aot \
+            else None
         self._cache_saved = False
         self.runtime_config = self._runtime_config() if kit.aot else None
         self.context = (self.engine.create_execution_context(self.runtime_config) if self.runtime_config is not None
@@ -142,8 +166,10 @@ class EngineRunner:
         return config
 
     def save_runtime_cache(self) -> None:
-        """Write the kernels compiled so far beside the plan (atomically), for the next process."""
+        """Write the kernels compiled so far to :func:`runtime_cache_path` (atomically; a private folder),
+        for the next process. Nothing is written into the artifact."""
         if self.cache_path is not None:
+            self.cache_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             atomic_write_bytes(self.cache_path, memoryview(self._cache.serialize()))
 
     def _torch_dtype(self, name: str) -> Any:
@@ -176,7 +202,7 @@ class EngineRunner:
             tensor.record_stream(stream)
         if self.cache_path is not None and not self._cache_saved:
             self._cache_saved = True
-            with contextlib.suppress(OSError):  # a read-only artifact still runs, only slower next time
+            with contextlib.suppress(OSError):  # an unwritable cache folder: it still runs, only slower next time
                 stream.synchronize()
                 self.save_runtime_cache()
         return out

@@ -109,7 +109,14 @@ def read_regular(path: str | Path, what: str, *, max_bytes: int, error: ErrorTyp
         size = os.fstat(fh.fileno()).st_size
         if size > max_bytes:
             raise error(f"{what} {path}: {size} bytes, more than the {max_bytes} allowed")
-        data = fh.read(max_bytes + 1)
+        chunks, left = [], max_bytes + 1  # in chunks: read(n) would allocate n bytes up front (64 GiB for a plan)
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
     if len(data) > max_bytes:
         raise error(f"{what} {path}: grew while being read (more than {max_bytes} bytes)")
     return data
@@ -193,6 +200,14 @@ def fsync_dir(path: str | Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def default_mode(path: str | Path) -> None:
+    """Give a file written through a private temp file (safetensors' ``save_file``: ``0600``) the mode
+    ``open`` would have given it (``0666`` less the umask), like every other file of an output."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 def fsync_tree(root: str | Path) -> None:
@@ -389,6 +404,34 @@ def check_target(out: Path, force: bool, is_ours: Callable[[Path], bool]) -> Non
     if not _replaceable(out, is_ours):
         raise ArtifactError(f"{out} exists and is not a folder this tool wrote; "
                             "refusing to replace it even with --force")
+
+
+NAME_MAX = 255
+
+
+def check_destination(out: Path, option: str = "--out") -> None:
+    """Refuse, before any work, an ``out`` that :func:`staging` could not build beside: a name too long
+    for its private sibling (``.NAME.building-HOST-PID-RANDOM``), a parent that is a file, or a folder
+    in which nothing can be created (``/proc``, read-only, immutable). A folder is created in the
+    nearest existing parent and removed at once, the one way to know (root passes ``access``)."""
+    out = Path(out)
+    private = _private(out, "building").name
+    if len(os.fsencode(private)) > NAME_MAX:
+        room = NAME_MAX - (len(os.fsencode(private)) - len(os.fsencode(out.name)))
+        raise ArtifactError(f"{option} {out}: the name has {len(os.fsencode(out.name))} bytes; at most {room} fit "
+                            f"(its private build folder beside it adds {NAME_MAX - room})")
+    parent = out.parent.absolute()
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ArtifactError(f"{option} {out}: {parent} is not a folder")
+    probe = parent / f".{out.name[:40]}.probe-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"{option} {out}: cannot create folders in {parent}: "
+                            f"{describe_errno(exc.errno) if exc.errno else exc}") from None
+    probe.rmdir()
 
 
 def _publish(stage: Path, out: Path, force: bool, is_ours: Callable[[Path], bool]) -> None:

@@ -6,6 +6,7 @@ import json
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,8 +75,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   cls=_Group,
                   help="The vocabulary dimension of LLM inference: plan, build and run TP-sharded LM heads.")
 # Piped output gets wide lines: rich would otherwise wrap tables at 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# emoji=False: a name a user gives (':X:', 'a:b:c') prints as itself, never as an emoji.
+console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as one ``warning:`` line (no source file, line number or source line)."""
+    err_console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
+@app.callback()
+def _cli() -> None:
+    """The vocabulary dimension of LLM inference: plan, build and run TP-sharded LM heads."""
+    warnings.showwarning = _show_warning
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -298,8 +312,9 @@ def build(
             console.print(f"[yellow]rank {e.rank} engine warning:[/] {escape(warning)}", highlight=False)
     reasons = {e.engine.reason for e in manifest.ranks if not e.engine.built}
     for reason in sorted(r for r in reasons if r):
-        console.print(f"[yellow]TensorRT engine not built:[/] {escape(reason)}. "
-                      "Wrote the ONNX graphs and the PyTorch fallback weights instead.", highlight=False)
+        wrote = ("Wrote the ONNX graphs and the PyTorch fallback weights instead" if manifest.backends.onnx
+                 else "Wrote the PyTorch fallback weights only")
+        console.print(f"[yellow]TensorRT engine not built:[/] {escape(reason)}. {wrote}.", highlight=False)
     err_console.print(_time_line([("imports", imported - _STARTED), ("recipe", loaded - imported)],
                                  f"build of {len(manifest.ranks)} rank(s)", built - loaded), highlight=False)
 
@@ -318,7 +333,10 @@ def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: st
     try:
         section = EngineSection(**update)
     except ValidationError as exc:
-        raise ConfigError("--compiler / --targets: " + "; ".join(e["msg"] for e in exc.errors())) from None
+        flags = {"compiler": f"--compiler {compiler!r}", "targets": f"--targets {targets!r}"}
+        raise ConfigError("; ".join(
+            f"{flags.get(str(e['loc'][0]), '--compiler / --targets') if e['loc'] else '--compiler / --targets'}: "
+            f"{e['msg']}" for e in exc.errors())) from None
     return rec.model_copy(update={"engine": section})
 
 

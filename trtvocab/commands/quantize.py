@@ -18,6 +18,7 @@ import contextlib
 import copy
 import io
 import json
+import os
 import shutil
 import warnings
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from torch import nn
 
 from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import Activation
-from trtvocab.base.fsutil import check_target, staging
+from trtvocab.base.fsutil import check_destination, check_target, default_mode, staging, writing
 from trtvocab.base.inputs import check_hidden_states
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.names import LM_HEAD_NAME
@@ -363,6 +364,7 @@ def quantize_checkpoint(
 
         import_compressed_tensors()  # before the work
     check_target(Path(out), force, is_quantized_output)  # before the work: never minutes of it for a refusal
+    check_destination(Path(out))
     ckpt = open_checkpoint(checkpoint)
     name, tied, weight = read_head(ckpt, tensor_name)
     vocab, hidden = weight.shape
@@ -419,7 +421,8 @@ def quantize_checkpoint(
             return replace(result, published=False, gate_failures=list(failures))
     from safetensors.torch import save_file
 
-    with staging(out, force=force, is_ours=is_quantized_output) as stage:
+    with writing(f"quantize --out {out}", note=_untouched(out)), \
+            staging(out, force=force, is_ours=is_quantized_output) as stage:
         from trtvocab.version import __version__
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
@@ -430,6 +433,7 @@ def quantize_checkpoint(
                                                            if scale_search == "mse" else ")")
         metadata = {"format": "pt", "producer": producer}
         save_file({**tensors, **extra}, str(stage / "model.safetensors"), metadata=metadata)
+        default_mode(stage / "model.safetensors")  # readable as config.json is (not safetensors' 0600)
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
         config = _output_config(ckpt, hf_quant, vocab, hidden, has_input)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -438,6 +442,11 @@ def quantize_checkpoint(
             if src.is_file():
                 shutil.copy2(src, stage / fname)
     return result
+
+
+def _untouched(out: Path) -> str:
+    """What a failed write leaves (the note of a WriteError): staging removed its private folder."""
+    return f"; nothing was published and {out} is as it was" if os.path.lexists(out) else "; nothing was published"
 
 
 def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: QuantAlgo, name: str, tied: bool,
@@ -483,7 +492,8 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
             return replace(result, published=False, gate_failures=list(failures))
     from safetensors.torch import save_file
 
-    with staging(out, force=force, is_ours=is_quantized_output) as stage:
+    with writing(f"quantize --out {out}", note=_untouched(out)), \
+            staging(out, force=force, is_ours=is_quantized_output) as stage:
         from trtvocab.version import __version__
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
@@ -492,6 +502,7 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
         (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         metadata = {"format": "pt", "producer": f"trtvocab quantize (compressed-tensors {head.library_version})"}
         save_file(head.tensors, str(stage / "model.safetensors"), metadata=metadata)
+        default_mode(stage / "model.safetensors")  # readable as config.json is (not safetensors' 0600)
         (stage / "config.json").write_text(json.dumps(_untied_config(ckpt, vocab, hidden), indent=2) + "\n")
         head.compressor.update_config(str(stage))  # the library writes quantization_config
         for fname in TOKENIZER_FILES:

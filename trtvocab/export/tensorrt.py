@@ -12,6 +12,7 @@ docs/architecture.md, "Engines".
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trtvocab.base.formats import EMBED_IDS, SEQ_LENS, WeightFormat
-from trtvocab.base.fsutil import atomic_write_bytes, sha256_bytes
+from trtvocab.base.fsutil import atomic_write_bytes, read_regular, sha256_bytes
 from trtvocab.errors import ConfigError, EngineUnavailableError, QuantizationError
 from trtvocab.export.contract import GraphInfo, check_engine, describe_graph
 from trtvocab.export.layer_table import parse_layer_table
@@ -278,6 +279,37 @@ def _plan_rtx(kit: Toolkit, info: GraphInfo, targets: list[str] | None, cc: tupl
     return _Plan(kit, DEQUANTIZE_FP4 if info.dequantize_fp4 else NATIVE, chosen, None, None)
 
 
+MAX_TIMING_CACHE_BYTES = 1 << 30
+
+
+def _timing_cache(config: Any, path: Path, logger: Any, version: str) -> Any:
+    """The timing cache at ``path`` (``[engine] timing_cache``; recipe content, not trusted), which the
+    build then replaces atomically: so it must be absent or a regular file that TensorRT deserializes
+    as a timing cache. Anything else (``~/.bashrc``, ``/etc/passwd``, a FIFO) is refused with a
+    :class:`ConfigError` before building, and never overwritten (issue 37, A1)."""
+    what = f"[engine] timing_cache {path}"
+    if not os.path.lexists(path):
+        return config.create_timing_cache(b"")
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(f"{what}: exists and is not a regular file; the build replaces this file, so it must "
+                          "be absent or a TensorRT timing cache (name a new path)")
+    blob = read_regular(path, "timing cache", max_bytes=MAX_TIMING_CACHE_BYTES, error=ConfigError)
+    if not blob:
+        return config.create_timing_cache(b"")
+    errors = len(logger.errors)
+    try:
+        cache = config.create_timing_cache(blob)
+    except Exception as exc:  # TensorRT's own deserializer refused it
+        cache, detail = None, f"{type(exc).__name__}: {exc}"
+    else:
+        detail = "; ".join(logger.errors[errors:])
+    if cache is None or len(logger.errors) > errors:
+        raise ConfigError(f"{what}: exists but TensorRT {version} does not read it as a timing cache "
+                          f"({detail[:200] or 'refused'}); the build would replace it, so it is left as it is "
+                          "(name a new path, or delete the file if it is a stale cache)")
+    return cache
+
+
 def build_engine(
     onnx_path: str | Path,
     plan_path: str | Path,
@@ -395,17 +427,23 @@ def _build(plan: _Plan, info: GraphInfo, parsed: Path, plan_path: Path, prof: Pr
         opt_profile.set_shape(name, lo, opt, hi)
     config.add_optimization_profile(opt_profile)
     cache_path = None
+    notes: list[str] = []
     if plan.kit.aot:
         plan.kit.set_targets(config, plan.targets)  # and no timing cache: a no-op in TensorRT-RTX
+        if timing_cache_path:
+            notes.append(f"[engine] timing_cache {str(timing_cache_path)!r:.200} has no effect with TensorRT-RTX "
+                         "(it has no timing cache): the file was neither read nor written")
     else:
         cache_path = Path(timing_cache_path) if timing_cache_path else None
-        cache_blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
-        config.set_timing_cache(config.create_timing_cache(cache_blob), False)
+        if cache_path is not None:
+            config.set_timing_cache(_timing_cache(config, cache_path, logger, plan.kit.version), False)
+        else:
+            config.set_timing_cache(config.create_timing_cache(b""), False)
     blob = builder.build_serialized_network(network, config)
     if blob is None:
         detail = "; ".join(logger.errors[-3:]) or "see the TensorRT log"
         raise EngineUnavailableError(f"TensorRT failed to build an engine from {source}: {detail}")
-    warnings = list(logger.warnings)
+    warnings = notes + list(logger.warnings)
     try:
         compute = check_engine(parse_layer_table(logger.messages), info)
     except ValueError as exc:  # a builder that printed no table: say so, don't guess

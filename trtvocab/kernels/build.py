@@ -87,8 +87,22 @@ def requested_isa() -> str:
     vector intrinsics)."""
     value = os.environ.get(ISA_ENV_VAR, "").strip().lower() or "native"
     if value not in ISAS:
-        raise ValueError(f"{ISA_ENV_VAR} must be one of {', '.join(ISAS)}, got {value!r}")
+        shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
+        raise ValueError(f"{ISA_ENV_VAR} must be one of {', '.join(ISAS)}, got {shown}")
     return value
+
+
+def isa_problem(isa: str) -> str | None:
+    """Why a forced instruction set cannot run on this CPU (its :data:`ISA_CPU_FLAGS` missing from
+    ``/proc/cpuinfo``), else None. A library built for it would die of SIGILL in the self-check, and
+    every later process through the cached library: it is refused before building (issue 37, A2)."""
+    if platform.machine().lower() not in _X86:
+        return None  # only x86 builds take a forced -march
+    missing = sorted(ISA_CPU_FLAGS.get(isa, set()) - cpu_flags())
+    if missing:
+        return (f"{ISA_ENV_VAR}={isa} needs CPU flags this CPU lacks ({', '.join(missing)}); "
+                "unset it or choose one this CPU runs")
+    return None
 
 
 def _arch_flags(isa: str = "native") -> list[str]:
@@ -330,7 +344,11 @@ def bind(path: Path, seconds: float = 0.0) -> Loaded:
 
 
 def build_library(verbose: bool = False, isa: str | None = None) -> Loaded:
-    """Build (or find in the cache) and bind the library for ``isa``; not self-checked."""
+    """Build (or find in the cache) and bind the library for ``isa``; not self-checked. A forced
+    instruction set this CPU lacks is a RuntimeError before anything is built or loaded."""
     start = time.perf_counter()
+    problem = isa_problem(isa or requested_isa())
+    if problem is not None:
+        raise RuntimeError(problem)
     path = _library(verbose, isa)
     return bind(path, time.perf_counter() - start)

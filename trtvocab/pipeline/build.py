@@ -143,6 +143,7 @@ def build_rank(
     with fsutil.writing(f"rank{rank}/weights.safetensors"):
         save_file(tensors, str(out / "weights.safetensors"),
                   metadata={"rank": str(rank), "start": str(head.vocab_start), "end": str(head.vocab_end)})
+        fsutil.default_mode(out / "weights.safetensors")  # readable as the manifest and graphs are (not 0600)
     files = RankFiles(weights=f"rank{rank}/weights.safetensors")
     verify: VerifyRecord | None = None
     if recipe.output.onnx:
@@ -244,6 +245,10 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
     bad = [r for r in ranks if not 0 <= r < tp]
     if bad:
         raise ConfigError(f"--ranks {bad} out of range for tp_size {tp}")
+    if recipe.engine.require and not recipe.output.onnx:  # engines are built from the ONNX graphs
+        raise EngineUnavailableError("engine required ([engine] require / --require-engine) but [output] onnx = "
+                                     "false: an engine is built from the ONNX graph, so none can be; set "
+                                     "[output] onnx = true or drop the requirement (nothing was written)")
     out = Path(out or recipe.output.dir)
     progress = progress or (lambda rank, stage: None)
     started = datetime.datetime.now(datetime.timezone.utc)

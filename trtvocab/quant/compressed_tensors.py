@@ -14,7 +14,6 @@ table, the matching rules and the exactness: the section "the format" below.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,9 +21,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trtvocab.base.formats import Activation, Granularity
-from trtvocab.errors import CheckpointError, QuantizationError
+from trtvocab.errors import CheckpointError, PatternError, QuantizationError
+from trtvocab.quant import patterns
 from trtvocab.quant.fp8 import FP8_DTYPE
 from trtvocab.quant.nvfp4 import BLOCK, unpack_codes
+from trtvocab.quant.scales import check_block_scales, check_row_scales, check_scale_range
 
 if TYPE_CHECKING:
     from trtvocab.checkpoints.checkpoint import Checkpoint
@@ -146,18 +147,20 @@ def parse_config(section: dict[str, Any], where: str) -> CTConfig:
 
 
 # ---- matching (compressed-tensors' rules) ----------------------------------------------------------
-def _regex(pattern: str, where: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern[3:])
-    except re.error as exc:
-        raise QuantizationError(f"{where}: {pattern!r} is not a valid regular expression ({exc})") from None
+def _shown(pattern: str) -> str:
+    """A config entry as messages quote it (a long one cut to 80 characters)."""
+    return repr(pattern) if len(pattern) <= 80 else f"{pattern[:80]!r}... ({len(pattern)} characters)"
 
 
 def name_matches(pattern: str, module: str, where: str) -> bool:
-    """Exact name, or ``re:`` + ``re.match`` (anchored at the start only)."""
-    if pattern.startswith("re:"):
-        return _regex(pattern, where).match(module) is not None
-    return pattern == module
+    """Exact name, or ``re:`` + ``re.match``'s answer (anchored at the start only), computed by the bounded
+    matcher of :mod:`trtvocab.quant.patterns` (a refused pattern: :class:`PatternError` naming the entry)."""
+    if not pattern.startswith("re:"):
+        return pattern == module
+    try:
+        return patterns.match(patterns.compile_pattern(pattern[3:]), module)
+    except PatternError as exc:
+        raise PatternError(f"{where} entry {_shown(pattern)}: {exc}") from None
 
 
 def target_matches(pattern: str, module: str, classes: tuple[str, ...], where: str) -> bool:
@@ -211,18 +214,30 @@ def match_group(cfg: CTConfig, module: str, classes: tuple[str, ...], where: str
     return Match(key, cfg.config_groups[key], target, target not in by_name)
 
 
+MAX_SUBCONFIG_DEPTH = 64  # sparsity / transform configs nest a few levels; deeper is refused, not recursed
+
+
 def _matched_elsewhere(section: Any, module: str, classes: tuple[str, ...], where: str) -> bool:
-    """Whether a sparsity / transform sub-config (``targets`` + ``ignore`` lists, any depth) reaches ``module``."""
-    if isinstance(section, dict):
-        targets = section.get("targets")
+    """Whether a sparsity / transform sub-config (``targets`` + ``ignore`` lists, any depth up to
+    :data:`MAX_SUBCONFIG_DEPTH`) reaches ``module``; walked with an explicit stack (no recursion)."""
+    stack: list[tuple[Any, int]] = [(section, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > MAX_SUBCONFIG_DEPTH:
+            raise QuantizationError(f"{where}: nested more than {MAX_SUBCONFIG_DEPTH} levels deep (a sparsity / "
+                                    "transform config nests a few)")
+        if isinstance(node, list):
+            stack.extend((v, depth + 1) for v in reversed(node))
+            continue
+        targets = node.get("targets")
         if isinstance(targets, list) and all(isinstance(t, str) for t in targets):
-            ignore = _strings(section.get("ignore"), f"{where} ignore")
+            ignore = _strings(node.get("ignore"), f"{where} ignore")
             if any(target_matches(t, module, classes, where) for t in targets) and not any(
                     target_matches(p, module, classes, where) for p in ignore):
                 return True
-        return any(_matched_elsewhere(v, module, classes, where) for k, v in section.items() if k != "ignore")
-    if isinstance(section, list):
-        return any(_matched_elsewhere(v, module, classes, where) for v in section)
+        stack.extend((v, depth + 1) for k, v in reversed(list(node.items())) if k != "ignore")
     return False
 
 
@@ -328,7 +343,11 @@ def _check_scale_tensors(ckpt: Checkpoint, stored: Stored, algo: str, granularit
     """Shapes and dtypes of the scales (header only)."""
     m = stored.module
     weight = ckpt.info(stored.weight)  # type: ignore[arg-type]
-    vocab = weight.shape[0] if weight.shape else 0
+    if len(weight.shape) != 2:
+        wanted = "[V, H/2] (two FP4 codes a byte)" if algo == "NVFP4" else "[V, H]"
+        raise QuantizationError(f"{file}: {stored.weight} must be 2-D {wanted} ({where}), got "
+                                f"{weight.dtype} {list(weight.shape)}")
+    vocab = weight.shape[0]
     scale = ckpt.info(f"{m}.weight_scale")
     numel = 1
     for d in scale.shape:
@@ -406,7 +425,11 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
         return CTModule(module, stored.weight, None, entry=entry, reason=detail + "; loaded dense (quant='none'), "
                         "its scales unused", notice=f"{detail}; loading the dense weights, the scales beside them "
                         "are not applied (quant='none')")
-    if args.type != "float" or not args.symmetric or "weight_zero_point" in stored.present:
+    if "weight_zero_point" in stored.present:
+        raise QuantizationError(f"{file}: {entry}: {module}.weight_zero_point is stored: zero-point (asymmetric) "
+                                "weights are not supported for the head or the embedding (symmetric FP8 E4M3 and "
+                                "NVFP4 only)")
+    if args.type != "float" or not args.symmetric:
         raise QuantizationError(f"{file}: {entry}: {args.type}{args.num_bits} "
                                 f"{'symmetric' if args.symmetric else 'asymmetric'} weights are not supported for "
                                 "the head or the embedding (FP8 E4M3 and NVFP4 only)")
@@ -440,6 +463,11 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
     for key in needed:
         if key not in stored.present:
             raise QuantizationError(f"{file}: {entry} quantizes {module} as {algo}, but {module}.{key} is missing")
+    if ckpt.has(f"{module}.weight_scale_2"):
+        raise QuantizationError(f"{file}: {entry} quantizes {module} as compressed-tensors {algo}, but "
+                                f"{module}.weight_scale_2 (ModelOpt's global scale) is stored beside its "
+                                f"{'weight_global_scale' if algo == 'NVFP4' else 'weight_scale'}; one module has "
+                                "one quantization format")
     _check_scale_tensors(ckpt, stored, algo, granularity, entry, file)
     activation, notice = (_fp8_activation if algo == "FP8" else _nvfp4_activation)(group, stored, entry, file)
     vllm_note = None
@@ -485,9 +513,7 @@ class DecompressedRows:
             self.scales = ckpt.get_slice(f"{module}.weight_scale")
             self.global_scale = ckpt.read(f"{module}.weight_global_scale").float().reshape(())
             self.dtype = torch.bfloat16
-            if not bool(torch.isfinite(self.global_scale)) or not bool(self.global_scale > 0):
-                raise QuantizationError(f"{module}.weight_global_scale must be finite and > 0, got "
-                                        f"{self.global_scale.item()}")
+            reciprocal(self.global_scale, f"{module}.weight_global_scale")  # the quantized path's rule
         else:
             self.codes = ckpt.get_slice(f"{module}.weight")
             info = ckpt.info(f"{module}.weight_scale")
@@ -521,18 +547,13 @@ class DecompressedRows:
         codes = self.codes[lo:hi]
         if self.algo == "NVFP4":
             scales = self.scales[lo:hi]
-            _finite_block_scales(scales, f"{self.module}.weight_scale")
+            check_block_scales(scales, f"{self.module}.weight_scale")  # the quantized path's rule
             return decompress_nvfp4(codes, scales, self.global_scale)
         if codes.dtype != FP8_DTYPE:
             raise CheckpointError(f"{self.module}.weight: expected float8_e4m3fn codes, got {codes.dtype}")
         scale = self.scales[lo:hi] if self.per_row else self.scales
+        check_row_scales(scale, f"{self.module}.weight_scale")  # the quantized path's rule
         return decompress_fp8(codes, scale)
-
-
-def _finite_block_scales(scales: torch.Tensor, name: str) -> None:
-    bits = scales.view(torch.uint8)
-    if bool(((bits & 0x7F) == 0x7F).any()):
-        raise QuantizationError(f"{name}: NVFP4 block scales hold E4M3 NaN codes")
 
 
 # ---- the quantized run: ModelOpt-named tensors -------------------------------------------------------
@@ -561,8 +582,11 @@ def _positive_scalar(value: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def reciprocal(value: torch.Tensor, name: str) -> torch.Tensor:
-    """``fp32(1 / value)``: a compressed-tensors global scale as ModelOpt's ``weight_scale_2`` / ``input_scale``."""
-    return torch.ones((), dtype=torch.float32) / _positive_scalar(value, name)
+    """``fp32(1 / value)``: a compressed-tensors global scale as ModelOpt's ``weight_scale_2`` / ``input_scale``
+    (the error names the stored tensor, ``name``, also when only its reciprocal is out of range)."""
+    out = torch.ones((), dtype=torch.float32) / _positive_scalar(value, name)
+    check_scale_range(out, f"{name} = {value.float().reshape(()).item():g} (its reciprocal, the ModelOpt scale)")
+    return out
 
 
 def modelopt_tensors(ckpt: Checkpoint, module: str, algo: str, granularity: Granularity) -> dict[str, Any]:

@@ -224,6 +224,33 @@ def stored_format(ckpt: Checkpoint, tensor_name: str) -> QuantAlgo | None:
     return None
 
 
+def _refuse_unrecognised_ct(ckpt: Checkpoint, module: str, section: Any) -> None:
+    """A head stored with compressed-tensors-only tensors (``weight_packed``, ``weight_global_scale``,
+    ``input_global_scale``, ``weight_zero_point``, an FP8 weight whose ``weight_scale`` is in the model
+    dtype) under a config that is not ``quant_method: "compressed-tensors"`` (null, missing, another
+    case, a list) is refused naming ``quant_method``, not read by the ModelOpt rules (issue 37, M2)."""
+    if ckpt.hf_quant_config is not None:
+        return
+    names = [f"{module}.{k}" for k in ("weight_packed", "weight_global_scale", "input_global_scale",
+                                        "weight_zero_point") if ckpt.has(f"{module}.{k}")]
+    weight, scale = f"{module}.weight", f"{module}.weight_scale"
+    if ckpt.has(weight) and ckpt.has(scale) and ckpt.info(weight).dtype == "F8_E4M3" and \
+            ckpt.info(scale).dtype in ("BF16", "F16"):
+        names.append(f"{scale} ({ckpt.info(scale).dtype}, compressed-tensors' model-dtype FP8 scale)")
+    if not names:
+        return
+    if not isinstance(section, dict):
+        said = "config.json has no quantization_config" if section is None and \
+            "quantization_config" not in ckpt.config else f"quantization_config is {section!r:.80}"
+    else:
+        said = (f"quantization_config.quant_method is {section['quant_method']!r:.80}" if "quant_method" in section
+                else "quantization_config has no quant_method")
+    where = ckpt.path / "config.json" if Path(ckpt.path).is_dir() else ckpt.path
+    raise QuantizationError(f"{where}: {said}, but {', '.join(names)} are compressed-tensors "
+                            f"tensors (expected quant_method {ct.CT_METHOD!r}); the config does not describe the "
+                            "stored head")
+
+
 def resolve_lm_head_quant(
     ckpt: Checkpoint | str | Path,
     *,
@@ -251,6 +278,7 @@ def resolve_lm_head_quant(
                   if mapping is not None and mapping.enable_attention_dp and mapping.lm_head_is_split else None)
         return _resolve_ct(ckpt, ct_section, f"{ckpt.path / 'config.json'} quantization_config", name=name, tied=tied,
                           forced_dense=forced, quant=quant, weight_only=weight_only)
+    _refuse_unrecognised_ct(ckpt, module, ct_section)
     global_algo = QuantAlgo.parse(section.get("quant_algo"), where)
     patterns = _patterns(section, "exclude_modules", where) + _patterns(section, "ignore", where)
     layers = section.get("quantized_layers") or {}

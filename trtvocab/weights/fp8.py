@@ -12,12 +12,12 @@ from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo
+from trtvocab.quant.scales import check_row_scales
 from trtvocab.weights.base import read_rows, source_shape
 from trtvocab.weights.quantized import (
     PREFIX,
     Dequantizer,
     QuantizedWeight,
-    check_scale_range,
     dtype_of,
     fp32_scalar,
     require,
@@ -72,9 +72,7 @@ class FP8Weight(QuantizedWeight):
         if dtype_of(value) != torch.float32:
             raise QuantizationError(f"{name}: expected float32 scales, got {dtype_of(value)}")
         rows = read_rows(value, name, self.shard, tuple(shape[1:])).reshape(-1, 1)
-        if not bool(torch.isfinite(rows).all()) or not bool((rows > 0).all()):
-            raise QuantizationError(f"{name}: per-row scales must be finite and > 0")
-        check_scale_range(rows, name)
+        check_row_scales(rows, name)
         return rows
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import fp8, nvfp4
 from trtvocab.quant.config import QuantAlgo
+from trtvocab.quant.scales import check_block_scales
 from trtvocab.weights.base import read_rows, source_shape
 from trtvocab.weights.quantized import PREFIX, Dequantizer, QuantizedWeight, dtype_of, fp32_scalar, require
 
@@ -62,10 +63,7 @@ class NVFP4Weight(QuantizedWeight):
             raise QuantizationError(f"{PREFIX}weight_scale: expected block scales [V, H/16] = [*, {blocks}], "
                                     f"got {list(source_shape(scales_src))}")
         scales = read_rows(scales_src, PREFIX + "weight_scale", self.shard, (blocks,))
-        bits = scales.view(torch.uint8)
-        if bool(((bits & 0x7F) == 0x7F).any()) or bool((scales.float() <= 0).any()):
-            raise QuantizationError(f"{PREFIX}weight_scale: block scales must be finite and > 0 "
-                                    "(found NaN, zero or negative)")
+        check_block_scales(scales, PREFIX + "weight_scale")
         global_scale = fp32_scalar({"weight_scale_2": require(tensors, "weight_scale_2", "NVFP4 global scale")},
                                     "weight_scale_2")
         with torch.no_grad():

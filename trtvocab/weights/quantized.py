@@ -24,6 +24,7 @@ from trtvocab.checkpoints.checkpoint import ST_DTYPES
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant.config import QuantAlgo, QuantConfig
+from trtvocab.quant.scales import MAX_SCALED_CODE, check_scale_range  # noqa: F401  (re-exported)
 from trtvocab.weights.base import WeightMethod, read_all, read_scalar
 
 CHUNK_ELEMENTS = 1 << 20
@@ -40,19 +41,6 @@ def dtype_of(value: Any) -> torch.dtype | str:
         tag = str(value.get_dtype())
         return ST_DTYPES.get(tag, tag)
     raise CheckpointError(f"expected a torch.Tensor or a safetensors slice, got {type(value).__name__}")
-
-
-# The largest code magnitude any scale multiplies (an FP4 value under an FP8 block scale): a
-# scale whose product with it is not finite would turn valid codes into inf (and then NaN logits).
-MAX_SCALED_CODE = 6.0 * 448.0
-
-
-def check_scale_range(scale: torch.Tensor, name: str) -> None:
-    """Refuse scales that are finite but so large that ``scale * code`` overflows float32."""
-    if not bool(torch.isfinite(scale.float() * MAX_SCALED_CODE).all()):
-        limit = torch.finfo(torch.float32).max / MAX_SCALED_CODE
-        raise QuantizationError(f"{name}: scale {float(scale.max())} is too large (at most {limit:.3e}: "
-                                f"times the largest code {MAX_SCALED_CODE:g} it must stay finite in float32)")
 
 
 def fp32_scalar(tensors: dict[str, Any], key: str) -> torch.Tensor:
