@@ -57,7 +57,8 @@ ProgressFn = Callable[[int, int], None]  # (documents done, documents total)
 def hidden_states_from_text(model_dir: str | Path, texts: list[str], *, layer: int = -1) -> HiddenStates:
     """Packed hidden states ``[T, H]``, ``seq_lens [B]`` and last tokens of ``texts`` at ``layer``.
 
-    No special tokens are added, so each sequence's last row is its last real token.
+    No special tokens are added after the text (only the BOS a tokenizer such as Gemma's puts first), so each
+    sequence's last row is its last real token.
     ``layer`` indexes ``output_hidden_states`` (0 = embeddings, -1 = final layer).
     """
     out = text_hidden_states(model_dir, texts, layer=layer)
@@ -99,7 +100,8 @@ def text_hidden_states(
     token that follows each row in its text (-1 at a sequence's last row). A document
     longer than ``max_len`` tokens (default: the model's ``max_position_embeddings``) is
     split into consecutive sequences; ``max_tokens`` stops after that many rows in all,
-    cutting the last sequence short. No special tokens are added.
+    cutting the last sequence short. The one special token added is the BOS the tokenizer itself puts
+    first (Gemma's, as llama.cpp's perplexity does; none for SmolLM2, no [CLS] / [SEP] for MiniLM).
     """
     if not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
         raise InputError("texts: need at least one non-empty text")
@@ -116,6 +118,9 @@ def text_hidden_states(
     with torch.no_grad():
         for d, text in enumerate(texts):
             ids = tok(text, add_special_tokens=False).input_ids
+            bos = getattr(tok, "bos_token_id", None)
+            if bos is not None and tok(text).input_ids[:1] == [bos] and ids[:1] != [bos]:
+                ids = [bos, *ids]  # a model trained with a BOS (Gemma) is off-distribution without it
             for window in _windows(list(ids), max_len):
                 if max_tokens is not None:
                     window = window[:max_tokens - total]
