@@ -346,9 +346,11 @@ def test_embedding_graph_scales_like_the_module(dtype: torch.dtype) -> None:
     assert float(got[2].float().abs().max()) > 0  # an owned id, scaled
 
 
-def test_engine_layer_table_shows_the_ops() -> None:
-    """TensorRT-RTX builds the soft-capped, biased head ahead of time; its layer table shows the GEMM and
-    the elementwise / activation layers after it (the GEMM contract still holds)."""
+@pytest.mark.parametrize(("tp", "rank"), [(1, 0), (3, 0)])  # rank 0 of 3: 86 rows (an odd shard is padded by the builder)
+def test_engine_layer_table_shows_the_ops(tp: int, rank: int) -> None:
+    """TensorRT-RTX builds the soft-capped, scaled, biased head (and a tp 3 rank's shard of it) ahead of
+    time; its layer table shows the GEMM and the elementwise / activation layers after it (the GEMM
+    contract still holds)."""
     pytest.importorskip("tensorrt_rtx")
     import test_engine_graphs as eg
     from test_engine_graphs import build, gemm
@@ -356,10 +358,11 @@ def test_engine_layer_table_shows_the_ops() -> None:
     from trtvocab.export.onnx import build_model_for_head
 
     ops = HeadOps(bias=True, scale=0.5, softcap=30.0)
-    head = LMHead(eg.V, eg.H, dtype=torch.bfloat16, head_ops=ops)
+    mapping = Mapping(world_size=tp, rank=rank, tp_size=tp) if tp > 1 else None
+    head = LMHead(eg.V, eg.H, dtype=torch.bfloat16, head_ops=ops, mapping=mapping, gather_output=False)
     head.load_weights({"weight": eg._weight().to(torch.bfloat16), "bias": torch.randn(eg.V)})
     table = build(build_model_for_head(head))
-    g = gemm(table)
+    g = gemm(table, rows=head.local_vocab_size)
     assert (g.activation, g.weight, g.resident) == ("bfloat16", "bfloat16", True)
     nodes = {n for layer in table.layers for n in layer.onnx_nodes}
     assert any("Tanh" in n for n in nodes) and any("Add" in n for n in nodes), sorted(nodes)
