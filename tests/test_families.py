@@ -346,7 +346,7 @@ def test_embedding_graph_scales_like_the_module(dtype: torch.dtype) -> None:
     assert float(got[2].float().abs().max()) > 0  # an owned id, scaled
 
 
-@pytest.mark.parametrize(("tp", "rank"), [(1, 0), (3, 0)])  # rank 0 of 3: 86 rows (an odd shard is padded by the builder)
+@pytest.mark.parametrize(("tp", "rank"), [(1, 0), (3, 0)])  # rank 0 of 3: 86 rows (the builder pads odd ones)
 def test_engine_layer_table_shows_the_ops(tp: int, rank: int) -> None:
     """TensorRT-RTX builds the soft-capped, scaled, biased head (and a tp 3 rank's shard of it) ahead of
     time; its layer table shows the GEMM and the elementwise / activation layers after it (the GEMM
