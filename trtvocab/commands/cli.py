@@ -460,6 +460,10 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
     console.print(f"[bold]{escape(str(artifact))}[/]: V={h.vocab_size:,} H={h.hidden_size:,} dtype={h.dtype} "
                   f"layout={h.vocab_layout} tp={manifest.mapping.tp_size} quant={escape(manifest.quant.label)}"
                   f" ({escape(manifest.quant.reason)})", highlight=False)
+    fam = h.family
+    if not (fam.head.is_identity and fam.embedding.is_identity):
+        console.print(escape(f"family {fam.architecture or '(none)'}: logits = {fam.head.describe()}, embedding "
+                             f"rows = {fam.embedding.describe()}"), highlight=False)
     built_with = ", ".join(f"{k} {v}" for k, v in manifest.versions.items())
     console.print(escape(f"built {manifest.created} with {built_with}"), highlight=False)
     table = Table()
