@@ -61,6 +61,8 @@ SPECIAL: dict[str, dict[str, Any]] = {
     "codegen": {"rotary_dim": 16}, "gptj": {"rotary_dim": 16},
     "reformer": {"is_decoder": True, "axial_pos_shape": [16, 16], "axial_pos_embds_dim": [32, 32]},
     "xlstm": {"qk_dim_factor": 1.0, "v_dim_factor": 1.0},
+    "lfm2_moe": {"layer_types": ["full_attention"]},
+    "mamba2": {"num_heads": 2, "head_dim": 64, "n_groups": 1},
 }
 SKIP = {"blt": "instantiating its byte-latent patcher and encoders takes minutes on a CPU",
         "gemma3n": "needs timm", "gemma4_assistant": "its default config fails its own validation",
@@ -76,7 +78,10 @@ def _shrink(d: dict[str, Any], drop: set[str], layers: bool = True) -> dict[str,
         if isinstance(value, dict) and "model_type" in value:
             out[key] = {**value, **_shrink(value, drop, layers)}
         elif key in SIZES and key not in drop and isinstance(value, int) and not isinstance(value, bool):
-            out[key] = SIZES[key]
+            # never grow a size (a top-1 router stays top-1), except the vocabulary, which is fixed
+            out[key] = SIZES[key] if key == "vocab_size" else min(value, SIZES[key])
+        elif key == "head_dim" and value is None and key not in drop:
+            out[key] = SIZES[key]  # a class that reads head_dim without a fallback
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         v = d.get(key)
         if isinstance(v, int) and v >= VOCAB:
