@@ -41,6 +41,7 @@ IDS = [3, 17, 250, 1000, 42, 7]
 HEAD_TOL = 1e-4  # nats (see head_tolerance)
 EMB_TOL = 1e-6  # relative
 MEMORY_LIMIT = 6 << 30
+STARTUP_S = 180.0  # a worker's imports (torch, transformers) on a loaded 2-core machine
 SIZES = {
     "vocab_size": VOCAB, "hidden_size": 64, "n_embd": 64, "d_model": 64, "n_embed": 64, "dim": 64,
     "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "decoder_ffn_dim": 128, "encoder_ffn_dim": 128,
@@ -270,12 +271,17 @@ def model_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def _run_workers(types: list[str], root: Path, timeout: float, log: Any) -> dict[str, dict[str, Any]]:
+def _run_workers(types: list[str], root: Path, timeout: float, log: Any,
+                 retry: bool = True) -> dict[str, dict[str, Any]]:
+    """``types`` through worker processes, one JSON line a type. A worker's first type also waits for its
+    imports (``STARTUP_S`` more); a type that times out or kills its worker is tried once more alone, with
+    twice the time (a loaded machine is slow, not wrong), then marked ``other``."""
     import queue
     import threading
 
     results: dict[str, dict[str, Any]] = {}
     pending = list(types)
+    failed: list[str] = []
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     while pending:
@@ -292,13 +298,15 @@ def _run_workers(types: list[str], root: Path, timeout: float, log: Any) -> dict
             q.put(None)
 
         threading.Thread(target=pump, daemon=True).start()
+        first = True
         while pending:
             try:
-                line = lines.get(timeout=timeout)
+                line = lines.get(timeout=timeout + (STARTUP_S if first else 0.0))
             except queue.Empty:
                 line, why = None, "killed after the time limit"
             else:
                 why = f"worker died (exit {proc.wait()})" if line is None else ""
+            first = False
             if line is not None:
                 got = json.loads(line)
                 results[got["type"]] = got
@@ -308,11 +316,15 @@ def _run_workers(types: list[str], root: Path, timeout: float, log: Any) -> dict
             mt = pending.pop(0)
             proc.kill()
             proc.wait()
+            failed.append(mt)
             results[mt] = {"type": mt, "status": "other", "why": why}
             print(f"  {mt}: other ({why})", file=log, flush=True)
             break
         else:
             proc.wait()
+    if retry:
+        for mt in failed:
+            results.update(_run_workers([mt], root, 2 * timeout, log, retry=False))
     return results
 
 
