@@ -183,6 +183,8 @@ def test_bias_is_read_shard_only_and_validated(tmp_path: Path) -> None:
     ({"model_type": "my_new_arch", "text_config": {"scale_emb": 12}}, "scale_emb"),
     ({"model_type": "dory"}, "logit scale"),
     ({"model_type": "gemma2", "final_logit_softcapping": -1.0}, "final_logit_softcapping"),
+    ({"model_type": "cohere", "logit_scale": 1e30}, "logit_scale"),
+    ({"model_type": "granite", "logits_scaling": "8"}, "logits_scaling"),
 ])
 def test_unmodeled_families_are_refused_by_name(tmp_path: Path, config: dict, field: str) -> None:
     path = _write(tmp_path / "m", {"lm_head.weight": torch.randn(V, H), "model.embed_tokens.weight": torch.randn(V, H)},

@@ -112,9 +112,16 @@ GGUF_TO_HF = {"gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text", "co
 GGUF_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "embedding_scale", "attn_logit_softcapping")
 
 
+# The range a config's scale, divisor, soft-cap or embedding scale may take (real ones: 0.03 .. 100): file
+# content is untrusted, and a factor of 1e30 would turn every logit into inf.
+FACTOR_RANGE = (2.0**-24, 2.0**24)
+
+
 def _number(value: Any, where: str, arch: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ArchitectureError(f"{where}: {arch}: expected a finite number > 0, got {value!r:.80}")
+    lo, hi = FACTOR_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not lo <= value <= hi:
+        raise ArchitectureError(f"{where}: {arch}: expected a number in [2^-24, 2^24], got {value!r:.80}")
     return float(value)
 
 
