@@ -251,3 +251,24 @@ def test_family_ops_follow_the_lora_gemm(tmp_path: Path) -> None:
     got = emb(ids, torch.tensor([0, -1]))
     torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(got[1], emb(ids)[1])
+
+
+def test_plan_counts_adapter_bytes_per_rank(tmp_path: Path) -> None:
+    """`trtvocab plan --lora`: each rank's figure is what its bf16 head and embedding hold for the adapter."""
+    from trtvocab import Mapping
+    from trtvocab.commands.plan import make_plan
+    from trtvocab.weights.lora import open_adapter
+
+    tensors = {**_head_lora(3), "base_model.model.model.embed_tokens.lora_embedding_A": torch.randn(3, V),
+               "base_model.model.model.embed_tokens.lora_embedding_B": torch.randn(H, 3),
+               "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta": torch.randn(3, H)}
+    folder = _adapter(tmp_path / "plan", tensors, r=3, trainable_token_indices=[0, 20, 49])
+    plan = make_plan(V, H, 3, 4, adapters=[open_adapter(folder)])
+    assert plan.adapters == ["plan"]
+    for rank in range(3):
+        mapping = Mapping(world_size=3, rank=rank, tp_size=3)
+        head, emb = LMHead(V, H, mapping=mapping), VocabParallelEmbedding(V, H, mapping=mapping)
+        for module in (head, emb):
+            module.load_weights({"weight": torch.randn(V, H)})
+            module.load_adapter(folder)
+        assert plan.ranks[rank].adapter_bytes == head.adapter_bytes() + emb.adapter_bytes() > 0

@@ -162,6 +162,8 @@ def plan(
     tied: Annotated[bool | None, typer.Option("--tied/--untied", help="the head is the input embedding (one "
                                               "matrix); default: the checkpoint's, else untied")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    lora: Annotated[list[Path] | None, typer.Option(help="a PEFT LoRA adapter folder to count per rank "
+                                                    "(repeatable)")] = None,
 ) -> None:
     """The vocabulary ledger: shards, weight bytes (bf16/fp8/nvfp4), logits, collectives, FLOPs, replication."""
     from trtvocab.base.units import human_bytes as human
@@ -182,8 +184,11 @@ def plan(
             tied = stored_tied
         if vocab is None or hidden is None:
             raise ConfigError("give a CHECKPOINT or both --vocab and --hidden")
+        from trtvocab.weights.lora import open_adapter
+
+        adapters = [open_adapter(folder, other_modules="ignore") for folder in lora or []]
         p = make_plan(vocab, hidden, tp, batch, layout, pad_to,  # type: ignore[arg-type]
-                      tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied))
+                      tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied), adapters=adapters)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:

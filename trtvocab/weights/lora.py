@@ -434,5 +434,31 @@ def lora_rows(partial: torch.Tensor, adapters: list[ShardAdapter],
     return out
 
 
-__all__ = ["AdapterFile", "ShardAdapter", "adapt_logits_", "check_adapter_ids", "lora_partial", "lora_rows",
-           "open_adapter", "replace_rows_", "shard_adapter"]
+
+
+def footprint(adapter: AdapterFile, shard: VocabShard, hidden: int, dtype_bytes: int, *, tied: bool = False) -> int:
+    """Bytes one rank holds for ``adapter`` on both vocabulary modules, from the header alone (what
+    :func:`shard_adapter` keeps: LoRA factors in float32, copies and trainable-token rows in the
+    module dtype, ``dtype_bytes`` per element). A saved ``base_layer.weight`` is not counted (it is
+    dropped when it equals the checkpoint's table)."""
+    total = 0
+    for which in ("head", "embedding"):
+        module = module_of(adapter, which)  # type: ignore[arg-type]
+        parts = adapter.modules.get(module, {}) if module is not None else {}
+        if "lora_A" in parts or "emb_A" in parts:
+            r = adapter.rank(module)  # type: ignore[arg-type]
+            total += 4 * r * (shard.size + hidden)
+        if "copy" in parts:
+            total += shard.size * hidden * dtype_bytes
+        token_module = module
+        if which == "head" and tied and "tokens" not in parts:
+            token_module = module_of(adapter, "embedding")
+        indices = adapter.token_indices(token_module) if token_module is not None else None
+        if indices and isinstance(indices, list):
+            owned = sum(1 for i in indices if isinstance(i, int) and shard.start <= i < shard.end)
+            total += owned * (hidden * dtype_bytes + 8)
+    return total
+
+
+__all__ = ["AdapterFile", "ShardAdapter", "adapt_logits_", "check_adapter_ids", "footprint", "lora_partial",
+           "lora_rows", "open_adapter", "replace_rows_", "shard_adapter"]
