@@ -1,22 +1,16 @@
 """PEFT LoRA adapters on the two vocabulary modules, one shard at a time.
 
-An adapter folder holds ``adapter_config.json`` and ``adapter_model.safetensors`` (what
-``PeftModel.save_pretrained`` writes). :func:`open_adapter` reads the config and the header only;
-:func:`shard_adapter` then reads one rank's part of one module (the head or the embedding) as a
-:class:`ShardAdapter`. Per module, PEFT's tensors and what a rank keeps of them::
+:func:`open_adapter` reads an adapter folder's ``adapter_config.json`` and ``adapter_model.safetensors``
+header; :func:`shard_adapter` reads one rank's part of the head or the embedding as a :class:`ShardAdapter`::
 
-    head  lm_head.lora_A.weight [r, H]                 replicated        logits += s * (x @ A.T) @ B.T
-          lm_head.lora_B.weight [V, r]                 this rank's rows
-    emb   embed_tokens.lora_embedding_A [r, V]         this rank's columns (as [V_local, r])
-          embed_tokens.lora_embedding_B [H, r]         replicated        rows += s * A.T[ids] @ B.T
-    both  <module>.weight (modules_to_save copy) [V, H]               this rank's rows (replace the table)
-          <module>.base_layer.weight (saved embedding layers)       ignored when equal to the base, else a copy
-          <module>.token_adapter.trainable_tokens_delta [k, H]       rows of the owned indices (replace them)
+    head  lm_head.lora_A.weight [r, H] replicated, lora_B.weight [V, r] own rows   += s (x A^T) B^T
+    emb   lora_embedding_A [r, V] own columns, lora_embedding_B [H, r] replicated  += s A^T[ids] B^T
+    both  modules_to_save copy [V, H] and trainable tokens [k, H]: own rows, replace the base rows
 
-``s`` is ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with rsLoRA). DoRA and the other methods that change
-the formula are refused by name (:class:`~trtvocab.errors.AdapterError`, naming the file and the field or
-tensor), as are ranks and shapes that disagree with the config or the model, NaN / inf values, and
-tensors for modules other than the two (unless the caller runs those elsewhere: ``other_modules="ignore"``).
+``s = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA). DoRA and the other methods that change the formula,
+shapes that disagree with the config or the model, NaN / inf and modules other than the two are refused
+(:class:`~trtvocab.errors.AdapterError`, naming the file and the tensor or field). The functions below
+apply each row's adapter; the full table, mixed batches and tied heads: docs/architecture.md, "LoRA adapters".
 """
 
 from __future__ import annotations
