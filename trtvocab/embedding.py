@@ -267,8 +267,9 @@ class VocabParallelEmbedding(VocabParallelModule):
         # with each id's adapter when adapters are picked (so every rank takes the same collectives).
         digest = 0
         if error is None and not adp:
-            keyed = input_ids.to(torch.int64).reshape(-1)
-            digest = D.tensor_digest(keyed if per_id is None else torch.stack([keyed, per_id.to(torch.int64)]))
+            digest = D.tensor_digest(input_ids.to(torch.int64))
+            if per_id is not None:
+                digest = D.tensor_digest(torch.tensor([digest, D.tensor_digest(per_id.to(torch.int64))]))
         agreed = self._meet(LOOKUP_HANDSHAKE, self._identity(count, digest), error, "ids", "ids")
         counts = agreed["ids"]
         self._same_ids(agreed["ids digest"], counts)
