@@ -809,6 +809,11 @@ def generate(
                                                           "than MODEL anyway (said in the output)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
                                           '"text"}]} only')] = False,
+    lora: Annotated[list[str] | None, typer.Option(help="NAME=DIR: a PEFT LoRA adapter (lm_head / embed_tokens) "
+                                                   "(repeatable)")] = None,
+    lora_for: Annotated[list[str] | None, typer.Option(help="INDEX=NAME: prompt INDEX (0-based) uses adapter NAME; "
+                                                       "a bare INDEX names the only adapter (default: one adapter "
+                                                       "applies to every prompt)")] = None,
 ) -> None:
     """Decode with the vocabulary dimension split over --tp ranks: embedding, head and sampler in trtvocab."""
     from trtvocab.commands.generate import generate as run_generate
@@ -820,7 +825,7 @@ def generate(
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
-                               attention_dp=attention_dp, body_ranks=body_ranks)
+                               attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for)
         prepared = time.perf_counter()
         report = run_generate(spec, loaded)
         ran = time.perf_counter()
