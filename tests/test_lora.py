@@ -272,3 +272,52 @@ def test_plan_counts_adapter_bytes_per_rank(tmp_path: Path) -> None:
             module.load_weights({"weight": torch.randn(V, H)})
             module.load_adapter(folder)
         assert plan.ranks[rank].adapter_bytes == head.adapter_bytes() + emb.adapter_bytes() > 0
+
+
+def test_quantized_head_adds_the_same_delta_and_export_refuses_adapters(tmp_path: Path) -> None:
+    """An FP8 head: the adapter adds exactly its LoRA term to the head's own float32 logits. ONNX export of
+    a head or a table holding adapters is refused (the graph would drop them)."""
+    pytest.importorskip("onnx")
+    from trtvocab import QuantAlgo, QuantConfig
+    from trtvocab.base.formats import Activation
+    from trtvocab.errors import ConfigError
+    from trtvocab.export.embedding import build_embedding_model
+    from trtvocab.export.onnx import build_model_for_head
+    from trtvocab.quant import fp8
+
+    tensors = _head_lora()
+    folder = _adapter(tmp_path / "q", tensors)
+    w = torch.randn(V, H)
+    scale = w.abs().max() / 448
+    head = LMHead(V, H, dtype=torch.float32,
+                  quant_config=QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE))
+    q, scale = fp8.quantize_fp8(w, scale)
+    head.load_weights({"weight": q, "weight_scale": scale})
+    head.load_adapter(folder)
+    x = torch.randn(3, H)
+    a, b = tensors["base_model.model.lm_head.lora_A.weight"], tensors["base_model.model.lm_head.lora_B.weight"]
+    delta = head(x, torch.zeros(3, dtype=torch.int64)) - head(x)
+    torch.testing.assert_close(delta, (x @ a.t()) @ b.t() * 2.0, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ConfigError, match="holds LoRA adapters"):
+        build_model_for_head(head)
+    emb = VocabParallelEmbedding(V, H, dtype=torch.float32)
+    emb.load_weights({"weight": w})
+    prefix = "base_model.model.model.embed_tokens"
+    emb.load_adapter(_adapter(tmp_path / "e", {f"{prefix}.lora_embedding_A": torch.randn(2, V),
+                                                f"{prefix}.lora_embedding_B": torch.randn(H, 2)}))
+    with pytest.raises(ConfigError, match="holds LoRA adapters"):
+        build_embedding_model(emb)
+
+
+def test_cli_plan_lora(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trtvocab.commands.cli import app
+
+    folder = _adapter(tmp_path / "cli", _head_lora())
+    result = CliRunner().invoke(app, ["plan", "--vocab", str(V), "--hidden", str(H), "--tp", "3", "--lora", str(folder),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["adapters"] == ["cli"]
+    assert [r["adapter_bytes"] for r in plan["ranks"]] == [4 * 2 * (size + H) for size in (17, 17, 16)]

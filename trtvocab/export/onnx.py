@@ -243,6 +243,10 @@ def head_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
 
 
 def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_fp4: bool = False) -> GraphSpec:
+    if head.adapters:
+        raise ConfigError(f"ONNX export: the head holds LoRA adapters {head.adapter_names}, which the graph would "
+                          "drop; export the base head (adapters are not exported yet: docs/architecture.md, "
+                          "'LoRA adapters')")
     fmt = head.weight_format
     qc = head.quant_config
     activation, granularity, block = Activation.NONE, Granularity.PER_TENSOR, FP4_BLOCK
