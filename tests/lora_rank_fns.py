@@ -52,3 +52,17 @@ def refusals(rank: int, world: int, bad: str) -> tuple[str, int]:
     except Exception as exc:
         name = type(exc).__name__
     return name, len(head.adapters)
+
+
+def disagreeing_picks(rank: int, world: int, folder: str) -> str:
+    """Ranks that pick different adapters for the same rows fail in the forward's handshake, every rank."""
+    head = LMHead(50, 16, dtype=torch.float32, mapping=Mapping(world_size=world, rank=rank, tp_size=world))
+    head.load_weights({"weight": torch.zeros(50, 16)})
+    head.load_adapter(folder)
+    x = torch.ones(2, 16)
+    head(x, torch.tensor([0, -1]))  # agreed: fine
+    try:
+        head(x, torch.tensor([0, rank - 1]))  # rank 0 picks none for row 1, rank 1 the adapter
+    except Exception as exc:
+        return type(exc).__name__
+    return "no error"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from lora_rank_fns import lora_cases, refusals
+from lora_rank_fns import disagreeing_picks, lora_cases, refusals
 from safetensors.torch import save_file
 
 from trtvocab import LMHead, VocabParallelEmbedding
@@ -199,12 +199,16 @@ def test_nan_is_refused_naming_file_and_tensor(tmp_path: Path) -> None:
         _head().load_adapter(folder)
 
 
-def test_nan_in_one_ranks_rows_fails_every_rank(tmp_path: Path, launch_ranks: Any) -> None:
-    """Only the last rank reads the NaN row of B: it raises AdapterError, its peers PeerRankError, no hang."""
+def test_split_refusals_fail_every_rank(tmp_path: Path, launch_ranks: Any) -> None:
+    """Only the last rank reads the NaN row of B: it raises AdapterError, its peers PeerRankError, no hang;
+    ranks picking different adapters for the same rows all raise RankMismatchError."""
     tensors = _head_lora()
     tensors["base_model.model.lm_head.lora_B.weight"][V - 1, 0] = float("nan")
     folder = _adapter(tmp_path / "nan", tensors)
     assert launch_ranks(refusals, 2, str(folder), timeout_s=120) == [("PeerRankError", 0), ("AdapterError", 0)]
+    # Ranks that pick different adapters for the same rows: every rank refuses (no silent divergence).
+    good = _adapter(tmp_path / "good", _head_lora())
+    assert launch_ranks(disagreeing_picks, 2, str(good), timeout_s=120) == ["RankMismatchError"] * 2
 
 
 def test_rslora_scaling_and_row_picks(tmp_path: Path) -> None:

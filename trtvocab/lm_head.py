@@ -49,7 +49,7 @@ FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
     D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", DTYPES),
-    D.Field("head ops (digest)"), D.Field("rows", per_rank=True),
+    D.Field("head ops (digest)"), D.Field("adapters (digest)"), D.Field("rows", per_rank=True),
 ))
 
 
@@ -287,7 +287,15 @@ class LMHead(VocabParallelModule):
                 "gather_output": self.gather_output, "weight format": self.weight_format,
                 "mapping": self.mapping_kind,
                 "deterministic": self.deterministic, "output dtype": self.output_dtype,
-                "head ops (digest)": self.head_ops.digest(), "rows": rows}
+                "head ops (digest)": self.head_ops.digest(), "adapters (digest)": self._adapters_digest(),
+                "rows": rows}
+
+    def _adapters_digest(self) -> int:
+        """The loaded adapters' names and each row's pick (0: none loaded): ranks must agree on both."""
+        if not self.adapters:
+            return 0
+        names = D.tensor_digest(torch.tensor(list("\0".join(self.adapter_names).encode()), dtype=torch.uint8))
+        return D.tensor_digest(torch.tensor([names, D.tensor_digest(self.row_adapters)]))
 
     def _owned_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, V_local]`` logits of the owned columns, in :attr:`output_dtype`."""
