@@ -325,3 +325,23 @@ def test_cli_plan_lora(tmp_path: Path) -> None:
     plan = json.loads(result.stdout)
     assert plan["adapters"] == ["cli"]
     assert [r["adapter_bytes"] for r in plan["ranks"]] == [4 * 2 * (size + H) for size in (17, 17, 16)]
+
+
+def test_logits_processor_gives_each_sequence_its_adapter(tmp_path: Path) -> None:
+    """LogitsProcessor(adapter_ids=[B]): every selected row of a sequence uses that sequence's adapter."""
+    from trtvocab import LogitsProcessor
+
+    head = _head()
+    head.load_adapter(_adapter(tmp_path / "a", _head_lora()))
+    head.load_adapter(_adapter(tmp_path / "b", _head_lora(r=2)))
+    hidden, lens, per_seq = torch.randn(9, H), [4, 2, 3], torch.tensor([1, -1, 0])
+    rows = torch.repeat_interleave(per_seq, torch.tensor(lens))
+    lp = LogitsProcessor()
+    torch.testing.assert_close(lp(hidden, head, lens, adapter_ids=per_seq), head(hidden[[3, 5, 8]], per_seq))
+    torch.testing.assert_close(lp(hidden, head, lens, return_context_logits=True, adapter_ids=per_seq),
+                               head(hidden, rows))
+    picked = [2, 3, 4, 5, 7, 8]
+    torch.testing.assert_close(lp(hidden, head, lens, num_logits_per_seq=2, adapter_ids=per_seq),
+                               head(hidden[picked], rows[picked]))
+    with pytest.raises(InputError, match="one per sequence"):
+        lp(hidden, head, lens, adapter_ids=torch.tensor([0, 1]))
