@@ -345,3 +345,27 @@ def test_logits_processor_gives_each_sequence_its_adapter(tmp_path: Path) -> Non
                                head(hidden[picked], rows[picked]))
     with pytest.raises(InputError, match="one per sequence"):
         lp(hidden, head, lens, adapter_ids=torch.tensor([0, 1]))
+
+
+def test_compare_takes_an_adapter_as_a_variant(tmp_path: Path, hf_checkpoint: Any) -> None:
+    """compare --lora NAME=DIR: the baseline's head with the adapter on every row; a zero adapter is the
+    baseline itself (KL 0, same top-1 everywhere), a real one moves the distribution."""
+    from trtvocab.commands.compare import compare
+
+    w = torch.randn(V, H)
+    base = hf_checkpoint({"lm_head.weight": w, "model.embed_tokens.weight": torch.randn(V, H)},
+                         {"model_type": "llama", "vocab_size": V, "hidden_size": H})
+    zero = _head_lora()
+    zero["base_model.model.lm_head.lora_B.weight"].zero_()
+    real = _head_lora()
+    real["base_model.model.lm_head.lora_B.weight"] *= 3.0
+    folders = {"zero": _adapter(tmp_path / "zero", zero), "real": _adapter(tmp_path / "real", real)}
+    hidden = torch.randn(12, H)
+    report = compare(base, hidden=hidden, seq_lens=torch.tensor([5, 7]), bootstrap=0,
+                     loras=[f"{n}={f}" for n, f in folders.items()])
+    by_name = {v.name: v for v in report.variants}
+    assert set(by_name) == {"lora:zero", "lora:real"}
+    assert by_name["lora:zero"].metrics.kl_mean == 0.0 and by_name["lora:zero"].metrics.top1_agreement == 1.0
+    assert by_name["lora:real"].metrics.kl_mean > 1e-3
+    with pytest.raises(Exception, match="expected NAME=DIR"):
+        compare(base, hidden=hidden, bootstrap=0, loras=["nodir"])

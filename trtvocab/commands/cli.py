@@ -701,6 +701,8 @@ def compare(
     max_kld_mean: Annotated[float | None, typer.Option(help=MAX_KLD_HELP)] = None,
     min_same_top: Annotated[float | None, typer.Option(help=MIN_TOP_HELP)] = None,
     max_ppl_ratio: Annotated[float | None, typer.Option(help=MAX_PPL_HELP)] = None,
+    lora: Annotated[list[str] | None, typer.Option(help="NAME=DIR: the baseline's head with this PEFT LoRA adapter "
+                                                   "as a variant (repeatable)")] = None,
 ) -> None:
     """Accuracy of quantized LM heads against the baseline: top-1/top-5, KL, logit error, and llama.cpp's
     teacher-forced PPL / KLD / Δp block (with EAR and intervals) where the hidden file has next tokens."""
@@ -720,7 +722,7 @@ def compare(
         report = run_compare(baseline, list(variants or []), data.states, data.seq_lens, simulate=specs,
                              calib=calib_states, tp=tp, all_tokens=all_tokens, dtype=dtype,
                              next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed,
-                             variant_specs=list(variant_specs or []))
+                             variant_specs=list(variant_specs or []), loras=list(lora or []))
         compared = time.perf_counter()
         failures = check_gates(report, gates)
         if plot is not None:
