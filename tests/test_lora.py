@@ -369,3 +369,16 @@ def test_compare_takes_an_adapter_as_a_variant(tmp_path: Path, hf_checkpoint: An
     assert by_name["lora:real"].metrics.kl_mean > 1e-3
     with pytest.raises(Exception, match="expected NAME=DIR"):
         compare(base, hidden=hidden, bootstrap=0, loras=["nodir"])
+
+
+def test_adapter_config_must_be_a_small_regular_json_file(tmp_path: Path) -> None:
+    folder = _adapter(tmp_path / "cfg", _head_lora())
+    (folder / "adapter_config.json").write_text("{not json")
+    with pytest.raises(AdapterError, match="adapter_config.json"):
+        _head().load_adapter(folder)
+    (folder / "adapter_config.json").unlink()
+    (folder / "adapter_config.json").mkdir()
+    with pytest.raises(AdapterError, match="adapter_config.json"):
+        _head().load_adapter(folder)
+    with pytest.raises(AdapterError, match="not a PEFT adapter folder"):
+        _head().load_adapter(tmp_path / "missing")

@@ -15,7 +15,6 @@ apply each row's adapter; the full table, mixed batches and tied heads: docs/arc
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 
+from trtvocab.base.fsutil import load_json_file
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.checkpoints.names import EMBEDDING_NAMES
 from trtvocab.errors import AdapterError, CheckpointError
@@ -166,12 +166,10 @@ def open_adapter(path: str | Path, *, name: str | None = None,
     """
     folder = Path(path)
     cfg_path = folder / CONFIG_FILE
-    if not cfg_path.is_file():
+    if not cfg_path.exists():
         raise AdapterError(f"{folder}: not a PEFT adapter folder (no {CONFIG_FILE})")
-    try:
-        config = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise AdapterError(f"{cfg_path}: unreadable ({exc})") from None
+    # A regular file of bounded size, parsed strictly (the one opener of files trtvocab reads).
+    config = load_json_file(cfg_path, "adapter config", max_bytes=1 << 20, error=AdapterError)
     if not isinstance(config, dict):
         raise AdapterError(f"{cfg_path}: expected a JSON object")
     peft_type = str(config.get("peft_type", "LORA")).upper()
