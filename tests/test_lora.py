@@ -223,7 +223,7 @@ def test_rslora_scaling_and_row_picks(tmp_path: Path) -> None:
     got = head(x, torch.tensor([0, -1, 0]))
     torch.testing.assert_close(got[[0, 2]], expected[[0, 2]], rtol=1e-5, atol=1e-5)
     assert torch.equal(got[1], head(x)[1])
-    for bad in (torch.tensor([0, 1, 0]), torch.tensor([0, 0]), torch.tensor([0.0, 0.0, 0.0])):
+    for bad in (torch.tensor([0, 1, 0]), torch.tensor([0, 0]), torch.tensor([0.0, 0.0, 0.0]), [0, 0, 0]):
         with pytest.raises(InputError, match="adapter_ids"):
             head(x, bad)
     with pytest.raises(AdapterError, match="loaded already"):

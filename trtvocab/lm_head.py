@@ -274,7 +274,8 @@ class LMHead(VocabParallelModule):
         (an index into :attr:`adapter_names`; ``-1``: none): ``forward``, ``local_logits`` and the
         samplers (``trtvocab.sampling.decode``, :mod:`trtvocab.sampling.chunked`) alike. ``None``: no adapter."""
         previous = self.row_adapters
-        self.row_adapters = None if adapter_ids is None else adapter_ids.to(self.device)
+        # Anything else than a tensor stays as given: check_input refuses it before any collective.
+        self.row_adapters = adapter_ids.to(self.device) if isinstance(adapter_ids, torch.Tensor) else adapter_ids
         try:
             yield self
         finally:
@@ -295,7 +296,8 @@ class LMHead(VocabParallelModule):
         if not self.adapters:
             return 0
         names = D.tensor_digest(torch.tensor(list("\0".join(self.adapter_names).encode()), dtype=torch.uint8))
-        return D.tensor_digest(torch.tensor([names, D.tensor_digest(self.row_adapters)]))
+        picks = self.row_adapters if isinstance(self.row_adapters, torch.Tensor) else None
+        return D.tensor_digest(torch.tensor([names, D.tensor_digest(picks)]))
 
     def _owned_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, V_local]`` logits of the owned columns, in :attr:`output_dtype`."""
