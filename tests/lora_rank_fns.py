@@ -28,10 +28,14 @@ def run_case(case: dict[str, Any], mapping: Mapping | None, layout: str) -> dict
     rows = emb(ids, per_seq)
     logits = head(case["hidden"], per_row)
     greedy = [SamplingParams(temperature=0.0)] * per_row.shape[0]
+    seeded = [SamplingParams(temperature=0.9, top_p=0.9, seed=7)] * per_row.shape[0]
     with head.use_adapters(per_row):
         tokens = decode(case["hidden"], head, greedy)
         streamed = chunked.greedy(case["hidden"], head, chunk=3)
-    return {"rows": rows, "logits": logits, "tokens": tokens, "streamed": streamed,
+        drawn = decode(case["hidden"], head, seeded, step=2)
+        drawn_streamed = chunked.sample(case["hidden"], head, seeded, step=2, chunk=5)
+    return {"rows": rows, "logits": logits, "tokens": tokens, "streamed": streamed, "drawn": drawn,
+            "drawn_streamed": drawn_streamed,
             "adapter_bytes": head.adapter_bytes() + emb.adapter_bytes()}
 
 

@@ -136,12 +136,15 @@ def test_lora_matches_peft_tp3_uneven_tp4_padded(peft_refs: dict[bool, dict[str,
     """Vocab-split: each rank holds its rows of B (head) / columns of A (embedding); gathered logits, the
     sampler and the chunked decode see each row's own adapter; rank 3 of tp 4 ends in padding."""
     cases = _cases(peft_refs)
+    single = lora_cases(0, 1, cases, "uneven")
     for tp, layout in ((3, "uneven"), (4, "padded")):
         results = launch_ranks(lora_cases, tp, cases, layout, timeout_s=240)
         for rank in range(tp):
             _check(results[rank], peft_refs, f"tp{tp} {layout} rank {rank}")
+            for got, ref in zip(results[rank], single, strict=True):  # seeded draws: keyed by token id
+                assert torch.equal(got["drawn"], ref["drawn"]) and torch.equal(got["drawn_streamed"], ref["drawn"])
         # Adapter bytes per rank: the split parts shrink with tp, the replicated ones do not.
-        assert results[0][0]["adapter_bytes"] < lora_cases(0, 1, cases[:1], "uneven")[0]["adapter_bytes"]
+        assert results[0][0]["adapter_bytes"] < single[0]["adapter_bytes"]
 
 
 # ---- refusals (hand-written adapter folders, no model) ---------------------------------------------------
