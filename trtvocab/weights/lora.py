@@ -162,7 +162,8 @@ def open_adapter(path: str | Path, *, name: str | None = None,
 
     ``other_modules``: ``"refuse"`` (default) raises :class:`AdapterError` when the adapter also targets
     modules other than the head and the input embedding (trtvocab would silently drop them);
-    ``"ignore"`` is for a caller whose body applies them itself (``generate`` with PEFT's model).
+    ``"ignore"`` is for a caller whose body applies them itself (``trtvocab generate`` refuses them: its body
+    is the checkpoint's).
     """
     folder = Path(path)
     cfg_path = folder / CONFIG_FILE
