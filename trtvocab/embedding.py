@@ -32,6 +32,7 @@ from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
+from trtvocab.weights.lora import check_adapter_ids, lora_partial, lora_rows, replace_rows_
 
 # ---- the masked lookup ----------------------------------------------------------------------------
 #     ids      [  5,  -1,  9, 12 ]          V = 10, tp = 2: rank 0 owns [0, 5), rank 1 [5, 10)
@@ -197,12 +198,14 @@ class VocabParallelEmbedding(VocabParallelModule):
             f"ranks holding equal ids: {sorted(groups.values())}); without attention DP every rank must bring "
             "the same input_ids (with attention DP + LM-head TP each rank brings its own)")
 
-    def local_rows(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def local_rows(self, input_ids: torch.Tensor,
+                   adapter_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """This rank's partial rows of ``input_ids`` (flattened to ``[N]``), as stored.
 
         Returns ``(rows [N, H], scales [N, 1] or None)``: dense rows in ``dtype``, or FP8 rows
         (``float8_e4m3fn``) with their per-row fp32 scales; zero rows (and zero scales) for ids
-        this rank does not own. No collective.
+        this rank does not own. No collective. ``adapter_ids`` (``[N]``, one per id): the
+        adapters' copies and trainable tokens replace rows (their LoRA is added by :meth:`forward`).
         """
         ids = input_ids.reshape(-1).to(torch.int64)
         local = ids - self.shard.start
@@ -211,6 +214,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         stored = self.weights.weight
         rows = stored[index]
         rows.view(torch.uint8).masked_fill_(~mine[:, None], 0)
+        if adapter_ids is not None and self.adapters:
+            replace_rows_(rows, index, mine, self.adapters, adapter_ids)
         scales = None
         if self.weight_format is WeightFormat.FP8 and self.weights.per_row:
             scales = self.weights.weight_scale[index].masked_fill_(~mine[:, None], 0.0)
@@ -224,33 +229,87 @@ class VocabParallelEmbedding(VocabParallelModule):
         scale = scales if scales is not None else self.weights.weight_scale
         return fp8.dequantize_fp8(rows, scale).to(self.dtype)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def _token_adapters(self, input_ids: Any, adapter_ids: Any) -> tuple[torch.Tensor | None, InputError | None]:
+        """One adapter index per id (``adapter_ids`` is ``input_ids``' shape or a leading part of it,
+        e.g. ``[B]`` for ``[B, T]`` ids), or why not."""
+        if adapter_ids is None:
+            return None, None
+        if self.is_split and (self.mapping.enable_attention_dp or not self.reduce_output):
+            return None, InputError("adapter_ids: per-row adapters need a split table without attention DP and "
+                                    "with reduce_output=True")
+        if not isinstance(adapter_ids, torch.Tensor) or not isinstance(input_ids, torch.Tensor):
+            return None, InputError(f"adapter_ids: expected a torch.Tensor, got {type(adapter_ids).__name__}")
+        lead = tuple(adapter_ids.shape)
+        if adapter_ids.dim() > input_ids.dim() or tuple(input_ids.shape[: len(lead)]) != lead:
+            return None, InputError(f"adapter_ids: shape {list(lead)} is not a leading part of input_ids' "
+                                    f"{list(input_ids.shape)}")
+        view = adapter_ids.reshape(*lead, *([1] * (input_ids.dim() - len(lead))))
+        flat = view.expand(input_ids.shape).reshape(-1)
+        why = check_adapter_ids(flat, flat.shape[0], len(self.adapters), "adapter_ids")
+        return (None, InputError(why)) if why else (flat.to(self.device), None)
+
+    def forward(self, input_ids: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``[..., H]`` of ``input_ids``; ``adapter_ids``: each sequence's (or id's) adapter
+        (:meth:`load_adapter`; ``-1``: none), the shape of ``input_ids`` or a leading part of it."""
         error = self._check_ids(input_ids)
+        per_id, why = self._token_adapters(input_ids, adapter_ids) if error is None else (None, None)
+        error = error or why
         if not self.is_split:
             if error is not None:
                 raise error
-            rows, scales = self.local_rows(input_ids)
+            rows, scales = self.local_rows(input_ids, per_id)
             out = self.embedding_ops.apply(self.dequantize_rows(rows, scales))
+            out = self._add_lora(out, input_ids, per_id)
             return out.reshape(*input_ids.shape, self.hidden_size)
         count = input_ids.numel() if isinstance(input_ids, torch.Tensor) else 0
         adp = self.mapping.enable_attention_dp
-        # The ids themselves must agree without attention DP: their digest (int64 values and shape).
-        digest = D.tensor_digest(input_ids.to(torch.int64)) if error is None and not adp else 0
+        # The ids themselves must agree without attention DP: their digest (int64 values and shape),
+        # with each id's adapter when adapters are picked (so every rank takes the same collectives).
+        digest = 0
+        if error is None and not adp:
+            digest = D.tensor_digest(input_ids.to(torch.int64))
+            if per_id is not None:
+                digest = D.tensor_digest(torch.tensor([digest, D.tensor_digest(per_id.to(torch.int64))]))
         agreed = self._meet(LOOKUP_HANDSHAKE, self._identity(count, digest), error, "ids", "ids")
         counts = agreed["ids"]
         self._same_ids(agreed["ids digest"], counts)
         ids = D.all_gather_rows(input_ids.reshape(-1), counts, self.process_group) if adp else input_ids
-        rows, scales = self.local_rows(ids)
+        rows, scales = self.local_rows(ids, per_id)
         if self.reduce_output:
             _sum_bits(rows, self.process_group)
             if scales is not None:
                 D.all_reduce(scales, dist.ReduceOp.SUM, self.process_group)  # one owner: exact
         out = self.dequantize_rows(rows, scales)
         out = self.embedding_ops.apply(out)  # one owner per id: scaling partial rows is scaling their sum
+        out = self._add_lora(out, ids, per_id)
         if adp:
             me = self.mapping.tp_rank
             out = out[sum(counts[:me]) : sum(counts[: me + 1])]
         return out.reshape(*input_ids.shape, self.hidden_size)
+
+    def _add_lora(self, out: torch.Tensor, input_ids: torch.Tensor, per_id: torch.Tensor | None) -> torch.Tensor:
+        """``out [N, H]`` plus each id's embedding LoRA ``s * A.T[id] @ B.T`` (times the family's scale, as
+        PEFT does). A split table sums the ``[N, r]`` looked-up rows of ``A.T`` over the group first (one
+        owner per element: exact); every rank then computes the same rows."""
+        if per_id is None or not any(a.has_lora for a in self.adapters):
+            return out
+        ids = input_ids.reshape(-1).to(torch.int64)
+        local = ids - self.shard.start
+        mine = (local >= 0) & (local < self.shard.size)
+        partial = lora_partial(torch.where(mine, local, torch.zeros_like(local)), mine, self.adapters, per_id)
+        if self.is_split:
+            D.all_reduce(partial, dist.ReduceOp.SUM, self.process_group)
+        for pos, delta in lora_rows(partial, self.adapters, per_id):
+            out[pos] = out[pos] + self.embedding_ops.apply(delta.to(out.dtype))
+        return out
+
+    def _adapter_target(self) -> str:
+        return "embedding"
+
+    def _check_adapter(self, part: Any) -> None:
+        if self.weight_format is not WeightFormat.DENSE and (part.copy is not None or part.token_index is not None):
+            raise ConfigError(f"VocabParallelEmbedding.load_adapter: {part.name} replaces rows of an "
+                              f"{self.weight_format} table (modules_to_save / trainable tokens need a dense table)")
 
     def extra_repr(self) -> str:
         ops = "" if self.embedding_ops.is_identity else f", ops={self.embedding_ops.describe()}"

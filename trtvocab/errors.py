@@ -35,6 +35,12 @@ class ArchitectureError(CheckpointError):
     model (a config field, a tensor); the message names the model type and the field."""
 
 
+class AdapterError(CheckpointError):
+    """A LoRA adapter folder (PEFT's ``adapter_config.json`` + ``adapter_model.safetensors``) is refused:
+    a method trtvocab does not run (DoRA, ...), a rank or shape that disagrees with the config or the
+    model, a target module it cannot apply, NaN / inf values; the message names the file and the tensor."""
+
+
 class KeywordOnlyError(TrtVocabError, TypeError):
     """A call passed positional arguments to something whose fields are keyword-only
     (``SamplingParams(0.5)``); the message names the fields to pass by name."""

@@ -16,6 +16,8 @@ looks at it. Dense heads return logits in their dtype, quantized heads float32.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from trtvocab.weights.base import read_rows
 from trtvocab.weights.dense import FLOAT32_BLOCK_ELEMENTS
 from trtvocab.weights.deterministic import tiled_logits
 from trtvocab.weights.loader import open_head
+from trtvocab.weights.lora import adapt_logits_, check_adapter_ids
 
 _FORMATS = tuple(WeightFormat)
 # What the ranks of a split head agree on, at the start of every forward (protocol:
@@ -46,7 +49,7 @@ FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
     D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", DTYPES),
-    D.Field("head ops (digest)"), D.Field("rows", per_rank=True),
+    D.Field("head ops (digest)"), D.Field("adapters (digest)"), D.Field("rows", per_rank=True),
 ))
 
 
@@ -164,6 +167,8 @@ class LMHead(VocabParallelModule):
         self.family: Family | None = None
         # The owned columns' [V_local] bias, float32 (head_ops.bias); loaded with the weight.
         self.register_buffer("bias", torch.zeros(self.shard.size if self.head_ops.bias else 0, dtype=torch.float32))
+        # Each row's adapter index for the calls inside use_adapters() (None: no adapter anywhere).
+        self.row_adapters: torch.Tensor | None = None
         if device is not None:
             self.to(device)
 
@@ -253,9 +258,28 @@ class LMHead(VocabParallelModule):
         (they give NaN logits and arbitrary token ids on every rank) unless :attr:`check_finite`
         is False because the caller validated its inputs already. No collective: a caller that
         meets the group afterwards hands the error to its handshake."""
-        return hidden_states_error(hidden, hidden_size=self.hidden_size, dtype=self.dtype, device=self.device,
-                                   allow_empty=self.mapping.enable_attention_dp, rows="N",
-                                   finite=bool(self.check_finite))
+        error = hidden_states_error(hidden, hidden_size=self.hidden_size, dtype=self.dtype, device=self.device,
+                                    allow_empty=self.mapping.enable_attention_dp, rows="N",
+                                    finite=bool(self.check_finite))
+        if error is None and self.row_adapters is not None:
+            if self.is_split and self.mapping.enable_attention_dp:
+                return InputError("adapter_ids: per-row adapters with attention DP are not supported")
+            why = check_adapter_ids(self.row_adapters, hidden.shape[0], len(self.adapters), "adapter_ids")
+            error = InputError(why) if why else None
+        return error
+
+    @contextmanager
+    def use_adapters(self, adapter_ids: torch.Tensor | None) -> Iterator[LMHead]:
+        """Inside the block, row ``i`` of every hidden batch the head sees uses adapter ``adapter_ids[i]``
+        (an index into :attr:`adapter_names`; ``-1``: none): ``forward``, ``local_logits`` and the
+        samplers (``trtvocab.sampling.decode``, :mod:`trtvocab.sampling.chunked`) alike. ``None``: no adapter."""
+        previous = self.row_adapters
+        # Anything else than a tensor stays as given: check_input refuses it before any collective.
+        self.row_adapters = adapter_ids.to(self.device) if isinstance(adapter_ids, torch.Tensor) else adapter_ids
+        try:
+            yield self
+        finally:
+            self.row_adapters = previous
 
     def _identity(self, rows: int) -> dict[str, Any]:
         """This rank's values of :data:`FORWARD_HANDSHAKE`."""
@@ -264,7 +288,16 @@ class LMHead(VocabParallelModule):
                 "gather_output": self.gather_output, "weight format": self.weight_format,
                 "mapping": self.mapping_kind,
                 "deterministic": self.deterministic, "output dtype": self.output_dtype,
-                "head ops (digest)": self.head_ops.digest(), "rows": rows}
+                "head ops (digest)": self.head_ops.digest(), "adapters (digest)": self._adapters_digest(),
+                "rows": rows}
+
+    def _adapters_digest(self) -> int:
+        """The loaded adapters' names and each row's pick (0: none loaded): ranks must agree on both."""
+        if not self.adapters:
+            return 0
+        names = D.tensor_digest(torch.tensor(list("\0".join(self.adapter_names).encode()), dtype=torch.uint8))
+        picks = self.row_adapters if isinstance(self.row_adapters, torch.Tensor) else None
+        return D.tensor_digest(torch.tensor([names, D.tensor_digest(picks)]))
 
     def _owned_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, V_local]`` logits of the owned columns, in :attr:`output_dtype`."""
@@ -287,6 +320,12 @@ class LMHead(VocabParallelModule):
         if not 0 <= lo <= hi <= size:
             raise ValueError(f"column_logits: columns [{lo}, {hi}) outside this shard's [0, {size})")
         logits = self._gemm(hidden, lo, hi, prepared)
+        ids = self.row_adapters
+        if ids is not None and self.adapters:
+            if ids.shape[0] != hidden.shape[0]:
+                raise InputError(f"adapter_ids: {ids.shape[0]} indices for {hidden.shape[0]} hidden rows")
+            # LoRA is part of the GEMM: the family's ops (bias, scale, soft-capping) follow it.
+            logits = adapt_logits_(logits, hidden, self.adapters, ids, lo, hi)
         if self.head_ops.is_identity:
             return logits
         return self.head_ops.apply_(logits, self.bias[lo:hi] if self.head_ops.bias else None)
@@ -310,8 +349,12 @@ class LMHead(VocabParallelModule):
             return out
         return w.block_logits(w.prepare(hidden) if prepared is None else prepared, lo, hi)
 
-    def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This rank's ``[N, width]`` logits; padding columns (padded layout) are ``-inf``."""
+    def local_logits(self, hidden: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's ``[N, width]`` logits; padding columns (padded layout) are ``-inf``.
+        ``adapter_ids``: as for :meth:`forward`."""
+        if adapter_ids is not None:
+            with self.use_adapters(adapter_ids):
+                return self.local_logits(hidden)
         owned = self._owned_logits(hidden)
         if not self.shard.padding:
             return owned
@@ -319,7 +362,12 @@ class LMHead(VocabParallelModule):
         out[:, : self.shard.size] = owned
         return out
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of ``hidden_states [N, H]``; ``adapter_ids`` (int ``[N]``, ``-1``: none): each row's
+        adapter (:meth:`load_adapter`), as inside :meth:`use_adapters`."""
+        if adapter_ids is not None:
+            with self.use_adapters(adapter_ids):
+                return self.forward(hidden_states)
         error = self.check_input(hidden_states)
         if not self.is_split:
             if error is not None:

@@ -75,7 +75,10 @@ class LogitsProcessor(nn.Module):
         *,
         return_context_logits: bool = False,
         num_logits_per_seq: Any = 1,
+        adapter_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``adapter_ids``: each sequence's LoRA adapter (int ``[B]``, ``-1``: none; ``LMHead.load_adapter``),
+        given to every row the head sees of that sequence."""
         # Under attention DP a rank may have no requests this step, yet its head must still
         # join the others' collectives: it passes an empty [0, H] batch through.
         meets = isinstance(lm_head, CollectiveHead)
@@ -83,6 +86,13 @@ class LogitsProcessor(nn.Module):
         try:
             selected = select_rows(hidden_states, seq_lens, return_context_logits=return_context_logits,
                                    num_logits_per_seq=num_logits_per_seq, idle_ok=idle_ok)
+            row_adapters = None
+            if adapter_ids is not None:
+                if not hasattr(lm_head, "use_adapters"):
+                    raise InputError(f"adapter_ids: {type(lm_head).__name__} holds no adapters")
+                row_adapters = select_adapter_ids(adapter_ids, hidden_states.shape[0], seq_lens,
+                                                  return_context_logits=return_context_logits,
+                                                  num_logits_per_seq=num_logits_per_seq)
         except InputError as error:
             # The ranks of a split head are about to meet in its handshake: a rank that
             # stops here must still take part, or its peers would wait for it until the
@@ -90,7 +100,28 @@ class LogitsProcessor(nn.Module):
             if meets:
                 lm_head.raise_collectively(error)
             raise
+        if row_adapters is not None:
+            with lm_head.use_adapters(row_adapters):  # type: ignore[attr-defined]
+                return lm_head(selected).float()
         return lm_head(selected).float()
+
+
+def select_adapter_ids(adapter_ids: Any, total: int, seq_lens: Any = None, *, return_context_logits: bool = False,
+                       num_logits_per_seq: Any = 1) -> torch.Tensor:
+    """Each selected row's adapter index, from one per sequence (``[B]``), for the rows that
+    :func:`select_rows` picks with the same arguments (no collective; :class:`InputError` for bad input)."""
+    lens = [total] if seq_lens is None else seq_lens
+    lens_t = torch.as_tensor(lens if not isinstance(lens, torch.Tensor) else lens.cpu()).to(torch.int64)
+    if not isinstance(adapter_ids, torch.Tensor) or adapter_ids.dtype.is_floating_point \
+            or adapter_ids.dtype == torch.bool or adapter_ids.dim() != 1 or adapter_ids.numel() != lens_t.numel():
+        raise InputError(f"adapter_ids: expected an integer tensor [{lens_t.numel()}] (one per sequence), got "
+                         f"{getattr(adapter_ids, 'shape', type(adapter_ids).__name__)}")
+    per_row = adapter_ids.cpu().to(torch.int64).repeat_interleave(lens_t)
+    if return_context_logits:
+        return per_row
+    if seq_lens is None and isinstance(num_logits_per_seq, int) and num_logits_per_seq == 1:
+        return per_row[-1:]
+    return per_row[last_rows(last_token_rows(lens, total), lens_t, num_logits_per_seq)]
 
 
 def select_rows(hidden_states: Any, seq_lens: Any = None, *, return_context_logits: bool = False,

@@ -17,7 +17,7 @@ from torch import nn
 
 from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import WeightFormat
-from trtvocab.errors import ConfigError, RankMismatchError
+from trtvocab.errors import AdapterError, ConfigError, RankMismatchError
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout, VocabShard, all_shards
@@ -81,6 +81,8 @@ class VocabParallelModule(nn.Module):
         self.shards: list[VocabShard] = all_shards(vocab_size, self.tp_size, vocab_layout, pad_to)
         self.shard: VocabShard = self.shards[self.tp_rank]
         self.handshake_state = D.HandshakeState()
+        # LoRA adapters (trtvocab.weights.lora), this rank's part of each; a row picks one by index.
+        self.adapters: list[Any] = []
 
     # ---- where this rank's columns are -----------------------------------------------------------
     @property
@@ -110,6 +112,62 @@ class VocabParallelModule(nn.Module):
 
     def resident_bytes(self) -> int:
         return self.weights.resident_bytes()
+
+    # ---- LoRA adapters -----------------------------------------------------------------------------------
+    @property
+    def adapter_names(self) -> list[str]:
+        """The loaded adapters' names; a row's adapter index is a position in this list."""
+        return [a.name for a in self.adapters]
+
+    def adapter_bytes(self) -> int:
+        """Bytes this rank holds for its adapters (LoRA rows, copies, trainable tokens)."""
+        return sum(a.nbytes() for a in self.adapters)
+
+    def _adapter_target(self) -> str:
+        return "head"
+
+    def _adapter_base(self) -> torch.Tensor | None:
+        """This rank's dense ``[V_local, H]`` rows (None when quantized): what a saved base_layer is compared with."""
+        if self.weight_format is not WeightFormat.DENSE or not self.weights.loaded:
+            return None
+        return self.weights.weight[: self.shard.size]
+
+    def _check_adapter(self, part: Any) -> None:
+        """Refuse an adapter part the module cannot apply (subclasses)."""
+
+    def load_adapter(self, path: Any, *, name: str | None = None, other_modules: str = "refuse",
+                     tied: bool | None = None) -> int:
+        """Load a PEFT LoRA adapter folder's part for this module and shard; return its index.
+
+        Only this rank's rows are read (:mod:`trtvocab.weights.lora`). An adapter with nothing for this
+        module still takes an index (it is the identity here), so the head and the embedding can share one
+        numbering. ``other_modules``: see :func:`~trtvocab.weights.lora.open_adapter`; ``tied``: whether the
+        head shares the embedding's table (default: what the checkpoint said). Split modules meet once after
+        reading, so a rank that refuses the adapter makes every rank raise.
+        """
+        from trtvocab.weights.lora import open_adapter, shard_adapter
+
+        if getattr(self, "deterministic", False):
+            raise ConfigError(f"{type(self).__name__}.load_adapter: adapters on a deterministic head are not supported")
+        parts: list[Any] = []
+        if tied is None:
+            decision = getattr(self, "quant_decision", None)
+            tied = bool(decision is not None and decision.tied)
+
+        def build() -> VocabParallelModule:
+            adapter = open_adapter(path, name=name, other_modules=other_modules)  # type: ignore[arg-type]
+            if adapter.name in self.adapter_names:
+                raise AdapterError(f"{path}: an adapter named {adapter.name!r} is loaded already (name= another)")
+            part = shard_adapter(adapter, self._adapter_target(), self.shard, self.hidden_size,  # type: ignore[arg-type]
+                                 self.dtype, base=self._adapter_base(), tied=bool(tied))
+            self._check_adapter(part)
+            parts.append(part.to(self.device))
+            return self
+
+        load_collectively(build, mapping=self.mapping if self.is_split else None, group=self.process_group,
+                          what=f"{type(self).__name__}.load_adapter({path})")
+        self.adapters.append(parts[0])
+        return len(self.adapters) - 1
 
     def load_weights(self, tensors: dict[str, Any]) -> None:
         """Load from tensors (or lazy safetensors / GGUF slices) holding all V rows or this shard's rows."""

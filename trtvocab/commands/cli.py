@@ -162,6 +162,8 @@ def plan(
     tied: Annotated[bool | None, typer.Option("--tied/--untied", help="the head is the input embedding (one "
                                               "matrix); default: the checkpoint's, else untied")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    lora: Annotated[list[Path] | None, typer.Option(help="a PEFT LoRA adapter folder to count per rank "
+                                                    "(repeatable)")] = None,
 ) -> None:
     """The vocabulary ledger: shards, weight bytes (bf16/fp8/nvfp4), logits, collectives, FLOPs, replication."""
     from trtvocab.base.units import human_bytes as human
@@ -182,8 +184,11 @@ def plan(
             tied = stored_tied
         if vocab is None or hidden is None:
             raise ConfigError("give a CHECKPOINT or both --vocab and --hidden")
+        from trtvocab.weights.lora import open_adapter
+
+        adapters = [open_adapter(folder, other_modules="ignore") for folder in lora or []]
         p = make_plan(vocab, hidden, tp, batch, layout, pad_to,  # type: ignore[arg-type]
-                      tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied))
+                      tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied), adapters=adapters)
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
@@ -700,6 +705,8 @@ def compare(
     max_kld_mean: Annotated[float | None, typer.Option(help=MAX_KLD_HELP)] = None,
     min_same_top: Annotated[float | None, typer.Option(help=MIN_TOP_HELP)] = None,
     max_ppl_ratio: Annotated[float | None, typer.Option(help=MAX_PPL_HELP)] = None,
+    lora: Annotated[list[str] | None, typer.Option(help="NAME=DIR: the baseline's head with this PEFT LoRA adapter "
+                                                   "as a variant (repeatable)")] = None,
 ) -> None:
     """Accuracy of quantized LM heads against the baseline: top-1/top-5, KL, logit error, and llama.cpp's
     teacher-forced PPL / KLD / Δp block (with EAR and intervals) where the hidden file has next tokens."""
@@ -719,7 +726,7 @@ def compare(
         report = run_compare(baseline, list(variants or []), data.states, data.seq_lens, simulate=specs,
                              calib=calib_states, tp=tp, all_tokens=all_tokens, dtype=dtype,
                              next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed,
-                             variant_specs=list(variant_specs or []))
+                             variant_specs=list(variant_specs or []), loras=list(lora or []))
         compared = time.perf_counter()
         failures = check_gates(report, gates)
         if plot is not None:
@@ -808,6 +815,11 @@ def generate(
                                                           "than MODEL anyway (said in the output)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
                                           '"text"}]} only')] = False,
+    lora: Annotated[list[str] | None, typer.Option(help="NAME=DIR: a PEFT LoRA adapter (lm_head / embed_tokens) "
+                                                   "(repeatable)")] = None,
+    lora_for: Annotated[list[str] | None, typer.Option(help="INDEX=NAME: prompt INDEX (0-based) uses adapter NAME; "
+                                                       "a bare INDEX names the only adapter (default: one adapter "
+                                                       "applies to every prompt)")] = None,
 ) -> None:
     """Decode with the vocabulary dimension split over --tp ranks: embedding, head and sampler in trtvocab."""
     from trtvocab.commands.generate import generate as run_generate
@@ -819,7 +831,7 @@ def generate(
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
-                               attention_dp=attention_dp, body_ranks=body_ranks)
+                               attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for)
         prepared = time.perf_counter()
         report = run_generate(spec, loaded)
         ran = time.perf_counter()

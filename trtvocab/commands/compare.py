@@ -296,6 +296,37 @@ def build_head(source: HeadSource, mapping: Any, dtype: torch.dtype) -> Any:
     return head
 
 
+def _apply_adapter(head: Any, source: HeadSource) -> Any:
+    """``head`` with ``source.adapter`` loaded (its head part: LoRA, a copy, trainable tokens), or as it is."""
+    if source.adapter is not None:
+        head.load_adapter(source.adapter)
+    return head
+
+
+def _adapter_ids(source: HeadSource, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> torch.Tensor | None:
+    """Adapter 0 for every sequence of a LoRA variant (None otherwise)."""
+    if source.adapter is None:
+        return None
+    return torch.zeros(1 if seq_lens is None else len(seq_lens), dtype=torch.int64)
+
+
+def parse_lora(text: str, baseline: str | Path, tensor_name: str | None = None) -> HeadSource:
+    """``NAME=DIR`` -> the baseline's head with the PEFT adapter ``DIR`` on every row, named ``lora:NAME``.
+
+    The adapter is read (config and header) here; one that targets modules other than the head and the
+    input embedding is refused, and its input-embedding part does not apply (the hidden states are given)."""
+    from trtvocab.weights.lora import module_of, open_adapter
+
+    name, sep, folder = str(text).partition("=")
+    if not sep or not name or not folder:
+        raise ConfigError(f"--lora {text!r:.120}: expected NAME=DIR (a PEFT adapter folder)")
+    adapter = open_adapter(folder, name=name)
+    note = "adapter on the head only (the hidden states come from the file)" \
+        if module_of(adapter, "embedding") is not None else ""
+    return HeadSource(name=f"lora:{name}", path=str(baseline), tensor_name=tensor_name, adapter=folder,
+                      toolchain="lora", note=note)
+
+
 def _to_wire(m: LogitMetrics) -> LogitMetrics:
     """Tensors -> numpy for the trip from a rank process (torch's queue would hand back shared-memory
     handles that die with the rank)."""
@@ -323,8 +354,9 @@ def _rank_compare(rank: int, world: int, sources: list[HeadSource], hidden: torc
     base: torch.Tensor | None = None
     with torch.no_grad():
         for i, source in enumerate(sources):
-            head = build_head(source, mapping, dtype)
-            out = proc(hidden.to(dtype), head, seq_lens, return_context_logits=all_tokens)
+            head = _apply_adapter(build_head(source, mapping, dtype), source)
+            out = proc(hidden.to(dtype), head, seq_lens, return_context_logits=all_tokens,
+                       adapter_ids=_adapter_ids(source, hidden, seq_lens))
             sizes.append(head.resident_bytes())
             labels.append(head.label)
             del head
@@ -377,8 +409,9 @@ def _rank_logits(rank: int, world: int, sources: list[HeadSource], hidden: torch
     labels: list[str] = []
     with torch.no_grad():
         for source in sources:
-            head = build_head(source, mapping, dtype)
-            out = proc(hidden.to(dtype), head, seq_lens, return_context_logits=all_tokens)
+            head = _apply_adapter(build_head(source, mapping, dtype), source)
+            out = proc(hidden.to(dtype), head, seq_lens, return_context_logits=all_tokens,
+                       adapter_ids=_adapter_ids(source, hidden, seq_lens))
             if rank == 0:
                 logits.append(out.numpy())
             sizes.append(head.resident_bytes())
@@ -592,6 +625,7 @@ def compare(
     bootstrap: int = DEFAULT_BOOTSTRAP,
     seed: int = DEFAULT_SEED,
     variant_specs: list[str] | None = None,
+    loras: list[str] | None = None,
 ) -> CompareReport:
     """Compare checkpoint ``variants``, ``simulate`` specs and in-memory ``heads`` against ``baseline``.
 
@@ -599,7 +633,8 @@ def compare(
     scale from ``calib`` or, without it, from ``hidden`` itself (optimistic, and noted).
     ``next_token_ids [T]`` (-1 = none) adds llama.cpp's teacher-forced statistics of the
     compared rows that have a next token (``bootstrap`` resamples, ``seed``).
-    ``variant_specs`` are ``[TOOLCHAIN:]NAME=DIR`` (:func:`parse_variant`), checked before any head runs.
+    ``variant_specs`` are ``[TOOLCHAIN:]NAME=DIR`` (:func:`parse_variant`), checked before any head runs;
+    ``loras`` are ``NAME=DIR``: the baseline's head with a PEFT LoRA adapter (:func:`parse_lora`).
     """
     if hidden is None:
         raise InputError("compare needs hidden_states [T, H]")
@@ -608,10 +643,11 @@ def compare(
         raise InputError("last-token comparison needs seq_lens (in the hidden-states file); or compare all tokens")
     check_bootstrap(bootstrap, seed)
     variants = list(variants or [])
-    named = [parse_variant(v) for v in (variant_specs or [])]
+    named = [parse_variant(v) for v in (variant_specs or [])] + [parse_lora(x, baseline, tensor_name)
+                                                                  for x in (loras or [])]
     specs = [parse_sim_spec(s) for s in (simulate or [])]
     if not variants and not named and not specs and not heads:
-        raise ConfigError("nothing to compare: give VARIANT checkpoints, --variant and/or --simulate specs")
+        raise ConfigError("nothing to compare: give VARIANT checkpoints, --variant, --lora and/or --simulate specs")
     seen: set[str] = set()
     for src in named:
         if src.name in seen:

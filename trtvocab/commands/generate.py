@@ -82,6 +82,10 @@ class GenerateSpec:
     # The model's head streams its vocab in chunks above this many bytes of float32 [b, V_local]
     # logits (LMHead.logits_budget_bytes; None: the head's default).
     logits_budget_bytes: int | None = None
+    # LoRA adapters on the embedding and the head ((name, folder), in index order), and each prompt's
+    # adapter index (-1: none); empty: no adapters.
+    loras: tuple[tuple[str, str], ...] = ()
+    lora_for: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass
@@ -305,6 +309,64 @@ def check_options(*, max_new_tokens: int, tp: int | None, prompts: list[str] | t
                           "build time (drop --artifact or --deterministic)")
 
 
+def lora_plan(loras: Any, lora_for: Any, prompts: int, *, artifact: Any, attention_dp: bool,
+              deterministic: bool) -> tuple[tuple[tuple[str, str], ...], tuple[int, ...]]:
+    """``(adapters, each prompt's adapter index)`` from ``--lora NAME=DIR`` and ``--lora-for INDEX[=NAME]``.
+
+    ``loras``: ``{name: folder}`` or ``["NAME=DIR", ...]``; ``lora_for``: ``{prompt index: name}`` or
+    ``["INDEX=NAME" | "INDEX", ...]`` (0-based prompt indices; a bare index names the only adapter).
+    Without ``lora_for``, a single adapter applies to every prompt. Adapters are read (config and
+    header) here, so a bad one is refused before the model loads; one that also targets the body is
+    refused (the body runs as the checkpoint has it).
+    """
+    from trtvocab.weights.lora import open_adapter
+
+    if not loras:
+        if lora_for:
+            raise ConfigError("--lora-for: names a prompt's adapter; give the adapters with --lora NAME=DIR")
+        return (), ()
+    pairs = list(loras.items()) if isinstance(loras, dict) else [_split_pair(x, "--lora", "NAME=DIR") for x in loras]
+    names = [str(n) for n, _ in pairs]
+    if len(set(names)) != len(names) or not all(names):
+        raise ConfigError(f"--lora: adapter names must be distinct and non-empty, got {names}")
+    if artifact is not None:
+        raise ConfigError("--lora: an --artifact's head was built without adapters; run the model's head "
+                          "(drop --artifact)")
+    if attention_dp:
+        raise ConfigError("--lora: per-prompt adapters with --attention-dp are not supported")
+    if deterministic:
+        raise ConfigError("--lora: adapters on a --deterministic head are not supported")
+    for name, folder in pairs:
+        open_adapter(folder, name=str(name))
+    per_prompt = [-1] * prompts
+    if not lora_for:
+        if len(pairs) > 1:
+            raise ConfigError("--lora-for INDEX=NAME: several adapters given, say which prompt uses which")
+        return tuple((str(n), str(f)) for n, f in pairs), (0,) * prompts
+    items = list(lora_for.items()) if isinstance(lora_for, dict) else [
+        _split_pair(x, "--lora-for", "INDEX=NAME") if "=" in str(x) else (x, names[0] if len(names) == 1 else None)
+        for x in lora_for]
+    for index, name in items:
+        try:
+            i = int(index)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--lora-for: {index!r} is not a prompt index") from None
+        if not 0 <= i < prompts:
+            raise ConfigError(f"--lora-for: prompt index {i} outside [0, {prompts}) (0-based, in --prompt order)")
+        if name not in names:
+            raise ConfigError(f"--lora-for {index}: adapter {name!r} is not among --lora {names}"
+                              + (" (several adapters: write INDEX=NAME)" if name is None else ""))
+        per_prompt[i] = names.index(name)
+    return tuple((str(n), str(f)) for n, f in pairs), tuple(per_prompt)
+
+
+def _split_pair(text: Any, option: str, form: str) -> tuple[str, str]:
+    left, sep, right = str(text).partition("=")
+    if not sep or not left or not right:
+        raise ConfigError(f"{option}: expected {form}, got {text!r}")
+    return left, right
+
+
 def encode_prompts(tokenizer: Any, prompts: list[str] | tuple[str, ...], chat: bool) -> list[list[int]]:
     """Each prompt's ids: as the tokenizer encodes it, or through its chat template (``--chat``)."""
     out = []
@@ -362,6 +424,8 @@ def prepare(
     attention_dp: bool = False,
     body_ranks: int | None = None,
     logits_budget_bytes: int | None = None,
+    loras: Any = None,
+    lora_for: Any = None,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -372,6 +436,7 @@ def prepare(
     at most ``tp`` (:func:`choose_body_ranks`).
     ``logits_budget_bytes``: the model's head streams its vocab in chunks when a step's float32
     ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
+    ``loras`` / ``lora_for``: PEFT LoRA adapters on the embedding and the head, per prompt (:func:`lora_plan`).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
@@ -403,6 +468,8 @@ def prepare(
     if body_ranks is not None and not attention_dp:
         raise ConfigError("--body-ranks: only with --attention-dp (without it every rank runs the whole body)")
     bodies = choose_body_ranks(ranks, len(prompts), body_ranks) if attention_dp else 0
+    adapters, per_adapter = lora_plan(loras, lora_for, len(prompts), artifact=artifact, attention_dp=attention_dp,
+                                      deterministic=deterministic)
     vocab, _ = shape
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
@@ -424,7 +491,8 @@ def prepare(
         raise InputError(f"--max-new-tokens {max_new_tokens}: the longest prompt has {longest} tokens and the model "
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
-                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget)
+                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
+                        adapters, per_adapter)
     return spec, loaded
 
 
@@ -541,12 +609,17 @@ class VocabEnds:
     def __init__(self, embedding: Any, head: Any, vocab_limit: int | None) -> None:
         self.embedding, self.head, self.vocab_limit = embedding, head, vocab_limit
         self.ran_on: set[Runtime] = set()
+        # Each prompt's adapter index (LoRA; None: no adapters), and that of the rows of the next step.
+        self.adapter_ids: torch.Tensor | None = None
+        self.row_adapters: torch.Tensor | None = None
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [B, S]`` -> ``[B, S, H]``: own rows looked up, the rest all-reduced (exact); under
         attention DP a body rank's replicated table, its own prompts only, no meeting."""
         if self.embedding is None:
             raise DistributedError("generate: an attention-DP rank without a body has no input embedding")
+        if self.adapter_ids is not None:
+            return self.embedding(ids, self.adapter_ids)
         return self.embedding(ids)
 
     def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
@@ -569,7 +642,8 @@ class TorchEnds(VocabEnds):
         from trtvocab.sampling import decode
 
         self.ran_on.add(Runtime.TORCH)
-        return decode(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask).tolist()
+        with self.head.use_adapters(self.row_adapters):
+            return decode(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask).tolist()
 
 
 class ArtifactEnds(VocabEnds):
@@ -629,7 +703,13 @@ def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, voca
         embedding = VocabParallelEmbedding.from_checkpoint(spec.model, mapping=None, dtype=torch.float32) \
             if rank < spec.body_ranks else None
     if art is None:
-        return TorchEnds(embedding, head, vocab_limit)
+        ends = TorchEnds(embedding, head, vocab_limit)
+        for name, folder in spec.loras:  # both ends share one numbering: an adapter's index on each
+            embedding.load_adapter(folder, name=name)
+            head.load_adapter(folder, name=name)
+        if spec.loras:
+            ends.adapter_ids = torch.tensor(spec.lora_for, dtype=torch.int64)
+        return ends
     from trtvocab.backends import open_backend
     from trtvocab.base.dtypes import head_dtype
 
@@ -720,6 +800,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
         hidden = run_body(ids, positions)
         while True:
             bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
+            if ends.adapter_ids is not None:
+                ends.row_adapters = ends.adapter_ids[active]
             next_ids = ends.next_ids(last_rows(hidden, active), [spec.params[b] for b in active], step, bitmask)
             if step == 0:
                 prefill_s = time.perf_counter() - start

@@ -10,6 +10,8 @@ assumed bandwidth or throughput, nothing is measured. The formulas: docs/archite
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -17,6 +19,7 @@ from trtvocab.base.units import decimal_bytes, human_bytes, human_flops, human_s
 from trtvocab.errors import ConfigError
 from trtvocab.parallel.sharding import LAYOUTS, VocabLayout, all_shards
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_BLOCK
+from trtvocab.weights.lora import footprint
 
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 BF16, FP32 = DTYPE_BYTES["bf16"], DTYPE_BYTES["fp32"]
@@ -47,6 +50,7 @@ class RankPlan(BaseModel):
         head_flops / head_time_s: this rank's GEMM ``2 B w H``.
         matrices_bytes: embedding + head shards in bf16 (one matrix when tied).
         replicated_extra_bytes: what holding both matrices whole would add on this card.
+        adapter_bytes: this rank's part of the LoRA adapters (``--lora``; bf16 copies, float32 factors).
     """
 
     rank: int
@@ -64,6 +68,7 @@ class RankPlan(BaseModel):
     head_time_s: float
     matrices_bytes: int = Field(description="bf16 embedding + LM head shards (one matrix when tied)")
     replicated_extra_bytes: int = Field(description="replicated matrices minus this rank's shards")
+    adapter_bytes: int = Field(default=0, description="this rank's part of the LoRA adapters (--lora)")
 
 
 class EmbeddingAllReduce(BaseModel):
@@ -165,6 +170,7 @@ class Plan(BaseModel):
     head: HeadCompute
     matrices: Matrices
     ranks: list[RankPlan]
+    adapters: list[str] = Field(default_factory=list, description="the LoRA adapters counted (--lora)")
 
 
 def _positive_int(value: object, name: str, upper: int | None = None, what: str = "") -> None:
@@ -196,8 +202,9 @@ def check_inputs(vocab: int, hidden: int, tp: int, batch: int, layout: str, pad_
 
 def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout = "uneven", pad_to: int = 64, *,
               tokens: int = DEFAULT_TOKENS, link_gbs: float = DEFAULT_LINK_GBS, tflops: float = DEFAULT_TFLOPS,
-              tied: bool = False) -> Plan:
-    """The ledger of a ``[vocab, hidden]`` embedding + head over ``tp`` ranks (see the module docstring)."""
+              tied: bool = False, adapters: Sequence[Any] = ()) -> Plan:
+    """The ledger of a ``[vocab, hidden]`` embedding + head over ``tp`` ranks (see the module docstring).
+    ``adapters``: opened LoRA adapters (:func:`trtvocab.weights.lora.open_adapter`), counted per rank."""
     check_inputs(vocab, hidden, tp, batch, layout, pad_to, tokens, link_gbs, tflops)
     link = link_gbs * 1e9  # bytes per second
     gemm = tflops * 1e12  # FLOP per second
@@ -222,6 +229,7 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
                 logits_gather_recv_bytes=recv, logits_gather_time_s=recv / link,
                 head_flops=flops, head_time_s=flops / gemm,
                 matrices_bytes=mats, replicated_extra_bytes=replicated - mats,
+                adapter_bytes=sum(footprint(a, s, hidden, BF16, tied=tied) for a in adapters),
             )
         )
     payload = tokens * hidden * BF16
@@ -246,7 +254,7 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
                           replicated_bytes_per_card=replicated,
                           replicated_extra_bytes_per_card=max(r.replicated_extra_bytes for r in ranks),
                           replicated_extra_bytes_total=sum(r.replicated_extra_bytes for r in ranks)),
-        ranks=ranks,
+        ranks=ranks, adapters=[a.name for a in adapters],
     )
 
 
@@ -274,4 +282,5 @@ def ledger_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("  replicated instead: extra per card", f"+{human_bytes(m.replicated_extra_bytes_per_card)}", ""),
         (f"  replicated instead: extra over all {p.tp_size} cards", f"+{human_bytes(m.replicated_extra_bytes_total)}",
          ""),
-    ]
+    ] + ([(f"LoRA adapters per rank ({len(p.adapters)}: {', '.join(p.adapters)})",
+           human_bytes(max(r.adapter_bytes for r in p.ranks)), "")] if p.adapters else [])

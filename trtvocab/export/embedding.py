@@ -49,6 +49,9 @@ def _i64(name: str, value: int) -> TensorProto:
 
 def build_embedding_model(emb: VocabParallelEmbedding, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
     """The graph of the module docstring for this rank's shard of ``emb``."""
+    if emb.adapters:
+        raise ConfigError(f"embedding export: the table holds LoRA adapters {emb.adapter_names}, which the graph "
+                          "would drop; export the base table (docs/architecture.md, 'LoRA adapters')")
     size, hidden = emb.shard.size, emb.hidden_size
     fmt = emb.weight_format
     if fmt not in (WeightFormat.DENSE, WeightFormat.FP8):

@@ -53,6 +53,8 @@ WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE = (
     "lm_head.weight", "lm_head.weight_scale", "lm_head.weight_scale_2", "lm_head.input_scale")
 BIAS = "lm_head.bias"
 GEMM_LOGITS = "lm_head/gemm_logits"  # x @ W.T, before the family's ops (when it has any)
+LORA_A, LORA_B = "lm_head.lora_A_t", "lm_head.lora_B_t"  # a baked-in adapter: A^T [H, r], s * B^T [r, V_local]
+BASE_LOGITS = "lm_head/base_logits"  # x @ W.T before a baked-in adapter's delta is added
 _META = "trtvocab."
 
 _ONNX_FLOAT = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT}
@@ -83,6 +85,7 @@ class GraphSpec:
     logit_scale: float = 1.0
     logit_divisor: float = 1.0
     softcap: float = 0.0  # 0: none
+    lora_rank: int = 0  # a LoRA adapter baked in (export_onnx(adapter=k)): two float32 MatMuls; 0: none
     opset: int = DEFAULT_OPSET
     # Where the shard sits (provenance; does not change the graph).
     vocab_start: int = 0
@@ -99,6 +102,8 @@ class GraphSpec:
         props = {p.key[len(_META):]: p.value for p in model.metadata_props if p.key.startswith(_META)}
         values: dict[str, Any] = {}
         for f in fields(cls):
+            if f.name not in props and f.name in _OPTIONAL_FIELDS:
+                continue  # graphs written before the field existed: its default
             if f.name not in props:
                 raise ArtifactError(f"ONNX model has no '{_META}{f.name}' metadata: not written by trtvocab export")
             raw = props[f.name]
@@ -110,6 +115,7 @@ class GraphSpec:
         return cls(**values)
 
 
+_OPTIONAL_FIELDS = frozenset({"lora_rank"})
 _FIELD_PARSERS: dict[str, Any] = {"bool": lambda raw: raw == "True", "int": int, "float": float,
                                   "WeightFormat": WeightFormat,
                                   "Activation": Activation, "Granularity": Granularity}
@@ -197,8 +203,9 @@ def _scalar(name: str, tensor: torch.Tensor | None) -> TensorProto:
     return tensor_proto(name, tensor.detach().reshape(()).float())
 
 
-def head_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
-    """This rank's shard as initializers under canonical names, validated against ``spec``."""
+def head_tensors(head: LMHead, spec: GraphSpec, adapter: int | None = None) -> dict[str, TensorProto]:
+    """This rank's shard as initializers under canonical names, validated against ``spec`` (``adapter``:
+    the LoRA adapter baked in, when ``spec.lora_rank``)."""
     t = head.weights.export_tensors()
     v, h = spec.local_vocab_size, spec.hidden_size
     if "weight" not in t:
@@ -239,10 +246,34 @@ def head_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
         if bias is None or tuple(bias.shape) != (v,):
             raise CheckpointError(f"the head's bias: expected float32 [{v}], got {getattr(bias, 'shape', None)}")
         out[BIAS] = tensor_proto(BIAS, bias.detach().float())
+    if spec.lora_rank:
+        assert adapter is not None
+        part = head.adapters[adapter]
+        out[LORA_A] = tensor_proto(LORA_A, part.lora_a.detach().float().t().contiguous())
+        out[LORA_B] = tensor_proto(LORA_B, (part.lora_b.detach().float() * part.scaling).t().contiguous())
     return out
 
 
-def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_fp4: bool = False) -> GraphSpec:
+def _lora_rank(head: LMHead, adapter: int | None) -> int:
+    """The rank of the LoRA adapter ``adapter`` baked into the graph (0: none); refuses what a graph would drop."""
+    if adapter is None:
+        if head.adapters:
+            raise ConfigError(f"ONNX export: the head holds LoRA adapters {head.adapter_names}, which the graph would "
+                              "drop; pass adapter=INDEX to bake one in, or export a head without adapters")
+        return 0
+    if isinstance(adapter, bool) or not isinstance(adapter, int) or not 0 <= adapter < len(head.adapters):
+        raise ConfigError(f"ONNX export: adapter must be an index into {head.adapter_names}, got {adapter!r}")
+    part = head.adapters[adapter]
+    if part.copy is not None or part.token_index is not None:
+        raise ConfigError(f"ONNX export: adapter {part.name!r} replaces rows of the head (modules_to_save / "
+                          "trainable tokens); only LoRA factors are exported (two MatMuls)")
+    return part.rank if part.has_lora else 0
+
+
+def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_fp4: bool = False,
+                  adapter: int | None = None) -> GraphSpec:
+    """What shapes ``head``'s graph; ``adapter``: a LoRA adapter's index to bake in (see :func:`export_onnx`)."""
+    lora_rank = _lora_rank(head, adapter)
     fmt = head.weight_format
     qc = head.quant_config
     activation, granularity, block = Activation.NONE, Granularity.PER_TENSOR, FP4_BLOCK
@@ -272,7 +303,7 @@ def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_
         and getattr(head, "output_dtype", head.dtype) == torch.float32,
         deterministic=bool(getattr(head, "deterministic", False)),
         vocab_start=head.vocab_start, vocab_end=head.vocab_end, vocab_size=head.vocab_size,
-        tp_size=head.tp_size, tp_rank=head.tp_rank, **_ops_fields(head),
+        tp_size=head.tp_size, tp_rank=head.tp_rank, lora_rank=lora_rank, **_ops_fields(head),
     )
 
 
@@ -512,6 +543,12 @@ def build_model(tensors: dict[str, TensorProto], spec: GraphSpec) -> onnx.ModelP
         _nvfp4(g, x, tensors, spec, rows)
     else:
         raise QuantizationError(f"no ONNX export for weight format {spec.weight_format!r}")
+    if spec.lora_rank:  # a baked-in adapter: logits = x @ W.T + (x @ A^T) @ (s B^T), float32, before the ops
+        for node in g.nodes:
+            node.output[:] = [BASE_LOGITS if o == LOGITS else o for o in node.output]
+        xf = x if spec.dtype == "float32" else g.node("Cast", [x], to=TensorProto.FLOAT)
+        delta = g.node("MatMul", [g.node("MatMul", [xf, g.init(tensors[LORA_A])]), g.init(tensors[LORA_B])])
+        g.node("Add", [BASE_LOGITS, delta], out=LOGITS)
     if has_head_ops(spec):  # the GEMM's output feeds the family's ops, which write the logits
         for node in g.nodes:
             node.output[:] = [GEMM_LOGITS if o == LOGITS else o for o in node.output]
@@ -615,24 +652,29 @@ def export_onnx(
     external_data: bool | None = None,
     dequantize_fp4: bool = False,
     check: bool = True,
+    adapter: int | None = None,
 ) -> ExportInfo:
     """Write this rank's shard of ``head`` as one ONNX graph at ``path``.
 
     ``external_data`` None: weights go to ``<name>.data`` beside the graph only when they
     exceed ~1.8 GB (the protobuf limit is 2 GiB); True/False force it. ``check`` runs
     ``onnx.checker.check_model(full_check=True)``. The write is atomic (see
-    :func:`save_model_atomic`).
+    :func:`save_model_atomic`). ``adapter``: bake the LoRA adapter of that index (``head.load_adapter``) into
+    the graph as two float32 MatMuls added to ``x @ W.T`` before the family's ops (every row uses it); a
+    head holding adapters and no ``adapter`` is refused, as is an adapter that replaces rows.
     """
-    spec = spec_for_head(head, context_logits=context_logits, opset=opset, dequantize_fp4=dequantize_fp4)
-    model = build_model(head_tensors(head, spec), spec)
+    spec = spec_for_head(head, context_logits=context_logits, opset=opset, dequantize_fp4=dequantize_fp4,
+                         adapter=adapter)
+    model = build_model(head_tensors(head, spec, adapter), spec)
     return _write(model, spec, path, external_data, check)
 
 
 def build_model_for_head(head: LMHead, *, context_logits: bool = False, opset: int = DEFAULT_OPSET,
-                         dequantize_fp4: bool = False) -> onnx.ModelProto:
+                         dequantize_fp4: bool = False, adapter: int | None = None) -> onnx.ModelProto:
     """The in-memory graph of :func:`export_onnx`, for callers that run it without a file."""
-    spec = spec_for_head(head, context_logits=context_logits, opset=opset, dequantize_fp4=dequantize_fp4)
-    return build_model(head_tensors(head, spec), spec)
+    spec = spec_for_head(head, context_logits=context_logits, opset=opset, dequantize_fp4=dequantize_fp4,
+                         adapter=adapter)
+    return build_model(head_tensors(head, spec, adapter), spec)
 
 
 def dequantize_fp4_onnx(src: str | Path, dst: str | Path, *, external_data: bool | None = None,

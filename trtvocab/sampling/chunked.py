@@ -138,8 +138,11 @@ def _identity(head: LMHead) -> list[int]:
     def code(dtype: torch.dtype) -> int:
         return DTYPES.index(dtype) if dtype in DTYPES else -1
     # The budget sets chunk and candidate counts, hence collective sizes: ranks must share it.
+    # Each row's adapter (LMHead.use_adapters) changes the logits: ranks must pick the same ones.
+    picks = head.row_adapters if isinstance(head.row_adapters, torch.Tensor) else None
+    adapters = D.tensor_digest(picks) if head.adapters else 0
     return [head.hidden_size, code(head.dtype), _FORMATS.index(head.weight_format), int(head.deterministic),
-            code(head.output_dtype), int(head.logits_budget_bytes)]
+            code(head.output_dtype), int(head.logits_budget_bytes), adapters]
 
 
 def _check(hidden: Any, head: Any, chunk: Any, what: str) -> InputError | None:

@@ -100,7 +100,8 @@ class HeadSource:
 
     ``shape`` is ``(V, H)``. ``name`` / ``note`` / ``toolchain``: what reports call the head, a remark
     on how it was made, and whose quantization it holds (``"modelopt"``, ``"compressed-tensors"``,
-    ``"dense"``, ``"trtvocab (simulated)"``, or ``""``: unknown).
+    ``"dense"``, ``"trtvocab (simulated)"``, or ``""``: unknown). ``adapter``: a LoRA adapter folder the
+    head applies to every row (``LMHead.load_adapter``).
     """
 
     name: str = ""
@@ -114,6 +115,7 @@ class HeadSource:
     checkpoint: Any = None  # Checkpoint | GGUFCheckpoint, once probed
     decision: HeadQuantDecision | None = None
     family: Family | None = None  # what the output layer computes beyond x @ W.T (probed checkpoints)
+    adapter: str | None = None  # a PEFT LoRA adapter folder applied to every row (compare --lora)
 
     @property
     def vocab_size(self) -> int:

@@ -1,0 +1,457 @@
+"""PEFT LoRA adapters on the two vocabulary modules, one shard at a time.
+
+:func:`open_adapter` reads an adapter folder's ``adapter_config.json`` and ``adapter_model.safetensors``
+header; :func:`shard_adapter` reads one rank's part of the head or the embedding as a :class:`ShardAdapter`::
+
+    head  lm_head.lora_A.weight [r, H] replicated, lora_B.weight [V, r] own rows   += s (x A^T) B^T
+    emb   lora_embedding_A [r, V] own columns, lora_embedding_B [H, r] replicated  += s A^T[ids] B^T
+    both  modules_to_save copy [V, H] and trainable tokens [k, H]: own rows, replace the base rows
+
+``s = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA). DoRA and the other methods that change the formula,
+shapes that disagree with the config or the model, NaN / inf and modules other than the two are refused
+(:class:`~trtvocab.errors.AdapterError`, naming the file and the tensor or field). The functions below
+apply each row's adapter; the full table, mixed batches and tied heads: docs/architecture.md, "LoRA adapters".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from trtvocab.base.fsutil import load_json_file
+from trtvocab.checkpoints.checkpoint import Checkpoint
+from trtvocab.checkpoints.names import EMBEDDING_NAMES
+from trtvocab.errors import AdapterError, CheckpointError
+from trtvocab.parallel.sharding import VocabShard
+from trtvocab.weights.base import read_rows
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+HEAD_MODULE = "lm_head"
+EMBEDDING_MODULES = tuple(n.rsplit(".", 1)[0] for n in EMBEDDING_NAMES)
+# Config fields that change what an adapter computes beyond LoRA's formula: refused by name when set.
+REFUSED_FIELDS = {
+    "use_dora": "DoRA (weight-decomposed LoRA: a magnitude vector rescales every column)",
+    "use_qalora": "QALoRA",
+    "alora_invocation_tokens": "activated LoRA (aLoRA)",
+    "ensure_weight_tying": "ensure_weight_tying (LoRA tied across the embedding and the head)",
+    "lora_bias": "lora_bias (a bias on lora_B)",
+    "target_parameters": "target_parameters (LoRA on raw parameters)",
+    "fan_in_fan_out": "fan_in_fan_out (transposed weights)",
+}
+# What each tensor suffix of a vocab module is.
+SUFFIXES = {
+    "lora_A.weight": "lora_A", "lora_B.weight": "lora_B", "lora_embedding_A": "emb_A", "lora_embedding_B": "emb_B",
+    "base_layer.weight": "base", "weight": "copy", "token_adapter.trainable_tokens_delta": "tokens",
+}
+Module = Literal["head", "embedding"]
+
+
+@dataclass
+class ShardAdapter:
+    """One adapter's part of one shard of one vocabulary module (all optional; see the module docstring).
+
+    ``lora_a`` / ``lora_b``: float32; for the head ``[r, H]`` and ``[V_local, r]``, for the embedding
+    ``[V_local, r]`` (columns of ``lora_embedding_A``, transposed) and ``[H, r]``. ``copy``: the
+    ``[V_local, H]`` table that replaces the shard's rows. ``token_index`` (sorted, local ids) and
+    ``token_rows`` ``[k, H]``: rows that replace single rows (trainable tokens).
+    """
+
+    name: str
+    path: str = ""
+    scaling: float = 0.0
+    rank: int = 0
+    lora_a: torch.Tensor | None = None
+    lora_b: torch.Tensor | None = None
+    copy: torch.Tensor | None = None
+    token_index: torch.Tensor | None = None
+    token_rows: torch.Tensor | None = None
+
+    @property
+    def has_lora(self) -> bool:
+        return self.lora_a is not None
+
+    @property
+    def is_empty(self) -> bool:
+        return self.lora_a is None and self.copy is None and self.token_index is None
+
+    def nbytes(self) -> int:
+        """Bytes this rank holds for the adapter."""
+        parts = (self.lora_a, self.lora_b, self.copy, self.token_index, self.token_rows)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    def to(self, device: torch.device) -> ShardAdapter:
+        for key in ("lora_a", "lora_b", "copy", "token_index", "token_rows"):
+            value = getattr(self, key)
+            if value is not None:
+                setattr(self, key, value.to(device))
+        return self
+
+    def describe(self) -> str:
+        parts = ([f"LoRA r={self.rank} scaling={self.scaling:g}"] if self.has_lora else []) \
+            + (["modules_to_save copy"] if self.copy is not None else []) \
+            + ([f"{len(self.token_index)} trainable tokens"] if self.token_index is not None else [])
+        return f"{self.name}: " + (", ".join(parts) or "nothing on this module")
+
+
+@dataclass
+class AdapterFile:
+    """A PEFT adapter folder, config and header read (no tensor data): ``modules`` maps each vocabulary
+    module path (``"lm_head"``, ``"model.embed_tokens"``) to its ``{kind: tensor name}``."""
+
+    name: str
+    folder: Path
+    config: dict[str, Any]
+    checkpoint: Checkpoint
+    modules: dict[str, dict[str, str]] = field(default_factory=dict)
+    others: list[str] = field(default_factory=list)
+
+    @property
+    def file(self) -> Path:
+        return self.folder / WEIGHTS_FILE
+
+    def _pattern(self, key: str, module: str, default: Any) -> Any:
+        pattern = self.config.get(key) or {}
+        if not isinstance(pattern, dict):
+            raise AdapterError(f"{self.folder / CONFIG_FILE}: {key} must be an object, got {pattern!r}")
+        for name, value in pattern.items():
+            if not isinstance(name, str) or any(c in name for c in "*+?[](){}|^$\\"):
+                raise AdapterError(f"{self.folder / CONFIG_FILE}: {key} key {name!r} is a regular expression; "
+                                   "trtvocab matches module names literally (name or dotted suffix)")
+            if module == name or module.endswith("." + name):
+                return value
+        return default
+
+    def rank(self, module: str) -> int:
+        r = self._pattern("rank_pattern", module, self.config.get("r", 8))
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise AdapterError(f"{self.folder / CONFIG_FILE}: r for {module} must be a positive int, got {r!r}")
+        return r
+
+    def scaling(self, module: str) -> float:
+        """PEFT's scaling: ``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` with ``use_rslora``."""
+        r = self.rank(module)
+        alpha = self._pattern("alpha_pattern", module, self.config.get("lora_alpha", 8))
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+            raise AdapterError(f"{self.folder / CONFIG_FILE}: lora_alpha for {module} must be a number, got {alpha!r}")
+        return float(alpha) / (math.sqrt(r) if self.config.get("use_rslora") else r)
+
+    def token_indices(self, module: str) -> list[int] | None:
+        """``trainable_token_indices`` of ``module`` (a list means the input embedding, as in PEFT)."""
+        spec = self.config.get("trainable_token_indices")
+        if spec is None:
+            return None
+        if isinstance(spec, list):
+            return spec if module in EMBEDDING_MODULES else None
+        if not isinstance(spec, dict):
+            raise AdapterError(f"{self.folder / CONFIG_FILE}: trainable_token_indices must be a list or an object")
+        for name, value in spec.items():
+            if module == name or module.endswith("." + str(name)):
+                return value
+        return None
+
+
+def open_adapter(path: str | Path, *, name: str | None = None,
+                 other_modules: Literal["refuse", "ignore"] = "refuse") -> AdapterFile:
+    """Read a PEFT adapter folder's config and safetensors header (no tensor data).
+
+    ``other_modules``: ``"refuse"`` (default) raises :class:`AdapterError` when the adapter also targets
+    modules other than the head and the input embedding (trtvocab would silently drop them);
+    ``"ignore"`` is for a caller whose body applies them itself (``trtvocab generate`` refuses them: its body
+    is the checkpoint's).
+    """
+    folder = Path(path)
+    cfg_path = folder / CONFIG_FILE
+    if not cfg_path.exists():
+        raise AdapterError(f"{folder}: not a PEFT adapter folder (no {CONFIG_FILE})")
+    # A regular file of bounded size, parsed strictly (the one opener of files trtvocab reads).
+    config = load_json_file(cfg_path, "adapter config", max_bytes=1 << 20, error=AdapterError)
+    if not isinstance(config, dict):
+        raise AdapterError(f"{cfg_path}: expected a JSON object")
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise AdapterError(f"{cfg_path}: peft_type {peft_type!r} is not LoRA; trtvocab applies LoRA adapters only")
+    for key, what in REFUSED_FIELDS.items():
+        if config.get(key):
+            raise AdapterError(f"{cfg_path}: {key} is set: {what} is not supported (refused rather than "
+                               "applied as plain LoRA)")
+    if config.get("bias", "none") != "none":
+        raise AdapterError(f"{cfg_path}: bias={config['bias']!r}: LoRA biases are not supported (bias='none' only)")
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise AdapterError(f"{folder}: no {WEIGHTS_FILE} (pickled adapter_model.bin files are never loaded)")
+    try:
+        ckpt = Checkpoint(weights)
+    except CheckpointError as exc:
+        raise AdapterError(f"{weights}: {exc}") from None
+    adapter = AdapterFile(name or folder.name, folder, config, ckpt)
+    vocab_modules = (HEAD_MODULE, *EMBEDDING_MODULES)
+    for tensor in ckpt.names():
+        key = tensor[len(PREFIX):] if tensor.startswith(PREFIX) else tensor
+        module, kind = _split(key, vocab_modules)
+        if module is None:
+            adapter.others.append(tensor)
+            continue
+        if "magnitude" in key:
+            raise AdapterError(f"{weights}: tensor {tensor}: DoRA magnitude vectors are not supported")
+        if kind is None:
+            raise AdapterError(f"{weights}: tensor {tensor}: not a LoRA, modules_to_save or trainable-token "
+                               f"tensor of {module} that trtvocab can apply")
+        adapter.modules.setdefault(module, {})[kind] = tensor
+    if adapter.others and other_modules == "refuse":
+        shown = ", ".join(adapter.others[:4]) + (" ..." if len(adapter.others) > 4 else "")
+        raise AdapterError(f"{weights}: targets modules other than the head and the input embedding ({shown}); "
+                           "trtvocab applies only those two (other_modules='ignore' when the body applies the rest)")
+    if not adapter.modules:
+        raise AdapterError(f"{weights}: holds nothing for {HEAD_MODULE} or the input embedding")
+    return adapter
+
+
+def _split(key: str, modules: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """``(module, kind)`` of a tensor key relative to the model (``kind`` None: unknown suffix)."""
+    for module in modules:
+        if key.startswith(module + "."):
+            return module, SUFFIXES.get(key[len(module) + 1:])
+    return None, None
+
+
+def _read(adapter: AdapterFile, tensor: str, shape: list[int] | None = None) -> torch.Tensor:
+    info = adapter.checkpoint.info(tensor)
+    if shape is not None and list(info.shape) != shape:
+        raise AdapterError(f"{adapter.file}: tensor {tensor} is {list(info.shape)}, expected {shape}")
+    return _finite(adapter, tensor, adapter.checkpoint.read(tensor))
+
+
+def _finite(adapter: AdapterFile, tensor: str, value: torch.Tensor) -> torch.Tensor:
+    if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+        raise AdapterError(f"{adapter.file}: tensor {tensor} holds NaN or inf")
+    return value
+
+
+def _rows(adapter: AdapterFile, tensor: str, shard: VocabShard, row_shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """This shard's rows of a ``[V, ...]`` tensor (only they are read)."""
+    info = adapter.checkpoint.info(tensor)
+    expected = [shard.vocab_size, *row_shape]
+    if list(info.shape) != expected:
+        raise AdapterError(f"{adapter.file}: tensor {tensor} is {list(info.shape)}, expected {expected} ({what})")
+    return _finite(adapter, tensor, read_rows(adapter.checkpoint.get_slice(tensor), tensor, shard, row_shape))
+
+
+def module_of(adapter: AdapterFile, which: Module, module: str | None = None) -> str | None:
+    """The adapter's module path for the head or the input embedding (None: it has nothing there)."""
+    if module is not None:
+        return module if module in adapter.modules else None
+    names = (HEAD_MODULE,) if which == "head" else EMBEDDING_MODULES
+    found = [n for n in names if n in adapter.modules]
+    return found[0] if found else None
+
+
+def shard_adapter(adapter: AdapterFile, which: Module, shard: VocabShard, hidden: int, dtype: torch.dtype, *,
+                  base: torch.Tensor | None = None, tied: bool = False) -> ShardAdapter:
+    """One rank's part of ``adapter`` for the head or the input embedding (``shard``: its rows).
+
+    ``base``: the module's dense ``[V_local, H]`` rows, to tell whether a saved ``base_layer.weight``
+    is the base (ignored) or a different table (a copy); ``tied``: the head shares the embedding's
+    table, so the embedding's trainable tokens apply to the head too (PEFT's tied adapter).
+    """
+    out = ShardAdapter(adapter.name, str(adapter.folder))
+    module = module_of(adapter, which)
+    parts = dict(adapter.modules.get(module, {})) if module is not None else {}
+    token_module = module
+    if which == "head" and tied and "tokens" not in parts:
+        emb = module_of(adapter, "embedding")
+        if emb is not None and "tokens" in adapter.modules[emb]:
+            parts["tokens"], token_module = adapter.modules[emb]["tokens"], emb
+    if module is not None:
+        _lora(adapter, which, module, parts, shard, hidden, out)
+        for kind in ("copy", "base"):
+            if kind in parts:
+                rows = _rows(adapter, parts[kind], shard, (hidden,), "a full copy of the table")
+                if kind == "base" and base is not None and torch.equal(rows.to(base.dtype), base.cpu()):
+                    continue
+                if out.copy is not None:
+                    raise AdapterError(f"{adapter.file}: both {parts['copy']} and {parts['base']} replace {module}")
+                out.copy = rows.to(dtype)
+    if "tokens" in parts:
+        assert token_module is not None
+        _tokens(adapter, token_module, parts["tokens"], shard, hidden, dtype, out)
+    return out
+
+
+def _lora(adapter: AdapterFile, which: Module, module: str, parts: dict[str, str], shard: VocabShard, hidden: int,
+          out: ShardAdapter) -> None:
+    keys = ("lora_A", "lora_B") if which == "head" else ("emb_A", "emb_B")
+    wrong = ("emb_A", "emb_B") if which == "head" else ("lora_A", "lora_B")
+    for kind in wrong:
+        if kind in parts:
+            raise AdapterError(f"{adapter.file}: tensor {parts[kind]}: a {'embedding' if which == 'head' else 'linear'}"
+                               f" LoRA tensor on {module}, which trtvocab runs as the {which}")
+    present = [k for k in keys if k in parts]
+    if not present:
+        return
+    if len(present) == 1:
+        raise AdapterError(f"{adapter.file}: tensor {parts[present[0]]} has no {keys[1 - keys.index(present[0])]} "
+                           "partner")
+    r = adapter.rank(module)
+    a_name, b_name = parts[keys[0]], parts[keys[1]]
+    if which == "head":
+        a_shape = list(adapter.checkpoint.info(a_name).shape)
+        if a_shape != [r, hidden]:
+            raise AdapterError(f"{adapter.file}: tensor {a_name} is {a_shape}, expected [r={r}, H={hidden}] "
+                               "(rank mismatch with adapter_config.json r / rank_pattern, or another hidden size)")
+        out.lora_a = _read(adapter, a_name).float()
+        out.lora_b = _rows(adapter, b_name, shard, (r,), f"lora_B: one row per token id, r={r} columns").float()
+    else:
+        a_shape = list(adapter.checkpoint.info(a_name).shape)
+        if a_shape != [r, shard.vocab_size]:
+            raise AdapterError(f"{adapter.file}: tensor {a_name} is {a_shape}, expected [r={r}, V={shard.vocab_size}] "
+                               "(PEFT's embedding layout; rank mismatch or another vocabulary)")
+        # [r, V] is read whole (r * V values: small) and this shard's columns kept.
+        a = _read(adapter, a_name).float()
+        out.lora_a = a[:, shard.start:shard.end].t().contiguous()
+        out.lora_b = _read(adapter, b_name, [hidden, r]).float()
+    out.rank, out.scaling = r, adapter.scaling(module)
+
+
+def _tokens(adapter: AdapterFile, module: str, tensor: str, shard: VocabShard, hidden: int, dtype: torch.dtype,
+            out: ShardAdapter) -> None:
+    indices = adapter.token_indices(module)
+    cfg = adapter.folder / CONFIG_FILE
+    if indices is None:
+        raise AdapterError(f"{adapter.file}: tensor {tensor} but {cfg} names no trainable_token_indices for {module}")
+    if not isinstance(indices, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+        raise AdapterError(f"{cfg}: trainable_token_indices of {module} must be a list of ints")
+    bad = [i for i in indices if not 0 <= i < shard.vocab_size]
+    if bad:
+        raise AdapterError(f"{cfg}: trainable_token_indices {bad[:5]} outside the vocabulary [0, {shard.vocab_size}) "
+                           "(added tokens are not supported)")
+    if len(set(indices)) != len(indices):
+        raise AdapterError(f"{cfg}: trainable_token_indices of {module} repeat an index")
+    delta = _read(adapter, tensor, [len(indices), hidden])
+    index = torch.tensor(indices, dtype=torch.int64)
+    mine = (index >= shard.start) & (index < shard.end)
+    local = index[mine] - shard.start
+    order = torch.argsort(local)
+    out.token_index = local[order].contiguous()
+    out.token_rows = delta[mine][order].to(dtype).contiguous()
+
+
+# ---- applying adapters ---------------------------------------------------------------------------------
+def check_adapter_ids(ids: Any, rows: int, count: int, what: str) -> str | None:
+    """Why ``ids`` cannot pick adapters for ``rows`` rows among ``count`` adapters (None: it can)."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool \
+            or ids.is_complex():
+        return f"{what}: expected an integer tensor of adapter indices, got {type(ids).__name__}"
+    if ids.dim() != 1 or ids.shape[0] != rows:
+        return f"{what}: expected shape [{rows}] (one adapter index per row), got {list(ids.shape)}"
+    if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= count):
+        return f"{what}: adapter indices must be -1 (none) or in [0, {count}), got [{int(ids.min())}, {int(ids.max())}]"
+    return None
+
+
+def groups(ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """``(adapter index, row positions)`` for every adapter some row uses (-1 left out)."""
+    out = []
+    for k in torch.unique(ids).tolist():
+        if k >= 0:
+            out.append((int(k), (ids == k).nonzero().reshape(-1)))
+    return out
+
+
+def adapt_logits_(logits: torch.Tensor, hidden: torch.Tensor, adapters: list[ShardAdapter], ids: torch.Tensor,
+                  lo: int, hi: int) -> torch.Tensor:
+    """Each row's adapter on ``logits [N, hi - lo]`` = ``x @ W[lo:hi].T`` of the shard's columns ``[lo, hi)``
+    (before the family's ops): a copy replaces the columns, trainable tokens replace single columns, LoRA
+    adds ``s * (x @ A.T) @ B[lo:hi].T`` (float32). In place; returned."""
+    for k, rows in groups(ids):
+        a = adapters[k]
+        if a.is_empty:
+            continue
+        x = hidden[rows].float()
+        part = (x @ a.copy[lo:hi].float().t()) if a.copy is not None else logits[rows].float()
+        if a.token_index is not None:
+            first, last = torch.searchsorted(a.token_index, torch.tensor([lo, hi])).tolist()
+            if last > first:
+                part[:, a.token_index[first:last] - lo] = x @ a.token_rows[first:last].float().t()
+        if a.lora_a is not None:
+            assert a.lora_b is not None
+            part += (x @ a.lora_a.t()) @ a.lora_b[lo:hi].t() * a.scaling
+        logits[rows] = part.to(logits.dtype)
+    return logits
+
+
+def replace_rows_(rows: torch.Tensor, index: torch.Tensor, mine: torch.Tensor, adapters: list[ShardAdapter],
+                  ids: torch.Tensor) -> None:
+    """Copies and trainable tokens on a shard's looked-up ``rows [N, H]`` (``index``: local ids, ``mine``:
+    owned), in place; unowned rows stay zero."""
+    for k, pos in groups(ids):
+        a = adapters[k]
+        owned = pos[mine[pos]]
+        if a.copy is not None:
+            rows[owned] = a.copy[index[owned]].to(rows.dtype)
+        if a.token_index is not None and a.token_index.numel():
+            local = index[owned]
+            slot = torch.searchsorted(a.token_index, local).clamp_(max=a.token_index.numel() - 1)
+            hit = a.token_index[slot] == local
+            rows[owned[hit]] = a.token_rows[slot[hit]].to(rows.dtype)
+
+
+def lora_partial(index: torch.Tensor, mine: torch.Tensor, adapters: list[ShardAdapter],
+                 ids: torch.Tensor) -> torch.Tensor:
+    """This shard's ``A.T[ids]`` rows ``[N, r_max]`` (float32, zero where it owns no id or the row's
+    adapter has no embedding LoRA): summed over the group, each element has one non-zero term."""
+    width = max((a.rank for a in adapters if a.has_lora), default=0)
+    out = torch.zeros(ids.shape[0], width, dtype=torch.float32, device=index.device)
+    for k, pos in groups(ids):
+        a = adapters[k]
+        if a.lora_a is not None:
+            owned = pos[mine[pos]]
+            out[owned, : a.rank] = a.lora_a[index[owned]]
+    return out
+
+
+def lora_rows(partial: torch.Tensor, adapters: list[ShardAdapter],
+              ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(row positions, delta rows [n, H] float32)`` of the embedding LoRA, from summed :func:`lora_partial`."""
+    out = []
+    for k, pos in groups(ids):
+        a = adapters[k]
+        if a.lora_a is not None:
+            assert a.lora_b is not None
+            out.append((pos, (partial[pos, : a.rank] @ a.lora_b.t()) * a.scaling))
+    return out
+
+
+
+
+def footprint(adapter: AdapterFile, shard: VocabShard, hidden: int, dtype_bytes: int, *, tied: bool = False) -> int:
+    """Bytes one rank holds for ``adapter`` on both vocabulary modules, from the header alone (what
+    :func:`shard_adapter` keeps: LoRA factors in float32, copies and trainable-token rows in the
+    module dtype, ``dtype_bytes`` per element). A saved ``base_layer.weight`` is not counted (it is
+    dropped when it equals the checkpoint's table)."""
+    total = 0
+    for which in ("head", "embedding"):
+        module = module_of(adapter, which)  # type: ignore[arg-type]
+        parts = adapter.modules.get(module, {}) if module is not None else {}
+        if "lora_A" in parts or "emb_A" in parts:
+            r = adapter.rank(module)  # type: ignore[arg-type]
+            total += 4 * r * (shard.size + hidden)
+        if "copy" in parts:
+            total += shard.size * hidden * dtype_bytes
+        token_module = module
+        if which == "head" and tied and "tokens" not in parts:
+            token_module = module_of(adapter, "embedding")
+        indices = adapter.token_indices(token_module) if token_module is not None else None
+        if indices and isinstance(indices, list):
+            owned = sum(1 for i in indices if isinstance(i, int) and shard.start <= i < shard.end)
+            total += owned * (hidden * dtype_bytes + 8)
+    return total
+
+
+__all__ = ["AdapterFile", "ShardAdapter", "adapt_logits_", "check_adapter_ids", "footprint", "lora_partial",
+           "lora_rows", "open_adapter", "replace_rows_", "shard_adapter"]
