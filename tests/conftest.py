@@ -322,6 +322,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("slow")
 
 
+@pytest.fixture(scope="module")
+def one_thread() -> Any:
+    """Torch on one thread for a module (the real-model decode tests): on small shared machines two
+    spinning OpenMP threads on two busy cores are ten times slower than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def launch_ranks() -> Callable[..., list[Any]]:
     """``launch_ranks(fn, world_size, *args, timeout_s=...)``: trtvocab.parallel.launch.run_ranks (tier `ranks`)."""

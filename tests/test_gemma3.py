@@ -19,16 +19,9 @@ from trtvocab.base.family import EmbeddingOps
 
 G = pytest.importorskip("trtvocab.commands.generate")
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = "The capital of France is"
 K = 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

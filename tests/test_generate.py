@@ -30,8 +30,9 @@ from trtvocab.sampling import SamplingParams
 
 G = pytest.importorskip("trtvocab.commands.generate")
 # transformers and xgrammar are imported where used (collection need not pay seconds for them)
-pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
-                                reason="trtvocab generate needs transformers and xgrammar")
+pytestmark = [pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
+                                 reason="trtvocab generate needs transformers and xgrammar"),
+              pytest.mark.usefixtures("one_thread")]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "examples" / "capital.schema.json"
@@ -43,14 +44,6 @@ K_JSON = 24  # enough for the shipped schema's answer to close (16 tokens)
 K_MIX = 10  # the tp 1 / tp 3 batch: enough for CAPITAL's answer to close
 CAPITAL = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}}, "required": ["capital"],
            "additionalProperties": False}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

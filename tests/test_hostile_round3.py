@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from test_hostile import assert_cli_error, cli, copy_art, recipe_dict
 from test_hostile_checkpoint import deadline
 from test_tensorrt_glue import PROFILE, FakeTensorRT, dense_graph
+from test_tensorrt_glue import fake_trt as fake_trt_fixture
 
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.artifact import store as artifacts
@@ -356,20 +357,7 @@ def test_p11_runtime_cache_is_kept_outside_the_artifact_and_read_on_the_second_l
 
 
 # ==== A1: [engine] timing_cache never overwrites a file that is not a timing cache ==========================
-@pytest.fixture
-def fake_trt(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeTensorRT]:
-    """tests/test_tensorrt_glue.py's test double of standard TensorRT, on a pretended CC 9.0 GPU."""
-
-    def install(**kwargs: Any) -> FakeTensorRT:
-        fake = FakeTensorRT(**kwargs)
-        monkeypatch.setitem(sys.modules, "tensorrt", fake)
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake H100 (test double)")
-        return fake
-
-    return install
+fake_trt = fake_trt_fixture  # tests/test_tensorrt_glue.py's double of standard TensorRT on a pretended CC 9.0 GPU
 
 
 def test_a1_timing_cache_path_naming_a_foreign_file_is_refused_and_left_alone(
