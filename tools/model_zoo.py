@@ -40,7 +40,7 @@ VOCAB = 1001
 IDS = [3, 17, 250, 1000, 42, 7]
 HEAD_TOL = 1e-4  # nats (see head_tolerance)
 EMB_TOL = 1e-6  # relative
-MEMORY_LIMIT = 6 << 30
+MEMORY_LIMIT = 10 << 30  # address space of a worker (two run at once on 24 GiB)
 STARTUP_S = 180.0  # a worker's imports (torch, transformers) on a loaded 2-core machine
 SIZES = {
     "vocab_size": VOCAB, "hidden_size": 64, "n_embd": 64, "d_model": 64, "n_embed": 64, "dim": 64,
@@ -135,12 +135,14 @@ def _instantiate(model_type: str) -> tuple[str, Any]:
             cfg = build()
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+            if hasattr(model, "set_default_language") and getattr(cfg, "languages", None):
+                model.set_default_language(cfg.languages[0])  # X-MOD: one adapter per language
             with torch.no_grad():
                 model(torch.tensor([IDS]))
             return name, model
         except Exception as exc:
             errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:160]}")
-    raise RuntimeError("; ".join(errors[:2]))
+    raise RuntimeError("; ".join(errors[:2] + errors[-1:] if len(errors) > 2 else errors))
 
 
 def prepare(model_type: str, folder: Path) -> dict[str, Any]:

@@ -61,9 +61,9 @@ _SCALED_IN_FORWARD = Rule(ignored=("scale_embedding",),
 RULES: dict[str, Rule] = {
     "gemma": Rule(embed_sqrt_hidden=True),
     "gemma2": _GEMMA, "gemma3_text": _GEMMA, "gemma4_text": _GEMMA, "gemma4_unified_text": _GEMMA, "vaultgemma": _GEMMA,
-    "gemma4_unified": _GEMMA,
-    # Gemma 3 and 4's multimodal classes (*ForConditionalGeneration) do not soft-cap in transformers.
-    **dict.fromkeys(("gemma3", "gemma4"), Rule(embed_sqrt_hidden=True, ignored=("final_logit_softcapping",))),
+    "gemma4": _GEMMA, "gemma4_unified": _GEMMA,
+    # Gemma 3's multimodal class (Gemma3ForConditionalGeneration) does not soft-cap in transformers.
+    "gemma3": Rule(embed_sqrt_hidden=True, ignored=("final_logit_softcapping",)),
     "beam": Rule(softcap="final_logit_softcapping"),
     "nanochat": Rule(softcap="final_logit_softcapping"),
     "recurrent_gemma": Rule(softcap="logits_soft_cap", body=("the embedding rows times sqrt(H) (its normalizer)",)),
