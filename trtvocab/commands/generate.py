@@ -82,6 +82,8 @@ class GenerateSpec:
     # The model's head streams its vocab in chunks above this many bytes of float32 [b, V_local]
     # logits (LMHead.logits_budget_bytes; None: the head's default).
     logits_budget_bytes: int | None = None
+    # A GGUF Q8_0 / Q6_K head (and tied table) stays in its stored blocks; False: dequantized to float32.
+    gguf_blocks: bool = True
 
 
 @dataclasses.dataclass
@@ -362,6 +364,7 @@ def prepare(
     attention_dp: bool = False,
     body_ranks: int | None = None,
     logits_budget_bytes: int | None = None,
+    gguf_blocks: bool = True,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -372,6 +375,7 @@ def prepare(
     at most ``tp`` (:func:`choose_body_ranks`).
     ``logits_budget_bytes``: the model's head streams its vocab in chunks when a step's float32
     ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
+    ``gguf_blocks``: a GGUF Q8_0 / Q6_K head stays in its stored blocks (False: float32-dequantized).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
@@ -424,7 +428,8 @@ def prepare(
         raise InputError(f"--max-new-tokens {max_new_tokens}: the longest prompt has {longest} tokens and the model "
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
-                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget)
+                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
+                        bool(gguf_blocks))
     return spec, loaded
 
 
@@ -617,7 +622,7 @@ def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, voca
     pad_to = manifest.head.pad_to if manifest is not None else 64
     # LMHead refuses deterministic=True for a quantized head (a ConfigError naming it).
     embedding, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,
-                                gather_output=False, deterministic=spec.deterministic)
+                                gather_output=False, deterministic=spec.deterministic, gguf_blocks=spec.gguf_blocks)
     if spec.logits_budget_bytes is not None:
         head.logits_budget_bytes = spec.logits_budget_bytes
     if spec.attention_dp and mapping is not None:

@@ -58,6 +58,7 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
         path, mapping=mapping, gather_output=lh.gather_output, dtype=dtype, quant=recipe.quantization.mode,
         tensor_name=recipe.checkpoint.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to,
         weight_only=recipe.quantization.weight_only, **lh.head_options(),
+        gguf_blocks=False,  # artifacts hold a GGUF head dequantized (its graphs: docs/architecture.md, GGUF heads)
     )
 
 
