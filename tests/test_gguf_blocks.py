@@ -183,3 +183,41 @@ def test_smollm2_greedy_tokens_and_logits_match_the_float32_head(smollm2: Path) 
     got = head.column_logits(x).double()
     bound = (x.double().abs() @ w.abs().t()) * (head.hidden_size // 8 + 3) * 2.0**-24
     assert bool(((got - x.double() @ w.t()).abs() <= bound).all())
+
+
+# ---- the fused kernel: every build (ISA) this CPU runs, every path inside it, against the torch chain ------
+@pytest.mark.parametrize("isa", list(kernels.ISAS))
+def test_kernel_paths_equal_the_torch_chain_bitwise(isa: str) -> None:
+    from trtvocab.kernels import gemm
+
+    if kernels.disabled_reason() is not None:
+        pytest.skip(kernels.disabled_reason())
+    missing = kernels.ISA_CPU_FLAGS[isa] - kernels.cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {sorted(missing)}")
+    try:
+        loaded = kernels.load_isa(isa)
+    except Exception as exc:  # no compiler here
+        pytest.skip(f"{isa} build unavailable: {exc}")
+    lib = loaded.lib
+    top = lib.trtvocab_gguf_set_path(-1)
+    assert top == {"portable": 0, "avx2": 1}.get(isa, 2 if "avx512f" in kernels.cpu_flags() else top)
+    g = torch.Generator().manual_seed(5)
+    try:
+        for block_type, hidden in (("Q8_0", 96), ("Q8_0", 640), ("Q6_K", 512)):
+            raw = torch.from_numpy(random_blocks(block_type, 41, hidden, seed=hidden))
+            w = gb.DEQUANTIZE[block_type](raw)
+            x = torch.randn(65, hidden, generator=g)
+            x[0, :5] = torch.tensor([0.0, -0.0, 1e-40, 3e38, -1e-30])  # zeros, a subnormal, huge and tiny values
+            want = gb.chain_logits(x, w)
+            for path in range(top + 1):
+                assert lib.trtvocab_gguf_set_path(path) == path
+                for n in (1, 2, 3, 4, 5, 7, 8, 9, 17, 64, 65):
+                    got = gemm.gguf_logits(loaded, x[:n].contiguous(), hidden, block_type, raw)
+                    assert torch.equal(_bits(got), _bits(want[:n])), (isa, path, block_type, hidden, n)
+                parts = torch.cat([gemm.gguf_logits(loaded, x[:3].contiguous(), hidden, block_type, raw[a:b])
+                                   for a, b in ((0, 1), (1, 12), (12, 41))], 1)
+                assert torch.equal(_bits(parts), _bits(want[:3])), (isa, path, block_type, "row split")
+    finally:
+        lib.trtvocab_gguf_set_path(-1)
+
