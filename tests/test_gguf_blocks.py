@@ -221,3 +221,29 @@ def test_kernel_paths_equal_the_torch_chain_bitwise(isa: str) -> None:
     finally:
         lib.trtvocab_gguf_set_path(-1)
 
+
+# ---- ONNX: blocked DequantizeLinear (opset 21, block 32 along H) on onnxruntime ---------------------------
+def test_q8_0_onnx_graph_equals_the_fallback_on_onnxruntime(files: dict[str, Path], tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+
+    from trtvocab.base.family import HeadOps
+    from trtvocab.export.gguf_onnx import export_q8_0
+
+    x = torch.randn(5, HIDDEN["Q8_0"], generator=torch.Generator().manual_seed(4))
+    for tp, rank in ((1, 0), (3, 2)):
+        head = LMHead.from_checkpoint(files["Q8_0"], mapping=Mapping(world_size=tp, rank=rank, tp_size=tp),
+                                      dtype=torch.float32)
+        head.head_ops = HeadOps(softcap=30.0) if rank else head.head_ops  # a family's ops ride after the GEMM
+        path = export_q8_0(head, tmp_path / f"q8_{tp}_{rank}.onnx")
+        model = onnx.load(str(path))
+        dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+        assert model.opset_import[0].version == 21 and len(dq) == 1
+        assert {a.name: a.i for a in dq[0].attribute} == {"axis": 1, "block_size": 32}
+        types = {i.name: i.data_type for i in model.graph.initializer}
+        assert types["weight_q"] == onnx.TensorProto.INT8 and types["weight_d"] == onnx.TensorProto.FLOAT
+        got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"hidden_states": x.numpy()})[0])
+        want = head.column_logits(x)
+        w = head.weights.dense_weight()[: head.shard.size].double()
+        bound = (x.double().abs() @ w.abs().t()) * 2 * (HIDDEN["Q8_0"] + 3) * 2.0**-24
+        assert bool(((got.double() - want.double()).abs() <= bound + 1e-4).all()), (tp, rank)
