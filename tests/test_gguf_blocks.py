@@ -247,3 +247,23 @@ def test_q8_0_onnx_graph_equals_the_fallback_on_onnxruntime(files: dict[str, Pat
         w = head.weights.dense_weight()[: head.shard.size].double()
         bound = (x.double().abs() @ w.abs().t()) * 2 * (HIDDEN["Q8_0"] + 3) * 2.0**-24
         assert bool(((got.double() - want.double()).abs() <= bound + 1e-4).all()), (tp, rank)
+
+
+def test_embedding_from_checkpoint_keeps_gguf_blocks(files: dict[str, Path]) -> None:
+    from trtvocab.embedding import VocabParallelEmbedding
+
+    ref = _reference(files["tied"], "token_embd.weight")
+    ids = torch.tensor([3, -1, 36, 0, 40])
+    for tp in (1, 3):
+        parts = []
+        for rank in range(tp):
+            emb = VocabParallelEmbedding.from_checkpoint(files["tied"], dtype=torch.float32, reduce_output=False,
+                                                         mapping=Mapping(world_size=tp, rank=rank, tp_size=tp))
+            assert emb.weight_format is WeightFormat.GGUF_Q8_0
+            assert emb.resident_bytes() == vocab_shard(V, tp, rank).size * 68
+            parts.append(emb(ids) if tp == 1 else emb.dequantize_rows(*emb.local_rows(ids)))
+        rows = sum(parts[1:], parts[0])
+        want = ref[ids.clamp(0, V - 1)] * ((ids >= 0) & (ids < V))[:, None]
+        assert torch.equal(rows, want), tp
+    dense = VocabParallelEmbedding.from_checkpoint(files["tied"], dtype=torch.float32, gguf_blocks=False)
+    assert dense.weight_format is WeightFormat.DENSE and torch.equal(dense(ids), rows)

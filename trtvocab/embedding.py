@@ -29,9 +29,10 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
 from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo, QuantConfig
+from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
-from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
+from trtvocab.weights import DenseWeight, FP8Weight, GGUFWeight, WeightMethod
 
 # ---- the masked lookup ----------------------------------------------------------------------------
 #     ids      [  5,  -1,  9, 12 ]          V = 10, tp = 2: rank 0 owns [0, 5), rank 1 [5, 10)
@@ -73,7 +74,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         pad_to: the padding multiple of the padded layout.
         process_group: the TP group when ``world_size > tp_size``.
         quant_config: an FP8 :class:`~trtvocab.quant.config.QuantConfig` for a
-            ``float8_e4m3fn`` table (per-tensor or per-row scale); ``None`` is dense.
+            ``float8_e4m3fn`` table (per-tensor or per-row scale), a
+            :class:`~trtvocab.quant.gguf_blocks.GGUFConfig` for GGUF blocks; ``None`` is dense.
         reduce_output: all-reduce the partial rows (default); ``False`` returns this rank's
             partial rows (zero where it owns no id), for callers that reduce themselves.
         device: where the table lives.
@@ -88,7 +90,8 @@ class VocabParallelEmbedding(VocabParallelModule):
                  mapping: Mapping | None = None, vocab_layout: VocabLayout = "uneven", pad_to: int = 64,
                  process_group: Any = None, quant_config: QuantConfig | None = None, reduce_output: bool = True,
                  device: torch.device | str | None = None, embedding_ops: EmbeddingOps | None = None) -> None:
-        if quant_config is not None and quant_config.quant_algo is not QuantAlgo.FP8:
+        blocks = isinstance(quant_config, GGUFConfig)
+        if quant_config is not None and not blocks and quant_config.quant_algo is not QuantAlgo.FP8:
             raise ConfigError(f"VocabParallelEmbedding: only FP8 tables are supported, got {quant_config.quant_algo}")
         super().__init__(vocab_size, hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
                          pad_to=pad_to, process_group=process_group)
@@ -100,6 +103,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         self.embedding_ops: EmbeddingOps = embedding_ops or EmbeddingOps()
         if quant_config is None:
             self.weights: WeightMethod = DenseWeight(self.shard, hidden_size, dtype)
+        elif blocks:  # a GGUF table in its stored blocks: looked-up rows dequantized exactly
+            self.weights = GGUFWeight(self.shard, hidden_size, dtype, quant_config)
         else:
             # The table is only read row by row: no activation quantization applies to it.
             config = quant_config.model_copy(update={"activation": Activation.NONE})
@@ -120,20 +125,22 @@ class VocabParallelEmbedding(VocabParallelModule):
         pad_to: int = 64,
         process_group: Any = None,
         reduce_output: bool = True,
+        gguf_blocks: bool = True,
     ) -> VocabParallelEmbedding:
         """This rank's shard of a checkpoint's input embedding, reading only its rows.
 
         ``tensor_name``: the ``[V, H]`` tensor when it is none of ``model.embed_tokens.weight``,
         ``embeddings.word_embeddings.weight``, ``transformer.wte.weight`` (or GGUF's
         ``token_embd.weight``). A ``float8_e4m3fn`` table with its ``weight_scale`` loads as
-        FP8. Split tables meet once after loading, like the head
+        FP8; a GGUF Q8_0 / Q6_K table stays in its blocks (``gguf_blocks=False``: float32-dequantized).
+        Split tables meet once after loading, like the head
         (:func:`~trtvocab.vocab_parallel.load_collectively`).
         """
 
         def build() -> VocabParallelEmbedding:
             from trtvocab.weights.loader import open_embedding  # ModelOpt and compressed-tensors tables (headers only)
 
-            source = open_embedding(path, tensor_name)
+            source = open_embedding(path, tensor_name, gguf_blocks)
             if source.notice:
                 warnings.warn(source.notice, stacklevel=4)
             emb = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,

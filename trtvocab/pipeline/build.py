@@ -75,7 +75,8 @@ def make_embedding(recipe: BuildRecipe, rank: int, head: LMHead) -> VocabParalle
     lh = recipe.lm_head
     return VocabParallelEmbedding.from_checkpoint(
         recipe.checkpoint_path(), mapping=recipe.mapping.for_rank(rank), dtype=head_dtype(lh.dtype),
-        tensor_name=recipe.embedding.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, reduce_output=False)
+        tensor_name=recipe.embedding.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, reduce_output=False,
+        gguf_blocks=False)  # artifacts hold GGUF tables dequantized, like their heads
 
 
 def verify_embedding_export(emb: VocabParallelEmbedding, onnx_path: Path) -> VerifyRecord:

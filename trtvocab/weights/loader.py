@@ -222,7 +222,7 @@ class EmbeddingSource:
     vocab_size: int
     hidden_size: int
     tensors: dict[str, Any]
-    quant_config: QuantConfig | None
+    quant_config: QuantConfig | GGUFConfig | None
     notice: str | None = None
     embedding_ops: EmbeddingOps = field(default_factory=EmbeddingOps)  # what the family's embedding does to rows
     family: Family | None = None
@@ -241,11 +241,12 @@ def embedding_tensor_name(ckpt: Any, tensor_name: str | None = None) -> str:
                           "pass tensor_name= to name it")
 
 
-def open_embedding(path: Any, tensor_name: str | None = None) -> EmbeddingSource:
+def open_embedding(path: Any, tensor_name: str | None = None, gguf_blocks: bool = True) -> EmbeddingSource:
     """Probe the input embedding of ``path`` (a path or an opened checkpoint; headers only).
 
     ModelOpt / plain files: a ``float8_e4m3fn`` table with its float32 ``weight_scale`` loads as
-    FP8 (per tensor, or per row when the scale has more than one value), anything else dense.
+    FP8 (per tensor, or per row when the scale has more than one value), a GGUF Q8_0 / Q6_K table in its
+    blocks (``gguf_blocks``), anything else dense.
     compressed-tensors files: :func:`trtvocab.quant.compressed_tensors.embedding_tensors` (the
     config and tensors must agree; an NVFP4 table is decompressed exactly, with a notice).
     """
@@ -264,7 +265,10 @@ def open_embedding(path: Any, tensor_name: str | None = None) -> EmbeddingSource
         raise CheckpointError(f"{name}: expected a 2-D [V, H] table, got {list(info.shape)}")
     module = name.rsplit(".", 1)[0]
     tensors: dict[str, Any] = {"weight": ckpt.get_slice(name)}
-    config = None
+    config: QuantConfig | GGUFConfig | None = None
+    qtype = getattr(getattr(info, "ggml_type", None), "name", None)
+    if gguf_blocks and qtype in GGUF_BLOCKS:  # a GGUF Q8_0 / Q6_K table stays in its blocks (dequantized at lookup)
+        config = GGUFConfig(block_type=qtype)
     if info.dtype == "F8_E4M3":
         scale_name = f"{module}.weight_scale"
         if not ckpt.has(scale_name):
