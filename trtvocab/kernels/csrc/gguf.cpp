@@ -34,6 +34,7 @@ namespace {
 
 constexpr int Q8_BYTES = 34;   // fp16 d, 32 int8 q
 constexpr int Q6_BYTES = 210;  // ql[128], qh[64], int8 scales[16], fp16 d
+constexpr int64_t ROW_BLOCK = 32;  // rows every x group of a batch > 8 meets in cache
 
 // An fp16 number as float32 (exact, subnormals, inf and NaN included).
 inline float half_to_float(const uint8_t* p) {
@@ -88,9 +89,9 @@ void rows_portable(const float* x, int64_t n, int64_t xs, int64_t hidden, const 
                    int64_t ws, float* out, int64_t os) {
   const int64_t chunks = hidden / 32;
   float wv[32];
-  for (int64_t n0 = 0; n0 < n; n0 += 8) {
-    const int nb = static_cast<int>(n - n0 < 8 ? n - n0 : 8);
-    for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t n0 = 0; n0 < n; n0 += 8) {
+      const int nb = static_cast<int>(n - n0 < 8 ? n - n0 : 8);
       float acc[8][8] = {};
       const uint8_t* row = w + r * ws;
       for (int64_t at = 0; at < ws; at += 64) __builtin_prefetch(row + 2 * ws + at);
@@ -190,18 +191,23 @@ template <int KIND>
 void rows_avx2(const float* x, int64_t n, int64_t xs, int64_t hidden, const uint8_t* w, int64_t r0, int64_t r1,
                int64_t ws, float* out, int64_t os) {
   const int64_t chunks = hidden / 32;
-  for (int64_t n0 = 0; n0 < n; n0 += 8) {
-    const float* xg = x + n0 * xs;
-    float* og = out + n0 * os;
-    switch (n - n0 < 8 ? n - n0 : 8) {
-      case 1: rows_avx2_nb<KIND, 1>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 2: rows_avx2_nb<KIND, 2>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 3: rows_avx2_nb<KIND, 3>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 4: rows_avx2_nb<KIND, 4>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 5: rows_avx2_nb<KIND, 5>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 6: rows_avx2_nb<KIND, 6>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 7: rows_avx2_nb<KIND, 7>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      default: rows_avx2_nb<KIND, 8>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
+  // Blocks of ROW_BLOCK rows, every group of 8 x rows over a block while it is in cache: the weight
+  // is read from memory once per call at any batch.
+  for (int64_t b0 = r0; b0 < r1; b0 += ROW_BLOCK) {
+    const int64_t b1 = b0 + ROW_BLOCK < r1 ? b0 + ROW_BLOCK : r1;
+    for (int64_t n0 = 0; n0 < n; n0 += 8) {
+      const float* xg = x + n0 * xs;
+      float* og = out + n0 * os;
+      switch (n - n0 < 8 ? n - n0 : 8) {
+        case 1: rows_avx2_nb<KIND, 1>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 2: rows_avx2_nb<KIND, 2>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 3: rows_avx2_nb<KIND, 3>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 4: rows_avx2_nb<KIND, 4>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 5: rows_avx2_nb<KIND, 5>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 6: rows_avx2_nb<KIND, 6>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 7: rows_avx2_nb<KIND, 7>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        default: rows_avx2_nb<KIND, 8>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+      }
     }
   }
 }
@@ -259,18 +265,23 @@ template <int KIND>
 void rows_avx512(const float* x, int64_t n, int64_t xs, int64_t hidden, const uint8_t* w, int64_t r0, int64_t r1,
                  int64_t ws, float* out, int64_t os) {
   const int64_t chunks = hidden / 32;
-  for (int64_t n0 = 0; n0 < n; n0 += 8) {
-    const float* xg = x + n0 * xs;
-    float* og = out + n0 * os;
-    switch (n - n0 < 8 ? n - n0 : 8) {
-      case 1: rows_avx512_nb<KIND, 1>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 2: rows_avx512_nb<KIND, 2>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 3: rows_avx512_nb<KIND, 3>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 4: rows_avx512_nb<KIND, 4>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 5: rows_avx512_nb<KIND, 5>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 6: rows_avx512_nb<KIND, 6>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      case 7: rows_avx512_nb<KIND, 7>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
-      default: rows_avx512_nb<KIND, 8>(xg, xs, chunks, w, r0, r1, ws, og, os); break;
+  // Blocks of ROW_BLOCK rows, every group of 8 x rows over a block while it is in cache: the weight
+  // is read from memory once per call at any batch.
+  for (int64_t b0 = r0; b0 < r1; b0 += ROW_BLOCK) {
+    const int64_t b1 = b0 + ROW_BLOCK < r1 ? b0 + ROW_BLOCK : r1;
+    for (int64_t n0 = 0; n0 < n; n0 += 8) {
+      const float* xg = x + n0 * xs;
+      float* og = out + n0 * os;
+      switch (n - n0 < 8 ? n - n0 : 8) {
+        case 1: rows_avx512_nb<KIND, 1>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 2: rows_avx512_nb<KIND, 2>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 3: rows_avx512_nb<KIND, 3>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 4: rows_avx512_nb<KIND, 4>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 5: rows_avx512_nb<KIND, 5>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 6: rows_avx512_nb<KIND, 6>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        case 7: rows_avx512_nb<KIND, 7>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+        default: rows_avx512_nb<KIND, 8>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
+      }
     }
   }
 }
