@@ -267,3 +267,18 @@ def test_embedding_from_checkpoint_keeps_gguf_blocks(files: dict[str, Path]) -> 
         assert torch.equal(rows, want), tp
     dense = VocabParallelEmbedding.from_checkpoint(files["tied"], dtype=torch.float32, gguf_blocks=False)
     assert dense.weight_format is WeightFormat.DENSE and torch.equal(dense(ids), rows)
+
+
+def test_cli_generate_no_gguf_blocks_gives_the_same_tokens(smollm2: Path) -> None:
+    import json
+
+    pytest.importorskip("transformers")
+    from typer.testing import CliRunner
+
+    from trtvocab.commands.cli import app
+
+    args = ["generate", str(smollm2), "--prompt", "The capital of France is", "--max-new-tokens", "4", "--json"]
+    runs = [CliRunner().invoke(app, [*args, *flag]) for flag in ([], ["--no-gguf-blocks"])]
+    assert all(r.exit_code == 0 for r in runs), [r.output[-500:] for r in runs]
+    ids = [json.loads(r.stdout)["results"][0]["token_ids"] for r in runs]
+    assert ids[0] == ids[1] and len(ids[0]) == 4
