@@ -332,10 +332,11 @@ def bind(path: Path, seconds: float = 0.0) -> Loaded:
     lib.trtvocab_nvfp4_logits.restype = ctypes.c_int
     lib.trtvocab_dense_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, ctypes.c_int, _P, _I]
     lib.trtvocab_dense_logits.restype = ctypes.c_int
-    lib.trtvocab_gguf_logits.argtypes = [_P, _I, _I, _I, ctypes.c_int, _P, _I, _I, _P, _I]
-    lib.trtvocab_gguf_logits.restype = ctypes.c_int
-    lib.trtvocab_gguf_set_path.argtypes = [ctypes.c_int]
-    lib.trtvocab_gguf_set_path.restype = ctypes.c_int
+    if hasattr(lib, "trtvocab_gguf_logits"):  # csrc/gguf.cpp (a library of older sources has none: kernel_ab.py)
+        lib.trtvocab_gguf_logits.argtypes = [_P, _I, _I, _I, ctypes.c_int, _P, _I, _I, _P, _I]
+        lib.trtvocab_gguf_logits.restype = ctypes.c_int
+        lib.trtvocab_gguf_set_path.argtypes = [ctypes.c_int]
+        lib.trtvocab_gguf_set_path.restype = ctypes.c_int
     lib.trtvocab_read_probe.argtypes = [_P, _I]
     lib.trtvocab_read_probe.restype = ctypes.c_uint64
     lib.trtvocab_fused_set_dpbf16.argtypes = [ctypes.c_int]
