@@ -43,12 +43,15 @@ def build_revision(rev: str, folder: Path) -> build.Loaded:
     """The kernel library of ``rev``'s sources, built with this tree's flags in ``folder``."""
     from torch.utils import cpp_extension
 
-    for name in SOURCES:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:trtvocab/kernels/csrc/{name}"],
-                              check=True, capture_output=True).stdout
-        (folder / name).write_bytes(text)
+    names = []
+    for name in (*SOURCES, "gguf.cpp"):  # gguf.cpp: where the revision has it
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:trtvocab/kernels/csrc/{name}"],
+                               check=name in SOURCES, capture_output=True)
+        if shown.returncode == 0:
+            (folder / name).write_bytes(shown.stdout)
+            names.append(name)
     lib = "trtvocab_ab_base"
-    path = cpp_extension.load(name=lib, sources=[str(folder / n) for n in SOURCES], extra_cflags=build.cflags(),
+    path = cpp_extension.load(name=lib, sources=[str(folder / n) for n in names], extra_cflags=build.cflags(),
                               extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False)
     return build.bind(Path(path))
 

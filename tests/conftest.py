@@ -156,6 +156,7 @@ def hwm_bytes():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
 
 path, tp, rank, warm_up = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+blocks = sys.argv[5] == "1"  # a GGUF Q8_0 / Q6_K head kept in its stored blocks
 if warm_up:  # a tiny shard first: the first load's lazy imports and allocator set-up are not the shard
     LMHead.from_checkpoint(path, mapping=Mapping(world_size=512, rank=0, tp_size=512), dtype=torch.float32)
 rss = psutil.Process().memory_info().rss
@@ -165,18 +166,21 @@ try:  # reset the high-water mark to the current RSS (Linux >= 4.0)
     exact = True
 except OSError:
     exact = False  # the mark then still holds the import peak: an over-estimate
-head = LMHead.from_checkpoint(path, mapping=Mapping(world_size=tp, rank=rank, tp_size=tp), dtype=torch.float32)
+head = LMHead.from_checkpoint(path, mapping=Mapping(world_size=tp, rank=rank, tp_size=tp), dtype=torch.float32,
+                              gguf_blocks=blocks)
 print(json.dumps({"peak_delta": hwm_bytes() - rss, "exact": exact, "resident": head.resident_bytes()}))
 """
 
 
-def peak_load(path: Path, tp: int, rank: int, *, warm_up: bool = False) -> dict[str, Any]:
+def peak_load(path: Path, tp: int, rank: int, *, warm_up: bool = False, gguf_blocks: bool = False) -> dict[str, Any]:
     """``{"peak_delta", "exact", "resident"}`` of ``LMHead.from_checkpoint(path)`` for rank ``rank`` of
-    ``tp``, float32, in a fresh subprocess: the RSS high-water mark (VmHWM, reset through
-    /proc/self/clear_refs) minus the RSS before the call, and the head's resident bytes."""
+    ``tp``, float32 (``gguf_blocks``: a GGUF head in its stored blocks), in a fresh subprocess: the RSS
+    high-water mark (VmHWM, reset through /proc/self/clear_refs) minus the RSS before the call,
+    and the head's resident bytes."""
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path), str(tp), str(rank), str(int(warm_up))],
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path), str(tp), str(rank), str(int(warm_up)),
+                          str(int(gguf_blocks))],
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 import trtvocab.checkpoints.gguf as gguf_mod
 from trtvocab import LMHead, Mapping
+from trtvocab.base.formats import WeightFormat
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.gguf import GGUFCheckpoint, GGUFRows
 from trtvocab.errors import CheckpointError
@@ -99,7 +100,8 @@ def test_smollm2_shards_equal_transformers_bitwise(smollm2: Path, hf_weights: di
         head = LMHead.from_checkpoint(smollm2, mapping=mapping, dtype=torch.float32, tensor_name=tensor_name)
         assert (head.vocab_size, head.hidden_size) == (SMOLLM2_V, SMOLLM2_H)
         assert (head.vocab_start, head.vocab_end) == (shard.start, shard.end)
-        rows = head.weights.weight[: shard.size]
+        assert head.weight_format is WeightFormat.GGUF_Q8_0  # kept in its blocks: their decode is the reference's
+        rows = head.weights.dense_weight()[: shard.size]
         want = hf_weights[reference][shard.start : shard.end]
         assert rows.dtype == torch.float32 and rows.shape == want.shape
         assert torch.equal(rows.view(torch.int32), want.view(torch.int32)), (tp, rank, tensor_name)
@@ -137,7 +139,7 @@ def test_rank_peak_memory_stays_near_its_shard(smollm2: Path) -> None:
     tp = 8
     full_bytes = SMOLLM2_V * SMOLLM2_H * 4
     for rank in (0, tp - 1):
-        rec = peak_load(smollm2, tp, rank, warm_up=True)
+        rec = peak_load(smollm2, tp, rank, warm_up=True, gguf_blocks=False)
         shard_bytes = full_bytes // tp
         assert rec["resident"] == shard_bytes
         ratio = rec["peak_delta"] / full_bytes
@@ -253,7 +255,7 @@ def test_synthetic_untied_head_and_names(synthetic: Path) -> None:
     for tp in (1, 3, 4):
         for rank in range(tp):
             head = LMHead.from_checkpoint(synthetic, mapping=Mapping(world_size=tp, rank=rank, tp_size=tp),
-                                          dtype=torch.float32)
+                                          dtype=torch.float32, gguf_blocks=False)  # stored blocks: test_gguf_blocks
             assert head.quant_decision is not None and head.quant_decision.config is None
             s = vocab_shard(V, tp, rank)
             assert torch.equal(_bits(head.weights.weight[: s.size]), _bits(full["output.weight"][s.start : s.end]))
@@ -481,3 +483,15 @@ def test_deeply_nested_metadata_arrays_are_refused_not_recursed(tmp_path: Path) 
     assert ok.has("output.weight") and any(k.startswith("x.nested") for k in ok.metadata)
     with pytest.raises(CheckpointError, match=rf"nests arrays more than {limit} deep.*MAX_ARRAY_DEPTH"):
         GGUFCheckpoint(_with_nested_array(small, tmp_path / "over.gguf", limit + 1))
+
+
+def test_rank_holding_stored_blocks_grows_by_its_stored_bytes(smollm2: Path) -> None:
+    """A rank of SmolLM2's tied Q8_0 head kept in its blocks holds exactly its stored bytes, and its
+    load's RSS grows by about that (no float32 copy at any point)."""
+    pytest.importorskip("psutil")
+    tp = 8
+    for rank in (0, tp - 1):
+        rec = peak_load(smollm2, tp, rank, warm_up=True, gguf_blocks=True)
+        stored = vocab_shard(SMOLLM2_V, tp, rank).size * (SMOLLM2_H // 32 * 34)
+        assert rec["resident"] == stored
+        assert rec["peak_delta"] < 2 * stored + 8 * 2**20, f"rank {rank}: {rec}"

@@ -29,9 +29,10 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
 from trtvocab.quant import fp8
 from trtvocab.quant.config import QuantAlgo, QuantConfig
+from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
-from trtvocab.weights import DenseWeight, FP8Weight, WeightMethod
+from trtvocab.weights import DenseWeight, FP8Weight, GGUFWeight, WeightMethod
 from trtvocab.weights.lora import check_adapter_ids, lora_partial, lora_rows, replace_rows_
 
 # ---- the masked lookup ----------------------------------------------------------------------------
@@ -50,6 +51,8 @@ from trtvocab.weights.lora import check_adapter_ids, lora_partial, lora_rows, re
 
 
 _FORMATS = tuple(WeightFormat)
+GGUF_FORMATS = (WeightFormat.GGUF_Q8_0, WeightFormat.GGUF_Q6_K)
+TIEABLE = (WeightFormat.DENSE, *GGUF_FORMATS)  # what a tied pair can share (VocabParallelEmbedding.from_head)
 # What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.parallel.distributed.Handshake).
 LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
@@ -72,7 +75,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         pad_to: the padding multiple of the padded layout.
         process_group: the TP group when ``world_size > tp_size``.
         quant_config: an FP8 :class:`~trtvocab.quant.config.QuantConfig` for a
-            ``float8_e4m3fn`` table (per-tensor or per-row scale); ``None`` is dense.
+            ``float8_e4m3fn`` table (per-tensor or per-row scale), a
+            :class:`~trtvocab.quant.gguf_blocks.GGUFConfig` for GGUF blocks; ``None`` is dense.
         reduce_output: all-reduce the partial rows (default); ``False`` returns this rank's
             partial rows (zero where it owns no id), for callers that reduce themselves.
         device: where the table lives.
@@ -87,7 +91,8 @@ class VocabParallelEmbedding(VocabParallelModule):
                  mapping: Mapping | None = None, vocab_layout: VocabLayout = "uneven", pad_to: int = 64,
                  process_group: Any = None, quant_config: QuantConfig | None = None, reduce_output: bool = True,
                  device: torch.device | str | None = None, embedding_ops: EmbeddingOps | None = None) -> None:
-        if quant_config is not None and quant_config.quant_algo is not QuantAlgo.FP8:
+        blocks = isinstance(quant_config, GGUFConfig)
+        if quant_config is not None and not blocks and quant_config.quant_algo is not QuantAlgo.FP8:
             raise ConfigError(f"VocabParallelEmbedding: only FP8 tables are supported, got {quant_config.quant_algo}")
         super().__init__(vocab_size, hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
                          pad_to=pad_to, process_group=process_group)
@@ -99,6 +104,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         self.embedding_ops: EmbeddingOps = embedding_ops or EmbeddingOps()
         if quant_config is None:
             self.weights: WeightMethod = DenseWeight(self.shard, hidden_size, dtype)
+        elif blocks:  # a GGUF table in its stored blocks: looked-up rows dequantized exactly
+            self.weights = GGUFWeight(self.shard, hidden_size, dtype, quant_config)
         else:
             # The table is only read row by row: no activation quantization applies to it.
             config = quant_config.model_copy(update={"activation": Activation.NONE})
@@ -119,20 +126,22 @@ class VocabParallelEmbedding(VocabParallelModule):
         pad_to: int = 64,
         process_group: Any = None,
         reduce_output: bool = True,
+        gguf_blocks: bool = True,
     ) -> VocabParallelEmbedding:
         """This rank's shard of a checkpoint's input embedding, reading only its rows.
 
         ``tensor_name``: the ``[V, H]`` tensor when it is none of ``model.embed_tokens.weight``,
         ``embeddings.word_embeddings.weight``, ``transformer.wte.weight`` (or GGUF's
         ``token_embd.weight``). A ``float8_e4m3fn`` table with its ``weight_scale`` loads as
-        FP8. Split tables meet once after loading, like the head
+        FP8; a GGUF Q8_0 / Q6_K table stays in its blocks (``gguf_blocks=False``: float32-dequantized).
+        Split tables meet once after loading, like the head
         (:func:`~trtvocab.vocab_parallel.load_collectively`).
         """
 
         def build() -> VocabParallelEmbedding:
             from trtvocab.weights.loader import open_embedding  # ModelOpt and compressed-tensors tables (headers only)
 
-            source = open_embedding(path, tensor_name)
+            source = open_embedding(path, tensor_name, gguf_blocks)
             if source.notice:
                 warnings.warn(source.notice, stacklevel=4)
             emb = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
@@ -152,9 +161,10 @@ class VocabParallelEmbedding(VocabParallelModule):
         device; ``embedding.weights is lm_head.weights`` afterwards. A head that holds no loaded
         table, or a quantized one, is refused (:class:`ConfigError` naming the head).
         ``embedding_ops``: the family's (default: that of the family the head was loaded as)."""
-        if lm_head.weight_format is not WeightFormat.DENSE:
+        if lm_head.weight_format not in TIEABLE:
             raise ConfigError(f"VocabParallelEmbedding.from_head: the head is {lm_head.weight_format}; "
-                              "only dense tables can be tied (the gating rule keeps tied heads dense)")
+                              "only dense tables and GGUF blocks can be tied (the gating rule keeps tied heads "
+                              "dense)")
         if not lm_head.weights.loaded:
             raise ConfigError("VocabParallelEmbedding.from_head: the head holds no loaded table "
                               "(load_weights / from_checkpoint first)")
@@ -164,8 +174,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         emb = cls(lm_head.vocab_size, lm_head.hidden_size, dtype=lm_head.dtype, mapping=lm_head.mapping,
                   vocab_layout=lm_head.vocab_layout, pad_to=lm_head.pad_to, process_group=lm_head.process_group,
                   reduce_output=reduce_output, device=lm_head.device, embedding_ops=embedding_ops)
+        emb.weights = lm_head.weights  # the head's shard: dense rows, or GGUF blocks dequantized at lookup
         _tie_checks(emb, lm_head)
-        emb.weights = lm_head.weights
         return emb
 
     # ---- lookup --------------------------------------------------------------------------------------
@@ -211,6 +221,10 @@ class VocabParallelEmbedding(VocabParallelModule):
         local = ids - self.shard.start
         mine = (local >= 0) & (local < self.shard.size)  # ids < 0 or >= V fall outside every shard
         index = torch.where(mine, local, torch.zeros_like(local))
+        if self.weight_format in GGUF_FORMATS:  # stored blocks: the looked-up rows dequantized (exact d * q)
+            rows = self.weights.lookup(index).to(self.dtype)
+            rows.masked_fill_(~mine[:, None], 0.0)
+            return rows, None
         stored = self.weights.weight
         rows = stored[index]
         rows.view(torch.uint8).masked_fill_(~mine[:, None], 0)
@@ -224,7 +238,7 @@ class VocabParallelEmbedding(VocabParallelModule):
     def dequantize_rows(self, rows: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
         """Rows of :meth:`local_rows` (summed over the group, or not) in :attr:`dtype`: dense rows as
         they are, FP8 rows times their per-row ``scales`` (or the table's one scale)."""
-        if self.weight_format is WeightFormat.DENSE:
+        if self.weight_format is WeightFormat.DENSE or self.weight_format in GGUF_FORMATS:
             return rows
         scale = scales if scales is not None else self.weights.weight_scale
         return fp8.dequantize_fp8(rows, scale).to(self.dtype)
@@ -342,6 +356,8 @@ def _tie_checks(embedding: VocabParallelEmbedding, lm_head: Any) -> None:
     for name, a, b in checks:
         if a != b:
             raise ConfigError(f"tie_weights: the embedding and the head differ in {name}: {a} vs {b}")
+    if embedding.weights is lm_head.weights:
+        return
     for what, fmt in (("embedding", embedding.weight_format), ("head", lm_head.weight_format)):
         if fmt is not WeightFormat.DENSE:
             raise ConfigError(f"tie_weights: the {what} is {fmt}; only dense tables can be tied "
@@ -381,17 +397,18 @@ def tie_weights(embedding: VocabParallelEmbedding, lm_head: Any) -> None:
 def load_tied(path: str | Path, *, mapping: Mapping | None = None, dtype: torch.dtype = torch.bfloat16,
               vocab_layout: VocabLayout = "uneven", pad_to: int = 64, process_group: Any = None,
               gather_output: bool = True, deterministic: bool = False,
-              output_dtype: torch.dtype | None = None) -> tuple[VocabParallelEmbedding, Any]:
+              output_dtype: torch.dtype | None = None, gguf_blocks: bool = True) -> tuple[VocabParallelEmbedding, Any]:
     """``(embedding, head)`` of a checkpoint. A tied checkpoint's shard is read once and shared
-    (:func:`tie_weights`); an untied one loads each matrix. ``deterministic`` / ``output_dtype``:
-    the head's (see :class:`~trtvocab.lm_head.LMHead`)."""
+    (:func:`tie_weights`; a GGUF Q8_0 / Q6_K table stays in its blocks, the embedding dequantizes the
+    rows it looks up); an untied one loads each matrix. ``deterministic`` / ``output_dtype`` /
+    ``gguf_blocks``: the head's (see :meth:`~trtvocab.lm_head.LMHead.from_checkpoint`)."""
     from trtvocab.lm_head import LMHead
 
     head = LMHead.from_checkpoint(path, mapping=mapping, gather_output=gather_output, dtype=dtype,
                                   vocab_layout=vocab_layout, pad_to=pad_to, process_group=process_group,
-                                  deterministic=deterministic, output_dtype=output_dtype)
+                                  deterministic=deterministic, output_dtype=output_dtype, gguf_blocks=gguf_blocks)
     decision = head.quant_decision
-    if decision is not None and decision.tied and head.weight_format is WeightFormat.DENSE:
+    if decision is not None and decision.tied and head.weight_format in TIEABLE:
         return VocabParallelEmbedding.from_head(head), head
     embedding = VocabParallelEmbedding.from_checkpoint(path, mapping=mapping, dtype=dtype, vocab_layout=vocab_layout,
                                                        pad_to=pad_to, process_group=process_group)

@@ -32,6 +32,7 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
 from trtvocab.quant.config import HeadQuantDecision, QuantConfig
+from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import MAPPINGS as _MAPPINGS
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
@@ -77,7 +78,8 @@ class LMHead(VocabParallelModule):
         gather_output: all-gather the ``[N, V_local]`` pieces into ``[N, V]``; ``False``
             returns this rank's columns (what the gather-free samplers take).
         quant_config: FP8 / NVFP4 weights (:class:`~trtvocab.quant.config.QuantConfig`),
-            normally from the checkpoint's gating verdict (:meth:`from_checkpoint`).
+            normally from the checkpoint's gating verdict (:meth:`from_checkpoint`), or a GGUF
+            head's stored blocks (:class:`~trtvocab.quant.gguf_blocks.GGUFConfig`).
         vocab_layout: ``"uneven"`` (``calc_shard``, no padding) or ``"padded"`` (V rounded up to
             a multiple of ``pad_to * tp``); see :mod:`trtvocab.parallel.sharding`.
         pad_to: the padding multiple of the padded layout.
@@ -119,7 +121,7 @@ class LMHead(VocabParallelModule):
         mapping: Mapping | None = None,
         tensor_parallel_mode: TensorParallelMode = TensorParallelMode.COLUMN,
         gather_output: bool = True,
-        quant_config: QuantConfig | None = None,
+        quant_config: QuantConfig | GGUFConfig | None = None,
         vocab_layout: VocabLayout = "uneven",
         pad_to: int = 64,
         process_group: Any = None,
@@ -139,7 +141,7 @@ class LMHead(VocabParallelModule):
         if output_dtype not in (None, torch.float32, dtype):
             raise ConfigError(f"LMHead output_dtype must be None, torch.float32 or the head dtype {dtype}, "
                               f"got {output_dtype}")
-        if deterministic and quant_config is not None:
+        if deterministic and quant_config is not None and not isinstance(quant_config, GGUFConfig):
             raise ConfigError("LMHead deterministic=True supports dense heads (a quantized head's dynamic "
                               "activation scale depends on the whole batch)")
         budget = logits_budget_bytes
@@ -165,6 +167,8 @@ class LMHead(VocabParallelModule):
         self.head_ops: HeadOps = head_ops or HeadOps()
         # The family the head was loaded as (from_checkpoint), for reports; None when built by hand.
         self.family: Family | None = None
+        # How from_checkpoint loaded the weight, for reports (a GGUF head's stored or dequantized blocks).
+        self.load_note = ""
         # The owned columns' [V_local] bias, float32 (head_ops.bias); loaded with the weight.
         self.register_buffer("bias", torch.zeros(self.shard.size if self.head_ops.bias else 0, dtype=torch.float32))
         # Each row's adapter index for the calls inside use_adapters() (None: no adapter anywhere).
@@ -203,6 +207,7 @@ class LMHead(VocabParallelModule):
         weight_only: bool = False,
         deterministic: bool = False,
         output_dtype: torch.dtype | None = None,
+        gguf_blocks: bool = True,
     ) -> LMHead:
         """Build this rank's head from a checkpoint, reading only its rows.
 
@@ -210,7 +215,9 @@ class LMHead(VocabParallelModule):
         ``"none"`` runs dense (a stored-quantized head is dequantized exactly, with a warning);
         ``weight_only``: FP8 W8A16 / NVFP4 W4A16 even where an ``input_scale`` is stored;
         ``tensor_name``: the ``[V, H]`` tensor when it is neither ``lm_head.weight`` nor a
-        known tied embedding. Other arguments: as for :class:`LMHead`.
+        known tied embedding. ``gguf_blocks``: a GGUF Q8_0 / Q6_K head stays in its stored blocks
+        (False: dequantized to float32, then ``dtype``; other block types always are, said in
+        ``head.load_note``). Other arguments: as for :class:`LMHead`.
 
         When the head is split and a process group exists, the ranks meet once after
         loading (:func:`~trtvocab.vocab_parallel.load_collectively`): a rank that failed (a truncated file only it
@@ -218,7 +225,8 @@ class LMHead(VocabParallelModule):
         peers waiting in the first forward's handshake until the collective timeout.
         """
         def build() -> LMHead:
-            source = open_head(path, mapping=mapping, tensor_name=tensor_name, quant=quant, weight_only=weight_only)
+            source = open_head(path, mapping=mapping, tensor_name=tensor_name, quant=quant, weight_only=weight_only,
+                               gguf_blocks=gguf_blocks)
             family = source.family
             head = cls(source.vocab_size, source.hidden_size, dtype=dtype, mapping=mapping,
                        gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
@@ -226,6 +234,7 @@ class LMHead(VocabParallelModule):
                        output_dtype=output_dtype, quant_decision=source.decision,
                        head_ops=family.head if family is not None else None)
             head.family = family
+            head.load_note = source.note
             head.load_weights(source.shard_tensors(head.shard))
             return head
 
@@ -333,7 +342,7 @@ class LMHead(VocabParallelModule):
     def _gemm(self, hidden: torch.Tensor, lo: int, hi: int, prepared: Any) -> torch.Tensor:
         """``x @ W.T`` of the owned columns ``[lo, hi)``: the GEMM :meth:`column_logits` picks."""
         w = self.weights
-        if self.deterministic:
+        if self.deterministic and self.weight_format is WeightFormat.DENSE:  # GGUF blocks: invariant by their chain
             return tiled_logits(hidden, w.weight[lo:hi], self.shard.start + lo, hi - lo, self.output_dtype)
         if hidden.shape[0] == 0:
             return torch.zeros(0, hi - lo, dtype=self.output_dtype, device=hidden.device)

@@ -1,6 +1,6 @@
 """Names that files, graphs and peer ranks share: one enum or constant per concept.
 
-* :class:`WeightFormat`: how one rank's ``[V, H]`` shard is stored (dense, FP8, NVFP4).
+* :class:`WeightFormat`: how one rank's ``[V, H]`` shard is stored (dense, FP8, NVFP4, GGUF blocks).
   Manifests, ONNX metadata, engine records and the cross-rank handshake all use it.
 * :class:`Activation` and :class:`Granularity`: the two knobs of a quantized head.
 * :class:`Runtime`: what computed a result (reports, manifests and ``ran_on`` fields say it).
@@ -29,6 +29,8 @@ class WeightFormat(NameEnum):
     DENSE = "dense"
     FP8 = "FP8"
     NVFP4 = "NVFP4"
+    GGUF_Q8_0 = "GGUF_Q8_0"  # llama.cpp's blocks, kept as stored (trtvocab.weights.gguf)
+    GGUF_Q6_K = "GGUF_Q6_K"
 
 
 class Activation(NameEnum):

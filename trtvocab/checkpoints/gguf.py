@@ -575,6 +575,23 @@ class GGUFRows(RowReader):
         out = self._read_lines(start * lines_per_row, stop * lines_per_row)
         return out.reshape(stop - start, *shape[1:])
 
+    def raw_rows(self, start: int, stop: int) -> torch.Tensor:
+        """The stored bytes of rows ``start..stop`` as uint8 ``[rows, row_bytes]``: one positioned
+        read, no dequantization (what a head kept in its GGUF blocks holds)."""
+        info = self.info
+        if len(info.shape) != 2 or not 0 <= start <= stop <= info.shape[0]:
+            raise CheckpointError(f"{info.file}: {info.gguf_name}: rows [{start}, {stop}) of {list(info.shape)}")
+        row_bytes = info.row_bytes
+        out = torch.empty((stop - start, row_bytes), dtype=torch.uint8)
+        if stop > start:
+            offset = info.offset + start * row_bytes
+            size = _regular_file(info.file)
+            if offset + out.numel() > size:
+                raise CheckpointError(f"{info.file}: {info.gguf_name} is truncated (wanted {out.numel()} "
+                                      f"bytes at offset {offset}, the file holds {size})")
+            self._pread(offset, out.reshape(-1).numpy())
+        return out
+
     def _read_lines(self, first: int, end: int) -> torch.Tensor:
         """Lines ``first..end`` (runs of the fastest dim) as a ``[lines, shape[-1]]`` tensor."""
         info = self.info

@@ -813,6 +813,8 @@ def generate(
                                                    "vocab slices")] = None,
     allow_other_checkpoint: Annotated[bool, typer.Option(help="run an --artifact built from another checkpoint "
                                                           "than MODEL anyway (said in the output)")] = False,
+    gguf_blocks: Annotated[bool, typer.Option(help="a GGUF Q8_0 / Q6_K head stays in its stored blocks "
+                                              "(--no-gguf-blocks: dequantized to float32)")] = True,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
                                           '"text"}]} only')] = False,
     lora: Annotated[list[str] | None, typer.Option(help="NAME=DIR: a PEFT LoRA adapter (lm_head / embed_tokens) "
@@ -831,7 +833,8 @@ def generate(
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
-                               attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for)
+                               attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
+                               gguf_blocks=gguf_blocks)
         prepared = time.perf_counter()
         report = run_generate(spec, loaded)
         ran = time.perf_counter()

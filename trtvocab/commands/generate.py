@@ -86,6 +86,8 @@ class GenerateSpec:
     # adapter index (-1: none); empty: no adapters.
     loras: tuple[tuple[str, str], ...] = ()
     lora_for: tuple[int, ...] = ()
+    # A GGUF Q8_0 / Q6_K head (and tied table) stays in its stored blocks; False: dequantized to float32.
+    gguf_blocks: bool = True
 
 
 @dataclasses.dataclass
@@ -426,6 +428,7 @@ def prepare(
     logits_budget_bytes: int | None = None,
     loras: Any = None,
     lora_for: Any = None,
+    gguf_blocks: bool = True,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -437,6 +440,7 @@ def prepare(
     ``logits_budget_bytes``: the model's head streams its vocab in chunks when a step's float32
     ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
     ``loras`` / ``lora_for``: PEFT LoRA adapters on the embedding and the head, per prompt (:func:`lora_plan`).
+    ``gguf_blocks``: a GGUF Q8_0 / Q6_K head stays in its stored blocks (False: float32-dequantized).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
@@ -492,7 +496,7 @@ def prepare(
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
                         tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
-                        adapters, per_adapter)
+                        adapters, per_adapter, bool(gguf_blocks))
     return spec, loaded
 
 
@@ -691,7 +695,7 @@ def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, voca
     pad_to = manifest.head.pad_to if manifest is not None else 64
     # LMHead refuses deterministic=True for a quantized head (a ConfigError naming it).
     embedding, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,
-                                gather_output=False, deterministic=spec.deterministic)
+                                gather_output=False, deterministic=spec.deterministic, gguf_blocks=spec.gguf_blocks)
     if spec.logits_budget_bytes is not None:
         head.logits_budget_bytes = spec.logits_budget_bytes
     if spec.attention_dp and mapping is not None:

@@ -58,6 +58,8 @@ from trtvocab.kernels.runtime import (
     dense_max_batch,
     disabled,
     fp8_logits,
+    gguf_logits,
+    gguf_usable,
     load,
     load_isa,
     nvfp4_logits,
@@ -75,7 +77,8 @@ __all__ = ["ABI", "CACHE_ENV_VAR", "DENSE_ENV_VAR", "DENSE_KERNEL_DTYPES", "DENS
            "NVFP4_GROUP", "SOURCE", "TORCH_BATON", "TREE_MAX_LOGITS", "TREE_SOURCE", "WIDE_MAX_BATCH",
            "FusedInput", "Loaded", "available",
            "build_lock", "build_name", "build_root", "cache_problem", "cflags", "cpu_flags", "dense_logits",
-           "dense_max_batch", "disabled", "disabled_reason", "fp8_logits", "fp8_x", "load", "load_isa",
+           "dense_max_batch", "disabled", "disabled_reason", "fp8_logits", "fp8_x", "gguf_logits", "gguf_usable",
+           "load", "load_isa",
            "lock_timeout", "main", "nvfp4_logits", "nvfp4_x", "on_cpu", "read_probe", "record_path", "requested_isa",
            "self_check", "tree_available", "tree_exp_check", "tree_nodes", "unavailable_reason", "usable",
            "write_record"]

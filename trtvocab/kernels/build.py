@@ -44,6 +44,8 @@ MAX_LIBRARY_BYTES = 1 << 30
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fused.cpp"
 # The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
 TREE_SOURCE = SOURCE.parent / "treesum.cpp"
+# The GGUF block kernels (Q8_0, Q6_K: trtvocab.weights.gguf), built into the same library.
+GGUF_SOURCE = SOURCE.parent / "gguf.cpp"
 ABI = 3  # trtvocab_fused_abi() of the source this module expects
 ISA_NAMES = {3: "avx512", 2: "avx2+fma+f16c", 0: "portable"}  # trtvocab_fused_isa()
 
@@ -140,8 +142,8 @@ def _cpu_fingerprint() -> str:
 def build_name(isa: str | None = None) -> str:
     """The extension's name: a hash of everything the built code depends on."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), TREE_SOURCE.read_bytes(), " ".join(cflags(isa)).encode(),
-                 torch.__version__.encode(),
+    for part in (SOURCE.read_bytes(), TREE_SOURCE.read_bytes(), GGUF_SOURCE.read_bytes(),
+                 " ".join(cflags(isa)).encode(), torch.__version__.encode(),
                  _cpu_fingerprint().encode(), str(ABI).encode()):
         digest.update(part)
         digest.update(b"\0")
@@ -307,7 +309,8 @@ def _library(verbose: bool, isa: str | None = None) -> Path:
             for entry in entries:
                 if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
                     _discard(Path(entry.path))
-        path = Path(cpp_extension.load(name=name, sources=[str(SOURCE), str(TREE_SOURCE)], extra_cflags=cflags(isa),
+        sources = [str(SOURCE), str(TREE_SOURCE), str(GGUF_SOURCE)]
+        path = Path(cpp_extension.load(name=name, sources=sources, extra_cflags=cflags(isa),
                                        extra_ldflags=["-fopenmp"], build_directory=str(build_dir),
                                        is_python_module=False, verbose=verbose))
         write_record(path)
@@ -329,6 +332,11 @@ def bind(path: Path, seconds: float = 0.0) -> Loaded:
     lib.trtvocab_nvfp4_logits.restype = ctypes.c_int
     lib.trtvocab_dense_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, ctypes.c_int, _P, _I]
     lib.trtvocab_dense_logits.restype = ctypes.c_int
+    if hasattr(lib, "trtvocab_gguf_logits"):  # csrc/gguf.cpp (a library of older sources has none: kernel_ab.py)
+        lib.trtvocab_gguf_logits.argtypes = [_P, _I, _I, _I, ctypes.c_int, _P, _I, _I, _P, _I]
+        lib.trtvocab_gguf_logits.restype = ctypes.c_int
+        lib.trtvocab_gguf_set_path.argtypes = [ctypes.c_int]
+        lib.trtvocab_gguf_set_path.restype = ctypes.c_int
     lib.trtvocab_read_probe.argtypes = [_P, _I]
     lib.trtvocab_read_probe.restype = ctypes.c_uint64
     lib.trtvocab_fused_set_dpbf16.argtypes = [ctypes.c_int]

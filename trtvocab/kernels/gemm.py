@@ -121,6 +121,33 @@ def nvfp4_logits(loaded: Loaded, x: torch.Tensor, hidden: int, packed_block_majo
     return out
 
 
+GGUF_KINDS = {"Q8_0": 0, "Q6_K": 1}  # trtvocab_gguf_logits' kind
+GGUF_ROW_BYTES = {"Q8_0": (32, 34), "Q6_K": (256, 210)}
+
+
+def has_gguf(loaded: Loaded) -> bool:
+    """Whether this build holds the GGUF block kernels (``csrc/gguf.cpp``)."""
+    return hasattr(loaded.lib, "trtvocab_gguf_logits")
+
+
+def gguf_logits(loaded: Loaded, x: torch.Tensor, hidden: int, block_type: str, blocks: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 ``x [N, H]`` (unit column stride) times GGUF ``blocks [rows, H / block * type_size]``
+    (uint8, rows as stored): float32 ``[N, rows]`` in the chain of :mod:`trtvocab.quant.gguf_blocks`."""
+    block, size = GGUF_ROW_BYTES[block_type]
+    n, rows = x.shape[0], blocks.shape[0]
+    if (hidden % block or blocks.dtype != torch.uint8 or blocks.shape[1] != hidden // block * size
+            or (rows and blocks.stride(1) != 1) or x.dtype != torch.float32 or x.shape[1] != hidden
+            or x.stride(1) != 1):
+        raise ValueError("gguf_logits: layout mismatch")
+    out = _out(out, n, rows, x)
+    if n and rows:
+        check_status(loaded.lib.trtvocab_gguf_logits(x.data_ptr(), n, x.stride(0), hidden, GGUF_KINDS[block_type],
+                                                    blocks.data_ptr(), rows, blocks.stride(0), out.data_ptr(),
+                                                    out.stride(0)), "gguf")
+    return out
+
+
 DENSE_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DENSE_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # trtvocab_dense_logits' kind
 DENSE_ENV_VAR = "TRTVOCAB_DENSE_KERNEL"  # auto (default) | 1 (every dense head, any batch <= 64) | 0 (never)

@@ -101,6 +101,11 @@ def usable(x: torch.Tensor, *buffers: torch.Tensor) -> bool:
 
 
 
+def gguf_usable(x: torch.Tensor, *buffers: torch.Tensor) -> bool:
+    """Whether a GGUF-block head's call runs in the kernel (:func:`usable`, and the build has it)."""
+    return usable(x, *buffers) and gemm.has_gguf(require())
+
+
 def require() -> Loaded:
     """This process's library, else ``RuntimeError`` saying why there is none."""
     loaded = load()
@@ -120,6 +125,12 @@ def nvfp4_logits(x: torch.Tensor, hidden: int, packed_block_major: torch.Tensor,
                  global_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`trtvocab.kernels.gemm.nvfp4_logits` on this process's library."""
     return gemm.nvfp4_logits(require(), x, hidden, packed_block_major, block_scales, global_scale, out)
+
+
+def gguf_logits(x: torch.Tensor, hidden: int, block_type: str, blocks: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`trtvocab.kernels.gemm.gguf_logits` on this process's library."""
+    return gemm.gguf_logits(require(), x, hidden, block_type, blocks, out)
 
 
 def dense_logits(x: torch.Tensor, hidden: int, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

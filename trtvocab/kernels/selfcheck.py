@@ -1,5 +1,6 @@
 """The load-time self-check of a build of the kernels: every FP8 code and every FP4 nibble under
-every block scale, decoded by the kernel and compared bit for bit with torch's decode."""
+every block scale, decoded by the kernel and compared bit for bit with torch's decode; the GGUF
+block kernels' chain against the torch chain."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from trtvocab.kernels import gemm
 from trtvocab.kernels.build import Loaded
-from trtvocab.quant import nvfp4
+from trtvocab.quant import gguf_blocks, nvfp4
 
 
 def self_check(loaded: Loaded) -> str | None:
@@ -40,5 +41,25 @@ def self_check(loaded: Loaded) -> str | None:
             got = gemm.nvfp4_logits(loaded, x, hidden, nvfp4.to_block_major(packed), bs, 0.375)
             if not torch.equal(got, want.expand(n, -1)):
                 return f"NVFP4 decode (H={hidden}, batch {n})"
+    return _gguf_check(loaded)
+
+
+def _gguf_check(loaded: Loaded) -> str | None:
+    """Every Q8_0 code under scales of every fp16 binade and every Q6_K 6-bit code under signed sub-scales,
+    through the GGUF kernel (batch 1 and 3), against the torch chain bit for bit."""
+    q = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8).view(torch.uint8).reshape(8, 32)
+    d = (2.0 ** torch.arange(-24, 16, 1.0)).to(torch.float16).view(torch.uint8).reshape(-1, 1, 2)
+    q8 = torch.cat([d.expand(-1, 8, 2), q.expand(d.shape[0], 8, 32)], 2).reshape(-1, 34)  # one block a row
+    g = torch.Generator().manual_seed(0)
+    q6 = torch.randint(0, 256, (16, 210), dtype=torch.uint8, generator=g)
+    q6[:, 208:210] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
+    for block_type, raw in (("Q8_0", q8), ("Q6_K", q6)):
+        hidden = raw.shape[1] // gguf_blocks.BLOCKS[block_type][1] * gguf_blocks.BLOCKS[block_type][0]
+        for n in (1, 3):
+            x = torch.randn(n, hidden, generator=g)
+            want = gguf_blocks.chain_logits(x, gguf_blocks.DEQUANTIZE[block_type](raw))
+            got = gemm.gguf_logits(loaded, x, hidden, block_type, raw)
+            if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+                return f"GGUF {block_type} chain (batch {n})"
     return None
 

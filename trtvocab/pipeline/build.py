@@ -58,6 +58,7 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
         path, mapping=mapping, gather_output=lh.gather_output, dtype=dtype, quant=recipe.quantization.mode,
         tensor_name=recipe.checkpoint.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to,
         weight_only=recipe.quantization.weight_only, **lh.head_options(),
+        gguf_blocks=False,  # artifacts hold a GGUF head dequantized (its graphs: docs/architecture.md, GGUF heads)
     )
 
 
@@ -74,7 +75,8 @@ def make_embedding(recipe: BuildRecipe, rank: int, head: LMHead) -> VocabParalle
     lh = recipe.lm_head
     return VocabParallelEmbedding.from_checkpoint(
         recipe.checkpoint_path(), mapping=recipe.mapping.for_rank(rank), dtype=head_dtype(lh.dtype),
-        tensor_name=recipe.embedding.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, reduce_output=False)
+        tensor_name=recipe.embedding.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, reduce_output=False,
+        gguf_blocks=False)  # artifacts hold GGUF tables dequantized, like their heads
 
 
 def verify_embedding_export(emb: VocabParallelEmbedding, onnx_path: Path) -> VerifyRecord:

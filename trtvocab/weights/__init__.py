@@ -8,21 +8,25 @@ from __future__ import annotations
 
 from trtvocab.base.formats import WeightFormat
 from trtvocab.quant.config import QuantConfig
+from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.weights.base import WeightMethod
 from trtvocab.weights.dense import DenseWeight
 from trtvocab.weights.fp8 import FP8Weight
+from trtvocab.weights.gguf import GGUFWeight
 from trtvocab.weights.nvfp4 import NVFP4Weight
 
 FORMATS: dict[WeightFormat, type[WeightMethod]] = {
     WeightFormat.DENSE: DenseWeight,
     WeightFormat.FP8: FP8Weight,
     WeightFormat.NVFP4: NVFP4Weight,
+    WeightFormat.GGUF_Q8_0: GGUFWeight,
+    WeightFormat.GGUF_Q6_K: GGUFWeight,
 }
 
 
-def weight_class(quant_config: QuantConfig | None) -> type[WeightMethod]:
+def weight_class(quant_config: QuantConfig | GGUFConfig | None) -> type[WeightMethod]:
     """The weight format class for a :class:`~trtvocab.quant.config.QuantConfig` (``None`` -> dense)."""
     return FORMATS[WeightFormat.DENSE if quant_config is None else quant_config.weight_format]
 
 
-__all__ = ["FORMATS", "DenseWeight", "FP8Weight", "NVFP4Weight", "WeightMethod", "weight_class"]
+__all__ = ["FORMATS", "DenseWeight", "FP8Weight", "GGUFWeight", "NVFP4Weight", "WeightMethod", "weight_class"]

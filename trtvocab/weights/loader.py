@@ -27,6 +27,8 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.config import HeadQuantDecision, QuantAlgo, QuantConfig, resolve_lm_head_quant
+from trtvocab.quant.gguf_blocks import BLOCKS as GGUF_BLOCKS
+from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.weights import FP8Weight, NVFP4Weight
 from trtvocab.weights.base import TENSOR_KEYS, source_shape
 from trtvocab.weights.quantized import QuantizedWeight
@@ -108,7 +110,7 @@ class HeadSource:
     path: str | None = None
     tensor_name: str | None = None
     tensors: dict[str, Any] | None = None
-    quant_config: QuantConfig | None = None
+    quant_config: QuantConfig | GGUFConfig | None = None
     shape: tuple[int, int] | None = None
     note: str = ""
     toolchain: str = ""
@@ -172,13 +174,31 @@ class HeadSource:
         return tensors
 
 
+def gguf_head_format(ckpt: Any, decision: HeadQuantDecision, *, gguf_blocks: bool = True,
+                     quant: str = "auto") -> tuple[GGUFConfig | None, str]:
+    """``(config, note)`` for a GGUF head: Q8_0 / Q6_K stay in their blocks (unless ``gguf_blocks``
+    is False or ``quant="none"``); other block types are dequantized to float32, said in ``note``."""
+    info = ckpt.info(decision.tensor_name)
+    qtype = getattr(getattr(info, "ggml_type", None), "name", None)
+    if qtype is None or info.native or decision.config is not None:
+        return None, ""
+    if qtype in GGUF_BLOCKS and gguf_blocks and quant != "none":
+        return GGUFConfig(block_type=qtype), f"{info.gguf_name}: kept in its stored GGUF {qtype} blocks"
+    why = ("gguf_blocks=False" if qtype in GGUF_BLOCKS and not gguf_blocks
+           else "quant='none'" if qtype in GGUF_BLOCKS
+           else f"no stored-format kernel for {qtype}; stored formats: {', '.join(GGUF_BLOCKS)}")
+    return None, f"{info.gguf_name}: GGUF {qtype} dequantized to float32 (gguf.quants), then the head dtype ({why})"
+
+
 def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: str | None = None,
-              quant: str = "auto", weight_only: bool = False) -> HeadSource:
-    """Probe ``path`` (headers only) and apply the gating rule."""
+              quant: str = "auto", weight_only: bool = False, gguf_blocks: bool = True) -> HeadSource:
+    """Probe ``path`` (headers only) and apply the gating rule; a GGUF head's format:
+    :func:`gguf_head_format`."""
     ckpt = open_checkpoint(path)
     decision = resolve_lm_head_quant(ckpt, mapping=mapping, tensor_name=tensor_name, quant=quant,
                                      weight_only=weight_only)
     vocab, hidden = head_shape(ckpt, decision)
+    blocks, note = gguf_head_format(ckpt, decision, gguf_blocks=gguf_blocks, quant=quant)
     family = family_of(ckpt, head_tensor=decision.tensor_name, hidden_size=hidden, need_embedding=False)
     if family.bias_tensor is not None:
         bias_shape = list(ckpt.info(family.bias_tensor).shape)
@@ -188,7 +208,8 @@ def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: 
     # Validate the tensor's byte range against the file now (one stat, nothing read): a tiny
     # file whose header claims 32 GiB is refused before the head allocates its shard.
     ckpt.get_slice(decision.tensor_name)
-    return HeadSource(name=str(path), path=str(path), tensor_name=decision.tensor_name, quant_config=decision.config,
+    return HeadSource(name=str(path), path=str(path), tensor_name=decision.tensor_name,
+                      quant_config=blocks if blocks is not None else decision.config, note=note,
                       shape=(vocab, hidden), checkpoint=ckpt, decision=decision, family=family)
 
 
@@ -203,7 +224,7 @@ class EmbeddingSource:
     vocab_size: int
     hidden_size: int
     tensors: dict[str, Any]
-    quant_config: QuantConfig | None
+    quant_config: QuantConfig | GGUFConfig | None
     notice: str | None = None
     embedding_ops: EmbeddingOps = field(default_factory=EmbeddingOps)  # what the family's embedding does to rows
     family: Family | None = None
@@ -222,11 +243,12 @@ def embedding_tensor_name(ckpt: Any, tensor_name: str | None = None) -> str:
                           "pass tensor_name= to name it")
 
 
-def open_embedding(path: Any, tensor_name: str | None = None) -> EmbeddingSource:
+def open_embedding(path: Any, tensor_name: str | None = None, gguf_blocks: bool = True) -> EmbeddingSource:
     """Probe the input embedding of ``path`` (a path or an opened checkpoint; headers only).
 
     ModelOpt / plain files: a ``float8_e4m3fn`` table with its float32 ``weight_scale`` loads as
-    FP8 (per tensor, or per row when the scale has more than one value), anything else dense.
+    FP8 (per tensor, or per row when the scale has more than one value), a GGUF Q8_0 / Q6_K table in its
+    blocks (``gguf_blocks``), anything else dense.
     compressed-tensors files: :func:`trtvocab.quant.compressed_tensors.embedding_tensors` (the
     config and tensors must agree; an NVFP4 table is decompressed exactly, with a notice).
     """
@@ -245,7 +267,10 @@ def open_embedding(path: Any, tensor_name: str | None = None) -> EmbeddingSource
         raise CheckpointError(f"{name}: expected a 2-D [V, H] table, got {list(info.shape)}")
     module = name.rsplit(".", 1)[0]
     tensors: dict[str, Any] = {"weight": ckpt.get_slice(name)}
-    config = None
+    config: QuantConfig | GGUFConfig | None = None
+    qtype = getattr(getattr(info, "ggml_type", None), "name", None)
+    if gguf_blocks and qtype in GGUF_BLOCKS:  # a GGUF Q8_0 / Q6_K table stays in its blocks (dequantized at lookup)
+        config = GGUFConfig(block_type=qtype)
     if info.dtype == "F8_E4M3":
         scale_name = f"{module}.weight_scale"
         if not ckpt.has(scale_name):

@@ -1,0 +1,124 @@
+"""GGUF heads in their stored blocks against the same heads dequantized, side by side, with the bandwidth probe.
+
+    python benchmarks/gguf_head.py                    # Gemma 3 270M's and SmolLM2's tied Q8_0 heads
+    python benchmarks/gguf_head.py --q6k              # plus a Q6_K head of random blocks, 262144 x 768
+    python benchmarks/gguf_head.py --rounds 3 --models smollm2
+
+For each head and batch B in (1, 2, 4, 8, 64): best and median ms of the stored-block head (the fused
+kernel; the torch chain where it does not build), its GB/s over the stored bytes and the fraction of the
+read probe (``benchmarks/bandwidth.py``, same rounds), and the float32- and bf16-dequantized heads' times
+over it (> 1: the blocks are faster). Variants interleave round by round, so a busy machine slows all alike;
+the line ``load`` prints the 1-minute load average before and after: numbers under load are labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bandwidth import make_probe
+
+from trtvocab import LMHead, kernels
+from trtvocab.quant.gguf_blocks import GGUFConfig
+
+BATCHES = (1, 2, 4, 8, 64)
+
+
+def model_path(name: str) -> str | None:
+    from trtvocab.checkpoints.real_models import model_path as find
+    from trtvocab.errors import TrtVocabError
+
+    try:
+        path = Path(find(name))
+    except TrtVocabError:
+        return None
+    return str(path) if path.is_file() else None
+
+
+def heads(args: argparse.Namespace) -> list[tuple[str, dict[str, LMHead]]]:
+    out = []
+    for name in args.models:
+        path = model_path(name)
+        if path is None:
+            print(f"{name}: model not installed, skipped")
+            continue
+        variants = {"blocks": LMHead.from_checkpoint(path, dtype=torch.float32),
+                    "float32": LMHead.from_checkpoint(path, dtype=torch.float32, gguf_blocks=False)}
+        if not args.no_bf16:
+            variants["bf16"] = LMHead.from_checkpoint(path, dtype=torch.bfloat16, gguf_blocks=False)
+        out.append((f"{name} {variants['blocks'].label} {variants['blocks'].vocab_size}x"
+                    f"{variants['blocks'].hidden_size}", variants))
+    if args.q6k:
+        vocab, hidden = 262144, 768
+        config = GGUFConfig(block_type="Q6_K")
+        gen = torch.Generator().manual_seed(0)
+        raw = torch.randint(0, 256, (vocab, hidden // 256, 210), dtype=torch.uint8, generator=gen)
+        raw[..., 208:210] = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
+        blocks = LMHead(vocab, hidden, dtype=torch.float32, quant_config=config)
+        blocks.load_weights({"weight": raw.reshape(vocab, -1)})
+        dense = LMHead(vocab, hidden, dtype=torch.float32)
+        dense.load_weights({"weight": blocks.weights.dense_weight()})
+        variants = {"blocks": blocks, "float32": dense}
+        if not args.no_bf16:
+            bf = LMHead(vocab, hidden, dtype=torch.bfloat16)
+            bf.load_weights({"weight": dense.weight.to(torch.bfloat16)})
+            variants["bf16"] = bf
+        out.append((f"random GGUF Q6_K {vocab}x{hidden}", variants))
+    return out
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=["gemma3", "smollm2"])
+    parser.add_argument("--q6k", action="store_true")
+    parser.add_argument("--no-bf16", action="store_true")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batches", type=int, nargs="*", default=list(BATCHES))
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    loaded = kernels.load()
+    print(f"threads {torch.get_num_threads()}, kernels: {loaded.isa if loaded else kernels.unavailable_reason()}, "
+          f"cores {os.cpu_count()}")
+    probe = make_probe()
+    reader = probe.readers.get("kernel", probe.readers["torch"])
+    for title, variants in heads(args):
+        stored = variants["blocks"].resident_bytes()
+        print(f"\n{title}: stored {stored / 1e6:.1f} MB, float32 {variants['float32'].resident_bytes() / 1e6:.1f} MB")
+        print(f"{'B':>3} {'blocks ms':>10} {'median':>8} {'GB/s':>6} {'probe':>6} {'of probe':>8} "
+              + " ".join(f"{k + ' x':>10}" for k in variants if k != "blocks"))
+        for b in args.batches:
+            x = torch.randn(b, variants["blocks"].hidden_size)
+            calls = {k: (lambda h=h, xx=x.to(h.dtype): h.column_logits(xx)) for k, h in variants.items()}
+            for call in calls.values():
+                call()
+            times: dict[str, list[float]] = {k: [] for k in calls}
+            probe_gbs = 0.0
+            for _ in range(args.rounds):
+                for k, call in calls.items():
+                    times[k].append(timed(call))
+                probe_gbs = max(probe_gbs, probe.nbytes / (timed(reader) / 1e3) / 1e9)
+            best = {k: min(v) for k, v in times.items()}
+            gbs = stored / (best["blocks"] / 1e3) / 1e9
+            print(f"{b:>3} {best['blocks']:>10.2f} {statistics.median(times['blocks']):>8.2f} {gbs:>6.1f} "
+                  f"{probe_gbs:>6.1f} {gbs / probe_gbs:>8.2f} "
+                  + " ".join(f"{best[k] / best['blocks']:>10.2f}" for k in calls if k != "blocks"))
+    print(f"\nload (1-minute average) before {load_before:.2f}, after {os.getloadavg()[0]:.2f} on "
+          f"{os.cpu_count()} cores: numbers measured under that load")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""GGUF block formats a head runs in (Q8_0, Q6_K): the config, the exact decode, the float32 chain.
+
+The weight is ``gguf.quants.dequantize``'s value bit for bit (Q8_0 ``d * q``; Q6_K ``(d * sc) * q``,
+each product rounded to float32 as numpy does); a logit is the documented chain
+(docs/architecture.md, "GGUF heads in their stored blocks"): 8 float32 lanes over H, lane ``l``
+of step ``s`` holds element ``8 s + l``, ``acc = acc + w * x`` (a rounded product, then a rounded
+sum: no FMA), the lanes reduced as ``((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))``, then ``+ 0``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from trtvocab.base.formats import Activation, WeightFormat
+from trtvocab.errors import CheckpointError
+
+LANES = 8
+# GGML type name -> (values per block, bytes per block)
+BLOCKS: dict[str, tuple[int, int]] = {"Q8_0": (32, 34), "Q6_K": (256, 210)}
+FORMATS = {"Q8_0": WeightFormat.GGUF_Q8_0, "Q6_K": WeightFormat.GGUF_Q6_K}
+CHAIN_ELEMENTS = 1 << 22  # float32 products per torch chain chunk ([N, rows, H])
+
+
+class GGUFConfig(BaseModel):
+    """A head kept in a GGUF block type (what ``LMHead(quant_config=...)`` takes for one).
+
+    Args:
+        block_type: ``"Q8_0"`` or ``"Q6_K"``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    block_type: Literal["Q8_0", "Q6_K"]
+    activation: Activation = Activation.NONE  # activations stay float (llama.cpp quantizes them to Q8)
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return FORMATS[self.block_type]
+
+    @property
+    def label(self) -> str:
+        return f"GGUF {self.block_type}"
+
+    @property
+    def block(self) -> int:
+        return BLOCKS[self.block_type][0]
+
+    @property
+    def type_size(self) -> int:
+        return BLOCKS[self.block_type][1]
+
+    def row_bytes(self, hidden: int) -> int:
+        """Stored bytes of one row of ``hidden`` values."""
+        if hidden % self.block:
+            raise CheckpointError(f"GGUF {self.block_type}: H = {hidden} is not a multiple of {self.block}")
+        return hidden // self.block * self.type_size
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    """Little-endian fp16 from ``raw [..., 2]`` uint8, as float32 (exact)."""
+    return raw.contiguous().view(torch.float16).float()
+
+
+def dequantize_q8_0(raw: torch.Tensor) -> torch.Tensor:
+    """float32 ``[R, H]`` of Q8_0 rows ``raw [R, H / 32 * 34]``: ``q * d`` as gguf.quants computes it."""
+    blocks = raw.reshape(raw.shape[0], -1, 34)
+    d = _f16(blocks[..., :2])
+    q = blocks[..., 2:].contiguous().view(torch.int8).float()
+    return (q * d).reshape(raw.shape[0], -1)
+
+
+def dequantize_q6_k(raw: torch.Tensor) -> torch.Tensor:
+    """float32 ``[R, H]`` of Q6_K rows ``raw [R, H / 256 * 210]``: ``(d * sc) * q`` as gguf.quants computes it."""
+    rows = raw.shape[0]
+    b = raw.reshape(-1, 210)
+    nb = b.shape[0]
+    ql, qh = b[:, :128], b[:, 128:192]
+    sc = b[:, 192:208].contiguous().view(torch.int8).float()
+    d = (_f16(b[:, 208:210]) * sc).reshape(nb, 16, 1)
+    shifts4 = torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
+    shifts2 = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+    lo = ((ql.reshape(nb, 2, 1, 64) >> shifts4) & 0x0F).reshape(nb, 8, 32)
+    hi = ((qh.reshape(nb, 2, 1, 32) >> shifts2) & 0x03).reshape(nb, 8, 32)
+    q = ((lo | (hi << 4)).to(torch.int16) - 32).reshape(nb, 16, 16).float()
+    return (d * q).reshape(rows, -1)
+
+
+DEQUANTIZE = {"Q8_0": dequantize_q8_0, "Q6_K": dequantize_q6_k}
+
+
+def tree8(lanes: torch.Tensor) -> torch.Tensor:
+    """The fixed reduction of ``[..., 8]`` lanes: ``((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))``, then ``+ 0``."""
+    lane = lanes.unbind(-1)
+    return (((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]))) + 0.0
+
+
+def chain_logits(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 ``x [N, H]`` times float32 ``w [R, H]`` in the chain (module docstring): ``[N, R]``.
+
+    Bitwise the fused kernels' logits (each lane a rounded product then a rounded sum), in bounded
+    chunks of rows; slow (one torch op per step), the path where the kernels do not build."""
+    n, hidden = x.shape
+    rows = w.shape[0]
+    if hidden % LANES:
+        raise ValueError(f"chain_logits: H = {hidden} is not a multiple of {LANES}")
+    out = torch.empty(n, rows, dtype=torch.float32) if out is None else out
+    if n == 0 or rows == 0:
+        return out
+    steps = hidden // LANES
+    step_rows = max(1, CHAIN_ELEMENTS // max(1, n * hidden))
+    xs = x.float().reshape(n, 1, steps, LANES)
+    for a in range(0, rows, step_rows):
+        b = min(rows, a + step_rows)
+        prod = w[a:b].reshape(1, b - a, steps, LANES) * xs  # [N, r, S, 8], each product rounded
+        acc = torch.zeros(n, b - a, LANES, dtype=torch.float32)
+        for s in range(steps):
+            acc.add_(prod[:, :, s])
+        out[:, a:b] = tree8(acc)
+    return out
