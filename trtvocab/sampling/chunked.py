@@ -538,18 +538,24 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
 
 
 def _concat(outs: list[SamplerOutput]) -> SamplerOutput:
-    """One output of the row groups' outputs, in order (logprobs padded to the widest with id -1)."""
+    """One output of the row groups' outputs, in order (logprobs padded to the widest: id -1,
+    value ``-inf``, rank 0, as ``draw.returned_logprobs`` fills the slots a row did not ask for)."""
     ids = torch.cat([o.token_ids for o in outs])
-    if outs[0].logprobs is None:
+    parts = [o.logprobs for o in outs]
+    if all(p is None for p in parts):
         return SamplerOutput(ids)
-    width = max(o.logprobs.ids.shape[1] for o in outs if o.logprobs is not None)
+    width = max(p.ids.shape[1] for p in parts if p is not None)
 
-    def pad(t: torch.Tensor, fill: float) -> torch.Tensor:
+    def pad(t: torch.Tensor | None, rows: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
+        if t is None:
+            return torch.full((rows, width), fill, dtype=dtype, device=ids.device)
         return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
-    parts = [o.logprobs for o in outs if o.logprobs is not None]
-    return SamplerOutput(ids, Logprobs(torch.cat([pad(p.ids, -1) for p in parts]),
-                                       torch.cat([pad(p.values, float("-inf")) for p in parts]),
-                                       torch.cat([pad(p.ranks, 0) for p in parts])))
+    sizes = [o.token_ids.shape[0] for o in outs]
+    return SamplerOutput(ids, Logprobs(
+        torch.cat([pad(None if p is None else p.ids, n, -1, torch.int64) for p, n in zip(parts, sizes, strict=True)]),
+        torch.cat([pad(None if p is None else p.values, n, float("-inf"), torch.float32)
+                   for p, n in zip(parts, sizes, strict=True)]),
+        torch.cat([pad(None if p is None else p.ranks, n, 0, torch.int64) for p, n in zip(parts, sizes, strict=True)])))
 
 
 def _candidate_cut(hidden: torch.Tensor, head: LMHead, tree: _TreeSum | None, top_k: list[int],

@@ -197,7 +197,8 @@ def filtered_draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], see
 class Logprobs:
     """Returned logprobs (vLLM's ``LogprobsTensors``): column 0 the sampled token, then the top-N
     best first; ``ids``, ``values`` (float32) and 1-based ``ranks`` (ids whose value is ``>=``), all ``[B, 1 + N]``.
-    A row that asked for fewer than N has ``ids == -1`` past its own."""
+    Slots a row did not ask for (past its own N, or every slot when its ``logprobs`` is None) hold
+    id -1, value ``-inf`` and rank 0."""
 
     ids: torch.Tensor
     values: torch.Tensor
@@ -349,8 +350,11 @@ def returned_logprobs(raw: torch.Tensor, processed: torch.Tensor, chosen: torch.
         width = top_ids.shape[1]
         want = torch.tensor([p.logprobs or 0 for p in meta.per_row], device=raw.device)[:, None]
         slot = torch.arange(width, device=raw.device)[None, :]
-        top_ids = torch.where(slot < want, top_ids, torch.full_like(top_ids, -1))
-        ids = torch.cat([ids, top_ids], dim=1)
-        out_v = torch.cat([out_v, top_v.to(torch.float32)], dim=1)
-        out_r = torch.cat([out_r, (slot + 1).expand(len(meta.per_row), width)], dim=1)
-    return Logprobs(ids, out_v.to(torch.float32), out_r.to(torch.int64))
+        inside = slot < want
+        ids = torch.cat([ids, torch.where(inside, top_ids, torch.full_like(top_ids, -1))], dim=1)
+        out_v = torch.cat([out_v, top_v.to(torch.float32).masked_fill(~inside, float("-inf"))], dim=1)
+        out_r = torch.cat([out_r, torch.where(inside, slot + 1, torch.zeros_like(slot))], dim=1)
+    asking = torch.tensor([p.logprobs is not None for p in meta.per_row], device=raw.device)[:, None]
+    return Logprobs(torch.where(asking, ids, torch.full_like(ids, -1)),
+                    out_v.to(torch.float32).masked_fill(~asking, float("-inf")),
+                    torch.where(asking, out_r.to(torch.int64), torch.zeros_like(out_r, dtype=torch.int64)))
