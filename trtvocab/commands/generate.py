@@ -32,7 +32,7 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.launch import usable_cores, warm_up
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import calc_shard
-from trtvocab.sampling import SamplingParams
+from trtvocab.sampling import SamplerOutput, SamplingParams, TokenState
 
 # What the ranks agree on once their setup is done, and after every artifact-backend step
 # (protocol: trtvocab.parallel.distributed.Handshake): a rank whose setup or backend failed stops the others.
@@ -44,7 +44,12 @@ STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on"
 _RANK_MODULES = ("trtvocab.commands.generate", "trtvocab.commands.hf_loader", "trtvocab.checkpoints.gguf",
                  "transformers.modeling_utils", "transformers.tokenization_utils_base", "tokenizers")
 _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-                  "seed": "--seed"}
+                  "seed": "--seed", "repetition_penalty": "--repetition-penalty",
+                  "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+                  "logit_bias": "--logit-bias", "min_tokens": "--min-tokens", "stop_token_ids": "--stop-token-id",
+                  "ignore_eos": "--ignore-eos", "typical_p": "--typical-p", "logprobs": "--logprobs",
+                  "logprobs_mode": "--logprobs-mode", "bad_words": "--bad-words",
+                  "allowed_token_ids": "allowed_token_ids"}
 
 
 # ---- what a run is ------------------------------------------------------------------------------
@@ -82,15 +87,24 @@ class GenerateSpec:
     # The model's head streams its vocab in chunks above this many bytes of float32 [b, V_local]
     # logits (LMHead.logits_budget_bytes; None: the head's default).
     logits_budget_bytes: int | None = None
+    # Stop strings (vLLM's ``stop``): a prompt ends once its detokenized output holds one; the text
+    # is cut before it (the ids keep the token that completed it).
+    stop: tuple[str, ...] = ()
+
+
+# One returned logprob: (token id, logprob, rank), best first per generated token.
+Logprob = tuple[int, float, int]
 
 
 @dataclasses.dataclass
 class GenerateResult:
-    """One prompt's answer: the generated ids only (an end-of-sequence id included) and their text."""
+    """One prompt's answer: the generated ids only (an end-of-sequence id included) and their text;
+    ``logprobs`` (when its params ask): per generated token, the top-N and the sampled token."""
 
     prompt: str
     token_ids: list[int]
     text: str
+    logprobs: list[list[Logprob]] | None = None
 
 
 @dataclasses.dataclass
@@ -124,14 +138,23 @@ class GenerateReport:
         after = self.new_tokens - len(self.results)
         return after / self.decode_s if after > 0 and self.decode_s > 0 else None
 
-    def as_json(self) -> dict[str, Any]:
-        """``{"results": [{"prompt", "token_ids", "text"}, ...]}``: what ``generate --json`` prints."""
-        return {"results": [{"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text} for r in self.results]}
+    def as_json(self, tokenizer: Any = None) -> dict[str, Any]:
+        """``{"results": [{"prompt", "token_ids", "text"[, "logprobs"]}, ...]}``: what ``generate --json``
+        prints; ``logprobs`` (DESIGN §9): per generated token a list of ``{"id", "token", "logprob", "rank"}``,
+        best first (``token``: ``tokenizer.decode([id])``, or None without a tokenizer)."""
+        def entry(r: GenerateResult) -> dict[str, Any]:
+            out: dict[str, Any] = {"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text}
+            if r.logprobs is not None:
+                out["logprobs"] = [[{"id": i, "token": tokenizer.decode([i]) if tokenizer is not None else None,
+                                     "logprob": v, "rank": k} for i, v, k in step] for step in r.logprobs]
+            return out
+        return {"results": [entry(r) for r in self.results]}
 
 
 @dataclasses.dataclass
 class _RankOutput:
     token_ids: list[list[int]]
+    logprobs: list[list[list[Logprob]]]
     ran_on: list[Runtime]
     prefill_s: float
     decode_s: float
@@ -201,16 +224,56 @@ def load_model(model: str | Path) -> LoadedModel:
 
 # ---- validation ---------------------------------------------------------------------------------------
 def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                    seed: int | None = None) -> SamplingParams:
-    """:class:`SamplingParams` from the CLI's options; an error names the option (``--top-p``)."""
+                    seed: int | None = None, *, logit_bias: dict[int, float] | list[str] | None = None,
+                    **knobs: Any) -> SamplingParams:
+    """:class:`SamplingParams` from the CLI's options; an error names the option (``--top-p``).
+
+    ``logit_bias``: a dict, or the CLI's ``ID=BIAS`` strings; ``knobs``: the other fields by name."""
     try:
-        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        bias = parse_logit_bias(logit_bias) if isinstance(logit_bias, list | tuple) else (logit_bias or {})
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                              logit_bias=bias, **knobs)
     except InputError as exc:
         text = str(exc)
         for field, option in _PARAM_OPTIONS.items():
             if text.startswith(f"SamplingParams.{field}:"):
                 raise InputError(f"{option}:{text.split(':', 1)[1]}") from None
         raise
+
+
+def parse_logit_bias(items: list[str] | tuple[str, ...]) -> dict[int, float]:
+    """``["ID=BIAS", ...]`` -> ``{id: bias}``; a malformed entry raises naming ``--logit-bias``."""
+    out: dict[int, float] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(key)] = float(value)
+        except ValueError:
+            raise InputError(f"--logit-bias: expected ID=BIAS (an int token id, a number), got {item!r}") from None
+    return out
+
+
+def words_token_ids(tokenizer: Any, words: list[str] | tuple[str, ...], what: str = "--bad-words") -> list[list[int]]:
+    """vLLM's bad-words tokenization: each word as written and with a leading space (when that is
+    another sequence of the same length), without special tokens."""
+    out: list[list[int]] = []
+    for word in words:
+        if not str(word).strip():
+            raise InputError(f"{what}: a word must not be empty or blank, got {word!r}")
+        plain = tokenizer.encode(str(word).lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + str(word).lstrip(), add_special_tokens=False)
+        out.append(list(plain))
+        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(list(spaced))
+    return out
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` cut before the first stop string it holds (vLLM leaves the stop string out), and whether it held one."""
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
 
 
 def _model_shape(path: Path) -> tuple[int, int]:
@@ -362,6 +425,8 @@ def prepare(
     attention_dp: bool = False,
     body_ranks: int | None = None,
     logits_budget_bytes: int | None = None,
+    bad_words: list[str] | tuple[str, ...] = (),
+    stop: list[str] | tuple[str, ...] = (),
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -372,9 +437,13 @@ def prepare(
     at most ``tp`` (:func:`choose_body_ranks`).
     ``logits_budget_bytes``: the model's head streams its vocab in chunks when a step's float32
     ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
+    ``bad_words``: words (text) banned for every prompt, tokenized as vLLM does (:func:`words_token_ids`);
+    ``stop``: stop strings (vLLM's ``stop``; the text is cut before the first one).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
+    if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+        raise InputError(f"--stop: expected non-empty strings, got {stop!r}"[:300])
     budget = logits_budget_bytes
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
         raise ConfigError(f"logits_budget_bytes: must be None or an int > 0, got {budget!r}")
@@ -418,13 +487,22 @@ def prepare(
         compile_grammar(g, loaded.tokenizer, int(loaded.config.vocab_size), stops,
                         what=f"--{g.kind.replace('_', '-')} ({g.label})")
     ids = encode_prompts(loaded.tokenizer, prompts, chat)
+    if bad_words:
+        banned = tuple(tuple(w) for w in words_token_ids(loaded.tokenizer, list(bad_words)))
+        per_prompt = [p.model_copy(update={"bad_words": p.bad_words + banned}) for p in per_prompt]
+    vocab_ids = int(loaded.config.vocab_size)
+    for i, p in enumerate(per_prompt):
+        if p.max_token_id() >= vocab_ids:
+            raise InputError(f"params[{i}]: token id {p.max_token_id()} (--logit-bias / --stop-token-id / "
+                             f"allowed_token_ids) is outside the vocabulary [0, {vocab_ids})")
     limit = getattr(loaded.config, "max_position_embeddings", None)
     longest = max(len(p) for p in ids)
     if isinstance(limit, int) and longest + max_new_tokens > limit:
         raise InputError(f"--max-new-tokens {max_new_tokens}: the longest prompt has {longest} tokens and the model "
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
-                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget)
+                        tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
+                        tuple(stop))
     return spec, loaded
 
 
@@ -459,8 +537,9 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
         out.ran_on = sorted({name for o in outs for name in o.ran_on})
         out.deterministic = all(o.deterministic for o in outs)
     tok = loaded.tokenizer
-    results = [GenerateResult(p, ids, tok.decode(ids, skip_special_tokens=True))
-               for p, ids in zip(spec.prompts, out.token_ids, strict=True)]
+    results = [GenerateResult(p, ids, cut_at_stop(tok.decode(ids, skip_special_tokens=True), spec.stop)[0],
+                              lps if params.logprobs is not None else None)
+               for p, ids, lps, params in zip(spec.prompts, out.token_ids, out.logprobs, spec.params, strict=True)]
     head = ", ".join(r.value for r in out.ran_on) if spec.artifact is not None else Runtime.TORCH.value
     labels = {g.label for g in spec.grammars if g is not None}
     grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \
@@ -549,10 +628,11 @@ class VocabEnds:
             raise DistributedError("generate: an attention-DP rank without a body has no input embedding")
         return self.embedding(ids)
 
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
-                 bitmask: torch.Tensor | None) -> list[int]:  # pragma: no cover - abstract
-        """The next id of each row of ``rows [b, H]`` (the last hidden rows): this rank's columns,
-        xgrammar's ``bitmask`` (or None), the draw."""
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
+                 state: TokenState | None = None) -> SamplerOutput:  # pragma: no cover - abstract
+        """The next id of each row of ``rows [b, H]`` (the last hidden rows) and the logprobs its params
+        ask for: this rank's columns, xgrammar's ``bitmask`` (or None), the draw (``state``: the rows'
+        per-rank token counts, for penalties, bad words and min tokens)."""
         raise NotImplementedError
 
 
@@ -564,12 +644,13 @@ class TorchEnds(VocabEnds):
         super().__init__(embedding, head, vocab_limit)
         self.deterministic = bool(head.deterministic)
 
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
-                 bitmask: torch.Tensor | None) -> list[int]:
-        from trtvocab.sampling import decode
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
+                 state: TokenState | None = None) -> SamplerOutput:
+        from trtvocab.sampling import decode_output
 
         self.ran_on.add(Runtime.TORCH)
-        return decode(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask).tolist()
+        return decode_output(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask,
+                             state=state)
 
 
 class ArtifactEnds(VocabEnds):
@@ -583,9 +664,9 @@ class ArtifactEnds(VocabEnds):
         self.backend, self.dtype, self.world = backend, dtype, world
         self.deterministic = deterministic
 
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
-                 bitmask: torch.Tensor | None) -> list[int]:
-        from trtvocab.sampling import apply_token_bitmask, sample
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
+                 state: TokenState | None = None) -> SamplerOutput:
+        from trtvocab.sampling import apply_token_bitmask, sample_output
 
         error: Exception | None = None
         local: Any = None
@@ -602,7 +683,7 @@ class ArtifactEnds(VocabEnds):
         logits = local.logits
         if bitmask is not None:
             apply_token_bitmask(logits, bitmask, self.head)
-        return sample(logits, self.head, params, step=step, vocab_limit=self.vocab_limit).tolist()
+        return sample_output(logits, self.head, params, step=step, vocab_limit=self.vocab_limit, state=state)
 
 
 def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, vocab_limit: int | None) -> VocabEnds:
@@ -686,7 +767,10 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
     padded = not bool(mask.all())
     generated: list[list[int]] = [[] for _ in range(batch)]
+    returned: list[list[list[Logprob]]] = [[] for _ in range(batch)]
     active = list(range(batch))
+    # Per-rank token counts of the ids this rank owns, only when a prompt's params read them.
+    state = TokenState.for_head(ends.head, spec.prompt_ids, eos) if any(p.processes for p in spec.params) else None
     # The prompts whose body this rank runs: all of them, or (attention DP) its own block.
     adp = spec.attention_dp and spec.tp > 1
     lo, hi = prompt_block(batch, spec.body_ranks, rank) if adp else (0, batch)
@@ -720,15 +804,25 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
         hidden = run_body(ids, positions)
         while True:
             bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
-            next_ids = ends.next_ids(last_rows(hidden, active), [spec.params[b] for b in active], step, bitmask)
+            rows_state = None if state is None else state if len(active) == batch else state.select(active)
+            out = ends.next_ids(last_rows(hidden, active), [spec.params[b] for b in active], step, bitmask, rows_state)
+            next_ids = out.token_ids.tolist()
+            if state is not None:
+                state.append_rows(active, next_ids)
             if step == 0:
                 prefill_s = time.perf_counter() - start
             feed = torch.full((batch, 1), pad, dtype=torch.int64)
             still = []
-            for b, tok in zip(active, next_ids, strict=True):
+            for j, (b, tok) in enumerate(zip(active, next_ids, strict=True)):
                 generated[b].append(tok)
                 feed[b, 0] = tok
-                done = tok in eos or len(generated[b]) >= spec.max_new_tokens
+                p = spec.params[b]
+                if out.logprobs is not None and p.logprobs is not None:
+                    returned[b].append(out.logprobs.row(j, p.logprobs))
+                done = (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids \
+                    or len(generated[b]) >= spec.max_new_tokens
+                if spec.stop:
+                    done = cut_at_stop(tokenizer.decode(generated[b], skip_special_tokens=True), spec.stop)[1] or done
                 if grammar is not None:
                     done = grammar.accept(b, tok) or done
                 if not done:
@@ -741,7 +835,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
             positions = positions[:, -1:] + 1
             hidden = run_body(feed, positions)
     decode_s = time.perf_counter() - start - prefill_s
-    return _RankOutput(generated, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
+    return _RankOutput(generated, returned, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
 
 
 def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport:
@@ -752,5 +846,6 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
 
 __all__ = ["SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactEnds", "ArtifactSpec", "GenerateReport", "GenerateResult",
            "GenerateSpec", "LoadedModel", "TorchEnds", "VocabEnds", "artifact_spec", "check_options",
-           "choose_body_ranks", "encode_prompts", "generate", "load_model", "model_path", "open_vocab_ends", "prepare",
-           "prompt_block", "run", "sampling_params"]
+           "choose_body_ranks", "cut_at_stop", "encode_prompts", "generate", "load_model", "model_path",
+           "open_vocab_ends", "parse_logit_bias", "prepare", "prompt_block", "run", "sampling_params",
+           "words_token_ids"]

@@ -1,9 +1,11 @@
 """Seeded sampling on the shards: the draw of the gathered, filtered softmax, without the gather.
 
-For each row, in vLLM's order: temperature (``x / T``; ``T < GREEDY_BELOW = 1e-5``, 0 included, is
-greedy: :attr:`SamplingParams.greedy`), top-k (the exact
-global top-k, ties to the lower id), top-p (the exact nucleus of what is left), min-p, then
-the draw. The draw is a Gumbel-max race: token ``i`` scores ``x_i / T + g_i`` with
+For each row, in the order of docs/sampling.md (vLLM v1's, except that min-p follows top-p): the
+column-local logits processors (bans, bias, penalties: :mod:`~trtvocab.sampling.filters`),
+temperature (``x / T``; ``T < GREEDY_BELOW = 1e-5``, 0 included, is greedy:
+:attr:`SamplingParams.greedy`), top-k (the exact global top-k, ties to the lower id), top-p (the
+exact nucleus of what is left), min-p, typical-p, then the draw, then the returned logprobs.
+The draw is a Gumbel-max race: token ``i`` scores ``x_i / T + g_i`` with
 ``g_i = -log(-log(u_i))`` and the highest score wins, which picks ``i`` with probability
 ``softmax(x / T)_i`` over the kept tokens exactly. Each rank scores its own columns; only
 each rank's best ``(score, id)`` per row crosses (``[tp, B]`` pairs). The noise ``u_i`` is

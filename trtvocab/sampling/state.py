@@ -65,6 +65,15 @@ class TokenState:
             if self.start <= i < self.start + self.size:
                 self.output_counts[r, i - self.start] += 1
 
+    def append_rows(self, rows: Sequence[int], token_ids: Sequence[int]) -> None:
+        """Count the sampled ids of some rows only (a decode loop whose finished rows left the batch)."""
+        if len(rows) != len(token_ids):
+            raise InputError(f"TokenState.append_rows: {len(token_ids)} ids for {len(rows)} rows")
+        for r, i in zip(rows, token_ids, strict=True):
+            self.output[r].append(int(i))
+            if self.start <= int(i) < self.start + self.size:
+                self.output_counts[r, int(i) - self.start] += 1
+
     def select(self, rows: list[int]) -> TokenState:
         """The state of a subset of the rows (copies; appending to it leaves this one unchanged)."""
         out = TokenState.__new__(TokenState)

@@ -1,0 +1,120 @@
+"""``trtvocab generate``'s serving knobs on SmolLM2-135M-Instruct (DESIGN §9's flags and ``--json`` logprobs).
+
+* ``--repetition-penalty``, ``--logit-bias``, ``--bad-words`` and ``--min-tokens`` at tp 1 give
+  transformers' own greedy ``generate`` with its processors (``RepetitionPenaltyLogitsProcessor``,
+  ``SequenceBiasLogitsProcessor``, ``NoBadWordsLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``),
+  token for token; ``--logprobs 3`` returns DESIGN §9's shape, its values a float64 log-softmax of
+  transformers' raw logits.
+* The same knobs, seeded typical-p, stop ids and stop strings give the same tokens and logprobs at tp 3.
+* Bad flag values are one ``error:`` line naming the flag.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from trtvocab.commands.cli import app
+from trtvocab.errors import InputError
+from trtvocab.sampling import SamplingParams
+
+G = pytest.importorskip("trtvocab.commands.generate")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="trtvocab generate needs transformers")
+A = "The capital of France is"
+K = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def loaded(smollm2: Path):
+    pytest.importorskip("accelerate")
+    return G.load_model(smollm2)
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, ["generate", *args])
+
+
+def test_cli_knobs_equal_transformers_generate_and_return_logprobs(loaded, smollm2: Path) -> None:
+    tlp = pytest.importorskip("transformers.generation.logits_process")
+    tok, model = loaded.tokenizer, loaded.model
+    paris = tok.encode(" Paris", add_special_tokens=False)[0]
+    bad = G.words_token_ids(tok, ["the"])
+    res = cli(str(smollm2), "--prompt", A, "--max-new-tokens", str(K), "--repetition-penalty", "1.3",
+              "--logit-bias", f"{paris}=-100", "--logit-bias", "11=0.5", "--bad-words", "the", "--min-tokens", str(K),
+              "--logprobs", "3", "--json")
+    assert res.exit_code == 0, res.output
+    (out,) = json.loads(res.stdout)["results"]
+    enc = tok([A], return_tensors="pt")
+    eos = model.generation_config.eos_token_id
+    processors = [tlp.MinNewTokensLengthLogitsProcessor(enc["input_ids"].shape[1], K, eos),
+                  tlp.NoBadWordsLogitsProcessor(bad, eos_token_id=None),
+                  tlp.SequenceBiasLogitsProcessor({(paris,): -100.0, (11,): 0.5}),
+                  tlp.RepetitionPenaltyLogitsProcessor(1.3)]
+    with torch.no_grad():
+        ref = model.generate(**enc, do_sample=False, max_new_tokens=K, logits_processor=processors,
+                             output_logits=True, return_dict_in_generate=True)
+    want = ref.sequences[0, enc["input_ids"].shape[1]:].tolist()
+    assert out["token_ids"] == want and paris not in want
+    assert len(out["logprobs"]) == len(want)
+    for step, (entries, sampled) in enumerate(zip(out["logprobs"], want, strict=True)):
+        assert set(entries[0]) == {"id", "token", "logprob", "rank"}
+        assert [e["rank"] for e in entries[:3]] == [1, 2, 3]
+        assert entries[-1]["id"] == sampled or sampled in [e["id"] for e in entries[:3]]
+        lsm = torch.log_softmax(ref.logits[step][0].double(), 0)
+        for e in entries:
+            assert abs(e["logprob"] - float(lsm[e["id"]])) < 1e-4
+            assert e["token"] == tok.decode([e["id"]])
+        assert [e["id"] for e in entries[:3]] == torch.topk(lsm, 3).indices.tolist()
+
+
+@pytest.mark.ranks
+def test_knobs_give_the_same_tokens_and_logprobs_at_tp_3(loaded, smollm2: Path) -> None:
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.4, presence_penalty=0.5, logprobs=2),
+              SamplingParams(temperature=0.9, typical_p=0.7, frequency_penalty=0.6, seed=3, logprobs=1,
+                             logprobs_mode="processed_logprobs", stop_token_ids=[13])]
+    runs = {}
+    for tp in (1, 3):
+        spec, _ = G.prepare(smollm2, [A, "def add(a, b):"], tp=tp, max_new_tokens=K, params=params,
+                            deterministic=True, stop=["\n\n"])
+        runs[tp] = G.generate(spec, loaded).as_json(loaded.tokenizer)
+    assert runs[1] == runs[3]
+    assert all(len(r["logprobs"]) == len(r["token_ids"]) for r in runs[1]["results"])
+
+
+def test_flag_parsing_and_stop_strings() -> None:
+    assert G.parse_logit_bias(["5=1.5", "7=-100"]) == {5: 1.5, 7: -100.0}
+    with pytest.raises(InputError, match="--logit-bias"):
+        G.parse_logit_bias(["5:1"])
+    with pytest.raises(InputError, match="--typical-p"):
+        G.sampling_params(typical_p=0.0)
+    with pytest.raises(InputError, match="--presence-penalty"):
+        G.sampling_params(presence_penalty=3.0)
+    assert G.cut_at_stop("a, b. c", ("b", ".")) == ("a, ", True)
+    assert G.cut_at_stop("abc", ("x",)) == ("abc", False)
+    fake = SimpleNamespace(encode=lambda text, add_special_tokens: {"bad": [1, 2], " bad": [3, 2]}[text])
+    assert G.words_token_ids(fake, ["bad"]) == [[1, 2], [3, 2]]
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--logit-bias", "x"], "--logit-bias"), (["--repetition-penalty", "0"], "--repetition-penalty"),
+    (["--min-tokens", "-1"], "--min-tokens"), (["--logprobs-mode", "raw"], "--logprobs-mode"),
+])
+def test_bad_flag_values_are_one_error_line_naming_the_flag(args: list[str], named: str, smollm2: Path) -> None:
+    res = cli(str(smollm2), "--prompt", A, *args)
+    assert res.exit_code == 2, res.output
+    assert named in res.output and "Traceback" not in res.output
