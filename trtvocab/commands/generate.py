@@ -92,6 +92,9 @@ class GenerateSpec:
     stop: tuple[str, ...] = ()
 
 
+# -inf logprobs (ids a filter removed, processed modes) print as this, as vLLM's OpenAI server does:
+# JSON has no infinity.
+LOGPROB_FLOOR = -9999.0
 # One returned logprob: (token id, logprob, rank), best first per generated token.
 Logprob = tuple[int, float, int]
 
@@ -146,7 +149,8 @@ class GenerateReport:
             out: dict[str, Any] = {"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text}
             if r.logprobs is not None:
                 out["logprobs"] = [[{"id": i, "token": tokenizer.decode([i]) if tokenizer is not None else None,
-                                     "logprob": v, "rank": k} for i, v, k in step] for step in r.logprobs]
+                                     "logprob": max(v, LOGPROB_FLOOR), "rank": k} for i, v, k in step]
+                                   for step in r.logprobs]
             return out
         return {"results": [entry(r) for r in self.results]}
 

@@ -82,8 +82,9 @@ def process(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata, lo: int) -> 
     itself when no row has any of them."""
     if not meta.processes:
         return x
-    state = meta.state or TokenState.empty(len(meta.per_row), int(col_ids[0]) - lo if len(col_ids) else 0,
-                                           lo + x.shape[1], x.device)
+    state = meta.state
+    outputs = state.output if state is not None else [[] for _ in meta.per_row]
+    eos = state.eos_token_ids if state is not None else ()
     n = x.shape[1]
     banned = torch.zeros_like(x, dtype=torch.bool)
     bias_rows: list[int] = []
@@ -99,11 +100,11 @@ def process(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata, lo: int) -> 
             keep = torch.zeros(n, dtype=torch.bool, device=x.device)
             keep[local(p.allowed_token_ids)] = True
             banned[r] |= ~keep
-        output = state.output[r]
+        output = outputs[r]
         ban = [w[-1] for w in p.bad_words if len(w) == 1 or (len(output) >= len(w) - 1 and
                                                                 output[len(output) - len(w) + 1:] == list(w[:-1]))]
         if len(output) < p.min_tokens:
-            ban += list(p.stop_token_ids) + ([] if p.ignore_eos else list(state.eos_token_ids))
+            ban += list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos))
         banned[r, local(ban)] = True
         for i, b in p.logit_bias.items():
             if first <= i < first + n:
@@ -115,7 +116,7 @@ def process(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata, lo: int) -> 
         bias = torch.zeros_like(x)
         bias[bias_rows, bias_cols] = torch.tensor(bias_vals, dtype=torch.float32, device=x.device)
         x = x + bias
-    if any(p.penalizes for p in meta.per_row):
+    if state is not None and any(p.penalizes for p in meta.per_row):  # no state: no prompt, no output
         counts = state.output_counts[:, lo : lo + n].to(x.device)
         seen = state.prompt_seen[:, lo : lo + n].to(x.device) | (counts > 0)
         rep = torch.tensor([p.repetition_penalty for p in meta.per_row], dtype=torch.float32, device=x.device)[:, None]
