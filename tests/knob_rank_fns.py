@@ -14,7 +14,7 @@ import torch
 from rank_fns import subgroups
 
 from trtvocab import LMHead, Mapping
-from trtvocab.sampling import SamplingParams, TokenState, decode_output, sample_output
+from trtvocab.sampling import SamplingParams, TokenState, chunked, decode_output, prompt_logprobs, sample_output
 
 VOCAB = 1009
 STEPS = 6
@@ -107,4 +107,11 @@ def _streamed(head: LMHead) -> dict[str, Any]:
             assert res.logprobs is not None
             got.append((res.token_ids.tolist(), res.logprobs.ids.tolist(), res.logprobs.values.tolist()))
         runs[name] = got
-    return {"equal": runs["materialized"] == runs["streamed"], "ids": [g[0] for g in runs["materialized"]]}
+    prompt = {}  # prompt logprobs of 40 positions: materialized, and streamed 97 columns at a time
+    hidden = torch.randn(40, 16, generator=gen)
+    nexts = torch.randint(0, VOCAB, (40,), generator=gen)
+    for name, lp in (("materialized", prompt_logprobs(head.local_logits(hidden), head, nexts, 4)),
+                     ("streamed", chunked.prompt_logprobs(hidden, head, nexts, 4, chunk=97))):
+        prompt[name] = {"ids": lp.ids.tolist(), "values": lp.values.tolist(), "ranks": lp.ranks.tolist()}
+    return {"equal": runs["materialized"] == runs["streamed"], "ids": [g[0] for g in runs["materialized"]],
+            "prompt": prompt}

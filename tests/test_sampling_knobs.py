@@ -122,6 +122,26 @@ def test_streamed_decode_with_state_equals_the_materialized_one(records: list[di
         assert r["streamed"]["ids"] == records[0]["streamed"]["ids"], r["case"]
 
 
+def test_prompt_logprobs_streamed_equal_materialized_at_every_tp_and_float64(records: list[dict[str, Any]]) -> None:
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(VOCAB, 16, generator=gen)
+    torch.randn(VOCAB, 16, generator=gen)  # the decode loop's embedding table (knob_rank_fns._streamed)
+    hidden = torch.randn(40, 16, generator=gen)
+    nexts = torch.randint(0, VOCAB, (40,), generator=gen)
+    lsm = torch.log_softmax(hidden.double() @ w.double().T, 1)
+    want = records[0]["streamed"]["prompt"]["materialized"]
+    for r in records:
+        assert r["streamed"]["prompt"]["streamed"] == want, r["case"]  # bitwise
+        assert r["streamed"]["prompt"]["materialized"] == want, r["case"]
+    for t in range(40):
+        ids, values, ranks = want["ids"][t], want["values"][t], want["ranks"][t]
+        assert ids[0] == int(nexts[t]) and abs(values[0] - float(lsm[t, ids[0]])) <= LOGPROB_TOL
+        mine = lsm[t, ids[0]]  # the rank counts ids >= it: exact up to float32 near-ties
+        assert int((lsm[t] > mine + LOGPROB_TOL).sum()) + 1 <= ranks[0] <= int((lsm[t] >= mine - LOGPROB_TOL).sum())
+        assert ids[1:] == torch.topk(lsm[t], 4).indices.tolist() and ranks[1:] == [1, 2, 3, 4]
+        assert max(abs(v - float(lsm[t, i])) for v, i in zip(values[1:], ids[1:], strict=True)) <= LOGPROB_TOL
+
+
 def test_typical_p_keeps_transformers_typical_set() -> None:
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(12, VOCAB, generator=gen) * torch.linspace(0.5, 4.0, 12)[:, None]

@@ -26,7 +26,7 @@ import torch
 
 from trtvocab.sampling import chunked
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import Logprobs, SamplerOutput, sample, sample_output
+from trtvocab.sampling.draw import Logprobs, SamplerOutput, prompt_logprobs, sample, sample_output
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     HANDSHAKE,
@@ -60,4 +60,5 @@ def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head:
 
 __all__ = ["HANDSHAKE", "TOP_P_FIRST_K", "Logprobs", "SamplerOutput", "SamplingParams", "TokenState", "apply_min_p",
            "apply_token_bitmask", "apply_top_p", "chunked", "decode", "decode_output", "greedy", "log_softmax",
-           "logprobs", "logsumexp", "min_p_mask", "sample", "sample_output", "streams", "top_p_mask", "topk"]
+           "logprobs", "logsumexp", "min_p_mask", "prompt_logprobs", "sample", "sample_output", "streams",
+           "top_p_mask", "topk"]

@@ -38,6 +38,7 @@ from trtvocab.sampling.draw import (
     draw_args_error,
     params_tensor,
     pipeline,
+    prompt_args_error,
     state_error,
 )
 from trtvocab.sampling.filters import Metadata, column_ids, min_p_keep, process, race_scores, scale
@@ -362,6 +363,43 @@ def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chu
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
 
+def prompt_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, n: int, *,
+                    chunk: int | None = None) -> Logprobs:
+    """vLLM's ``prompt_logprobs`` streamed: bitwise ``sampling.prompt_logprobs`` of
+    ``head.local_logits(hidden)`` (``hidden [T, H]``: every prompt position; ``token_ids [T]``: each
+    position's next prompt token), ``[T, 1 + n]``, without the ``[T, V_local]`` logits (bounded by the
+    head's ``logits_budget_bytes``). Two passes: the vocab tree and the picked logits, then the values
+    ``x - lse``, their running top-``n`` and the rank count."""
+    what = "sampling.chunked.prompt_logprobs"
+    error = _check(hidden, head, chunk, what)
+    if error is None:
+        error = prompt_args_error(token_ids, n, hidden.shape[0], head.vocab_size, what)
+    argument = token_ids.to(torch.int64).reshape(-1).cpu() if error is None else None
+    _meet(head, hidden, error, "logprobs", extra=-2 - n if error is None else 0, argument=argument)
+    rows = hidden.shape[0]
+    ids = token_ids.to(torch.int64).to(hidden.device)
+    lse, picked = _lse_and_picks(hidden, head, ids[:, None], chunk, what)
+    assert picked is not None
+    sampled = picked[:, 0] - lse
+    count = torch.zeros(rows, dtype=torch.int64, device=hidden.device)
+    running = _TopK(rows, min(n, head.vocab_size), head, hidden.device) if n else None
+    no_nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
+    for lo, _, x in _Stream(hidden, head, chunk):
+        values = x.to(torch.float32) - lse[:, None]
+        count += (values >= sampled[:, None]).sum(dim=1)
+        if running is not None:
+            running.add(values, lo, no_nan)
+    rank = gather_stack(count, head).sum(dim=0) if head.is_split else count
+    out_ids, out_v, out_r = ids[:, None], sampled[:, None], rank[:, None]
+    if running is not None:
+        top_v, top_ids = running.merged(no_nan, what)
+        slot = torch.arange(top_ids.shape[1], device=hidden.device)[None, :].expand(rows, -1)
+        out_ids = torch.cat([out_ids, top_ids], dim=1)
+        out_v = torch.cat([out_v, top_v], dim=1)
+        out_r = torch.cat([out_r, slot + 1], dim=1)
+    return Logprobs(out_ids, out_v.to(torch.float32), out_r.to(torch.int64))
+
+
 def _draw_args(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], step: int,
                vocab_limit: int | None, chunk: int | None, what: str,
                error: InputError | None) -> tuple[InputError | None, list[SamplingParams]]:
@@ -608,4 +646,4 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
 
 
 __all__ = ["DENSE_TILE", "chunk_columns", "decode", "decode_output", "gemm_tiles", "greedy", "logprobs", "logsumexp",
-           "plan_chunks", "sample", "topk"]
+           "plan_chunks", "prompt_logprobs", "sample", "topk"]

@@ -329,34 +329,71 @@ def race(scaled: torch.Tensor, ids: torch.Tensor, head: Any, meta: Metadata) -> 
 def returned_logprobs(raw: torch.Tensor, processed: torch.Tensor, chosen: torch.Tensor, head: Any,
                       meta: Metadata) -> Logprobs | None:
     """vLLM's step 8 for the rows with ``logprobs`` set (None when no row asks): the sampled token's
-    value and rank, and the top-N, of the raw or processed logits or logprobs (each row's mode).
-    The global log-sum-exp (the vocab tree), the merged top-N and the rank count: three all_gathers."""
+    value and rank, and the top-N, of the raw or processed logits or logprobs (each row's mode)."""
     asked = [p.logprobs for p in meta.per_row if p.logprobs is not None]
     if not asked:
         return None
-    n = max(asked)
     modes = [p.logprobs_mode for p in meta.per_row]
     is_raw = torch.tensor([m.startswith("raw") for m in modes], device=raw.device)[:, None]
     as_logits = torch.tensor([m.endswith("logits") for m in modes], device=raw.device)[:, None]
-    src = torch.where(is_raw, raw, processed)
+    want = [-1 if p.logprobs is None else p.logprobs for p in meta.per_row]
+    return ranked_logprobs(torch.where(is_raw, raw, processed), chosen, head, want, as_logits)
+
+
+def ranked_logprobs(src: torch.Tensor, chosen: torch.Tensor, head: Any, want: list[int],
+                    as_logits: torch.Tensor | None = None) -> Logprobs:
+    """:class:`Logprobs` of this rank's float32 columns ``src [B, V_local]``: ``chosen [B]``'s value and
+    rank, then each row's top-``want[r]`` (``-1``: the row asked for none). The global log-sum-exp (the
+    vocab tree), the rank count and the merged top-N: three all_gathers (``as_logits [B, 1]``: rows that
+    return logits, not logprobs)."""
+    rows = src.shape[0]
+    n = max(want)
+    logits = torch.zeros(rows, 1, dtype=torch.bool, device=src.device) if as_logits is None else as_logits
     _, lse, picked = sum_exp_and_picks(src, head, chosen[:, None])
     assert picked is not None
-    values = torch.where(as_logits, src, src - lse[:, None])
-    sampled = torch.where(as_logits, picked, picked - lse[:, None])
+    values = torch.where(logits, src, src - lse[:, None])
+    sampled = torch.where(logits, picked, picked - lse[:, None])
     count = (values >= sampled).sum(dim=1)
     rank = gather_stack(count, head).sum(dim=0) if head.is_split else count
-    ids = chosen[:, None]
-    out_v, out_r = sampled, rank[:, None]
-    if n:
+    ids, out_v, out_r = chosen[:, None], sampled, rank[:, None]
+    if n > 0:
         top_v, top_ids = merged_topk(values, head, min(n, head.vocab_size))
         width = top_ids.shape[1]
-        want = torch.tensor([p.logprobs or 0 for p in meta.per_row], device=raw.device)[:, None]
-        slot = torch.arange(width, device=raw.device)[None, :]
-        inside = slot < want
+        slot = torch.arange(width, device=src.device)[None, :]
+        inside = slot < torch.tensor(want, device=src.device)[:, None]
         ids = torch.cat([ids, torch.where(inside, top_ids, torch.full_like(top_ids, -1))], dim=1)
         out_v = torch.cat([out_v, top_v.to(torch.float32).masked_fill(~inside, float("-inf"))], dim=1)
         out_r = torch.cat([out_r, torch.where(inside, slot + 1, torch.zeros_like(slot))], dim=1)
-    asking = torch.tensor([p.logprobs is not None for p in meta.per_row], device=raw.device)[:, None]
+    asking = torch.tensor([w >= 0 for w in want], device=src.device)[:, None]
     return Logprobs(torch.where(asking, ids, torch.full_like(ids, -1)),
                     out_v.to(torch.float32).masked_fill(~asking, float("-inf")),
                     torch.where(asking, out_r.to(torch.int64), torch.zeros_like(out_r, dtype=torch.int64)))
+
+
+def prompt_logprobs(local_logits: torch.Tensor, head: Any, token_ids: torch.Tensor, n: int) -> Logprobs:
+    """vLLM's ``prompt_logprobs`` of materialized rows: ``token_ids [T]`` (row ``t``'s next prompt token)
+    with its logprob and rank, then the top-``n`` (raw logprobs), ``[T, 1 + n]``. The streamed twin,
+    bitwise the same without the ``[T, V_local]`` logits: ``sampling.chunked.prompt_logprobs``."""
+    error = check_logits(local_logits, head, "sampling.prompt_logprobs")
+    if error is None:
+        error = prompt_args_error(token_ids, n, local_logits.shape[0], head.vocab_size, "sampling.prompt_logprobs")
+    handshake(head, local_logits, error, "logprobs", extra=-2 - n if error is None else 0,
+              argument=token_ids.to(torch.int64) if error is None else None)
+    x = own(local_logits, head).to(torch.float32)
+    return ranked_logprobs(x, token_ids.to(torch.int64).to(x.device), head, [n] * x.shape[0])
+
+
+def prompt_args_error(token_ids: Any, n: Any, rows: int, vocab_size: int, what: str) -> InputError | None:
+    """Why ``(token_ids, n)`` are not prompt-logprobs arguments: an integer ``[T]`` tensor of ids in
+    ``[0, vocab_size)`` with ``T = rows``, and an int ``n`` in ``[0, vocab_size]``."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= vocab_size:
+        return InputError(f"{what}: n must be an int in [0, vocab_size={vocab_size}], got {n!r}")
+    if not isinstance(token_ids, torch.Tensor) or token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool \
+            or token_ids.dim() != 1 or token_ids.shape[0] != rows:
+        got = f"{token_ids.dtype} {list(token_ids.shape)}" if isinstance(token_ids, torch.Tensor) else \
+            type(token_ids).__name__
+        return InputError(f"{what}: token_ids must be an integer [{rows}] tensor (one next token per row), got {got}")
+    if rows and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size):
+        return InputError(f"{what}: token_ids must be in [0, {vocab_size}), got values in "
+                          f"[{int(token_ids.min())}, {int(token_ids.max())}]")
+    return None
