@@ -84,7 +84,8 @@ def test_cli_knobs_equal_transformers_generate_and_return_logprobs(loaded, smoll
 
 @pytest.mark.ranks
 def test_knobs_give_the_same_tokens_and_logprobs_at_tp_3(loaded, smollm2: Path) -> None:
-    params = [SamplingParams(temperature=0.0, repetition_penalty=1.4, presence_penalty=0.5, logprobs=2),
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.4, presence_penalty=0.5, logprobs=2,
+                             prompt_logprobs=2),
               SamplingParams(temperature=0.9, typical_p=0.7, frequency_penalty=0.6, seed=3, logprobs=1,
                              logprobs_mode="processed_logprobs", stop_token_ids=[13])]
     runs = {}
@@ -93,7 +94,26 @@ def test_knobs_give_the_same_tokens_and_logprobs_at_tp_3(loaded, smollm2: Path) 
                             deterministic=True, stop=["\n\n"])
         runs[tp] = G.generate(spec, loaded).as_json(loaded.tokenizer)
     assert runs[1] == runs[3]
+    assert "prompt_logprobs" in runs[1]["results"][0] and "prompt_logprobs" not in runs[1]["results"][1]
     assert all(len(r["logprobs"]) == len(r["token_ids"]) for r in runs[1]["results"])
+
+
+def test_cli_prompt_logprobs_equal_a_float64_log_softmax(loaded, smollm2: Path) -> None:
+    tok, model = loaded.tokenizer, loaded.model
+    res = cli(str(smollm2), "--prompt", A, "--max-new-tokens", "1", "--prompt-logprobs", "2", "--json")
+    assert res.exit_code == 0, res.output
+    (out,) = json.loads(res.stdout)["results"]
+    ids = tok([A], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        lsm = torch.log_softmax(model(ids).logits[0].double(), -1)
+    plp = out["prompt_logprobs"]
+    assert len(plp) == ids.shape[1] and plp[0] is None and "logprobs" not in out
+    for t in range(1, ids.shape[1]):
+        entries, token = plp[t], int(ids[0, t])
+        assert [e["id"] for e in entries[:2]] == torch.topk(lsm[t - 1], 2).indices.tolist()
+        assert token in [e["id"] for e in entries]
+        for e in entries:
+            assert abs(e["logprob"] - float(lsm[t - 1, e["id"]])) < 1e-4
 
 
 def test_flag_parsing_and_stop_strings() -> None:

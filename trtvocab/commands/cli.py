@@ -805,6 +805,8 @@ def generate(
                                                  "sampled one's (with --json)")] = None,
     logprobs_mode: Annotated[str, typer.Option(help="raw_logprobs | processed_logprobs | raw_logits | "
                                                "processed_logits")] = "raw_logprobs",
+    prompt_logprobs: Annotated[int | None, typer.Option(help="return each prompt token's logprob and the top-N of "
+                                                        "its position (with --json; streamed, never [T, V])")] = None,
     json_schema: Annotated[Path | None, typer.Option(help="constrain every answer to this JSON schema file "
                                                      f"(xgrammar). {GRAMMAR_LIMITS_HELP}")] = None,
     regex: Annotated[str | None, typer.Option(help="constrain every answer to this regular expression "
@@ -824,7 +826,7 @@ def generate(
     allow_other_checkpoint: Annotated[bool, typer.Option(help="run an --artifact built from another checkpoint "
                                                           "than MODEL anyway (said in the output)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
-                                          '"text"[, "logprobs"]}]} only')] = False,
+                                          '"text"[, "logprobs", "prompt_logprobs"]}]} only')] = False,
 ) -> None:
     """Decode with the vocabulary dimension split over --tp ranks: embedding, head and sampler in trtvocab."""
     from trtvocab.commands.generate import generate as run_generate
@@ -836,7 +838,7 @@ def generate(
                                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                                  frequency_penalty=frequency_penalty, min_tokens=min_tokens,
                                  stop_token_ids=stop_token_id or [], ignore_eos=ignore_eos, typical_p=typical_p,
-                                 logprobs=logprobs, logprobs_mode=logprobs_mode)
+                                 logprobs=logprobs, logprobs_mode=logprobs_mode, prompt_logprobs=prompt_logprobs)
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,

@@ -32,7 +32,7 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.launch import usable_cores, warm_up
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import calc_shard
-from trtvocab.sampling import SamplerOutput, SamplingParams, TokenState
+from trtvocab.sampling import Logprobs, SamplerOutput, SamplingParams, TokenState
 
 # What the ranks agree on once their setup is done, and after every artifact-backend step
 # (protocol: trtvocab.parallel.distributed.Handshake): a rank whose setup or backend failed stops the others.
@@ -49,6 +49,7 @@ _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                   "logit_bias": "--logit-bias", "min_tokens": "--min-tokens", "stop_token_ids": "--stop-token-id",
                   "ignore_eos": "--ignore-eos", "typical_p": "--typical-p", "logprobs": "--logprobs",
                   "logprobs_mode": "--logprobs-mode", "bad_words": "--bad-words",
+                  "prompt_logprobs": "--prompt-logprobs",
                   "allowed_token_ids": "allowed_token_ids"}
 
 
@@ -108,6 +109,8 @@ class GenerateResult:
     token_ids: list[int]
     text: str
     logprobs: list[list[Logprob]] | None = None
+    # Per prompt token (None for the first, as vLLM): its logprob and the top-N of its position.
+    prompt_logprobs: list[list[Logprob] | None] | None = None
 
 
 @dataclasses.dataclass
@@ -147,10 +150,13 @@ class GenerateReport:
         best first (``token``: ``tokenizer.decode([id])``, or None without a tokenizer)."""
         def entry(r: GenerateResult) -> dict[str, Any]:
             out: dict[str, Any] = {"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text}
+            def entries(step: list[Logprob]) -> list[dict[str, Any]]:
+                return [{"id": i, "token": tokenizer.decode([i]) if tokenizer is not None else None,
+                         "logprob": max(v, LOGPROB_FLOOR), "rank": k} for i, v, k in step]
             if r.logprobs is not None:
-                out["logprobs"] = [[{"id": i, "token": tokenizer.decode([i]) if tokenizer is not None else None,
-                                     "logprob": max(v, LOGPROB_FLOOR), "rank": k} for i, v, k in step]
-                                   for step in r.logprobs]
+                out["logprobs"] = [entries(step) for step in r.logprobs]
+            if r.prompt_logprobs is not None:
+                out["prompt_logprobs"] = [None if step is None else entries(step) for step in r.prompt_logprobs]
             return out
         return {"results": [entry(r) for r in self.results]}
 
@@ -159,6 +165,7 @@ class GenerateReport:
 class _RankOutput:
     token_ids: list[list[int]]
     logprobs: list[list[list[Logprob]]]
+    prompt_logprobs: list[list[list[Logprob] | None] | None]
     ran_on: list[Runtime]
     prefill_s: float
     decode_s: float
@@ -475,6 +482,9 @@ def prepare(
                           "--artifact)")
     if body_ranks is not None and not attention_dp:
         raise ConfigError("--body-ranks: only with --attention-dp (without it every rank runs the whole body)")
+    if attention_dp and any(p.prompt_logprobs is not None for p in per_prompt):
+        raise ConfigError("--prompt-logprobs: not with --attention-dp (a rank holds the prompt rows of its own "
+                          "block only)")
     bodies = choose_body_ranks(ranks, len(prompts), body_ranks) if attention_dp else 0
     vocab, _ = shape
     if ranks > vocab:
@@ -542,8 +552,9 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
         out.deterministic = all(o.deterministic for o in outs)
     tok = loaded.tokenizer
     results = [GenerateResult(p, ids, cut_at_stop(tok.decode(ids, skip_special_tokens=True), spec.stop)[0],
-                              lps if params.logprobs is not None else None)
-               for p, ids, lps, params in zip(spec.prompts, out.token_ids, out.logprobs, spec.params, strict=True)]
+                              lps if params.logprobs is not None else None, plps)
+               for p, ids, lps, params, plps in zip(spec.prompts, out.token_ids, out.logprobs, spec.params,
+                                                    out.prompt_logprobs, strict=True)]
     head = ", ".join(r.value for r in out.ran_on) if spec.artifact is not None else Runtime.TORCH.value
     labels = {g.label for g in spec.grammars if g is not None}
     grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \
@@ -639,6 +650,14 @@ class VocabEnds:
         per-rank token counts, for penalties, bad words and min tokens)."""
         raise NotImplementedError
 
+    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
+        """vLLM's prompt logprobs of the hidden rows ``rows [T, H]`` (``token_ids [T]``: each row's next
+        prompt token), top-``n``: the head's logits in chunks the head's budget holds."""
+        from trtvocab.sampling import chunked
+
+        self.ran_on.add(Runtime.TORCH)
+        return chunked.prompt_logprobs(rows, self.head, token_ids, n)
+
 
 class TorchEnds(VocabEnds):
     """The model's own head: :func:`trtvocab.sampling.decode` (one validated, handshaken step; the
@@ -672,6 +691,24 @@ class ArtifactEnds(VocabEnds):
                  state: TokenState | None = None) -> SamplerOutput:
         from trtvocab.sampling import apply_token_bitmask, sample_output
 
+        logits = self._logits(rows)
+        if bitmask is not None:
+            apply_token_bitmask(logits, bitmask, self.head)
+        return sample_output(logits, self.head, params, step=step, vocab_limit=self.vocab_limit, state=state)
+
+    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
+        """As :meth:`VocabEnds.prompt_logprobs`, the backend's logits of as many rows at a time as the
+        head's budget holds (the same on every rank: the same groups and collectives)."""
+        from trtvocab.sampling import prompt_logprobs
+
+        widest = max(s.size for s in self.head.shards)
+        group = max(1, self.head.logits_budget_bytes // (4 * max(1, widest)))
+        parts = [prompt_logprobs(self._logits(rows[g : g + group]), self.head, token_ids[g : g + group], n)
+                 for g in range(0, rows.shape[0], group)]
+        return Logprobs(*(torch.cat([getattr(p, f) for p in parts]) for f in ("ids", "values", "ranks")))
+
+    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's float32 ``[b, V_local]`` from the backend; the ranks check in first (at tp > 1)."""
         error: Exception | None = None
         local: Any = None
         try:
@@ -684,10 +721,7 @@ class ArtifactEnds(VocabEnds):
             values = None if error is not None else {"rows": local.logits.shape[0], "ran_on": local.ran_on}
             STEP_HANDSHAKE.exchange(values, error, None, world=self.world, what="generate (artifact head)")
         self.ran_on.add(Runtime(local.ran_on))
-        logits = local.logits
-        if bitmask is not None:
-            apply_token_bitmask(logits, bitmask, self.head)
-        return sample_output(logits, self.head, params, step=step, vocab_limit=self.vocab_limit, state=state)
+        return local.logits
 
 
 def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, vocab_limit: int | None) -> VocabEnds:
@@ -806,6 +840,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     step = 0
     with torch.inference_mode():
         hidden = run_body(ids, positions)
+        prompt_lps = _prompt_logprobs(spec, ends, hidden, longest)
         while True:
             bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
             rows_state = None if state is None else state if len(active) == batch else state.select(active)
@@ -839,7 +874,31 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
             positions = positions[:, -1:] + 1
             hidden = run_body(feed, positions)
     decode_s = time.perf_counter() - start - prefill_s
-    return _RankOutput(generated, returned, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
+    return _RankOutput(generated, returned, prompt_lps, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
+
+
+def _prompt_logprobs(spec: GenerateSpec, ends: VocabEnds, hidden: torch.Tensor | None,
+                     longest: int) -> list[list[list[Logprob] | None] | None]:
+    """Per prompt: None, or (its params ask) ``[None, then per later prompt token its logprob and the
+    top-N of the position before it]`` from the prefill's hidden rows (left-padded to ``longest``),
+    all prompts' rows in one streamed call. Attention DP is refused for it (:func:`prepare`)."""
+    out: list[list[list[Logprob] | None] | None] = [None] * len(spec.prompt_ids)
+    asked = [b for b, p in enumerate(spec.params) if p.prompt_logprobs is not None]
+    if not asked:
+        return out
+    assert hidden is not None
+    rows = [(b, longest - len(spec.prompt_ids[b]) + t) for b in asked for t in range(len(spec.prompt_ids[b]) - 1)]
+    nexts = [spec.prompt_ids[b][t - (longest - len(spec.prompt_ids[b])) + 1] for b, t in rows]
+    n = max(spec.params[b].prompt_logprobs or 0 for b in asked)
+    lp = ends.prompt_logprobs(hidden[[b for b, _ in rows], [t for _, t in rows]].float(),
+                              torch.tensor(nexts, dtype=torch.int64), n) if rows else None
+    per: dict[int, list[list[Logprob] | None]] = {b: [None] for b in asked}
+    for j, (b, _) in enumerate(rows):
+        assert lp is not None
+        per[b].append(lp.row(j, spec.params[b].prompt_logprobs or 0))
+    for b, lists in per.items():
+        out[b] = lists
+    return out
 
 
 def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport:

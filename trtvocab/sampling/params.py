@@ -48,6 +48,8 @@ class SamplingParams(BaseModel):
         logprobs: None (off) or ``N >= 0``: return the top-N and the sampled token's logprob and rank.
         logprobs_mode: ``raw_logprobs`` (what the head gave) or ``processed_logprobs`` (after every
             step), or the ``*_logits`` variants (vLLM's names).
+        prompt_logprobs: None (off) or ``N >= 0``: each prompt token's raw logprob and rank and the
+            top-N of its position (``generate``; ``sampling.chunked.prompt_logprobs`` streams them).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -69,6 +71,7 @@ class SamplingParams(BaseModel):
     typical_p: float = 1.0
     logprobs: int | None = None
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] = "raw_logprobs"
+    prompt_logprobs: int | None = None
 
     @property
     def penalizes(self) -> bool:
@@ -114,7 +117,7 @@ class SamplingParams(BaseModel):
             raise ValueError("must be a real number")
         return value
 
-    @field_validator("top_k", "seed", "min_tokens", "logprobs", mode="before")
+    @field_validator("top_k", "seed", "min_tokens", "logprobs", "prompt_logprobs", mode="before")
     @classmethod
     def _integer(cls, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -177,7 +180,7 @@ class SamplingParams(BaseModel):
             raise ValueError("must be in [-2, 2] (0 = off)")
         return value
 
-    @field_validator("min_tokens", "logprobs")
+    @field_validator("min_tokens", "logprobs", "prompt_logprobs")
     @classmethod
     def _count(cls, value: int | None) -> int | None:
         if value is not None and not 0 <= value < 2**31:
