@@ -87,14 +87,16 @@ def test_knobs_give_the_same_tokens_and_logprobs_at_tp_3(loaded, smollm2: Path) 
     params = [SamplingParams(temperature=0.0, repetition_penalty=1.4, presence_penalty=0.5, logprobs=2,
                              prompt_logprobs=2),
               SamplingParams(temperature=0.9, typical_p=0.7, frequency_penalty=0.6, seed=3, logprobs=1,
-                             logprobs_mode="processed_logprobs", stop_token_ids=[13])]
+                             logprobs_mode="processed_logprobs", stop_token_ids=[13], n=2)]
     runs = {}
     for tp in (1, 3):
         spec, _ = G.prepare(smollm2, [A, "def add(a, b):"], tp=tp, max_new_tokens=K, params=params,
                             deterministic=True, stop=["\n\n"])
         runs[tp] = G.generate(spec, loaded).as_json(loaded.tokenizer)
     assert runs[1] == runs[3]
-    assert "prompt_logprobs" in runs[1]["results"][0] and "prompt_logprobs" not in runs[1]["results"][1]
+    results = runs[1]["results"]
+    assert "prompt_logprobs" in results[0] and "prompt_logprobs" not in results[1]
+    assert [r.get("index") for r in results] == [0, 0, 1]  # n = 2 for the second prompt: two completions
     assert all(len(r["logprobs"]) == len(r["token_ids"]) for r in runs[1]["results"])
 
 
@@ -116,6 +118,20 @@ def test_cli_prompt_logprobs_equal_a_float64_log_softmax(loaded, smollm2: Path) 
             assert abs(e["logprob"] - float(lsm[t - 1, e["id"]])) < 1e-4
 
 
+def test_n_completions_each_their_own_seed_stream(smollm2: Path) -> None:
+    args = [str(smollm2), "--prompt", A, "--max-new-tokens", "6", "--temperature", "1.2", "--seed", "5", "--json"]
+    one = json.loads(cli(*args).stdout)["results"]
+    res = cli(*args, "--n", "3")
+    assert res.exit_code == 0, res.output
+    many = json.loads(res.stdout)["results"]
+    assert [r["index"] for r in many] == [0, 1, 2] and "index" not in one[0]
+    assert many[0]["token_ids"] == one[0]["token_ids"]  # completion 0 keeps the request's own seed
+    assert len({tuple(r["token_ids"]) for r in many}) > 1
+    p = SamplingParams(seed=5, n=3)
+    assert p.sample_seed(0) == 5 and len({p.sample_seed(i) for i in range(3)}) == 3
+    assert SamplingParams(n=2).sample_seed(1) is None
+
+
 def test_flag_parsing_and_stop_strings() -> None:
     assert G.parse_logit_bias(["5=1.5", "7=-100"]) == {5: 1.5, 7: -100.0}
     with pytest.raises(InputError, match="--logit-bias"):
@@ -132,7 +148,7 @@ def test_flag_parsing_and_stop_strings() -> None:
 
 @pytest.mark.parametrize(("args", "named"), [
     (["--logit-bias", "x"], "--logit-bias"), (["--repetition-penalty", "0"], "--repetition-penalty"),
-    (["--min-tokens", "-1"], "--min-tokens"), (["--logprobs-mode", "raw"], "--logprobs-mode"),
+    (["--min-tokens", "-1"], "--min-tokens"), (["--logprobs-mode", "raw"], "--logprobs-mode"), (["--n", "0"], "--n"),
 ])
 def test_bad_flag_values_are_one_error_line_naming_the_flag(args: list[str], named: str, smollm2: Path) -> None:
     res = cli(str(smollm2), "--prompt", A, *args)

@@ -49,7 +49,7 @@ _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                   "logit_bias": "--logit-bias", "min_tokens": "--min-tokens", "stop_token_ids": "--stop-token-id",
                   "ignore_eos": "--ignore-eos", "typical_p": "--typical-p", "logprobs": "--logprobs",
                   "logprobs_mode": "--logprobs-mode", "bad_words": "--bad-words",
-                  "prompt_logprobs": "--prompt-logprobs",
+                  "prompt_logprobs": "--prompt-logprobs", "n": "--n",
                   "allowed_token_ids": "allowed_token_ids"}
 
 
@@ -91,6 +91,9 @@ class GenerateSpec:
     # Stop strings (vLLM's ``stop``): a prompt ends once its detokenized output holds one; the text
     # is cut before it (the ids keep the token that completed it).
     stop: tuple[str, ...] = ()
+    # n > 1 (SamplingParams.n): the prompts above are repeated, one row per completion; this is each
+    # row's completion index (empty: every n is 1).
+    sample_index: tuple[int, ...] = ()
 
 
 # -inf logprobs (ids a filter removed, processed modes) print as this, as vLLM's OpenAI server does:
@@ -111,6 +114,7 @@ class GenerateResult:
     logprobs: list[list[Logprob]] | None = None
     # Per prompt token (None for the first, as vLLM): its logprob and the top-N of its position.
     prompt_logprobs: list[list[Logprob] | None] | None = None
+    index: int | None = None  # n > 1: which completion of its prompt
 
 
 @dataclasses.dataclass
@@ -150,6 +154,8 @@ class GenerateReport:
         best first (``token``: ``tokenizer.decode([id])``, or None without a tokenizer)."""
         def entry(r: GenerateResult) -> dict[str, Any]:
             out: dict[str, Any] = {"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text}
+            if r.index is not None:
+                out["index"] = r.index
             def entries(step: list[Logprob]) -> list[dict[str, Any]]:
                 return [{"id": i, "token": tokenizer.decode([i]) if tokenizer is not None else None,
                          "logprob": max(v, LOGPROB_FLOOR), "rank": k} for i, v, k in step]
@@ -474,6 +480,13 @@ def prepare(
         per_grammar = tuple(grammars)
     else:
         per_grammar = (grammar,) * len(prompts) if grammar is not None else ()
+    index: list[int] = []
+    if any(p.n > 1 for p in per_prompt):  # one row per completion, each its own seed stream
+        rows = [(b, i) for b, p in enumerate(per_prompt) for i in range(p.n)]
+        prompts = [prompts[b] for b, _ in rows]
+        per_grammar = tuple(per_grammar[b] for b, _ in rows) if per_grammar else ()
+        per_prompt = [per_prompt[b].model_copy(update={"seed": per_prompt[b].sample_seed(i)}) for b, i in rows]
+        index = [i for _, i in rows]
     shape = _model_shape(path)  # the checkpoint's header, read once
     art = artifact_spec(artifact, backend, path, tp, allow_other_checkpoint, shape) if artifact is not None else None
     ranks = art.tp if art is not None else (tp or 1)
@@ -516,7 +529,7 @@ def prepare(
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
                         tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
-                        tuple(stop))
+                        tuple(stop), tuple(index))
     return spec, loaded
 
 
@@ -551,10 +564,11 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
         out.ran_on = sorted({name for o in outs for name in o.ran_on})
         out.deterministic = all(o.deterministic for o in outs)
     tok = loaded.tokenizer
+    index = spec.sample_index or (None,) * len(spec.prompts)
     results = [GenerateResult(p, ids, cut_at_stop(tok.decode(ids, skip_special_tokens=True), spec.stop)[0],
-                              lps if params.logprobs is not None else None, plps)
-               for p, ids, lps, params, plps in zip(spec.prompts, out.token_ids, out.logprobs, spec.params,
-                                                    out.prompt_logprobs, strict=True)]
+                              lps if params.logprobs is not None else None, plps, i)
+               for p, ids, lps, params, plps, i in zip(spec.prompts, out.token_ids, out.logprobs, spec.params,
+                                                       out.prompt_logprobs, index, strict=True)]
     head = ", ".join(r.value for r in out.ran_on) if spec.artifact is not None else Runtime.TORCH.value
     labels = {g.label for g in spec.grammars if g is not None}
     grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \

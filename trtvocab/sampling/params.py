@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trtvocab.errors import InputError, KeywordOnlyError
+from trtvocab.sampling.noise import mix_int
 
 # Temperatures below this draw greedily (vLLM's ``_SAMPLING_EPS``): at such T the softmax of
 # ``logits / T`` is one token wherever the logits differ by more than ~1e-3, and below it
@@ -50,6 +51,8 @@ class SamplingParams(BaseModel):
             step), or the ``*_logits`` variants (vLLM's names).
         prompt_logprobs: None (off) or ``N >= 0``: each prompt token's raw logprob and rank and the
             top-N of its position (``generate``; ``sampling.chunked.prompt_logprobs`` streams them).
+        n: ``>= 1`` completions of the prompt (``generate``), each its own seed stream
+            (:meth:`sample_seed`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -72,6 +75,7 @@ class SamplingParams(BaseModel):
     logprobs: int | None = None
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] = "raw_logprobs"
     prompt_logprobs: int | None = None
+    n: int = 1
 
     @property
     def penalizes(self) -> bool:
@@ -83,6 +87,13 @@ class SamplingParams(BaseModel):
         """Whether a column-local logits processor is on (bans, bias, penalties)."""
         return (self.penalizes or bool(self.logit_bias) or self.allowed_token_ids is not None
                 or bool(self.bad_words) or (self.min_tokens > 0 and not (self.ignore_eos and not self.stop_token_ids)))
+
+    def sample_seed(self, index: int) -> int | None:
+        """The seed of completion ``index`` of ``n``: the row's own seed for 0, then a SplitMix64 mix of
+        ``(seed, index)`` (no other request's seed ``seed + 1`` shares its stream); None stays None."""
+        if self.seed is None or index == 0:
+            return self.seed
+        return mix_int(mix_int(self.seed + 0x9E3779B97F4A7C15) ^ index) & (2**63 - 1)
 
     def max_token_id(self) -> int:
         """The largest id any field names (-1: none): checked against the vocab at each call."""
@@ -117,7 +128,7 @@ class SamplingParams(BaseModel):
             raise ValueError("must be a real number")
         return value
 
-    @field_validator("top_k", "seed", "min_tokens", "logprobs", "prompt_logprobs", mode="before")
+    @field_validator("top_k", "seed", "min_tokens", "logprobs", "prompt_logprobs", "n", mode="before")
     @classmethod
     def _integer(cls, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -187,6 +198,13 @@ class SamplingParams(BaseModel):
             raise ValueError("must be an int >= 0")
         return value
 
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int) -> int:
+        if not 1 <= value <= 1024:
+            raise ValueError("must be an int in [1, 1024]")
+        return value
+
     @field_validator("ignore_eos", mode="before")
     @classmethod
     def _bool(cls, value: Any) -> Any:
@@ -247,3 +265,4 @@ def _token_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
         raise ValueError(f"token ids must be ints >= 0, got {value!r}")
     return int(value)
+
