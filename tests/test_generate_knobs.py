@@ -154,3 +154,33 @@ def test_bad_flag_values_are_one_error_line_naming_the_flag(args: list[str], nam
     res = cli(str(smollm2), "--prompt", A, *args)
     assert res.exit_code == 2, res.output
     assert named in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.ranks
+def test_knobs_with_a_bitmask_through_an_artifact_under_attention_dp(smollm2: Path, tmp_path: Path) -> None:
+    """Penalties, bad words, min tokens and logprobs with a regex's bitmask, on a tp 3 artifact's
+    PyTorch fallback under attention DP: the tokens of the plain tp 1 run, logprobs within 1e-5."""
+    from trtvocab.artifact.recipe import parse_recipe
+    from trtvocab.commands.grammar import grammar_spec
+    from trtvocab.pipeline.build import build
+
+    out = tmp_path / "smollm2-tp3"
+    build(parse_recipe({"checkpoint": {"path": str(smollm2)}, "mapping": {"tp_size": 3},
+                        "lm_head": {"dtype": "float32", "gather_output": False}, "output": {"onnx": False}},
+                       "tp3.toml"), out)
+    prompts = [A, "Water boils at", "Count: one, two,"]
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.5, logprobs=2),
+              SamplingParams(temperature=0.0, frequency_penalty=1.0, min_tokens=4, logprobs=1,
+                             logit_bias={13: -5.0}),
+              SamplingParams(temperature=0.7, seed=2, presence_penalty=1.0, logprobs=0)]
+    grammars = [None, None, grammar_spec(regex="( [a-z]+,){1,4}")]
+    options = {"max_new_tokens": 6, "params": params, "grammars": grammars, "bad_words": ["the"]}
+    want = G.run(smollm2, prompts, **options)
+    got = G.run(smollm2, prompts, artifact=out, backend="torch", attention_dp=True, body_ranks=2, **options)
+    assert got.tp == 3 and got.attention_dp
+    for g, w in zip(got.results, want.results, strict=True):
+        assert g.token_ids == w.token_ids
+        assert g.logprobs is not None and w.logprobs is not None
+        for gs, ws in zip(g.logprobs, w.logprobs, strict=True):
+            assert [e[0] for e in gs] == [e[0] for e in ws] and [e[2] for e in gs] == [e[2] for e in ws]
+            assert max(abs(a[1] - b[1]) for a, b in zip(gs, ws, strict=True)) < 1e-5
