@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -298,7 +299,10 @@ def apply_typical_p(scaled: torch.Tensor, head: Any, meta: Metadata) -> torch.Te
     masked = torch.isneginf(scaled)
     key = torch.abs(-(scaled - lse[:, None]) - h[:, None]).masked_fill(masked, float("inf"))
     mass = torch.where(on, meta.typical_p, torch.zeros_like(meta.typical_p))[:, None]
-    k = min(TOP_P_FIRST_K, head.vocab_size)
+    # The typical set holds about exp(H) ids (the perplexity): start there, not at 64, so that a flat
+    # row needs one or two rounds. H is the same on every rank, so is k.
+    perplexity = float(torch.exp(h[on].max().to(torch.float64)))
+    k = min(head.vocab_size, max(TOP_P_FIRST_K, 1 << max(0, math.ceil(math.log2(max(1.0, 2 * perplexity))))))
     while True:
         neg, cand = merged_topk(-key, head, k)
         picked = pick_logits(scaled, cand, head.vocab_start, torch.zeros(cand.shape, device=scaled.device))
