@@ -15,6 +15,7 @@ from rank_fns import subgroups
 
 from trtvocab import LMHead, Mapping
 from trtvocab.sampling import SamplingParams, TokenState, chunked, decode_output, prompt_logprobs, sample_output
+from trtvocab.sampling.beam import beam_candidates
 
 VOCAB = 1009
 STEPS = 6
@@ -56,6 +57,13 @@ def step_logits(step: int) -> torch.Tensor:
     return g
 
 
+def beam_scores() -> torch.Tensor:
+    """``[12]``: 3 requests x 4 beams of cumulative scores (request 0 at its first step: 0, -inf, ...)."""
+    scores = -torch.rand(12, generator=torch.Generator().manual_seed(5)) * 3
+    scores[1:4] = float("-inf")
+    return scores
+
+
 def local(g: torch.Tensor, head: LMHead) -> torch.Tensor:
     s = head.shard
     out = torch.full((g.shape[0], s.width), float("-inf"))
@@ -83,7 +91,10 @@ def knob_cases(rank: int, world: int) -> list[dict[str, Any]]:
             assert res.logprobs is not None
             lps.append({"ids": res.logprobs.ids.tolist(), "values": res.logprobs.values.tolist(),
                         "ranks": res.logprobs.ranks.tolist()})
-        out.append({"case": f"tp={tp} {layout}", "ids": ids, "logprobs": lps, "streamed": _streamed(head)})
+        scores, parents, tokens = beam_candidates(local(step_logits(0), head), head, beam_scores(), 4)
+        beams = {"scores": scores.tolist(), "parents": parents.tolist(), "tokens": tokens.tolist()}
+        out.append({"case": f"tp={tp} {layout}", "ids": ids, "logprobs": lps, "streamed": _streamed(head),
+                    "beams": beams})
     return out
 
 

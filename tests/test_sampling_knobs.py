@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from knob_rank_fns import EOS, PROMPTS, STEPS, STOP, VOCAB, knob_cases, rows, step_logits
+from knob_rank_fns import EOS, PROMPTS, STEPS, STOP, VOCAB, beam_scores, knob_cases, rows, step_logits
 from scipy import stats
 
 from trtvocab import LMHead
@@ -140,6 +140,20 @@ def test_prompt_logprobs_streamed_equal_materialized_at_every_tp_and_float64(rec
         assert int((lsm[t] > mine + LOGPROB_TOL).sum()) + 1 <= ranks[0] <= int((lsm[t] >= mine - LOGPROB_TOL).sum())
         assert ids[1:] == torch.topk(lsm[t], 4).indices.tolist() and ranks[1:] == [1, 2, 3, 4]
         assert max(abs(v - float(lsm[t, i])) for v, i in zip(values[1:], ids[1:], strict=True)) <= LOGPROB_TOL
+
+
+def test_beam_candidates_merge_the_best_2w_of_every_beam_at_every_tp(records: list[dict[str, Any]]) -> None:
+    """3 requests x 4 beams: the best 8 (score, beam, id) of each request equal a float64 ranking of
+    every beam's log-softmax plus its score; bitwise the same at tp 1, 3 and 4 (padded)."""
+    want = records[0]["beams"]
+    assert all(r["beams"] == want for r in records), [r["case"] for r in records]
+    total = torch.log_softmax(step_logits(0).double(), 1) + beam_scores().double()[:, None]
+    for b in range(3):
+        flat = total[4 * b : 4 * b + 4].reshape(-1)
+        order = sorted(range(flat.numel()), key=lambda i: (-float(flat[i]), i))[:8]
+        assert want["parents"][b] == [i // VOCAB for i in order] and want["tokens"][b] == [i % VOCAB for i in order]
+        assert max(abs(v - float(flat[i])) for v, i in zip(want["scores"][b], order, strict=True)) <= LOGPROB_TOL
+    assert set(want["parents"][0]) == {0}  # request 0's first step: only beam 0 is alive
 
 
 def test_typical_p_keeps_transformers_typical_set() -> None:

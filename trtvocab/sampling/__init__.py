@@ -12,10 +12,10 @@ the head, and returns what the same operation gives on the gathered logits; only
   with the streamed path; per-rank :class:`TokenState` for penalties), with noise keyed by token
   id (:mod:`~trtvocab.sampling.noise`); docs/sampling.md;
 * :mod:`~trtvocab.sampling.bitmask`: :func:`apply_token_bitmask`, xgrammar's mask per shard;
+  :mod:`~trtvocab.sampling.beam`: one beam-search step (the best ``2W`` continuations, merged);
 * :mod:`~trtvocab.sampling.step`: :func:`decode`, one decode step from the hidden rows, streamed
-  (:mod:`~trtvocab.sampling.chunked`) when its float32 logits exceed the head's budget.
-
-See docs/architecture.md, "Seeded sampling without the gather" and "The vocab-chunked head".
+  (:mod:`~trtvocab.sampling.chunked`) when its float32 logits exceed the head's budget
+  (docs/architecture.md, "Seeded sampling without the gather" and "The vocab-chunked head").
 """
 
 from __future__ import annotations
