@@ -149,6 +149,7 @@ def test_flag_parsing_and_stop_strings() -> None:
 @pytest.mark.parametrize(("args", "named"), [
     (["--logit-bias", "x"], "--logit-bias"), (["--repetition-penalty", "0"], "--repetition-penalty"),
     (["--min-tokens", "-1"], "--min-tokens"), (["--logprobs-mode", "raw"], "--logprobs-mode"), (["--n", "0"], "--n"),
+    (["--beam-width", "0"], "--beam-width"), (["--beam-width", "4", "--temperature", "0.5"], "--beam-width"),
 ])
 def test_bad_flag_values_are_one_error_line_naming_the_flag(args: list[str], named: str, smollm2: Path) -> None:
     res = cli(str(smollm2), "--prompt", A, *args)
@@ -184,3 +185,27 @@ def test_knobs_with_a_bitmask_through_an_artifact_under_attention_dp(smollm2: Pa
         for gs, ws in zip(g.logprobs, w.logprobs, strict=True):
             assert [e[0] for e in gs] == [e[0] for e in ws] and [e[2] for e in gs] == [e[2] for e in ws]
             assert max(abs(a[1] - b[1]) for a, b in zip(gs, ws, strict=True)) < 1e-5
+
+
+@pytest.mark.ranks
+def test_beam_search_equals_transformers_num_beams_4_at_tp_1_and_3(loaded, smollm2: Path) -> None:
+    """``--beam-width 4``: the best finished beam of each prompt equals transformers' ``generate(num_beams=4,
+    do_sample=False)`` (its ``_beam_search``: finished hypotheses, length penalty 1, the early-stop
+    heuristic), at tp 1 and tp 3 (the candidates merged across the shards), one prompt ending on eos."""
+    tok, model = loaded.tokenizer, loaded.model
+    chat = tok.apply_chat_template([{"role": "user", "content": "What is 2+2? Answer with one number."}],
+                                   tokenize=False, add_generation_prompt=True)
+    prompts, k = [A, "def add(a, b):", chat], 16
+    enc = tok(prompts, padding=True, padding_side="left", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=False, num_beams=4, max_new_tokens=k)
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    want = []
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        want.append(row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))])
+    assert want[2][-1] in eos  # the chat answer finished before max_new_tokens
+    for tp in (1, 3):
+        spec, _ = G.prepare(smollm2, prompts, tp=tp, max_new_tokens=k,
+                            params=SamplingParams(temperature=0.0, beam_width=4))
+        assert [r.token_ids for r in G.generate(spec, loaded).results] == want, tp

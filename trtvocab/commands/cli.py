@@ -806,6 +806,7 @@ def generate(
     logprobs_mode: Annotated[str, typer.Option(help="raw_logprobs | processed_logprobs | raw_logits | "
                                                "processed_logits")] = "raw_logprobs",
     n: Annotated[int, typer.Option("--n", help="completions per prompt, each its own seed stream")] = 1,
+    beam_width: Annotated[int, typer.Option(help="greedy beam search with this many beams (1 = off)")] = 1,
     prompt_logprobs: Annotated[int | None, typer.Option(help="return each prompt token's logprob and the top-N of "
                                                         "its position (with --json; streamed, never [T, V])")] = None,
     json_schema: Annotated[Path | None, typer.Option(help="constrain every answer to this JSON schema file "
@@ -840,7 +841,7 @@ def generate(
                                  frequency_penalty=frequency_penalty, min_tokens=min_tokens,
                                  stop_token_ids=stop_token_id or [], ignore_eos=ignore_eos, typical_p=typical_p,
                                  logprobs=logprobs, logprobs_mode=logprobs_mode, prompt_logprobs=prompt_logprobs,
-                                 n=n)
+                                 n=n, beam_width=beam_width)
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,

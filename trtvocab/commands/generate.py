@@ -49,7 +49,7 @@ _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                   "logit_bias": "--logit-bias", "min_tokens": "--min-tokens", "stop_token_ids": "--stop-token-id",
                   "ignore_eos": "--ignore-eos", "typical_p": "--typical-p", "logprobs": "--logprobs",
                   "logprobs_mode": "--logprobs-mode", "bad_words": "--bad-words",
-                  "prompt_logprobs": "--prompt-logprobs", "n": "--n",
+                  "prompt_logprobs": "--prompt-logprobs", "n": "--n", "beam_width": "--beam-width",
                   "allowed_token_ids": "allowed_token_ids"}
 
 
@@ -94,6 +94,7 @@ class GenerateSpec:
     # n > 1 (SamplingParams.n): the prompts above are repeated, one row per completion; this is each
     # row's completion index (empty: every n is 1).
     sample_index: tuple[int, ...] = ()
+    beam_width: int = 1  # > 1: greedy beam search (every prompt; transformers' num_beams)
 
 
 # -inf logprobs (ids a filter removed, processed modes) print as this, as vLLM's OpenAI server does:
@@ -480,6 +481,13 @@ def prepare(
         per_grammar = tuple(grammars)
     else:
         per_grammar = (grammar,) * len(prompts) if grammar is not None else ()
+    beam = max(p.beam_width for p in per_prompt)
+    if beam > 1:
+        plain = SamplingParams(temperature=0.0, beam_width=beam)
+        if any(p.model_copy(update={"seed": None, "stop_token_ids": ()}) != plain for p in per_prompt) \
+                or per_grammar or attention_dp:
+            raise ConfigError(f"--beam-width {beam}: greedy beam search of every prompt alone (temperature 0, the "
+                              "same width everywhere; no other sampling knob, grammar or --attention-dp)")
     index: list[int] = []
     if any(p.n > 1 for p in per_prompt):  # one row per completion, each its own seed stream
         rows = [(b, i) for b, p in enumerate(per_prompt) for i in range(p.n)]
@@ -529,7 +537,7 @@ def prepare(
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
                         tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
-                        tuple(stop), tuple(index))
+                        tuple(stop), tuple(index), beam)
     return spec, loaded
 
 
@@ -664,6 +672,11 @@ class VocabEnds:
         per-rank token counts, for penalties, bad words and min tokens)."""
         raise NotImplementedError
 
+    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's float32 ``[b, V_local]`` logits of ``rows [b, H]`` (beam search reads them whole)."""
+        self.ran_on.add(Runtime.TORCH)
+        return self.head.local_logits(rows).float()
+
     def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
         """vLLM's prompt logprobs of the hidden rows ``rows [T, H]`` (``token_ids [T]``: each row's next
         prompt token), top-``n``: the head's logits in chunks the head's budget holds."""
@@ -720,6 +733,10 @@ class ArtifactEnds(VocabEnds):
         parts = [prompt_logprobs(self._logits(rows[g : g + group]), self.head, token_ids[g : g + group], n)
                  for g in range(0, rows.shape[0], group)]
         return Logprobs(*(torch.cat([getattr(p, f) for p in parts]) for f in ("ids", "values", "ranks")))
+
+    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's float32 ``[b, V_local]`` logits from the backend."""
+        return self._logits(rows)
 
     def _logits(self, rows: torch.Tensor) -> torch.Tensor:
         """This rank's float32 ``[b, V_local]`` from the backend; the ranks check in first (at tp > 1)."""
@@ -807,6 +824,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     """The batching loop of one rank: embed, body, last rows, ``ends.next_ids``, until every prompt is done."""
     facts = facts or _ModelFacts.of(model, tokenizer)
     ends, grammar = _setup(spec, rank, tokenizer, facts)
+    if spec.beam_width > 1:
+        return _decode_beams(spec, model, ends, facts)
     eos, pad = set(facts.eos), facts.pad
     body = _Body(model) if model is not None else None
     batch = len(spec.prompt_ids)
@@ -889,6 +908,47 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
             hidden = run_body(feed, positions)
     decode_s = time.perf_counter() - start - prefill_s
     return _RankOutput(generated, returned, prompt_lps, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
+
+
+def _decode_beams(spec: GenerateSpec, model: Any, ends: VocabEnds, facts: _ModelFacts) -> _RankOutput:
+    """Greedy beam search of every prompt (``spec.beam_width`` beams each, as transformers' ``num_beams``):
+    the body on ``B * W`` rows, :func:`~trtvocab.sampling.beam.beam_candidates` on the shards, the
+    bookkeeping of :class:`~trtvocab.sampling.beam.BeamSearch`, the KV cache reordered after each step."""
+    from trtvocab.sampling.beam import BeamSearch, beam_candidates
+
+    w, batch = spec.beam_width, len(spec.prompt_ids)
+    body = _Body(model)
+    longest = max(len(p) for p in spec.prompt_ids)
+    ids = torch.full((batch, longest), facts.pad, dtype=torch.int64)
+    mask = torch.zeros((batch, longest), dtype=torch.int64)
+    for b, p in enumerate(spec.prompt_ids):
+        ids[b, longest - len(p):] = torch.tensor(p, dtype=torch.int64)
+        mask[b, longest - len(p):] = 1
+    ids, mask = ids.repeat_interleave(w, 0), mask.repeat_interleave(w, 0)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    padded = not bool(mask.all())
+    search = BeamSearch(batch, w, set(facts.eos), spec.max_new_tokens)
+    start = time.perf_counter()
+    prefill_s = 0.0
+    with torch.inference_mode():
+        hidden = body(ends.embed(ids), mask if padded else None, positions)
+        while True:
+            logits = ends.local_logits(hidden[:, -1, :])
+            scores, parents, tokens = beam_candidates(logits, ends.head, search.running_scores.reshape(-1), w,
+                                                      k=search.k)
+            rows, feed = search.step(scores, parents, tokens)
+            if prefill_s == 0.0:
+                prefill_s = time.perf_counter() - start
+            if search.done:
+                break
+            body.cache.reorder_cache(torch.tensor(rows, dtype=torch.int64))
+            mask = torch.cat([mask, torch.ones((batch * w, 1), dtype=torch.int64)], dim=-1)
+            positions = positions[:, -1:] + 1
+            hidden = body(ends.embed(torch.tensor(feed, dtype=torch.int64)[:, None]), mask if padded else None,
+                          positions)
+    decode_s = time.perf_counter() - start - prefill_s
+    return _RankOutput(search.best(), [[] for _ in range(batch)], [None] * batch, sorted(ends.ran_on), prefill_s,
+                       decode_s, ends.deterministic)
 
 
 def _prompt_logprobs(spec: GenerateSpec, ends: VocabEnds, hidden: torch.Tensor | None,

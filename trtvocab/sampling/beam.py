@@ -3,9 +3,9 @@ each request over all its beams, without gathering ``[B * W, V]``.
 
 Each beam's scores are its global log-softmax (the vocab tree's log-sum-exp: bitwise at every tp)
 plus the beam's cumulative score; each rank takes the best ``2W`` of its own ``[W, V_local]`` block per
-request, and one all_gather merges them (score descending, then beam, then id ascending). The loop
-around it (finished hypotheses, length penalty, early stop, the KV cache's reorder) is the caller's:
-``generate`` has no beam search yet (docs/sampling.md).
+request, and one all_gather merges them (score descending, then beam, then id ascending).
+:class:`BeamSearch` keeps the loop's hypotheses as transformers does; ``generate --beam-width`` runs
+both, the KV cache reordered after each step (docs/sampling.md, "Beam search").
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from trtvocab.errors import InputError
 from trtvocab.sampling.reductions import check_logits, gather_candidates, handshake, local_topk, own, sum_exp_and_picks
 
 
-def beam_candidates(local_logits: torch.Tensor, head: Any, beam_scores: torch.Tensor,
-                    beam_width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(scores [B, 2W] float32, parent beams [B, 2W] int64, token ids [B, 2W] int64)``, best first.
+def beam_candidates(local_logits: torch.Tensor, head: Any, beam_scores: torch.Tensor, beam_width: int,
+                    k: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(scores [B, k] float32, parent beams [B, k] int64, token ids [B, k] int64)``, best first
+    (``k``: ``2W`` by default; transformers keeps ``max(2, 1 + n_eos) * W``).
 
     ``local_logits``: this rank's ``[B * W, V_local]`` logits, request-major (beam ``j`` of request
     ``b`` is row ``b * W + j``); ``beam_scores``: ``[B * W]`` cumulative log-probabilities (a request's
@@ -30,14 +31,16 @@ def beam_candidates(local_logits: torch.Tensor, head: Any, beam_scores: torch.Te
     error = check_logits(local_logits, head, what)
     if error is None:
         error = _beam_error(local_logits.shape[0], head.vocab_size, beam_scores, beam_width, what)
-    handshake(head, local_logits, error, "topk", extra=-(1 << 40) - beam_width if error is None else 0,
+    k = 2 * beam_width if k is None else k
+    if error is None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= beam_width * head.vocab_size):
+        error = InputError(f"{what}: k must be an int in [1, beam_width * vocab_size], got {k!r}")
+    handshake(head, local_logits, error, "topk", extra=-(1 << 40) - (beam_width << 20) - k if error is None else 0,
               argument=beam_scores.to(torch.float32) if error is None else None)
     x = own(local_logits, head).to(torch.float32)
     _, lse, _ = sum_exp_and_picks(x, head, None)
     total = x - lse[:, None] + beam_scores.to(torch.float32).to(x.device)[:, None]
     rows, n = total.shape
     w, vocab = beam_width, head.vocab_size
-    k = 2 * w
     flat = total.reshape(rows // w, w * n)  # column j * n + c: beam j, local column c
     k_local = min(k, flat.shape[1])
     vals = flat.new_empty(flat.shape[0], 0)
@@ -63,4 +66,57 @@ def _beam_error(rows: int, vocab: int, beam_scores: Any, beam_width: Any, what: 
     return None
 
 
-__all__ = ["beam_candidates"]
+class BeamSearch:
+    """The host-side bookkeeping of greedy beam search, as transformers' ``_beam_search`` does it
+    (``early_stopping=False``): running beams, the best ``W`` finished hypotheses per request (score
+    ``sum log p / length ** length_penalty``), the early-stop heuristic. Every rank holds one and feeds
+    it the same merged candidates (:func:`beam_candidates`), so every rank decides alike."""
+
+    def __init__(self, batch: int, width: int, eos: set[int], max_new_tokens: int,
+                 length_penalty: float = 1.0) -> None:
+        self.width, self.eos, self.max_new, self.lp = width, set(eos), max_new_tokens, length_penalty
+        self.k = max(2, 1 + len(self.eos)) * width
+        self.running_scores = torch.full((batch, width), -1.0e9)
+        self.running_scores[:, 0] = 0.0
+        self.running: list[list[list[int]]] = [[[] for _ in range(width)] for _ in range(batch)]
+        self.finished_scores = torch.full((batch, width), -1.0e9)
+        self.finished: list[list[list[int]]] = [[[] for _ in range(width)] for _ in range(batch)]
+        self.is_finished = torch.zeros(batch, width, dtype=torch.bool)
+        self.unsatisfied = torch.ones(batch, 1, dtype=torch.bool)
+        self.t = 0
+        self.done = False
+
+    def step(self, scores: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Take one step's candidates ``[B, k]``; returns each new running beam's parent row (``b * W + j``,
+        for the KV cache's reorder) and its token, flattened ``[B * W]``."""
+        batch, w = self.running_scores.shape
+        scores = scores.to(torch.float32).cpu()
+        cands = [[self.running[b][int(parents[b, i])] + [int(tokens[b, i])] for i in range(self.k)]
+                 for b in range(batch)]
+        hits = torch.tensor([[c[-1] in self.eos or self.t + 1 >= self.max_new for c in row] for row in cands])
+        run_idx = torch.topk(scores + hits.to(torch.float32) * -1.0e9, k=w)[1]
+        self.running_scores = (scores + hits.to(torch.float32) * -1.0e9).gather(1, run_idx)
+        self.running = [[cands[b][int(i)] for i in run_idx[b]] for b in range(batch)]
+        top = torch.arange(self.k)[None, :] < w
+        norm = scores / ((self.t + 1) ** self.lp)
+        norm = norm + (~self.unsatisfied).to(torch.float32) * -1.0e9 + (~(hits & top)).to(torch.float32) * -1.0e9
+        merged = torch.cat([self.finished_scores, norm], dim=1)
+        keep = torch.topk(merged, k=w)[1]
+        pool = [self.finished[b] + cands[b] for b in range(batch)]
+        flags = torch.cat([self.is_finished, hits & top], dim=1)
+        self.finished_scores, self.is_finished = merged.gather(1, keep), flags.gather(1, keep)
+        self.finished = [[pool[b][int(i)] for i in keep[b]] for b in range(batch)]
+        self.t += 1
+        best = self.running_scores[:, :1] / (self.t ** self.lp)
+        worst = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True)[0], -1.0e9)
+        self.unsatisfied &= (best > worst).any(dim=-1, keepdim=True)
+        self.done = not (bool(self.unsatisfied.any()) and not bool(hits.all()))
+        parent_rows = [b * w + int(parents[b, int(i)]) for b in range(batch) for i in run_idx[b]]
+        return parent_rows, [self.running[b][j][-1] for b in range(batch) for j in range(w)]
+
+    def best(self) -> list[list[int]]:
+        """Each request's best finished hypothesis (its generated ids, an eos included)."""
+        return [row[0] for row in self.finished]
+
+
+__all__ = ["BeamSearch", "beam_candidates"]

@@ -53,6 +53,7 @@ class SamplingParams(BaseModel):
             top-N of its position (``generate``; ``sampling.chunked.prompt_logprobs`` streams them).
         n: ``>= 1`` completions of the prompt (``generate``), each its own seed stream
             (:meth:`sample_seed`).
+        beam_width: ``>= 1``; above 1 ``generate`` runs greedy beam search (transformers' ``num_beams``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -76,6 +77,7 @@ class SamplingParams(BaseModel):
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] = "raw_logprobs"
     prompt_logprobs: int | None = None
     n: int = 1
+    beam_width: int = 1
 
     @property
     def penalizes(self) -> bool:
@@ -128,7 +130,8 @@ class SamplingParams(BaseModel):
             raise ValueError("must be a real number")
         return value
 
-    @field_validator("top_k", "seed", "min_tokens", "logprobs", "prompt_logprobs", "n", mode="before")
+    @field_validator("top_k", "seed", "min_tokens", "logprobs", "prompt_logprobs", "n", "beam_width",
+                     mode="before")
     @classmethod
     def _integer(cls, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -198,7 +201,7 @@ class SamplingParams(BaseModel):
             raise ValueError("must be an int >= 0")
         return value
 
-    @field_validator("n")
+    @field_validator("n", "beam_width")
     @classmethod
     def _n(cls, value: int) -> int:
         if not 1 <= value <= 1024:
