@@ -36,6 +36,11 @@ class Metadata:
     typical_p: torch.Tensor  # float32 [B]
     keys: torch.Tensor  # int64 [B, 1]: the noise keys of (seed, step)
     state: TokenState | None = None
+    # The column-local processors' sparse entries, built once per call (global ids): bans (allowed
+    # ids, bad words, min tokens), the rows restricted to allowed ids, the logit bias.
+    bans: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [M], ids [M])
+    allow: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (restricted [B], rows [A], ids [A])
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows [N], ids [N], float32 values [N])
 
     @classmethod
     def build(cls, per_row: list[SamplingParams], seeds: list[int], step: int, vocab_limit: int | None,
@@ -44,6 +49,7 @@ class Metadata:
         def f32(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)
         return cls(per_row, seeds, step, vocab_limit,
+                   **_sparse(per_row, state, device),
                    temps=f32([p.temperature for p in per_row])[:, None],
                    greedy=torch.tensor([p.greedy for p in per_row], dtype=torch.bool, device=device)[:, None],
                    top_k=[0 if p.greedy else p.top_k for p in per_row],
@@ -59,10 +65,12 @@ class Metadata:
     def select(self, rows: list[int]) -> Metadata:
         """The metadata of a subset of the rows (in that order)."""
         index = torch.tensor(rows, dtype=torch.int64, device=self.temps.device)
-        return replace(self, per_row=[self.per_row[r] for r in rows], seeds=[self.seeds[r] for r in rows],
+        per_row = [self.per_row[r] for r in rows]
+        state = None if self.state is None else self.state.select(rows)
+        return replace(self, per_row=per_row, seeds=[self.seeds[r] for r in rows],
                        temps=self.temps[index], greedy=self.greedy[index], top_k=[self.top_k[r] for r in rows],
                        top_p=self.top_p[index], min_p=self.min_p[index], typical_p=self.typical_p[index],
-                       keys=self.keys[index], state=None if self.state is None else self.state.select(rows))
+                       keys=self.keys[index], state=state, **_sparse(per_row, state, self.temps.device))
 
     @property
     def processes(self) -> bool:
@@ -75,47 +83,63 @@ def column_ids(first_id: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(first_id, first_id + n, device=device)
 
 
+def _sparse(per_row: list[SamplingParams], state: TokenState | None, device: torch.device) -> dict[str, Any]:
+    """:class:`Metadata`'s ``bans``, ``allow`` and ``bias`` (None when no row has any)."""
+    if not any(p.processes for p in per_row):
+        return {"bans": None, "allow": None, "bias": None}
+    outputs = state.output if state is not None else [[] for _ in per_row]
+    eos = state.eos_token_ids if state is not None else ()
+    bans: list[tuple[int, int]] = []
+    allow: list[tuple[int, int]] = []
+    bias: list[tuple[int, int, float]] = []
+    for r, p in enumerate(per_row):
+        out = outputs[r]
+        bans += [(r, w[-1]) for w in p.bad_words
+                 if len(w) == 1 or (len(out) >= len(w) - 1 and out[len(out) - len(w) + 1:] == list(w[:-1]))]
+        if len(out) < p.min_tokens:
+            bans += [(r, i) for i in (*p.stop_token_ids, *(() if p.ignore_eos else eos))]
+        allow += [(r, i) for i in p.allowed_token_ids or ()]
+        bias += [(r, i, b) for i, b in p.logit_bias.items()]
+
+    def ints(pairs: list[Any], j: int) -> torch.Tensor:
+        return torch.tensor([e[j] for e in pairs], dtype=torch.int64, device=device)
+    restricted = torch.tensor([p.allowed_token_ids is not None for p in per_row], dtype=torch.bool, device=device)
+    return {"bans": (ints(bans, 0), ints(bans, 1)),
+            "allow": (restricted, ints(allow, 0), ints(allow, 1)) if allow else None,
+            "bias": (ints(bias, 0), ints(bias, 1), torch.tensor([e[2] for e in bias], dtype=torch.float32,
+                                                                 device=device)) if bias else None}
+
+
 def process(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata, lo: int) -> torch.Tensor:
     """vLLM v1's steps 3-6 on float32 columns (``lo``: the block's first local owned column):
     allowed token ids, bad words, min tokens, logit bias, then the repetition, frequency and
-    presence penalties. Column-local: each rank touches only the ids it owns. Returns ``x``
-    itself when no row has any of them."""
+    presence penalties. Column-local: each rank touches only the ids it owns (the call's sparse
+    entries, :attr:`Metadata.bans` ..., that fall in the block). Returns ``x`` itself when no row has any."""
     if not meta.processes:
         return x
-    state = meta.state
-    outputs = state.output if state is not None else [[] for _ in meta.per_row]
-    eos = state.eos_token_ids if state is not None else ()
     n = x.shape[1]
-    banned = torch.zeros_like(x, dtype=torch.bool)
-    bias_rows: list[int] = []
-    bias_cols: list[int] = []
-    bias_vals: list[float] = []
     first = int(col_ids[0]) if n else 0
 
-    def local(ids: Any) -> list[int]:
-        return [i - first for i in ids if first <= i < first + n]
-
-    for r, p in enumerate(meta.per_row):
-        if p.allowed_token_ids is not None:
-            keep = torch.zeros(n, dtype=torch.bool, device=x.device)
-            keep[local(p.allowed_token_ids)] = True
-            banned[r] |= ~keep
-        output = outputs[r]
-        ban = [w[-1] for w in p.bad_words if len(w) == 1 or (len(output) >= len(w) - 1 and
-                                                                output[len(output) - len(w) + 1:] == list(w[:-1]))]
-        if len(output) < p.min_tokens:
-            ban += list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos))
-        banned[r, local(ban)] = True
-        for i, b in p.logit_bias.items():
-            if first <= i < first + n:
-                bias_rows.append(r)
-                bias_cols.append(i - first)
-                bias_vals.append(b)
+    def inside(rows: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = (ids >= first) & (ids < first + n)
+        return m, rows[m], ids[m] - first
+    banned = torch.zeros_like(x, dtype=torch.bool)
+    if meta.allow is not None:
+        restricted, rows, ids = meta.allow
+        banned |= restricted[:, None]
+        _, r, c = inside(rows, ids)
+        banned[r, c] = False
+    if meta.bans is not None:
+        _, r, c = inside(*meta.bans)
+        banned[r, c] = True
     x = x.masked_fill(banned, float("-inf"))
-    if bias_rows:
-        bias = torch.zeros_like(x)
-        bias[bias_rows, bias_cols] = torch.tensor(bias_vals, dtype=torch.float32, device=x.device)
-        x = x + bias
+    if meta.bias is not None:
+        m, r, c = inside(meta.bias[0], meta.bias[1])
+        if bool(m.any()):
+            bias = torch.zeros_like(x)
+            bias[r, c] = meta.bias[2][m]
+            x = x + bias
+    state = meta.state
     if state is not None and any(p.penalizes for p in meta.per_row):  # no state: no prompt, no output
         counts = state.output_counts[:, lo : lo + n].to(x.device)
         seen = state.prompt_seen[:, lo : lo + n].to(x.device) | (counts > 0)
