@@ -181,13 +181,13 @@ def test_a_small_logits_budget_streams_the_vocab_with_the_same_tokens(mixed, loa
     schema = grammar_spec(json_schema=tmp_path / "capital_only.json")
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0)]
     streamed = []
-    real = chunked.decode
+    real = chunked.decode_output
 
     def counting(*args, **kwargs):
         streamed.append(args[0].shape[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(chunked, "decode", counting)
+    monkeypatch.setattr(chunked, "decode_output", counting)
     for tp in (1, 3):
         spec, _ = G.prepare(smollm2, prompts, tp=tp, max_new_tokens=K_MIX, params=params,
                             grammars=[None, None, schema], deterministic=True, logits_budget_bytes=64 << 10)

@@ -795,6 +795,31 @@ def generate(
     top_p: Annotated[float, typer.Option(help="nucleus sampling (1 = off)")] = 1.0,
     min_p: Annotated[float, typer.Option(help="keep p >= min_p * p_max (0 = off)")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="seed of the noise: the same tokens at every --tp")] = None,
+    repetition_penalty: Annotated[float, typer.Option(help="ids of the prompt and output: positive logits divided "
+                                                      "by it, negative ones multiplied (1 = off)")] = 1.0,
+    presence_penalty: Annotated[float, typer.Option(help="subtracted from ids present in the output, in [-2, 2] "
+                                                    "(0 = off)")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option(help="subtracted once per occurrence in the output, in "
+                                                     "[-2, 2] (0 = off)")] = 0.0,
+    logit_bias: Annotated[list[str] | None, typer.Option(help="ID=BIAS added to that token's logit (repeatable)")
+                          ] = None,
+    bad_words: Annotated[list[str] | None, typer.Option(help="a word never to complete (repeatable; tokenized as "
+                                                        "vLLM does, with and without a leading space)")] = None,
+    min_tokens: Annotated[int, typer.Option(help="eos and the stop ids are banned until this many new tokens")] = 0,
+    stop: Annotated[list[str] | None, typer.Option(help="a stop string: the answer ends once its text holds it, "
+                                                   "cut before it (repeatable)")] = None,
+    stop_token_id: Annotated[list[int] | None, typer.Option(help="a token id that ends the answer besides eos "
+                                                            "(repeatable)")] = None,
+    ignore_eos: Annotated[bool, typer.Option(help="eos does not end the answer")] = False,
+    typical_p: Annotated[float, typer.Option(help="locally typical sampling mass (1 = off)")] = 1.0,
+    logprobs: Annotated[int | None, typer.Option(help="return the top-N logprobs of each generated token and the "
+                                                 "sampled one's (with --json)")] = None,
+    logprobs_mode: Annotated[str, typer.Option(help="raw_logprobs | processed_logprobs | raw_logits | "
+                                               "processed_logits")] = "raw_logprobs",
+    n: Annotated[int, typer.Option("--n", help="completions per prompt, each its own seed stream")] = 1,
+    beam_width: Annotated[int, typer.Option(help="greedy beam search with this many beams (1 = off)")] = 1,
+    prompt_logprobs: Annotated[int | None, typer.Option(help="return each prompt token's logprob and the top-N of "
+                                                        "its position (with --json; streamed, never [T, V])")] = None,
     json_schema: Annotated[Path | None, typer.Option(help="constrain every answer to this JSON schema file "
                                                      f"(xgrammar). {GRAMMAR_LIMITS_HELP}")] = None,
     regex: Annotated[str | None, typer.Option(help="constrain every answer to this regular expression "
@@ -816,7 +841,7 @@ def generate(
     gguf_blocks: Annotated[bool, typer.Option(help="a GGUF Q8_0 / Q6_K head stays in its stored blocks "
                                               "(--no-gguf-blocks: dequantized to float32)")] = True,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
-                                          '"text"}]} only')] = False,
+                                          '"text"[, "logprobs", "prompt_logprobs"]}]} only')] = False,
     lora: Annotated[list[str] | None, typer.Option(help="NAME=DIR: a PEFT LoRA adapter (lm_head / embed_tokens) "
                                                    "(repeatable)")] = None,
     lora_for: Annotated[list[str] | None, typer.Option(help="INDEX=NAME: prompt INDEX (0-based) uses adapter NAME; "
@@ -829,19 +854,24 @@ def generate(
 
     imported = time.perf_counter()
     try:
-        params = sampling_params(temperature, top_k, top_p, min_p, seed)
+        params = sampling_params(temperature, top_k, top_p, min_p, seed, logit_bias=logit_bias or [],
+                                 repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                                 frequency_penalty=frequency_penalty, min_tokens=min_tokens,
+                                 stop_token_ids=stop_token_id or [], ignore_eos=ignore_eos, typical_p=typical_p,
+                                 logprobs=logprobs, logprobs_mode=logprobs_mode, prompt_logprobs=prompt_logprobs,
+                                 n=n, beam_width=beam_width)
         spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                                json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                                artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
                                attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
-                               gguf_blocks=gguf_blocks)
+                               gguf_blocks=gguf_blocks, bad_words=bad_words or [], stop=stop or [])
         prepared = time.perf_counter()
         report = run_generate(spec, loaded)
         ran = time.perf_counter()
     except (TrtVocabError, OSError) as exc:
         raise _fail(exc) from None
     if as_json:
-        print(json.dumps(report.as_json()))
+        print(json.dumps(report.as_json(loaded.tokenizer)))
         return
     how = "greedy" if params.greedy else f"temperature {params.temperature:g}, seed {params.seed}"
     chosen = f", as --backend {backend} chose" if backend != "auto" else ", --backend auto"

@@ -32,7 +32,7 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.launch import usable_cores, warm_up
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import calc_shard
-from trtvocab.sampling import SamplingParams
+from trtvocab.sampling import Logprobs, SamplerOutput, SamplingParams, TokenState
 
 # What the ranks agree on once their setup is done, and after every artifact-backend step
 # (protocol: trtvocab.parallel.distributed.Handshake): a rank whose setup or backend failed stops the others.
@@ -44,7 +44,13 @@ STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on"
 _RANK_MODULES = ("trtvocab.commands.generate", "trtvocab.commands.hf_loader", "trtvocab.checkpoints.gguf",
                  "transformers.modeling_utils", "transformers.tokenization_utils_base", "tokenizers")
 _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-                  "seed": "--seed"}
+                  "seed": "--seed", "repetition_penalty": "--repetition-penalty",
+                  "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+                  "logit_bias": "--logit-bias", "min_tokens": "--min-tokens", "stop_token_ids": "--stop-token-id",
+                  "ignore_eos": "--ignore-eos", "typical_p": "--typical-p", "logprobs": "--logprobs",
+                  "logprobs_mode": "--logprobs-mode", "bad_words": "--bad-words",
+                  "prompt_logprobs": "--prompt-logprobs", "n": "--n", "beam_width": "--beam-width",
+                  "allowed_token_ids": "allowed_token_ids"}
 
 
 # ---- what a run is ------------------------------------------------------------------------------
@@ -88,15 +94,34 @@ class GenerateSpec:
     lora_for: tuple[int, ...] = ()
     # A GGUF Q8_0 / Q6_K head (and tied table) stays in its stored blocks; False: dequantized to float32.
     gguf_blocks: bool = True
+    # Stop strings (vLLM's ``stop``): a prompt ends once its detokenized output holds one; the text
+    # is cut before it (the ids keep the token that completed it).
+    stop: tuple[str, ...] = ()
+    # n > 1 (SamplingParams.n): the prompts above are repeated, one row per completion; this is each
+    # row's completion index (empty: every n is 1).
+    sample_index: tuple[int, ...] = ()
+    beam_width: int = 1  # > 1: greedy beam search (every prompt; transformers' num_beams)
+
+
+# -inf logprobs (ids a filter removed, processed modes) print as this, as vLLM's OpenAI server does:
+# JSON has no infinity.
+LOGPROB_FLOOR = -9999.0
+# One returned logprob: (token id, logprob, rank), best first per generated token.
+Logprob = tuple[int, float, int]
 
 
 @dataclasses.dataclass
 class GenerateResult:
-    """One prompt's answer: the generated ids only (an end-of-sequence id included) and their text."""
+    """One prompt's answer: the generated ids only (an end-of-sequence id included) and their text;
+    ``logprobs`` (when its params ask): per generated token, the top-N and the sampled token."""
 
     prompt: str
     token_ids: list[int]
     text: str
+    logprobs: list[list[Logprob]] | None = None
+    # Per prompt token (None for the first, as vLLM): its logprob and the top-N of its position.
+    prompt_logprobs: list[list[Logprob] | None] | None = None
+    index: int | None = None  # n > 1: which completion of its prompt
 
 
 @dataclasses.dataclass
@@ -130,14 +155,30 @@ class GenerateReport:
         after = self.new_tokens - len(self.results)
         return after / self.decode_s if after > 0 and self.decode_s > 0 else None
 
-    def as_json(self) -> dict[str, Any]:
-        """``{"results": [{"prompt", "token_ids", "text"}, ...]}``: what ``generate --json`` prints."""
-        return {"results": [{"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text} for r in self.results]}
+    def as_json(self, tokenizer: Any = None) -> dict[str, Any]:
+        """``{"results": [{"prompt", "token_ids", "text"[, "logprobs"]}, ...]}``: what ``generate --json``
+        prints; ``logprobs`` (DESIGN §9): per generated token a list of ``{"id", "token", "logprob", "rank"}``,
+        best first (``token``: ``tokenizer.decode([id])``, or None without a tokenizer)."""
+        def entry(r: GenerateResult) -> dict[str, Any]:
+            out: dict[str, Any] = {"prompt": r.prompt, "token_ids": r.token_ids, "text": r.text}
+            if r.index is not None:
+                out["index"] = r.index
+            def entries(step: list[Logprob]) -> list[dict[str, Any]]:
+                return [{"id": i, "token": tokenizer.decode([i]) if tokenizer is not None else None,
+                         "logprob": max(v, LOGPROB_FLOOR), "rank": k} for i, v, k in step]
+            if r.logprobs is not None:
+                out["logprobs"] = [entries(step) for step in r.logprobs]
+            if r.prompt_logprobs is not None:
+                out["prompt_logprobs"] = [None if step is None else entries(step) for step in r.prompt_logprobs]
+            return out
+        return {"results": [entry(r) for r in self.results]}
 
 
 @dataclasses.dataclass
 class _RankOutput:
     token_ids: list[list[int]]
+    logprobs: list[list[list[Logprob]]]
+    prompt_logprobs: list[list[list[Logprob] | None] | None]
     ran_on: list[Runtime]
     prefill_s: float
     decode_s: float
@@ -207,16 +248,56 @@ def load_model(model: str | Path) -> LoadedModel:
 
 # ---- validation ---------------------------------------------------------------------------------------
 def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                    seed: int | None = None) -> SamplingParams:
-    """:class:`SamplingParams` from the CLI's options; an error names the option (``--top-p``)."""
+                    seed: int | None = None, *, logit_bias: dict[int, float] | list[str] | None = None,
+                    **knobs: Any) -> SamplingParams:
+    """:class:`SamplingParams` from the CLI's options; an error names the option (``--top-p``).
+
+    ``logit_bias``: a dict, or the CLI's ``ID=BIAS`` strings; ``knobs``: the other fields by name."""
     try:
-        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        bias = parse_logit_bias(logit_bias) if isinstance(logit_bias, list | tuple) else (logit_bias or {})
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                              logit_bias=bias, **knobs)
     except InputError as exc:
         text = str(exc)
         for field, option in _PARAM_OPTIONS.items():
             if text.startswith(f"SamplingParams.{field}:"):
                 raise InputError(f"{option}:{text.split(':', 1)[1]}") from None
         raise
+
+
+def parse_logit_bias(items: list[str] | tuple[str, ...]) -> dict[int, float]:
+    """``["ID=BIAS", ...]`` -> ``{id: bias}``; a malformed entry raises naming ``--logit-bias``."""
+    out: dict[int, float] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(key)] = float(value)
+        except ValueError:
+            raise InputError(f"--logit-bias: expected ID=BIAS (an int token id, a number), got {item!r}") from None
+    return out
+
+
+def words_token_ids(tokenizer: Any, words: list[str] | tuple[str, ...], what: str = "--bad-words") -> list[list[int]]:
+    """vLLM's bad-words tokenization: each word as written and with a leading space (when that is
+    another sequence of the same length), without special tokens."""
+    out: list[list[int]] = []
+    for word in words:
+        if not str(word).strip():
+            raise InputError(f"{what}: a word must not be empty or blank, got {word!r}")
+        plain = tokenizer.encode(str(word).lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + str(word).lstrip(), add_special_tokens=False)
+        out.append(list(plain))
+        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(list(spaced))
+    return out
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` cut before the first stop string it holds (vLLM leaves the stop string out), and whether it held one."""
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
 
 
 def _model_shape(path: Path) -> tuple[int, int]:
@@ -429,6 +510,8 @@ def prepare(
     loras: Any = None,
     lora_for: Any = None,
     gguf_blocks: bool = True,
+    bad_words: list[str] | tuple[str, ...] = (),
+    stop: list[str] | tuple[str, ...] = (),
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -441,9 +524,13 @@ def prepare(
     ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
     ``loras`` / ``lora_for``: PEFT LoRA adapters on the embedding and the head, per prompt (:func:`lora_plan`).
     ``gguf_blocks``: a GGUF Q8_0 / Q6_K head stays in its stored blocks (False: float32-dequantized).
+    ``bad_words``: words (text) banned for every prompt, tokenized as vLLM does (:func:`words_token_ids`);
+    ``stop``: stop strings (vLLM's ``stop``; the text is cut before the first one).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
+    if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+        raise InputError(f"--stop: expected non-empty strings, got {stop!r}"[:300])
     budget = logits_budget_bytes
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
         raise ConfigError(f"logits_budget_bytes: must be None or an int > 0, got {budget!r}")
@@ -463,6 +550,27 @@ def prepare(
         per_grammar = tuple(grammars)
     else:
         per_grammar = (grammar,) * len(prompts) if grammar is not None else ()
+    beam = max(p.beam_width for p in per_prompt)
+    if beam > 1:
+        plain = SamplingParams(temperature=0.0, beam_width=beam)
+        if any(p.model_copy(update={"seed": None, "stop_token_ids": ()}) != plain for p in per_prompt) \
+                or per_grammar or attention_dp:
+            raise ConfigError(f"--beam-width {beam}: greedy beam search of every prompt alone (temperature 0, the "
+                              "same width everywhere; no other sampling knob, grammar or --attention-dp)")
+    # Adapters by --prompt index (before n > 1 repeats the prompts: each completion keeps its prompt's).
+    adapters, per_adapter = lora_plan(loras, lora_for, len(prompts), artifact=artifact, attention_dp=attention_dp,
+                                      deterministic=deterministic)
+    if adapters and (beam > 1 or any(p.prompt_logprobs is not None for p in per_prompt)):
+        raise ConfigError("--lora: not with --beam-width or --prompt-logprobs (they read the head without a "
+                          "row's adapter)")
+    index: list[int] = []
+    if any(p.n > 1 for p in per_prompt):  # one row per completion, each its own seed stream
+        rows = [(b, i) for b, p in enumerate(per_prompt) for i in range(p.n)]
+        prompts = [prompts[b] for b, _ in rows]
+        per_grammar = tuple(per_grammar[b] for b, _ in rows) if per_grammar else ()
+        per_adapter = tuple(per_adapter[b] for b, _ in rows) if per_adapter else ()
+        per_prompt = [per_prompt[b].model_copy(update={"seed": per_prompt[b].sample_seed(i)}) for b, i in rows]
+        index = [i for _, i in rows]
     shape = _model_shape(path)  # the checkpoint's header, read once
     art = artifact_spec(artifact, backend, path, tp, allow_other_checkpoint, shape) if artifact is not None else None
     ranks = art.tp if art is not None else (tp or 1)
@@ -471,9 +579,10 @@ def prepare(
                           "--artifact)")
     if body_ranks is not None and not attention_dp:
         raise ConfigError("--body-ranks: only with --attention-dp (without it every rank runs the whole body)")
+    if attention_dp and any(p.prompt_logprobs is not None for p in per_prompt):
+        raise ConfigError("--prompt-logprobs: not with --attention-dp (a rank holds the prompt rows of its own "
+                          "block only)")
     bodies = choose_body_ranks(ranks, len(prompts), body_ranks) if attention_dp else 0
-    adapters, per_adapter = lora_plan(loras, lora_for, len(prompts), artifact=artifact, attention_dp=attention_dp,
-                                      deterministic=deterministic)
     vocab, _ = shape
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
@@ -489,6 +598,14 @@ def prepare(
         compile_grammar(g, loaded.tokenizer, int(loaded.config.vocab_size), stops,
                         what=f"--{g.kind.replace('_', '-')} ({g.label})")
     ids = encode_prompts(loaded.tokenizer, prompts, chat)
+    if bad_words:
+        banned = tuple(tuple(w) for w in words_token_ids(loaded.tokenizer, list(bad_words)))
+        per_prompt = [p.model_copy(update={"bad_words": p.bad_words + banned}) for p in per_prompt]
+    vocab_ids = int(loaded.config.vocab_size)
+    for i, p in enumerate(per_prompt):
+        if p.max_token_id() >= vocab_ids:
+            raise InputError(f"params[{i}]: token id {p.max_token_id()} (--logit-bias / --stop-token-id / "
+                             f"allowed_token_ids) is outside the vocabulary [0, {vocab_ids})")
     limit = getattr(loaded.config, "max_position_embeddings", None)
     longest = max(len(p) for p in ids)
     if isinstance(limit, int) and longest + max_new_tokens > limit:
@@ -496,7 +613,7 @@ def prepare(
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
                         tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
-                        adapters, per_adapter, bool(gguf_blocks))
+                        adapters, per_adapter, bool(gguf_blocks), tuple(stop), tuple(index), beam)
     return spec, loaded
 
 
@@ -531,8 +648,11 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
         out.ran_on = sorted({name for o in outs for name in o.ran_on})
         out.deterministic = all(o.deterministic for o in outs)
     tok = loaded.tokenizer
-    results = [GenerateResult(p, ids, tok.decode(ids, skip_special_tokens=True))
-               for p, ids in zip(spec.prompts, out.token_ids, strict=True)]
+    index = spec.sample_index or (None,) * len(spec.prompts)
+    results = [GenerateResult(p, ids, cut_at_stop(tok.decode(ids, skip_special_tokens=True), spec.stop)[0],
+                              lps if params.logprobs is not None else None, plps, i)
+               for p, ids, lps, params, plps, i in zip(spec.prompts, out.token_ids, out.logprobs, spec.params,
+                                                       out.prompt_logprobs, index, strict=True)]
     head = ", ".join(r.value for r in out.ran_on) if spec.artifact is not None else Runtime.TORCH.value
     labels = {g.label for g in spec.grammars if g is not None}
     grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \
@@ -626,11 +746,25 @@ class VocabEnds:
             return self.embedding(ids, self.adapter_ids)
         return self.embedding(ids)
 
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
-                 bitmask: torch.Tensor | None) -> list[int]:  # pragma: no cover - abstract
-        """The next id of each row of ``rows [b, H]`` (the last hidden rows): this rank's columns,
-        xgrammar's ``bitmask`` (or None), the draw."""
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
+                 state: TokenState | None = None) -> SamplerOutput:  # pragma: no cover - abstract
+        """The next id of each row of ``rows [b, H]`` (the last hidden rows) and the logprobs its params
+        ask for: this rank's columns, xgrammar's ``bitmask`` (or None), the draw (``state``: the rows'
+        per-rank token counts, for penalties, bad words and min tokens)."""
         raise NotImplementedError
+
+    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's float32 ``[b, V_local]`` logits of ``rows [b, H]`` (beam search reads them whole)."""
+        self.ran_on.add(Runtime.TORCH)
+        return self.head.local_logits(rows).float()
+
+    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
+        """vLLM's prompt logprobs of the hidden rows ``rows [T, H]`` (``token_ids [T]``: each row's next
+        prompt token), top-``n``: the head's logits in chunks the head's budget holds."""
+        from trtvocab.sampling import chunked
+
+        self.ran_on.add(Runtime.TORCH)
+        return chunked.prompt_logprobs(rows, self.head, token_ids, n)
 
 
 class TorchEnds(VocabEnds):
@@ -641,13 +775,14 @@ class TorchEnds(VocabEnds):
         super().__init__(embedding, head, vocab_limit)
         self.deterministic = bool(head.deterministic)
 
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
-                 bitmask: torch.Tensor | None) -> list[int]:
-        from trtvocab.sampling import decode
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
+                 state: TokenState | None = None) -> SamplerOutput:
+        from trtvocab.sampling import decode_output
 
         self.ran_on.add(Runtime.TORCH)
         with self.head.use_adapters(self.row_adapters):
-            return decode(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask).tolist()
+            return decode_output(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask,
+                                 state=state)
 
 
 class ArtifactEnds(VocabEnds):
@@ -661,10 +796,32 @@ class ArtifactEnds(VocabEnds):
         self.backend, self.dtype, self.world = backend, dtype, world
         self.deterministic = deterministic
 
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int,
-                 bitmask: torch.Tensor | None) -> list[int]:
-        from trtvocab.sampling import apply_token_bitmask, sample
+    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
+                 state: TokenState | None = None) -> SamplerOutput:
+        from trtvocab.sampling import apply_token_bitmask, sample_output
 
+        logits = self._logits(rows)
+        if bitmask is not None:
+            apply_token_bitmask(logits, bitmask, self.head)
+        return sample_output(logits, self.head, params, step=step, vocab_limit=self.vocab_limit, state=state)
+
+    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
+        """As :meth:`VocabEnds.prompt_logprobs`, the backend's logits of as many rows at a time as the
+        head's budget holds (the same on every rank: the same groups and collectives)."""
+        from trtvocab.sampling import prompt_logprobs
+
+        widest = max(s.size for s in self.head.shards)
+        group = max(1, self.head.logits_budget_bytes // (4 * max(1, widest)))
+        parts = [prompt_logprobs(self._logits(rows[g : g + group]), self.head, token_ids[g : g + group], n)
+                 for g in range(0, rows.shape[0], group)]
+        return Logprobs(*(torch.cat([getattr(p, f) for p in parts]) for f in ("ids", "values", "ranks")))
+
+    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's float32 ``[b, V_local]`` logits from the backend."""
+        return self._logits(rows)
+
+    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's float32 ``[b, V_local]`` from the backend; the ranks check in first (at tp > 1)."""
         error: Exception | None = None
         local: Any = None
         try:
@@ -677,10 +834,7 @@ class ArtifactEnds(VocabEnds):
             values = None if error is not None else {"rows": local.logits.shape[0], "ran_on": local.ran_on}
             STEP_HANDSHAKE.exchange(values, error, None, world=self.world, what="generate (artifact head)")
         self.ran_on.add(Runtime(local.ran_on))
-        logits = local.logits
-        if bitmask is not None:
-            apply_token_bitmask(logits, bitmask, self.head)
-        return sample(logits, self.head, params, step=step, vocab_limit=self.vocab_limit).tolist()
+        return local.logits
 
 
 def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, vocab_limit: int | None) -> VocabEnds:
@@ -758,6 +912,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     """The batching loop of one rank: embed, body, last rows, ``ends.next_ids``, until every prompt is done."""
     facts = facts or _ModelFacts.of(model, tokenizer)
     ends, grammar = _setup(spec, rank, tokenizer, facts)
+    if spec.beam_width > 1:
+        return _decode_beams(spec, model, ends, facts)
     eos, pad = set(facts.eos), facts.pad
     body = _Body(model) if model is not None else None
     batch = len(spec.prompt_ids)
@@ -770,7 +926,10 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
     padded = not bool(mask.all())
     generated: list[list[int]] = [[] for _ in range(batch)]
+    returned: list[list[list[Logprob]]] = [[] for _ in range(batch)]
     active = list(range(batch))
+    # Per-rank token counts of the ids this rank owns, only when a prompt's params read them.
+    state = TokenState.for_head(ends.head, spec.prompt_ids, eos) if any(p.processes for p in spec.params) else None
     # The prompts whose body this rank runs: all of them, or (attention DP) its own block.
     adp = spec.attention_dp and spec.tp > 1
     lo, hi = prompt_block(batch, spec.body_ranks, rank) if adp else (0, batch)
@@ -802,19 +961,30 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     step = 0
     with torch.inference_mode():
         hidden = run_body(ids, positions)
+        prompt_lps = _prompt_logprobs(spec, ends, hidden, longest)
         while True:
             bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
             if ends.adapter_ids is not None:
                 ends.row_adapters = ends.adapter_ids[active]
-            next_ids = ends.next_ids(last_rows(hidden, active), [spec.params[b] for b in active], step, bitmask)
+            rows_state = None if state is None else state if len(active) == batch else state.select(active)
+            out = ends.next_ids(last_rows(hidden, active), [spec.params[b] for b in active], step, bitmask, rows_state)
+            next_ids = out.token_ids.tolist()
+            if state is not None:
+                state.append_rows(active, next_ids)
             if step == 0:
                 prefill_s = time.perf_counter() - start
             feed = torch.full((batch, 1), pad, dtype=torch.int64)
             still = []
-            for b, tok in zip(active, next_ids, strict=True):
+            for j, (b, tok) in enumerate(zip(active, next_ids, strict=True)):
                 generated[b].append(tok)
                 feed[b, 0] = tok
-                done = tok in eos or len(generated[b]) >= spec.max_new_tokens
+                p = spec.params[b]
+                if out.logprobs is not None and p.logprobs is not None:
+                    returned[b].append(out.logprobs.row(j, p.logprobs))
+                done = (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids \
+                    or len(generated[b]) >= spec.max_new_tokens
+                if spec.stop:
+                    done = cut_at_stop(tokenizer.decode(generated[b], skip_special_tokens=True), spec.stop)[1] or done
                 if grammar is not None:
                     done = grammar.accept(b, tok) or done
                 if not done:
@@ -827,7 +997,72 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
             positions = positions[:, -1:] + 1
             hidden = run_body(feed, positions)
     decode_s = time.perf_counter() - start - prefill_s
-    return _RankOutput(generated, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
+    return _RankOutput(generated, returned, prompt_lps, sorted(ends.ran_on), prefill_s, decode_s, ends.deterministic)
+
+
+def _decode_beams(spec: GenerateSpec, model: Any, ends: VocabEnds, facts: _ModelFacts) -> _RankOutput:
+    """Greedy beam search of every prompt (``spec.beam_width`` beams each, as transformers' ``num_beams``):
+    the body on ``B * W`` rows, :func:`~trtvocab.sampling.beam.beam_candidates` on the shards, the
+    bookkeeping of :class:`~trtvocab.sampling.beam.BeamSearch`, the KV cache reordered after each step."""
+    from trtvocab.sampling.beam import BeamSearch, beam_candidates
+
+    w, batch = spec.beam_width, len(spec.prompt_ids)
+    body = _Body(model)
+    longest = max(len(p) for p in spec.prompt_ids)
+    ids = torch.full((batch, longest), facts.pad, dtype=torch.int64)
+    mask = torch.zeros((batch, longest), dtype=torch.int64)
+    for b, p in enumerate(spec.prompt_ids):
+        ids[b, longest - len(p):] = torch.tensor(p, dtype=torch.int64)
+        mask[b, longest - len(p):] = 1
+    ids, mask = ids.repeat_interleave(w, 0), mask.repeat_interleave(w, 0)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    padded = not bool(mask.all())
+    search = BeamSearch(batch, w, set(facts.eos), spec.max_new_tokens)
+    start = time.perf_counter()
+    prefill_s = 0.0
+    with torch.inference_mode():
+        hidden = body(ends.embed(ids), mask if padded else None, positions)
+        while True:
+            logits = ends.local_logits(hidden[:, -1, :])
+            scores, parents, tokens = beam_candidates(logits, ends.head, search.running_scores.reshape(-1), w,
+                                                      k=search.k)
+            rows, feed = search.step(scores, parents, tokens)
+            if prefill_s == 0.0:
+                prefill_s = time.perf_counter() - start
+            if search.done:
+                break
+            body.cache.reorder_cache(torch.tensor(rows, dtype=torch.int64))
+            mask = torch.cat([mask, torch.ones((batch * w, 1), dtype=torch.int64)], dim=-1)
+            positions = positions[:, -1:] + 1
+            hidden = body(ends.embed(torch.tensor(feed, dtype=torch.int64)[:, None]), mask if padded else None,
+                          positions)
+    decode_s = time.perf_counter() - start - prefill_s
+    return _RankOutput(search.best(), [[] for _ in range(batch)], [None] * batch, sorted(ends.ran_on), prefill_s,
+                       decode_s, ends.deterministic)
+
+
+def _prompt_logprobs(spec: GenerateSpec, ends: VocabEnds, hidden: torch.Tensor | None,
+                     longest: int) -> list[list[list[Logprob] | None] | None]:
+    """Per prompt: None, or (its params ask) ``[None, then per later prompt token its logprob and the
+    top-N of the position before it]`` from the prefill's hidden rows (left-padded to ``longest``),
+    all prompts' rows in one streamed call. Attention DP is refused for it (:func:`prepare`)."""
+    out: list[list[list[Logprob] | None] | None] = [None] * len(spec.prompt_ids)
+    asked = [b for b, p in enumerate(spec.params) if p.prompt_logprobs is not None]
+    if not asked:
+        return out
+    assert hidden is not None
+    rows = [(b, longest - len(spec.prompt_ids[b]) + t) for b in asked for t in range(len(spec.prompt_ids[b]) - 1)]
+    nexts = [spec.prompt_ids[b][t - (longest - len(spec.prompt_ids[b])) + 1] for b, t in rows]
+    n = max(spec.params[b].prompt_logprobs or 0 for b in asked)
+    lp = ends.prompt_logprobs(hidden[[b for b, _ in rows], [t for _, t in rows]].float(),
+                              torch.tensor(nexts, dtype=torch.int64), n) if rows else None
+    per: dict[int, list[list[Logprob] | None]] = {b: [None] for b in asked}
+    for j, (b, _) in enumerate(rows):
+        assert lp is not None
+        per[b].append(lp.row(j, spec.params[b].prompt_logprobs or 0))
+    for b, lists in per.items():
+        out[b] = lists
+    return out
 
 
 def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport:
@@ -838,5 +1073,6 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
 
 __all__ = ["SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactEnds", "ArtifactSpec", "GenerateReport", "GenerateResult",
            "GenerateSpec", "LoadedModel", "TorchEnds", "VocabEnds", "artifact_spec", "check_options",
-           "choose_body_ranks", "encode_prompts", "generate", "load_model", "model_path", "open_vocab_ends", "prepare",
-           "prompt_block", "run", "sampling_params"]
+           "choose_body_ranks", "cut_at_stop", "encode_prompts", "generate", "load_model", "model_path",
+           "open_vocab_ends", "parse_logit_bias", "prepare", "prompt_block", "run", "sampling_params",
+           "words_token_ids"]

@@ -8,12 +8,14 @@ the head, and returns what the same operation gives on the gathered logits; only
 * :mod:`~trtvocab.sampling.reductions`: greedy, top-k, logsumexp / log-softmax / logprobs,
   min-p and top-p masks;
 * :mod:`~trtvocab.sampling.draw`: :func:`sample`, the seeded draw (:class:`SamplingParams`),
-  with noise keyed by token id (:mod:`~trtvocab.sampling.noise`);
+  one pipeline of named steps (:mod:`~trtvocab.sampling.filters`, the column-local ones, shared
+  with the streamed path; per-rank :class:`TokenState` for penalties), with noise keyed by token
+  id (:mod:`~trtvocab.sampling.noise`); docs/sampling.md;
 * :mod:`~trtvocab.sampling.bitmask`: :func:`apply_token_bitmask`, xgrammar's mask per shard;
+  :mod:`~trtvocab.sampling.beam`: one beam-search step (the best ``2W`` continuations, merged);
 * :mod:`~trtvocab.sampling.step`: :func:`decode`, one decode step from the hidden rows, streamed
-  (:mod:`~trtvocab.sampling.chunked`) when its float32 logits exceed the head's budget.
-
-See docs/architecture.md, "Seeded sampling without the gather" and "The vocab-chunked head".
+  (:mod:`~trtvocab.sampling.chunked`) when its float32 logits exceed the head's budget
+  (docs/architecture.md, "Seeded sampling without the gather" and "The vocab-chunked head").
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from trtvocab.sampling import chunked
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import sample
+from trtvocab.sampling.draw import Logprobs, SamplerOutput, prompt_logprobs, sample, sample_output
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     HANDSHAKE,
@@ -40,7 +42,8 @@ from trtvocab.sampling.reductions import (
     top_p_mask,
     topk,
 )
-from trtvocab.sampling.step import decode, streams
+from trtvocab.sampling.state import TokenState
+from trtvocab.sampling.step import decode, decode_output, streams
 
 
 def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Any) -> torch.Tensor:
@@ -55,6 +58,7 @@ def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head:
     return apply_bitmask_(local_logits, bitmask, head)
 
 
-__all__ = ["HANDSHAKE", "TOP_P_FIRST_K", "SamplingParams", "apply_min_p", "apply_token_bitmask", "apply_top_p",
-           "chunked", "decode", "greedy", "log_softmax", "logprobs", "logsumexp", "min_p_mask", "sample", "streams",
+__all__ = ["HANDSHAKE", "TOP_P_FIRST_K", "Logprobs", "SamplerOutput", "SamplingParams", "TokenState", "apply_min_p",
+           "apply_token_bitmask", "apply_top_p", "chunked", "decode", "decode_output", "greedy", "log_softmax",
+           "logprobs", "logsumexp", "min_p_mask", "prompt_logprobs", "sample", "sample_output", "streams",
            "top_p_mask", "topk"]

@@ -29,9 +29,19 @@ from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.parallel import distributed as D
-from trtvocab.sampling import noise, treesum
+from trtvocab.sampling import treesum
 from trtvocab.sampling.bitmask import allowed_columns
-from trtvocab.sampling.draw import collective_plan, draw_args_error, filtered_draw, params_tensor
+from trtvocab.sampling.draw import (
+    Logprobs,
+    SamplerOutput,
+    collective_plan,
+    draw_args_error,
+    params_tensor,
+    pipeline,
+    prompt_args_error,
+    state_error,
+)
+from trtvocab.sampling.filters import Metadata, column_ids, min_p_keep, process, race_scores, scale
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
@@ -43,6 +53,7 @@ from trtvocab.sampling.reductions import (
     pick_logits,
     token_ids_error,
 )
+from trtvocab.sampling.state import TokenState
 from trtvocab.sampling.treesum import Node, aligned_nodes, merge_ranges, range_nodes
 from trtvocab.weights import deterministic as det
 from trtvocab.weights.dense import FLOAT32_BLOCK_ELEMENTS
@@ -355,6 +366,43 @@ def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chu
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
 
+def prompt_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, n: int, *,
+                    chunk: int | None = None) -> Logprobs:
+    """vLLM's ``prompt_logprobs`` streamed: bitwise ``sampling.prompt_logprobs`` of
+    ``head.local_logits(hidden)`` (``hidden [T, H]``: every prompt position; ``token_ids [T]``: each
+    position's next prompt token), ``[T, 1 + n]``, without the ``[T, V_local]`` logits (bounded by the
+    head's ``logits_budget_bytes``). Two passes: the vocab tree and the picked logits, then the values
+    ``x - lse``, their running top-``n`` and the rank count."""
+    what = "sampling.chunked.prompt_logprobs"
+    error = _check(hidden, head, chunk, what)
+    if error is None:
+        error = prompt_args_error(token_ids, n, hidden.shape[0], head.vocab_size, what)
+    argument = token_ids.to(torch.int64).reshape(-1).cpu() if error is None else None
+    _meet(head, hidden, error, "logprobs", extra=-2 - n if error is None else 0, argument=argument)
+    rows = hidden.shape[0]
+    ids = token_ids.to(torch.int64).to(hidden.device)
+    lse, picked = _lse_and_picks(hidden, head, ids[:, None], chunk, what)
+    assert picked is not None
+    sampled = picked[:, 0] - lse
+    count = torch.zeros(rows, dtype=torch.int64, device=hidden.device)
+    running = _TopK(rows, min(n, head.vocab_size), head, hidden.device) if n else None
+    no_nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
+    for lo, _, x in _Stream(hidden, head, chunk):
+        values = x.to(torch.float32) - lse[:, None]
+        count += (values >= sampled[:, None]).sum(dim=1)
+        if running is not None:
+            running.add(values, lo, no_nan)
+    rank = gather_stack(count, head).sum(dim=0) if head.is_split else count
+    out_ids, out_v, out_r = ids[:, None], sampled[:, None], rank[:, None]
+    if running is not None:
+        top_v, top_ids = running.merged(no_nan, what)
+        slot = torch.arange(top_ids.shape[1], device=hidden.device)[None, :].expand(rows, -1)
+        out_ids = torch.cat([out_ids, top_ids], dim=1)
+        out_v = torch.cat([out_v, top_v], dim=1)
+        out_r = torch.cat([out_r, slot + 1], dim=1)
+    return Logprobs(out_ids, out_v.to(torch.float32), out_r.to(torch.int64))
+
+
 def _draw_args(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], step: int,
                vocab_limit: int | None, chunk: int | None, what: str,
                error: InputError | None) -> tuple[InputError | None, list[SamplingParams]]:
@@ -381,12 +429,21 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
     fresh = int(torch.randint(0, 2**62, (1,)).item())
     fresh = _meet(head, hidden, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
-    return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what)
+    return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what).token_ids
 
 
 def decode(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
            vocab_limit: int | None = None, bitmask: torch.Tensor | None = None, chunk: int | None = None,
-           error: InputError | None = None) -> torch.Tensor:
+           error: InputError | None = None, state: TokenState | None = None) -> torch.Tensor:
+    """:func:`decode_output`'s token ids ``[B]``."""
+    return decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask, chunk=chunk,
+                         error=error, state=state).token_ids
+
+
+def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
+                  step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
+                  chunk: int | None = None, error: InputError | None = None,
+                  state: TokenState | None = None) -> SamplerOutput:
     """``sampling.decode`` streamed: token ids ``[B]``, bitwise those of the materialized decode step
     (``head.local_logits(hidden)``, xgrammar's ``bitmask``, the draw) with the same params, step,
     vocab_limit and seeds, without the ``[B, V_local]`` logits (``sampling.decode`` calls this
@@ -395,11 +452,14 @@ def decode(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
     Its handshake is the decode step's (the operation ``decode``, cached while the step's
     signature stays the same); its first data collective carries the verdict, so ranks that
     disagree on the path, the batch or the arguments raise together. ``error``: a verdict of
-    the caller's own checks (such as its row selection), raised after the handshake.
+    the caller's own checks (such as its row selection), raised after the handshake. ``state``:
+    the batch's :class:`~trtvocab.sampling.state.TokenState` (penalties, bad words, min tokens).
     """
     what = "sampling.decode"
     error, per_row = _draw_args(hidden, head, params, step, vocab_limit, chunk, what, error)
     rows = len(per_row)
+    if error is None:
+        error = state_error(state, rows, head, what)
     if error is None and bitmask is not None and (
             not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2
             or bitmask.shape[0] != rows):
@@ -420,20 +480,27 @@ def decode(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
         # The verdict of a steady step rides here (the streamed passes' own first collectives vary).
         gather_stack(torch.zeros(1, dtype=torch.int64, device=hidden.device), head)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
-    return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what, bitmask)
+    return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what, bitmask, state)
 
 
 def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], seeds: list[int], step: int,
-          vocab_limit: int | None, chunk: int | None, what: str, bitmask: torch.Tensor | None = None) -> torch.Tensor:
+          vocab_limit: int | None, chunk: int | None, what: str, bitmask: torch.Tensor | None = None,
+          state: TokenState | None = None) -> SamplerOutput:
+    """The pipeline of ``draw.pipeline`` over the streamed chunks: the column-local steps
+    (:mod:`~trtvocab.sampling.filters`) on each chunk, the race as it goes, top-k / top-p among
+    merged candidates. Rows with typical-p or returned logprobs are drawn by the materialized
+    pipeline on row groups the budget holds (:func:`_long_nuclei`): the same tokens."""
     device, rows = hidden.device, hidden.shape[0]
+    meta = Metadata.build(per_row, seeds, step, vocab_limit, device, state)
+    stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT, bitmask)
+    if any(p.logprobs is not None or (p.typical_p < 1 and not p.greedy) for p in per_row):
+        outs = _long_nuclei(stream, head, list(range(rows)), meta)
+        return _concat(outs)
     vocab = head.vocab_size
-    temps = torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=device)[:, None]
-    greedy_rows = torch.tensor([p.greedy for p in per_row], dtype=torch.bool, device=device)[:, None]
-    divisor = torch.where(greedy_rows, torch.ones_like(temps), temps)
-    sampled = ~greedy_rows[:, 0]
-    top_k = [0 if p.greedy else p.top_k for p in per_row]
+    sampled = meta.sampled
+    top_k = meta.top_k
     by_topk = torch.tensor([kr > 0 for kr in top_k], device=device)
-    top_p = torch.tensor([p.top_p for p in per_row], dtype=torch.float32, device=device)
+    top_p = meta.top_p
     p_on = (top_p < 1) & sampled
     by_cand = by_topk | p_on  # rows whose kept tokens are a prefix of the merged candidates
     nucleus_rows = p_on & ~by_topk  # top-p over the whole vocab: its nucleus may outgrow the candidates
@@ -441,11 +508,9 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     if bool(nucleus_rows.any()):  # as many candidates as the budget holds (~64 bytes each), at least 1024
         k = max(k, min(vocab, max(TOP_P_CANDIDATES, min(4 * TOP_P_CANDIDATES,
                                                          head.logits_budget_bytes // (64 * rows)))))
-    min_p = torch.tensor([p.min_p for p in per_row], dtype=torch.float32, device=device)
+    min_p = meta.min_p
     min_p_on = (min_p > 0) & sampled
     two_pass = bool((min_p_on & ~by_cand).any())  # streamed rows whose min-p needs the global max first
-    keys = noise.row_keys(seeds, step).to(device)
-    stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT, bitmask)
     nan = torch.zeros(rows, dtype=torch.bool, device=device)
     running = _TopK(rows, k, head, device) if k else None
     tree = _TreeSum(head.vocab_start, head.vocab_start + head.shard.size) if bool(nucleus_rows.any()) else None
@@ -454,22 +519,13 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     local_max = torch.full((rows,), float("-inf"), dtype=torch.float32, device=device)
 
     def scaled_of(x: torch.Tensor, lo: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x.to(torch.float32)
-        col_ids = torch.arange(head.vocab_start + lo, head.vocab_start + lo + x.shape[1], device=device)
-        scaled = torch.where(greedy_rows, x, x / divisor)
-        if vocab_limit is not None:
-            scaled = scaled.masked_fill(col_ids[None, :] >= vocab_limit, float("-inf"))
-        return scaled, col_ids
+        col_ids = column_ids(head.vocab_start + lo, x.shape[1], device)
+        return scale(process(x.to(torch.float32), col_ids, meta, lo), col_ids, meta), col_ids
 
     def race(scaled: torch.Tensor, col_ids: torch.Tensor, lo: int, m: torch.Tensor | None) -> None:
         if m is not None:  # min-p of the streamed rows, against the global max of pass 1
-            keep = torch.exp(scaled - m[:, None]) >= min_p[:, None]
-            scaled = scaled.masked_fill((min_p_on & ~by_cand)[:, None] & ~keep, float("-inf"))
-        score = scaled.to(torch.float64)
-        if bool(sampled.any()):
-            score = torch.where(sampled[:, None], score + noise.gumbel(keys, col_ids), score)
-        score = score.masked_fill(torch.isneginf(scaled), float("-inf"))
-        _update_best(best, ids, score, head.vocab_start + lo)
+            scaled = scaled.masked_fill((min_p_on & ~by_cand)[:, None] & ~min_p_keep(scaled, m, min_p), float("-inf"))
+        _update_best(best, ids, race_scores(scaled, col_ids, meta), head.vocab_start + lo)
 
     for lo, _, x in stream:
         scaled, col_ids = scaled_of(x, lo)
@@ -503,17 +559,15 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
         # against the global max of what is kept (the first candidate); the race among them.
         width = cand_vals.shape[1]
         valid = torch.arange(width, device=device)[None, :] < cut[:, None]
-        keep = torch.exp(cand_vals - cand_vals[:, :1]) >= min_p[:, None]
-        valid &= ~min_p_on[:, None] | keep
-        score = cand_vals.to(torch.float64) + noise.gumbel(keys, cand_ids)
-        score = score.masked_fill(~valid | torch.isneginf(cand_vals), float("-inf"))
+        valid &= ~min_p_on[:, None] | min_p_keep(cand_vals, cand_vals[:, 0], min_p)
+        score = race_scores(cand_vals, cand_ids, meta).masked_fill(~valid, float("-inf"))
         c_top = score.max(dim=1).values
         c_chosen = torch.where(score == c_top[:, None], cand_ids, torch.full_like(cand_ids, NO_ID)).min(dim=1).values
         top = torch.where(by_cand, c_top, top)
         chosen = torch.where(by_cand, c_chosen, chosen)
         if bool(long.any()):  # the same decision on every rank: candidates and denominator are global
             rows_long = long.nonzero()[:, 0].tolist()
-            chosen[long] = _long_nuclei(stream, head, rows_long, per_row, seeds, step, vocab_limit)
+            chosen[long] = _concat(_long_nuclei(stream, head, rows_long, meta)).token_ids
             top = top.masked_fill(long, 0.0)  # drawn (or refused) by the materialized sampler
     empty = torch.isneginf(top) | (chosen == NO_ID)
     if bool(empty.any()):
@@ -521,7 +575,28 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
         by = "the bitmask / vocab_limit / filters" if bitmask is not None else "the vocab_limit / filters"
         raise InputError(f"{what}: row(s) {empty.nonzero()[:, 0].tolist()} allow no token (every logit is -inf "
                          f"after {by})")
-    return chosen
+    return SamplerOutput(chosen)
+
+
+def _concat(outs: list[SamplerOutput]) -> SamplerOutput:
+    """One output of the row groups' outputs, in order (logprobs padded to the widest: id -1,
+    value ``-inf``, rank 0, as ``draw.returned_logprobs`` fills the slots a row did not ask for)."""
+    ids = torch.cat([o.token_ids for o in outs])
+    parts = [o.logprobs for o in outs]
+    if all(p is None for p in parts):
+        return SamplerOutput(ids)
+    width = max(p.ids.shape[1] for p in parts if p is not None)
+
+    def pad(t: torch.Tensor | None, rows: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
+        if t is None:
+            return torch.full((rows, width), fill, dtype=dtype, device=ids.device)
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
+    sizes = [o.token_ids.shape[0] for o in outs]
+    return SamplerOutput(ids, Logprobs(
+        torch.cat([pad(None if p is None else p.ids, n, -1, torch.int64) for p, n in zip(parts, sizes, strict=True)]),
+        torch.cat([pad(None if p is None else p.values, n, float("-inf"), torch.float32)
+                   for p, n in zip(parts, sizes, strict=True)]),
+        torch.cat([pad(None if p is None else p.ranks, n, 0, torch.int64) for p, n in zip(parts, sizes, strict=True)])))
 
 
 def _candidate_cut(hidden: torch.Tensor, head: LMHead, tree: _TreeSum | None, top_k: list[int],
@@ -550,13 +625,12 @@ def _candidate_cut(hidden: torch.Tensor, head: LMHead, tree: _TreeSum | None, to
     return torch.where(p_on, torch.minimum(cut_k, kept), cut_k), long
 
 
-def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], per_row: list[SamplingParams], seeds: list[int],
-                 step: int, vocab_limit: int | None) -> torch.Tensor:
-    """Token ids of ``rows`` (top-p rows whose nucleus is longer than the candidates): their logits
-    are streamed again, bitwise the same (the same GEMM calls over the whole batch), as many rows
-    at a time as the head's budget holds, and drawn by the materialized sampler (``draw.filtered_draw``,
-    on sub-groups its temporaries fit in): the same tokens. Flat distributions only; each group
-    costs one more pass over the weight."""
+def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata) -> list[SamplerOutput]:
+    """The outputs of ``rows`` (top-p rows whose nucleus is longer than the candidates, or every row
+    when one has typical-p or logprobs): their logits are streamed again, bitwise the same (the same
+    GEMM calls over the whole batch), as many rows at a time as the head's budget holds, and drawn by
+    the materialized pipeline (``draw.pipeline``, on sub-groups its temporaries fit in): the same
+    tokens. Each group costs one more pass over the weight."""
     width = max(1, max(b - a for a, b in owned_ranges(head)))  # the same on every rank: same groups, collectives
     budget = head.logits_budget_bytes
     group = max(1, budget // (torch.finfo(head.output_dtype).bits // 8 * width))
@@ -570,10 +644,9 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], per_row: list[S
             logits[:, lo:hi] = x.index_select(0, index)
         for s0 in range(0, len(sel), sub):
             part = sel[s0 : s0 + sub]
-            out.append(filtered_draw(logits[s0 : s0 + sub], head, [per_row[r] for r in part],
-                                     [seeds[r] for r in part], step, vocab_limit))
-    return torch.cat(out)
+            out.append(pipeline(logits[s0 : s0 + sub], head, meta.select(part)))
+    return out
 
 
-__all__ = ["DENSE_TILE", "chunk_columns", "decode", "gemm_tiles", "greedy", "logprobs", "logsumexp", "plan_chunks",
-           "sample", "topk"]
+__all__ = ["DENSE_TILE", "chunk_columns", "decode", "decode_output", "gemm_tiles", "greedy", "logprobs", "logsumexp",
+           "plan_chunks", "prompt_logprobs", "sample", "topk"]

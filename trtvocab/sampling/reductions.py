@@ -261,7 +261,7 @@ def global_max(x: torch.Tensor, head: LMHead) -> torch.Tensor:
     return local
 
 
-def _sum_exp_and_picks(
+def sum_exp_and_picks(
     x: torch.Tensor, head: LMHead, token_ids: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Global ``(max [B], logsumexp [B], picked logits [B, n] or None)`` in float32.
@@ -284,7 +284,7 @@ def logsumexp(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     """``[B]`` float32 ``log(sum(exp(logits)))`` over the *whole* vocab: the global softmax denominator."""
     error = check_logits(local_logits, head, "sampling.logsumexp")
     handshake(head, local_logits, error, "logsumexp")
-    return _sum_exp_and_picks(own(local_logits, head), head, None)[1]
+    return sum_exp_and_picks(own(local_logits, head), head, None)[1]
 
 
 def log_softmax(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
@@ -292,7 +292,7 @@ def log_softmax(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     error = check_logits(local_logits, head, "sampling.log_softmax")
     handshake(head, local_logits, error, "log_softmax")
     x = own(local_logits, head)
-    lse = _sum_exp_and_picks(x, head, None)[1]
+    lse = sum_exp_and_picks(x, head, None)[1]
     return x.to(torch.float32) - lse[:, None]
 
 
@@ -321,7 +321,7 @@ def logprobs(local_logits: torch.Tensor, head: LMHead, token_ids: torch.Tensor) 
     handshake(head, local_logits, error, "logprobs", extra=n,
                argument=token_ids.to(torch.int64) if error is None else None)
     ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(local_logits.device)
-    _, lse, picked = _sum_exp_and_picks(own(local_logits, head), head, ids)
+    _, lse, picked = sum_exp_and_picks(own(local_logits, head), head, ids)
     assert picked is not None
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
@@ -382,7 +382,7 @@ def nucleus(local_logits: torch.Tensor, head: LMHead, threshold: torch.Tensor) -
     """
     threshold = threshold.reshape(-1, 1) if threshold.dim() == 1 else threshold.reshape(1, 1)
     x = own(local_logits, head)
-    lse = _sum_exp_and_picks(x, head, None)[1]
+    lse = sum_exp_and_picks(x, head, None)[1]
     k = min(TOP_P_FIRST_K, head.vocab_size)
     while True:  # validated and agreed once above: each round is one all_gather, no handshake
         values, ids = merged_topk(local_logits, head, k)

@@ -21,9 +21,10 @@ from trtvocab.lm_head import LMHead
 from trtvocab.logits import select_rows
 from trtvocab.sampling import chunked
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import checked_sample
+from trtvocab.sampling.draw import SamplerOutput, checked_sample, state_error
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import check_logits
+from trtvocab.sampling.state import TokenState
 
 
 def streams(head: Any, rows: int) -> bool:
@@ -45,7 +46,24 @@ def decode(
     vocab_limit: int | None = None,
     bitmask: torch.Tensor | None = None,
     seq_lens: Any = None,
+    state: TokenState | None = None,
 ) -> torch.Tensor:
+    """:func:`decode_output`'s token ids ``[B]``."""
+    return decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
+                         seq_lens=seq_lens, state=state).token_ids
+
+
+def decode_output(
+    hidden: torch.Tensor,
+    head: Any,
+    params: SamplingParams | list[SamplingParams],
+    *,
+    step: int = 0,
+    vocab_limit: int | None = None,
+    bitmask: torch.Tensor | None = None,
+    seq_lens: Any = None,
+    state: TokenState | None = None,
+) -> SamplerOutput:
     """One decode step's token ids ``[B]`` from the last hidden rows ``hidden [B, H]``: the head's
     local logits, xgrammar's ``bitmask`` (optional, ``int32 [B, W]``), then ``sampling.sample``.
 
@@ -58,7 +76,9 @@ def decode(
     min-p a steady materialized step of a split head is therefore **one** collective (the race's
     ``[tp, B]`` pairs) instead of three (the forward's handshake, the sampler's, the race). Above
     the head's logits budget the step streams (module docstring). A bad input on one rank still
-    raises on every rank.
+    raises on every rank. ``state``: the batch's :class:`~trtvocab.sampling.state.TokenState`
+    (penalties, bad words, min tokens read it; the caller appends each step's ids). Returns the
+    token ids and the logprobs the rows ask for (:class:`~trtvocab.sampling.draw.SamplerOutput`).
     """
     error: InputError | None = None
     if seq_lens is not None:
@@ -68,7 +88,8 @@ def decode(
             error = exc
     rows = hidden.shape[0] if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 else 0
     if streams(head, rows):
-        return chunked.decode(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask, error=error)
+        return chunked.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
+                                     error=error, state=state)
     logits = None
     if error is None:
         error = head.check_input(hidden)
@@ -78,8 +99,9 @@ def decode(
         if error is None and bitmask is not None:
             apply_bitmask_(logits, bitmask, head)
         error = error or check_logits(logits, head, "sampling.decode")
+        error = error or state_error(state, logits.shape[0], head, "sampling.decode")
     return checked_sample(logits, head, params, step, vocab_limit, error, "decode",
-                          bitmask if error is None else None)
+                          bitmask if error is None else None, state)
 
 
-__all__ = ["decode", "streams"]
+__all__ = ["decode", "decode_output", "streams"]
