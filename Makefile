@@ -63,7 +63,7 @@ lint: setup
 	$(BIN)/python tools/import_graph.py --check
 
 test: setup lint
-	$(say) "pytest: the whole suite (about 20 minutes on a busy 2-core machine; make test-fast skips the slow tiers)"
+	$(say) "pytest: the whole suite (about 12 minutes on a quiet 2-core machine, longer on a busy one; make test-fast skips the slow tiers)"
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider --durations=25
 
 # Without the tiers marked `slow` by tests/conftest.py: `ranks` (process groups), `model` (real models,
