@@ -36,6 +36,24 @@ constexpr int Q8_BYTES = 34;   // fp16 d, 32 int8 q
 constexpr int Q6_BYTES = 210;  // ql[128], qh[64], int8 scales[16], fp16 d
 constexpr int64_t ROW_BLOCK = 32;  // rows every x group of a batch > 8 meets in cache
 
+// One group of at most 8 x rows against weight rows [r0, r1) (rows_*_nb<KIND, NB>, NB = the group's size).
+using GroupFn = void (*)(const float* x, int64_t xs, int64_t chunks, const uint8_t* w, int64_t r0, int64_t r1,
+                         int64_t ws, float* out, int64_t os);
+
+// Blocks of ROW_BLOCK rows, every group of 8 x rows over a block while it is in cache: the weight is read
+// from memory once per call at any batch. ``groups[k]`` runs a group of k + 1 rows.
+inline void row_blocks(const GroupFn* groups, const float* x, int64_t n, int64_t xs, int64_t hidden,
+                       const uint8_t* w, int64_t r0, int64_t r1, int64_t ws, float* out, int64_t os) {
+  const int64_t chunks = hidden / 32;
+  for (int64_t b0 = r0; b0 < r1; b0 += ROW_BLOCK) {
+    const int64_t b1 = b0 + ROW_BLOCK < r1 ? b0 + ROW_BLOCK : r1;
+    for (int64_t n0 = 0; n0 < n; n0 += 8) {
+      const int64_t group = n - n0 < 8 ? n - n0 : 8;
+      groups[group - 1](x + n0 * xs, xs, chunks, w, b0, b1, ws, out + n0 * os, os);
+    }
+  }
+}
+
 // An fp16 number as float32 (exact, subnormals, inf and NaN included).
 inline float half_to_float(const uint8_t* p) {
   uint16_t h;
@@ -190,26 +208,10 @@ void rows_avx2_nb(const float* x, int64_t xs, int64_t chunks, const uint8_t* w, 
 template <int KIND>
 void rows_avx2(const float* x, int64_t n, int64_t xs, int64_t hidden, const uint8_t* w, int64_t r0, int64_t r1,
                int64_t ws, float* out, int64_t os) {
-  const int64_t chunks = hidden / 32;
-  // Blocks of ROW_BLOCK rows, every group of 8 x rows over a block while it is in cache: the weight
-  // is read from memory once per call at any batch.
-  for (int64_t b0 = r0; b0 < r1; b0 += ROW_BLOCK) {
-    const int64_t b1 = b0 + ROW_BLOCK < r1 ? b0 + ROW_BLOCK : r1;
-    for (int64_t n0 = 0; n0 < n; n0 += 8) {
-      const float* xg = x + n0 * xs;
-      float* og = out + n0 * os;
-      switch (n - n0 < 8 ? n - n0 : 8) {
-        case 1: rows_avx2_nb<KIND, 1>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 2: rows_avx2_nb<KIND, 2>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 3: rows_avx2_nb<KIND, 3>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 4: rows_avx2_nb<KIND, 4>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 5: rows_avx2_nb<KIND, 5>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 6: rows_avx2_nb<KIND, 6>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 7: rows_avx2_nb<KIND, 7>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        default: rows_avx2_nb<KIND, 8>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-      }
-    }
-  }
+  static constexpr GroupFn groups[8] = {rows_avx2_nb<KIND, 1>, rows_avx2_nb<KIND, 2>, rows_avx2_nb<KIND, 3>,
+                                        rows_avx2_nb<KIND, 4>, rows_avx2_nb<KIND, 5>, rows_avx2_nb<KIND, 6>,
+                                        rows_avx2_nb<KIND, 7>, rows_avx2_nb<KIND, 8>};
+  row_blocks(groups, x, n, xs, hidden, w, r0, r1, ws, out, os);
 }
 #endif
 
@@ -264,26 +266,10 @@ void rows_avx512_nb(const float* x, int64_t xs, int64_t chunks, const uint8_t* w
 template <int KIND>
 void rows_avx512(const float* x, int64_t n, int64_t xs, int64_t hidden, const uint8_t* w, int64_t r0, int64_t r1,
                  int64_t ws, float* out, int64_t os) {
-  const int64_t chunks = hidden / 32;
-  // Blocks of ROW_BLOCK rows, every group of 8 x rows over a block while it is in cache: the weight
-  // is read from memory once per call at any batch.
-  for (int64_t b0 = r0; b0 < r1; b0 += ROW_BLOCK) {
-    const int64_t b1 = b0 + ROW_BLOCK < r1 ? b0 + ROW_BLOCK : r1;
-    for (int64_t n0 = 0; n0 < n; n0 += 8) {
-      const float* xg = x + n0 * xs;
-      float* og = out + n0 * os;
-      switch (n - n0 < 8 ? n - n0 : 8) {
-        case 1: rows_avx512_nb<KIND, 1>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 2: rows_avx512_nb<KIND, 2>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 3: rows_avx512_nb<KIND, 3>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 4: rows_avx512_nb<KIND, 4>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 5: rows_avx512_nb<KIND, 5>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 6: rows_avx512_nb<KIND, 6>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        case 7: rows_avx512_nb<KIND, 7>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-        default: rows_avx512_nb<KIND, 8>(xg, xs, chunks, w, b0, b1, ws, og, os); break;
-      }
-    }
-  }
+  static constexpr GroupFn groups[8] = {rows_avx512_nb<KIND, 1>, rows_avx512_nb<KIND, 2>, rows_avx512_nb<KIND, 3>,
+                                        rows_avx512_nb<KIND, 4>, rows_avx512_nb<KIND, 5>, rows_avx512_nb<KIND, 6>,
+                                        rows_avx512_nb<KIND, 7>, rows_avx512_nb<KIND, 8>};
+  row_blocks(groups, x, n, xs, hidden, w, r0, r1, ws, out, os);
 }
 #endif
 
