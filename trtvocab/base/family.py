@@ -14,6 +14,7 @@ docs/architecture.md, "Model families".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from typing import Any
@@ -93,7 +94,12 @@ class HeadOps(BaseModel):
         return logits
 
     def digest(self) -> int:
-        """A 62-bit integer that differs between different ops (what ranks compare in a handshake)."""
+        """A 62-bit integer that differs between different ops (what ranks compare in a handshake);
+        computed once per (frozen) instance: every split forward asks for it."""
+        return self._digest
+
+    @functools.cached_property
+    def _digest(self) -> int:
         raw = hashlib.sha256(self.model_dump_json().encode()).digest()
         return int.from_bytes(raw[:8], "little") >> 2
 

@@ -659,12 +659,12 @@ def compare(
                             for v in variants] + named
     if specs:
         from trtvocab.checkpoints.checkpoint import open_checkpoint
+        from trtvocab.checkpoints.families import family_of
         from trtvocab.commands.quantize import read_head
-        from trtvocab.weights.loader import open_head
 
         base_ckpt = open_checkpoint(baseline)
-        _, _, weight = read_head(base_ckpt, tensor_name)
-        family = open_head(baseline, tensor_name=tensor_name).family
+        name, _, weight = read_head(base_ckpt, tensor_name)
+        family = family_of(base_ckpt, head_tensor=name, hidden_size=int(weight.shape[1]), need_embedding=False)
         bias = base_ckpt.read(family.bias_tensor).float() if family is not None and family.bias_tensor else None
         for spec in specs:
             src = simulate_source(weight, spec, calib if calib is not None else hidden, family=family, bias=bias)
