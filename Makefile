@@ -12,7 +12,7 @@ OUT     ?= artifacts/default
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 
-.PHONY: help setup test test-fast lint demo quantized clean bench gpu-check
+.PHONY: help setup test test-fast lint demo readme quantized clean bench gpu-check
 .DEFAULT_GOAL := help
 # The real models (MiniLM's folder, SmolLM2's GGUF) inside their PyPI packages: `trtvocab models` prints them.
 MINILM   = "$$($(BIN)/trtvocab models minilm)"
@@ -29,6 +29,7 @@ help:
 	@echo "make test-fast  the suite without its slow tiers (ranks, real models, fresh interpreters)"
 	@echo "make setup      create .venv, install torch and trtvocab[all], build and self-check the CPU kernels"
 	@echo "make lint       ruff and the import-graph check"
+	@echo "make readme     run every command block of README.md for real, in a scratch copy (about 10 minutes)"
 	@echo "make quantized  FP8 and NVFP4 ModelOpt checkpoints of MiniLM's head, and their engines"
 	@echo "make bench      the benchmarks (ratios measured side by side)"
 	@echo "make gpu-check  the checks that need CUDA (says so and exits 0 without a GPU)"
@@ -84,6 +85,12 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/trtvocab generate $(SMOLLM2) --artifact $(OUT) --backend auto --attention-dp --chat \
 		--prompt "What is the capital of France? Answer in JSON with the keys country and capital." \
 		--json-schema examples/capital.schema.json --max-new-tokens 40
+
+# Every command block of the README, run as written in a scratch copy of the tracked files (tools/readme_run.py;
+# `make test` runs the lines that take seconds, tests/test_readme.py).
+readme: setup
+	$(say) "running every README command block in a scratch copy of this clone (each line timed)"
+	HF_HUB_OFFLINE=1 $(BIN)/python tools/readme_run.py --venv $(VENV)
 
 # FP8 and NVFP4 engines of the same head: ModelOpt-format checkpoints, then the two recipes.
 quantized: setup

@@ -5,14 +5,18 @@ Every ```bash block is read the way a shell would (continuation lines joined, co
 Each ``trtvocab`` line must parse with the real CLI (command, options, values), every flag of an optional
 part must exist, and every file or folder a line reads must be in the repository or written by a line
 before it (``--out``, ``--plot``, ``make demo``'s artifact). ``make`` targets and example scripts must exist.
-``trtvocab models`` and ``plan`` lines run for real; the rest (minutes of builds and models) is
-what ``make demo`` and the model-tier tests run.
+``trtvocab models`` and ``plan`` lines run for real here; every line that takes seconds runs for real in a
+scratch copy of the clone (``tools/readme_run.py --quick``), and ``make readme`` runs every line.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,3 +202,31 @@ def test_split_optional() -> None:
     assert split_optional(tokens) == (["trtvocab", "x", "A"],
                                       [[["--b", "auto|c"]], [["--json-schema", "F"], ["--regex", "R"]],
                                        [["--t", "0.8", "--s", "1"]]])
+
+
+def _runner():  # tools/readme_run.py: the script `make readme` runs
+    spec = importlib.util.spec_from_file_location("readme_run", ROOT / "tools" / "readme_run.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_the_runner_runs_the_lines_this_checker_parses() -> None:
+    runner = _runner()
+    shown = [s.shown for s in runner.steps(README.read_text()) if s.kind == "bash"]
+    assert shown == [line for block in bash_blocks(README.read_text()) for line in command_lines(block)]
+    assert runner.strip_optional('trtvocab x "a [b]" [--c 1 | --d] e  # [f]') == 'trtvocab x "a [b]" e # [f]'
+    assert [s.expect for s in runner.steps(README.read_text()) if s.kind == "python"] == ["[2088, 4]"]
+
+
+def test_the_quick_readme_lines_run_for_real(tmp_path: Path) -> None:
+    """Every README line that takes seconds (``tools/readme_run.py --quick``) runs as written in a scratch
+    copy of the clone; ``make readme`` runs all of them (the demo, the comparisons, Gemma 3)."""
+    if not (Path(sys.prefix) / "bin" / "trtvocab").is_file():
+        pytest.skip(f"{sys.prefix}: trtvocab is not installed in this interpreter's environment")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "readme_run.py"), "--quick", "--venv", sys.prefix,
+                           "--keep", str(tmp_path / "clone"), "--json", str(tmp_path / "times.json")],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    report = json.loads((tmp_path / "times.json").read_text())
+    assert len(report["steps"]) >= 12 and all(s["ok"] for s in report["steps"])
