@@ -207,6 +207,7 @@ def test_split_optional() -> None:
 def _runner():  # tools/readme_run.py: the script `make readme` runs
     spec = importlib.util.spec_from_file_location("readme_run", ROOT / "tools" / "readme_run.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  # its dataclasses look their module up
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
