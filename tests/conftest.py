@@ -1,10 +1,11 @@
 """Shared fixtures: real safetensors checkpoints on disk, and importable rank functions.
 
-Multi-rank tests start rank processes (``trtvocab.parallel.launch.run_ranks``); a rank
-unpickles its function by module name, so ``tests/rank_fns.py`` must be importable
-there. Putting ``tests/`` on ``sys.path`` here is enough: multiprocessing passes the parent's
-``sys.path`` to every child (``multiprocessing.spawn.get_preparation_data``), and it
-also covers ``pytest --import-mode=importlib``, which does not add test directories.
+The tests live in one folder per layer of the package (docs/testing.md). Multi-rank tests start
+rank processes (``trtvocab.parallel.launch.run_ranks``); a rank unpickles its function by module
+name (``tests.parallel.rank_fns.<fn>``), so the ``tests`` package must be importable there.
+Putting the repository root on ``sys.path`` here is enough: multiprocessing passes the parent's
+``sys.path`` to every child (``multiprocessing.spawn.get_preparation_data``), and it also covers
+``pytest --import-mode=importlib``, which does not add the root.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import torch
 from safetensors.torch import save_file
 
 TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
+ROOT = TESTS_DIR.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 def write_single(path: Path, tensors: dict[str, torch.Tensor]) -> Path:

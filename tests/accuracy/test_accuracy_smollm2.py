@@ -2,7 +2,7 @@
 
 `trtvocab hidden` against transformers' own decoder states and the text's own token ids;
 `trtvocab compare` against a float64 recomputation from ModelOpt's quantizers and the
-independent statistics of tests/llamacpp_reference.py; the NVFP4 MSE scale search against
+independent statistics of tests/accuracy/llamacpp_reference.py; the NVFP4 MSE scale search against
 plain NVFP4 block by block.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import modelopt_qtensor
-from llamacpp_reference import per_row, summary
 from typer.testing import CliRunner
 
+from tests.accuracy.llamacpp_reference import per_row, summary
+from tests.conftest import modelopt_qtensor
 from trtvocab.commands.cli import app
 from trtvocab.commands.compare import compare
 from trtvocab.commands.hidden import load_hidden_file

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from llamacpp_reference import per_row, summary
 
+from tests.accuracy.llamacpp_reference import per_row, summary
 from trtvocab.accuracy.gates import Gates
 from trtvocab.accuracy.stats import (
     TokenRows,

@@ -9,7 +9,7 @@ import pytest
 from trtvocab.artifact.recipe import load_recipe, parse_recipe
 from trtvocab.errors import ConfigError
 
-BUILDERS = Path(__file__).resolve().parents[1] / "builders"
+BUILDERS = Path(__file__).resolve().parents[2] / "builders"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in BUILDERS.glob("*.toml")))

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import model_config, peak_load, write_single
 
 import trtvocab.base.safetensors_header as st_header
 import trtvocab.checkpoints.checkpoint as ckpt_mod
+from tests.conftest import model_config, peak_load, write_single
 from trtvocab import LMHead, Mapping
 from trtvocab.base import fsutil
 from trtvocab.base.safetensors_header import read_safetensors_header

@@ -16,10 +16,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import peak_load
 from typer.testing import CliRunner
 
 import trtvocab.checkpoints.gguf as gguf_mod
+from tests.conftest import peak_load
 from trtvocab import LMHead, Mapping
 from trtvocab.base.formats import WeightFormat
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
@@ -130,7 +130,7 @@ def test_smollm2_row_read_is_one_positioned_read_of_its_byte_range(smollm2: Path
 def test_rank_peak_memory_stays_near_its_shard(smollm2: Path) -> None:
     """A rank's RSS while loading its 1/8 of SmolLM2's Q8_0 head grows by about its float32 shard.
 
-    Measured in a fresh subprocess as in ``tests/test_checkpoint.py``: the float32 shard,
+    Measured in a fresh subprocess as in ``tests/checkpoints/test_checkpoint.py``: the float32 shard,
     its quantized bytes and bounded dequantization chunks (after a warm-up load of a tiny
     shard, so first-call imports are not counted); a loader that mapped, read or
     dequantized the whole tensor would be at >= 1.0 of the float32 matrix.
@@ -145,7 +145,7 @@ def test_rank_peak_memory_stays_near_its_shard(smollm2: Path) -> None:
         ratio = rec["peak_delta"] / full_bytes
         assert ratio < 0.3, f"rank {rank}: peak RSS grew by {ratio:.3f} x the full float32 matrix ({rec})"
         # the adopted float32 rows + their Q8_0 bytes + bounded chunk temporaries (dequantization, the
-        # dense load's finiteness check), as tests/test_checkpoint.py bounds it: never two float32 shards,
+        # dense load's finiteness check), as tests/checkpoints/test_checkpoint.py bounds it: never two float32 shards,
         # nor the whole tensor's quantized bytes (that would be >= 0.39 x the matrix)
         quantized_shard = shard_bytes // 4 * 34 // 32
         assert rec["peak_delta"] < 1.5 * shard_bytes + quantized_shard + 8 * 2**20, f"rank {rank}: {rec}"

@@ -26,11 +26,11 @@ from typing import Any
 import gguf
 import pytest
 import torch
-from conftest import model_config, write_hf_dir
 from safetensors.torch import save_file
 
 import trtvocab.base.safetensors_header as st_header
 import trtvocab.checkpoints.checkpoint as ckpt_mod
+from tests.conftest import model_config, write_hf_dir
 from trtvocab import LMHead
 from trtvocab.base import fsutil
 from trtvocab.base.safetensors_header import read_safetensors_header

@@ -1,8 +1,8 @@
 """`trtvocab quantize --format compressed-tensors` and `trtvocab compare --variant TOOLCHAIN:NAME=DIR` (issue 20.3/4).
 
 The written checkpoints are read back by the compressed-tensors library's own ``decompress``
-(tests/ct_writer.py: the reference) and by trtvocab; their weight tensors are checked against the
-library-driven writer of tests/ct_writer.py on the same weights, and their activation scales
+(tests/quant/ct_writer.py: the reference) and by trtvocab; their weight tensors are checked against the
+library-driven writer of tests/quant/ct_writer.py on the same weights, and their activation scales
 against the calibration rows' amax computed here.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 import warnings
 from pathlib import Path
 
@@ -18,11 +17,10 @@ import pytest
 import torch
 
 pytest.importorskip("compressed_tensors")
-sys.path.insert(0, str(Path(__file__).parent))
-import ct_writer as ctw
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from tests.quant import ct_writer as ctw
 from trtvocab import LMHead
 from trtvocab.checkpoints.checkpoint import open_checkpoint
 from trtvocab.commands.cli import app
@@ -136,7 +134,7 @@ def test_trtvocab_reads_it_quantized(written, case) -> None:
 
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"{c[0]}-cal{int(c[1])}-wo{int(c[2])}")
 def test_tensors_and_config_are_the_librarys(data, written, case) -> None:
-    """The weight tensors equal those of tests/ct_writer.py (the library's helpers, on the same weight); the
+    """The weight tensors equal those of tests/quant/ct_writer.py (the library's helpers, on the same weight); the
     activation scale is the calibration rows' amax in the model dtype; config.json is vLLM's shape of it."""
     algo, calibrated, _ = case
     _, preset = CASES[case]

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m i
                                  reason="trtvocab generate needs transformers and xgrammar"),
               pytest.mark.usefixtures("one_thread")]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "examples" / "capital.schema.json"
 A = "The capital of France is"
 B = "def add(a, b):"

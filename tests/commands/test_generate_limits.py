@@ -195,7 +195,7 @@ def test_the_shipped_schema_still_compiles(smollm2: Path) -> None:
     from trtvocab.commands.hf_loader import load_causal_lm
 
     tok, model = load_causal_lm(smollm2, dtype=torch.float32)
-    spec = Gr.grammar_spec(json_schema=Path(__file__).resolve().parents[1] / "examples" / "capital.schema.json")
+    spec = Gr.grammar_spec(json_schema=Path(__file__).resolve().parents[2] / "examples" / "capital.schema.json")
     assert Gr.compile_grammar(spec, tok, int(model.config.vocab_size), {2}) is not None
 
 

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import model_config, write_hf_dir
 from safetensors.torch import save, save_file
 from typer.testing import CliRunner
 
+from tests.conftest import model_config, write_hf_dir
 from trtvocab.artifact import store as artifacts
 from trtvocab.artifact.recipe import load_recipe, parse_recipe
 from trtvocab.base import fsutil
@@ -45,7 +45,7 @@ from trtvocab.errors import (
 )
 from trtvocab.pipeline.build import build
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 V, H, TP = 101, 16, 2  # 101 = 51 + 50: rank 0 owns [0, 51), rank 1 [51, 101)
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
 import types
 import warnings
 from collections.abc import Callable
@@ -21,11 +20,11 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_hostile import assert_cli_error, cli, copy_art, recipe_dict
-from test_hostile_checkpoint import deadline
-from test_tensorrt_glue import PROFILE, FakeTensorRT, dense_graph
-from test_tensorrt_glue import fake_trt as fake_trt_fixture
 
+from tests.checkpoints.test_hostile_checkpoint import deadline
+from tests.commands.test_hostile import assert_cli_error, cli, copy_art, recipe_dict
+from tests.export.test_tensorrt_glue import PROFILE, FakeTensorRT, dense_graph
+from tests.export.test_tensorrt_glue import fake_trt as fake_trt_fixture
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.artifact import store as artifacts
 from trtvocab.artifact.recipe import parse_recipe
@@ -36,8 +35,7 @@ from trtvocab.quant import patterns
 from trtvocab.quant.config import resolve_lm_head_quant
 
 pytest.importorskip("compressed_tensors")
-sys.path.insert(0, str(Path(__file__).parent))
-import ct_writer as ctw
+from tests.quant import ct_writer as ctw
 
 V, H = 64, 32
 CATASTROPHIC = "re:(" + "|".join(["."] * 24) + ")*Z"  # re.match: minutes on 'lm_head', hours at 48
@@ -357,7 +355,7 @@ def test_p11_runtime_cache_is_kept_outside_the_artifact_and_read_on_the_second_l
 
 
 # ==== A1: [engine] timing_cache never overwrites a file that is not a timing cache ==========================
-fake_trt = fake_trt_fixture  # tests/test_tensorrt_glue.py's double of standard TensorRT on a pretended CC 9.0 GPU
+fake_trt = fake_trt_fixture  # test_tensorrt_glue.py's double of standard TensorRT on a pretended CC 9.0 GPU
 
 
 def test_a1_timing_cache_path_naming_a_foreign_file_is_refused_and_left_alone(

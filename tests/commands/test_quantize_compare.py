@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import modelopt_qtensor
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from tests.conftest import modelopt_qtensor
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.commands.cli import app
 from trtvocab.commands.compare import COLUMNS, compare, logit_metrics, parse_sim_spec, plot_report

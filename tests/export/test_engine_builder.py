@@ -35,7 +35,7 @@ def dense_graph(tmp_path: Path, dtype: torch.dtype = torch.bfloat16, **kw) -> st
 
 
 def quant_graph(tmp_path: Path, algo: str, activation: str) -> str:
-    from test_export_onnx import make_head
+    from tests.export.test_export_onnx import make_head
 
     return export_onnx(make_head(algo, activation=activation), tmp_path / f"{algo}-{activation}.onnx").path
 
@@ -200,7 +200,7 @@ def test_real_recipes_build_engines_that_keep_the_contract(tmp_path, recipe, pac
     from trtvocab.artifact.recipe import load_recipe
     from trtvocab.pipeline.build import build
 
-    rec = load_recipe(Path(__file__).resolve().parents[1] / "builders" / recipe)
+    rec = load_recipe(Path(__file__).resolve().parents[2] / "builders" / recipe)
     rec = rec.model_copy(update={"engine": rec.engine.model_copy(update={"require": True})})
     root, manifest = build(rec, tmp_path / "a", ranks=[1])
     (entry,) = manifest.ranks

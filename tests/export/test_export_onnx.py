@@ -463,7 +463,7 @@ def test_parity_at_a_larger_shape(tmp_path, fmt, activation, dtype):
             fallback(head, x, False), rtol=rtol, atol_scale=1e-5, rounded=bool(kind) and fmt != "dense")
 
 
-# ---- graph forms (what TensorRT compiles them to: tests/test_engine_graphs.py) ---------------------
+# ---- graph forms (what TensorRT compiles them to: tests/export/test_engine_graphs.py) ---------------------
 E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 E4M3_VALUES = E4M3_VALUES[torch.isfinite(E4M3_VALUES)]
 E2M1_BY_E4M3 = (E2M1_GRID[:, None] * E4M3_VALUES[None, :]).reshape(-1)

@@ -341,7 +341,7 @@ def test_glue_failed_build_writes_nothing(tmp_path, fake_trt):
 
 
 def test_glue_gates_fp8_and_nvfp4_on_hopper(tmp_path, fake_trt):
-    from test_export_onnx import make_head
+    from tests.export.test_export_onnx import make_head
 
     fake = fake_trt()
     fp8 = export_onnx(make_head("FP8", activation="static"), tmp_path / "fp8.onnx").path
@@ -375,7 +375,7 @@ def _real_engine_reason() -> str | None:
 
 @pytest.mark.skipif(_real_engine_reason() is not None, reason=f"real engine test: {_real_engine_reason()}")
 def test_real_engine_matches_fallback(tmp_path):
-    from test_export_onnx import HAVE_REAL_METHODS, SEQ_LENS, fallback, hidden_states, make_head
+    from tests.export.test_export_onnx import HAVE_REAL_METHODS, SEQ_LENS, fallback, hidden_states, make_head
 
     impl = "real" if HAVE_REAL_METHODS else "stand-in"
     cc = torch.cuda.get_device_capability()

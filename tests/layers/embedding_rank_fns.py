@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from rank_fns import catch, subgroups
 
+from tests.parallel.rank_fns import catch, subgroups
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig
 from trtvocab.embedding import VocabParallelEmbedding, resident_bytes, tie_weights
 from trtvocab.parallel import distributed as D

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from draw_rank_fns import deterministic_cases
 
+from tests.sampling.draw_rank_fns import deterministic_cases
 from trtvocab import LMHead
 from trtvocab.errors import ConfigError
 from trtvocab.parallel.launch import run_ranks

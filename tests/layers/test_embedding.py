@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from embedding_rank_fns import (
+from safetensors.torch import save_file
+
+from tests.layers.embedding_rank_fns import (
     HIDDEN,
     PRIME_V,
     healthy_cases,
@@ -17,8 +19,6 @@ from embedding_rank_fns import (
     sample_ids,
     table,
 )
-from safetensors.torch import save_file
-
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, VocabParallelEmbedding, tie_weights
 from trtvocab.embedding import load_tied, resident_bytes
 from trtvocab.errors import CheckpointError, ConfigError, InputError

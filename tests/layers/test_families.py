@@ -27,7 +27,7 @@ from trtvocab.checkpoints.families import family_of
 from trtvocab.logits import shard_logits
 from trtvocab.sampling import SamplingParams, decode, sample
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 V, H = 101, 32
 
@@ -120,7 +120,7 @@ def test_padded_layout_keeps_padding_minus_inf_never_bias() -> None:
 def test_seeded_draws_follow_the_softcapped_softmax_tp1() -> None:
     """20000 seeded draws from a soft-capped head (raw logits up to 40, cap 5): chi-square against the
     true soft-capped softmax in float64; the raw softmax would put all the mass on one id."""
-    from family_rank_fns import softcap_draws
+    from tests.layers.family_rank_fns import softcap_draws
 
     z, cap, n = _draw_logits(), 5.0, 20000
     counts = torch.bincount(torch.tensor(softcap_draws(0, 1, z, cap, n, 1.0)), minlength=16).double()
@@ -140,7 +140,7 @@ def _chi_square(counts: torch.Tensor, z: torch.Tensor, cap: float, n: int) -> No
 
 
 def test_seeded_draws_follow_the_softcapped_softmax_tp3(launch_ranks) -> None:
-    from family_rank_fns import softcap_draws
+    from tests.layers.family_rank_fns import softcap_draws
 
     z, cap, n = _draw_logits(), 5.0, 20000
     by_rank = launch_ranks(softcap_draws, 3, z, cap, n, 1.0)
@@ -286,7 +286,7 @@ def test_head_and_embedding_equal_transformers(zoo: dict[str, Path], mt: str) ->
 @pytest.mark.parametrize(("tp", "layout"), [(3, "uneven"), (4, "padded")])
 def test_families_split_over_ranks_equal_transformers(zoo: dict[str, Path], launch_ranks, tp: int,
                                                       layout: str) -> None:
-    from family_rank_fns import load_and_run
+    from tests.layers.family_rank_fns import load_and_run
 
     for mt in ("gemma2", "phi", "granite", "bert"):
         ref = _ref(zoo[mt])
@@ -354,9 +354,8 @@ def test_engine_layer_table_shows_the_ops(tp: int, rank: int) -> None:
     time; its layer table shows the GEMM and the elementwise / activation layers after it (the GEMM
     contract still holds)."""
     pytest.importorskip("tensorrt_rtx")
-    import test_engine_graphs as eg
-    from test_engine_graphs import build, gemm
-
+    from tests.export import test_engine_graphs as eg
+    from tests.export.test_engine_graphs import build, gemm
     from trtvocab.export.onnx import build_model_for_head
 
     ops = HeadOps(bias=True, scale=0.5, softcap=30.0)

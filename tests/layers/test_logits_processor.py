@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rank_fns import logits_processor_tp
 
+from tests.parallel.rank_fns import logits_processor_tp
 from trtvocab import LMHead, LogitsProcessor
 from trtvocab.errors import InputError
 from trtvocab.logits import last_token_rows

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from rank_fns import ADP_ROWS, parity_cases
 
+from tests.parallel.rank_fns import ADP_ROWS, parity_cases
 from trtvocab.parallel.launch import run_ranks
 
 

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_decode_step.py (importable by spawned processes).
+"""Rank functions for tests/parallel/test_decode_step.py (importable by spawned processes).
 
 One launch runs every case (:func:`all_cases`); every caught call also records how long it took on
 its rank, so "fails fast, no hang" is a measurement inside the ranks, not of the launch.
@@ -67,7 +67,7 @@ def _catch(fn: Callable[[], Any], seconds: list[float] | None = None) -> tuple[s
 
 
 def all_cases(rank: int, world: int, bad_calls: list[int]) -> dict[str, Any]:
-    """Every case of tests/test_decode_step.py in one launch (none of them kills a rank); each builds
+    """Every case of tests/parallel/test_decode_step.py in one launch (none of them kills a rank); each builds
     its own heads, so one case's handshake state does not reach the next."""
     return {"steady": steady_counts(rank, world), "later calls": bad_input_on_later_calls(rank, world, bad_calls),
             "steady state changes": changes_in_steady_state(rank, world),

@@ -1,8 +1,8 @@
 """Functions that run on each rank of a ``run_ranks`` launch, and the helpers they share.
 
-Spawned children unpickle these by module name (``rank_fns.<fn>``), so this module
-must be importable there: conftest puts ``tests/`` on ``sys.path``, and spawn hands
-the parent's ``sys.path`` to every child.
+Spawned children unpickle these by module name (``tests.parallel.rank_fns.<fn>``), so this
+module must be importable there: ``tests`` is a package, conftest puts the repository root on
+``sys.path``, and spawn hands the parent's ``sys.path`` to every child.
 
 Spawning costs seconds, so each function runs many cases in one launch and returns
 small per-case records (numbers, flags, error types and texts); the test process
@@ -310,7 +310,7 @@ def bad_input_cases(rank: int, world: int, checkpoints: dict[str, str]) -> list[
 
 def bad_input_and_load_cases(rank: int, world: int, checkpoints: dict[str, str], load: dict[str, Any]
                              ) -> dict[str, Any]:
-    """:func:`bad_input_cases`, then the load failures of tests/test_bad_input.py, in one launch:
+    """:func:`bad_input_cases`, then the load failures of tests/parallel/test_bad_input.py, in one launch:
     none of them kills a rank (each raises a typed error on every rank and leaves the group in step).
 
     ``load``: ``{"replicated": path, "per_rank": [path of rank r]}``. Each load case records its

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import model_config, write_hf_dir
-from rank_fns import bad_input_and_load_cases, exit_hard, raise_bad_seq_lens_on, what_a_rank_sees
 from safetensors.torch import save_file
 
+from tests.conftest import model_config, write_hf_dir
+from tests.parallel.rank_fns import bad_input_and_load_cases, exit_hard, raise_bad_seq_lens_on, what_a_rank_sees
 from trtvocab.errors import InputError, PeerRankError
 from trtvocab.parallel.launch import RankFailures
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from decode_rank_fns import all_cases
+
+from tests.parallel.decode_rank_fns import all_cases
 
 TP = 3
 TIMEOUT_S = 20  # the collectives' timeout: a call that waited for a peer's timeout takes at least this

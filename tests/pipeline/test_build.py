@@ -279,7 +279,7 @@ def test_default_recipe_main_job(tmp_path) -> None:
 
     from trtvocab.commands.hidden import hidden_states_from_text
 
-    builders = Path(__file__).resolve().parents[1] / "builders"
+    builders = Path(__file__).resolve().parents[2] / "builders"
     out = tmp_path / "default"
     res = CliRunner().invoke(app, ["build", str(builders / "minilm.toml"), "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -309,7 +309,7 @@ def test_quantized_recipes(tmp_path, algo: str) -> None:
     gen = torch.Generator().manual_seed(0)
     calib = torch.randn(64, 384, generator=gen)
     quantize_checkpoint(model, tmp_path / f"minilm-{algo}", algo=algo, calib=calib)
-    recipe = load_recipe(Path(__file__).resolve().parents[1] / "builders" / f"minilm-{algo}.toml")
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "builders" / f"minilm-{algo}.toml")
     recipe = recipe.model_copy(update={
         "checkpoint": recipe.checkpoint.model_copy(update={"path": str(tmp_path / f"minilm-{algo}")}),
         "output": recipe.output.model_copy(update={"dir": str(tmp_path / "art")}),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
 import_graph = importlib.util.module_from_spec(_spec)
 sys.modules["import_graph"] = import_graph

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from trtvocab.checkpoints.real_models import MODELS, find
 from trtvocab.commands.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 MAKEFILE = ROOT / "Makefile"
 IGNORED = {"artifacts", "out", "build", "dist", ".venv"}  # .gitignore's folders: absent from a fresh clone

@@ -1,8 +1,8 @@
-"""Per-rank functions for tests/test_quant_head.py.
+"""Per-rank functions for tests/quant/test_quant_head.py.
 
 ``run_ranks`` starts ranks with spawn: a function must live at module level in a module the
-child can import. pytest puts ``tests/`` on ``sys.path`` (no ``__init__.py`` there) and spawn
-hands the parent's ``sys.path`` to every child, so ``import quant_rank_fns`` works in both.
+child can import. ``tests`` is a package and conftest puts the repository root on ``sys.path``,
+which spawn hands to every child, so ``tests.quant.quant_rank_fns`` imports in both.
 """
 
 from __future__ import annotations

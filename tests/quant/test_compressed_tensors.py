@@ -1,6 +1,6 @@
 """compressed-tensors (llm-compressor / vLLM) checkpoints: the head and the embedding (issue 20).
 
-Every checkpoint here is written by the compressed-tensors library itself (tests/ct_writer.py:
+Every checkpoint here is written by the compressed-tensors library itself (tests/quant/ct_writer.py:
 its apply / calibrate / compress / update_config API on CPU); the reference for every value is
 the library's own ``decompress`` (not transformers, which fails on mixed NVFP4-head +
 FP8-embedding files and on NVFP4 embeddings).
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import warnings
 from pathlib import Path
 
@@ -18,9 +17,7 @@ import pytest
 import torch
 
 pytest.importorskip("compressed_tensors")
-sys.path.insert(0, str(Path(__file__).parent))
-import ct_writer as ctw
-
+from tests.quant import ct_writer as ctw
 from trtvocab import LMHead, Mapping, VocabParallelEmbedding
 from trtvocab.base.formats import Activation, Granularity, WeightFormat
 from trtvocab.checkpoints.checkpoint import open_checkpoint

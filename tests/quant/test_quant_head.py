@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import modelopt_qtensor
 from safetensors.torch import save_file
 
 import trtvocab.base.safetensors_header as st_header
 import trtvocab.checkpoints.checkpoint as ckpt_mod
+from tests.conftest import modelopt_qtensor
+from tests.quant import quant_rank_fns
 from trtvocab import LMHead, LogitsProcessor, Mapping, QuantAlgo, QuantConfig, resolve_lm_head_quant
 from trtvocab.base import fsutil
 from trtvocab.checkpoints.checkpoint import Checkpoint
@@ -28,9 +28,6 @@ from trtvocab.parallel.launch import run_ranks
 from trtvocab.parallel.sharding import vocab_shard
 from trtvocab.quant.writer import quantize_head_tensors
 from trtvocab.weights.loader import dequantize_stored
-
-sys.path.insert(0, str(Path(__file__).parent))  # spawned ranks import quant_rank_fns from here
-import quant_rank_fns
 
 F8 = torch.float8_e4m3fn
 V, H = 1009, 64  # prime vocab: uneven shards for every tp > 1

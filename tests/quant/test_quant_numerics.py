@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import modelopt_qtensor
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import modelopt_qtensor
 from trtvocab.errors import QuantizationError
 from trtvocab.quant import fp8, nvfp4
 

@@ -1,12 +1,12 @@
-"""Per-rank bodies of tests/test_chunked_head.py (spawned ranks import this module by name)."""
+"""Per-rank bodies of tests/sampling/test_chunked_head.py (spawned ranks import this module by name)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from rank_fns import catch, subgroups
 
+from tests.parallel.rank_fns import catch, subgroups
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, sampling
 from trtvocab.sampling import SamplingParams, chunked
 from trtvocab.weights import quantized
@@ -233,7 +233,7 @@ def long_nucleus_cases(rank: int, world: int, budget: int = 64 * 1024, tp: int |
 
 
 def all_cases(rank: int, world: int, seed: int, nucleus_splits: list[tuple[int, int]]) -> dict[str, Any]:
-    """Every multi-rank case of tests/test_chunked_head.py in one launch of ``world`` ranks (none of
+    """Every multi-rank case of tests/sampling/test_chunked_head.py in one launch of ``world`` ranks (none of
     them kills a rank; the bad-input cases last, as they end with a healthy call):
     ``{"equality": ..., "long nucleus": {(tp, budget): ...}, "bad input": ...}``."""
     return {"equality": equality_cases(rank, world, seed), "decode": decode_cases(rank, world, seed),

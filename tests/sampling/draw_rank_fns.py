@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from rank_fns import catch
 
+from tests.parallel.rank_fns import catch
 from trtvocab import LMHead, Mapping
 from trtvocab.errors import TrtVocabError
 from trtvocab.parallel import distributed as D

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from rank_fns import subgroups
 
+from tests.parallel.rank_fns import subgroups
 from trtvocab import LMHead, Mapping
 from trtvocab.sampling import SamplingParams, TokenState, chunked, decode_output, prompt_logprobs, sample_output
 from trtvocab.sampling.beam import beam_candidates

@@ -26,8 +26,15 @@ from typing import Any
 
 import pytest
 import torch
-from chunked_rank_fns import FORMATS, all_cases, decode_cases, equality_cases, long_nucleus_cases, make_head
 
+from tests.sampling.chunked_rank_fns import (
+    FORMATS,
+    all_cases,
+    decode_cases,
+    equality_cases,
+    long_nucleus_cases,
+    make_head,
+)
 from trtvocab import LMHead
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.sampling import SamplingParams, chunked

@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from draw_rank_fns import (
+from scipy import stats
+
+from tests.sampling.draw_rank_fns import (
     ROWS,
     VOCAB,
     draw_cases,
@@ -22,8 +24,6 @@ from draw_rank_fns import (
     row_params,
     tiny_temperature_cases,
 )
-from scipy import stats
-
 from trtvocab import LMHead
 from trtvocab.errors import InputError, KeywordOnlyError
 from trtvocab.parallel.launch import run_ranks

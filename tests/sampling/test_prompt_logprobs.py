@@ -3,7 +3,7 @@
 ``sampling.chunked.prompt_logprobs`` never holds the ``[T, V_local]`` logits: a fresh process's peak
 RSS while it runs stays a fraction of them (a memory bound, not a timing), and its output is bitwise
 the materialized ``sampling.prompt_logprobs``. The multi-rank and float64 checks are in
-tests/test_sampling_knobs.py.
+tests/sampling/test_sampling_knobs.py.
 """
 
 from __future__ import annotations

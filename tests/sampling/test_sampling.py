@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rank_fns import sampling_cases
 
+from tests.parallel.rank_fns import sampling_cases
 from trtvocab import LMHead, Mapping, sampling
 from trtvocab.errors import InputError
 from trtvocab.parallel.launch import run_ranks

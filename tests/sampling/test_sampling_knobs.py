@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 import torch
-from knob_rank_fns import EOS, PROMPTS, STEPS, STOP, VOCAB, beam_scores, knob_cases, rows, step_logits
 from scipy import stats
 
+from tests.sampling.knob_rank_fns import EOS, PROMPTS, STEPS, STOP, VOCAB, beam_scores, knob_cases, rows, step_logits
 from trtvocab import LMHead
 from trtvocab.errors import InputError
 from trtvocab.sampling import SamplingParams, TokenState, sample, sample_output

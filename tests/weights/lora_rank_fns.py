@@ -1,4 +1,4 @@
-"""Per-rank bodies of tests/test_lora.py (spawned processes import this module by name).
+"""Per-rank bodies of tests/weights/test_lora.py (spawned processes import this module by name).
 
 One call runs every case of one tp size and layout: each case loads a base checkpoint's embedding and
 head, attaches adapters, and returns the embedding rows, the gathered logits and the tokens of the

@@ -12,8 +12,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from test_gguf import write_gguf
 
+from tests.checkpoints.test_gguf import write_gguf
 from trtvocab import LMHead, Mapping, kernels
 from trtvocab.base.formats import WeightFormat
 from trtvocab.checkpoints.gguf import GGUFCheckpoint, GGUFRows

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 import torch
-from lora_rank_fns import disagreeing_picks, lora_cases, refusals
 from safetensors.torch import save_file
 
+from tests.weights.lora_rank_fns import disagreeing_picks, lora_cases, refusals
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.base.family import EmbeddingOps, HeadOps
 from trtvocab.errors import AdapterError, InputError
