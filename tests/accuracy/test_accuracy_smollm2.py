@@ -23,6 +23,8 @@ from trtvocab.commands.compare import compare
 from trtvocab.commands.hidden import load_hidden_file
 from trtvocab.quant import nvfp4
 
+pytestmark = pytest.mark.model  # every test here (docs/testing.md)
+
 TEXTS = ["The capital of France is Paris, and the capital of Japan is Tokyo.",
          "def add(a, b):\n    return a + b",
          "Water boils at 100 degrees Celsius at sea level."]

@@ -174,6 +174,7 @@ def test_each_rank_loads_and_reads_only_its_rows(hf_checkpoint, w: torch.Tensor,
 
 
 
+@pytest.mark.subprocess
 def test_rank_peak_memory_stays_near_its_shard(tmp_path: Path) -> None:
     """A rank's RSS while loading its 1/8 of a 32000 x 1024 float32 head grows by ~1/8 of it.
 

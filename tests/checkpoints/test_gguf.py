@@ -47,6 +47,7 @@ def _no_data_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(GGUFRows, "_pread", refuse)
 
 
+@pytest.mark.model
 def test_header_probes_read_no_tensor_data(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _no_data_reads(monkeypatch)
     ckpt = open_checkpoint(smollm2)
@@ -83,6 +84,7 @@ def test_header_probes_read_no_tensor_data(smollm2: Path, monkeypatch: pytest.Mo
     assert [r["rows"] for r in plan["ranks"]] == [16384, 16384, 16384]
 
 
+@pytest.mark.model
 def test_cli_plan_prints_a_table_for_a_gguf(smollm2: Path) -> None:
     from trtvocab.commands.cli import app
 
@@ -91,6 +93,7 @@ def test_cli_plan_prints_a_table_for_a_gguf(smollm2: Path) -> None:
     assert "49,152" in result.output and "576" in result.output
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("tp", "rank"), [(1, 0), (3, 0), (3, 2), (5, 3)])
 def test_smollm2_shards_equal_transformers_bitwise(smollm2: Path, hf_weights: dict[str, torch.Tensor],
                                                    tp: int, rank: int) -> None:
@@ -107,6 +110,7 @@ def test_smollm2_shards_equal_transformers_bitwise(smollm2: Path, hf_weights: di
         assert torch.equal(rows.view(torch.int32), want.view(torch.int32)), (tp, rank, tensor_name)
 
 
+@pytest.mark.model
 def test_smollm2_row_read_is_one_positioned_read_of_its_byte_range(smollm2: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt = GGUFCheckpoint(smollm2)
@@ -127,6 +131,8 @@ def test_smollm2_row_read_is_one_positioned_read_of_its_byte_range(smollm2: Path
 
 
 
+@pytest.mark.model
+@pytest.mark.subprocess
 def test_rank_peak_memory_stays_near_its_shard(smollm2: Path) -> None:
     """A rank's RSS while loading its 1/8 of SmolLM2's Q8_0 head grows by about its float32 shard.
 
@@ -279,6 +285,7 @@ def test_compare_accepts_a_gguf_baseline(synthetic: Path) -> None:
     assert report.variants[0].metrics.top1_agreement == 1.0
 
 
+@pytest.mark.model
 def test_quantize_reads_a_gguf_head(synthetic: Path, tmp_path: Path) -> None:
     """``trtvocab quantize`` takes a GGUF: its dequantized head becomes a ModelOpt FP8 checkpoint."""
     pytest.importorskip("modelopt")
@@ -416,6 +423,7 @@ DATA_SECTION_CASES = {  # case -> (tensor whose offset moves, how: new offset fr
 }
 
 
+@pytest.mark.model
 def test_smollm2_data_section_is_validated(smollm2: Path, tmp_path: Path) -> None:
     copy = tmp_path / "smollm2.gguf"
     copy.write_bytes(smollm2.read_bytes())
@@ -444,6 +452,7 @@ def test_smollm2_data_section_is_validated(smollm2: Path, tmp_path: Path) -> Non
         assert GGUFCheckpoint(copy).data_offset == original.data_offset, case
 
 
+@pytest.mark.model
 def test_overlap_message_names_both_tensors(smollm2: Path, tmp_path: Path) -> None:
     data = bytearray(smollm2.read_bytes())
     struct.pack_into("<Q", data, _offset_field(bytes(data[:2_000_000]), "blk.0.attn_norm.weight"), 0)
@@ -485,6 +494,8 @@ def test_deeply_nested_metadata_arrays_are_refused_not_recursed(tmp_path: Path) 
         GGUFCheckpoint(_with_nested_array(small, tmp_path / "over.gguf", limit + 1))
 
 
+@pytest.mark.model
+@pytest.mark.subprocess
 def test_rank_holding_stored_blocks_grows_by_its_stored_bytes(smollm2: Path) -> None:
     """A rank of SmolLM2's tied Q8_0 head kept in its blocks holds exactly its stored bytes, and its
     load's RSS grows by about that (no float32 copy at any point)."""

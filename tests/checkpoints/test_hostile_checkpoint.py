@@ -163,6 +163,7 @@ def test_fifo_gguf_through_open_checkpoint_and_from_checkpoint(tmp_path: Path) -
     refused(lambda: LMHead.from_checkpoint(fifo), str(fifo), "expected a regular .gguf file")
 
 
+@pytest.mark.subprocess
 def test_cli_plan_on_a_fifo_checkpoint_returns_one_error_line(tmp_path: Path) -> None:
     folder = tmp_path / "model"
     folder.mkdir()

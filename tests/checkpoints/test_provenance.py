@@ -17,6 +17,8 @@ from trtvocab.checkpoints.provenance import head_digest
 from trtvocab.commands.cli import app
 from trtvocab.errors import ArtifactError, CheckpointError
 
+pytestmark = pytest.mark.model  # every test here (docs/testing.md)
+
 
 def _build(recipe: dict, out: Path) -> Path:
     from trtvocab.artifact.recipe import parse_recipe

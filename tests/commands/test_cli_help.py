@@ -69,6 +69,7 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args", [["--help"], ["build", "--help"], ["generate", "--help"], ["biuld"],
                                   ["build", "--froce", "x.toml"], ["infer", "art"]])
 def test_help_and_argument_errors_import_no_torch(fresh_python: Any, args: list[str]) -> None:

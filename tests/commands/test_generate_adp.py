@@ -25,6 +25,7 @@ pytest.importorskip("transformers")
 PROMPTS = ["The capital of France is", "Water boils at", "One, two, three,", "My favourite colour is"]
 
 
+@pytest.mark.model
 def test_attention_dp_tp3_equals_tp1_greedy_and_seeded(smollm2: Path) -> None:
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=20, seed=11),
               SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.9, seed=3)]
@@ -35,6 +36,7 @@ def test_attention_dp_tp3_equals_tp1_greedy_and_seeded(smollm2: Path) -> None:
     assert all(len(r.token_ids) >= 1 for r in got.results)
 
 
+@pytest.mark.model
 def test_attention_dp_with_an_artifact_and_idle_ranks(smollm2: Path, tmp_path: Path) -> None:
     """tp 5, three prompts on two body ranks (blocks of 2 and 1: fewer body ranks than ranks and than
     prompts): ranks 2, 3 and 4 run no body at all, yet hold their vocab slices."""
@@ -52,6 +54,7 @@ def test_attention_dp_with_an_artifact_and_idle_ranks(smollm2: Path, tmp_path: P
     assert [r.token_ids for r in got.results] == [r.token_ids for r in want.results]
 
 
+@pytest.mark.model
 def test_attention_dp_needs_more_than_one_rank(smollm2: Path) -> None:
     with pytest.raises(ConfigError, match=r"--attention-dp .* needs --tp > 1"):
         G.prepare(smollm2, PROMPTS[:1], max_new_tokens=1, attention_dp=True)
@@ -77,6 +80,7 @@ def test_default_body_ranks_are_bounded_by_tp_prompts_and_cores() -> None:
     assert G.choose_body_ranks(5, 2, 4) == 2  # a body rank past the prompts would own none
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("asked", [0, 6, -1, True, 2.0])
 def test_body_ranks_out_of_range_are_refused_before_loading(smollm2: Path, asked: object,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,6 +92,7 @@ def test_body_ranks_out_of_range_are_refused_before_loading(smollm2: Path, asked
         G.prepare(smollm2, PROMPTS, tp=5, max_new_tokens=1, attention_dp=True, body_ranks=asked)  # type: ignore[arg-type]
 
 
+@pytest.mark.model
 def test_body_ranks_need_attention_dp(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(G, "load_model", lambda path: pytest.fail("loaded before the options were checked"))
     with pytest.raises(ConfigError, match=r"--body-ranks: only with --attention-dp"):

@@ -49,6 +49,7 @@ def cli(*args: str):
     return CliRunner().invoke(app, ["generate", *args])
 
 
+@pytest.mark.model
 def test_cli_knobs_equal_transformers_generate_and_return_logprobs(loaded, smollm2: Path) -> None:
     tlp = pytest.importorskip("transformers.generation.logits_process")
     tok, model = loaded.tokenizer, loaded.model
@@ -82,6 +83,7 @@ def test_cli_knobs_equal_transformers_generate_and_return_logprobs(loaded, smoll
         assert [e["id"] for e in entries[:3]] == torch.topk(lsm, 3).indices.tolist()
 
 
+@pytest.mark.model
 @pytest.mark.ranks
 def test_knobs_give_the_same_tokens_and_logprobs_at_tp_3(loaded, smollm2: Path) -> None:
     params = [SamplingParams(temperature=0.0, repetition_penalty=1.4, presence_penalty=0.5, logprobs=2,
@@ -100,6 +102,7 @@ def test_knobs_give_the_same_tokens_and_logprobs_at_tp_3(loaded, smollm2: Path) 
     assert all(len(r["logprobs"]) == len(r["token_ids"]) for r in runs[1]["results"])
 
 
+@pytest.mark.model
 def test_cli_prompt_logprobs_equal_a_float64_log_softmax(loaded, smollm2: Path) -> None:
     tok, model = loaded.tokenizer, loaded.model
     res = cli(str(smollm2), "--prompt", A, "--max-new-tokens", "1", "--prompt-logprobs", "2", "--json")
@@ -118,6 +121,7 @@ def test_cli_prompt_logprobs_equal_a_float64_log_softmax(loaded, smollm2: Path) 
             assert abs(e["logprob"] - float(lsm[t - 1, e["id"]])) < 1e-4
 
 
+@pytest.mark.model
 def test_n_completions_each_their_own_seed_stream(smollm2: Path) -> None:
     args = [str(smollm2), "--prompt", A, "--max-new-tokens", "6", "--temperature", "1.2", "--seed", "5", "--json"]
     one = json.loads(cli(*args).stdout)["results"]
@@ -146,6 +150,7 @@ def test_flag_parsing_and_stop_strings() -> None:
     assert G.words_token_ids(fake, ["bad"]) == [[1, 2], [3, 2]]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("args", "named"), [
     (["--logit-bias", "x"], "--logit-bias"), (["--repetition-penalty", "0"], "--repetition-penalty"),
     (["--min-tokens", "-1"], "--min-tokens"), (["--logprobs-mode", "raw"], "--logprobs-mode"), (["--n", "0"], "--n"),
@@ -157,6 +162,7 @@ def test_bad_flag_values_are_one_error_line_naming_the_flag(args: list[str], nam
     assert named in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.model
 @pytest.mark.ranks
 def test_knobs_with_a_bitmask_through_an_artifact_under_attention_dp(smollm2: Path, tmp_path: Path) -> None:
     """Penalties, bad words, min tokens and logprobs with a regex's bitmask, on a tp 3 artifact's
@@ -187,6 +193,7 @@ def test_knobs_with_a_bitmask_through_an_artifact_under_attention_dp(smollm2: Pa
             assert max(abs(a[1] - b[1]) for a, b in zip(gs, ws, strict=True)) < 1e-5
 
 
+@pytest.mark.model
 @pytest.mark.ranks
 def test_beam_search_equals_transformers_num_beams_4_at_tp_1_and_3(loaded, smollm2: Path) -> None:
     """``--beam-width 4``: the best finished beam of each prompt equals transformers' ``generate(num_beams=4,

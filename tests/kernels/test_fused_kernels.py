@@ -385,6 +385,7 @@ def _fresh_copy(warm: Path, tmp_path: Path) -> Path:
     return cache
 
 
+@pytest.mark.subprocess
 def test_stale_locks_of_a_killed_build_are_recovered(warm_cache: Path, tmp_path: Path) -> None:
     cache = _fresh_copy(warm_cache, tmp_path)
     build_dir = _library_in(cache).parent
@@ -397,6 +398,7 @@ def test_stale_locks_of_a_killed_build_are_recovered(warm_cache: Path, tmp_path:
     assert kernels.cache_problem(_library_in(cache)) is None
 
 
+@pytest.mark.subprocess
 def test_a_lock_held_by_a_live_build_times_out_to_the_torch_path(warm_cache: Path, tmp_path: Path) -> None:
     cache = _fresh_copy(warm_cache, tmp_path)
     build_dir = _library_in(cache).parent
@@ -415,6 +417,7 @@ def test_a_lock_held_by_a_live_build_times_out_to_the_torch_path(warm_cache: Pat
     assert err.count("using the torch path") == 1, err  # one log line
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("damage", ["fifo", "truncated", "rewritten", "no record", "symlink"])
 def test_a_damaged_cached_library_is_rebuilt_never_opened(warm_cache: Path, tmp_path: Path, damage: str) -> None:
     cache = _fresh_copy(warm_cache, tmp_path)

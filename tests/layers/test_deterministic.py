@@ -21,6 +21,7 @@ def records() -> list[dict]:
     return run_ranks(deterministic_cases, 5, 13, timeout_s=90)[0]
 
 
+@pytest.mark.ranks
 def test_logits_are_bitwise_the_same_at_every_tp_and_batch(records: list[dict]) -> None:
     by_dtype: dict[str, list[dict]] = {}
     for r in records:

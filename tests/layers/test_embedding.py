@@ -45,6 +45,7 @@ def parity(healthy: list[dict]) -> list[list[dict]]:
     return [out["parity"] for out in healthy]
 
 
+@pytest.mark.ranks
 def test_split_lookups_equal_the_full_table_bitwise(parity: list[list[dict]]) -> None:
     cases = [rec for records in parity for rec in records]
     assert {rec["case"].split()[0] for rec in cases} == {"tp=2", "tp=3", "tp=4", "tp=5"}
@@ -53,6 +54,7 @@ def test_split_lookups_equal_the_full_table_bitwise(parity: list[list[dict]]) ->
     assert all(rec["shape"] == [5, 7, HIDDEN] for rec in cases)
 
 
+@pytest.mark.ranks
 def test_fp8_tables_reduce_one_byte_per_element(parity: list[list[dict]]) -> None:
     """FP8 rows cross as uint8 (per-row scales beside them as fp32); dense rows as int32 words."""
     for records in parity:
@@ -94,6 +96,7 @@ def test_fp8_table_equals_dequantized_table_lookup() -> None:
         assert emb.resident_bytes() < w.numel() * 2  # 1 byte per element (+ scales), not bf16
 
 
+@pytest.mark.ranks
 def test_tied_pair_shares_one_buffer(healthy: list[dict]) -> None:
     for rec in (out["tied"] for out in healthy):
         assert rec["same_storage"] and rec["rows_ok"] and rec["argmax_ok"], rec
@@ -239,6 +242,7 @@ BAD = {
 }
 
 
+@pytest.mark.ranks
 def test_bad_input_on_one_rank_raises_on_every_rank(refusals: list[dict]) -> None:
     results = [out["bad_input"] for out in refusals]
     for case, (bad_type, other_type, fragment) in BAD.items():
@@ -252,6 +256,7 @@ def test_bad_input_on_one_rank_raises_on_every_rank(refusals: list[dict]) -> Non
                 assert fragment in message, (case, message)
 
 
+@pytest.mark.ranks
 def test_split_lookup_refuses_different_ids_on_every_rank(refusals: list[dict]) -> None:
     """The same id count, different ids (rank r looks up [1, 40 + r]) -> RankMismatchError on every
     rank; under attention DP + LM-head TP each rank's own ids are looked up."""
@@ -262,12 +267,14 @@ def test_split_lookup_refuses_different_ids_on_every_rank(refusals: list[dict]) 
         assert out["adp=True"] == {"result": ("ok", ""), "rows_ok": True}, (rank, out["adp=True"])
 
 
+@pytest.mark.ranks
 def test_attention_dp_split_and_replicated(healthy: list[dict]) -> None:
     for rec in (out["attention_dp"] for out in healthy):
         assert rec["lm_head_tp=False"] == {"split": False, "ok": True}
         assert rec["lm_head_tp=True"] == {"split": True, "ok": True}
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("source", ["synthetic", "minilm"])
 def test_build_exports_the_embedding_per_rank(tmp_path, source: str) -> None:
     """`[embedding] export = true`: rank{r}/embedding.onnx, checked bitwise on onnxruntime at
@@ -308,6 +315,7 @@ def test_build_exports_the_embedding_per_rank(tmp_path, source: str) -> None:
     assert torch.equal(total.bfloat16(), reference(w, ids))
 
 
+@pytest.mark.model
 def test_smollm2_gguf_embedding_rows_equal_transformers(smollm2, hf_weights) -> None:
     """SmolLM2's Q4_1 token_embd.weight, read per rank from the GGUF, equals transformers'
     dequantized embed_tokens rows; the tied pair holds one shard."""

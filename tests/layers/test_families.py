@@ -139,6 +139,7 @@ def _chi_square(counts: torch.Tensor, z: torch.Tensor, cap: float, n: int) -> No
     assert stats.chisquare(counts.numpy(), (raw + 1e-9).numpy()).pvalue < 1e-12  # the uncapped head is refuted
 
 
+@pytest.mark.ranks
 def test_seeded_draws_follow_the_softcapped_softmax_tp3(launch_ranks) -> None:
     from tests.layers.family_rank_fns import softcap_draws
 
@@ -270,6 +271,7 @@ def _head_tol(ref: dict[str, torch.Tensor]) -> float:
     return max(1e-4, 2.0**-20 * float(ref["max_logit"]))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("mt", FAMILIES)
 def test_head_and_embedding_equal_transformers(zoo: dict[str, Path], mt: str) -> None:
     """transformers: the log-softmax of model(ids).logits for the rows lm_head receives (≤ 1e-4 nats,
@@ -283,6 +285,8 @@ def test_head_and_embedding_equal_transformers(zoo: dict[str, Path], mt: str) ->
     assert float((rows - ref["rows"]).abs().max()) <= 1e-6 * float(ref["rows"].abs().max()), emb.embedding_ops
 
 
+@pytest.mark.ranks
+@pytest.mark.model
 @pytest.mark.parametrize(("tp", "layout"), [(3, "uneven"), (4, "padded")])
 def test_families_split_over_ranks_equal_transformers(zoo: dict[str, Path], launch_ranks, tp: int,
                                                       layout: str) -> None:
@@ -381,6 +385,7 @@ def _moderate(tmp_path: Path, model_type: str, **config) -> tuple[Path, torch.Te
     return path, torch.randn(16, H, generator=gen)
 
 
+@pytest.mark.model
 def test_quantize_writes_the_bias_and_the_family(tmp_path: Path) -> None:
     """`trtvocab quantize` of a biased head (Phi) writes lm_head.bias beside the FP8 weight, and a GGUF
     Gemma 2 source's soft-cap reaches the output's config.json under transformers' name."""

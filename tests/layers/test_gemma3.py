@@ -19,7 +19,7 @@ from trtvocab.base.family import EmbeddingOps
 
 G = pytest.importorskip("trtvocab.commands.generate")
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("one_thread")]
 PROMPT = "The capital of France is"
 K = 8
 

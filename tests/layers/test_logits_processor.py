@@ -114,6 +114,7 @@ def test_bad_hidden_states() -> None:
         LogitsProcessor()(torch.randn(4, HIDDEN).double(), head, [4])
 
 
+@pytest.mark.ranks
 def test_split_head_in_the_processor() -> None:
     """tp 2, padded layout: last-token, last-row and context logits equal the replicated head's
     to the parity bound (2 x single-device float32 error + 4 ulps)."""

@@ -68,6 +68,7 @@ def tp_records() -> list[list[dict]]:
     return run_ranks(parity_cases, 5, 5, timeout_s=90)
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("tp", [2, 3, 4, 5])
 def test_tp_parity(tp_records: list[list[dict]], tp: int) -> None:
     for rank in range(tp):
@@ -82,6 +83,7 @@ def test_tp_parity(tp_records: list[list[dict]], tp: int) -> None:
         assert not [r for r in tp_records[rank] if r["case"].startswith(f"tp={tp} ")]
 
 
+@pytest.mark.ranks
 def test_two_tp_groups_of_two(tp_records: list[list[dict]]) -> None:
     records = [r for rank in range(4) for r in tp_records[rank] if r["case"].startswith("world=4")]
     assert len(records) == 4

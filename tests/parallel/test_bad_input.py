@@ -98,6 +98,7 @@ def records(launched: list[dict[str, Any]]) -> list[list[dict]]:
     return [r["cases"] for r in launched]
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("case", list(EXPECT))
 def test_every_rank_raises_a_typed_error(records: list[list[dict]], case: str) -> None:
@@ -113,11 +114,13 @@ def test_every_rank_raises_a_typed_error(records: list[list[dict]], case: str) -
             assert "rank(s) [1]" in rec["msg"], rec["msg"]
 
 
+@pytest.mark.ranks
 def test_all_cases_ran(records: list[list[dict]]) -> None:
     for rank in range(TP):
         assert [r["case"] for r in records[rank]] == list(EXPECT)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_rank_failures_carry_each_ranks_typed_error(launch_ranks: Launch) -> None:
     """Errors escaping the rank function arrive in RankFailures.errors with their types."""
@@ -130,6 +133,7 @@ def test_rank_failures_carry_each_ranks_typed_error(launch_ranks: Launch) -> Non
     assert "rank 1: InputError" in str(info.value)
 
 
+@pytest.mark.ranks
 def test_launcher_does_not_wait_for_dead_ranks(tmp_path: Path, launch_ranks: Launch) -> None:
     """A rank that dies before reporting is noticed at once, not after the whole deadline
     (``2 * timeout_s + 60``): timed from the ranks' deaths (stamped by the ranks themselves), so the
@@ -142,6 +146,7 @@ def test_launcher_does_not_wait_for_dead_ranks(tmp_path: Path, launch_ranks: Lau
     assert "exited without a result" in str(info.value)
 
 
+@pytest.mark.ranks
 def test_ranks_see_the_environment_and_directory_of_the_call(tmp_path: Path, launch_ranks: Launch,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks fork from a server started at the first launch (or earlier): what the caller changed
@@ -157,6 +162,7 @@ def test_ranks_see_the_environment_and_directory_of_the_call(tmp_path: Path, lau
         assert Path(view["cwd"]).resolve() == tmp_path.resolve(), (rank, view)
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("module", ["head", "embedding"])
 def test_replicated_rank_next_to_split_peers_fails_at_load_on_every_rank(launched: list[dict[str, Any]],
                                                                          module: str) -> None:
@@ -171,6 +177,7 @@ def test_replicated_rank_next_to_split_peers_fails_at_load_on_every_rank(launche
         assert rec["seconds"] < TIMEOUT_S, (r, rec)
 
 
+@pytest.mark.ranks
 def test_one_rank_failing_to_load_stops_every_rank(launched: list[dict[str, Any]]) -> None:
     """The last rank's checkpoint copy is truncated (on a real cluster: a node with a bad
     copy): that rank raises CheckpointError from from_checkpoint, its peers PeerRankError
@@ -199,6 +206,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 def test_caller_exits_when_ranks_die_before_reading_their_work(tmp_path: Path) -> None:
     """Ranks that die before they read their (large) work: the caller reports them and then exits,

@@ -17,6 +17,8 @@ import pytest
 
 from tests.parallel.decode_rank_fns import all_cases
 
+pytestmark = pytest.mark.ranks  # every test here (docs/testing.md)
+
 TP = 3
 TIMEOUT_S = 20  # the collectives' timeout: a call that waited for a peer's timeout takes at least this
 BAD_CALLS = [0, 1, 4]

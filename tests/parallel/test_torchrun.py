@@ -14,6 +14,8 @@ import torch
 
 from trtvocab.parallel.launch import free_port
 
+pytestmark = [pytest.mark.ranks, pytest.mark.subprocess]  # every test here (docs/testing.md)
+
 SCRIPT = textwrap.dedent(
     """
     import json, sys, torch

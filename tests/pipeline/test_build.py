@@ -270,6 +270,7 @@ def test_cli_require_engine_builds_ahead_of_time_with_rtx(tmp_path) -> None:
     assert res.exit_code != 0 and "bfloat16 kernels need compute capability >= 8.0" in res.output, res.output
 
 
+@pytest.mark.model
 @pytest.mark.skipif(os.environ.get("TRTVOCAB_SKIP_MODEL") == "1", reason="real-model test disabled")
 def test_default_recipe_main_job(tmp_path) -> None:
     """The MiniLM recipe (builders/minilm.toml: real MiniLM head, tp 3), real hidden states, infer."""
@@ -295,6 +296,7 @@ def test_default_recipe_main_job(tmp_path) -> None:
     assert torch.equal(logits.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("algo", ["fp8", "nvfp4"])
 def test_quantized_recipes(tmp_path, algo: str) -> None:
     """builders/minilm-{fp8,nvfp4}.toml on a checkpoint written by `trtvocab quantize` (ModelOpt)."""

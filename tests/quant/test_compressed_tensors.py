@@ -476,6 +476,7 @@ def smollm2_table(smollm2: Path) -> torch.Tensor:
     return table
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("head, embed", [("NVFP4", "FP8_W8A16_CHANNEL"), ("FP8_W8A16_CHANNEL", "NVFP4A16")])
 def test_smollm2_size(smollm2_table: torch.Tensor, tmp_path: Path, head: str, embed: str) -> None:
     w = smollm2_table

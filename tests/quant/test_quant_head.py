@@ -245,6 +245,7 @@ def test_header_probe_reads_no_tensor_data(tmp_path, monkeypatch):
 
 
 # ---- forced dense over stored quantized bytes: exact dequantization with a warning -------------------------
+@pytest.mark.model
 @pytest.mark.parametrize("algo,per_row", [(FP8, False), (FP8, True), (NVFP4, False)])
 def test_excluded_stored_quantized_head_is_dequantized_exactly(tmp_path, algo, per_row):
     tensors = quantized(algo, head_weight(), per_row=per_row)
@@ -258,6 +259,7 @@ def test_excluded_stored_quantized_head_is_dequantized_exactly(tmp_path, algo, p
     assert torch.equal(head16.weights.weight, ref_weight(tensors).bfloat16())
 
 
+@pytest.mark.model
 def test_adp_lm_head_tp_dequantizes_this_ranks_rows(tmp_path):
     tensors = quantized(NVFP4, head_weight())
     path = write_ckpt(tmp_path / "ckpt", tensors, hf_quant=hf_quant("NVFP4"))
@@ -270,6 +272,7 @@ def test_adp_lm_head_tp_dequantizes_this_ranks_rows(tmp_path):
         assert torch.equal(head.weights.weight, want[head.vocab_start : head.vocab_end])
 
 
+@pytest.mark.model
 def test_dequantize_stored_reads_only_the_shard(tmp_path):
     tensors = quantized(FP8, head_weight())
     path = write_ckpt(tmp_path / "ckpt", tensors, hf_quant=hf_quant("FP8"))
@@ -307,6 +310,7 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.double() - ref).abs().max() / ref.abs().max())
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_single_device_logits_match_float64_reference(checkpoints, case):
     cid, algo, _, per_row, weight_only, mode = case
@@ -341,6 +345,7 @@ def test_resident_bytes_stay_quantized():
         assert all(b.dtype in (F8, torch.uint8, torch.float32) for b in head.weights.buffers())
 
 
+@pytest.mark.model
 def test_forward_chunks_keep_temporaries_small(monkeypatch):
     from trtvocab.weights import quantized as methods
 
@@ -378,6 +383,8 @@ def test_padded_rows_stay_zero_and_export_is_trimmed():
 
 
 # ---- quantized TP parity over real gloo process groups ------------------------------------------------------
+@pytest.mark.ranks
+@pytest.mark.model
 def test_quantized_tp_parity_uneven_and_padded(checkpoints):
     x = hidden(5, seed=4)
     cases = [(str(checkpoints[c[0]][0]), c[4]) for c in CASES]
@@ -539,6 +546,7 @@ def modelopt_export(tmp_path_factory):
     return build
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("algo", ["FP8", "NVFP4"])
 def test_loads_checkpoint_exported_by_modelopt(modelopt_export, algo):
     path, original = modelopt_export(algo)

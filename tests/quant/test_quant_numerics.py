@@ -69,6 +69,7 @@ def fp8_grid() -> torch.Tensor:
 
 
 # ---- FP8 ---------------------------------------------------------------------------------------------
+@pytest.mark.model
 @pytest.mark.parametrize("seed,magnitude", [(0, 1.0), (1, 1e-3), (2, 300.0), (3, 1e-20), (4, 1e25)])
 def test_fp8_per_tensor_matches_modelopt(seed, magnitude):
     x = torch.randn(257, 96, generator=torch.Generator().manual_seed(seed)) * magnitude
@@ -80,6 +81,7 @@ def test_fp8_per_tensor_matches_modelopt(seed, magnitude):
         dtype=torch.float32, scale=ref_s))
 
 
+@pytest.mark.model
 def test_fp8_bf16_input_is_quantized_in_fp32():
     # ModelOpt would divide in bf16 for a bf16 tensor; the FP8 scale is an fp32 number, so
     # trtvocab upcasts first: equal to ModelOpt on the exact fp32 copy of the same values.
@@ -90,6 +92,7 @@ def test_fp8_bf16_input_is_quantized_in_fp32():
     assert_bits_equal(s, ref_s)
 
 
+@pytest.mark.model
 def test_fp8_per_row_matches_modelopt_axis0():
     x = torch.randn(130, 64, generator=torch.Generator().manual_seed(6))
     x[7] *= 1e-4
@@ -101,6 +104,7 @@ def test_fp8_per_row_matches_modelopt_axis0():
     assert_bits_equal(q, ref_q)
 
 
+@pytest.mark.model
 def test_fp8_rounding_ties_saturation_and_subnormals_match_modelopt():
     grid = fp8_grid()
     mids = (grid[:-1] + grid[1:]) / 2  # exact midpoints: round half to even
@@ -169,18 +173,21 @@ def test_fast_paths_stay_exact_under_flush_to_zero():
 
 
 # ---- NVFP4 -------------------------------------------------------------------------------------------
+@pytest.mark.model
 @pytest.mark.parametrize("seed,magnitude", [(0, 1.0), (1, 0.02), (2, 1e3), (3, 1e-25), (4, 1e30)])
 def test_nvfp4_random_matches_modelopt(seed, magnitude):
     x = torch.randn(131, 160, generator=torch.Generator().manual_seed(seed)) * magnitude
     check_nvfp4(x)
 
 
+@pytest.mark.model
 def test_nvfp4_bf16_and_3d_inputs_match_modelopt():
     gen = torch.Generator().manual_seed(9)
     check_nvfp4((torch.randn(33, 64, generator=gen) * 0.05).bfloat16())
     check_nvfp4(torch.randn(2, 5, 48, generator=gen))
 
 
+@pytest.mark.model
 def test_nvfp4_zero_blocks_huge_subnormal_values_match_modelopt():
     x = torch.randn(12, 64, generator=torch.Generator().manual_seed(10))
     x[0, :16] = 0.0  # a zero block: scale 1.0
@@ -194,6 +201,7 @@ def test_nvfp4_zero_blocks_huge_subnormal_values_match_modelopt():
     check_nvfp4(x)
 
 
+@pytest.mark.model
 def test_nvfp4_exact_rounding_ties_match_modelopt():
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0, 6.0, 5.5, 6.5, 100.0, 0.5, 1.0, 3.0, 4.0])
     block = torch.cat([ties, -ties])  # two 16-blocks; amax 100 -> block scale saturates the 100
@@ -210,6 +218,7 @@ def test_nvfp4_exact_rounding_ties_match_modelopt():
     assert values[:7].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
 
 
+@pytest.mark.model
 def test_nvfp4_explicit_global_scale_saturates_block_scales_like_modelopt():
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(11))
     for g in (torch.tensor(1e-6), torch.tensor(5.0), torch.tensor(2.0**-20)):
@@ -244,6 +253,7 @@ def test_nvfp4_errors_name_the_tensor():
         nvfp4.fake_quant_activation(torch.ones(1, 8), torch.tensor(1.0))
 
 
+@pytest.mark.model
 def test_nvfp4_fake_quant_activation_matches_modelopt_quant_dequant():
     x = torch.randn(9, 64, generator=torch.Generator().manual_seed(12)) * 2
     x[0, :16] = 0.0
@@ -263,6 +273,7 @@ def test_nvfp4_fake_quant_activation_propagates_nan():
     assert bool(out[1].isfinite().all())
 
 
+@pytest.mark.model
 def test_nvfp4_bit_trick_dequant_is_exact_for_every_byte():
     packed = torch.arange(256, dtype=torch.uint8).reshape(32, 8).repeat(1, 2)  # [32, 16] -> H = 32
     gen = torch.Generator().manual_seed(13)
@@ -297,6 +308,7 @@ def minilm_embedding() -> torch.Tensor:
         return f.get_tensor("embeddings.word_embeddings.weight")
 
 
+@pytest.mark.model
 def test_minilm_fp8_bit_exact(minilm_embedding):
     w = minilm_embedding
     assert w.shape == (30522, 384) and w.dtype == torch.float32
@@ -307,6 +319,7 @@ def test_minilm_fp8_bit_exact(minilm_embedding):
     assert_bits_equal(fp8.dequantize_fp8_bits(q, s), fp8.dequantize_fp8(q, s))
 
 
+@pytest.mark.model
 def test_minilm_nvfp4_bit_exact(minilm_embedding):
     w = minilm_embedding
     packed, bs, g = nvfp4.quantize_nvfp4(w)
@@ -357,6 +370,7 @@ def test_nvfp4_round_trip_error_bound(rows, blocks, data):
     assert bool(((dq == 0) | (torch.sign(dq) == torch.sign(x))).all())
 
 
+@pytest.mark.model
 @settings(max_examples=40, deadline=None)
 @given(st.binary(min_size=16, max_size=16 * 8), st.floats(1e-6, 1.0), st.floats(2.0**-9, 448.0))
 def test_nvfp4_unpack_pack_and_fast_path_agree(raw, g, block_scale):

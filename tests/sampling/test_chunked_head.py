@@ -67,6 +67,7 @@ def test_tp1_chunked_equals_materialized() -> None:
     assert {r["fmt"] for r in records} >= {"bf16", "fp32", "FP8 W8A8-dyn", "NVFP4 W4A4"}
 
 
+@pytest.mark.ranks
 def test_tp3_uneven_and_padded_chunked_equals_materialized(launched: list[dict[str, Any]]) -> None:
     per_rank = [r["equality"] for r in launched]
     for records in per_rank:
@@ -90,6 +91,7 @@ def test_decode_above_the_budget_streams_with_the_same_ids_tp1() -> None:
     assert len(records) == len(FORMATS)
 
 
+@pytest.mark.ranks
 def test_decode_above_the_budget_streams_with_the_same_ids_tp3(launched: list[dict[str, Any]]) -> None:
     per_rank = [r["decode"] for r in launched]
     for records in per_rank:
@@ -97,6 +99,7 @@ def test_decode_above_the_budget_streams_with_the_same_ids_tp3(launched: list[di
     assert [[r["ids"] for r in records] for records in per_rank].count([r["ids"] for r in per_rank[0]]) == WORLD
 
 
+@pytest.mark.ranks
 def test_bad_input_on_one_rank_raises_on_every_rank(launched: list[dict[str, Any]]) -> None:
     per_rank = [r["bad input"] for r in launched]
     bad_rank = {"nan hidden": 1, "wrong shape": 2, "bad k": 1, "bad chunk": 2, "bad token ids": 1}
@@ -180,6 +183,7 @@ def _peak(op: str, mode: str) -> int:
     return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_delta"])
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("op", ["greedy", "sample"])
 def test_chunked_peak_memory_is_far_below_the_logits(op: str) -> None:
     """B=256, V=65536: the materialized float32 logits are 64 MiB; the chunked call (a 4 MiB budget)
@@ -204,6 +208,7 @@ def test_long_nuclei_past_the_candidates_still_equal_the_materialized_path_tp1()
     _long_nuclei([long_nucleus_cases(0, 1, 64 * 1024)])
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize(("tp", "budget"), NUCLEUS_SPLITS)
 def test_long_nuclei_past_the_candidates_still_equal_the_materialized_path(launched: list[dict[str, Any]], tp: int,
                                                                            budget: int) -> None:

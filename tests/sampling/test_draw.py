@@ -39,6 +39,7 @@ def records() -> list[dict]:
     return per_rank[0]  # rank 0 takes part in every case
 
 
+@pytest.mark.ranks
 def test_seeded_ids_are_the_same_at_every_tp(records: list[dict]) -> None:
     assert [r["case"] for r in records] == ["tp=1 uneven", "tp=2 uneven", "tp=3 uneven", "tp=5 uneven",
                                              "tp=4 padded"]
@@ -51,6 +52,8 @@ def test_seeded_ids_are_the_same_at_every_tp(records: list[dict]) -> None:
     assert all(i < 500 for i in records[0]["limited"])
 
 
+@pytest.mark.ranks
+@pytest.mark.model
 def test_bitmask_per_shard_equals_xgrammar(records: list[dict]) -> None:
     xgr = pytest.importorskip("xgrammar")
     g = gathered_logits(SEED)
@@ -147,6 +150,7 @@ def group() -> list[dict]:
     return run_ranks(group_cases, 3, timeout_s=120)
 
 
+@pytest.mark.ranks
 def test_tiny_temperatures_draw_the_argmax_tp3(group: list[dict]) -> None:
     per_rank = [out["tiny"] for out in group]
     for out in per_rank:
@@ -169,6 +173,7 @@ def test_greedy_below_is_the_documented_limit() -> None:
     assert torch.equal(sample(g, head, SamplingParams(temperature=1e-40, seed=1)), greedy(g, head))
 
 
+@pytest.mark.ranks
 def test_seeds_equal_as_float64_are_a_mismatch(group: list[dict]) -> None:
     """Seeds (and steps) 2**60 on ranks 0, 2 and 2**60 + 1 on rank 1 fail the handshake on every rank."""
     results = [out["seeds"] for out in group]
@@ -195,6 +200,7 @@ def test_sampling_params_are_validated() -> None:
             SamplingParams(**{field: value})
 
 
+@pytest.mark.ranks
 def test_bad_arguments_raise_on_every_rank(group: list[dict]) -> None:
     want = {
         "params count": ("InputError", "PeerRankError", "params has 3 entries"),

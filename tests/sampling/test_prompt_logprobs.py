@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]  # every test here (docs/testing.md)
+
 SCRIPT = """
 import hashlib, json, re, sys, torch
 from trtvocab import LMHead

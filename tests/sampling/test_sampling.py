@@ -56,12 +56,14 @@ def split_records() -> list[list[dict]]:
     return run_ranks(sampling_cases, 4, 11, timeout_s=60)
 
 
+@pytest.mark.ranks
 def test_top_p_doubles_k_behind_one_handshake(split_records: list[list[dict]]) -> None:
     """Some nuclei need more than TOP_P_FIRST_K candidates: those calls ran several rounds."""
     rounds = [r["rounds"] for records in split_records for r in records if "rounds" in r and r["split"]]
     assert rounds and max(rounds) > 1 and all(n >= 1 for n in rounds)
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("tp", [2, 3, 4])
 def test_split(split_records: list[list[dict]], tp1_records: list[dict], tp: int) -> None:
     per_rank = [[r for r in split_records[rank] if r["case"].startswith(f"tp={tp} ")] for rank in range(tp)]

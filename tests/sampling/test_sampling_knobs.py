@@ -58,6 +58,7 @@ def _processed(g: torch.Tensor, p: SamplingParams, prompt: list[int], output: li
     return x
 
 
+@pytest.mark.ranks
 def test_every_knob_is_tp_invariant_and_greedy_rows_equal_transformers(records: list[dict[str, Any]]) -> None:
     assert [r["case"] for r in records] == ["tp=1 uneven", "tp=3 uneven", "tp=4 padded"]
     for r in records[1:]:
@@ -84,6 +85,7 @@ def test_every_knob_is_tp_invariant_and_greedy_rows_equal_transformers(records: 
     assert STOP not in [s[6] for s in ids[:3]]
 
 
+@pytest.mark.ranks
 def test_returned_logprobs_equal_a_float64_log_softmax(records: list[dict[str, Any]]) -> None:
     ids = records[0]["ids"]
     params = rows()
@@ -116,12 +118,14 @@ def test_returned_logprobs_equal_a_float64_log_softmax(records: list[dict[str, A
             outputs[r].append(ids[step][r])
 
 
+@pytest.mark.ranks
 def test_streamed_decode_with_state_equals_the_materialized_one(records: list[dict[str, Any]]) -> None:
     for r in records:
         assert r["streamed"]["equal"], r["case"]
         assert r["streamed"]["ids"] == records[0]["streamed"]["ids"], r["case"]
 
 
+@pytest.mark.ranks
 def test_prompt_logprobs_streamed_equal_materialized_at_every_tp_and_float64(records: list[dict[str, Any]]) -> None:
     gen = torch.Generator().manual_seed(11)
     w = torch.randn(VOCAB, 16, generator=gen)
@@ -142,6 +146,7 @@ def test_prompt_logprobs_streamed_equal_materialized_at_every_tp_and_float64(rec
         assert max(abs(v - float(lsm[t, i])) for v, i in zip(values[1:], ids[1:], strict=True)) <= LOGPROB_TOL
 
 
+@pytest.mark.ranks
 def test_beam_candidates_merge_the_best_2w_of_every_beam_at_every_tp(records: list[dict[str, Any]]) -> None:
     """3 requests x 4 beams: the best 8 (score, beam, id) of each request equal a float64 ranking of
     every beam's log-softmax plus its score; bitwise the same at tp 1, 3 and 4 (padded)."""

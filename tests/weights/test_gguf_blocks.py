@@ -165,6 +165,7 @@ def test_tied_table_is_one_copy_of_stored_blocks(files: dict[str, Path], dtype: 
     assert dense_head.weight_format is WeightFormat.DENSE and torch.equal(dense_emb(ids), rows)
 
 
+@pytest.mark.model
 def test_smollm2_greedy_tokens_and_logits_match_the_float32_head(smollm2: Path) -> None:
     """SmolLM2's tied Q8_0 head in its blocks: the same greedy tokens as the float32-dequantized head on
     the README's prompts, and logits within the chain's float32 bound of a float64 recomputation."""
@@ -269,6 +270,7 @@ def test_embedding_from_checkpoint_keeps_gguf_blocks(files: dict[str, Path]) -> 
     assert dense.weight_format is WeightFormat.DENSE and torch.equal(dense(ids), rows)
 
 
+@pytest.mark.model
 def test_cli_generate_no_gguf_blocks_gives_the_same_tokens(smollm2: Path) -> None:
     import json
 

@@ -111,11 +111,13 @@ def _check(results: list[dict[str, Any]], refs: dict[bool, dict[str, Any]], what
             assert torch.equal(got["streamed"], flat.argmax(-1)), label
 
 
+@pytest.mark.model
 def test_lora_matches_peft_tp1(peft_refs: dict[bool, dict[str, Any]]) -> None:
     """Replicated: two LoRA adapters (one rsLoRA) and none in one batch; trainable tokens, a copy and none."""
     _check(lora_cases(0, 1, _cases(peft_refs), "uneven"), peft_refs, "tp1")
 
 
+@pytest.mark.model
 def test_lora_matches_merged_model(peft_refs: dict[bool, dict[str, Any]]) -> None:
     """merge_and_unload of adapter "one" is the second reference: its rows and logits, adapter 0 on every row.
     Untied only: merging a tied model's two LoRAs adds both into its one shared table (PEFT warns about it)."""
@@ -132,6 +134,8 @@ def test_lora_matches_merged_model(peft_refs: dict[bool, dict[str, Any]]) -> Non
         torch.testing.assert_close(logits, merged.logits.reshape(-1, V), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.ranks
+@pytest.mark.model
 def test_lora_matches_peft_tp3_uneven_tp4_padded(peft_refs: dict[bool, dict[str, Any]], launch_ranks: Any) -> None:
     """Vocab-split: each rank holds its rows of B (head) / columns of A (embedding); gathered logits, the
     sampler and the chunked decode see each row's own adapter; rank 3 of tp 4 ends in padding."""
@@ -202,6 +206,7 @@ def test_nan_is_refused_naming_file_and_tensor(tmp_path: Path) -> None:
         _head().load_adapter(folder)
 
 
+@pytest.mark.ranks
 def test_split_refusals_fail_every_rank(tmp_path: Path, launch_ranks: Any) -> None:
     """Only the last rank reads the NaN row of B: it raises AdapterError, its peers PeerRankError, no hang;
     ranks picking different adapters for the same rows all raise RankMismatchError."""
