@@ -67,8 +67,9 @@ test: setup lint
 	$(say) "pytest: the whole suite (about 12 minutes on a quiet 2-core machine, longer on a busy one; make test-fast skips the slow tiers)"
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider --durations=25
 
-# Without the tiers marked `slow` by tests/conftest.py: `ranks` (process groups), `model` (real models,
-# ModelOpt) and `subprocess` (fresh interpreters). `make test` runs them all.
+# Without the tiers that imply `slow` (declared in each test file, checked by tests/conftest.py): `ranks`
+# (process groups), `model` (real models, ModelOpt) and `subprocess` (fresh interpreters). `make test`
+# runs them all; one layer's tests: pytest tests/<layer> (docs/testing.md).
 test-fast: setup
 	$(say) "pytest -m 'not slow': the suite without ranks, real models and fresh interpreters"
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider -m "not slow"

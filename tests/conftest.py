@@ -1,10 +1,11 @@
 """Shared fixtures: real safetensors checkpoints on disk, and importable rank functions.
 
-Multi-rank tests start rank processes (``trtvocab.parallel.launch.run_ranks``); a rank
-unpickles its function by module name, so ``tests/rank_fns.py`` must be importable
-there. Putting ``tests/`` on ``sys.path`` here is enough: multiprocessing passes the parent's
-``sys.path`` to every child (``multiprocessing.spawn.get_preparation_data``), and it
-also covers ``pytest --import-mode=importlib``, which does not add test directories.
+The tests live in one folder per layer of the package (docs/testing.md). Multi-rank tests start
+rank processes (``trtvocab.parallel.launch.run_ranks``); a rank unpickles its function by module
+name (``tests.parallel.rank_fns.<fn>``), so the ``tests`` package must be importable there.
+Putting the repository root on ``sys.path`` here is enough: multiprocessing passes the parent's
+``sys.path`` to every child (``multiprocessing.spawn.get_preparation_data``), and it also covers
+``pytest --import-mode=importlib``, which does not add the root.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+pytest_plugins = ("pytester",)  # tests/project/test_tiers.py runs the tier rules on small test files
+
 TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
+ROOT = TESTS_DIR.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 def write_single(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
@@ -190,12 +194,15 @@ def peak_load(path: Path, tp: int, rank: int, *, warm_up: bool = False, gguf_blo
 #   ranks       spawns a process group (trtvocab.parallel.launch.run_ranks, torchrun)
 #   model       a real model or ModelOpt (transformers, ModelOpt, the SmolLM2 GGUF, MiniLM)
 #   subprocess  a fresh interpreter
-# A test gets them from what it uses: a fixture in TIER_FIXTURES (directly or through another fixture), or
-# a name in TIER_NAMES referenced by the test's code, by a fixture defined under tests/, or by a tests/
-# helper either of them calls (followed transitively: lambdas, nested functions, module-level helpers;
-# string constants count where the code imports by name, so importorskip("modelopt") does). A new test
-# that launches ranks through `launch_ranks` or run_ranks lands in `ranks` by itself; only a library
-# call that launches them internally needs @pytest.mark.ranks (see _watch_rank_launches).
+# A test file declares its tiers where the tests are written (docs/testing.md): `pytestmark =
+# pytest.mark.ranks` (or a list) when every test in it has them, `@pytest.mark.ranks` on a test otherwise.
+# Two checks keep the declarations honest:
+# - at collection, the tiers a test evidently has must be declared, or the run stops naming the file:
+#   those of a fixture in TIER_FIXTURES it needs (directly or through another fixture), and those of a
+#   name in TIER_NAMES referenced by the test's code, by a fixture defined under tests/, or by a tests/
+#   helper either of them calls (followed transitively: lambdas, nested functions, module-level helpers;
+#   string constants count where the code imports by name, so importorskip("modelopt") does);
+# - at run time, a test of the fast tier that launches ranks fails (see _watch_rank_launches).
 TIERS = ("ranks", "model", "subprocess")
 TIER_FIXTURES = {"launch_ranks": "ranks", "fresh_python": "subprocess", "smollm2": "model", "hf_weights": "model",
                  "minilm": "model", "gemma3": "model"}
@@ -211,13 +218,13 @@ RUN_BY_NAME = {"torch.distributed.run"}
 NOT_SCANNED = {"_watch_rank_launches"}  # every test's autouse watcher (below) is no part of its tier
 
 
-def _code_tiers(code: Any, namespace: dict[str, Any], seen: set[Any]) -> set[str]:
-    """Tiers named by one code object, its nested code (lambdas, inner functions) and the tests/
-    functions it references by global name (followed once each)."""
+def _code_tiers(code: Any, namespace: dict[str, Any], seen: set[Any]) -> dict[str, str]:
+    """Tier -> the name that implies it, for one code object, its nested code (lambdas, inner
+    functions) and the tests/ functions it references by global name (followed once each)."""
     if code in seen:
-        return set()
+        return {}
     seen.add(code)
-    tiers: set[str] = set()
+    tiers: dict[str, str] = {}
     # names (globals, attributes, modules imported inside the function), and string constants where
     # the code imports by name (importorskip("modelopt")), or a module run by name ("torch.distributed.run")
     imports_by_name = bool(IMPORTERS & set(code.co_names))
@@ -225,35 +232,36 @@ def _code_tiers(code: Any, namespace: dict[str, Any], seen: set[Any]) -> set[str
     for word in list(code.co_names) + [c for c in strings if imports_by_name or c in RUN_BY_NAME]:
         tier = TIER_NAMES.get(word) or TIER_NAMES.get(word.split(".")[0])
         if tier:
-            tiers.add(tier)
+            tiers.setdefault(tier, f"the name {word!r} in {code.co_name}")
     for const in code.co_consts:
         if hasattr(const, "co_code"):
-            tiers |= _code_tiers(const, namespace, seen)
+            tiers = {**_code_tiers(const, namespace, seen), **tiers}
     for name in code.co_names:
         obj = namespace.get(name)
         helper = getattr(obj, "__wrapped__", obj)
         fcode = getattr(helper, "__code__", None)
         if fcode is not None and Path(fcode.co_filename).resolve().is_relative_to(TESTS_DIR):
-            tiers |= _code_tiers(fcode, getattr(helper, "__globals__", {}), seen)
+            tiers = {**_code_tiers(fcode, getattr(helper, "__globals__", {}), seen), **tiers}
         elif isinstance(obj, type(sys)) and obj.__name__ == "subprocess":
-            tiers.add("subprocess")
+            tiers.setdefault("subprocess", f"the subprocess module in {code.co_name}")
     return tiers
 
 
-def _function_tiers(fn: Any, seen: set[Any]) -> set[str]:
+def _function_tiers(fn: Any, seen: set[Any]) -> dict[str, str]:
     inner = getattr(getattr(fn, "hypothesis", None), "inner_test", None)  # hypothesis' @given
     fn = inner or getattr(fn, "__wrapped__", fn)
     code = getattr(fn, "__code__", None)
-    return _code_tiers(code, fn.__globals__, seen) if code is not None else set()
+    return _code_tiers(code, fn.__globals__, seen) if code is not None else {}
 
 
-def item_tiers(item: pytest.Item) -> set[str]:
-    """The tiers of one collected test (see TIERS above)."""
-    tiers = {TIER_FIXTURES[name] for name in getattr(item, "fixturenames", ()) if name in TIER_FIXTURES}
-    tiers |= {t for t in TIERS if item.get_closest_marker(t)}
+def item_tiers(item: pytest.Item) -> dict[str, str]:
+    """The tiers one collected test evidently has (see TIERS above), each with the fixture or the name
+    that implies it; its declared markers are not consulted."""
+    tiers = {TIER_FIXTURES[name]: f"the fixture {name!r}" for name in getattr(item, "fixturenames", ())
+             if name in TIER_FIXTURES}
     seen: set[Any] = set()
     if isinstance(item, pytest.Function):
-        tiers |= _function_tiers(item.obj, seen)
+        tiers = {**_function_tiers(item.obj, seen), **tiers}
         info = getattr(item, "_fixtureinfo", None)
         for name, defs in (info.name2fixturedefs.items() if info else ()):
             if name in NOT_SCANNED:
@@ -262,34 +270,67 @@ def item_tiers(item: pytest.Item) -> set[str]:
                 func = fixturedef.func
                 code = getattr(getattr(func, "__wrapped__", func), "__code__", None)
                 if code is not None and Path(code.co_filename).resolve().is_relative_to(TESTS_DIR):
-                    tiers |= _function_tiers(func, seen)
+                    tiers = {**_function_tiers(func, seen), **tiers}
     return tiers
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each declared tier implies `slow`; a tier a test evidently has but does not declare stops the run."""
+    undeclared: dict[str, list[str]] = {}
+    for item in items:
+        declared = {t for t in TIERS if item.get_closest_marker(t)}
+        if declared and not item.get_closest_marker("slow"):
+            item.add_marker("slow")
+        missing = {t: why for t, why in item_tiers(item).items() if t not in declared}
+        if missing:
+            path = str(item.path.relative_to(config.rootpath)) if item.path.is_relative_to(config.rootpath) \
+                else str(item.path)
+            undeclared.setdefault(path, []).append(
+                f"  {item.name}: " + "; ".join(f"{t} ({why})" for t, why in sorted(missing.items())))
+    if undeclared:
+        lines = [f"{path}: tests whose tiers are not declared (add `@pytest.mark.<tier>` to the test, or "
+                 f"`pytestmark = pytest.mark.<tier>` to the file when every test in it has the tier):\n"
+                 + "\n".join(tests) for path, tests in sorted(undeclared.items())]
+        raise pytest.UsageError("\n".join(lines) + "\n(the tiers: tests/conftest.py, docs/testing.md)")
+
+
 # A library call that launches ranks by itself (compare(tp=2), infer on a tp > 1 artifact, generate at
-# tp > 1) is invisible to the scan above: such a test says so with @pytest.mark.ranks. So that none is
-# missed, trtvocab.parallel.launch.run_ranks reports every launch; a test of the fast tier (no `slow` marker) that
-# launched ranks is listed at the end of the run (it slows `make test-fast` down).
-_UNTIERED_LAUNCHES: dict[str, int] = {}
+# tp > 1) is invisible to the check above: such a test declares @pytest.mark.ranks. So that none is
+# missed, trtvocab.parallel.launch.run_ranks reports every launch to the test that runs it (its setup
+# included: a fixture's launch counts for the test that needs it); a test of the fast tier (no `slow`
+# marker) that launched ranks fails, after its own body ran (a launch it caught cannot hide).
+_FAST_LAUNCHES: dict[str, int] = {}
 _CURRENT: list[pytest.Item] = []
 
 
+def _fail_fast_tier_launches(item: pytest.Item) -> None:
+    n = _FAST_LAUNCHES.pop(item.nodeid, 0)
+    if n:
+        pytest.fail(f"{item.nodeid} launched ranks ({n} launch(es)) but is in the fast tier: declare "
+                    "@pytest.mark.ranks on it (or pytestmark = pytest.mark.ranks in its file; docs/testing.md)",
+                    pytrace=False)
+
+
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Any:  # a fixture's launch counts for the test that needs it
+def pytest_runtest_setup(item: pytest.Item) -> Any:
     _CURRENT.append(item)
     try:
-        return (yield)
+        result = yield
     finally:
         _CURRENT.pop()
+    _fail_fast_tier_launches(item)
+    return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     _CURRENT.append(item)
     try:
-        return (yield)
+        result = yield
     finally:
         _CURRENT.pop()
+    _fail_fast_tier_launches(item)
+    return result
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -301,29 +342,12 @@ def _watch_rank_launches() -> Any:
     def watched(*args: Any, **kwargs: Any) -> Any:
         item = _CURRENT[-1] if _CURRENT else None
         if item is not None and not item.get_closest_marker("slow"):
-            _UNTIERED_LAUNCHES[item.nodeid] = _UNTIERED_LAUNCHES.get(item.nodeid, 0) + 1
+            _FAST_LAUNCHES[item.nodeid] = _FAST_LAUNCHES.get(item.nodeid, 0) + 1
         return real(*args, **kwargs)
 
     launch.run_ranks = watched
     yield
     launch.run_ranks = real
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _UNTIERED_LAUNCHES:
-        terminalreporter.section("fast-tier tests that launched ranks (mark them @pytest.mark.ranks)")
-        for nodeid, n in sorted(_UNTIERED_LAUNCHES.items()):
-            terminalreporter.write_line(f"{nodeid}: {n} launch(es)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        tiers = item_tiers(item)
-        for tier in sorted(tiers):
-            if not item.get_closest_marker(tier):
-                item.add_marker(tier)
-        if tiers and not item.get_closest_marker("slow"):
-            item.add_marker("slow")
 
 
 @pytest.fixture(scope="module")

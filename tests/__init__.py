@@ -1,0 +1,1 @@
+"""trtvocab's tests, one folder per layer of the package (docs/testing.md)."""

@@ -1,0 +1,1 @@
+"""Tests of trtvocab/accuracy (see docs/testing.md)."""

@@ -1,0 +1,1 @@
+"""Tests of trtvocab/artifact (see docs/testing.md)."""

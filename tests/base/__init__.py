@@ -1,0 +1,1 @@
+"""Tests of trtvocab/base (see docs/testing.md)."""

@@ -1,0 +1,1 @@
+"""Tests of trtvocab/checkpoints (see docs/testing.md)."""

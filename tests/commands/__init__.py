@@ -1,0 +1,1 @@
+"""Tests of trtvocab/commands (see docs/testing.md)."""

@@ -1,0 +1,1 @@
+"""Tests of trtvocab/export (see docs/testing.md)."""

@@ -1,0 +1,1 @@
+"""Tests of trtvocab/kernels (see docs/testing.md)."""

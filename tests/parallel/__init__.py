@@ -1,0 +1,1 @@
+"""Tests of trtvocab/parallel (see docs/testing.md)."""

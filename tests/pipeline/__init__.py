@@ -1,0 +1,1 @@
+"""Tests of trtvocab/pipeline (see docs/testing.md)."""

@@ -1,0 +1,116 @@
+"""The package's shape: an acyclic import graph, one home per concept, docs a clone can read."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(_spec)
+sys.modules["import_graph"] = import_graph
+_spec.loader.exec_module(import_graph)
+
+
+def test_import_graph_has_no_cycle_counting_lazy_imports() -> None:
+    graph = import_graph.edges(ROOT)
+    assert "trtvocab.weights.loader" in graph["trtvocab.lm_head"]  # the scan sees imports
+    assert import_graph.cycles(graph) == []
+
+
+def test_cycle_detection_finds_a_lazy_cycle(tmp_path: Path) -> None:
+    """The checker itself: a cycle closed by an import inside a function is reported."""
+    pkg = tmp_path / "trtvocab"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from trtvocab import b\n")
+    (pkg / "b.py").write_text("def f():\n    from trtvocab.a import x\n")
+    assert import_graph.cycles(import_graph.edges(tmp_path)) == [["trtvocab.a", "trtvocab.b"]]
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    """The layer order of tools/import_graph.py holds for every module, lazy imports included."""
+    graph = import_graph.edges(ROOT)
+    assert import_graph.upward(graph) == []
+    # Every folder and top-level module has a layer (a new folder must be placed in the order).
+    for mod in graph:
+        import_graph.layer_of(mod)
+
+
+def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "trtvocab"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "high").mkdir()
+    for d in (pkg, pkg / "low", pkg / "high"):
+        (d / "__init__.py").write_text("")
+    (pkg / "high" / "h.py").write_text("from trtvocab.low import l\n")  # downward: allowed
+    (pkg / "low" / "l.py").write_text("def f():\n    from trtvocab.high.h import x\n")  # upward, lazily
+    layers = [("low",), ("high",)]
+    assert import_graph.upward(import_graph.edges(tmp_path), layers) == [
+        "trtvocab.low.l (low) -> trtvocab.high.h (high)"]
+
+
+def test_writers_never_import_runners() -> None:
+    graph = import_graph.edges(ROOT)
+    for writer in ("trtvocab.export.onnx", "trtvocab.export.tensorrt"):
+        assert not any(dep.startswith("trtvocab.backends") for dep in graph[writer]), writer
+
+
+def test_every_public_class_has_a_docstring() -> None:
+    missing = []
+    for path in sorted((ROOT / "trtvocab").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and not ast.get_docstring(node):
+                missing.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert not missing, missing
+
+
+def test_readme_and_docs_link_only_inside_the_repository() -> None:
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in link.findall(doc.read_text()):
+            if re.match(r"^[a-z]+://", target):
+                continue  # a web page, not a file
+            resolved = (doc.parent / target).resolve()
+            assert resolved.is_relative_to(ROOT), f"{doc.name} links outside the repository: {target}"
+            assert resolved.exists(), f"{doc.name} links to a missing file: {target}"
+
+
+def test_dense_head_exposes_its_weight_read_only() -> None:
+    from trtvocab import LMHead, Mapping
+
+    w = torch.randn(10, 8)
+    head = LMHead(10, 8, dtype=torch.float32, mapping=Mapping(world_size=3, rank=1, tp_size=3))
+    head.load_weights({"weight": w})
+    assert torch.equal(head.weight, w[4:7])  # rank 1 of 3 owns [4, 7)
+    assert head.weight.data_ptr() == head.weights.weight.data_ptr()  # a view, no copy
+    try:
+        head.weight = torch.zeros(3, 8)
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("LMHead.weight must have no setter")
+
+
+MAX_MODULE_DOCSTRING_LINES = 18  # a summary and a pointer into docs/; the details live there
+
+
+def test_module_docstrings_are_short_and_point_inside_the_repository() -> None:
+    long, outside, diary = [], [], []
+    for path in sorted((ROOT / "trtvocab").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+        name = str(path.relative_to(ROOT))
+        if len(doc.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
+            long.append(f"{name}: {len(doc.splitlines())} lines")
+        if re.search(r"DESIGN(\.md| §)|\.\./shared", doc):
+            outside.append(name)
+        if re.search(r"this session|first version|measured on this machine", doc, re.IGNORECASE):
+            diary.append(name)
+    assert not long, long
+    assert not outside, f"docstrings citing files outside the repository: {outside}"
+    assert not diary, f"diary text in docstrings: {diary}"

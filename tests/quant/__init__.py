@@ -1,0 +1,1 @@
+"""Tests of trtvocab/quant (see docs/testing.md)."""

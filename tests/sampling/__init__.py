@@ -1,0 +1,1 @@
+"""Tests of trtvocab/sampling (see docs/testing.md)."""

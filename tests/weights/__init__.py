@@ -1,0 +1,1 @@
+"""Tests of trtvocab/weights (see docs/testing.md)."""
