@@ -220,6 +220,7 @@ def test_the_runner_runs_the_lines_this_checker_parses() -> None:
     assert [s.expect for s in runner.steps(README.read_text()) if s.kind == "python"] == ["[2088, 4]"]
 
 
+@pytest.mark.subprocess
 def test_the_quick_readme_lines_run_for_real(tmp_path: Path) -> None:
     """Every README line that takes seconds (``tools/readme_run.py --quick``) runs as written in a scratch
     copy of the clone; ``make readme`` runs all of them (the demo, the comparisons, Gemma 3)."""
