@@ -6,7 +6,7 @@ Each function takes the rows to score, ``hidden [B, H]`` (in the head dtype), an
 (:meth:`LMHead.column_logits`) and merges as it goes (a running best ``(value, id)``, a running
 top-k, the vocab tree's node sums); the cross-rank merges are those of
 :mod:`trtvocab.sampling.reductions`. ``chunk`` (columns) is a memory granularity, rounded up to GEMM
-tiles whose boundaries are a fixed function of the shard (:func:`gemm_tiles`), so every result is
+tiles the weight format declares next to its GEMM (:func:`gemm_tiles`), so every result is
 bitwise the materialized path's (``head.local_logits`` then ``trtvocab.sampling``). ``chunk=None``
 uses the head's ``logits_budget_bytes``: one chunk when the float32 logits fit, else chunks whose
 temporaries stay about one budget. Every public call starts with one handshake; NaN logits raise
@@ -17,7 +17,6 @@ See docs/architecture.md, "The vocab-chunked head".
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,10 +54,8 @@ from trtvocab.sampling.reductions import (
 )
 from trtvocab.sampling.state import TokenState
 from trtvocab.sampling.treesum import Node, aligned_nodes, merge_ranges, range_nodes
-from trtvocab.weights import deterministic as det
-from trtvocab.weights.dense import FLOAT32_BLOCK_ELEMENTS
+from trtvocab.weights.dense import DENSE_TILE
 
-DENSE_TILE = 128  # dense heads in their dtype: no GEMM narrower than this (or than the whole shard)
 TOP_P_CANDIDATES = 1024  # candidates a top-p row without top-k tracks (at least; more when the budget allows)
 SAMPLE_BYTES_PER_LOGIT = 32  # sample's temporaries per logit of a chunk (float64 scores, int64 noise keys)
 # The other passes' temporaries per logit of a chunk: the logits themselves, a NaN mask, and the
@@ -70,21 +67,9 @@ _FORMATS = tuple(WeightFormat)
 
 # ---- tiles, chunks and the stream ---------------------------------------------------------------
 def gemm_tiles(head: LMHead) -> list[tuple[int, int]]:
-    """``[(lo, hi)]``: the local owned rows of every GEMM tile, in order (see the module docstring)."""
-    size, start = head.shard.size, head.shard.start
-    if size == 0:
-        return []
-    if head.deterministic:
-        tile = det.TILE if head.output_dtype == torch.float32 else det.HALF_TILE
-        return [(lo - start, hi - start) for _, lo, hi in det.tiles(start, size, tile)]
-    if head.weight_format is not WeightFormat.DENSE:
-        step = int(head.weights.rows_per_chunk)
-        return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
-    if head.output_dtype != head.weights.dtype:
-        step = max(1, FLOAT32_BLOCK_ELEMENTS // head.hidden_size)
-        return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
-    bounds = [i * DENSE_TILE for i in range(max(1, size // DENSE_TILE))] + [size]
-    return list(itertools.pairwise(bounds))
+    """``[(lo, hi)]``: the local owned rows of every GEMM tile, in order, as the head's weight format
+    declares them (:meth:`LMHead.gemm_tiles`): chunks are runs of these, never cut inside one."""
+    return head.gemm_tiles()
 
 
 def chunk_columns(head: LMHead, rows: int, chunk: int | None, bytes_per_logit: int = STREAM_BYTES_PER_LOGIT) -> int:
