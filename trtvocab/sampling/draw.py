@@ -226,8 +226,8 @@ class SamplerOutput:
 
 def pipeline(x: torch.Tensor, head: Any, meta: Metadata) -> SamplerOutput:
     """vLLM v1's ``Sampler.forward`` on one rank's owned columns ``x [B, V_local]`` (docs/sampling.md,
-    "Order"): raw logprobs → float32 → logits processors (bans, bias, penalties) → greedy or
-    temperature → top-k → top-p → min-p → typical-p → the race → returned logprobs."""
+    "Order"): float32 → raw logprobs → logits processors (bans, bias, penalties) → greedy or
+    temperature → top-k → top-p → min-p (vLLM: before top-k) → typical-p → the race → returned logprobs."""
     ids = column_ids(head.vocab_start, x.shape[1], x.device)
     x = x.to(torch.float32)
     raw = x if meta.vocab_limit is None else x.masked_fill(ids[None, :] >= meta.vocab_limit, float("-inf"))
