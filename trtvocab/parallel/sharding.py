@@ -13,10 +13,8 @@ Two layouts of a vocabulary of ``V`` columns over ``tp`` ranks::
     larger; nothing to pad                          padding weights are zero, padding
                                                     logits are -inf and trimmed on gather
 
-Ownership is exclusive in both: every token id has exactly one owning rank, and
-gathered columns are token ids (column ``i`` is token ``i``). :class:`VocabPlacement` is one rank's
-shard with its peers' and its process group: what a sampler needs (an ``LMHead`` gives one, and so
-does an artifact's manifest, with no weights loaded).
+Ownership is exclusive in both: every token id has exactly one owning rank, and gathered columns
+are token ids. :class:`VocabPlacement`: a rank's shard, its peers' and its group (what a sampler reads).
 """
 
 from __future__ import annotations

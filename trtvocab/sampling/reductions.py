@@ -1,10 +1,8 @@
 """Reductions over a vocab-split head's logits without gathering ``[B, V]``.
 
 Each function takes one rank's logits (``head.local_logits(hidden)``, padding ``-inf``, or
-``head(hidden)`` with ``gather_output=False``) and the head or its placement
-(:class:`~trtvocab.parallel.sharding.VocabPlacement`: the shards and the process group), and
-returns exactly what the same operation gives on the gathered logits; only ``O(B * k)`` numbers
-cross ranks::
+``head(hidden)`` with ``gather_output=False``) and the head or its ``VocabPlacement``, and returns
+exactly what the same operation gives on the gathered logits; only ``O(B * k)`` numbers cross ranks::
 
     greedy      local (max, global id)   -> all_gather [tp, B] pairs  -> pick
     topk        local top-k (vals, ids)  -> all_gather [tp, B, k]     -> merge
