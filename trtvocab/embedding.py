@@ -117,7 +117,7 @@ class VocabParallelEmbedding(VocabParallelModule):
     @classmethod
     def from_checkpoint(
         cls,
-        path: str | Path,
+        path: str | Path | Any,
         *,
         mapping: Mapping | None = None,
         dtype: torch.dtype = torch.bfloat16,
@@ -128,7 +128,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         reduce_output: bool = True,
         gguf_blocks: bool = True,
     ) -> VocabParallelEmbedding:
-        """This rank's shard of a checkpoint's input embedding, reading only its rows.
+        """This rank's shard of a checkpoint's input embedding, reading only its rows (``path``: a
+        path, or a checkpoint already opened by ``trtvocab.checkpoints.checkpoint.open_checkpoint``).
 
         ``tensor_name``: the ``[V, H]`` tensor when it is none of ``model.embed_tokens.weight``,
         ``embeddings.word_embeddings.weight``, ``transformer.wte.weight`` (or GGUF's

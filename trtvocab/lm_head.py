@@ -38,8 +38,6 @@ from trtvocab.vocab_parallel import MAPPINGS as _MAPPINGS
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import WeightMethod, weight_class
 from trtvocab.weights.base import read_rows
-from trtvocab.weights.dense import FLOAT32_BLOCK_ELEMENTS
-from trtvocab.weights.deterministic import tiled_logits
 from trtvocab.weights.loader import open_head
 from trtvocab.weights.lora import adapt_logits_, check_adapter_ids
 
@@ -317,12 +315,12 @@ class LMHead(VocabParallelModule):
         """Logits ``[N, hi - lo]`` of this shard's owned columns ``[lo, hi)`` (local numbers,
         ``0 <= lo <= hi <= shard.size``; default: all of them), in :attr:`output_dtype`, no collective.
 
-        The one place that picks the GEMM: the deterministic vocab tiles, a dense head's float32
-        accumulation (``DenseWeight.forward_float32``'s row blocks), or the weight format's own
-        (``weights.block_logits``). A column has the bits of the whole-shard call whenever ``lo``
-        and ``hi`` are boundaries of the GEMM tiles (``trtvocab.sampling.chunked.gemm_tiles``), so a
-        caller may stream the shard in chunks. ``prepared``: ``self.weights.prepare(hidden)`` made
-        once for several calls (a quantized head's activations quantized once for the batch).
+        The GEMM is the weight format's (``weights.gemm``: a dense head's deterministic vocab tiles,
+        its float32 accumulation or its own dtype; a quantized format's ``block_logits``). A column
+        has the bits of the whole-shard call whenever ``lo`` and ``hi`` are boundaries of the tiles
+        the format declares (:meth:`gemm_tiles`), so a caller may stream the shard in chunks.
+        ``prepared``: ``self.weights.prepare(hidden)`` made once for several calls (a quantized
+        head's activations quantized once for the batch).
         """
         size = self.shard.size
         hi = size if hi is None else hi
@@ -340,23 +338,24 @@ class LMHead(VocabParallelModule):
         return self.head_ops.apply_(logits, self.bias[lo:hi] if self.head_ops.bias else None)
 
     def _gemm(self, hidden: torch.Tensor, lo: int, hi: int, prepared: Any) -> torch.Tensor:
-        """``x @ W.T`` of the owned columns ``[lo, hi)``: the GEMM :meth:`column_logits` picks."""
-        w = self.weights
-        if self.deterministic and self.weight_format is WeightFormat.DENSE:  # GGUF blocks: invariant by their chain
-            return tiled_logits(hidden, w.weight[lo:hi], self.shard.start + lo, hi - lo, self.output_dtype)
+        """``x @ W.T`` of the owned columns ``[lo, hi)``: the weight format's GEMM (``weights.gemm``)."""
         if hidden.shape[0] == 0:
             return torch.zeros(0, hi - lo, dtype=self.output_dtype, device=hidden.device)
-        if self.output_dtype != w.dtype and self.weight_format is WeightFormat.DENSE:
-            xf = hidden.float()
-            out = torch.empty(hidden.shape[0], hi - lo, dtype=torch.float32, device=hidden.device)
-            step = max(1, FLOAT32_BLOCK_ELEMENTS // self.hidden_size)  # forward_float32's row blocks
-            a = lo
-            while a < hi:  # both operands upcast, one block (or the part of it inside [lo, hi)) at a time
-                b = min((a // step + 1) * step, hi)
-                torch.matmul(xf, w.weight[a:b].float().t(), out=out[:, a - lo : b - lo])
-                a = b
-            return out
-        return w.block_logits(w.prepare(hidden) if prepared is None else prepared, lo, hi)
+        w = self.weights
+        return w.gemm(w.prepare(hidden) if prepared is None else prepared, lo, hi, self.output_dtype,
+                      self._tiled)
+
+    @property
+    def _tiled(self) -> bool:
+        """Whether the format's GEMM runs in deterministic vocab tiles: a dense deterministic head (a
+        GGUF head's block chain is tp- and batch-invariant as it is)."""
+        return self.deterministic and self.weight_format is WeightFormat.DENSE
+
+    def gemm_tiles(self) -> list[tuple[int, int]]:
+        """``[(lo, hi)]``: the local owned columns of every GEMM tile, as the weight format declares
+        them (``weights.gemm_tiles``): :meth:`column_logits` over any run of consecutive tiles gives
+        bitwise the columns of the whole-shard call."""
+        return self.weights.gemm_tiles(self.output_dtype, self._tiled)
 
     def local_logits(self, hidden: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's ``[N, width]`` logits; padding columns (padded layout) are ``-inf``.

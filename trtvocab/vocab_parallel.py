@@ -20,7 +20,7 @@ from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import AdapterError, ConfigError, RankMismatchError
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
-from trtvocab.parallel.sharding import VocabLayout, VocabShard, all_shards
+from trtvocab.parallel.sharding import VocabLayout, VocabPlacement, VocabShard, all_shards
 from trtvocab.weights import WeightMethod
 from trtvocab.weights.base import normalize_keys
 
@@ -100,6 +100,14 @@ class VocabParallelModule(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.weights.buffers()).device
+
+    @property
+    def placement(self) -> VocabPlacement:
+        """This rank's :class:`~trtvocab.parallel.sharding.VocabPlacement` (what ``trtvocab.sampling``
+        reads): the shards, the process group, the device, and this module's own handshake state
+        (shared, so calls with the module or its placement keep one agreement)."""
+        return VocabPlacement(self.shard, tuple(self.shards), self.pad_to, self.is_split, self.process_group,
+                              self.device, self.handshake_state, bool(getattr(self, "handshake_every_call", False)))
 
     @property
     def weight_format(self) -> WeightFormat:

@@ -316,21 +316,27 @@ def test_onnx_artifact_equals_torch(loaded, smollm2: Path, artifact: Path) -> No
 def test_the_manifest_is_read_once_and_the_checkpoint_opened_once_per_rank(loaded, smollm2: Path, artifact: Path,
                                                                             monkeypatch) -> None:
     """prepare reads the manifest (verified) and the checkpoint's header once; the rank builds its
-    vocab ends from that manifest and opens the checkpoint once more, for its rows (the third GGUF
-    open is the artifact's provenance check, the head's digest)."""
+    vocab ends from that manifest and opens the checkpoint once more, for its embedding rows (the third
+    GGUF open is the artifact's provenance check, the head's digest). The model's head is never
+    loaded on the artifact path: the sampler runs on the manifest's placement."""
+    from trtvocab import LMHead
     from trtvocab.artifact import store
     from trtvocab.checkpoints import gguf
 
-    reads, opens = [], []
-    read_manifest, init = store.read_manifest, gguf.GGUFCheckpoint.__init__
+    reads, opens, heads = [], [], []
+    read_manifest, init, load = store.read_manifest, gguf.GGUFCheckpoint.__init__, LMHead.from_checkpoint.__func__
     monkeypatch.setattr(store, "read_manifest", lambda *a, **k: reads.append(1) or read_manifest(*a, **k))
     monkeypatch.setattr(gguf.GGUFCheckpoint, "__init__", lambda self, *a, **k: opens.append(1) or init(self, *a, **k))
+    # The model's head (from its checkpoint); the artifact's torch backend loads its own files.
+    counted = classmethod(lambda cls, *a, **k: heads.append(1) or load(cls, *a, **k))
+    monkeypatch.setattr(LMHead, "from_checkpoint", counted)
     G.run(smollm2, [A], max_new_tokens=2)
-    assert len(opens) == 2 and not reads
+    assert len(opens) == 2 and not reads and heads
     opens.clear()
+    heads.clear()
     got = G.run(smollm2, [A], max_new_tokens=2, backend="torch", artifact=artifact)
     assert got.head == "torch"
-    assert len(reads) == 1 and len(opens) == 3
+    assert len(reads) == 1 and len(opens) == 3 and not heads
 
 
 # ---- bad input: one error line naming the argument, exit code 2 ----------------------------------------------

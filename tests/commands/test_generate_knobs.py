@@ -5,7 +5,7 @@
   ``SequenceBiasLogitsProcessor``, ``NoBadWordsLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``),
   token for token; ``--logprobs 3`` returns DESIGN §9's shape, its values a float64 log-softmax of
   transformers' raw logits.
-* The same knobs, seeded typical-p, stop ids and stop strings give the same tokens and logprobs at tp 3.
+* The same knobs, seeded typical-p, stop ids and stop strings give the same tokens and logprobs at tp 2 and 3.
 * Bad flag values are one ``error:`` line naming the flag.
 """
 
@@ -85,17 +85,17 @@ def test_cli_knobs_equal_transformers_generate_and_return_logprobs(loaded, smoll
 
 @pytest.mark.model
 @pytest.mark.ranks
-def test_knobs_give_the_same_tokens_and_logprobs_at_tp_3(loaded, smollm2: Path) -> None:
+def test_knobs_give_the_same_tokens_and_logprobs_at_tp_2_and_3(loaded, smollm2: Path) -> None:
     params = [SamplingParams(temperature=0.0, repetition_penalty=1.4, presence_penalty=0.5, logprobs=2,
                              prompt_logprobs=2),
               SamplingParams(temperature=0.9, typical_p=0.7, frequency_penalty=0.6, seed=3, logprobs=1,
                              logprobs_mode="processed_logprobs", stop_token_ids=[13], n=2)]
     runs = {}
-    for tp in (1, 3):
+    for tp in (1, 2, 3):
         spec, _ = G.prepare(smollm2, [A, "def add(a, b):"], tp=tp, max_new_tokens=K, params=params,
                             deterministic=True, stop=["\n\n"])
         runs[tp] = G.generate(spec, loaded).as_json(loaded.tokenizer)
-    assert runs[1] == runs[3]
+    assert runs[1] == runs[2] == runs[3]
     results = runs[1]["results"]
     assert "prompt_logprobs" in results[0] and "prompt_logprobs" not in results[1]
     assert [r.get("index") for r in results] == [0, 0, 1]  # n = 2 for the second prompt: two completions

@@ -20,7 +20,7 @@ from trtvocab.sampling.beam import beam_candidates
 VOCAB = 1009
 STEPS = 6
 EOS, STOP = 7, 9
-SPLITS = [(1, "uneven"), (3, "uneven"), (4, "padded")]
+SPLITS = [(1, "uneven"), (2, "uneven"), (3, "uneven"), (4, "padded")]
 PROMPTS = [[200, 201, 3], [5, 6], [1], [2], [3], [4], [4], [8], [200], [200, 11], [12], [13]]
 
 

@@ -18,6 +18,7 @@ a subgroup of it).
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -122,6 +123,27 @@ def test_bad_input_on_one_rank_raises_on_every_rank(launched: list[dict[str, Any
         assert out["decode materialized rank"][0] == "RankMismatchError"
     assert [out["decode nan hidden"][0] for out in per_rank] == ["PeerRankError", "InputError", "PeerRankError"]
     assert len({str(out["decode healthy after"]) for out in per_rank}) == 1
+
+
+def test_each_weight_format_declares_its_own_gemm_tiles() -> None:
+    """The chunk split is read from the weight format (``WeightMethod.gemm_tiles``, declared next to its
+    GEMM), and the format's GEMM over each declared tile gives the whole-shard call's columns bitwise."""
+    from trtvocab.weights import base, dense, fp8, gguf, nvfp4
+
+    for cls in (dense.DenseWeight, fp8.FP8Weight, nvfp4.NVFP4Weight, gguf.GGUFWeight):
+        assert cls.gemm_tiles is not base.WeightMethod.gemm_tiles, cls.__name__
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(3))
+    for fmt in FORMATS:
+        head = make_head(fmt, None, "uneven", None, vocab=3001, seed=1)
+        tiles = head.gemm_tiles()
+        assert chunked.gemm_tiles(head) == tiles
+        assert tiles[0][0] == 0 and tiles[-1][1] == head.shard.size
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in itertools.pairwise(tiles)), fmt
+        whole = head.local_logits(x.to(head.dtype))
+        parts = torch.cat([head.column_logits(x.to(head.dtype), lo, hi) for lo, hi in tiles], dim=1)
+        assert torch.equal(parts, whole), fmt
+        chunks = chunked.plan_chunks(head, x.shape[0], 700)
+        assert [t for c in chunks for t in c] == tiles  # chunks are runs of the declared tiles
 
 
 def test_budget_chooses_chunking() -> None:

@@ -11,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from trtvocab.artifact.recipe import MAX_HIDDEN, MAX_TP, MAX_VOCAB, BuildRecipe, LMHeadSection, MappingSection
 from trtvocab.base.family import Family
 from trtvocab.base.formats import Runtime, WeightFormat
-from trtvocab.errors import ConfigError
+from trtvocab.errors import ArtifactError, ConfigError
 from trtvocab.export.records import EngineBuild, Profile
+from trtvocab.parallel.sharding import VocabPlacement, vocab_placement
 from trtvocab.quant.config import QuantConfig
 
 
@@ -134,6 +135,20 @@ class Manifest(_Record):
             if e.rank == rank:
                 return e
         raise ConfigError(f"the artifact holds ranks {self.ranks_built}, not rank {rank}")
+
+    def placement(self, rank: int, process_group: object = None) -> VocabPlacement:
+        """Where ``rank``'s columns are (what the sampler of this artifact's logits reads), from the
+        recorded split alone: no weight is read. Its entry must hold exactly those columns."""
+        head = self.head
+        place = vocab_placement(head.vocab_size, self.mapping.tp_size, rank, head.vocab_layout, head.pad_to,
+                                process_group=process_group)
+        entry = self.entry(rank)
+        if (entry.start, entry.end, entry.width) != (place.vocab_start, place.vocab_end, place.shard.width):
+            raise ArtifactError(f"the artifact's rank {rank} holds columns [{entry.start}, {entry.end}) of width "
+                                f"{entry.width}; its {head.vocab_layout} split of {head.vocab_size} over "
+                                f"{self.mapping.tp_size} gives [{place.vocab_start}, {place.vocab_end}) of width "
+                                f"{place.shard.width}")
+        return place
 
     @property
     def complete(self) -> bool:

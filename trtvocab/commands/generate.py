@@ -31,7 +31,7 @@ from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, Distrib
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.launch import usable_cores, warm_up
 from trtvocab.parallel.mapping import Mapping
-from trtvocab.parallel.sharding import calc_shard
+from trtvocab.parallel.sharding import VocabPlacement, calc_shard
 from trtvocab.sampling import Logprobs, SamplerOutput, SamplingParams, TokenState
 
 # What the ranks agree on once their setup is done, and after every artifact-backend step
@@ -725,13 +725,15 @@ class _Body:
 class VocabEnds:
     """This rank's vocabulary ends of the model, built once per run by :func:`open_vocab_ends`: the
     input embedding (``embed``) and the head with its sampler (``next_ids``), the same ids on every
-    rank. :attr:`ran_on`: what computed the logits so far; :attr:`deterministic`: whether that head
-    gives tp- and batch-invariant logits."""
+    rank. :attr:`placement`: where this rank's columns are (what the sampler reads); :attr:`ran_on`:
+    what computed the logits so far; :attr:`deterministic`: whether that head gives tp- and
+    batch-invariant logits."""
 
     deterministic: bool = False
 
-    def __init__(self, embedding: Any, head: Any, vocab_limit: int | None) -> None:
-        self.embedding, self.head, self.vocab_limit = embedding, head, vocab_limit
+    def __init__(self, embedding: Any, placement: VocabPlacement, hidden_size: int, vocab_limit: int | None) -> None:
+        self.embedding, self.placement, self.vocab_limit = embedding, placement, vocab_limit
+        self.hidden_size = hidden_size
         self.ran_on: set[Runtime] = set()
         # Each prompt's adapter index (LoRA; None: no adapters), and that of the rows of the next step.
         self.adapter_ids: torch.Tensor | None = None
@@ -753,18 +755,15 @@ class VocabEnds:
         per-rank token counts, for penalties, bad words and min tokens)."""
         raise NotImplementedError
 
-    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:
+    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         """This rank's float32 ``[b, V_local]`` logits of ``rows [b, H]`` (beam search reads them whole)."""
-        self.ran_on.add(Runtime.TORCH)
-        return self.head.local_logits(rows).float()
+        raise NotImplementedError
 
-    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
+    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor,
+                        n: int) -> Logprobs:  # pragma: no cover - abstract
         """vLLM's prompt logprobs of the hidden rows ``rows [T, H]`` (``token_ids [T]``: each row's next
-        prompt token), top-``n``: the head's logits in chunks the head's budget holds."""
-        from trtvocab.sampling import chunked
-
-        self.ran_on.add(Runtime.TORCH)
-        return chunked.prompt_logprobs(rows, self.head, token_ids, n)
+        prompt token), top-``n``, never ``[T, V_local]`` beyond the logits budget."""
+        raise NotImplementedError
 
 
 class TorchEnds(VocabEnds):
@@ -772,8 +771,20 @@ class TorchEnds(VocabEnds):
     vocab streamed in chunks when the float32 ``[b, V_local]`` logits exceed the head's budget)."""
 
     def __init__(self, embedding: Any, head: Any, vocab_limit: int | None) -> None:
-        super().__init__(embedding, head, vocab_limit)
+        super().__init__(embedding, head.placement, head.hidden_size, vocab_limit)
+        self.head = head
         self.deterministic = bool(head.deterministic)
+
+    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        self.ran_on.add(Runtime.TORCH)
+        return self.head.local_logits(rows).float()
+
+    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
+        """The head's logits in chunks its budget holds (``sampling.chunked.prompt_logprobs``)."""
+        from trtvocab.sampling import chunked
+
+        self.ran_on.add(Runtime.TORCH)
+        return chunked.prompt_logprobs(rows, self.head, token_ids, n)
 
     def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
                  state: TokenState | None = None) -> SamplerOutput:
@@ -788,13 +799,15 @@ class TorchEnds(VocabEnds):
 class ArtifactEnds(VocabEnds):
     """A built artifact's head: the backend computes this rank's float32 ``[b, V_local]`` columns
     (an engine returns its logits: nothing to stream), the ranks check in (:data:`STEP_HANDSHAKE`),
-    then each masks its columns and draws (``sampling.apply_token_bitmask``, ``sampling.sample``)."""
+    then each masks its columns and draws (``sampling.apply_token_bitmask``, ``sampling.sample``) on
+    the artifact's placement (``Manifest.placement``): the model's head is never loaded."""
 
-    def __init__(self, embedding: Any, head: Any, vocab_limit: int | None, backend: Any, dtype: torch.dtype,
-                 world: int, deterministic: bool) -> None:
-        super().__init__(embedding, head, vocab_limit)
+    def __init__(self, embedding: Any, placement: VocabPlacement, hidden_size: int, vocab_limit: int | None,
+                 backend: Any, dtype: torch.dtype, world: int, deterministic: bool, logits_budget_bytes: int) -> None:
+        super().__init__(embedding, placement, hidden_size, vocab_limit)
         self.backend, self.dtype, self.world = backend, dtype, world
         self.deterministic = deterministic
+        self.logits_budget_bytes = logits_budget_bytes
 
     def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
                  state: TokenState | None = None) -> SamplerOutput:
@@ -802,17 +815,17 @@ class ArtifactEnds(VocabEnds):
 
         logits = self._logits(rows)
         if bitmask is not None:
-            apply_token_bitmask(logits, bitmask, self.head)
-        return sample_output(logits, self.head, params, step=step, vocab_limit=self.vocab_limit, state=state)
+            apply_token_bitmask(logits, bitmask, self.placement)
+        return sample_output(logits, self.placement, params, step=step, vocab_limit=self.vocab_limit, state=state)
 
     def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
         """As :meth:`VocabEnds.prompt_logprobs`, the backend's logits of as many rows at a time as the
         head's budget holds (the same on every rank: the same groups and collectives)."""
         from trtvocab.sampling import prompt_logprobs
 
-        widest = max(s.size for s in self.head.shards)
-        group = max(1, self.head.logits_budget_bytes // (4 * max(1, widest)))
-        parts = [prompt_logprobs(self._logits(rows[g : g + group]), self.head, token_ids[g : g + group], n)
+        widest = max(s.size for s in self.placement.shards)
+        group = max(1, self.logits_budget_bytes // (4 * max(1, widest)))
+        parts = [prompt_logprobs(self._logits(rows[g : g + group]), self.placement, token_ids[g : g + group], n)
                  for g in range(0, rows.shape[0], group)]
         return Logprobs(*(torch.cat([getattr(p, f) for p in parts]) for f in ("ids", "values", "ranks")))
 
@@ -838,29 +851,31 @@ class ArtifactEnds(VocabEnds):
 
 
 def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, vocab_limit: int | None) -> VocabEnds:
-    """This rank's :class:`VocabEnds`: the checkpoint opened once (``load_tied``: one shard buffer for
-    both ends of a tied model), in the artifact's layout where there is one; the artifact's manifest
-    is the one :func:`prepare` read (``spec.artifact.manifest``)."""
-    from trtvocab.embedding import load_tied
+    """This rank's :class:`VocabEnds`. Without an artifact: the checkpoint opened once (``load_tied``: one
+    shard buffer for both ends of a tied model). With one (its manifest is the one :func:`prepare` read,
+    ``spec.artifact.manifest``): the embedding in the artifact's layout, the head's checkpoint probed
+    (headers only: its shard is never read) and the sampler on the manifest's placement."""
+    from trtvocab.embedding import VocabParallelEmbedding, load_tied
 
     art = spec.artifact
     manifest = art.manifest if art is not None else None
     layout: Any = manifest.head.vocab_layout if manifest is not None else "uneven"
     pad_to = manifest.head.pad_to if manifest is not None else 64
-    # LMHead refuses deterministic=True for a quantized head (a ConfigError naming it).
-    embedding, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,
-                                gather_output=False, deterministic=spec.deterministic, gguf_blocks=spec.gguf_blocks)
-    if spec.logits_budget_bytes is not None:
-        head.logits_budget_bytes = spec.logits_budget_bytes
+    embedding: Any = None
     if spec.attention_dp and mapping is not None:
         # Attention DP (as TensorRT-LLM: the embedding is not split there): a body rank looks up its own
         # prompts in a replicated table, so a step meets nobody before the body; a rank without a body
         # needs no embedding. Lookups are exact either way, so the tokens are those of tp 1.
-        from trtvocab.embedding import VocabParallelEmbedding
-
         embedding = VocabParallelEmbedding.from_checkpoint(spec.model, mapping=None, dtype=torch.float32) \
             if rank < spec.body_ranks else None
     if art is None:
+        # LMHead refuses deterministic=True for a quantized head (a ConfigError naming it).
+        tied, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,
+                               gather_output=False, deterministic=spec.deterministic, gguf_blocks=spec.gguf_blocks)
+        if spec.logits_budget_bytes is not None:
+            head.logits_budget_bytes = spec.logits_budget_bytes
+        if not (spec.attention_dp and mapping is not None):
+            embedding = tied
         ends = TorchEnds(embedding, head, vocab_limit)
         for name, folder in spec.loras:  # both ends share one numbering: an adapter's index on each
             embedding.load_adapter(folder, name=name)
@@ -870,18 +885,33 @@ def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, voca
         return ends
     from trtvocab.backends import open_backend
     from trtvocab.base.dtypes import head_dtype
+    from trtvocab.base.family import HeadOps
+    from trtvocab.checkpoints.checkpoint import open_checkpoint
+    from trtvocab.lm_head import DEFAULT_LOGITS_BUDGET_BYTES
+    from trtvocab.weights.loader import open_head
 
-    entry = manifest.entry(rank)
-    if (entry.start, entry.end) != (head.vocab_start, head.vocab_end):
-        raise ArtifactError(f"--artifact: rank {rank} holds columns [{entry.start}, {entry.end}), the model's "
-                            f"shard is [{head.vocab_start}, {head.vocab_end})")
-    if manifest.head.family.head != head.head_ops:
+    ckpt = open_checkpoint(spec.model)  # opened once: the head's headers, the embedding's rows
+    source = open_head(ckpt, mapping=mapping, gguf_blocks=spec.gguf_blocks)  # headers only
+    if (source.vocab_size, source.hidden_size) != (manifest.head.vocab_size, manifest.head.hidden_size) \
+            or manifest.mapping.tp_size != spec.tp:
+        raise ArtifactError(f"--artifact: built for a [{manifest.head.vocab_size}, {manifest.head.hidden_size}] head "
+                            f"at tp {manifest.mapping.tp_size}; the model's head is [{source.vocab_size}, "
+                            f"{source.hidden_size}] at tp {spec.tp}")
+    ops = source.family.head if source.family is not None else HeadOps()
+    if manifest.head.family.head != ops:
         raise ArtifactError(f"--artifact: its head computes {manifest.head.family.head.describe()}, the model's head "
-                            f"{head.head_ops.describe()} (built from another checkpoint?)")
+                            f"{ops.describe()} (built from another checkpoint?)")
+    placement = manifest.placement(rank)
+    if embedding is None and not (spec.attention_dp and mapping is not None):
+        embedding = VocabParallelEmbedding.from_checkpoint(ckpt, mapping=mapping, dtype=torch.float32,
+                                                           vocab_layout=layout, pad_to=pad_to,
+                                                           gguf_blocks=spec.gguf_blocks)
     backend = open_backend(art.backend, Path(art.root), manifest, rank)
     # The PyTorch fallback of a deterministic build is bitwise tp/batch-invariant; engines promise less.
     deterministic = bool(manifest.head.deterministic) and art.backend == "torch"
-    return ArtifactEnds(embedding, head, vocab_limit, backend, head_dtype(manifest.head.dtype), spec.tp, deterministic)
+    budget = DEFAULT_LOGITS_BUDGET_BYTES if spec.logits_budget_bytes is None else spec.logits_budget_bytes
+    return ArtifactEnds(embedding, placement, source.hidden_size, vocab_limit, backend, head_dtype(manifest.head.dtype),
+                        spec.tp, deterministic, budget)
 
 
 def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: _ModelFacts) -> tuple[VocabEnds, Any]:
@@ -902,8 +932,8 @@ def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: _ModelFacts) ->
             raise
         error = exc
     if split:
-        values = None if error is not None else {"vocab_size": ends.head.vocab_size,
-                                                 "hidden_size": ends.head.hidden_size, "prompts": len(spec.prompts)}
+        values = None if error is not None else {"vocab_size": ends.placement.vocab_size,
+                                                 "hidden_size": ends.hidden_size, "prompts": len(spec.prompts)}
         SETUP_HANDSHAKE.exchange(values, error, None, world=spec.tp, what="generate (setup)")
     return ends, grammar
 
@@ -929,7 +959,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     returned: list[list[list[Logprob]]] = [[] for _ in range(batch)]
     active = list(range(batch))
     # Per-rank token counts of the ids this rank owns, only when a prompt's params read them.
-    state = TokenState.for_head(ends.head, spec.prompt_ids, eos) if any(p.processes for p in spec.params) else None
+    state = TokenState.for_head(ends.placement, spec.prompt_ids, eos) if any(p.processes for p in spec.params) else None
     # The prompts whose body this rank runs: all of them, or (attention DP) its own block.
     adp = spec.attention_dp and spec.tp > 1
     lo, hi = prompt_block(batch, spec.body_ranks, rank) if adp else (0, batch)
@@ -1024,7 +1054,7 @@ def _decode_beams(spec: GenerateSpec, model: Any, ends: VocabEnds, facts: _Model
         hidden = body(ends.embed(ids), mask if padded else None, positions)
         while True:
             logits = ends.local_logits(hidden[:, -1, :])
-            scores, parents, tokens = beam_candidates(logits, ends.head, search.running_scores.reshape(-1), w,
+            scores, parents, tokens = beam_candidates(logits, ends.placement, search.running_scores.reshape(-1), w,
                                                       k=search.k)
             rows, feed = search.step(scores, parents, tokens)
             if prefill_s == 0.0:

@@ -13,16 +13,17 @@ Two layouts of a vocabulary of ``V`` columns over ``tp`` ranks::
     larger; nothing to pad                          padding weights are zero, padding
                                                     logits are -inf and trimmed on gather
 
-Ownership is exclusive in both: every token id has exactly one owning rank, and
-gathered columns are token ids (column ``i`` is token ``i``).
+Ownership is exclusive in both: every token id has exactly one owning rank, and gathered columns
+are token ids. :class:`VocabPlacement`: a rank's shard, its peers' and its group (what a sampler reads).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 from trtvocab.errors import ConfigError
+from trtvocab.parallel.distributed import HandshakeState
 
 VocabLayout = Literal["uneven", "padded"]
 LAYOUTS: tuple[str, ...] = ("uneven", "padded")
@@ -115,3 +116,84 @@ def owner_of(token_id: int, vocab_size: int, tp_size: int, layout: VocabLayout =
         if shard.start <= token_id < shard.end:
             return shard.rank
     raise AssertionError("unreachable: shards cover the vocabulary")
+
+
+@dataclass(frozen=True)
+class VocabPlacement:
+    """One rank's place in a vocab split, what ``trtvocab.sampling`` takes instead of a head: this
+    rank's :class:`VocabShard`, every rank's (``shards``), the padded layout's ``pad_to``, whether the
+    vocabulary is split, the TP ``process_group`` (None: the default group), the ``device`` of the
+    logits, and the cross-rank bookkeeping of the calls made on it (``handshake_state``, a
+    :class:`~trtvocab.parallel.distributed.HandshakeState`; ``handshake_every_call``: no cached agreement).
+
+    Build one with :func:`vocab_placement`; ``LMHead.placement`` is its own (sharing its handshake state).
+    """
+
+    shard: VocabShard
+    shards: tuple[VocabShard, ...]
+    pad_to: int
+    is_split: bool
+    process_group: Any = None
+    device: Any = "cpu"
+    handshake_state: HandshakeState = field(default_factory=HandshakeState)
+    handshake_every_call: bool = False
+
+    @property
+    def vocab_size(self) -> int:
+        return self.shard.vocab_size
+
+    @property
+    def tp_size(self) -> int:
+        return self.shard.tp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.shard.rank
+
+    @property
+    def vocab_start(self) -> int:
+        return self.shard.start
+
+    @property
+    def vocab_end(self) -> int:
+        return self.shard.end
+
+    @property
+    def vocab_layout(self) -> VocabLayout:
+        return self.shard.layout
+
+    @property
+    def layout_code(self) -> int:
+        """The layout as one handshake integer: 0 = uneven, else the padded layout's pad_to."""
+        return 0 if self.vocab_layout == "uneven" else self.pad_to
+
+    @staticmethod
+    def of(owner: Any) -> VocabPlacement:
+        """``owner`` itself when it is a placement, else its ``placement`` (an ``LMHead`` or embedding)."""
+        if isinstance(owner, VocabPlacement):
+            return owner
+        placement = getattr(owner, "placement", None)
+        if not isinstance(placement, VocabPlacement):
+            raise ConfigError(f"sampling: head must be an LMHead (or another module with a vocab placement) or a "
+                              f"VocabPlacement, got {type(owner).__name__}")
+        return placement
+
+
+class Placed(Protocol):
+    """Anything with a :class:`VocabPlacement` (``LMHead``, ``VocabParallelEmbedding``)."""
+
+    @property
+    def placement(self) -> VocabPlacement: ...
+
+
+Placement = VocabPlacement | Placed  # what a sampling function accepts as its ``head``
+
+
+def vocab_placement(vocab_size: int, tp_size: int, rank: int, layout: VocabLayout = "uneven", pad_to: int = 64, *,
+                    process_group: Any = None, device: Any = "cpu",
+                    handshake_every_call: bool = False) -> VocabPlacement:
+    """The placement of ``rank`` in the given split (``tp_size`` 1: the whole vocabulary, not split),
+    with a fresh handshake state: keep the object for every call of a decode loop."""
+    shard = vocab_shard(vocab_size, tp_size, rank, layout, pad_to)  # validates every argument
+    return VocabPlacement(shard, tuple(all_shards(vocab_size, tp_size, layout, pad_to)), pad_to, tp_size > 1,
+                          process_group, device, HandshakeState(), handshake_every_call)

@@ -20,10 +20,9 @@ the head, and returns what the same operation gives on the gathered logits; only
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling import chunked
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import Logprobs, SamplerOutput, prompt_logprobs, sample, sample_output
@@ -46,12 +45,14 @@ from trtvocab.sampling.state import TokenState
 from trtvocab.sampling.step import decode, decode_output, streams
 
 
-def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Any) -> torch.Tensor:
+def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Placement) -> torch.Tensor:
     """Mask this rank's columns with xgrammar's ``int32 [B, W]`` bitmask, in place (returns them).
 
     Token ``i`` stays iff bit ``i % 32`` of word ``i // 32`` is set; ids ``>= 32 * W`` and
     padding columns become ``-inf``. Bad shapes or dtypes raise :class:`InputError` on every rank.
+    ``head``: the head or its :class:`~trtvocab.parallel.sharding.VocabPlacement`.
     """
+    head = VocabPlacement.of(head)
     error = bitmask_error(local_logits, bitmask, head)
     words = bitmask.shape[1] if error is None else 0
     handshake(head, local_logits, error, "bitmask", extra=words, argument=bitmask if error is None else None)

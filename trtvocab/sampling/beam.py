@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from trtvocab.errors import InputError
+from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling.reductions import check_logits, gather_candidates, handshake, local_topk, own, sum_exp_and_picks
 
 
-def beam_candidates(local_logits: torch.Tensor, head: Any, beam_scores: torch.Tensor, beam_width: int,
+def beam_candidates(local_logits: torch.Tensor, head: Placement, beam_scores: torch.Tensor, beam_width: int,
                     k: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(scores [B, k] float32, parent beams [B, k] int64, token ids [B, k] int64)``, best first
     (``k``: ``2W`` by default; transformers keeps ``max(2, 1 + n_eos) * W``).
@@ -28,6 +29,7 @@ def beam_candidates(local_logits: torch.Tensor, head: Any, beam_scores: torch.Te
     first step: 0 for beam 0 and ``-inf`` for the others, so that its candidates are distinct).
     """
     what = "sampling.beam_candidates"
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, what)
     if error is None:
         error = _beam_error(local_logits.shape[0], head.vocab_size, beam_scores, beam_width, what)

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from trtvocab.errors import InputError
+from trtvocab.parallel.sharding import VocabPlacement
 
 
-def bitmask_error(local_logits: Any, bitmask: Any, head: Any) -> InputError | None:
+def bitmask_error(local_logits: Any, bitmask: Any, head: VocabPlacement) -> InputError | None:
     """Why ``bitmask`` cannot mask ``local_logits`` of ``head`` (None: it can)."""
     shard = head.shard
     if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2 \
@@ -41,7 +42,7 @@ def allowed_columns(bitmask: torch.Tensor, start: int, width: int, owned: int) -
     return (bits != 0) & inside
 
 
-def apply_bitmask_(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Any) -> torch.Tensor:
+def apply_bitmask_(local_logits: torch.Tensor, bitmask: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
     """Set the columns the mask does not allow to ``-inf``, in place (validated input)."""
     shard = head.shard
     keep = allowed_columns(bitmask.to(local_logits.device), shard.start, local_logits.shape[1], shard.size)

@@ -6,7 +6,7 @@ Each function takes the rows to score, ``hidden [B, H]`` (in the head dtype), an
 (:meth:`LMHead.column_logits`) and merges as it goes (a running best ``(value, id)``, a running
 top-k, the vocab tree's node sums); the cross-rank merges are those of
 :mod:`trtvocab.sampling.reductions`. ``chunk`` (columns) is a memory granularity, rounded up to GEMM
-tiles whose boundaries are a fixed function of the shard (:func:`gemm_tiles`), so every result is
+tiles the weight format declares next to its GEMM (:func:`gemm_tiles`), so every result is
 bitwise the materialized path's (``head.local_logits`` then ``trtvocab.sampling``). ``chunk=None``
 uses the head's ``logits_budget_bytes``: one chunk when the float32 logits fit, else chunks whose
 temporaries stay about one budget. Every public call starts with one handshake; NaN logits raise
@@ -17,7 +17,6 @@ See docs/architecture.md, "The vocab-chunked head".
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,10 +54,8 @@ from trtvocab.sampling.reductions import (
 )
 from trtvocab.sampling.state import TokenState
 from trtvocab.sampling.treesum import Node, aligned_nodes, merge_ranges, range_nodes
-from trtvocab.weights import deterministic as det
-from trtvocab.weights.dense import FLOAT32_BLOCK_ELEMENTS
+from trtvocab.weights.dense import DENSE_TILE
 
-DENSE_TILE = 128  # dense heads in their dtype: no GEMM narrower than this (or than the whole shard)
 TOP_P_CANDIDATES = 1024  # candidates a top-p row without top-k tracks (at least; more when the budget allows)
 SAMPLE_BYTES_PER_LOGIT = 32  # sample's temporaries per logit of a chunk (float64 scores, int64 noise keys)
 # The other passes' temporaries per logit of a chunk: the logits themselves, a NaN mask, and the
@@ -70,21 +67,9 @@ _FORMATS = tuple(WeightFormat)
 
 # ---- tiles, chunks and the stream ---------------------------------------------------------------
 def gemm_tiles(head: LMHead) -> list[tuple[int, int]]:
-    """``[(lo, hi)]``: the local owned rows of every GEMM tile, in order (see the module docstring)."""
-    size, start = head.shard.size, head.shard.start
-    if size == 0:
-        return []
-    if head.deterministic:
-        tile = det.TILE if head.output_dtype == torch.float32 else det.HALF_TILE
-        return [(lo - start, hi - start) for _, lo, hi in det.tiles(start, size, tile)]
-    if head.weight_format is not WeightFormat.DENSE:
-        step = int(head.weights.rows_per_chunk)
-        return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
-    if head.output_dtype != head.weights.dtype:
-        step = max(1, FLOAT32_BLOCK_ELEMENTS // head.hidden_size)
-        return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
-    bounds = [i * DENSE_TILE for i in range(max(1, size // DENSE_TILE))] + [size]
-    return list(itertools.pairwise(bounds))
+    """``[(lo, hi)]``: the local owned rows of every GEMM tile, in order, as the head's weight format
+    declares them (:meth:`LMHead.gemm_tiles`): chunks are runs of these, never cut inside one."""
+    return head.gemm_tiles()
 
 
 def chunk_columns(head: LMHead, rows: int, chunk: int | None, bytes_per_logit: int = STREAM_BYTES_PER_LOGIT) -> int:
@@ -177,7 +162,7 @@ def _meet(head: LMHead, hidden: Any, error: InputError | None, op: str, extra: i
         ident = torch.cat([ident.to(argument.dtype), argument.reshape(-1).cpu()])
     # A full handshake on every call (cache=False): the streamed passes' first collectives (an
     # all_reduce, the tree's node sums) do not carry the verdict of a skipped handshake.
-    return handshake(head, hidden, error, op, extra=extra, argument=ident if error is None else None,
+    return handshake(head.placement, hidden, error, op, extra=extra, argument=ident if error is None else None,
                      proposal=proposal, cache=False)
 
 
@@ -208,7 +193,7 @@ def _merge_best(best: torch.Tensor, ids: torch.Tensor, nan: torch.Tensor, head: 
     ids = torch.where(torch.isneginf(best), torch.full_like(ids, NO_ID), ids)
     best = best.to(torch.float64)
     if head.is_split:
-        packed = gather_stack(torch.stack([best.view(torch.int64), ids, nan.to(torch.int64)], dim=-1), head)
+        packed = gather_stack(torch.stack([best.view(torch.int64), ids, nan.to(torch.int64)], dim=-1), head.placement)
         values, all_ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
         nan = packed[..., 2].amax(dim=0) > 0
         best = values.max(dim=0).values
@@ -252,7 +237,7 @@ class _TopK:
             _raise_nan(nan, what)
             return self.vals, self.ids
         vals = torch.where(nan[:, None], torch.full_like(self.vals, float("nan")), self.vals)  # travels along
-        values, ids = gather_candidates(vals, self.ids, self.head, self.k)
+        values, ids = gather_candidates(vals, self.ids, self.head.placement, self.k)
         _raise_nan(torch.isnan(values).any(dim=1), what)
         return values, ids
 
@@ -277,7 +262,7 @@ class _TreeSum:
         if nodes != aligned_nodes(self.start, self.end):  # pragma: no cover - a bug, not an input
             raise AssertionError(f"chunked tree: nodes {nodes} != {aligned_nodes(self.start, self.end)}")
         return merge_ranges(self.stack, head.vocab_size, head.tp_size, head.process_group,
-                            owned_ranges(head), like=like, extra=extra)
+                            owned_ranges(head.placement), like=like, extra=extra)
 
 
 # ---- public functions ----------------------------------------------------------------------------------
@@ -392,7 +377,7 @@ def prompt_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor,
         count += (values >= sampled[:, None]).sum(dim=1)
         if running is not None:
             running.add(values, lo, no_nan)
-    rank = gather_stack(count, head).sum(dim=0) if head.is_split else count
+    rank = gather_stack(count, head.placement).sum(dim=0) if head.is_split else count
     out_ids, out_v, out_r = ids[:, None], sampled[:, None], rank[:, None]
     if running is not None:
         top_v, top_ids = running.merged(no_nan, what)
@@ -459,7 +444,7 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
     error, per_row = _draw_args(hidden, head, params, step, vocab_limit, chunk, what, error)
     rows = len(per_row)
     if error is None:
-        error = state_error(state, rows, head, what)
+        error = state_error(state, rows, head.placement, what)
     if error is None and bitmask is not None and (
             not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2
             or bitmask.shape[0] != rows):
@@ -475,10 +460,10 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
         argument = torch.cat(parts)
     plan = -1 - collective_plan(per_row, head.vocab_size) if error is None else 0  # < 0: the streamed path
     fresh = int(torch.randint(0, 2**62, (1,)).item())
-    fresh = handshake(head, hidden, error, "decode", extra=plan, argument=argument, proposal=fresh)
+    fresh = handshake(head.placement, hidden, error, "decode", extra=plan, argument=argument, proposal=fresh)
     if head.is_split:
         # The verdict of a steady step rides here (the streamed passes' own first collectives vary).
-        gather_stack(torch.zeros(1, dtype=torch.int64, device=hidden.device), head)
+        gather_stack(torch.zeros(1, dtype=torch.int64, device=hidden.device), head.placement)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
     return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what, bitmask, state)
 
@@ -631,7 +616,8 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
     GEMM calls over the whole batch), as many rows at a time as the head's budget holds, and drawn by
     the materialized pipeline (``draw.pipeline``, on sub-groups its temporaries fit in): the same
     tokens. Each group costs one more pass over the weight."""
-    width = max(1, max(b - a for a, b in owned_ranges(head)))  # the same on every rank: same groups, collectives
+    # The same on every rank: the same groups, the same collectives.
+    width = max(1, max(b - a for a, b in owned_ranges(head.placement)))
     budget = head.logits_budget_bytes
     group = max(1, budget // (torch.finfo(head.output_dtype).bits // 8 * width))
     sub = max(1, budget // (SAMPLE_BYTES_PER_LOGIT * width))
@@ -644,7 +630,7 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
             logits[:, lo:hi] = x.index_select(0, index)
         for s0 in range(0, len(sel), sub):
             part = sel[s0 : s0 + sub]
-            out.append(pipeline(logits[s0 : s0 + sub], head, meta.select(part)))
+            out.append(pipeline(logits[s0 : s0 + sub], head.placement, meta.select(part)))
     return out
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from trtvocab.errors import InputError
+from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling.filters import Metadata, column_ids, min_p_keep, process, race_scores, scale
 from trtvocab.sampling.params import LOGPROBS_MODES, SamplingParams
 from trtvocab.sampling.reductions import (
@@ -116,7 +117,7 @@ def draw_args_error(params: Any, rows: int, step: Any, vocab_limit: Any, vocab_s
 
 def sample(
     local_logits: torch.Tensor,
-    head: Any,
+    head: Placement,
     params: SamplingParams | list[SamplingParams],
     *,
     step: int = 0,
@@ -126,6 +127,8 @@ def sample(
     """Token ids ``[B]`` (int64), the same on every rank, drawn as the module docstring says.
 
     ``local_logits``: this rank's ``[B, V_local]`` (or ``[B, width]``, padding ``-inf``) logits;
+    ``head``: the head or its :class:`~trtvocab.parallel.sharding.VocabPlacement` (where these
+    columns are, the process group: all the draw reads);
     ``-inf`` columns (a bitmask, :func:`apply_token_bitmask`) are never drawn. ``step``: the
     decode step, part of the noise key. ``vocab_limit``: ids at or past it are never drawn
     (a model whose config vocab is larger than its tokenizer: pass ``len(tokenizer)``).
@@ -136,16 +139,17 @@ def sample(
     return sample_output(local_logits, head, params, step=step, vocab_limit=vocab_limit, state=state).token_ids
 
 
-def sample_output(local_logits: torch.Tensor, head: Any, params: SamplingParams | list[SamplingParams], *,
+def sample_output(local_logits: torch.Tensor, head: Placement, params: SamplingParams | list[SamplingParams], *,
                   step: int = 0, vocab_limit: int | None = None, state: TokenState | None = None) -> SamplerOutput:
     """:func:`sample` with the logprobs the rows ask for (:class:`SamplerOutput`)."""
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.sample")
     if error is None:
         error = state_error(state, local_logits.shape[0], head, "sample")
     return checked_sample(local_logits, head, params, step, vocab_limit, error, "sample", None, state)
 
 
-def state_error(state: Any, rows: int, head: Any, what: str) -> InputError | None:
+def state_error(state: Any, rows: int, head: VocabPlacement, what: str) -> InputError | None:
     """Why ``state`` is not this batch's state on ``head``'s columns (None: it is, or is None)."""
     if state is None:
         return None
@@ -157,8 +161,9 @@ def state_error(state: Any, rows: int, head: Any, what: str) -> InputError | Non
     return None
 
 
-def checked_sample(local_logits: Any, head: Any, params: Any, step: Any, vocab_limit: Any, error: InputError | None,
-                   op: str, bitmask: torch.Tensor | None, state: TokenState | None = None) -> SamplerOutput:
+def checked_sample(local_logits: Any, head: VocabPlacement, params: Any, step: Any, vocab_limit: Any,
+                   error: InputError | None, op: str, bitmask: torch.Tensor | None,
+                   state: TokenState | None = None) -> SamplerOutput:
     """:func:`sample` and ``sampling.decode`` after their own validation (``error``: this rank's
     verdict so far): the params checks, the handshake (``op``; ``bitmask`` joins the argument
     digest), then :func:`filtered_draw`."""
@@ -188,7 +193,7 @@ def collective_plan(rows: list[SamplingParams], vocab_size: int) -> int:
     return (k * (vocab_size + 2) + min(n, vocab_size + 1)) * 8 + 4 * typical + 2 * top_p + min_p
 
 
-def filtered_draw(x: torch.Tensor, head: Any, per_row: list[SamplingParams], seeds: list[int], step: int,
+def filtered_draw(x: torch.Tensor, head: VocabPlacement, per_row: list[SamplingParams], seeds: list[int], step: int,
                   vocab_limit: int | None, state: TokenState | None = None) -> torch.Tensor:
     """The draw of validated, agreed input: ``x`` this rank's owned columns ``[B, V_local]``, one
     params entry and one seed per row (:func:`pipeline`'s token ids)."""
@@ -224,10 +229,10 @@ class SamplerOutput:
     logprobs: Logprobs | None = None
 
 
-def pipeline(x: torch.Tensor, head: Any, meta: Metadata) -> SamplerOutput:
+def pipeline(x: torch.Tensor, head: VocabPlacement, meta: Metadata) -> SamplerOutput:
     """vLLM v1's ``Sampler.forward`` on one rank's owned columns ``x [B, V_local]`` (docs/sampling.md,
-    "Order"): raw logprobs → float32 → logits processors (bans, bias, penalties) → greedy or
-    temperature → top-k → top-p → min-p → typical-p → the race → returned logprobs."""
+    "Order"): float32 → raw logprobs → logits processors (bans, bias, penalties) → greedy or
+    temperature → top-k → top-p → min-p (vLLM: before top-k) → typical-p → the race → returned logprobs."""
     ids = column_ids(head.vocab_start, x.shape[1], x.device)
     x = x.to(torch.float32)
     raw = x if meta.vocab_limit is None else x.masked_fill(ids[None, :] >= meta.vocab_limit, float("-inf"))
@@ -241,7 +246,7 @@ def pipeline(x: torch.Tensor, head: Any, meta: Metadata) -> SamplerOutput:
     return SamplerOutput(chosen, returned_logprobs(raw, scaled, chosen, head, meta))
 
 
-def apply_top_k(scaled: torch.Tensor, ids: torch.Tensor, head: Any, meta: Metadata) -> torch.Tensor:
+def apply_top_k(scaled: torch.Tensor, ids: torch.Tensor, head: VocabPlacement, meta: Metadata) -> torch.Tensor:
     """Keep each row's k largest (exact global top-k, ties to the lower id): one all_gather."""
     top_k = meta.top_k
     if max(top_k) <= 0:
@@ -256,7 +261,7 @@ def apply_top_k(scaled: torch.Tensor, ids: torch.Tensor, head: Any, meta: Metada
     return scaled.masked_fill(active & ~keep, float("-inf"))
 
 
-def apply_top_p(scaled: torch.Tensor, head: Any, meta: Metadata) -> torch.Tensor:
+def apply_top_p(scaled: torch.Tensor, head: VocabPlacement, meta: Metadata) -> torch.Tensor:
     """Keep each sampled row's exact nucleus of what is left (k doubling, ``reductions.nucleus``)."""
     on = (meta.top_p < 1) & meta.sampled
     if not bool(on.any()):
@@ -267,7 +272,7 @@ def apply_top_p(scaled: torch.Tensor, head: Any, meta: Metadata) -> torch.Tensor
     return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
 
 
-def apply_min_p(scaled: torch.Tensor, head: Any, meta: Metadata) -> torch.Tensor:
+def apply_min_p(scaled: torch.Tensor, head: VocabPlacement, meta: Metadata) -> torch.Tensor:
     """Keep ``p >= min_p * p_max`` on sampled rows (the global max: one all_gather)."""
     on = (meta.min_p > 0) & meta.sampled
     if not bool(on.any()):
@@ -276,7 +281,7 @@ def apply_min_p(scaled: torch.Tensor, head: Any, meta: Metadata) -> torch.Tensor
     return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
 
 
-def entropy(scaled: torch.Tensor, lse: torch.Tensor, head: Any) -> torch.Tensor:
+def entropy(scaled: torch.Tensor, lse: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
     """``[B]`` float32 ``H = -sum p log p`` over the whole vocab, bitwise the same at every tp size:
     each id's float32 term in int64 fixed point (``2**-40``), an exact integer sum across shards."""
     logp = scaled - lse[:, None]
@@ -286,7 +291,7 @@ def entropy(scaled: torch.Tensor, lse: torch.Tensor, head: Any) -> torch.Tensor:
     return (-(total.to(torch.float64) * 2.0**-ENTROPY_BITS)).to(torch.float32)
 
 
-def apply_typical_p(scaled: torch.Tensor, head: Any, meta: Metadata) -> torch.Tensor:
+def apply_typical_p(scaled: torch.Tensor, head: VocabPlacement, meta: Metadata) -> torch.Tensor:
     """Locally typical sampling (transformers' ``TypicalLogitsWarper``) on sampled rows: the global
     entropy ``H``, then the shortest prefix of the ids ordered by ``|-log p - H|`` (ascending, ties
     to the lower id) whose mass reaches ``typical_p``; every id whose key equals the last kept key stays.
@@ -318,7 +323,7 @@ def apply_typical_p(scaled: torch.Tensor, head: Any, meta: Metadata) -> torch.Te
     return scaled.masked_fill(on[:, None] & (key > cut_key), float("-inf"))
 
 
-def race(scaled: torch.Tensor, ids: torch.Tensor, head: Any, meta: Metadata) -> torch.Tensor:
+def race(scaled: torch.Tensor, ids: torch.Tensor, head: VocabPlacement, meta: Metadata) -> torch.Tensor:
     """The Gumbel race over what is left (greedy rows: the argmax); each rank's best ``(score, id)``,
     one all_gather. A row with nothing left raises on every rank."""
     top, chosen = argmax_over_vocab(race_scores(scaled, ids, meta), head)
@@ -330,7 +335,7 @@ def race(scaled: torch.Tensor, ids: torch.Tensor, head: Any, meta: Metadata) -> 
     return chosen
 
 
-def returned_logprobs(raw: torch.Tensor, processed: torch.Tensor, chosen: torch.Tensor, head: Any,
+def returned_logprobs(raw: torch.Tensor, processed: torch.Tensor, chosen: torch.Tensor, head: VocabPlacement,
                       meta: Metadata) -> Logprobs | None:
     """vLLM's step 8 for the rows with ``logprobs`` set (None when no row asks): the sampled token's
     value and rank, and the top-N, of the raw or processed logits or logprobs (each row's mode)."""
@@ -344,7 +349,7 @@ def returned_logprobs(raw: torch.Tensor, processed: torch.Tensor, chosen: torch.
     return ranked_logprobs(torch.where(is_raw, raw, processed), chosen, head, want, as_logits)
 
 
-def ranked_logprobs(src: torch.Tensor, chosen: torch.Tensor, head: Any, want: list[int],
+def ranked_logprobs(src: torch.Tensor, chosen: torch.Tensor, head: VocabPlacement, want: list[int],
                     as_logits: torch.Tensor | None = None) -> Logprobs:
     """:class:`Logprobs` of this rank's float32 columns ``src [B, V_local]``: ``chosen [B]``'s value and
     rank, then each row's top-``want[r]`` (``-1``: the row asked for none). The global log-sum-exp (the
@@ -374,10 +379,11 @@ def ranked_logprobs(src: torch.Tensor, chosen: torch.Tensor, head: Any, want: li
                     torch.where(asking, out_r.to(torch.int64), torch.zeros_like(out_r, dtype=torch.int64)))
 
 
-def prompt_logprobs(local_logits: torch.Tensor, head: Any, token_ids: torch.Tensor, n: int) -> Logprobs:
+def prompt_logprobs(local_logits: torch.Tensor, head: Placement, token_ids: torch.Tensor, n: int) -> Logprobs:
     """vLLM's ``prompt_logprobs`` of materialized rows: ``token_ids [T]`` (row ``t``'s next prompt token)
     with its logprob and rank, then the top-``n`` (raw logprobs), ``[T, 1 + n]``. The streamed twin,
     bitwise the same without the ``[T, V_local]`` logits: ``sampling.chunked.prompt_logprobs``."""
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.prompt_logprobs")
     if error is None:
         error = prompt_args_error(token_ids, n, local_logits.shape[0], head.vocab_size, "sampling.prompt_logprobs")

@@ -1,8 +1,8 @@
 """Reductions over a vocab-split head's logits without gathering ``[B, V]``.
 
 Each function takes one rank's logits (``head.local_logits(hidden)``, padding ``-inf``, or
-``head(hidden)`` with ``gather_output=False``) and the head, and returns exactly what the same
-operation gives on the gathered logits; only ``O(B * k)`` numbers cross ranks::
+``head(hidden)`` with ``gather_output=False``) and the head or its ``VocabPlacement``, and returns
+exactly what the same operation gives on the gathered logits; only ``O(B * k)`` numbers cross ranks::
 
     greedy      local (max, global id)   -> all_gather [tp, B] pairs  -> pick
     topk        local top-k (vals, ids)  -> all_gather [tp, B, k]     -> merge
@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from trtvocab.errors import InputError
-from trtvocab.lm_head import LMHead
 from trtvocab.parallel import distributed as D
+from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling.treesum import tree_logsumexp
 
 NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
@@ -53,7 +53,7 @@ def argument_digest(value: torch.Tensor | None) -> int:
 
 
 # ---- validation and plumbing ---------------------------------------------------------------
-def check_logits(local_logits: Any, head: LMHead, what: str) -> InputError | None:
+def check_logits(local_logits: Any, head: VocabPlacement, what: str) -> InputError | None:
     shard = head.shard
     if not isinstance(local_logits, torch.Tensor):
         return InputError(f"{what}: local_logits must be a torch.Tensor, got {type(local_logits).__name__}")
@@ -70,7 +70,7 @@ def check_logits(local_logits: Any, head: LMHead, what: str) -> InputError | Non
     return None
 
 
-def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str, extra: int = 0,
+def handshake(head: VocabPlacement, local_logits: Any, error: InputError | None, op: str, extra: int = 0,
               argument: torch.Tensor | None = None, proposal: int = 0, cache: bool = True) -> int:
     """Raise everywhere if any rank failed validation or the ranks disagree on the call.
 
@@ -107,17 +107,17 @@ def handshake(head: LMHead, local_logits: Any, error: InputError | None, op: str
     return (pending.agreement.base_seed + pending.agreement.calls * 0x9E3779B97F4A7C15) % 2**62
 
 
-def _take_verdict(head: Any) -> D.Pending | None:
+def _take_verdict(head: VocabPlacement) -> D.Pending | None:
     """The current call's pending verdict, once: only its first data collective carries it."""
     return head.handshake_state.take_pending()
 
 
-def own(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+def own(local_logits: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
     """The owned columns only: padding never takes part (not even as a ``-inf`` tie)."""
     return local_logits[:, : head.shard.size]
 
 
-def gather_stack(t: torch.Tensor, head: LMHead) -> torch.Tensor:
+def gather_stack(t: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
     """``[tp, *t.shape]``: every rank's ``t`` (same shape on every rank)."""
     return torch.stack(D.gather_verdict(_take_verdict(head), t, head.tp_size, head.process_group))
 
@@ -157,8 +157,9 @@ def local_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---- greedy and top-k ------------------------------------------------------------------------
-def greedy(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+def greedy(local_logits: torch.Tensor, head: Placement) -> torch.Tensor:
     """Token ids ``[B]`` (int64) of the largest logit, lowest id among ties: ``argmax`` of the gathered logits."""
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.greedy")
     handshake(head, local_logits, error, "greedy")
     best, chosen = argmax_over_vocab(own(local_logits, head), head)
@@ -170,7 +171,7 @@ def greedy(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
     return chosen
 
 
-def argmax_over_vocab(scores: torch.Tensor, head: LMHead) -> tuple[torch.Tensor, torch.Tensor]:
+def argmax_over_vocab(scores: torch.Tensor, head: VocabPlacement) -> tuple[torch.Tensor, torch.Tensor]:
     """``(best [B], token id [B])`` of the largest of every rank's ``scores [B, V_local]`` (owned
     columns), lowest id among ties; one all_gather of ``[B, 2]`` int64 pairs (values as float64
     bits: float32 scores widen exactly). A row that is ``-inf`` everywhere gets id ``NO_ID``."""
@@ -190,11 +191,12 @@ def argmax_over_vocab(scores: torch.Tensor, head: LMHead) -> tuple[torch.Tensor,
     return top, torch.where(values == top, ids, torch.full_like(ids, NO_ID)).min(dim=0).values
 
 
-def topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def topk(local_logits: torch.Tensor, head: Placement, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values [B, k], ids [B, k] int64)``: the k largest logits, by value desc then id asc.
 
     Values are in the logits' dtype and equal ``torch.topk(gathered, k).values``.
     """
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.topk")
     if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= head.vocab_size):
         error = InputError(f"sampling.topk: k must be an int in [1, vocab_size={head.vocab_size}], got {k!r}")
@@ -202,7 +204,7 @@ def topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor
     return merged_topk(local_logits, head, k)
 
 
-def merged_topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def merged_topk(local_logits: torch.Tensor, head: VocabPlacement, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`topk` on validated input whose call the ranks already agreed on (one all_gather)."""
     x = own(local_logits, head)
     if not head.is_split:
@@ -216,7 +218,7 @@ def merged_topk(local_logits: torch.Tensor, head: LMHead, k: int) -> tuple[torch
     return values.to(local_logits.dtype), ids
 
 
-def gather_candidates(vals: torch.Tensor, ids: torch.Tensor, head: LMHead,
+def gather_candidates(vals: torch.Tensor, ids: torch.Tensor, head: VocabPlacement,
                       k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``k`` (value descending, id ascending) of every rank's candidates ``vals`` / ``ids
     [B, <= k]`` (global ids; padded with empty slots): float32 ``[B, k]`` and int64 ``[B, k]``, one
@@ -234,7 +236,7 @@ def gather_candidates(vals: torch.Tensor, ids: torch.Tensor, head: LMHead,
     return all_values.gather(1, order), all_ids.gather(1, order)
 
 
-def owned_ranges(head: LMHead) -> list[tuple[int, int]]:
+def owned_ranges(head: VocabPlacement) -> list[tuple[int, int]]:
     """Every rank's owned global ids ``[start, end)``, in rank order (what the vocab tree needs)."""
     return [(s.start, s.start + s.size) for s in head.shards]
 
@@ -250,7 +252,7 @@ def pick_logits(x: torch.Tensor, token_ids: torch.Tensor, first_id: int, into: t
 
 
 # ---- normalization: global log-softmax ------------------------------------------------------------
-def global_max(x: torch.Tensor, head: LMHead) -> torch.Tensor:
+def global_max(x: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
     """``[B]`` float32 max over the whole vocab (``-inf`` for a rank with no columns)."""
     local = x.amax(dim=1) if x.shape[1] else x.new_full((x.shape[0],), float("-inf"))
     local = local.to(torch.float32)
@@ -262,7 +264,7 @@ def global_max(x: torch.Tensor, head: LMHead) -> torch.Tensor:
 
 
 def sum_exp_and_picks(
-    x: torch.Tensor, head: LMHead, token_ids: torch.Tensor | None
+    x: torch.Tensor, head: VocabPlacement, token_ids: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Global ``(max [B], logsumexp [B], picked logits [B, n] or None)`` in float32.
 
@@ -280,15 +282,17 @@ def sum_exp_and_picks(
                           extra=picked, pending=_take_verdict(head) if head.is_split else None)
 
 
-def logsumexp(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+def logsumexp(local_logits: torch.Tensor, head: Placement) -> torch.Tensor:
     """``[B]`` float32 ``log(sum(exp(logits)))`` over the *whole* vocab: the global softmax denominator."""
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.logsumexp")
     handshake(head, local_logits, error, "logsumexp")
     return sum_exp_and_picks(own(local_logits, head), head, None)[1]
 
 
-def log_softmax(local_logits: torch.Tensor, head: LMHead) -> torch.Tensor:
+def log_softmax(local_logits: torch.Tensor, head: Placement) -> torch.Tensor:
     """This rank's columns ``[B, V_local]`` (float32) of the global log-softmax."""
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.log_softmax")
     handshake(head, local_logits, error, "log_softmax")
     x = own(local_logits, head)
@@ -312,8 +316,9 @@ def token_ids_error(token_ids: Any, rows: int, vocab_size: int, what: str) -> tu
     return None, 1 if token_ids.dim() == 1 else token_ids.shape[1]
 
 
-def logprobs(local_logits: torch.Tensor, head: LMHead, token_ids: torch.Tensor) -> torch.Tensor:
+def logprobs(local_logits: torch.Tensor, head: Placement, token_ids: torch.Tensor) -> torch.Tensor:
     """Log-probabilities (float32, global softmax) of ``token_ids`` (``[B]`` or ``[B, n]``, global ids)."""
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.logprobs")
     n = 0
     if error is None:
@@ -326,12 +331,13 @@ def logprobs(local_logits: torch.Tensor, head: LMHead, token_ids: torch.Tensor) 
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
 
-def min_p_mask(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.Tensor) -> torch.Tensor:
+def min_p_mask(local_logits: torch.Tensor, head: Placement, min_p: float | torch.Tensor) -> torch.Tensor:
     """Bool ``[B, V_local]``: tokens kept by min-p, ``p >= min_p * p_max`` over the whole vocab.
 
     ``p / p_max = exp(x - max)``: the global max is all min-p needs (the softmax
     denominator cancels), so one all_reduce MAX. ``min_p`` is a float or a ``[B]`` tensor in [0, 1].
     """
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.min_p")
     if error is None:
         threshold = torch.as_tensor(min_p, dtype=torch.float32, device=local_logits.device)
@@ -346,14 +352,15 @@ def min_p_mask(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.Te
     return torch.exp(x - m[:, None]) >= threshold
 
 
-def apply_min_p(local_logits: torch.Tensor, head: LMHead, min_p: float | torch.Tensor) -> torch.Tensor:
+def apply_min_p(local_logits: torch.Tensor, head: Placement, min_p: float | torch.Tensor) -> torch.Tensor:
     """This rank's owned columns with the tokens min-p drops set to ``-inf``."""
+    head = VocabPlacement.of(head)
     keep = min_p_mask(local_logits, head, min_p)
     x = own(local_logits, head)
     return x.masked_fill(~keep, float("-inf"))
 
 
-def top_p_mask(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Tensor) -> torch.Tensor:
+def top_p_mask(local_logits: torch.Tensor, head: Placement, top_p: float | torch.Tensor) -> torch.Tensor:
     """Bool ``[B, V_local]``: the nucleus, the shortest prefix of the vocab in (value desc, id asc)
     order whose probability under the *global* softmax reaches ``top_p`` (a token is kept when
     the mass before it is below ``top_p``; the top token is always kept).
@@ -363,6 +370,7 @@ def top_p_mask(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Te
     move, never ``[B, V]``. Every rank sees the same merged candidates and the same
     denominator, so every rank makes the same decisions.
     """
+    head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.top_p")
     if error is None:
         threshold = torch.as_tensor(top_p, dtype=torch.float32, device=local_logits.device)
@@ -374,7 +382,7 @@ def top_p_mask(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Te
     return nucleus(local_logits, head, threshold)
 
 
-def nucleus(local_logits: torch.Tensor, head: LMHead, threshold: torch.Tensor) -> torch.Tensor:
+def nucleus(local_logits: torch.Tensor, head: VocabPlacement, threshold: torch.Tensor) -> torch.Tensor:
     """:func:`top_p_mask` on validated input whose call the ranks already agreed on.
 
     ``threshold``: a 0-d or ``[B]`` float32 tensor. ``-inf`` logits (masked tokens) carry no
@@ -398,7 +406,8 @@ def nucleus(local_logits: torch.Tensor, head: LMHead, threshold: torch.Tensor) -
     return (x > cut_value) | ((x == cut_value) & (cols <= cut_id))
 
 
-def apply_top_p(local_logits: torch.Tensor, head: LMHead, top_p: float | torch.Tensor) -> torch.Tensor:
+def apply_top_p(local_logits: torch.Tensor, head: Placement, top_p: float | torch.Tensor) -> torch.Tensor:
     """This rank's owned columns with the tokens outside the nucleus set to ``-inf``."""
+    head = VocabPlacement.of(head)
     keep = top_p_mask(local_logits, head, top_p)
     return own(local_logits, head).masked_fill(~keep, float("-inf"))

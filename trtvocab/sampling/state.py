@@ -10,11 +10,11 @@ read is column-local, and nothing of it crosses ranks. docs/sampling.md, "What c
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import torch
 
 from trtvocab.errors import InputError
+from trtvocab.parallel.sharding import Placement, VocabPlacement
 
 
 class TokenState:
@@ -41,10 +41,13 @@ class TokenState:
             self.prompt_seen[r, ids] = True
 
     @classmethod
-    def for_head(cls, head: Any, prompts: Sequence[Sequence[int]], eos_token_ids: Iterable[int] = ()) -> TokenState:
-        """The state of ``prompts`` on ``head``'s owned columns (its placement: vocab_start, shard.size)."""
-        return cls(prompts, start=head.vocab_start, size=head.shard.size, eos_token_ids=eos_token_ids,
-                   device=head.device)
+    def for_head(cls, head: Placement, prompts: Sequence[Sequence[int]],
+                 eos_token_ids: Iterable[int] = ()) -> TokenState:
+        """The state of ``prompts`` on the owned columns of ``head`` (an ``LMHead`` or a
+        :class:`~trtvocab.parallel.sharding.VocabPlacement`: vocab_start, shard.size, device)."""
+        place = VocabPlacement.of(head)
+        return cls(prompts, start=place.vocab_start, size=place.shard.size, eos_token_ids=eos_token_ids,
+                   device=place.device)
 
     @classmethod
     def empty(cls, rows: int, start: int, size: int, device: torch.device) -> TokenState:

@@ -19,6 +19,7 @@ import torch
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import select_rows
+from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling import chunked
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import SamplerOutput, checked_sample, state_error
@@ -91,16 +92,17 @@ def decode_output(
         return chunked.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
                                      error=error, state=state)
     logits = None
+    place = VocabPlacement.of(head)  # what the draw reads: the shards, the group, the handshake state
     if error is None:
         error = head.check_input(hidden)
     if error is None:
         logits = head.local_logits(hidden)
-        error = bitmask_error(logits, bitmask, head) if bitmask is not None else None
+        error = bitmask_error(logits, bitmask, place) if bitmask is not None else None
         if error is None and bitmask is not None:
-            apply_bitmask_(logits, bitmask, head)
-        error = error or check_logits(logits, head, "sampling.decode")
-        error = error or state_error(state, logits.shape[0], head, "sampling.decode")
-    return checked_sample(logits, head, params, step, vocab_limit, error, "decode",
+            apply_bitmask_(logits, bitmask, place)
+        error = error or check_logits(logits, place, "sampling.decode")
+        error = error or state_error(state, logits.shape[0], place, "sampling.decode")
+    return checked_sample(logits, place, params, step, vocab_limit, error, "decode",
                           bitmask if error is None else None, state)
 
 

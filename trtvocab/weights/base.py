@@ -63,6 +63,11 @@ def read_rows(value: Any, name: str, shard: VocabShard, row_shape: tuple[int, ..
     return out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
 
 
+def row_blocks(size: int, step: int) -> list[tuple[int, int]]:
+    """``[(lo, hi)]``: rows ``[0, size)`` in blocks of ``step`` from row 0, the last one shorter."""
+    return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
+
+
 def read_all(value: Any) -> torch.Tensor:
     """All of a tensor, lazy reader or safetensors slice (``[...]`` also works for 0-d slices)."""
     return value if isinstance(value, torch.Tensor) else torch.as_tensor(value[...])
@@ -85,8 +90,9 @@ class WeightMethod(nn.Module):
     """Stores one rank's ``[width, H]`` shard of the head in some format and multiplies by it.
 
     ``width`` rows are allocated; rows past ``shard.size`` (padded layout) stay zero.
-    Subclasses set ``weight_format`` and implement ``load``, ``forward``, ``dense_weight``
-    and ``export_tensors``.
+    Subclasses set ``weight_format`` and implement ``load``, ``forward``, ``block_logits``,
+    ``gemm_tiles`` (the GEMM's own row tiles, declared next to it), ``dense_weight`` and
+    ``export_tensors``.
 
     Args:
         shard: the rank's columns (:class:`~trtvocab.parallel.sharding.VocabShard`).
@@ -124,6 +130,20 @@ class WeightMethod(nn.Module):
         numbers, ``0 <= start <= end <= shard.size``) for ``prepared = self.prepare(x)``; dense
         formats return their dtype, quantized ones float32. What a vocab-chunked caller streams."""
         raise NotImplementedError
+
+    def gemm_tiles(self, output_dtype: torch.dtype, deterministic: bool) -> list[tuple[int, int]]:
+        """``[(lo, hi)]``: the local owned rows of every tile of this format's GEMM (:meth:`gemm`), in
+        order, covering ``[0, shard.size)``. :meth:`gemm` over any run of consecutive tiles gives
+        bitwise the columns of the whole-shard call, so a vocab-chunked caller (``sampling.chunked``)
+        cuts only here: its chunks cannot drift from the GEMM. Each format declares its own."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def gemm(self, prepared: Any, start: int, end: int, output_dtype: torch.dtype,
+             deterministic: bool) -> torch.Tensor:
+        """``x @ W.T`` of owned rows ``[start, end)`` in ``output_dtype`` (``prepared``: from
+        :meth:`prepare`): the GEMM whose tiles :meth:`gemm_tiles` declares. Default: :meth:`block_logits`
+        (a quantized format's float32 logits; its tiles are its dequantization row blocks)."""
+        return self.block_logits(prepared, start, end)
 
     def resident_bytes(self) -> int:
         """Bytes of every buffer this format keeps resident."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -11,11 +12,15 @@ from trtvocab import kernels
 from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import CheckpointError
-from trtvocab.weights.base import WeightMethod, read_rows
+from trtvocab.weights import deterministic as det
+from trtvocab.weights.base import WeightMethod, read_rows, row_blocks
 
-# forward_float32 multiplies this many weight elements per GEMM (its row blocks); callers that
-# stream columns (LMHead.column_logits, the chunked head) cut at the same rows to keep the bits.
+# forward_float32 multiplies this many weight elements per GEMM (its row blocks); the float32 GEMM
+# of DenseWeight.gemm declares the same rows as its tiles, so a streamed caller keeps the bits.
 FLOAT32_BLOCK_ELEMENTS = 1 << 20
+# Dense heads in their own dtype (one BLAS call, or the fused kernel): no tile narrower than this
+# (or than the whole shard); CPU BLAS gives a column the same bits at these widths.
+DENSE_TILE = 128
 
 
 def _untouched_zeros(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -136,12 +141,50 @@ class DenseWeight(WeightMethod):
             return self._kernel_logits(prepared, start, end)
         return prepared @ self.weight[start:end].t()
 
+    def gemm_tiles(self, output_dtype: torch.dtype, deterministic: bool) -> list[tuple[int, int]]:
+        """The deterministic mode's global vocab tiles (cut at the shard's ends), the float32
+        accumulation's row blocks (:meth:`forward_float32`), or tiles of at least
+        :data:`DENSE_TILE` rows (the last one takes the remainder)."""
+        size, start = self.shard.size, self.shard.start
+        if size == 0:
+            return []
+        if deterministic:
+            tile = det.tile_of(det.compute_dtype(self.dtype, output_dtype))
+            return [(lo - start, hi - start) for _, lo, hi in det.tiles(start, size, tile)]
+        if output_dtype != self.dtype:
+            return row_blocks(size, self.float32_rows)
+        bounds = [i * DENSE_TILE for i in range(max(1, size // DENSE_TILE))] + [size]
+        return list(itertools.pairwise(bounds))
+
+    @property
+    def float32_rows(self) -> int:
+        """Weight rows per GEMM of the float32 accumulation (:data:`FLOAT32_BLOCK_ELEMENTS` elements)."""
+        return max(1, FLOAT32_BLOCK_ELEMENTS // self.hidden_size)
+
+    def gemm(self, prepared: torch.Tensor, start: int, end: int, output_dtype: torch.dtype,
+             deterministic: bool) -> torch.Tensor:
+        """The deterministic vocab tiles (:func:`~trtvocab.weights.deterministic.tiled_logits`), the float32
+        accumulation over a lower-precision weight (both operands upcast, one declared tile, or the
+        part of it inside ``[start, end)``, at a time), or :meth:`block_logits` in the head dtype."""
+        if deterministic:
+            return det.tiled_logits(prepared, self.weight[start:end], self.shard.start + start, end - start,
+                                    output_dtype)
+        if output_dtype == self.dtype:
+            return self.block_logits(prepared, start, end)
+        xf = prepared.float()
+        out = torch.empty(prepared.shape[0], end - start, dtype=torch.float32, device=prepared.device)
+        for lo, hi in self.gemm_tiles(output_dtype, deterministic):
+            a, b = max(lo, start), min(hi, end)
+            if a < b:
+                torch.matmul(xf, self.weight[a:b].float().t(), out=out[:, a - start : b - start])
+        return out
+
     def forward_float32(self, x: torch.Tensor, chunk_elements: int = FLOAT32_BLOCK_ELEMENTS) -> torch.Tensor:
         """``x @ W.T`` accumulated and returned in float32 (both operands upcast chunk by chunk of
         weight rows, so no float32 copy of the whole shard exists): ``[N, width]``."""
         xf = x.float()
         out = torch.zeros(x.shape[0], self.shard.width, dtype=torch.float32, device=x.device)
-        step = max(1, chunk_elements // self.hidden_size)
+        step = max(1, chunk_elements // self.hidden_size)  # float32_rows by default
         for start in range(0, self.shard.size, step):
             end = min(start + step, self.shard.size)
             torch.matmul(xf, self.weight[start:end].float().t(), out=out[:, start:end])

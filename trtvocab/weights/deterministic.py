@@ -38,6 +38,16 @@ def tiles(start: int, size: int, tile: int) -> Iterator[tuple[int, int, int]]:
         yield t, max(t * tile, start), min((t + 1) * tile, start + size)
 
 
+def compute_dtype(in_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.dtype:
+    """What the tiles multiply in: float32 for a float32 output (both operands upcast), else the input's."""
+    return torch.float32 if out_dtype == torch.float32 else in_dtype
+
+
+def tile_of(compute: torch.dtype) -> int:
+    """The vocab tile of ``compute``: :data:`TILE` for float32, :data:`HALF_TILE` for bf16 / fp16."""
+    return TILE if compute == torch.float32 else HALF_TILE
+
+
 def _tile_weight(weight: torch.Tensor, start: int, t: int, lo: int, hi: int, tile: int,
                  compute: torch.dtype) -> torch.Tensor:
     """The ``[tile, H]`` weight of global tile ``t``: a view where the rank owns all of it, else
@@ -59,11 +69,11 @@ def tiled_logits(x: torch.Tensor, weight: torch.Tensor, start: int, size: int, o
     the GEMV is what the default path uses too, so the mode costs little there).
     """
     rows, hidden = x.shape
-    compute = torch.float32 if out_dtype == torch.float32 else x.dtype
+    compute = compute_dtype(x.dtype, out_dtype)
     out = torch.empty(rows, size, dtype=out_dtype, device=x.device)
     if compute != torch.float32:
         xc = x.to(compute)
-        for t, lo, hi in tiles(start, size, HALF_TILE):
+        for t, lo, hi in tiles(start, size, tile_of(compute)):
             w = _tile_weight(weight, start, t, lo, hi, HALF_TILE, compute)
             column = torch.empty(HALF_TILE, dtype=compute, device=x.device)
             for r in range(rows):
@@ -72,7 +82,7 @@ def tiled_logits(x: torch.Tensor, weight: torch.Tensor, start: int, size: int, o
         return out
     xb = torch.zeros(-(-rows // ROW_BLOCK) * ROW_BLOCK, hidden, dtype=compute, device=x.device)
     xb[:rows] = x.to(compute)
-    for t, lo, hi in tiles(start, size, TILE):
+    for t, lo, hi in tiles(start, size, tile_of(compute)):
         wt = _tile_weight(weight, start, t, lo, hi, TILE, compute).t()
         cols = slice(lo - t * TILE, hi - t * TILE)
         for r in range(0, rows, ROW_BLOCK):

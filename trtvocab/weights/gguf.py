@@ -18,7 +18,7 @@ from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import gguf_blocks as gb
-from trtvocab.weights.base import WeightMethod, read_rows
+from trtvocab.weights.base import WeightMethod, read_rows, row_blocks
 
 DEQUANT_ROWS_ELEMENTS = 1 << 20  # float32 values per dequantized chunk (dense_weight, the torch path)
 
@@ -67,6 +67,10 @@ class GGUFWeight(WeightMethod):
     def rows_per_chunk(self) -> int:
         """Rows per torch-path chunk (also the vocab-chunked decode's tile)."""
         return max(1, DEQUANT_ROWS_ELEMENTS // self.hidden_size)
+
+    def gemm_tiles(self, output_dtype: torch.dtype, deterministic: bool) -> list[tuple[int, int]]:
+        """The torch path's row blocks (:attr:`rows_per_chunk`); the block chain is tp/batch-invariant."""
+        return row_blocks(self.shard.size, self.rows_per_chunk)
 
     def dequantize(self, start: int, end: int) -> torch.Tensor:
         """float32 ``[end - start, H]`` of local rows (``gguf.quants.dequantize``'s values)."""

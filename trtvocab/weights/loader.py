@@ -192,9 +192,9 @@ def gguf_head_format(ckpt: Any, decision: HeadQuantDecision, *, gguf_blocks: boo
 
 def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: str | None = None,
               quant: str = "auto", weight_only: bool = False, gguf_blocks: bool = True) -> HeadSource:
-    """Probe ``path`` (headers only) and apply the gating rule; a GGUF head's format:
-    :func:`gguf_head_format`."""
-    ckpt = open_checkpoint(path)
+    """Probe ``path`` (a path or an opened checkpoint; headers only) and apply the gating rule; a GGUF
+    head's format: :func:`gguf_head_format`."""
+    ckpt = open_checkpoint(path) if not hasattr(path, "info") else path
     decision = resolve_lm_head_quant(ckpt, mapping=mapping, tensor_name=tensor_name, quant=quant,
                                      weight_only=weight_only)
     vocab, hidden = head_shape(ckpt, decision)

@@ -25,7 +25,7 @@ from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.quant.scales import MAX_SCALED_CODE, check_scale_range  # noqa: F401  (re-exported)
-from trtvocab.weights.base import WeightMethod, read_all, read_scalar
+from trtvocab.weights.base import WeightMethod, read_all, read_scalar, row_blocks
 
 CHUNK_ELEMENTS = 1 << 20
 Dequantizer = Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -101,6 +101,10 @@ class QuantizedWeight(WeightMethod):
     @property
     def rows_per_chunk(self) -> int:
         return max(1, CHUNK_ELEMENTS // self.hidden_size)
+
+    def gemm_tiles(self, output_dtype: torch.dtype, deterministic: bool) -> list[tuple[int, int]]:
+        """The dequantization row blocks of :meth:`block_logits` (:attr:`rows_per_chunk`, from row 0)."""
+        return row_blocks(self.shard.size, self.rows_per_chunk)
 
     def _device(self) -> torch.device:
         return next(self.buffers()).device
