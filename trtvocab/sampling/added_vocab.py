@@ -1,0 +1,104 @@
+"""Sampling a head whose vocabulary has an added segment (adapters that add tokens), in token order.
+
+A head with an added segment (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base
+piece and its added piece; the gather-free reductions of this package assume one contiguous range per rank.
+So :func:`decode_output` (what ``trtvocab.sampling.decode`` dispatches to for such a head) gathers the
+step's logits in token order -- ``head(hidden)`` with the rank pieces laid end to end and reindexed by
+``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` == token id ``i`` -- and samples them on
+:func:`token_order_view`, a replicated placement over ``[0, V + A)``. Every rank holds the same gathered
+logits bit for bit and draws alike (noise keyed by token id, ties to the lower id), so the tokens are the
+same on every rank and at every tp size; each row's vocabulary limit is already in the logits (``-inf`` on
+the added ids its adapter does not add). The cost is one ``[B, V + A]`` gather per step instead of
+``O(B * k)`` numbers: docs/lora.md, "Adapters that add tokens".
+
+This module is the one place in the sampler that knows about the added segment.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from trtvocab.errors import InputError
+from trtvocab.lm_head import LMHead
+from trtvocab.logits import select_rows
+from trtvocab.parallel import distributed as D
+from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
+from trtvocab.sampling.draw import SamplerOutput, rows_params, sample_output
+from trtvocab.sampling.params import SamplingParams
+from trtvocab.sampling.state import TokenState
+
+_VIEWS: weakref.WeakKeyDictionary[Any, LMHead] = weakref.WeakKeyDictionary()
+
+
+def has_added_vocab(head: Any) -> bool:
+    """Whether ``head`` has an added segment (then :func:`decode_output` samples it)."""
+    return bool(getattr(head, "added_vocab", 0))
+
+
+def token_order_view(head: LMHead) -> LMHead:
+    """A replicated, weightless placement over ``[0, V + A)`` for sampling ``head``'s token-order logits
+    (column ``i`` == token id ``i``); what a :class:`~trtvocab.sampling.state.TokenState` for such a head
+    is built on (``TokenState.for_head(token_order_view(head), ...)``)."""
+    view = _VIEWS.get(head)
+    if view is None or view.vocab_size != head.full_vocab_size or view.device != head.device:
+        view = LMHead(head.full_vocab_size, 1, dtype=torch.float32, device=head.device)
+        _VIEWS[head] = view
+    return view
+
+
+def _agreed_seed(head: LMHead) -> int:
+    """A fresh seed, rank 0's on every rank (rows without a seed must draw alike everywhere)."""
+    fresh = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    if head.is_split:
+        fresh = D.all_gather_rows(fresh.to(head.device), [1] * head.tp_size, head.process_group)[:1].cpu()
+    return int(fresh.item())
+
+
+def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
+                  step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
+                  seq_lens: Any = None, state: TokenState | None = None) -> SamplerOutput:
+    """``trtvocab.sampling.decode_output`` for a head with an added segment (module docstring).
+
+    ``vocab_limit`` bounds the base ids only (a tokenizer shorter than the base vocabulary); the added ids
+    are bounded per row by the adapters. ``state``: built on :func:`token_order_view`. The inputs are checked
+    on every rank before the forward's handshake (every rank brings the same ones), so a bad one raises
+    everywhere alike.
+    """
+    if seq_lens is not None:
+        hidden = select_rows(hidden, seq_lens)
+    rows = hidden.shape[0] if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 else 0
+    view = token_order_view(head)
+    per_row = rows_params(params, rows, "sampling.decode")
+    if isinstance(per_row, InputError):
+        raise per_row
+    if vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
+                                    or not 1 <= vocab_limit <= head.vocab_size):
+        raise InputError(f"sampling.decode: vocab_limit must be an int in [1, base vocab_size={head.vocab_size}], "
+                         f"got {vocab_limit!r}")
+    if state is not None and (not isinstance(state, TokenState) or (state.start, state.size) != (0, view.vocab_size)):
+        raise InputError("sampling.decode: a head with added tokens samples in token order; build the state with "
+                         "TokenState.for_head(trtvocab.sampling.added_vocab.token_order_view(head), ...)")
+    gather = head.gather_output
+    head.gather_output = True
+    try:
+        logits = head(hidden).float()
+    finally:
+        head.gather_output = gather
+    if vocab_limit is not None and vocab_limit < head.vocab_size:
+        logits[:, vocab_limit : head.vocab_size] = float("-inf")
+    if bitmask is not None:
+        error = bitmask_error(logits, bitmask, view)
+        if error is not None:
+            raise error
+        apply_bitmask_(logits, bitmask, view)
+    if any(p.seed is None for p in per_row) and any(p.temperature > 0 for p in per_row):
+        seed = _agreed_seed(head)
+        per_row = [p if p.seed is not None else p.model_copy(update={"seed": (seed + r) % 2**62})
+                   for r, p in enumerate(per_row)]
+    return sample_output(logits, view, per_row, step=step, state=state)
+
+
+__all__ = ["decode_output", "has_added_vocab", "token_order_view"]
