@@ -9,7 +9,7 @@ step's logits in token order -- ``head(hidden)`` with the rank pieces laid end t
 logits bit for bit and draws alike (noise keyed by token id, ties to the lower id), so the tokens are the
 same on every rank and at every tp size; each row's vocabulary limit is already in the logits (``-inf`` on
 the added ids its adapter does not add). The cost is one ``[B, V + A]`` gather per step instead of
-``O(B * k)`` numbers: docs/lora.md, "Adapters that add tokens".
+``O(B * k)`` numbers: docs/architecture.md, "Adapters that add tokens".
 
 This module is the one place in the sampler that knows about the added segment.
 """

@@ -403,7 +403,7 @@ def _tokens(adapter: AdapterFile, module: str, tensor: str, shard: VocabShard, h
     if bad:
         raise AdapterError(f"{cfg}: trainable_token_indices {bad[:5]} outside the vocabulary [0, {shard.vocab_size}) "
                            "(trainable tokens past the base vocabulary are not supported: their base rows are not "
-                           "in the checkpoint; an adapter adds tokens with modules_to_save copies of the resized tables)")
+                           "in the checkpoint; an adapter adds tokens with modules_to_save copies of resized tables)")
     if len(set(indices)) != len(indices):
         raise AdapterError(f"{cfg}: trainable_token_indices of {module} repeat an index")
     delta = _read(adapter, tensor, [len(indices), hidden])
