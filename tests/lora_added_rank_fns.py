@@ -32,6 +32,7 @@ def added_case(rank: int, world: int, case: dict[str, Any], layout: str) -> dict
     probe = case["probe_ids"]
     probes = [emb(probe, torch.tensor([k])) for k in range(-1, len(case["adapters"]))]
     return {"rows": emb(ids, per_seq), "logits": head(hidden, per_row), "local": head.local_logits(hidden, per_row),
-            "columns": head.added_shards[head.tp_rank].columns(), "emb_columns": emb.added_shards[emb.tp_rank].columns(),
+            "columns": head.added_shards[head.tp_rank].columns(),
+            "emb_columns": emb.added_shards[emb.tp_rank].columns(),
             "greedy": greedy, "drawn": drawn, "probes": probes, "added_vocab": (emb.added_vocab, head.added_vocab),
             "adapter_bytes": head.adapter_bytes() + emb.adapter_bytes()}
