@@ -216,3 +216,76 @@ def test_sampler_paths_and_export_with_added_tokens(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="adds 3 tokens"):
         export_onnx(head, tmp_path / "g.onnx", adapter=0)
+
+
+# ---- generate --lora with an adapter that adds tokens ---------------------------------------------------
+GEN_PROMPTS = ["w3 w7 w9 w12", "w5 w8"]
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def gen_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny random Llama with a word-level tokenizer, and an adapter holding only the modules_to_save copies
+    of its resized embedding and head (the q_proj LoRA PEFT needs as a target is stripped from the file, so
+    PEFT's reference keeps it at its zero init); references: PEFT's and the base model's own greedy ``generate``."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    tokenizers = pytest.importorskip("tokenizers")
+    from safetensors.torch import load_file
+
+    from trtvocab.commands import generate as G
+
+    root = tmp_path_factory.mktemp("gen")
+    torch.manual_seed(3)
+    base = _llama(transformers)
+    base.generation_config.eos_token_id = 2
+    base.save_pretrained(root / "base")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", pad_token="w0", bos_token="w1",
+                                         eos_token="w2").save_pretrained(root / "base")
+    resized = copy.deepcopy(base)
+    resized.resize_token_embeddings(V + K, mean_resizing=False)
+    model = peft.get_peft_model(resized, peft.LoraConfig(target_modules=["q_proj"], r=2,
+                                                         modules_to_save=["lm_head", "embed_tokens"]), adapter_name="add")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "modules_to_save" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+                if "lm_head" in name:
+                    p[V:] *= 1.5
+    model.save_pretrained(root / "ad")
+    weights = root / "ad" / "add" / "adapter_model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if "q_proj" not in k}, str(weights))
+    spec, _ = G.prepare(root / "base", GEN_PROMPTS, tp=1, max_new_tokens=NEW)
+    prompts = [torch.tensor([list(p)]) for p in spec.prompt_ids]
+    plain = transformers.LlamaForCausalLM.from_pretrained(root / "base").eval()
+    grown = transformers.LlamaForCausalLM.from_pretrained(root / "base")
+    grown.resize_token_embeddings(V + K, mean_resizing=False)
+    peft_model = peft.PeftModel.from_pretrained(grown, root / "ad" / "add").eval()
+
+    def greedy(m: Any, ids: torch.Tensor) -> list[int]:
+        with torch.no_grad():
+            out = m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW,
+                             pad_token_id=0)[0, ids.shape[1]:].tolist()
+        return out[: next((i + 1 for i, t in enumerate(out) if t == 2), len(out))]
+
+    reference = [greedy(peft_model, prompts[0]), greedy(plain, prompts[1])]
+    assert any(t >= V for t in reference[0]) and any(t < V for t in reference[0])  # both vocabularies in play
+    return {"model": root / "base", "folder": root / "ad" / "add", "reference": reference,
+            "peft_second": greedy(peft_model, prompts[1])}
+
+
+@pytest.mark.ranks
+def test_generate_with_added_tokens_equals_peft(gen_run: dict[str, Any]) -> None:
+    """Greedy tokens of a batch mixing the adapter (prompt 0) and none (prompt 1) at tp 1, 3 and 4 (uneven)."""
+    from trtvocab.commands import generate as G
+
+    for tp in (1, 3, 4):
+        spec, loaded = G.prepare(gen_run["model"], GEN_PROMPTS, tp=tp, max_new_tokens=NEW,
+                                 loras={"add": gen_run["folder"]}, lora_for={0: "add"})
+        report = G.generate(spec, loaded)
+        assert [r.token_ids for r in report.results] == gen_run["reference"], tp
+    # The adapter on both prompts: the second follows PEFT too.
+    spec, loaded = G.prepare(gen_run["model"], GEN_PROMPTS, tp=1, max_new_tokens=NEW, loras={"add": gen_run["folder"]})
+    assert G.generate(spec, loaded).results[1].token_ids == gen_run["peft_second"]
