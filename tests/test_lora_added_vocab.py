@@ -246,8 +246,8 @@ def gen_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                          eos_token="w2").save_pretrained(root / "base")
     resized = copy.deepcopy(base)
     resized.resize_token_embeddings(V + K, mean_resizing=False)
-    model = peft.get_peft_model(resized, peft.LoraConfig(target_modules=["q_proj"], r=2,
-                                                         modules_to_save=["lm_head", "embed_tokens"]), adapter_name="add")
+    config = peft.LoraConfig(target_modules=["q_proj"], r=2, modules_to_save=["lm_head", "embed_tokens"])
+    model = peft.get_peft_model(resized, config, adapter_name="add")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "modules_to_save" in name:
@@ -289,3 +289,13 @@ def test_generate_with_added_tokens_equals_peft(gen_run: dict[str, Any]) -> None
     # The adapter on both prompts: the second follows PEFT too.
     spec, loaded = G.prepare(gen_run["model"], GEN_PROMPTS, tp=1, max_new_tokens=NEW, loras={"add": gen_run["folder"]})
     assert G.generate(spec, loaded).results[1].token_ids == gen_run["peft_second"]
+
+
+def test_compare_refuses_an_adapter_that_adds_tokens(tmp_path: Path, hf_checkpoint: Any) -> None:
+    from trtvocab.commands.compare import compare
+
+    base = hf_checkpoint({"lm_head.weight": torch.randn(V, H), "model.embed_tokens.weight": torch.randn(V, H)},
+                         {"model_type": "llama", "vocab_size": V, "hidden_size": H})
+    folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: torch.randn(V + 3, H)})
+    with pytest.raises(ConfigError, match=r"--lora lora:add: .*add adds 3 tokens past the baseline's vocabulary"):
+        compare(base, hidden=torch.randn(4, H), bootstrap=0, loras=[f"add={folder}"])

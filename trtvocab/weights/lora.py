@@ -26,7 +26,7 @@ from trtvocab.base.fsutil import load_json_file
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.checkpoints.names import EMBEDDING_NAMES
 from trtvocab.errors import AdapterError, CheckpointError
-from trtvocab.parallel.sharding import VocabShard
+from trtvocab.parallel.sharding import VocabShard, vocab_shard
 from trtvocab.weights.base import read_rows
 
 CONFIG_FILE = "adapter_config.json"
@@ -272,7 +272,8 @@ def added_tokens(adapter: AdapterFile, vocab: int, hidden: int, *, tied: bool = 
     ``k`` (a row that samples an added id embeds it on the next step), so an adapter that adds tokens on one
     module only -- or other counts on the two -- is refused, naming both tensors; so are LoRA factors and
     trainable tokens sized past ``V`` (their base rows for the added ids are not in the checkpoint). A tied
-    head without its own copy takes the embedding's (the adapter's ``lm_head`` is then the same table).
+    model is no exception: PEFT's head keeps the resized base table, whose added rows no checkpoint holds.
+    ``tied`` is accepted for symmetry with :func:`shard_adapter` and changes nothing here.
     """
     counts: dict[str, tuple[int, str]] = {}
     for which in ("embedding", "head"):
@@ -293,8 +294,6 @@ def added_tokens(adapter: AdapterFile, vocab: int, hidden: int, *, tied: bool = 
     if not counts:
         return 0
     emb, head = counts.get("embedding"), counts.get("head")
-    if head is None and emb is not None and tied and module_of(adapter, "head") is None:
-        return emb[0]
     if emb is None or head is None:
         have, tensor = next(iter(counts.items()))[0], next(iter(counts.values()))[1]
         other = "lm_head" if have == "embedding" else "embed_tokens"
@@ -503,12 +502,18 @@ def lora_rows(partial: torch.Tensor, adapters: list[ShardAdapter],
 
 
 
-def footprint(adapter: AdapterFile, shard: VocabShard, hidden: int, dtype_bytes: int, *, tied: bool = False) -> int:
+def footprint(adapter: AdapterFile, shard: VocabShard, hidden: int, dtype_bytes: int, *, tied: bool = False,
+              pad_to: int = 64) -> int:
     """Bytes one rank holds for ``adapter`` on both vocabulary modules, from the header alone (what
     :func:`shard_adapter` keeps: LoRA factors in float32, copies and trainable-token rows in the
     module dtype, ``dtype_bytes`` per element). A saved ``base_layer.weight`` is not counted (it is
-    dropped when it equals the checkpoint's table)."""
+    dropped when it equals the checkpoint's table). An adapter that adds tokens also holds, on each end, its
+    rows of the added segment this rank's piece owns (``pad_to``: the padded layout's multiple)."""
     total = 0
+    added = added_tokens(adapter, shard.vocab_size, hidden, tied=tied)
+    if added:
+        piece = vocab_shard(added, shard.tp_size, shard.rank, shard.layout, pad_to)
+        total += 2 * max(0, min(piece.end, added) - piece.start) * hidden * dtype_bytes
     for which in ("head", "embedding"):
         module = module_of(adapter, which)  # type: ignore[arg-type]
         parts = adapter.modules.get(module, {}) if module is not None else {}
