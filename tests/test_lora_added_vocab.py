@@ -299,3 +299,38 @@ def test_compare_refuses_an_adapter_that_adds_tokens(tmp_path: Path, hf_checkpoi
     folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: torch.randn(V + 3, H)})
     with pytest.raises(ConfigError, match=r"--lora lora:add: .*add adds 3 tokens past the baseline's vocabulary"):
         compare(base, hidden=torch.randn(4, H), bootstrap=0, loras=[f"add={folder}"])
+
+
+@pytest.mark.parametrize("layout", ["uneven", "padded"])
+def test_plan_footprint_counts_the_added_rows_each_rank_holds(tmp_path: Path, layout: str) -> None:
+    """The ledger's per-rank adapter bytes (header only) equal what each rank's two ends hold after loading."""
+    from trtvocab import Mapping
+    from trtvocab.weights.lora import footprint, open_adapter
+
+    folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 5, H), HEAD: torch.randn(V + 5, H)})
+    for rank in range(2):
+        mapping = Mapping(world_size=2, rank=rank, tp_size=2)
+        kw: dict[str, Any] = {"dtype": torch.float32, "mapping": mapping, "vocab_layout": layout, "pad_to": 4}
+        emb, head = VocabParallelEmbedding(V, H, **kw), LMHead(V, H, **kw)
+        emb.load_weights({"weight": torch.randn(V, H)})
+        head.load_weights({"weight": torch.randn(V, H)})
+        emb.load_adapter(folder)
+        head.load_adapter(folder)
+        held = emb.adapter_bytes() + head.adapter_bytes()
+        assert footprint(open_adapter(folder), head.shard, H, 4, pad_to=4) == held, (layout, rank)
+
+
+@pytest.mark.ranks
+def test_generate_with_added_tokens_and_penalties_is_tp_invariant(gen_run: dict[str, Any]) -> None:
+    """Penalties read a token-order state (docs/architecture.md, "Adapters that add tokens"): the same tokens
+    at tp 1 and 3, and the penalty changes the adapter's repetitive greedy run."""
+    from trtvocab.commands import generate as G
+
+    params = SamplingParams(temperature=0.0, repetition_penalty=3.0)
+    runs = []
+    for tp in (1, 3):
+        spec, loaded = G.prepare(gen_run["model"], GEN_PROMPTS, tp=tp, max_new_tokens=NEW, params=params,
+                                 loras={"add": gen_run["folder"]}, lora_for={0: "add"})
+        runs.append([r.token_ids for r in G.generate(spec, loaded).results])
+    assert runs[0] == runs[1]
+    assert runs[0][0] != gen_run["reference"][0]

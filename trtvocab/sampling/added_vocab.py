@@ -49,6 +49,12 @@ def token_order_view(head: LMHead) -> LMHead:
     return view
 
 
+def state_placement(head: Any) -> Any:
+    """What a :class:`~trtvocab.sampling.state.TokenState` of ``head``'s rows is built on: the head itself,
+    or :func:`token_order_view` for a head with an added segment."""
+    return token_order_view(head) if has_added_vocab(head) else head
+
+
 def _agreed_seed(head: LMHead) -> int:
     """A fresh seed, rank 0's on every rank (rows without a seed must draw alike everywhere)."""
     fresh = torch.randint(0, 2**62, (1,), dtype=torch.int64)
@@ -101,4 +107,4 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
     return sample_output(logits, view, per_row, step=step, state=state)
 
 
-__all__ = ["decode_output", "has_added_vocab", "token_order_view"]
+__all__ = ["decode_output", "has_added_vocab", "state_placement", "token_order_view"]
