@@ -6,6 +6,8 @@ header; :func:`shard_adapter` reads one rank's part of the head or the embedding
     head  lm_head.lora_A.weight [r, H] replicated, lora_B.weight [V, r] own rows   += s (x A^T) B^T
     emb   lora_embedding_A [r, V] own columns, lora_embedding_B [H, r] replicated  += s A^T[ids] B^T
     both  modules_to_save copy [V, H] and trainable tokens [k, H]: own rows, replace the base rows
+    both  modules_to_save copy [V + k, H] of a resized table: also adds k tokens, whose rows each rank
+          keeps for its piece of the module's added segment (trtvocab.parallel.added_vocab)
 
 ``s = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA). DoRA and the other methods that change the formula,
 shapes that disagree with the config or the model, NaN / inf and modules other than the two are refused
@@ -59,7 +61,8 @@ class ShardAdapter:
     ``lora_a`` / ``lora_b``: float32; for the head ``[r, H]`` and ``[V_local, r]``, for the embedding
     ``[V_local, r]`` (columns of ``lora_embedding_A``, transposed) and ``[H, r]``. ``copy``: the
     ``[V_local, H]`` table that replaces the shard's rows. ``token_index`` (sorted, local ids) and
-    ``token_rows`` ``[k, H]``: rows that replace single rows (trainable tokens).
+    ``token_rows`` ``[k, H]``: rows that replace single rows (trainable tokens). ``added``: how many tokens
+    the adapter adds past the base vocabulary; ``added_rows``: this rank's rows of them (see the field).
     """
 
     name: str
