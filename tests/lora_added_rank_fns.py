@@ -36,3 +36,22 @@ def added_case(rank: int, world: int, case: dict[str, Any], layout: str) -> dict
             "emb_columns": emb.added_shards[emb.tp_rank].columns(),
             "greedy": greedy, "drawn": drawn, "probes": probes, "added_vocab": (emb.added_vocab, head.added_vocab),
             "adapter_bytes": head.adapter_bytes() + emb.adapter_bytes()}
+
+
+def disagreeing_params(rank: int, world: int, folder: str) -> str:
+    """A head with an added segment whose ranks bring different params (or rank 1 a bad vocab_limit): every
+    rank raises before the gather instead of drawing different tokens."""
+    head = LMHead(50, 16, dtype=torch.float32, mapping=Mapping(world_size=world, rank=rank, tp_size=world))
+    head.load_weights({"weight": torch.ones(50, 16)})
+    head.load_adapter(folder)
+    hidden = torch.ones(2, 16)
+    names = []
+    for params, limit in ((SamplingParams(temperature=0.5 + rank, seed=1), None),
+                          (SamplingParams(temperature=0.0), 10 if rank == 0 else 99)):
+        try:
+            with head.use_adapters(torch.tensor([0, -1])):
+                decode(hidden, head, params, vocab_limit=limit)
+            names.append("")
+        except Exception as exc:
+            names.append(type(exc).__name__)
+    return " ".join(names)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from lora_added_rank_fns import added_case
+from lora_added_rank_fns import added_case, disagreeing_params
 from safetensors.torch import save_file
 
 from trtvocab import LMHead, VocabParallelEmbedding
@@ -334,3 +334,9 @@ def test_generate_with_added_tokens_and_penalties_is_tp_invariant(gen_run: dict[
         runs.append([r.token_ids for r in G.generate(spec, loaded).results])
     assert runs[0] == runs[1]
     assert runs[0][0] != gen_run["reference"][0]
+
+
+def test_ranks_that_disagree_raise_everywhere(tmp_path: Path, launch_ranks: Any) -> None:
+    folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: torch.randn(V + 3, H)})
+    assert launch_ranks(disagreeing_params, 2, str(folder), timeout_s=120) == [
+        "RankMismatchError PeerRankError", "RankMismatchError InputError"]

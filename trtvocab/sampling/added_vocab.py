@@ -24,10 +24,10 @@ import torch
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import select_rows
-from trtvocab.parallel import distributed as D
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import SamplerOutput, rows_params, sample_output
+from trtvocab.sampling.draw import SamplerOutput, params_tensor, rows_params, sample_output, step_error
 from trtvocab.sampling.params import SamplingParams
+from trtvocab.sampling.reductions import handshake
 from trtvocab.sampling.state import TokenState
 
 _VIEWS: weakref.WeakKeyDictionary[Any, LMHead] = weakref.WeakKeyDictionary()
@@ -55,14 +55,6 @@ def state_placement(head: Any) -> Any:
     return token_order_view(head) if has_added_vocab(head) else head
 
 
-def _agreed_seed(head: LMHead) -> int:
-    """A fresh seed, rank 0's on every rank (rows without a seed must draw alike everywhere)."""
-    fresh = torch.randint(0, 2**62, (1,), dtype=torch.int64)
-    if head.is_split:
-        fresh = D.all_gather_rows(fresh.to(head.device), [1] * head.tp_size, head.process_group)[:1].cpu()
-    return int(fresh.item())
-
-
 def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
                   step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
                   seq_lens: Any = None, state: TokenState | None = None) -> SamplerOutput:
@@ -70,23 +62,42 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
 
     ``vocab_limit`` bounds the base ids only (a tokenizer shorter than the base vocabulary); the added ids
     are bounded per row by the adapters. ``state``: built on :func:`token_order_view`. The inputs are checked
-    on every rank before the forward's handshake (every rank brings the same ones), so a bad one raises
-    everywhere alike.
+    on every rank, then one handshake (``sampling.reductions.handshake``: the params' digest, a fresh seed)
+    makes a bad input on one rank -- or params that differ between ranks -- raise on every rank before the
+    forward's gather.
     """
+    error: InputError | None = None
     if seq_lens is not None:
-        hidden = select_rows(hidden, seq_lens)
+        try:
+            hidden = select_rows(hidden, seq_lens)
+        except InputError as exc:
+            error = exc
     rows = hidden.shape[0] if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 else 0
     view = token_order_view(head)
     per_row = rows_params(params, rows, "sampling.decode")
     if isinstance(per_row, InputError):
-        raise per_row
+        error, per_row = error or per_row, []
     if vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
                                     or not 1 <= vocab_limit <= head.vocab_size):
-        raise InputError(f"sampling.decode: vocab_limit must be an int in [1, base vocab_size={head.vocab_size}], "
-                         f"got {vocab_limit!r}")
+        error = error or InputError(f"sampling.decode: vocab_limit must be an int in [1, base vocab_size="
+                                    f"{head.vocab_size}], got {vocab_limit!r}")
     if state is not None and (not isinstance(state, TokenState) or (state.start, state.size) != (0, view.vocab_size)):
-        raise InputError("sampling.decode: a head with added tokens samples in token order; build the state with "
-                         "TokenState.for_head(trtvocab.sampling.added_vocab.token_order_view(head), ...)")
+        error = error or InputError("sampling.decode: a head with added tokens samples in token order; build the "
+                                    "state with TokenState.for_head(token_order_view(head), ...)")
+    # The ranks agree on the params (and pick rank 0's fresh seed for unseeded rows) before any data moves:
+    # the token-order draw below makes no collective that could catch a rank whose params differ.
+    digest = None
+    if error is None:
+        error = step_error(step, "sampling.decode")
+    if error is None:
+        digest = params_tensor(per_row, step, vocab_limit).reshape(-1)
+        if bitmask is not None and isinstance(bitmask, torch.Tensor):
+            digest = torch.cat([digest, bitmask.reshape(-1).to(torch.int64).cpu()])
+    fresh = handshake(head, hidden, error, "decode", argument=digest,
+                      proposal=int(torch.randint(0, 2**62, (1,)).item()), cache=False)
+    if any(p.seed is None for p in per_row):
+        per_row = [p if p.seed is not None else p.model_copy(update={"seed": (fresh + r) % 2**62})
+                   for r, p in enumerate(per_row)]
     gather = head.gather_output
     head.gather_output = True
     try:
@@ -100,10 +111,6 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
         if error is not None:
             raise error
         apply_bitmask_(logits, bitmask, view)
-    if any(p.seed is None for p in per_row) and any(p.temperature > 0 for p in per_row):
-        seed = _agreed_seed(head)
-        per_row = [p if p.seed is not None else p.model_copy(update={"seed": (seed + r) % 2**62})
-                   for r, p in enumerate(per_row)]
     return sample_output(logits, view, per_row, step=step, state=state)
 
 
