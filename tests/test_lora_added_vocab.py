@@ -100,6 +100,7 @@ def _check(got: dict[str, Any], refs: dict[str, Any], what: str) -> None:
     assert torch.isneginf(got["local"][:, ~own]).all(), what
     assert got["columns"] == got["emb_columns"], what
     assert torch.equal(got["greedy"], expected.argmax(-1)), what
+    assert torch.equal(got["gathered"], got["greedy"]), what  # gather-free greedy == greedy in token order
     assert (got["drawn"][T:] < V).all(), what  # rows without the adapter never draw an added id
     # Lookups without an adapter, with the adapter and with one that adds nothing: added ids are zero rows
     # unless the row's adapter adds them (the positions a row cannot hold are compared with zeros).

@@ -2,14 +2,18 @@
 
 A head with an added segment (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base
 piece and its added piece; the gather-free reductions of this package assume one contiguous range per rank.
-So :func:`decode_output` (what ``trtvocab.sampling.decode`` dispatches to for such a head) gathers the
-step's logits in token order -- ``head(hidden)`` with the rank pieces laid end to end and reindexed by
-``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` == token id ``i`` -- and samples them on
+So :func:`decode_output` (what ``trtvocab.sampling.decode`` dispatches to for such a head), for every step
+but the plain greedy one (below), gathers the step's logits in token order -- ``head(hidden)`` with the
+rank pieces laid end to end and reindexed by ``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` == token id ``i`` -- and samples them on
 :func:`token_order_view`, a replicated placement over ``[0, V + A)``. Every rank holds the same gathered
 logits bit for bit and draws alike (noise keyed by token id, ties to the lower id), so the tokens are the
 same on every rank and at every tp size; each row's vocabulary limit is already in the logits (``-inf`` on
-the added ids its adapter does not add). The cost is one ``[B, V + A]`` gather per step instead of
+the added ids its adapter does not add). The cost of such a step is one ``[B, V + A]`` gather instead of
 ``O(B * k)`` numbers: docs/architecture.md, "Adapters that add tokens".
+
+Greedy steps without logits processors, logprobs or a bitmask -- what most decoding is -- stay gather-free:
+each rank takes the largest logit of its two pieces (ownership of an added id is by the added segment's
+split), and one ``[tp, B]`` exchange of (value, id) pairs picks the winner (:func:`_greedy`).
 
 This module is the one place in the sampler that knows about the added segment.
 """
@@ -27,7 +31,7 @@ from trtvocab.logits import select_rows
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import SamplerOutput, params_tensor, rows_params, sample_output, step_error
 from trtvocab.sampling.params import SamplingParams
-from trtvocab.sampling.reductions import handshake
+from trtvocab.sampling.reductions import NO_ID, gather_stack, handshake
 from trtvocab.sampling.state import TokenState
 
 _VIEWS: weakref.WeakKeyDictionary[Any, LMHead] = weakref.WeakKeyDictionary()
@@ -72,6 +76,7 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
             hidden = select_rows(hidden, seq_lens)
         except InputError as exc:
             error = exc
+    error = error or head.check_input(hidden)
     rows = hidden.shape[0] if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 else 0
     view = token_order_view(head)
     per_row = rows_params(params, rows, "sampling.decode")
@@ -98,6 +103,8 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
     if any(p.seed is None for p in per_row):
         per_row = [p if p.seed is not None else p.model_copy(update={"seed": (fresh + r) % 2**62})
                    for r, p in enumerate(per_row)]
+    if bitmask is None and all(p.greedy and not p.processes and p.logprobs is None for p in per_row):
+        return SamplerOutput(_greedy(hidden, head, vocab_limit))
     gather = head.gather_output
     head.gather_output = True
     try:
@@ -112,6 +119,33 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
             raise error
         apply_bitmask_(logits, bitmask, view)
     return sample_output(logits, view, per_row, step=step, state=state)
+
+
+def _greedy(hidden: torch.Tensor, head: LMHead, vocab_limit: int | None) -> torch.Tensor:
+    """Greedy ids ``[B]`` without the gather: each rank's largest logit over its two pieces (a rank's
+    columns ascend in token id -- base piece, then added ids ``>= V`` -- so the first maximum is the
+    lowest id), then one all_gather of ``[B, 2]`` (value as float64 bits, id) pairs and the largest value,
+    lowest id among ties: the argmax of the token-order logits, bit for bit."""
+    local = head.local_logits(hidden).float()
+    columns = torch.tensor(head.added_shards[head.tp_rank].columns(), dtype=torch.int64, device=local.device)
+    if vocab_limit is not None and vocab_limit < head.vocab_size:
+        local[:, (columns >= vocab_limit) & (columns < head.vocab_size)] = float("-inf")
+    if local.shape[1]:
+        best, at = torch.max(local, dim=1)
+        chosen = columns[at]
+    else:
+        best = local.new_full((local.shape[0],), float("-inf"))
+        chosen = torch.full((local.shape[0],), NO_ID, dtype=torch.int64, device=local.device)
+    chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
+    if head.is_split:
+        packed = gather_stack(torch.stack([best.to(torch.float64).view(torch.int64), chosen], dim=-1), head)
+        values, ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
+        top = values.max(dim=0).values
+        best, chosen = top, torch.where(values == top, ids, torch.full_like(ids, NO_ID)).min(dim=0).values
+    if bool(torch.isneginf(best).any()):  # the same gathered maxima on every rank: every rank raises
+        raise InputError(f"sampling.decode: row(s) {torch.isneginf(best).nonzero()[:, 0].tolist()} allow no token "
+                         "(every logit is -inf)")
+    return chosen
 
 
 __all__ = ["decode_output", "has_added_vocab", "state_placement", "token_order_view"]
