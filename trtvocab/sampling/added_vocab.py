@@ -4,7 +4,8 @@ A head with an added segment (:mod:`trtvocab.parallel.added_vocab`) owns two id 
 piece and its added piece; the gather-free reductions of this package assume one contiguous range per rank.
 So :func:`decode_output` (what ``trtvocab.sampling.decode`` dispatches to for such a head), for every step
 but the plain greedy one (below), gathers the step's logits in token order -- ``head(hidden)`` with the
-rank pieces laid end to end and reindexed by ``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` == token id ``i`` -- and samples them on
+rank pieces laid end to end and reindexed by ``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` ==
+token id ``i`` -- and samples them on
 :func:`token_order_view`, a replicated placement over ``[0, V + A)``. Every rank holds the same gathered
 logits bit for bit and draws alike (noise keyed by token id, ties to the lower id), so the tokens are the
 same on every rank and at every tp size; each row's vocabulary limit is already in the logits (``-inf`` on
