@@ -29,13 +29,16 @@ def added_case(rank: int, world: int, case: dict[str, Any], layout: str) -> dict
     with head.use_adapters(per_row):
         greedy = decode(hidden, head, SamplingParams(temperature=0.0))  # gather-free
         gathered = decode(hidden, head, SamplingParams(temperature=0.0, logprobs=1))  # the token-order path
-        drawn = decode(hidden, head, SamplingParams(temperature=1.5, top_p=0.95, seed=7), step=2)
+        drawn = decode(hidden, head, SamplingParams(temperature=1.5, top_p=0.95, seed=7), step=2)  # gathered
+        raced = decode(hidden, head, SamplingParams(temperature=1.5, seed=7), step=2)  # gather-free
+        raced_gathered = decode(hidden, head, SamplingParams(temperature=1.5, seed=7, logprobs=0), step=2)
     probe = case["probe_ids"]
     probes = [emb(probe, torch.tensor([k])) for k in range(-1, len(case["adapters"]))]
     return {"rows": emb(ids, per_seq), "logits": head(hidden, per_row), "local": head.local_logits(hidden, per_row),
             "columns": head.added_shards[head.tp_rank].columns(),
             "emb_columns": emb.added_shards[emb.tp_rank].columns(),
-            "greedy": greedy, "gathered": gathered, "drawn": drawn, "probes": probes,
+            "greedy": greedy, "gathered": gathered, "drawn": drawn, "raced": raced,
+            "raced_gathered": raced_gathered, "probes": probes,
             "added_vocab": (emb.added_vocab, head.added_vocab),
             "adapter_bytes": head.adapter_bytes() + emb.adapter_bytes()}
 

@@ -102,6 +102,8 @@ def _check(got: dict[str, Any], refs: dict[str, Any], what: str) -> None:
     assert torch.equal(got["greedy"], expected.argmax(-1)), what
     assert torch.equal(got["gathered"], got["greedy"]), what  # gather-free greedy == greedy in token order
     assert (got["drawn"][T:] < V).all(), what  # rows without the adapter never draw an added id
+    assert torch.equal(got["raced"], got["raced_gathered"]), what  # gather-free race == token-order race
+    assert (got["raced"][T:] < V).all(), what
     # Lookups without an adapter, with the adapter and with one that adds nothing: added ids are zero rows
     # unless the row's adapter adds them (the positions a row cannot hold are compared with zeros).
     for k, rows in zip((-1, 0, 1), got["probes"], strict=True):
@@ -125,6 +127,7 @@ def test_added_tokens_match_peft_tp3_uneven_tp4_padded(refs: dict[str, Any], lau
         for rank, got in enumerate(results):
             _check(got, refs, f"tp{tp} {layout} rank {rank}")
             assert torch.equal(got["drawn"], single["drawn"]), f"tp{tp} rank {rank}"
+            assert torch.equal(got["raced"], single["raced"]), f"tp{tp} rank {rank}"
         assert results[0]["adapter_bytes"] < single["adapter_bytes"]  # the copies are split too
         if layout == "padded":  # the last rank owns no added id: its added piece is all padding
             assert set(results[tp - 1]["columns"][-4:]) == {-1}

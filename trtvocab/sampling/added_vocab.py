@@ -3,7 +3,7 @@
 A head with an added segment (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base
 piece and its added piece; the gather-free reductions of this package assume one contiguous range per rank.
 So :func:`decode_output` (what ``trtvocab.sampling.decode`` dispatches to for such a head), for every step
-but the plain greedy one (below), gathers the step's logits in token order -- ``head(hidden)`` with the
+but the race-only ones (below), gathers the step's logits in token order -- ``head(hidden)`` with the
 rank pieces laid end to end and reindexed by ``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` ==
 token id ``i`` -- and samples them on
 :func:`token_order_view`, a replicated placement over ``[0, V + A)``. Every rank holds the same gathered
@@ -12,9 +12,10 @@ same on every rank and at every tp size; each row's vocabulary limit is already 
 the added ids its adapter does not add). The cost of such a step is one ``[B, V + A]`` gather instead of
 ``O(B * k)`` numbers: docs/architecture.md, "Adapters that add tokens".
 
-Greedy steps without logits processors, logprobs or a bitmask -- what most decoding is -- stay gather-free:
-each rank takes the largest logit of its two pieces (ownership of an added id is by the added segment's
-split), and one ``[tp, B]`` exchange of (value, id) pairs picks the winner (:func:`_greedy`).
+Steps whose rows draw by the race alone -- greedy, or temperature and seeded noise, without logits
+processors, top-k / top-p / min-p / typical-p, logprobs or a bitmask -- stay gather-free: each rank races
+over its two pieces (ownership of an added id is by the added segment's split; the noise is keyed by token
+id), and one ``[tp, B]`` exchange of (score, id) pairs picks the winner (:func:`_race`).
 
 This module is the one place in the sampler that knows about the added segment.
 """
@@ -31,6 +32,7 @@ from trtvocab.lm_head import LMHead
 from trtvocab.logits import select_rows
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import SamplerOutput, params_tensor, rows_params, sample_output, step_error
+from trtvocab.sampling.filters import Metadata, race_scores, scale
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import NO_ID, gather_stack, handshake
 from trtvocab.sampling.state import TokenState
@@ -104,8 +106,8 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
     if any(p.seed is None for p in per_row):
         per_row = [p if p.seed is not None else p.model_copy(update={"seed": (fresh + r) % 2**62})
                    for r, p in enumerate(per_row)]
-    if bitmask is None and all(p.greedy and not p.processes and p.logprobs is None for p in per_row):
-        return SamplerOutput(_greedy(hidden, head, vocab_limit))
+    if bitmask is None and all(_races_alone(p) for p in per_row):
+        return SamplerOutput(_race(hidden, head, per_row, step, vocab_limit))
     gather = head.gather_output
     head.gather_output = True
     try:
@@ -122,27 +124,40 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
     return sample_output(logits, view, per_row, step=step, state=state)
 
 
-def _greedy(hidden: torch.Tensor, head: LMHead, vocab_limit: int | None) -> torch.Tensor:
-    """Greedy ids ``[B]`` without the gather: each rank's largest logit over its two pieces (a rank's
-    columns ascend in token id -- base piece, then added ids ``>= V`` -- so the first maximum is the
-    lowest id), then one all_gather of ``[B, 2]`` (value as float64 bits, id) pairs and the largest value,
-    lowest id among ties: the argmax of the token-order logits, bit for bit."""
+def _races_alone(p: SamplingParams) -> bool:
+    """Whether a row's draw is the race alone (greedy, or temperature and noise): no logits processor,
+    filter or logprobs -- what :func:`_race` computes without the gather."""
+    filtered = p.top_k != 0 or p.top_p != 1.0 or p.min_p != 0.0 or p.typical_p != 1.0
+    return not p.processes and p.logprobs is None and (p.greedy or not filtered)
+
+
+def _race(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], step: int,
+          vocab_limit: int | None) -> torch.Tensor:
+    """Token ids ``[B]`` without the gather: each rank's best race score (the logit on greedy rows, ``x / T +
+    g(seed, step, id)`` on sampled ones: the pipeline's own :func:`~trtvocab.sampling.filters.scale` and
+    :func:`~trtvocab.sampling.filters.race_scores`, keyed by each column's token id) over its two pieces, then
+    one all_gather of ``[B, 2]`` (score as float64 bits, id) pairs and the largest, lowest id among ties. A
+    rank's columns ascend in token id (base piece, then added ids ``>= V``), so its first maximum is its
+    lowest id: the same ids as the token-order path, bit for bit (tested)."""
     local = head.local_logits(hidden).float()
     columns = torch.tensor(head.added_shards[head.tp_rank].columns(), dtype=torch.int64, device=local.device)
     if vocab_limit is not None and vocab_limit < head.vocab_size:
         local[:, (columns >= vocab_limit) & (columns < head.vocab_size)] = float("-inf")
-    if local.shape[1]:
-        best, at = torch.max(local, dim=1)
+    ids = columns.clamp(min=0)  # padding columns are -inf: the race excludes them whatever their key
+    meta = Metadata.build(per_row, [int(p.seed) for p in per_row], step, None, local.device)  # type: ignore[arg-type]
+    scores = race_scores(scale(local, ids, meta), ids, meta)
+    if scores.shape[1]:
+        best, at = torch.max(scores, dim=1)
         chosen = columns[at]
     else:
-        best = local.new_full((local.shape[0],), float("-inf"))
-        chosen = torch.full((local.shape[0],), NO_ID, dtype=torch.int64, device=local.device)
+        best = scores.new_full((scores.shape[0],), float("-inf"))
+        chosen = torch.full((scores.shape[0],), NO_ID, dtype=torch.int64, device=scores.device)
     chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
     if head.is_split:
-        packed = gather_stack(torch.stack([best.to(torch.float64).view(torch.int64), chosen], dim=-1), head)
-        values, ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
+        packed = gather_stack(torch.stack([best.view(torch.int64), chosen], dim=-1), head)
+        values, all_ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
         top = values.max(dim=0).values
-        best, chosen = top, torch.where(values == top, ids, torch.full_like(ids, NO_ID)).min(dim=0).values
+        best, chosen = top, torch.where(values == top, all_ids, torch.full_like(all_ids, NO_ID)).min(dim=0).values
     if bool(torch.isneginf(best).any()):  # the same gathered maxima on every rank: every rank raises
         raise InputError(f"sampling.decode: row(s) {torch.isneginf(best).nonzero()[:, 0].tolist()} allow no token "
                          "(every logit is -inf)")
