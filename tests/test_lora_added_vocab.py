@@ -344,3 +344,18 @@ def test_ranks_that_disagree_raise_everywhere(tmp_path: Path, launch_ranks: Any)
     folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: torch.randn(V + 3, H)})
     assert launch_ranks(disagreeing_params, 2, str(folder), timeout_s=120) == [
         "RankMismatchError PeerRankError", "RankMismatchError InputError"]
+
+
+def test_family_ops_apply_to_the_added_columns(tmp_path: Path) -> None:
+    """Gemma-style soft-capping and a scale follow the added rows' GEMM as they follow the base copy's
+    (float64 reference); the -inf of a row without the adapter stays -inf (never ``-c``)."""
+    copy_rows = torch.randn(V + 3, H) * 3
+    folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: copy_rows})
+    head = LMHead(V, H, dtype=torch.float32, head_ops=HeadOps(scale=0.5, softcap=4.0))
+    head.load_weights({"weight": torch.randn(V, H)})
+    head.load_adapter(folder)
+    hidden = torch.randn(4, H)
+    logits = head(hidden, torch.tensor([0, -1, 0, -1]))
+    z = hidden.double() @ copy_rows.double().t() * 0.5
+    torch.testing.assert_close(logits[0::2], (4.0 * torch.tanh(z / 4.0))[0::2].float(), rtol=1e-5, atol=1e-5)
+    assert torch.isneginf(logits[1::2, V:]).all() and torch.isfinite(logits[1::2, :V]).all()

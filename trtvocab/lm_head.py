@@ -377,7 +377,7 @@ class LMHead(VocabParallelModule):
 
     def added_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, added piece width]`` logits of this rank's piece of the added segment, in :attr:`output_dtype`:
-        ``x @ rows.T`` (float32, then the family's ops) for the added ids a row's adapter holds, ``-inf``
+        ``x @ rows.T`` (float32, rounded, then the family's ops) for the added ids a row's adapter holds, ``-inf``
         for the others -- a row without an adapter that adds tokens never samples an added id (per-request
         vocabulary limits: ids outside a row's vocabulary are nobody's)."""
         piece = self.added_shard
@@ -390,10 +390,11 @@ class LMHead(VocabParallelModule):
             table = self.adapters[k].added_rows
             if table is None or not table.shape[0]:
                 continue
-            part = hidden[rows].float() @ table.float().t()
+            # As column_logits does for a copy: float32 GEMM, rounded to the output dtype, then the family's ops.
+            part = (hidden[rows].float() @ table.float().t()).to(out.dtype)
             if not self.head_ops.is_identity:
                 part = self.head_ops.apply_(part)
-            out[rows, : table.shape[0]] = part.to(out.dtype)
+            out[rows, : table.shape[0]] = part
         return out
 
     def _token_order_columns(self, pieces: torch.Tensor) -> torch.Tensor:
