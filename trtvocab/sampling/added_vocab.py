@@ -47,8 +47,9 @@ def has_added_vocab(head: Any) -> bool:
 
 def token_order_view(head: LMHead) -> LMHead:
     """A replicated placement over ``[0, V + A)`` (its ``[V + A, 1]`` weight is never read) for sampling
-    ``head``'s token-order logits (column ``i`` == token id ``i``); what a :class:`~trtvocab.sampling.state.TokenState` for such a head
-    is built on (``TokenState.for_head(token_order_view(head), ...)``)."""
+    ``head``'s token-order logits (column ``i`` == token id ``i``); what a
+    :class:`~trtvocab.sampling.state.TokenState` for such a head is built on
+    (``TokenState.for_head(token_order_view(head), ...)``)."""
     view = _VIEWS.get(head)
     if view is None or view.vocab_size != head.full_vocab_size or view.device != head.device:
         view = LMHead(head.full_vocab_size, 1, dtype=torch.float32, device=head.device)
