@@ -33,7 +33,7 @@ from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import DenseWeight, FP8Weight, GGUFWeight, WeightMethod
-from trtvocab.weights.lora import check_adapter_ids, lora_partial, lora_rows, replace_rows_
+from trtvocab.weights.lora import check_adapter_ids, groups, lora_partial, lora_rows, replace_rows_
 
 # ---- the masked lookup ----------------------------------------------------------------------------
 #     ids      [  5,  -1,  9, 12 ]          V = 10, tp = 2: rank 0 owns [0, 5), rank 1 [5, 10)
@@ -231,10 +231,27 @@ class VocabParallelEmbedding(VocabParallelModule):
         rows.view(torch.uint8).masked_fill_(~mine[:, None], 0)
         if adapter_ids is not None and self.adapters:
             replace_rows_(rows, index, mine, self.adapters, adapter_ids)
+            if self.added_vocab:
+                self._added_rows_(rows, ids, adapter_ids)
         scales = None
         if self.weight_format is WeightFormat.FP8 and self.weights.per_row:
             scales = self.weights.weight_scale[index].masked_fill_(~mine[:, None], 0.0)
         return rows, scales
+
+    def _added_rows_(self, rows: torch.Tensor, ids: torch.Tensor, adapter_ids: torch.Tensor) -> None:
+        """Rows of added ids ``[V, V + A)`` this rank's added piece owns, from each id's adapter, in place. An
+        added id whose adapter does not add it (or no adapter) stays a zero row on every rank: outside that
+        row's vocabulary, so nobody's (DESIGN invariant 6; vLLM's layout did the same)."""
+        piece = self.added_shard
+        if piece is None:
+            return
+        local = ids - self.vocab_size - piece.start
+        for k, pos in groups(adapter_ids):
+            table = self.adapters[k].added_rows
+            if table is None or not table.shape[0]:
+                continue
+            hit = pos[(local[pos] >= 0) & (local[pos] < table.shape[0])]
+            rows[hit] = table[local[hit]].to(rows.dtype)
 
     def dequantize_rows(self, rows: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
         """Rows of :meth:`local_rows` (summed over the group, or not) in :attr:`dtype`: dense rows as

@@ -39,7 +39,7 @@ from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import WeightMethod, weight_class
 from trtvocab.weights.base import read_rows
 from trtvocab.weights.loader import open_head
-from trtvocab.weights.lora import adapt_logits_, check_adapter_ids
+from trtvocab.weights.lora import adapt_logits_, check_adapter_ids, groups
 
 _FORMATS = tuple(WeightFormat)
 # What the ranks of a split head agree on, at the start of every forward (protocol:
@@ -304,7 +304,7 @@ class LMHead(VocabParallelModule):
             return 0
         names = D.tensor_digest(torch.tensor(list("\0".join(self.adapter_names).encode()), dtype=torch.uint8))
         picks = self.row_adapters if isinstance(self.row_adapters, torch.Tensor) else None
-        return D.tensor_digest(torch.tensor([names, D.tensor_digest(picks)]))
+        return D.tensor_digest(torch.tensor([names, D.tensor_digest(picks), self.added_vocab]))
 
     def _owned_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, V_local]`` logits of the owned columns, in :attr:`output_dtype`."""
@@ -359,16 +359,46 @@ class LMHead(VocabParallelModule):
 
     def local_logits(self, hidden: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's ``[N, width]`` logits; padding columns (padded layout) are ``-inf``.
-        ``adapter_ids``: as for :meth:`forward`."""
+        ``adapter_ids``: as for :meth:`forward`. With an added segment (:attr:`added_vocab` > 0, adapters
+        that add tokens) the width is the base piece's then the added piece's (:mod:`trtvocab.parallel.added_vocab`),
+        and an added column is ``-inf`` on every row whose adapter does not add that token."""
         if adapter_ids is not None:
             with self.use_adapters(adapter_ids):
                 return self.local_logits(hidden)
         owned = self._owned_logits(hidden)
-        if not self.shard.padding:
+        if not self.shard.padding and not self.added_vocab:
             return owned
         out = owned.new_full((owned.shape[0], self.shard.width), float("-inf"))
         out[:, : self.shard.size] = owned
+        if self.added_vocab:
+            out = torch.cat([out, self.added_logits(hidden)], dim=1)
         return out
+
+    def added_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, added piece width]`` logits of this rank's piece of the added segment, in :attr:`output_dtype`:
+        ``x @ rows.T`` (float32, rounded, then the family's ops) for the added ids a row's adapter holds, ``-inf``
+        for the others -- a row without an adapter that adds tokens never samples an added id (per-request
+        vocabulary limits: ids outside a row's vocabulary are nobody's)."""
+        piece = self.added_shard
+        width = piece.width if piece is not None else 0
+        out = torch.full((hidden.shape[0], width), float("-inf"), dtype=self.output_dtype, device=hidden.device)
+        ids = self.row_adapters
+        if ids is None or not width:
+            return out
+        for k, rows in groups(ids):
+            table = self.adapters[k].added_rows
+            if table is None or not table.shape[0]:
+                continue
+            # As column_logits does for a copy: float32 GEMM, rounded to the output dtype, then the family's ops.
+            part = (hidden[rows].float() @ table.float().t()).to(out.dtype)
+            if not self.head_ops.is_identity:
+                part = self.head_ops.apply_(part)
+            out[rows, : table.shape[0]] = part
+        return out
+
+    def _token_order_columns(self, pieces: torch.Tensor) -> torch.Tensor:
+        """Rank pieces laid end to end (``[N, sum of widths]``) -> ``[N, V + A]`` in token order."""
+        return pieces[:, self.token_order()[: self.full_vocab_size]]
 
     def forward(self, hidden_states: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of ``hidden_states [N, H]``; ``adapter_ids`` (int ``[N]``, ``-1``: none): each row's
@@ -380,6 +410,8 @@ class LMHead(VocabParallelModule):
         if not self.is_split:
             if error is not None:
                 raise error
+            if self.added_vocab:
+                return self._token_order_columns(self.local_logits(hidden_states))
             return self._owned_logits(hidden_states)
         rows = hidden_states.shape[0] if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() else 0
         adp = self.mapping.enable_attention_dp
@@ -395,6 +427,12 @@ class LMHead(VocabParallelModule):
             if sum(row_counts) == 0:
                 raise InputError("hidden_states: empty batch on every rank")
             hidden_states = D.all_gather_rows(hidden_states, row_counts, self.process_group)
+        if self.added_vocab:  # two segments: every rank's whole width, reindexed to token order
+            local = self.local_logits(hidden_states)
+            if not self.gather_output:
+                return local
+            widths = [s.width for s in self.added_shards]
+            return self._token_order_columns(D.all_gather_columns(local, widths, self.process_group, pending))
         # Owned columns only: the padding is trimmed, so it needs no -inf fill here (local_logits
         # fills it for callers that reduce over the full width).
         local = self._owned_logits(hidden_states)
@@ -433,6 +471,12 @@ class LMHead(VocabParallelModule):
                 self._open_gathered_call(0, error)  # raises error (after the peers learn of it)
         raise error
 
+    def _check_adapter(self, part: Any) -> None:
+        if part.added and self.head_ops.bias:
+            raise ConfigError(f"LMHead.load_adapter: {part.name} adds {part.added} tokens to a head with a bias "
+                              "(the checkpoint's bias has no entries for them)")
+
     def extra_repr(self) -> str:
         ops = "" if self.head_ops.is_identity else f", ops={self.head_ops.describe()}"
-        return f"{self._placement()}, gather_output={self.gather_output}{ops}"
+        added = f", added_vocab={self.added_vocab}" if self.added_vocab else ""
+        return f"{self._placement()}, gather_output={self.gather_output}{ops}{added}"

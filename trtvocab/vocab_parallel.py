@@ -19,6 +19,7 @@ from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import AdapterError, ConfigError, RankMismatchError
 from trtvocab.parallel import distributed as D
+from trtvocab.parallel.added_vocab import AddedVocabShard, added_vocab_shards, sharded_to_full_mapping
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout, VocabPlacement, VocabShard, all_shards
 from trtvocab.weights import WeightMethod
@@ -83,6 +84,12 @@ class VocabParallelModule(nn.Module):
         self.handshake_state = D.HandshakeState()
         # LoRA adapters (trtvocab.weights.lora), this rank's part of each; a row picks one by index.
         self.adapters: list[Any] = []
+        # The added segment (adapters that add tokens; trtvocab.parallel.added_vocab): its size A, every
+        # rank's (base, added) pieces, and the gathered columns in token order. A = 0: none.
+        self.added_vocab = 0
+        self.added_shards: list[AddedVocabShard] = added_vocab_shards(vocab_size, 0, self.tp_size, vocab_layout,
+                                                                      pad_to)
+        self._token_order: torch.Tensor | None = None
 
     # ---- where this rank's columns are -----------------------------------------------------------
     @property
@@ -121,6 +128,38 @@ class VocabParallelModule(nn.Module):
     def resident_bytes(self) -> int:
         return self.weights.resident_bytes()
 
+    # ---- the added segment (adapters that add tokens) ------------------------------------------------------
+    @property
+    def added_shard(self) -> VocabShard | None:
+        """This rank's piece of the added segment (None: no adapter adds tokens)."""
+        return self.added_shards[self.tp_rank].added
+
+    @property
+    def full_vocab_size(self) -> int:
+        """``vocab_size + added_vocab``: the ids some row may hold (the added ones only with their adapter)."""
+        return self.vocab_size + self.added_vocab
+
+    def set_added_vocab(self, added: int) -> None:
+        """Give the module an added segment of ``added`` ids ``[V, V + added)``, split over the ranks on
+        its own (:mod:`trtvocab.parallel.added_vocab`: the base shards never move). :meth:`load_adapter` does
+        this by itself for the first adapter that adds tokens; a later one that adds more needs the larger
+        segment set before any adapter that adds tokens is loaded (its rows are split by the segment)."""
+        if any(getattr(a, "added", 0) for a in self.adapters) and added != self.added_vocab:
+            raise ConfigError(f"{type(self).__name__}.set_added_vocab({added}): adapters that add tokens are loaded "
+                              f"with an added segment of {self.added_vocab}; set the largest segment first")
+        shards = added_vocab_shards(self.vocab_size, added, self.tp_size, self.vocab_layout, self.pad_to)
+        if added and self.is_split and self.mapping.enable_attention_dp:
+            raise ConfigError(f"{type(self).__name__}: added tokens with attention DP are not supported")
+        self.added_vocab, self.added_shards, self._token_order = added, shards, None
+
+    def token_order(self) -> torch.Tensor:
+        """``sharded_to_full_mapping`` of the ranks' pieces (int64, on the module's device): gathered
+        two-segment logits ``g [N, sum of widths]`` in token order are ``g[:, order[:V + A]]``."""
+        if self._token_order is None or self._token_order.device != self.device:
+            self._token_order = torch.tensor(sharded_to_full_mapping(self.added_shards), dtype=torch.int64,
+                                             device=self.device)
+        return self._token_order
+
     # ---- LoRA adapters -----------------------------------------------------------------------------------
     @property
     def adapter_names(self) -> list[str]:
@@ -153,7 +192,7 @@ class VocabParallelModule(nn.Module):
         head shares the embedding's table (default: what the checkpoint said). Split modules meet once after
         reading, so a rank that refuses the adapter makes every rank raise.
         """
-        from trtvocab.weights.lora import open_adapter, shard_adapter
+        from trtvocab.weights.lora import added_tokens, open_adapter, shard_adapter
 
         if getattr(self, "deterministic", False):
             raise ConfigError(f"{type(self).__name__}.load_adapter: adapters on a deterministic head are not supported")
@@ -166,14 +205,34 @@ class VocabParallelModule(nn.Module):
             adapter = open_adapter(path, name=name, other_modules=other_modules)  # type: ignore[arg-type]
             if adapter.name in self.adapter_names:
                 raise AdapterError(f"{path}: an adapter named {adapter.name!r} is loaded already (name= another)")
-            part = shard_adapter(adapter, self._adapter_target(), self.shard, self.hidden_size,  # type: ignore[arg-type]
-                                 self.dtype, base=self._adapter_base(), tied=bool(tied))
-            self._check_adapter(part)
+            added = added_tokens(adapter, self.vocab_size, self.hidden_size, tied=bool(tied))
+            previous = self.added_vocab
+            if added > self.added_vocab:
+                if any(a.added for a in self.adapters):
+                    raise AdapterError(f"{path}: adds {added} tokens, more than the added segment of "
+                                       f"{self.added_vocab} the loaded adapters were split by (set_added_vocab("
+                                       f"{added}) before loading any adapter that adds tokens)")
+                self.set_added_vocab(added)
+            try:
+                part = shard_adapter(adapter, self._adapter_target(), self.shard,  # type: ignore[arg-type]
+                                     self.hidden_size, self.dtype, base=self._adapter_base(), tied=bool(tied),
+                                     added_shard=self.added_shard)
+                self._check_adapter(part)
+            except Exception:
+                if self.added_vocab != previous:
+                    self.set_added_vocab(previous)
+                raise
             parts.append(part.to(self.device))
             return self
 
-        load_collectively(build, mapping=self.mapping if self.is_split else None, group=self.process_group,
-                          what=f"{type(self).__name__}.load_adapter({path})")
+        before = self.added_vocab
+        try:
+            load_collectively(build, mapping=self.mapping if self.is_split else None, group=self.process_group,
+                              what=f"{type(self).__name__}.load_adapter({path})")
+        except Exception:
+            if self.added_vocab != before:  # a peer refused the adapter: no segment for it here either
+                self.set_added_vocab(before)
+            raise
         self.adapters.append(parts[0])
         return len(self.adapters) - 1
 

@@ -300,6 +300,9 @@ def _apply_adapter(head: Any, source: HeadSource) -> Any:
     """``head`` with ``source.adapter`` loaded (its head part: LoRA, a copy, trainable tokens), or as it is."""
     if source.adapter is not None:
         head.load_adapter(source.adapter)
+        if head.added_vocab:  # every rank loads the same adapter: all refuse here, before any forward
+            raise ConfigError(f"--lora {source.name}: {source.adapter} adds {head.added_vocab} tokens past the "
+                              "baseline's vocabulary; compare measures heads over one vocabulary (refused)")
     return head
 
 

@@ -33,6 +33,7 @@ from trtvocab.parallel.launch import usable_cores, warm_up
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabPlacement, calc_shard
 from trtvocab.sampling import Logprobs, SamplerOutput, SamplingParams, TokenState
+from trtvocab.sampling.added_vocab import state_placement
 
 # What the ranks agree on once their setup is done, and after every artifact-backend step
 # (protocol: trtvocab.parallel.distributed.Handshake): a rank whose setup or backend failed stops the others.
@@ -959,7 +960,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     returned: list[list[list[Logprob]]] = [[] for _ in range(batch)]
     active = list(range(batch))
     # Per-rank token counts of the ids this rank owns, only when a prompt's params read them.
-    state = TokenState.for_head(ends.placement, spec.prompt_ids, eos) if any(p.processes for p in spec.params) else None
+    counted = state_placement(ends.head) if isinstance(ends, TorchEnds) else ends.placement  # token order
+    state = TokenState.for_head(counted, spec.prompt_ids, eos) if any(p.processes for p in spec.params) else None
     # The prompts whose body this rank runs: all of them, or (attention DP) its own block.
     adp = spec.attention_dp and spec.tp > 1
     lo, hi = prompt_block(batch, spec.body_ranks, rank) if adp else (0, batch)

@@ -264,6 +264,10 @@ def _lora_rank(head: LMHead, adapter: int | None) -> int:
     if isinstance(adapter, bool) or not isinstance(adapter, int) or not 0 <= adapter < len(head.adapters):
         raise ConfigError(f"ONNX export: adapter must be an index into {head.adapter_names}, got {adapter!r}")
     part = head.adapters[adapter]
+    if part.added:
+        raise ConfigError(f"ONNX export: adapter {part.name!r} adds {part.added} tokens (an added-vocabulary "
+                          "segment past the base vocabulary); a graph's columns are the base shard only: refused "
+                          "(run it on the PyTorch head; docs/architecture.md, 'Adapters that add tokens')")
     if part.copy is not None or part.token_index is not None:
         raise ConfigError(f"ONNX export: adapter {part.name!r} replaces rows of the head (modules_to_save / "
                           "trainable tokens); only LoRA factors are exported (two MatMuls)")

@@ -15,7 +15,9 @@ the head, and returns what the same operation gives on the gathered logits; only
   :mod:`~trtvocab.sampling.beam`: one beam-search step (the best ``2W`` continuations, merged);
 * :mod:`~trtvocab.sampling.step`: :func:`decode`, one decode step from the hidden rows, streamed
   (:mod:`~trtvocab.sampling.chunked`) when its float32 logits exceed the head's budget
-  (docs/architecture.md, "Seeded sampling without the gather" and "The vocab-chunked head").
+  (docs/architecture.md, "Seeded sampling without the gather" and "The vocab-chunked head");
+  a head with an added segment (adapters that add tokens) is sampled in token order by
+  :mod:`~trtvocab.sampling.added_vocab` (gathered: docs/architecture.md, "Adapters that add tokens").
 """
 
 from __future__ import annotations

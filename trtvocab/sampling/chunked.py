@@ -147,6 +147,9 @@ def _check(hidden: Any, head: Any, chunk: Any, what: str) -> InputError | None:
     if head.is_split and head.mapping.enable_attention_dp:
         raise ConfigError(f"{what}: attention DP with LM-head TP (ranks bring different rows) is not supported "
                           "by the chunked head; use head(hidden) with gather_output=False and trtvocab.sampling")
+    if head.added_vocab:
+        raise ConfigError(f"{what}: the head has an added segment (an adapter adds tokens), which the chunked head "
+                          "does not stream; use trtvocab.sampling.decode (trtvocab.sampling.added_vocab)")
     error = head.check_input(hidden)
     if error is not None:
         return InputError(f"{what}: {error}")

@@ -20,7 +20,8 @@ from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import select_rows
 from trtvocab.parallel.sharding import VocabPlacement
-from trtvocab.sampling import chunked
+from trtvocab.sampling import added_vocab, chunked
+from trtvocab.sampling.added_vocab import has_added_vocab
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import SamplerOutput, checked_sample, state_error
 from trtvocab.sampling.params import SamplingParams
@@ -81,6 +82,9 @@ def decode_output(
     (penalties, bad words, min tokens read it; the caller appends each step's ids). Returns the
     token ids and the logprobs the rows ask for (:class:`~trtvocab.sampling.draw.SamplerOutput`).
     """
+    if has_added_vocab(head):  # two id ranges per rank: sampled in token order (trtvocab.sampling.added_vocab)
+        return added_vocab.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
+                                         seq_lens=seq_lens, state=state)
     error: InputError | None = None
     if seq_lens is not None:
         try:

@@ -6,6 +6,8 @@ header; :func:`shard_adapter` reads one rank's part of the head or the embedding
     head  lm_head.lora_A.weight [r, H] replicated, lora_B.weight [V, r] own rows   += s (x A^T) B^T
     emb   lora_embedding_A [r, V] own columns, lora_embedding_B [H, r] replicated  += s A^T[ids] B^T
     both  modules_to_save copy [V, H] and trainable tokens [k, H]: own rows, replace the base rows
+    both  modules_to_save copy [V + k, H] of a resized table: also adds k tokens, whose rows each rank
+          keeps for its piece of the module's added segment (trtvocab.parallel.added_vocab)
 
 ``s = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA). DoRA and the other methods that change the formula,
 shapes that disagree with the config or the model, NaN / inf and modules other than the two are refused
@@ -26,7 +28,7 @@ from trtvocab.base.fsutil import load_json_file
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.checkpoints.names import EMBEDDING_NAMES
 from trtvocab.errors import AdapterError, CheckpointError
-from trtvocab.parallel.sharding import VocabShard
+from trtvocab.parallel.sharding import VocabShard, vocab_shard
 from trtvocab.weights.base import read_rows
 
 CONFIG_FILE = "adapter_config.json"
@@ -59,7 +61,8 @@ class ShardAdapter:
     ``lora_a`` / ``lora_b``: float32; for the head ``[r, H]`` and ``[V_local, r]``, for the embedding
     ``[V_local, r]`` (columns of ``lora_embedding_A``, transposed) and ``[H, r]``. ``copy``: the
     ``[V_local, H]`` table that replaces the shard's rows. ``token_index`` (sorted, local ids) and
-    ``token_rows`` ``[k, H]``: rows that replace single rows (trainable tokens).
+    ``token_rows`` ``[k, H]``: rows that replace single rows (trainable tokens). ``added``: how many tokens
+    the adapter adds past the base vocabulary; ``added_rows``: this rank's rows of them (see the field).
     """
 
     name: str
@@ -71,6 +74,10 @@ class ShardAdapter:
     copy: torch.Tensor | None = None
     token_index: torch.Tensor | None = None
     token_rows: torch.Tensor | None = None
+    # Added tokens (a copy with more rows than the base vocabulary): how many the adapter adds, and this
+    # rank's rows of them ``[n, H]`` in the module's added segment, from its local added column 0 on.
+    added: int = 0
+    added_rows: torch.Tensor | None = None
 
     @property
     def has_lora(self) -> bool:
@@ -82,11 +89,11 @@ class ShardAdapter:
 
     def nbytes(self) -> int:
         """Bytes this rank holds for the adapter."""
-        parts = (self.lora_a, self.lora_b, self.copy, self.token_index, self.token_rows)
+        parts = (self.lora_a, self.lora_b, self.copy, self.token_index, self.token_rows, self.added_rows)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
     def to(self, device: torch.device) -> ShardAdapter:
-        for key in ("lora_a", "lora_b", "copy", "token_index", "token_rows"):
+        for key in ("lora_a", "lora_b", "copy", "token_index", "token_rows", "added_rows"):
             value = getattr(self, key)
             if value is not None:
                 setattr(self, key, value.to(device))
@@ -95,7 +102,8 @@ class ShardAdapter:
     def describe(self) -> str:
         parts = ([f"LoRA r={self.rank} scaling={self.scaling:g}"] if self.has_lora else []) \
             + (["modules_to_save copy"] if self.copy is not None else []) \
-            + ([f"{len(self.token_index)} trainable tokens"] if self.token_index is not None else [])
+            + ([f"{len(self.token_index)} trainable tokens"] if self.token_index is not None else []) \
+            + ([f"{self.added} added tokens"] if self.added else [])
         return f"{self.name}: " + (", ".join(parts) or "nothing on this module")
 
 
@@ -233,13 +241,72 @@ def _finite(adapter: AdapterFile, tensor: str, value: torch.Tensor) -> torch.Ten
     return value
 
 
-def _rows(adapter: AdapterFile, tensor: str, shard: VocabShard, row_shape: tuple[int, ...], what: str) -> torch.Tensor:
-    """This shard's rows of a ``[V, ...]`` tensor (only they are read)."""
+def _rows(adapter: AdapterFile, tensor: str, shard: VocabShard, row_shape: tuple[int, ...], what: str,
+          added: int = 0) -> torch.Tensor:
+    """This shard's rows of a ``[V, ...]`` tensor (``[V + added, ...]``: a copy that adds tokens; only
+    the shard's base rows are read here)."""
     info = adapter.checkpoint.info(tensor)
-    expected = [shard.vocab_size, *row_shape]
+    expected = [shard.vocab_size + added, *row_shape]
     if list(info.shape) != expected:
         raise AdapterError(f"{adapter.file}: tensor {tensor} is {list(info.shape)}, expected {expected} ({what})")
-    return _finite(adapter, tensor, read_rows(adapter.checkpoint.get_slice(tensor), tensor, shard, row_shape))
+    return _finite(adapter, tensor, adapter.checkpoint.get_slice(tensor)[shard.start:shard.end]
+                   if added else read_rows(adapter.checkpoint.get_slice(tensor), tensor, shard, row_shape))
+
+
+def _added_rows(adapter: AdapterFile, tensor: str, vocab: int, added: int, piece: VocabShard | None,
+                hidden: int) -> torch.Tensor:
+    """This rank's rows of the added segment of a ``[V + added, H]`` copy: added ids ``[piece.start,
+    min(piece.end, added))`` (rows ``V + those``); ``[0, H]`` when it owns none of this adapter's."""
+    if piece is None:
+        raise AdapterError(f"{adapter.file}: tensor {tensor} adds {added} tokens, but the module has no added "
+                           "segment to hold them")
+    lo, hi = piece.start, min(piece.end, added)
+    if hi <= lo:
+        return torch.zeros(0, hidden)
+    value = adapter.checkpoint.get_slice(tensor)[vocab + lo : vocab + hi]
+    return _finite(adapter, tensor, value if isinstance(value, torch.Tensor) else torch.as_tensor(value))
+
+
+def added_tokens(adapter: AdapterFile, vocab: int, hidden: int, *, tied: bool = False) -> int:
+    """How many tokens ``adapter`` adds past the base vocabulary ``vocab`` (0: none), from the header.
+
+    Tokens are added by ``modules_to_save`` copies of a resized ``embed_tokens`` / ``lm_head`` (PEFT saves
+    them after ``model.resize_token_embeddings(V + k)``): ``[V + k, H]`` tables. Both ends must add the same
+    ``k`` (a row that samples an added id embeds it on the next step), so an adapter that adds tokens on one
+    module only -- or other counts on the two -- is refused, naming both tensors; so are LoRA factors and
+    trainable tokens sized past ``V`` (their base rows for the added ids are not in the checkpoint). A tied
+    model is no exception: PEFT's head keeps the resized base table, whose added rows no checkpoint holds.
+    ``tied`` is accepted for symmetry with :func:`shard_adapter` and changes nothing here.
+    """
+    counts: dict[str, tuple[int, str]] = {}
+    for which in ("embedding", "head"):
+        module = module_of(adapter, which)  # type: ignore[arg-type]
+        parts = adapter.modules.get(module, {}) if module is not None else {}
+        for kind in ("copy", "base"):
+            if kind in parts:
+                shape = list(adapter.checkpoint.info(parts[kind]).shape)
+                if len(shape) == 2 and shape[1] == hidden and shape[0] > vocab:
+                    counts[which] = (shape[0] - vocab, parts[kind])
+        for kind, axis in (("lora_B", 0), ("emb_A", 1)):
+            if kind in parts:
+                shape = list(adapter.checkpoint.info(parts[kind]).shape)
+                if len(shape) == 2 and shape[axis] > vocab:
+                    raise AdapterError(f"{adapter.file}: tensor {parts[kind]} has {shape[axis]} token rows, more than "
+                                       f"the base vocabulary {vocab}: LoRA on a resized {module} is not supported "
+                                       "(added tokens must come as a modules_to_save copy of the resized table)")
+    if not counts:
+        return 0
+    emb, head = counts.get("embedding"), counts.get("head")
+    if emb is None or head is None:
+        have, tensor = next(iter(counts.items()))[0], next(iter(counts.values()))[1]
+        other = "lm_head" if have == "embedding" else "embed_tokens"
+        raise AdapterError(f"{adapter.file}: tensor {tensor} adds {counts[have][0]} tokens to the {have}, but "
+                           f"the adapter has no [V + {counts[have][0]}, H] copy of {other} (an adapter that adds "
+                           "tokens must add them to both ends)")
+    if emb[0] != head[0]:
+        raise AdapterError(f"{adapter.file}: tensor {emb[1]} adds {emb[0]} tokens but tensor {head[1]} adds "
+                           f"{head[0]} (the embedding and the head must add the same tokens)")
+    return emb[0]
 
 
 def module_of(adapter: AdapterFile, which: Module, module: str | None = None) -> str | None:
@@ -252,14 +319,18 @@ def module_of(adapter: AdapterFile, which: Module, module: str | None = None) ->
 
 
 def shard_adapter(adapter: AdapterFile, which: Module, shard: VocabShard, hidden: int, dtype: torch.dtype, *,
-                  base: torch.Tensor | None = None, tied: bool = False) -> ShardAdapter:
+                  base: torch.Tensor | None = None, tied: bool = False,
+                  added_shard: VocabShard | None = None) -> ShardAdapter:
     """One rank's part of ``adapter`` for the head or the input embedding (``shard``: its rows).
 
     ``base``: the module's dense ``[V_local, H]`` rows, to tell whether a saved ``base_layer.weight``
     is the base (ignored) or a different table (a copy); ``tied``: the head shares the embedding's
     table, so the embedding's trainable tokens apply to the head too (PEFT's tied adapter).
+    ``added_shard``: this rank's piece of the module's added segment (:mod:`trtvocab.parallel.added_vocab`),
+    for an adapter that adds tokens (:func:`added_tokens`); its rows past the base vocabulary are read there.
     """
     out = ShardAdapter(adapter.name, str(adapter.folder))
+    out.added = added_tokens(adapter, shard.vocab_size, hidden, tied=tied)
     module = module_of(adapter, which)
     parts = dict(adapter.modules.get(module, {})) if module is not None else {}
     token_module = module
@@ -271,12 +342,16 @@ def shard_adapter(adapter: AdapterFile, which: Module, shard: VocabShard, hidden
         _lora(adapter, which, module, parts, shard, hidden, out)
         for kind in ("copy", "base"):
             if kind in parts:
-                rows = _rows(adapter, parts[kind], shard, (hidden,), "a full copy of the table")
-                if kind == "base" and base is not None and torch.equal(rows.to(base.dtype), base.cpu()):
+                rows = _rows(adapter, parts[kind], shard, (hidden,), "a full copy of the table", out.added)
+                if kind == "base" and base is not None and torch.equal(rows.to(base.dtype), base.cpu()) \
+                        and not out.added:
                     continue
                 if out.copy is not None:
                     raise AdapterError(f"{adapter.file}: both {parts['copy']} and {parts['base']} replace {module}")
                 out.copy = rows.to(dtype)
+                if out.added:
+                    out.added_rows = _added_rows(adapter, parts[kind], shard.vocab_size, out.added, added_shard,
+                                                 hidden).to(dtype)
     if "tokens" in parts:
         assert token_module is not None
         _tokens(adapter, token_module, parts["tokens"], shard, hidden, dtype, out)
@@ -329,7 +404,8 @@ def _tokens(adapter: AdapterFile, module: str, tensor: str, shard: VocabShard, h
     bad = [i for i in indices if not 0 <= i < shard.vocab_size]
     if bad:
         raise AdapterError(f"{cfg}: trainable_token_indices {bad[:5]} outside the vocabulary [0, {shard.vocab_size}) "
-                           "(added tokens are not supported)")
+                           "(trainable tokens past the base vocabulary are not supported: their base rows are not "
+                           "in the checkpoint; an adapter adds tokens with modules_to_save copies of resized tables)")
     if len(set(indices)) != len(indices):
         raise AdapterError(f"{cfg}: trainable_token_indices of {module} repeat an index")
     delta = _read(adapter, tensor, [len(indices), hidden])
@@ -429,12 +505,18 @@ def lora_rows(partial: torch.Tensor, adapters: list[ShardAdapter],
 
 
 
-def footprint(adapter: AdapterFile, shard: VocabShard, hidden: int, dtype_bytes: int, *, tied: bool = False) -> int:
+def footprint(adapter: AdapterFile, shard: VocabShard, hidden: int, dtype_bytes: int, *, tied: bool = False,
+              pad_to: int = 64) -> int:
     """Bytes one rank holds for ``adapter`` on both vocabulary modules, from the header alone (what
     :func:`shard_adapter` keeps: LoRA factors in float32, copies and trainable-token rows in the
     module dtype, ``dtype_bytes`` per element). A saved ``base_layer.weight`` is not counted (it is
-    dropped when it equals the checkpoint's table)."""
+    dropped when it equals the checkpoint's table). An adapter that adds tokens also holds, on each end, its
+    rows of the added segment this rank's piece owns (``pad_to``: the padded layout's multiple)."""
     total = 0
+    added = added_tokens(adapter, shard.vocab_size, hidden, tied=tied)
+    if added:
+        piece = vocab_shard(added, shard.tp_size, shard.rank, shard.layout, pad_to)
+        total += 2 * max(0, min(piece.end, added) - piece.start) * hidden * dtype_bytes
     for which in ("head", "embedding"):
         module = module_of(adapter, which)  # type: ignore[arg-type]
         parts = adapter.modules.get(module, {}) if module is not None else {}
@@ -453,5 +535,5 @@ def footprint(adapter: AdapterFile, shard: VocabShard, hidden: int, dtype_bytes:
     return total
 
 
-__all__ = ["AdapterFile", "ShardAdapter", "adapt_logits_", "check_adapter_ids", "footprint", "lora_partial",
-           "lora_rows", "open_adapter", "replace_rows_", "shard_adapter"]
+__all__ = ["AdapterFile", "ShardAdapter", "adapt_logits_", "added_tokens", "check_adapter_ids", "footprint",
+           "lora_partial", "lora_rows", "open_adapter", "replace_rows_", "shard_adapter"]

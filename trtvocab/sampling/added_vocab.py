@@ -1,0 +1,168 @@
+"""Sampling a head whose vocabulary has an added segment (adapters that add tokens), in token order.
+
+A head with an added segment (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base
+piece and its added piece; the gather-free reductions of this package assume one contiguous range per rank.
+So :func:`decode_output` (what ``trtvocab.sampling.decode`` dispatches to for such a head), for every step
+but the race-only ones (below), gathers the step's logits in token order -- ``head(hidden)`` with the
+rank pieces laid end to end and reindexed by ``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` ==
+token id ``i`` -- and samples them on
+:func:`token_order_view`, a replicated placement over ``[0, V + A)``. Every rank holds the same gathered
+logits bit for bit and draws alike (noise keyed by token id, ties to the lower id), so the tokens are the
+same on every rank and at every tp size; each row's vocabulary limit is already in the logits (``-inf`` on
+the added ids its adapter does not add). The cost of such a step is one ``[B, V + A]`` gather instead of
+``O(B * k)`` numbers: docs/architecture.md, "Adapters that add tokens".
+
+Steps whose rows draw by the race alone -- greedy, or temperature and seeded noise, without logits
+processors, top-k / top-p / min-p / typical-p, logprobs or a bitmask -- stay gather-free: each rank races
+over its two pieces (ownership of an added id is by the added segment's split; the noise is keyed by token
+id), and one ``[tp, B]`` exchange of (score, id) pairs picks the winner (:func:`_race`).
+
+This module is the one place in the sampler that knows about the added segment.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from trtvocab.errors import InputError
+from trtvocab.lm_head import LMHead
+from trtvocab.logits import select_rows
+from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
+from trtvocab.sampling.draw import SamplerOutput, params_tensor, rows_params, sample_output, step_error
+from trtvocab.sampling.filters import Metadata, race_scores, scale
+from trtvocab.sampling.params import SamplingParams
+from trtvocab.sampling.reductions import NO_ID, gather_stack, handshake
+from trtvocab.sampling.state import TokenState
+
+_VIEWS: weakref.WeakKeyDictionary[Any, LMHead] = weakref.WeakKeyDictionary()
+
+
+def has_added_vocab(head: Any) -> bool:
+    """Whether ``head`` has an added segment (then :func:`decode_output` samples it)."""
+    return bool(getattr(head, "added_vocab", 0))
+
+
+def token_order_view(head: LMHead) -> LMHead:
+    """A replicated placement over ``[0, V + A)`` (its ``[V + A, 1]`` weight is never read) for sampling
+    ``head``'s token-order logits (column ``i`` == token id ``i``); what a
+    :class:`~trtvocab.sampling.state.TokenState` for such a head is built on
+    (``TokenState.for_head(token_order_view(head), ...)``)."""
+    view = _VIEWS.get(head)
+    if view is None or view.vocab_size != head.full_vocab_size or view.device != head.device:
+        view = LMHead(head.full_vocab_size, 1, dtype=torch.float32, device=head.device)
+        _VIEWS[head] = view
+    return view
+
+
+def state_placement(head: Any) -> Any:
+    """What a :class:`~trtvocab.sampling.state.TokenState` of ``head``'s rows is built on: the head itself,
+    or :func:`token_order_view` for a head with an added segment."""
+    return token_order_view(head) if has_added_vocab(head) else head
+
+
+def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
+                  step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
+                  seq_lens: Any = None, state: TokenState | None = None) -> SamplerOutput:
+    """``trtvocab.sampling.decode_output`` for a head with an added segment (module docstring).
+
+    ``vocab_limit`` bounds the base ids only (a tokenizer shorter than the base vocabulary); the added ids
+    are bounded per row by the adapters. ``state``: built on :func:`token_order_view`. The inputs are checked
+    on every rank, then one handshake (``sampling.reductions.handshake``: the params' digest, a fresh seed)
+    makes a bad input on one rank -- or params that differ between ranks -- raise on every rank before the
+    forward's gather.
+    """
+    error: InputError | None = None
+    if seq_lens is not None:
+        try:
+            hidden = select_rows(hidden, seq_lens)
+        except InputError as exc:
+            error = exc
+    error = error or head.check_input(hidden)
+    rows = hidden.shape[0] if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 else 0
+    view = token_order_view(head)
+    per_row = rows_params(params, rows, "sampling.decode")
+    if isinstance(per_row, InputError):
+        error, per_row = error or per_row, []
+    if vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
+                                    or not 1 <= vocab_limit <= head.vocab_size):
+        error = error or InputError(f"sampling.decode: vocab_limit must be an int in [1, base vocab_size="
+                                    f"{head.vocab_size}], got {vocab_limit!r}")
+    if state is not None and (not isinstance(state, TokenState) or (state.start, state.size) != (0, view.vocab_size)):
+        error = error or InputError("sampling.decode: a head with added tokens samples in token order; build the "
+                                    "state with TokenState.for_head(token_order_view(head), ...)")
+    # The ranks agree on the params (and pick rank 0's fresh seed for unseeded rows) before any data moves:
+    # the token-order draw below makes no collective that could catch a rank whose params differ.
+    digest = None
+    if error is None:
+        error = step_error(step, "sampling.decode")
+    if error is None:
+        digest = params_tensor(per_row, step, vocab_limit).reshape(-1)
+        if bitmask is not None and isinstance(bitmask, torch.Tensor):
+            digest = torch.cat([digest, bitmask.reshape(-1).to(torch.int64).cpu()])
+    fresh = handshake(head, hidden, error, "decode", argument=digest,
+                      proposal=int(torch.randint(0, 2**62, (1,)).item()), cache=False)
+    if any(p.seed is None for p in per_row):
+        per_row = [p if p.seed is not None else p.model_copy(update={"seed": (fresh + r) % 2**62})
+                   for r, p in enumerate(per_row)]
+    if bitmask is None and all(_races_alone(p) for p in per_row):
+        return SamplerOutput(_race(hidden, head, per_row, step, vocab_limit))
+    gather = head.gather_output
+    head.gather_output = True
+    try:
+        logits = head(hidden).float()
+    finally:
+        head.gather_output = gather
+    if vocab_limit is not None and vocab_limit < head.vocab_size:
+        logits[:, vocab_limit : head.vocab_size] = float("-inf")
+    if bitmask is not None:
+        error = bitmask_error(logits, bitmask, view)
+        if error is not None:
+            raise error
+        apply_bitmask_(logits, bitmask, view)
+    return sample_output(logits, view, per_row, step=step, state=state)
+
+
+def _races_alone(p: SamplingParams) -> bool:
+    """Whether a row's draw is the race alone (greedy, or temperature and noise): no logits processor,
+    filter or logprobs -- what :func:`_race` computes without the gather."""
+    filtered = p.top_k != 0 or p.top_p != 1.0 or p.min_p != 0.0 or p.typical_p != 1.0
+    return not p.processes and p.logprobs is None and (p.greedy or not filtered)
+
+
+def _race(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], step: int,
+          vocab_limit: int | None) -> torch.Tensor:
+    """Token ids ``[B]`` without the gather: each rank's best race score (the logit on greedy rows, ``x / T +
+    g(seed, step, id)`` on sampled ones: the pipeline's own :func:`~trtvocab.sampling.filters.scale` and
+    :func:`~trtvocab.sampling.filters.race_scores`, keyed by each column's token id) over its two pieces, then
+    one all_gather of ``[B, 2]`` (score as float64 bits, id) pairs and the largest, lowest id among ties. A
+    rank's columns ascend in token id (base piece, then added ids ``>= V``), so its first maximum is its
+    lowest id: the same ids as the token-order path, bit for bit (tested)."""
+    local = head.local_logits(hidden).float()
+    columns = torch.tensor(head.added_shards[head.tp_rank].columns(), dtype=torch.int64, device=local.device)
+    if vocab_limit is not None and vocab_limit < head.vocab_size:
+        local[:, (columns >= vocab_limit) & (columns < head.vocab_size)] = float("-inf")
+    ids = columns.clamp(min=0)  # padding columns are -inf: the race excludes them whatever their key
+    meta = Metadata.build(per_row, [int(p.seed) for p in per_row], step, None, local.device)  # type: ignore[arg-type]
+    scores = race_scores(scale(local, ids, meta), ids, meta)
+    if scores.shape[1]:
+        best, at = torch.max(scores, dim=1)
+        chosen = columns[at]
+    else:
+        best = scores.new_full((scores.shape[0],), float("-inf"))
+        chosen = torch.full((scores.shape[0],), NO_ID, dtype=torch.int64, device=scores.device)
+    chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
+    if head.is_split:
+        packed = gather_stack(torch.stack([best.view(torch.int64), chosen], dim=-1), head)
+        values, all_ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
+        top = values.max(dim=0).values
+        best, chosen = top, torch.where(values == top, all_ids, torch.full_like(all_ids, NO_ID)).min(dim=0).values
+    if bool(torch.isneginf(best).any()):  # the same gathered maxima on every rank: every rank raises
+        raise InputError(f"sampling.decode: row(s) {torch.isneginf(best).nonzero()[:, 0].tolist()} allow no token "
+                         "(every logit is -inf)")
+    return chosen
+
+
+__all__ = ["decode_output", "has_added_vocab", "state_placement", "token_order_view"]
