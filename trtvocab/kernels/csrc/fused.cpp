@@ -21,29 +21,31 @@
 //                      a pass that meets one outside reruns on the FMA kernel)
 //              inL1  = lanes_x_bytes(f, B) <= x_in_l1_bytes() [x's bf16 pairs fit in L1 less 8 KiB]
 //
-// format    batch   ISA tier (header)            condition        kernel
-// --------  ------  ---------------------------  ---------------  -------------------------------------------
-// any       1       portable / AVX2 (lanes8.h)   -                gemv (FP8, dense: kGemvRows rows; NVFP4:
-//                                                                 gemv_rows_nvfp4<1>, one row)
-// any       2..8    portable / AVX2 (lanes8.h)   -                direct<B> (NVFP4: gemv_rows_nvfp4<B>)
-// any       >= 9    portable / AVX2 (lanes8.h)   -                batched
-// FP8       1..8    AVX-512 BF16 (avx512_bf16.h) bf16             wide_pairs_bf16<B, Fp8Pairs>
-// dense bf16 1..8   AVX-512 BF16 (avx512_bf16.h) bf16w            wide_pairs_bf16<B, Bf16Pairs>
-// NVFP4     1       AVX-512 BF16 (avx512_bf16.h) bf16             wide_nvfp4_runs_bf16<1>  (row runs)
-// NVFP4     2       AVX-512 BF16 (avx512_bf16.h) bf16             wide_nvfp4_lanes_bf16<2> (block lanes)
-// NVFP4     3..4    AVX-512 BF16 (avx512_bf16.h) bf16 && inL1     wide_nvfp4_lanes_bf16<B> (block lanes)
-// NVFP4     3..8    AVX-512 BF16 (avx512_bf16.h) bf16 (else)      wide_nvfp4_bf16<B>       (row pairs)
-// FP8, dense 1..8   AVX-512 (avx512.h)           otherwise        wide_direct<B>           (row pairs)
-// NVFP4     1..2    AVX-512 (avx512.h)           otherwise        wide_nvfp4<B>            (lane-group pairs)
-// NVFP4     3..8    AVX-512 (avx512.h)           otherwise        wide_nvfp4_pairs_of_rows<B> (row pairs)
-// FP8, NVFP4 >= 9   AVX-512 BF16 (avx512_bf16.h) bf16             wide_batched<true>: wb_decode_bf16,
-//                                                                 wb_micro_any_bf16 (tiles, bf16 step pairs)
-// any       >= 9    AVX-512 (avx512.h)           otherwise        wide_batched<false>: wb_decode, wb_micro_any
+// format     batch  ISA tier (header)             condition       kernel
+// ---------  -----  ----------------------------  --------------  ------------------------------------------
+// FP8        1..8   AVX-512 BF16 (avx512_bf16.h)  bf16            wide_pairs_bf16<B, Fp8Pairs>
+// dense bf16 1..8   AVX-512 BF16 (avx512_bf16.h)  bf16w           wide_pairs_bf16<B, Bf16Pairs>
+// NVFP4      1      AVX-512 BF16 (avx512_bf16.h)  bf16            wide_nvfp4_runs_bf16<1>     (row runs)
+// NVFP4      2      AVX-512 BF16 (avx512_bf16.h)  bf16            wide_nvfp4_lanes_bf16<2>    (block lanes)
+// NVFP4      3..4   AVX-512 BF16 (avx512_bf16.h)  bf16 && inL1    wide_nvfp4_lanes_bf16<B>    (block lanes)
+// NVFP4      3..8   AVX-512 BF16 (avx512_bf16.h)  bf16            wide_nvfp4_bf16<B>          (row pairs)
+// FP8, dense 1..8   AVX-512 (avx512.h)            -               wide_direct<B>              (row pairs)
+// NVFP4      1..2   AVX-512 (avx512.h)            -               wide_nvfp4<B>               (lane-group pairs)
+// NVFP4      3..8   AVX-512 (avx512.h)            -               wide_nvfp4_pairs_of_rows<B> (row pairs)
+// FP8, NVFP4 >= 9   AVX-512 BF16                  bf16            wide_batched<true>: wb_decode_bf16,
+//                   (avx512_bf16_tiles.h)                         wb_micro_any_bf16 (bf16 step pairs)
+// any        >= 9   AVX-512 (avx512_tiles.h)      -               wide_batched<false>: wb_decode, wb_micro_any
+// any        1      portable / AVX2 (lanes8.h)    -               gemv (FP8, dense: kGemvRows rows at a time;
+//                                                                 NVFP4: gemv_rows_nvfp4<1>, a row at a time)
+// any        2..8   portable / AVX2 (lanes8.h)    -               direct<B> (NVFP4: gemv_rows_nvfp4<B>)
+// any        >= 9   portable / AVX2 (lanes8.h)    -               batched
 //
-// ISA tier = the build's: TRTVOCAB_DPBF16 (AVX-512 F/BW/VL/DQ + BF16 + VBMI) > TRTVOCAB_AVX512 (F/BW/VL/DQ)
-// > TRTVOCAB_AVX2 (AVX2 + FMA + F16C) > portable; a tier runs the first row of the table its build has
-// whose condition holds. Dense fp16 / float32 never take a bf16 row. The band limits are constants:
-// NVFP4_RUNS_MAX = 1, NVFP4_LANES_MAX = 4, NVGP_MAX = 2, batch 1..8 / >= 9 (run()).
+// A call runs the first row, top to bottom, whose format and batch match, whose tier the build has and
+// whose condition holds. Tiers: TRTVOCAB_DPBF16 (AVX-512 F/BW/VL/DQ + BF16 + VBMI) > TRTVOCAB_AVX512
+// (F/BW/VL/DQ) > TRTVOCAB_AVX2 (AVX2 + FMA + F16C) > portable C++; an AVX-512 build never reaches the 8-lane
+// rows (its AVX2 code serves the 512-bit kernels' tails and finish). "dense" is bf16, fp16 or float32 rows;
+// only bf16 ones take a bf16 row. Band limits: NVFP4_RUNS_MAX = 1, NVFP4_LANES_MAX = 4, NVGP_MAX = 2; 1..8
+// against >= 9 is run()'s switch.
 // GGUF formats (Q8_0, Q6_K, ...) have their own kernels and table in gguf.cpp (trtvocab_gguf_logits);
 // the vocab tree's (max, sum exp) nodes are treesum.cpp. Why each cell wins where it does, with the
 // measurements and the benchmarks/kernel_ab.py command that reproduces them: docs/kernels.md.
@@ -117,6 +119,17 @@ void wide(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int6
     wide_direct<N>(f, x, xs, rows, out, os);
   }
 }
+#endif  // TRTVOCAB_AVX512
+
+}  // namespace
+
+// Batch >= 9: the tile kernels (defined after wide<N>, as in one file: the same code, the same order).
+#include "fused/avx512_tiles.h"
+#include "fused/avx512_bf16_tiles.h"
+
+namespace {
+
+#if TRTVOCAB_AVX512
 
 // BF: the vdpbf16ps micro kernels on bf16 pairs of the tile and of x (FP8 / NVFP4 where x fits).
 template <bool BF, class F>
