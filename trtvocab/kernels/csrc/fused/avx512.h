@@ -3,10 +3,9 @@
 // Part of fused.cpp's one translation unit (included there, in order, after the headers before it).
 #pragma once
 
-
 // ---- AVX-512, batch 1..8: two independent 8-lane chains per zmm register ----------------------------
-// The chains are those of fused/lanes8.h (the same steps, the same FMAs, the same tree), so a logit is bitwise the
-// one of the 8-lane kernels: a zmm holds the 8-lane chains of two weight rows (FP8, dense: rows r, r + 1
+// The chains are those of fused/lanes8.h (the same steps, the same FMAs, the same tree), so a logit is
+// bitwise the one of the 8-lane kernels: a zmm holds the 8-lane chains of two weight rows (FP8, dense: rows r, r + 1
 // at the same step) or of two lane groups of one row (NVFP4: groups 2q, 2q + 1, each summed from zero
 // and added to the row's 8-lane total in group order). Only the width of the instructions changes.
 #if TRTVOCAB_AVX512

@@ -3,14 +3,13 @@
 // Part of fused.cpp's one translation unit (included there, in order, after the headers before it).
 #pragma once
 
-
 // ---- AVX-512 BF16: two chain steps per vdpbf16ps ------------------------------------------------------
 // vdpbf16ps(acc, a, b) computes, per 32-bit lane i, acc = fma(a[2i+1], b[2i+1], acc) and then
 // acc = fma(a[2i], b[2i], acc), each rounded to float32 (measured bitwise on Zen 5; dpbf16_matches_fma
 // re-checks it once per process), except that it reads subnormal inputs as zero and flushes subnormal
 // results. So a chain's steps s and s + 1 in one instruction (odd slot: step s, even slot: step s + 1)
-// are the two FMAs of the chain (fused/contract.h), bit for bit, where every weight and x value is exact in bf16
-// (FP8 q * 2**-8 and e2m1 values are) and no operand or partial sum can be subnormal or overflow: every
+// are the two FMAs of the chain (fused/contract.h), bit for bit, where every weight and x value is exact
+// in bf16 (FP8 q * 2**-8 and e2m1 values are) and no operand or partial sum can be subnormal or overflow: every
 // nonzero |x| in [2**-100, 2**100] (x_fits_bf16, checked per call) makes every product and partial sum
 // a multiple of 2**-124 (x's LSB >= 2**-107, FP8's 2**-17, e2m1's 2**-1) and below 2**125. Otherwise
 // the FMA kernels run: the choice never changes a bit. Dense bf16 weights have any exponent, so their

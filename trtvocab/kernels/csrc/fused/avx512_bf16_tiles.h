@@ -8,8 +8,9 @@
 namespace {
 
 // ---- AVX-512 BF16, batch >= 9: the tile kernel with two chain steps per vdpbf16ps ----------------------
-// The same tiles, passes and chains as fused/avx512_tiles.h's, where every x row fits (x_fits_bf16) and the weights are FP8
-// or NVFP4 (exact in bf16): the decoded tile is packed into bf16 step pairs ([pair][8], NVFP4 [pair][group][8];
+// The same tiles, passes and chains as fused/avx512_tiles.h's, where every x row fits (x_fits_bf16) and the
+// weights are FP8 or NVFP4 (exact in bf16): the decoded tile is packed into bf16 step pairs ([pair][8],
+// NVFP4 [pair][group][8];
 // lane l: step 2t in the high word, 2t + 1 in the low one, an odd last step paired with a zero step) and
 // x into [block][pair][row pair][16], and the micro kernels run one vdpbf16ps where the FMA kernels run two:
 // the two FMAs of each chain, bitwise ("AVX-512 BF16" above). A zero step adds fma(0, x, acc) = acc (x is

@@ -8,8 +8,8 @@
 namespace {
 
 // ---- AVX-512, batch >= 9: a decoded tile shared by every x row, two x rows per zmm ------------------
-// The tile kernel's chains (batched, fused/lanes8.h), on 512-bit registers: a zmm holds the 8-lane chains of
-// two x rows (n, n + 1) against one weight row; the weight row's step (8 floats of the decoded tile)
+// The tile kernel's chains (batched, fused/lanes8.h), on 512-bit registers: a zmm holds the 8-lane chains
+// of two x rows (n, n + 1) against one weight row; the weight row's step (8 floats of the decoded tile)
 // is broadcast to both halves (vbroadcastf32x8), so each half is exactly the 8-lane FMA of the AVX2
 // kernel, in the same step order. A micro kernel holds WB_NV weight rows x WB_NP row pairs of chains
 // (24 zmm) and reads WB_NP + WB_NV registers per step for 24 FMAs. x is re-laid out once per call
