@@ -53,7 +53,7 @@ setup: $(VENV)/.kernels
 
 # The fused CPU kernels (cached; the torch path if this fails), with their exhaustive self-check:
 # run again only when the installed packages or the kernel sources change.
-$(VENV)/.kernels: $(VENV)/.installed $(wildcard trtvocab/kernels/csrc/*.cpp trtvocab/kernels/*.py)
+$(VENV)/.kernels: $(VENV)/.installed $(shell find trtvocab/kernels/csrc -type f) $(wildcard trtvocab/kernels/*.py)
 	$(say) "building the fused CPU kernels and checking them exhaustively (first run: about 1 minute)"
 	$(BIN)/python -m trtvocab.kernels --build
 	touch $@

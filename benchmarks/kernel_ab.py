@@ -3,24 +3,31 @@
     python benchmarks/kernel_ab.py                        # HEAD against the working tree, FP8 and NVFP4
     python benchmarks/kernel_ab.py --base 4372e13 --batches 1,3,4,8 --rounds 11
     python benchmarks/kernel_ab.py --formats nvfp4 --vocab 20000 --threads 1
+    python benchmarks/kernel_ab.py --base b82d925 --formats fp8,nvfp4,bf16 --batches 1,4,9 --dpbf16 off,on
+    TRTVOCAB_KERNELS_ISA=avx2 python benchmarks/kernel_ab.py --base b82d925   # the AVX2 builds of both
 
 For a kernel change, the only comparison this kind of machine allows: a VM's memory bandwidth
 and clock move by 1.5x between hours (the probe of ``benchmarks/bandwidth.py`` read 50 and 78 GB/s
 on one Zen 5 in one session), so timings taken in separate runs compare the hours, not the kernels.
-The base revision's ``trtvocab/kernels/csrc`` sources (read with ``git show``) are built with the
-same flags as the working tree's into a temporary folder, both libraries are loaded, and each round
-calls every batch on both, one after the other, on the same random valid codes (weight values do not
-change the work). Printed per batch: best and median ms of each, new / base (best), the new
+The base revision's whole ``trtvocab/kernels/csrc`` tree (its translation units and the headers they
+include, read with ``git archive``) is built with the same flags as the working tree's
+(``$TRTVOCAB_KERNELS_ISA`` picks them for both) into its own folder (``--cache``, else a temporary
+one), both libraries are loaded, and each round calls every batch on both, one after the other, on
+the same random valid codes (weight values do not change the work). ``--dpbf16`` runs the table once
+per vdpbf16ps mode (``trtvocab_fused_set_dpbf16``, set in both libraries), so an AVX-512 BF16 machine
+compares its FMA kernels too. Printed per batch: best and median ms of each, new / base (best), the new
 library's time over its own batch 1 (the decode goals of issue 21), and whether both libraries
-give the same bits.
+give the same bits (compared as int32 words); the exit status is 1 where any batch differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,23 +43,27 @@ from trtvocab.kernels import build, gemm, runtime
 from trtvocab.quant import nvfp4
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("fused.cpp", "treesum.cpp")
+CSRC = "trtvocab/kernels/csrc"
+DPBF16_MODES = {"default": -1, "off": 0, "on": 1}  # trtvocab_fused_set_dpbf16
 
 
 def build_revision(rev: str, folder: Path) -> build.Loaded:
-    """The kernel library of ``rev``'s sources, built with this tree's flags in ``folder``."""
+    """The kernel library of ``rev``'s ``csrc/`` tree (every file: the headers its sources include
+    too), built with this tree's flags (``build.cflags()``) in ``folder``."""
     from torch.utils import cpp_extension
 
-    names = []
-    for name in (*SOURCES, "gguf.cpp"):  # gguf.cpp: where the revision has it
-        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:trtvocab/kernels/csrc/{name}"],
-                               check=name in SOURCES, capture_output=True)
-        if shown.returncode == 0:
-            (folder / name).write_bytes(shown.stdout)
-            names.append(name)
-    lib = "trtvocab_ab_base"
-    path = cpp_extension.load(name=lib, sources=[str(folder / n) for n in names], extra_cflags=build.cflags(),
-                              extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, CSRC],
+                             check=True, capture_output=True).stdout
+    src = folder / "src"
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar.getmembers():
+            if not (member.isfile() or member.isdir()) or ".." in Path(member.name).parts:
+                raise RuntimeError(f"{rev}:{member.name}: not a plain file of {CSRC}")
+        tar.extractall(src)
+    units = sorted((src / CSRC).glob("*.cpp"))  # fused.cpp, treesum.cpp, and gguf.cpp where it exists
+    path = cpp_extension.load(name="trtvocab_ab_base", sources=[str(u) for u in units],
+                              extra_cflags=build.cflags(), extra_ldflags=["-fopenmp"],
+                              build_directory=str(folder), is_python_module=False)
     return build.bind(Path(path))
 
 
@@ -60,8 +71,13 @@ Call = Callable[[build.Loaded], torch.Tensor]
 
 
 def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -> Call:
-    """One decode call of ``fmt`` at ``batch`` rows on random valid codes (quantized_head's), for a given library."""
+    """One decode call of ``fmt`` (fp8, nvfp4, bf16: dense bf16 rows) at ``batch`` rows on random valid codes
+    (quantized_head's), for a given library."""
     x = torch.randn(batch, hidden, generator=gen).bfloat16().float()
+    if fmt == "bf16":
+        w = torch.randn(vocab, hidden, generator=gen).bfloat16()
+        xd = gemm.fp8_x(x)
+        return lambda lib: gemm.dense_logits(lib, xd, hidden, w)
     t = random_tensors(QuantAlgo.FP8 if fmt == "fp8" else QuantAlgo.NVFP4, vocab, hidden, gen)
     if fmt == "fp8":
         xf = gemm.fp8_x(x)
@@ -79,32 +95,55 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=129280)
     parser.add_argument("--hidden", type=int, default=5120)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dpbf16", default="default",
+                        help="vdpbf16ps modes to run, comma-separated: default, off, on (default: default)")
+    parser.add_argument("--cache", help="folder for the base build (kept and reused; default: a temporary one)")
     args = parser.parse_args()
+    modes = args.dpbf16.split(",")
+    if any(m not in DPBF16_MODES for m in modes):
+        parser.error(f"--dpbf16: modes among {', '.join(DPBF16_MODES)}, got {args.dpbf16!r}")
     torch.set_num_threads(args.threads)
     new = runtime.require()
     with tempfile.TemporaryDirectory(prefix="trtvocab-ab-") as tmp:
-        base = build_revision(args.base, Path(tmp))
+        tag = "".join(c if c.isalnum() else "_" for c in args.base)
+        folder = Path(args.cache) / f"{tag}-{build.requested_isa()}" if args.cache else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        base = build_revision(args.base, folder)
         print(f"base {args.base}: {base.path}\nnew  working tree: {new.path}\n"
-              f"V = {args.vocab}, H = {args.hidden}, {args.threads} thread(s), {args.rounds} interleaved rounds")
-        gen = torch.Generator().manual_seed(0)
-        for fmt in args.formats.split(","):
-            print(f"\n{fmt:6} {'B':>3} {'base ms':>9} {'(median)':>9} {'new ms':>9} {'(median)':>9} "
-                  f"{'new/base':>9} {'new/B1':>7}  same bits")
-            new_b1 = None
-            for batch in (int(b) for b in args.batches.split(",")):
-                call = calls(fmt, batch, args.vocab, args.hidden, gen)
-                same = torch.equal(call(base).view(torch.int32), call(new).view(torch.int32))
-                times: dict[str, list[float]] = {"base": [], "new": []}
-                for _ in range(args.rounds):
-                    for name, lib in (("base", base), ("new", new)):
-                        start = time.perf_counter()
-                        call(lib)
-                        times[name].append(time.perf_counter() - start)
-                b, n = (min(times[k]) * 1e3 for k in ("base", "new"))
-                new_b1 = n if batch == 1 else new_b1
-                ratio_b1 = f"{n / new_b1:7.2f}" if new_b1 else f"{'':7}"
-                print(f"{'':6} {batch:3} {b:9.2f} {statistics.median(times['base']) * 1e3:9.2f} {n:9.2f} "
-                      f"{statistics.median(times['new']) * 1e3:9.2f} {n / b:9.2f} {ratio_b1}  {same}")
+              f"isa {build.requested_isa()} ({new.isa}), V = {args.vocab}, H = {args.hidden}, "
+              f"{args.threads} thread(s), {args.rounds} interleaved rounds")
+        differ = 0
+        for mode in modes:
+            on = {lib.lib.trtvocab_fused_set_dpbf16(DPBF16_MODES[mode]) for lib in (base, new)}
+            print(f"\nvdpbf16ps {mode}: {'on' if on == {1} else ('off' if on == {0} else on)}")
+            differ += compare(args, base, new)
+    return 1 if differ else 0
+
+
+def compare(args: argparse.Namespace, base: build.Loaded, new: build.Loaded) -> int:
+    """The table of every format and batch, interleaved; the number of calls whose bits differ."""
+    differ = 0
+    gen = torch.Generator().manual_seed(0)
+    for fmt in args.formats.split(","):
+        print(f"\n{fmt:6} {'B':>3} {'base ms':>9} {'(median)':>9} {'new ms':>9} {'(median)':>9} "
+              f"{'new/base':>9} {'new/B1':>7}  same bits")
+        new_b1 = None
+        for batch in (int(b) for b in args.batches.split(",")):
+            call = calls(fmt, batch, args.vocab, args.hidden, gen)
+            same = torch.equal(call(base).view(torch.int32), call(new).view(torch.int32))
+            differ += not same
+            times: dict[str, list[float]] = {"base": [], "new": []}
+            for _ in range(args.rounds):
+                for name, lib in (("base", base), ("new", new)):
+                    start = time.perf_counter()
+                    call(lib)
+                    times[name].append(time.perf_counter() - start)
+            b, n = (min(times[k]) * 1e3 for k in ("base", "new"))
+            new_b1 = n if batch == 1 else new_b1
+            ratio_b1 = f"{n / new_b1:7.2f}" if new_b1 else f"{'':7}"
+            print(f"{'':6} {batch:3} {b:9.2f} {statistics.median(times['base']) * 1e3:9.2f} {n:9.2f} "
+                  f"{statistics.median(times['new']) * 1e3:9.2f} {n / b:9.2f} {ratio_b1}  {same}")
+    return differ
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, kernels
-from trtvocab.kernels import gemm, runtime
+from trtvocab.kernels import build, gemm, runtime
 from trtvocab.quant import nvfp4
 
 F8 = torch.float8_e4m3fn
@@ -336,6 +336,53 @@ def test_cli_build(capsys, monkeypatch):
 def test_source_ships_with_the_package():
     assert kernels.SOURCE.is_file() and kernels.SOURCE.parent.name == "csrc"
     assert kernels.build_name().startswith("trtvocab_fused_")
+
+
+def _included(source: Path) -> set[Path]:
+    """The quoted ``#include`` files of ``source``, transitively (read from the text, not from build.py)."""
+    found: set[Path] = set()
+    for line in source.read_text().splitlines():
+        if line.startswith('#include "'):
+            header = (source.parent / line.split('"')[1]).resolve()
+            found |= {header} | _included(header)
+    return found
+
+
+def test_build_name_hashes_every_file_under_csrc(tmp_path, monkeypatch):
+    # A stale cached library must never be served: every header the translation units include is
+    # among the hashed files, and editing, adding or renaming one changes the build's name.
+    csrc = build.CSRC
+    hashed = {p.resolve() for p in build.source_files()}
+    units = sorted(csrc.glob("*.cpp"))
+    assert units and {p.resolve() for p in units} <= hashed
+    headers = set().union(*(_included(u) for u in units))
+    assert headers and headers <= hashed, sorted(map(str, headers - hashed))
+    copy = tmp_path / "csrc"
+    shutil.copytree(csrc, copy)
+    monkeypatch.setattr(build, "CSRC", copy)
+    base = kernels.build_name()
+    header = copy / "fused" / "vec8.h"
+    text = header.read_bytes()
+    header.write_bytes(text + b"// an edit\n")
+    edited = kernels.build_name()
+    header.write_bytes(text)
+    assert kernels.build_name() == base != edited
+    (copy / "fused" / "new.h").write_bytes(b"#pragma once\n")
+    added = kernels.build_name()
+    (copy / "fused" / "new.h").rename(copy / "fused" / "other.h")
+    assert len({base, edited, added, kernels.build_name()}) == 4
+
+
+def test_package_data_ships_every_file_under_csrc():
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trtvocab"]
+    package = build.CSRC.parent.parent
+    for path in build.source_files():
+        rel = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatchcase(rel, pat) and rel.count("/") == pat.count("/") for pat in patterns), rel
 
 
 # ---- the build cache (issue 19 High 6): stale locks, FIFOs, truncated or rewritten libraries ------------

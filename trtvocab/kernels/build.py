@@ -41,7 +41,8 @@ LOCK_NAME = "trtvocab.lock"  # flock-ed by the process building in a build folde
 TORCH_BATON = "lock"  # torch.utils.cpp_extension's O_EXCL baton (waited for forever by torch)
 RECORD_SUFFIX = ".sha256.json"  # {"size", "sha256"} of the built library, written after the build
 MAX_LIBRARY_BYTES = 1 << 30
-SOURCE = Path(__file__).resolve().parent / "csrc" / "fused.cpp"
+CSRC = Path(__file__).resolve().parent / "csrc"  # every file under it is hashed into the build's name
+SOURCE = CSRC / "fused.cpp"  # includes its headers (csrc/fused/*.h): one translation unit
 # The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
 TREE_SOURCE = SOURCE.parent / "treesum.cpp"
 # The GGUF block kernels (Q8_0, Q6_K: trtvocab.weights.gguf), built into the same library.
@@ -139,11 +140,19 @@ def _cpu_fingerprint() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
+def source_files(root: Path | None = None) -> list[Path]:
+    """Every file under ``csrc/`` (the translation units and the headers they include), in path order."""
+    root = root or CSRC
+    return sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.relative_to(root).as_posix())
+
+
 def build_name(isa: str | None = None) -> str:
-    """The extension's name: a hash of everything the built code depends on."""
+    """The extension's name: a hash of everything the built code depends on (every file under ``csrc/``,
+    by relative path and content, so an edited, added or renamed header is a new build)."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), TREE_SOURCE.read_bytes(), GGUF_SOURCE.read_bytes(),
-                 " ".join(cflags(isa)).encode(), torch.__version__.encode(),
+    sources = [part for path in source_files() for part in (path.relative_to(CSRC).as_posix().encode(),
+                                                           path.read_bytes())]
+    for part in (*sources, " ".join(cflags(isa)).encode(), torch.__version__.encode(),
                  _cpu_fingerprint().encode(), str(ABI).encode()):
         digest.update(part)
         digest.update(b"\0")
