@@ -10,146 +10,39 @@ log-prob errors, resident head bytes). Rows: every token by default (``all_token
 sequence's last. ``--variant [TOOLCHAIN:]NAME=DIR`` (:func:`parse_variant`) names the toolchain
 that made a variant, checked against the checkpoint. Where the hidden file carries
 ``next_token_ids``, the teacher-forced rows also get llama.cpp's ``perplexity --kl-divergence``
-statistics (:mod:`trtvocab.accuracy.stats`). The details: the section "what compare reports" below.
+statistics (:mod:`trtvocab.accuracy.stats`). The metrics: :mod:`trtvocab.accuracy.metrics`; the report:
+:mod:`trtvocab.accuracy.report`.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trtvocab.accuracy.stats import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_SEED,
-    LlamaCppStats,
-    TokenRows,
-    check_bootstrap,
-    token_rows,
-)
+from trtvocab.accuracy.metrics import LogitMetrics, logit_metrics
+from trtvocab.accuracy.plot import plot_report
+from trtvocab.accuracy.report import COLUMNS, TEACHER_FORCED_NOTE, CompareReport, VariantResult
+from trtvocab.accuracy.stats import DEFAULT_BOOTSTRAP, DEFAULT_SEED, check_bootstrap, llamacpp_stats
 from trtvocab.base.dtypes import DTYPES, head_dtype, short_name
 from trtvocab.base.formats import Activation, Granularity
 from trtvocab.base.inputs import check_hidden_states
-from trtvocab.base.units import human_bytes
-from trtvocab.errors import ConfigError, InputError
-from trtvocab.quant.config import QuantAlgo, QuantConfig
+from trtvocab.checkpoints.checkpoint import open_checkpoint
+from trtvocab.checkpoints.families import family_of
+from trtvocab.errors import ConfigError, InputError, TrtVocabError
+from trtvocab.lm_head import LMHead
+from trtvocab.logits import LogitsProcessor
+from trtvocab.parallel.launch import run_ranks
+from trtvocab.parallel.mapping import Mapping
+from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
+from trtvocab.quant.quantize import read_head
+from trtvocab.quant.writer import quantize_head_tensors
 from trtvocab.weights.loader import HeadSource  # what a compared head is made from (re-exported)
+from trtvocab.weights.lora import module_of, open_adapter
 
-# ---- what compare reports -------------------------------------------------------------------------
-# =====================  ==============================================================
-# top1_agreement         fraction of rows whose argmax token is the baseline's
-# top5_overlap           mean ``|top5(base) ∩ top5(var)| / 5``
-# kl_mean / p99 / max    ``KL(P_base || P_var)`` per row, nats (p99: linear interpolation)
-# max_abs_logit_err      ``max |logit_var - logit_base|`` over all rows and tokens
-# mean_abs_logprob_err   mean ``|logp_var - logp_base|`` of the baseline's top token
-# head_bytes_per_rank    resident bytes of one rank's head (max over ranks)
-# =====================  ==============================================================
-#
-# Rows: by default every token of the hidden states (``all_tokens``): a KL p99 needs many rows,
-# and a context position is as good a probe of the head as a last one. ``all_tokens=False`` keeps
-# only each sequence's last token, through the LogitsProcessor and the file's ``seq_lens``: what
-# generation actually samples from.
-#
-# Variants name their toolchain: ``--variant modelopt:NVFP4=DIR --variant compressed-tensors:NVFP4=DIR``
-# compares the heads two toolchains made of the same model side by side; the declared toolchain is
-# checked against the checkpoint (ModelOpt or compressed-tensors, checkpoint_toolchain), and every
-# variant's toolchain and resident bytes are reported with it, in the table and in each llama.cpp block.
-#
-# Teacher-forced block: the rows with a next token get PPL(Q), PPL(base), KLD, Δp, Same top p, and
-# EAR, KL both ways, JS, bootstrap intervals. Only the baseline's and one variant's ``[T, V]``
-# float32 logits are held at a time; the float64 work runs in row chunks.
-
-
-TOP_K = 5
-CHUNK_ELEMENTS = 1 << 22  # float64 softmax over [rows, V] runs in chunks of ~32 MiB per temporary
-MAX_ERR_SAMPLES = 1_000_000  # logit errors kept per variant for the histogram
-
-
-# ---- metrics on logits -----------------------------------------------------------------------
-@dataclass
-class LogitMetrics:
-    """One variant against the baseline over the same rows (the metrics of the section "what compare reports")."""
-
-    rows: int
-    top1_agreement: float
-    top5_overlap: float
-    kl_mean: float
-    kl_p99: float
-    kl_max: float
-    max_abs_logit_err: float
-    mean_abs_logprob_err: float
-    kl_per_row: torch.Tensor = field(repr=False)  # float64 [rows]
-    logit_err_sample: torch.Tensor = field(repr=False)  # float32, variant - baseline
-    tokens: TokenRows | None = field(default=None, repr=False)  # rows with a next token (teacher-forced)
-
-
-def _check_logits(base: torch.Tensor, var: torch.Tensor) -> None:
-    for name, t in (("baseline", base), ("variant", var)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[0] == 0 or t.shape[1] == 0:
-            shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise InputError(f"{name} logits: expected a non-empty [N, V] tensor, got {shape}")
-    if base.shape != var.shape:
-        raise InputError(f"baseline logits {list(base.shape)} and variant logits {list(var.shape)} differ in shape")
-
-
-def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chunk_rows: int | None = None,
-                  max_err_samples: int = MAX_ERR_SAMPLES, next_ids: torch.Tensor | None = None) -> LogitMetrics:
-    """Compare two ``[N, V]`` logit tensors (each metric: the section "what compare reports").
-
-    ``next_ids [N]`` (int, -1 = no next token) adds the teacher-forced per-row numbers
-    (:class:`~trtvocab.accuracy.stats.TokenRows`) of the rows that have one.
-    """
-    _check_logits(base, var)
-    n, vocab = base.shape
-    if next_ids is not None:
-        next_ids = torch.as_tensor(next_ids).reshape(-1).long()
-        if next_ids.shape[0] != n:
-            raise InputError(f"next_token_ids: {next_ids.shape[0]} entries for {n} rows of logits")
-        if next_ids.numel() and (int(next_ids.min()) < -1 or int(next_ids.max()) >= vocab):
-            raise InputError(f"next_token_ids: ids must be in [-1, {vocab}) (the vocabulary), got "
-                             f"[{int(next_ids.min())}, {int(next_ids.max())}]")
-    parts: list[TokenRows] = []
-    chunk_rows = chunk_rows or max(1, CHUNK_ELEMENTS // vocab)
-    k = min(k, vocab)
-    top1 = overlap = logprob_err = 0.0
-    max_err = 0.0
-    kls: list[torch.Tensor] = []
-    errs: list[torch.Tensor] = []
-    # Keep a deterministic, evenly spread subsample of the errors for the histogram.
-    stride = max(1, math.ceil(n * vocab / max_err_samples))
-    for start in range(0, n, chunk_rows):
-        b = base[start:start + chunk_rows].double()
-        v = var[start:start + chunk_rows].double()
-        lb, lv = torch.log_softmax(b, dim=-1), torch.log_softmax(v, dim=-1)
-        # KL(P || Q) = sum_i p_i (log p_i - log q_i); terms with p_i = 0 contribute 0.
-        pb = lb.exp()
-        kls.append(torch.where(pb > 0, pb * (lb - lv), torch.zeros_like(pb)).sum(-1).clamp_min(0.0))
-        arg_b, arg_v = b.argmax(-1), v.argmax(-1)
-        if next_ids is not None:
-            parts.append(token_rows(lb, lv, next_ids[start:start + chunk_rows], arg_b, arg_v))
-        top1 += float((arg_b == arg_v).sum())
-        tb, tv = b.topk(k, dim=-1).indices, v.topk(k, dim=-1).indices
-        overlap += float((tb.unsqueeze(-1) == tv.unsqueeze(-2)).any(-1).sum()) / k
-        idx = arg_b.unsqueeze(-1)
-        logprob_err += float((lv.gather(-1, idx) - lb.gather(-1, idx)).abs().sum())
-        delta = v - b
-        max_err = max(max_err, float(delta.abs().max()))
-        flat = delta.reshape(-1).float()
-        offset = (-(start * vocab)) % stride
-        errs.append(flat[offset::stride])
-    kl = torch.cat(kls)
-    return LogitMetrics(rows=n, top1_agreement=top1 / n, top5_overlap=overlap / n, kl_mean=float(kl.mean()),
-                        kl_p99=float(torch.quantile(kl, 0.99)), kl_max=float(kl.max()),
-                        max_abs_logit_err=max_err, mean_abs_logprob_err=logprob_err / n,
-                        kl_per_row=kl, logit_err_sample=torch.cat(errs),
-                        tokens=None if next_ids is None else TokenRows.concat(parts))
-
-
-# ---- what to run -----------------------------------------------------------------------------
 # ---- toolchain-named variants ------------------------------------------------------------------
 TOOLCHAINS = ("modelopt", "compressed-tensors")
 SIMULATED = "trtvocab (simulated)"
@@ -159,8 +52,6 @@ _VARIANT_RE = re.compile(r"^(?:(?P<tool>[A-Za-z][A-Za-z0-9_-]*):)?(?P<name>[A-Za
 def checkpoint_toolchain(path: str | Path, tensor_name: str | None = None) -> str:
     """Whose quantized head ``path`` stores: ``"modelopt"``, ``"compressed-tensors"`` or ``"dense"``
     (the gating rule's verdict, from headers and config only)."""
-    from trtvocab.quant.config import resolve_lm_head_quant
-
     decision = resolve_lm_head_quant(path, tensor_name=tensor_name)
     return decision.checkpoint_format if decision.stored is not None else "dense"
 
@@ -192,8 +83,6 @@ def parse_variant(text: str) -> HeadSource:
 
 
 def _detected_toolchain(path: str) -> str:
-    from trtvocab.errors import TrtVocabError
-
     try:
         return checkpoint_toolchain(path)
     except (TrtVocabError, OSError):
@@ -253,8 +142,6 @@ def simulate_tensors(weight: torch.Tensor, spec: SimSpec,
     scale. A static activation scale comes from ``amax(|calib|)`` taken in the weight's
     dtype, as ModelOpt's max calibrator sees the model's activations.
     """
-    from trtvocab.quant.writer import quantize_head_tensors
-
     amax = None
     weights = None
     if spec.activation is Activation.STATIC or spec.scale_search == "mse-act":
@@ -283,8 +170,6 @@ def simulate_source(weight: torch.Tensor, spec: SimSpec, calib: torch.Tensor | N
 
 # ---- running heads ---------------------------------------------------------------------------
 def build_head(source: HeadSource, mapping: Any, dtype: torch.dtype) -> Any:
-    from trtvocab.lm_head import LMHead
-
     if source.path is not None:
         return LMHead.from_checkpoint(source.path, mapping=mapping, dtype=dtype, tensor_name=source.tensor_name)
     if source.tensors is None or source.shape is None:
@@ -315,8 +200,6 @@ def parse_lora(text: str, baseline: str | Path, tensor_name: str | None = None) 
 
     The adapter is read (config and header) here; one that targets modules other than the head and the
     input embedding is refused, and its input-embedding part does not apply (the hidden states are given)."""
-    from trtvocab.weights.lora import module_of, open_adapter
-
     name, sep, folder = str(text).partition("=")
     if not sep or not name or not folder:
         raise ConfigError(f"--lora {text!r:.120}: expected NAME=DIR (a PEFT adapter folder)")
@@ -343,8 +226,6 @@ def _rank_compare(rank: int, world: int, sources: list[HeadSource], hidden: torc
     """One rank: run every head on the same rows; rank 0 compares each variant with the baseline
     (``sources[0]``) as soon as its logits are gathered, so only two ``[N, V]`` float32 logit
     tensors exist at a time. Returns (rank 0's metrics, resident bytes, labels, vocab size)."""
-    from trtvocab.logits import LogitsProcessor
-    from trtvocab.parallel.mapping import Mapping
 
     mapping = None if world == 1 else Mapping(world_size=world, rank=rank, tp_size=world)
     proc = LogitsProcessor()
@@ -386,192 +267,11 @@ def compare_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: tor
     if tp == 1:
         results = [_rank_compare(0, 1, *args)]
     else:
-        from trtvocab.parallel.launch import run_ranks
-
         results = run_ranks(_rank_compare, tp, *args, backend="gloo")
     metrics = results[0][0]
     assert metrics is not None
     sizes = [max(r[1][i] for r in results) for i in range(len(sources))]
     return [_from_wire(m) for m in metrics], sizes, results[0][2], results[0][3]
-
-
-def _rank_logits(rank: int, world: int, sources: list[HeadSource], hidden: torch.Tensor,
-                 seq_lens: torch.Tensor | None, all_tokens: bool,
-                 dtype: torch.dtype) -> tuple[list[Any] | None, list[int], list[str]]:
-    """One rank: run every head on the same rows; rank 0 returns the gathered logits (as numpy)."""
-    from trtvocab.logits import LogitsProcessor
-    from trtvocab.parallel.mapping import Mapping
-
-    mapping = None if world == 1 else Mapping(world_size=world, rank=rank, tp_size=world)
-    proc = LogitsProcessor()
-    logits: list[Any] = []
-    sizes: list[int] = []
-    labels: list[str] = []
-    with torch.no_grad():
-        for source in sources:
-            head = _apply_adapter(build_head(source, mapping, dtype), source)
-            out = proc(hidden.to(dtype), head, seq_lens, return_context_logits=all_tokens,
-                       adapter_ids=_adapter_ids(source, hidden, seq_lens))
-            if rank == 0:
-                logits.append(out.numpy())
-            sizes.append(head.resident_bytes())
-            labels.append(head.label)
-            del head
-    return (logits if rank == 0 else None), sizes, labels
-
-
-def run_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: torch.Tensor | None, *,
-              tp: int = 1, all_tokens: bool = True,
-              dtype: torch.dtype = torch.float32) -> tuple[list[torch.Tensor], list[int], list[str]]:
-    """Gathered float32 logits of every source (all held at once), max resident bytes per rank and labels.
-
-    :func:`compare` uses :func:`compare_heads` instead, which holds two sources' logits at a time.
-    """
-    if tp < 1:
-        raise ConfigError(f"--tp must be >= 1, got {tp}")
-    if tp == 1:
-        results = [_rank_logits(0, 1, sources, hidden, seq_lens, all_tokens, dtype)]
-    else:
-        from trtvocab.parallel.launch import run_ranks
-
-        results = run_ranks(_rank_logits, tp, sources, hidden, seq_lens, all_tokens, dtype, backend="gloo")
-    arrays = results[0][0]
-    assert arrays is not None
-    logits = [torch.from_numpy(a) for a in arrays]
-    sizes = [max(r[1][i] for r in results) for i in range(len(sources))]
-    return logits, sizes, results[0][2]
-
-
-# ---- the report ------------------------------------------------------------------------------
-@dataclass
-class VariantResult:
-    """A compared head: its name, label, resident bytes per rank, :class:`LogitMetrics` and, where the
-    rows have next tokens, its llama.cpp statistics (:class:`~trtvocab.accuracy.stats.LlamaCppStats`)."""
-
-    name: str
-    label: str
-    head_bytes_per_rank: int
-    metrics: LogitMetrics
-    note: str = ""
-    llamacpp: LlamaCppStats | None = None
-    toolchain: str = ""
-    path: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        m = self.metrics
-        return {"name": self.name, "label": self.label, "toolchain": self.toolchain, "path": self.path,
-                "rows": m.rows, "top1_agreement": m.top1_agreement,
-                "top5_overlap": m.top5_overlap, "kl_mean": m.kl_mean, "kl_p99": m.kl_p99, "kl_max": m.kl_max,
-                "max_abs_logit_err": m.max_abs_logit_err, "mean_abs_logprob_err": m.mean_abs_logprob_err,
-                "head_bytes_per_rank": self.head_bytes_per_rank, "note": self.note,
-                "llamacpp": None if self.llamacpp is None else self.llamacpp.as_dict()}
-
-
-TEACHER_FORCED_NOTE = ("teacher-forced statistics left out: the hidden file has no next_token_ids "
-                       "(write it with `trtvocab hidden` on a causal LM)")
-
-
-@dataclass
-class CompareReport:
-    """Everything ``trtvocab compare`` prints: the baseline, the rows compared and each variant."""
-
-    baseline: str
-    baseline_label: str
-    baseline_bytes_per_rank: int
-    rows: int
-    rows_mode: str  # "all tokens" | "last tokens"
-    tp: int
-    dtype: str
-    vocab_size: int
-    variants: list[VariantResult]
-    teacher_forced_rows: int = 0  # rows with a next token (0: no llama.cpp block)
-    teacher_forced_note: str = ""  # why there is no llama.cpp block
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"baseline": {"name": self.baseline, "label": self.baseline_label,
-                             "head_bytes_per_rank": self.baseline_bytes_per_rank},
-                "rows": self.rows, "rows_mode": self.rows_mode, "tp": self.tp, "dtype": self.dtype,
-                "vocab_size": self.vocab_size, "kl": "KL(baseline || variant), nats, global softmax in float64",
-                "teacher_forced_rows": self.teacher_forced_rows,
-                "llamacpp": ("llama.cpp perplexity --kl-divergence statistics of the rows with a next token, "
-                             "full vocabulary in float64; probabilities as fractions; *_pm = llama.cpp's ±; "
-                             "ci95 = bootstrap 95% interval"),
-                "teacher_forced_note": self.teacher_forced_note,
-                "variants": [v.as_dict() for v in self.variants]}
-
-    def rich_table(self, title: str | None = None) -> Any:
-        """The report as a ``rich`` table (title: :meth:`title` by default); every cell escaped, so names
-        and paths print as themselves."""
-        from rich.markup import escape
-        from rich.table import Table
-
-        table = Table(title=escape(self.title() if title is None else title))
-        for i, col in enumerate(COLUMNS):
-            table.add_column(escape(col), justify="left" if i < 2 else "right")
-        for row in self.table_rows():
-            table.add_row(*(escape(str(cell)) for cell in row))
-        return table
-
-    def table_rows(self) -> list[list[str]]:
-        """Rows for a text table (rich or markdown), baseline first."""
-        out = [[self.baseline_label, _short(self.baseline), "—", "—", "—", "—", "—", "—", "—",
-                human_bytes(self.baseline_bytes_per_rank, digits=2)]]
-        for v in self.variants:
-            m = v.metrics
-            out.append([v.label, _short(v.name), f"{m.top1_agreement:.2%}", f"{m.top5_overlap:.3f}",
-                        f"{m.kl_mean:.2e}", f"{m.kl_p99:.2e}", f"{m.kl_max:.2e}", f"{m.max_abs_logit_err:.3f}",
-                        f"{m.mean_abs_logprob_err:.2e}", human_bytes(v.head_bytes_per_rank, digits=2)])
-        return out
-
-    def title(self) -> str:
-        return (f"{self.rows} rows ({self.rows_mode}), V={self.vocab_size:,}, tp={self.tp}, head dtype {self.dtype}; "
-                "KL(baseline || variant) in nats")
-
-    def llamacpp_named(self) -> list[tuple[str, LlamaCppStats]]:
-        """``(name, stats)`` per variant with a llama.cpp block; the name carries the variant's toolchain
-        (where its name does not already) and its resident head bytes."""
-        per = " / rank" if self.tp > 1 else ""
-        out = []
-        for v in self.variants:
-            if v.llamacpp is None:
-                continue
-            short = _short(v.name)
-            parts = [short] + ([v.toolchain] if v.toolchain and not short.startswith(v.toolchain + ":") else [])
-            parts.append(human_bytes(v.head_bytes_per_rank, digits=2) + per)
-            out.append((f"{v.label} ({', '.join(parts)})", v.llamacpp))
-        return out
-
-    def llamacpp_text(self) -> str:
-        """Every variant's llama.cpp block, as ``llama-perplexity --kl-divergence`` prints it."""
-        from trtvocab.accuracy.stats import format_block
-
-        parts = []
-        for name, stats in self.llamacpp_named():
-            parts.append(f"###### {name} vs {self.baseline_label} ({_short(self.baseline)}): {stats.n} "
-                         "teacher-forced rows ######\n" + format_block(stats))
-        return "\n".join(parts)
-
-    def to_markdown(self) -> str:
-        lines = [f"_{self.title()}_", "", "| " + " | ".join(c.replace("|", "\\|") for c in COLUMNS) + " |",
-                 "|" + "|".join(["---"] * 2 + ["---:"] * (len(COLUMNS) - 2)) + "|"]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self.table_rows()]
-        text = "\n".join(lines) + "\n"
-        named = self.llamacpp_named()
-        if named:
-            from trtvocab.accuracy.stats import markdown_table
-
-            text += (f"\n_llama.cpp statistics vs {self.baseline_label}, {self.teacher_forced_rows} teacher-forced "
-                     "rows (full vocabulary, float64); ± = standard error, [ ] = bootstrap 95% interval_\n\n"
-                     + markdown_table(named))
-        return text
-
-
-COLUMNS = ["format", "head", "top-1 agree", "top-5 overlap", "KL mean", "KL p99", "KL max", "max |Δlogit|",
-           "mean |Δlogp| top-1", "bytes / rank"]
-
-
-def _short(name: str) -> str:
-    return name if name.startswith(("sim:", "quantized:")) else Path(name).name or name
 
 
 def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
@@ -580,8 +280,6 @@ def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
         return head_dtype(name, "--dtype (or auto)")
     if baseline.path is None:
         return torch.float32
-    from trtvocab.checkpoints.checkpoint import open_checkpoint
-
     ckpt = open_checkpoint(baseline.path)
     tensor, _ = ckpt.lm_head_name(baseline.tensor_name)
     stored = ckpt.info(tensor).torch_dtype
@@ -658,10 +356,6 @@ def compare(
     sources = [base_src] + [HeadSource(name=str(v), path=str(v), toolchain=_detected_toolchain(str(v)))
                             for v in variants] + named
     if specs:
-        from trtvocab.checkpoints.checkpoint import open_checkpoint
-        from trtvocab.checkpoints.families import family_of
-        from trtvocab.commands.quantize import read_head
-
         base_ckpt = open_checkpoint(baseline)
         name, _, weight = read_head(base_ckpt, tensor_name)
         family = family_of(base_ckpt, head_tensor=name, hidden_size=int(weight.shape[1]), need_embedding=False)
@@ -677,8 +371,6 @@ def compare(
     sources += list(heads or [])
     dtype_ = resolve_dtype(dtype, base_src)
     if next_ids is not None and next_ids.numel():
-        from trtvocab.checkpoints.checkpoint import open_checkpoint
-
         ckpt = open_checkpoint(baseline)
         vocab = int(ckpt.info(ckpt.lm_head_name(tensor_name)[0]).shape[0])
         if int(next_ids.max()) >= vocab or int(next_ids.min()) < -1:
@@ -698,8 +390,6 @@ def compare(
     for src, m, size, label in zip(sources[1:], metrics, sizes[1:], labels[1:], strict=True):
         stats = None
         if m.tokens is not None and m.tokens.n:
-            from trtvocab.accuracy.stats import llamacpp_stats
-
             stats = llamacpp_stats(m.tokens, bootstrap=bootstrap, seed=seed)
         results.append(VariantResult(name=src.name, label=label, head_bytes_per_rank=size, metrics=m,
                                      note=src.note, llamacpp=stats, toolchain=src.toolchain, path=src.path))
@@ -709,13 +399,6 @@ def compare(
                          teacher_forced_rows=tf_rows, teacher_forced_note=tf_note)
 
 
-def plot_report(report: CompareReport, path: str | Path) -> Path:
-    """The report as a PNG: :func:`trtvocab.accuracy.plot.plot_report`."""
-    from trtvocab.accuracy.plot import plot_report as _plot
-
-    return _plot(report, path)
-
-
 __all__ = ["COLUMNS", "TOOLCHAINS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult",
            "checkpoint_toolchain", "compare", "compare_heads", "logit_metrics", "parse_sim_spec", "parse_variant",
-           "plot_report", "run_heads", "simulate_source"]
+           "plot_report", "simulate_source"]

@@ -29,7 +29,7 @@ import torch
 from trtvocab.base.fsutil import open_regular
 from trtvocab.errors import CheckpointError, ConfigError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 CONFIG_MAX_BYTES = 16 << 20  # a config.json larger than this is not read for its architectures
 
@@ -56,8 +56,8 @@ def check_model_dir(model_dir: str | Path) -> Path:
         raise CheckpointError(f"{path}: not a model folder (expected a Hugging Face model directory)")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: has no config.json (expected a Hugging Face model directory)")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{path}: has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    if not any((path / name).is_file() for name in TOKENIZER_MARKERS):
+        raise CheckpointError(f"{path}: has no tokenizer (none of {', '.join(TOKENIZER_MARKERS)})")
     if not any(path.glob("*.safetensors")):
         pickles = sorted(p.name for pattern in PICKLE_PATTERNS for p in path.glob(pattern))
         found = f"only pickle weights ({', '.join(pickles)}), which" if pickles else "no weights; pickles"
@@ -246,6 +246,6 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype | None = None, label:
     return load(path, causal=True, dtype=dtype, label=label)
 
 
-__all__ = ["CACHE_ENV_VAR", "PICKLE_PATTERNS", "TOKENIZER_FILES", "architectures", "cache_dir", "check_gguf_file",
+__all__ = ["CACHE_ENV_VAR", "PICKLE_PATTERNS", "TOKENIZER_MARKERS", "architectures", "cache_dir", "check_gguf_file",
            "check_model_dir", "first_line", "gguf_tokenizer", "is_causal", "is_gguf", "load", "load_causal_lm",
            "model_config", "quiet_load", "quiet_transformers"]
