@@ -20,8 +20,8 @@ import time
 
 import torch
 
+from trtvocab.accuracy.compare import HeadSource, compare_heads, parse_sim_spec, simulate_source
 from trtvocab.accuracy.stats import llamacpp_stats
-from trtvocab.commands.compare import HeadSource, compare_heads, parse_sim_spec, simulate_source
 
 VARIANTS = ["fp8", "fp8-row", "nvfp4", "nvfp4-mse"]
 

@@ -36,9 +36,10 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file, save_file
 
-from trtvocab.commands.compare import compare
-from trtvocab.commands.hidden import load_hidden_file, read_text_file, save_hidden, text_hidden_states
-from trtvocab.commands.quantize import quantize_checkpoint
+from trtvocab.accuracy.compare import compare
+from trtvocab.checkpoints.hidden_file import load_hidden_file, save_hidden
+from trtvocab.checkpoints.hidden_states import read_text_file, text_hidden_states
+from trtvocab.quant.quantize import quantize_checkpoint
 
 TEXTS = Path(__file__).resolve().parent / "texts"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -18,9 +18,9 @@ from conftest import modelopt_qtensor
 from llamacpp_reference import per_row, summary
 from typer.testing import CliRunner
 
+from trtvocab.accuracy.compare import compare
+from trtvocab.checkpoints.hidden_file import load_hidden_file
 from trtvocab.commands.cli import app
-from trtvocab.commands.compare import compare
-from trtvocab.commands.hidden import load_hidden_file
 from trtvocab.quant import nvfp4
 
 TEXTS = ["The capital of France is Paris, and the capital of Japan is Tokyo.",

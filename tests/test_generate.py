@@ -25,8 +25,8 @@ import torch
 from typer.testing import CliRunner
 
 from trtvocab.commands.cli import app
-from trtvocab.commands.grammar import grammar_spec
 from trtvocab.sampling import SamplingParams
+from trtvocab.sampling.grammar import grammar_spec
 
 G = pytest.importorskip("trtvocab.commands.generate")
 # transformers and xgrammar are imported where used (collection need not pay seconds for them)

@@ -169,7 +169,7 @@ def _foreign_modelopt(folder: Path) -> dict[str, bytes]:
 
 
 def test_quantize_force_keeps_a_foreign_modelopt_checkpoint(tmp_path: Path) -> None:
-    from trtvocab.commands.quantize import quantize_checkpoint
+    from trtvocab.quant.quantize import quantize_checkpoint
 
     source = write_hf_dir(tmp_path / "dense", {"lm_head.weight": torch.randn(V, H)}, model_config(V, H))
     foreign = tmp_path / "their-fp8"
@@ -182,7 +182,7 @@ def test_quantize_force_keeps_a_foreign_modelopt_checkpoint(tmp_path: Path) -> N
 
 def test_quantize_writes_a_marker_and_force_replaces_only_that(tmp_path: Path) -> None:
     pytest.importorskip("modelopt")
-    from trtvocab.commands.quantize import MARKER, quantize_checkpoint
+    from trtvocab.quant.quantize import MARKER, quantize_checkpoint
 
     source = write_hf_dir(tmp_path / "dense", {"lm_head.weight": torch.randn(V, H)}, model_config(V, H))
     out = tmp_path / "q"
@@ -331,7 +331,7 @@ HANG_SCRIPT = textwrap.dedent("""
         m["digest"] = body_digest(m)
         (root / "manifest.json").write_text(json.dumps(m))
 
-    from trtvocab.commands.hidden import load_hidden, load_last_tokens
+    from trtvocab.checkpoints.hidden_file import load_hidden, load_last_tokens
     from trtvocab.artifact.store import read_manifest
     from trtvocab.artifact.recipe import load_recipe
     case("hidden fifo", lambda: load_hidden(fifo(work / "h.safetensors")))
@@ -642,7 +642,7 @@ def test_nan_hidden_states_are_refused_by_head_processor_and_runtime(art: Path) 
 
 
 def test_nan_in_a_hidden_file_is_refused_by_infer_and_compare(art: Path, tmp_path: Path) -> None:
-    from trtvocab.commands.hidden import load_hidden
+    from trtvocab.checkpoints.hidden_file import load_hidden
 
     x = torch.randn(6, H)
     x[3, 0] = float("nan")
@@ -1069,7 +1069,7 @@ def _tf_file(path: Path, input_ids: list[int], next_ids: list[int], seq_lens: li
 def test_hidden_files_must_hold_the_teacher_forced_relation(tmp_path: Path, input_ids, next_ids, seq_lens,
                                                             text: str) -> None:
     """Issue 19: a hidden file whose next_token_ids disagree with its input_ids was accepted and scored."""
-    from trtvocab.commands.hidden import load_hidden_file
+    from trtvocab.checkpoints.hidden_file import load_hidden_file
 
     path = _tf_file(tmp_path / "h.safetensors", input_ids, next_ids, seq_lens)
     with pytest.raises(InputError, match=text):
@@ -1081,7 +1081,7 @@ def test_hidden_files_must_hold_the_teacher_forced_relation(tmp_path: Path, inpu
 
 
 def test_hidden_files_holding_the_relation_load(tmp_path: Path) -> None:
-    from trtvocab.commands.hidden import load_hidden_file
+    from trtvocab.checkpoints.hidden_file import load_hidden_file
 
     # -1 inside a sequence is a row without a target (not scored); seq_lens that do not tile are left to
     # the reader that uses them

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from trtvocab.base.units import human_bytes as human
 from trtvocab.commands.cli import app
-from trtvocab.commands.plan import make_plan
 from trtvocab.errors import ConfigError
+from trtvocab.pipeline.plan import make_plan
 
 MIB, GIB = 2**20, 2**30
 

@@ -61,7 +61,7 @@ def test_head_under_torchrun(tmp_path: Path) -> None:
 
 def test_cli_infer_under_torchrun(tmp_path: Path) -> None:
     from trtvocab.artifact.recipe import parse_recipe
-    from trtvocab.commands.hidden import save_hidden
+    from trtvocab.checkpoints.hidden_file import save_hidden
     from trtvocab.pipeline.build import build
 
     out = tmp_path / "art"

@@ -17,12 +17,14 @@ statistics (:mod:`trtvocab.accuracy.stats`). The metrics: :mod:`trtvocab.accurac
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trtvocab.accuracy.gates import Gates, check_gates
 from trtvocab.accuracy.metrics import LogitMetrics, logit_metrics
 from trtvocab.accuracy.plot import plot_report
 from trtvocab.accuracy.report import COLUMNS, TEACHER_FORCED_NOTE, CompareReport, VariantResult
@@ -32,6 +34,7 @@ from trtvocab.base.formats import Activation, Granularity
 from trtvocab.base.inputs import check_hidden_states
 from trtvocab.checkpoints.checkpoint import open_checkpoint
 from trtvocab.checkpoints.families import family_of
+from trtvocab.checkpoints.hidden_file import load_hidden_file
 from trtvocab.errors import ConfigError, InputError, TrtVocabError
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import LogitsProcessor
@@ -399,6 +402,28 @@ def compare(
                          teacher_forced_rows=tf_rows, teacher_forced_note=tf_note)
 
 
+def quantize_gate(checkpoint: str | Path, gate: str | Path, gates: Gates, tensor_name: str | None,
+                  out: Path) -> Callable[[dict[str, torch.Tensor], QuantConfig], list[str]]:
+    """A :func:`~trtvocab.quant.quantize.quantize_checkpoint` gate (``trtvocab quantize --gate``): compare the
+    in-memory quantized head with the source head on the rows of ``gate`` (loaded now, so a bad file is refused
+    before any quantizing)."""
+    data = load_hidden_file(gate)
+    if data.next_token_ids is None:
+        raise InputError(f"--gate {gate}: has no next_token_ids (write it with `trtvocab hidden` on a causal LM)")
+
+    def check(tensors: dict[str, torch.Tensor], config: QuantConfig) -> list[str]:
+        local = {k.removeprefix("lm_head."): v for k, v in tensors.items()}
+        vocab, packed = local["weight"].shape
+        hidden_size = packed * 2 if config.quant_algo is QuantAlgo.NVFP4 else packed
+        src = HeadSource(name=f"quantized:{out.name}", tensors=local, quant_config=config,
+                         shape=(int(vocab), int(hidden_size)))
+        report = compare(checkpoint, [], data.states, data.seq_lens, heads=[src], tensor_name=tensor_name,
+                         next_token_ids=data.next_token_ids)
+        return check_gates(report, gates)
+
+    return check
+
+
 __all__ = ["COLUMNS", "TOOLCHAINS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult",
            "checkpoint_toolchain", "compare", "compare_heads", "logit_metrics", "parse_sim_spec", "parse_variant",
-           "plot_report", "simulate_source"]
+           "plot_report", "quantize_gate", "simulate_source"]

@@ -68,7 +68,7 @@ def load_text_model(model: str | Path) -> tuple[Any, Any, bool]:
     A causal LM (a ``.gguf``, or a folder whose ``config.json`` names a ``*ForCausalLM``
     architecture) loads with its head (``AutoModelForCausalLM``); anything else as
     ``AutoModel``. Weights come from safetensors or GGUF only, never from a pickle
-    (:mod:`trtvocab.commands.hf_loader`, the loader ``generate`` uses too).
+    (:mod:`trtvocab.checkpoints.hf_loader`, the loader ``generate`` uses too).
     """
     causal = hf_loader.is_causal(model)
     tok, net = hf_loader.load(model, causal=causal)
