@@ -30,7 +30,7 @@ from trtvocab.accuracy.plot import plot_report
 from trtvocab.accuracy.report import COLUMNS, TEACHER_FORCED_NOTE, CompareReport, VariantResult
 from trtvocab.accuracy.stats import DEFAULT_BOOTSTRAP, DEFAULT_SEED, check_bootstrap, llamacpp_stats
 from trtvocab.base.dtypes import DTYPES, head_dtype, short_name
-from trtvocab.base.formats import Activation, Granularity
+from trtvocab.base.formats import QUANTIZED_FORMATS, Activation, CheckpointFormat, Granularity
 from trtvocab.base.inputs import check_hidden_states
 from trtvocab.checkpoints.checkpoint import open_checkpoint
 from trtvocab.checkpoints.families import family_of
@@ -47,7 +47,6 @@ from trtvocab.weights.loader import HeadSource  # what a compared head is made f
 from trtvocab.weights.lora import module_of, open_adapter
 
 # ---- toolchain-named variants ------------------------------------------------------------------
-TOOLCHAINS = ("modelopt", "compressed-tensors")
 SIMULATED = "trtvocab (simulated)"
 _VARIANT_RE = re.compile(r"^(?:(?P<tool>[A-Za-z][A-Za-z0-9_-]*):)?(?P<name>[A-Za-z0-9][A-Za-z0-9._+-]*)=(?P<path>.+)$")
 
@@ -56,7 +55,7 @@ def checkpoint_toolchain(path: str | Path, tensor_name: str | None = None) -> st
     """Whose quantized head ``path`` stores: ``"modelopt"``, ``"compressed-tensors"`` or ``"dense"``
     (the gating rule's verdict, from headers and config only)."""
     decision = resolve_lm_head_quant(path, tensor_name=tensor_name)
-    return decision.checkpoint_format if decision.stored is not None else "dense"
+    return decision.checkpoint_format if decision.stored is not None else CheckpointFormat.DENSE
 
 
 def parse_variant(text: str) -> HeadSource:
@@ -71,12 +70,13 @@ def parse_variant(text: str) -> HeadSource:
     m = _VARIANT_RE.match(text.strip())
     if m is None:
         raise ConfigError(f"--variant {text!r:.120}: expected [TOOLCHAIN:]NAME=DIR (TOOLCHAIN one of "
-                          f"{', '.join(TOOLCHAINS)}; NAME letters, digits, '._+-'), e.g. modelopt:NVFP4=nvfp4/")
+                          f"{', '.join(QUANTIZED_FORMATS)}; NAME letters, digits, '._+-'), e.g. modelopt:NVFP4=nvfp4/")
     tool, name, path = m.group("tool"), m.group("name"), m.group("path")
-    if tool is not None and tool.lower() not in TOOLCHAINS:
-        raise ConfigError(f"--variant {text!r:.120}: unknown toolchain {tool!r}; use one of {', '.join(TOOLCHAINS)}")
+    if tool is not None and tool.lower() not in QUANTIZED_FORMATS:
+        raise ConfigError(f"--variant {text!r:.120}: unknown toolchain {tool!r}; "
+                          f"use one of {', '.join(QUANTIZED_FORMATS)}")
     actual = checkpoint_toolchain(path)
-    if actual == "dense":
+    if actual is CheckpointFormat.DENSE:
         raise ConfigError(f"--variant {text!r:.120}: {path} stores its head dense (not quantized by "
                           f"{tool or 'any toolchain'}); compare it as a plain VARIANT path")
     if tool is not None and tool.lower() != actual:
@@ -424,6 +424,6 @@ def quantize_gate(checkpoint: str | Path, gate: str | Path, gates: Gates, tensor
     return check
 
 
-__all__ = ["COLUMNS", "TOOLCHAINS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult",
+__all__ = ["COLUMNS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult",
            "checkpoint_toolchain", "compare", "compare_heads", "logit_metrics", "parse_sim_spec", "parse_variant",
            "plot_report", "quantize_gate", "simulate_source"]

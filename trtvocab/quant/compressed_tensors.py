@@ -62,7 +62,6 @@ if TYPE_CHECKING:
 
 
 CT_METHOD = "compressed-tensors"
-CHECKPOINT_FORMAT = "compressed-tensors"
 FP8_FORMATS = ("float-quantized", "naive-quantized")
 NVFP4_FORMAT = "nvfp4-pack-quantized"
 DENSE_FORMAT = "dense"
@@ -672,7 +671,7 @@ def embedding_tensors(ckpt: Checkpoint, section: dict[str, Any], where: str, nam
 
 
 __all__ = [
-    "CHECKPOINT_FORMAT", "CTArgs", "CTConfig", "CTGroup", "CTModule", "DecompressedRows", "EmbeddingTensors",
+    "CTArgs", "CTConfig", "CTGroup", "CTModule", "DecompressedRows", "EmbeddingTensors",
     "Float32Rows", "decompress_fp8", "decompress_nvfp4", "embedding_tensors", "head_tensors",
     "is_compressed_tensors", "match_group", "modelopt_tensors", "parse_config", "resolve_module",
 ]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from trtvocab.base.formats import Activation, Granularity, WeightFormat
+from trtvocab.base.formats import Activation, CheckpointFormat, Granularity, WeightFormat
 from trtvocab.errors import QuantizationError
 from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.nvfp4 import BLOCK
@@ -152,14 +152,14 @@ class HeadQuantDecision(BaseModel):
     reason: str
     tensor_name: str = "lm_head.weight"  # the stored [V, H] tensor (lm_head.weight_packed for compressed-tensors NVFP4)
     tied: bool = False  # the head is the tied input embedding
-    checkpoint_format: str = "modelopt"  # whose tensor names and scale conventions: "modelopt" | "compressed-tensors"
+    checkpoint_format: CheckpointFormat = CheckpointFormat.MODELOPT  # whose tensor names and scale conventions
     notice: str | None = None  # a warning to give when the head loads (e.g. a mode loaded weight-only)
 
     @property
     def warning(self) -> str | None:
         if not self.dequantize or self.stored is None:
             return None
-        if self.checkpoint_format == "compressed-tensors":
+        if self.checkpoint_format is CheckpointFormat.COMPRESSED_TENSORS:
             how = ("bfloat16(e2m1(q) * fp32(block_scale / global_scale))" if self.stored is QuantAlgo.NVFP4
                    else "q * weight_scale rounded once to the scale's dtype")
             return (f"{self.tensor_name} is stored as {self.stored.value} but the head runs dense ({self.reason}): "
@@ -364,8 +364,8 @@ def _resolve_ct(ckpt: Checkpoint, section: dict[str, Any], where: str, *, name: 
 
     def dense(reason: str, notice: str | None = None) -> HeadQuantDecision:
         return HeadQuantDecision(config=None, stored=stored, dequantize=stored is not None, reason=reason,
-                                 tensor_name=info.tensor_name, tied=tied, checkpoint_format=ct.CHECKPOINT_FORMAT,
-                                 notice=notice)
+                                 tensor_name=info.tensor_name, tied=tied,
+                                 checkpoint_format=CheckpointFormat.COMPRESSED_TENSORS, notice=notice)
 
     if stored is None:
         return dense(info.reason or "the head is stored dense", info.notice)
@@ -377,5 +377,6 @@ def _resolve_ct(ckpt: Checkpoint, section: dict[str, Any], where: str, *, name: 
                          group_size=BLOCK, granularity=info.granularity)
     return HeadQuantDecision(config=config, stored=stored, dequantize=False,
                              reason=info.reason + (f"; {info.vllm_note}" if info.vllm_note else ""),
-                             tensor_name=info.tensor_name, tied=tied, checkpoint_format=ct.CHECKPOINT_FORMAT,
+                             tensor_name=info.tensor_name, tied=tied,
+                             checkpoint_format=CheckpointFormat.COMPRESSED_TENSORS,
                              notice=None if weight_only else info.notice)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from trtvocab.base.dtypes import DTYPES
-from trtvocab.base.formats import Activation
+from trtvocab.base.formats import QUANTIZED_FORMATS, Activation, CheckpointFormat
 from trtvocab.base.fsutil import check_destination, check_target, default_mode, load_json_file, staging, writing
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.families import family_of, hf_config_fields
@@ -68,9 +68,6 @@ MARKER_VERSION = 1
 # written, and returns one line per missed threshold: any line and nothing is published.
 GateFn = Callable[[dict[str, torch.Tensor], QuantConfig], list[str]]
 SCALE_SEARCHES = ("max", "mse", "mse-act")
-MODELOPT = "modelopt"
-COMPRESSED_TENSORS = "compressed-tensors"
-FORMATS = (MODELOPT, COMPRESSED_TENSORS)
 
 
 @dataclass(frozen=True)
@@ -92,7 +89,7 @@ class QuantizeResult:
     scale_search: str = "max"  # NVFP4 block scales: "max" (ModelOpt's amax / 6), "mse" / "mse-act" (searched)
     published: bool = True  # False: a gate failed and nothing was written
     gate_failures: list[str] = field(default_factory=list)
-    checkpoint_format: str = MODELOPT  # "modelopt" | "compressed-tensors": whose tensor names and conventions
+    checkpoint_format: CheckpointFormat = CheckpointFormat.MODELOPT  # whose tensor names and conventions
 
     @property
     def label(self) -> str:
@@ -102,9 +99,10 @@ class QuantizeResult:
 
 def parse_format(checkpoint_format: Any) -> str:
     """``--format``: ``modelopt`` (the default) or ``compressed-tensors``; a QuantizationError otherwise."""
-    if not isinstance(checkpoint_format, str) or checkpoint_format.strip().lower() not in FORMATS:
-        raise QuantizationError(f"--format must be one of {', '.join(FORMATS)}, got {checkpoint_format!r:.80}")
-    return checkpoint_format.strip().lower()
+    if not isinstance(checkpoint_format, str) or checkpoint_format.strip().lower() not in QUANTIZED_FORMATS:
+        raise QuantizationError(f"--format must be one of {', '.join(QUANTIZED_FORMATS)}, "
+                                f"got {checkpoint_format!r:.80}")
+    return CheckpointFormat(checkpoint_format.strip().lower())
 
 
 def parse_algo(algo: str | QuantAlgo) -> QuantAlgo:
@@ -189,7 +187,7 @@ def quantize_checkpoint(
     progress: ProgressFn | None = None,
     scale_search: str = "max",
     gate: GateFn | None = None,
-    checkpoint_format: str = MODELOPT,
+    checkpoint_format: str = CheckpointFormat.MODELOPT,
 ) -> QuantizeResult:
     """Quantize the LM head of ``checkpoint`` into a new ModelOpt-format directory ``out``
     (``checkpoint_format="compressed-tensors"``: a compressed-tensors directory, written by that library).
@@ -214,9 +212,10 @@ def quantize_checkpoint(
     """
     quant_algo = parse_algo(algo)
     fmt = parse_format(checkpoint_format)
-    if fmt == COMPRESSED_TENSORS and scale_search != "max":
-        raise QuantizationError(f"--scale-search {scale_search} is for --format {MODELOPT}: with --format "
-                                f"{COMPRESSED_TENSORS} the compressed-tensors library computes the block scales")
+    if fmt == CheckpointFormat.COMPRESSED_TENSORS and scale_search != "max":
+        raise QuantizationError(f"--scale-search {scale_search} is for --format {CheckpointFormat.MODELOPT}: with "
+                                f"--format {CheckpointFormat.COMPRESSED_TENSORS} the compressed-tensors library "
+                                "computes the block scales")
     if scale_search not in SCALE_SEARCHES:
         raise QuantizationError(f"--scale-search must be one of {', '.join(SCALE_SEARCHES)}, got {scale_search!r}")
     if scale_search != "max" and quant_algo is not QuantAlgo.NVFP4:
@@ -227,7 +226,7 @@ def quantize_checkpoint(
     if scale_search == "mse-act" and calib is None:
         raise QuantizationError("--scale-search mse-act weights the search by calibration activations: "
                                 "give --calib (with --weight-only for W4A16)")
-    if fmt == COMPRESSED_TENSORS:
+    if fmt == CheckpointFormat.COMPRESSED_TENSORS:
 
         import_compressed_tensors()  # before the work
     check_target(Path(out), force, is_quantized_output)  # before the work: never minutes of it for a refusal
@@ -239,13 +238,13 @@ def quantize_checkpoint(
     # The family's bias goes with the head (float32, as stored); its scale / soft-cap go in config.json.
     family = family_of(ckpt, head_tensor=name, hidden_size=hidden, need_embedding=False)
     extra = {"lm_head.bias": ckpt.read(family.bias_tensor).float()} if family.bias_tensor else {}
-    if extra and fmt == COMPRESSED_TENSORS:
-        raise QuantizationError(f"--format {COMPRESSED_TENSORS}: the head has a bias ({family.bias_tensor}); "
-                                f"write it with --format {MODELOPT}")
+    if extra and fmt == CheckpointFormat.COMPRESSED_TENSORS:
+        raise QuantizationError(f"--format {CheckpointFormat.COMPRESSED_TENSORS}: the head has a bias "
+                                f"({family.bias_tensor}); write it with --format {CheckpointFormat.MODELOPT}")
     if isinstance(calib, (str, Path)):
         calib = load_calibration(calib)
     calib_rows = 0 if calib is None else int(calib.shape[0])
-    if fmt == COMPRESSED_TENSORS:
+    if fmt == CheckpointFormat.COMPRESSED_TENSORS:
         return _quantize_ct(ckpt, checkpoint, Path(out), quant_algo, name, tied, weight,
                             None if weight_only or calib is None else calib, weight_only=weight_only,
                             calib_rows=calib_rows, batch_rows=batch_rows, force=force, progress=progress, gate=gate)
@@ -292,7 +291,7 @@ def quantize_checkpoint(
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
                   "algo": quant_algo.value, "source": str(checkpoint), "tensor": name, "scale_search": scale_search,
-                  "checkpoint_format": MODELOPT}
+                  "checkpoint_format": CheckpointFormat.MODELOPT}
         (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         producer = "trtvocab quantize (modelopt export" + ("; NVFP4 block scales by MSE search)"
                                                            if scale_search == "mse" else ")")
@@ -349,7 +348,7 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
     result = QuantizeResult(out=out, algo=algo, activation=activation, source_tensor=name, tied=tied,
                             vocab_size=vocab, hidden_size=hidden, weight_amax=head.weight_amax,
                             input_amax=head.input_amax, calib_rows=calib_rows, tensors=written, notes=notes,
-                            checkpoint_format=COMPRESSED_TENSORS)
+                            checkpoint_format=CheckpointFormat.COMPRESSED_TENSORS)
     if gate is not None:
         failures = gate(modelopt_named(head.tensors, algo), QuantConfig(quant_algo=algo, activation=activation))
         if failures:
@@ -361,7 +360,8 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
                   "algo": algo.value, "source": str(checkpoint), "tensor": name, "scale_search": "max",
-                  "checkpoint_format": COMPRESSED_TENSORS, "compressed_tensors": head.library_version}
+                  "checkpoint_format": CheckpointFormat.COMPRESSED_TENSORS,
+                  "compressed_tensors": head.library_version}
         (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         metadata = {"format": "pt", "producer": f"trtvocab quantize (compressed-tensors {head.library_version})"}
         save_file(head.tensors, str(stage / "model.safetensors"), metadata=metadata)
@@ -392,5 +392,5 @@ def _search_nvfp4_scales(tensors: dict[str, torch.Tensor], weight: torch.Tensor,
     tensors["lm_head.weight_scale"] = searched["weight_scale"].contiguous()
 
 
-__all__ = ["FORMATS", "LM_HEAD_NAME", "GateFn", "QuantizeResult", "hf_quant_config", "modelopt_config",
+__all__ = ["LM_HEAD_NAME", "GateFn", "QuantizeResult", "hf_quant_config", "modelopt_config",
            "parse_format", "quantize_checkpoint", "quantize_head", "read_head"]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trtvocab.base.family import EmbeddingOps, Family
-from trtvocab.base.formats import Activation, Granularity, WeightFormat
+from trtvocab.base.formats import Activation, CheckpointFormat, Granularity, WeightFormat
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.families import family_of
 from trtvocab.checkpoints.names import EMBEDDING_NAMES, find_embedding
@@ -153,7 +153,7 @@ class HeadSource:
             return self.tensors
         if self.decision.notice:
             warnings.warn(self.decision.notice, stacklevel=3)
-        if self.decision.checkpoint_format == ct.CHECKPOINT_FORMAT:
+        if self.decision.checkpoint_format is CheckpointFormat.COMPRESSED_TENSORS:
             # compressed-tensors: dequantized lazily as its decompress does, or renamed to ModelOpt's tensors.
             if self.decision.dequantize:
                 warnings.warn(self.decision.warning or "dequantizing the stored LM head", stacklevel=3)
