@@ -32,14 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantized_head import random_tensors
 
 from trtvocab import QuantAlgo
-from trtvocab.kernels import build, gemm, runtime
+from trtvocab.kernels import compile as kcompile
+from trtvocab.kernels import gemm, library
 from trtvocab.quant import nvfp4
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("fused.cpp", "treesum.cpp")
 
 
-def build_revision(rev: str, folder: Path) -> build.Loaded:
+def build_revision(rev: str, folder: Path) -> kcompile.Loaded:
     """The kernel library of ``rev``'s sources, built with this tree's flags in ``folder``."""
     from torch.utils import cpp_extension
 
@@ -51,12 +52,12 @@ def build_revision(rev: str, folder: Path) -> build.Loaded:
             (folder / name).write_bytes(shown.stdout)
             names.append(name)
     lib = "trtvocab_ab_base"
-    path = cpp_extension.load(name=lib, sources=[str(folder / n) for n in names], extra_cflags=build.cflags(),
+    path = cpp_extension.load(name=lib, sources=[str(folder / n) for n in names], extra_cflags=kcompile.cflags(),
                               extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False)
-    return build.bind(Path(path))
+    return kcompile.bind(Path(path))
 
 
-Call = Callable[[build.Loaded], torch.Tensor]
+Call = Callable[[kcompile.Loaded], torch.Tensor]
 
 
 def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -> Call:
@@ -81,7 +82,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    new = runtime.require()
+    new = library.require()
     with tempfile.TemporaryDirectory(prefix="trtvocab-ab-") as tmp:
         base = build_revision(args.base, Path(tmp))
         print(f"base {args.base}: {base.path}\nnew  working tree: {new.path}\n"

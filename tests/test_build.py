@@ -26,7 +26,7 @@ from trtvocab.commands.cli import app
 from trtvocab.errors import ArtifactError, EngineUnavailableError
 from trtvocab.export.records import EngineBuild, Profile
 from trtvocab.pipeline.build import build
-from trtvocab.pipeline.runtime import infer
+from trtvocab.pipeline.infer import infer
 
 V, H, TP = 1001, 64, 3
 HAVE_RTX = importlib.util.find_spec("tensorrt_rtx") is not None

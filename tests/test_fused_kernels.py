@@ -36,7 +36,8 @@ import pytest
 import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, kernels
-from trtvocab.kernels import gemm, runtime
+from trtvocab.kernels import gemm, library
+from trtvocab.kernels.__main__ import main as kernels_main
 from trtvocab.quant import nvfp4
 
 F8 = torch.float8_e4m3fn
@@ -310,9 +311,9 @@ def test_build_failure_falls_back_and_says_why(monkeypatch, caplog):
         raise RuntimeError("Error building extension 'trtvocab_fused': c++: not found")
 
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
-    monkeypatch.setattr(runtime, "_loaded", None)
-    monkeypatch.setattr(runtime, "_failure", None)
-    monkeypatch.setattr(runtime, "_build", broken)
+    monkeypatch.setattr(library, "_loaded", None)
+    monkeypatch.setattr(library, "_failure", None)
+    monkeypatch.setattr(library, "_build", broken)
     with caplog.at_level("WARNING", logger=kernels.__name__):
         assert kernels.load() is None
         assert kernels.load() is None  # logged once, not per call
@@ -325,10 +326,10 @@ def test_build_failure_falls_back_and_says_why(monkeypatch, caplog):
 
 def test_cli_build(capsys, monkeypatch):
     monkeypatch.setenv(kernels.ENV_VAR, "0")
-    assert kernels.main(["--build"]) == 0
+    assert kernels_main(["--build"]) == 0
     assert "disabled" in capsys.readouterr().out
     monkeypatch.delenv(kernels.ENV_VAR)
-    assert kernels.main(["--build"]) == 0
+    assert kernels_main(["--build"]) == 0
     out = capsys.readouterr().out
     assert ("self-check passed" in out) == kernels.available(), out
 
@@ -489,7 +490,7 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
         loaded = kernels.load_isa(request.param)
     except Exception as exc:  # no compiler here: the fused tests above skip for the same reason
         pytest.skip(f"{request.param} build unavailable: {exc}")
-    monkeypatch.setattr(runtime, "_loaded", loaded)
+    monkeypatch.setattr(library, "_loaded", loaded)
     return request.param
 
 

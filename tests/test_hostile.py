@@ -534,7 +534,7 @@ def test_listed_symlink_leading_outside_is_refused(art: Path, tmp_path: Path) ->
 
 @pytest.mark.ranks  # infer on the tp 2 artifact launches the ranks itself
 def test_context_logits_edited_everywhere_is_caught_by_the_graph(art: Path, tmp_path: Path) -> None:
-    from trtvocab.pipeline.runtime import infer
+    from trtvocab.pipeline.infer import infer
 
     root = copy_art(art, tmp_path / "c")
     edit_manifest(root, _both(_set("head.context_logits", True), _set("recipe.lm_head.context_logits", True)))
@@ -624,7 +624,7 @@ def test_inf_in_a_checkpoint_is_refused(tmp_path: Path) -> None:
 
 def test_nan_hidden_states_are_refused_by_head_processor_and_runtime(art: Path) -> None:
     from trtvocab import LMHead, LogitsProcessor
-    from trtvocab.pipeline.runtime import infer
+    from trtvocab.pipeline.infer import infer
 
     head = LMHead(V, H, dtype=torch.float32)
     head.load_weights({"weight": torch.randn(V, H)})
@@ -802,12 +802,12 @@ def test_seq_lens_whose_int64_sum_wraps_are_refused() -> None:
 @pytest.fixture
 def no_inference(monkeypatch) -> None:
     """Fail the test if the CLI runs inference: every refusal below must come before it."""
-    import trtvocab.pipeline.runtime
+    import trtvocab.pipeline.infer
 
     def ran(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("inference ran before the arguments were checked")
 
-    monkeypatch.setattr(trtvocab.pipeline.runtime, "infer", ran)
+    monkeypatch.setattr(trtvocab.pipeline.infer, "infer", ran)
 
 
 @pytest.fixture

@@ -394,7 +394,7 @@ def infer(
     from trtvocab.checkpoints.hidden_file import load_hidden, load_last_tokens
     from trtvocab.checkpoints.hidden_states import decoder
     from trtvocab.parallel.distributed import init_from_env
-    from trtvocab.pipeline.runtime import infer as run_infer
+    from trtvocab.pipeline.infer import infer as run_infer
 
     # Everything that can be refused is refused before the ranks start (and before
     # minutes of inference): the options, the output path, the hidden file and its metadata.
