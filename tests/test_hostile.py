@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from trtvocab.artifact import store as artifacts
 from trtvocab.artifact.recipe import load_recipe, parse_recipe
-from trtvocab.base import fsutil
+from trtvocab.base import publish
 from trtvocab.commands.cli import app
 from trtvocab.errors import (
     ArtifactError,
@@ -200,9 +200,9 @@ def test_concurrent_publication_exactly_one_wins(tmp_path: Path) -> None:
     replace it (the exists-check at the start is long past)."""
     out = tmp_path / "race"
     with pytest.raises(ArtifactError, match="appeared while this run was building") as info:
-        with fsutil.staging(out, force=False, is_ours=artifacts.is_artifact) as first:
+        with publish.staging(out, force=False, is_ours=artifacts.is_artifact) as first:
             (first / "who").write_text("first")
-            with fsutil.staging(out, force=False, is_ours=artifacts.is_artifact) as second:
+            with publish.staging(out, force=False, is_ours=artifacts.is_artifact) as second:
                 (second / "who").write_text("second")
     assert str(out) in str(info.value)
     assert (out / "who").read_text() == "second"
@@ -227,7 +227,7 @@ def test_two_concurrent_cli_builds_one_wins(tmp_path: Path) -> None:
 
 def test_stale_private_folders_of_ours_are_cleaned_and_nothing_else(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    host = fsutil._HOST
+    host = publish._HOST
     gone = dead_pid()
     stale = tmp_path / f".a.building-{host}-{gone}-deadbeef"
     live = tmp_path / f".a.building-{host}-{os.getpid()}-cafef00d"
@@ -245,7 +245,7 @@ def test_stale_private_folders_of_ours_are_cleaned_and_nothing_else(tmp_path: Pa
 
 def test_crash_between_the_fallback_renames_gives_the_old_artifact_back(art: Path, tmp_path: Path) -> None:
     """Killed between ``out -> .NAME.old-*`` and ``stage -> out``: the next run restores the old one."""
-    hidden_old = tmp_path / f".a.old-{fsutil._HOST}-{dead_pid()}-0000abcd"
+    hidden_old = tmp_path / f".a.old-{publish._HOST}-{dead_pid()}-0000abcd"
     copy_art(art, hidden_old)
     out = tmp_path / "a"
     with pytest.raises(ArtifactError, match="already exists"):
@@ -256,7 +256,7 @@ def test_crash_between_the_fallback_renames_gives_the_old_artifact_back(art: Pat
 
 def test_force_publication_is_old_or_new_at_every_step(art: Path, tmp_path: Path, monkeypatch) -> None:
     out = copy_art(art, tmp_path / "a")
-    real = fsutil._renameat2
+    real = publish._renameat2
     seen: list[bool] = []
 
     def spy(src: Path, dst: Path, flags: int) -> bool:
@@ -265,7 +265,7 @@ def test_force_publication_is_old_or_new_at_every_step(art: Path, tmp_path: Path
         seen.append(artifacts.is_artifact(out))
         return done
 
-    monkeypatch.setattr(fsutil, "_renameat2", spy)
+    monkeypatch.setattr(publish, "_renameat2", spy)
     build(parse_recipe(recipe_dict(out, onnx=False), "s.toml"), force=True)
     assert seen and all(seen)
     assert sorted(artifacts.read_manifest(out).files) == ["rank0/weights.safetensors", "rank1/weights.safetensors"]
@@ -275,15 +275,15 @@ def test_fallback_publication_failure_keeps_the_old_artifact(art: Path, tmp_path
     """Without renameat2 (another OS or filesystem) publication takes two renames; a failure of the
     second puts the old artifact back."""
     out = copy_art(art, tmp_path / "a")
-    monkeypatch.setattr(fsutil, "_renameat2", lambda src, dst, flags: False)
-    real = fsutil._rename_noreplace
+    monkeypatch.setattr(publish, "_renameat2", lambda src, dst, flags: False)
+    real = publish._rename_noreplace
 
     def fail_publish(src: Path, dst: Path) -> None:
         if ".building-" in Path(src).name:
             raise OSError(5, "Input/output error", str(dst))
         real(src, dst)
 
-    monkeypatch.setattr(fsutil, "_rename_noreplace", fail_publish)
+    monkeypatch.setattr(publish, "_rename_noreplace", fail_publish)
     with pytest.raises(OSError, match="Input/output error"):
         build(parse_recipe(recipe_dict(out, onnx=False), "s.toml"), force=True)
     assert artifacts.read_manifest(out).files == artifacts.read_manifest(art).files
@@ -293,9 +293,9 @@ def test_fallback_publication_failure_keeps_the_old_artifact(art: Path, tmp_path
 def test_published_files_and_folders_are_fsynced(tmp_path: Path, monkeypatch) -> None:
     files: list[str] = []
     folders: list[str] = []
-    real_file, real_dir = fsutil.fsync_file, fsutil.fsync_dir
-    monkeypatch.setattr(fsutil, "fsync_file", lambda p: (files.append(Path(p).name), real_file(p)))
-    monkeypatch.setattr(fsutil, "fsync_dir", lambda p: (folders.append(str(p)), real_dir(p)))
+    real_file, real_dir = publish.fsync_file, publish.fsync_dir
+    monkeypatch.setattr(publish, "fsync_file", lambda p: (files.append(Path(p).name), real_file(p)))
+    monkeypatch.setattr(publish, "fsync_dir", lambda p: (folders.append(str(p)), real_dir(p)))
     out = tmp_path / "a"
     build(parse_recipe(recipe_dict(out, onnx=False), "s.toml"))
     assert {"weights.safetensors", "manifest.json"} <= set(files)
@@ -357,7 +357,7 @@ HANG_SCRIPT = textwrap.dedent("""
     redigest(d, lambda m: m["files"].update({"rank0/weights.safetensors": empty}))
     case("weights symlink to /dev/zero", lambda: read_manifest(d))
 
-    from trtvocab.base.fsutil import sha256_file
+    from trtvocab.base.safe_read import sha256_file
     from trtvocab.base.safetensors_header import read_safetensors_header
     from trtvocab.errors import InputError
     case("hash of /dev/zero, 0 bytes recorded", lambda: sha256_file("/dev/zero", limit=0))
@@ -926,7 +926,7 @@ def _enospc_manifest(monkeypatch) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(fsutil, "open", full, raising=False)
+    monkeypatch.setattr(publish, "open", full, raising=False)
 
 
 DISK_FULL = {"weights ENOSPC": (_enospc_safetensors, "rank0/weights.safetensors", "No space left on device (ENOSPC)"),
@@ -1012,7 +1012,7 @@ def test_cli_infer_out_on_a_full_disk_is_one_error_line(art: Path, hidden_file: 
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(fsutil, "open", full, raising=False)
+    monkeypatch.setattr(publish, "open", full, raising=False)
     assert_cli_error(*cli("infer", str(art), "--hidden", str(hidden_file), "--backend", "torch", "--out", str(logits)),
                      "WriteError", str(logits), "No space left on device (ENOSPC)")
     assert logits.read_bytes() == b"old"

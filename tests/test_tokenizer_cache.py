@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtvocab.base.fsutil import sha256_file
+from trtvocab.base.safe_read import sha256_file
 from trtvocab.checkpoints import hf_loader
 from trtvocab.checkpoints.hidden_states import decoder, token_text
 

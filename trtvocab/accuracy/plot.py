@@ -40,7 +40,7 @@ def plot_report(report: Any, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from trtvocab.base.fsutil import atomic_write_bytes
+    from trtvocab.base.publish import atomic_write_bytes
 
     if not report.variants:
         raise InputError("nothing to plot: the report has no variants")

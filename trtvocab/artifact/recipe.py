@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from trtvocab.base.dtypes import DtypeName
-from trtvocab.base.fsutil import read_regular
+from trtvocab.base.safe_read import read_regular
 from trtvocab.errors import ConfigError, TrtVocabError
 from trtvocab.export.records import Profile
 from trtvocab.parallel.mapping import Mapping

@@ -9,7 +9,7 @@
     OUT/rank{r}/lm_head.plan          TensorRT engine, only where TensorRT and a suitable GPU exist
 
 A build writes into a private sibling folder and publishes it atomically
-(:func:`trtvocab.base.fsutil.staging`): a reader sees the old artifact or the new one, never a
+(:func:`trtvocab.base.publish.staging`): a reader sees the old artifact or the new one, never a
 mix. The schema is :class:`trtvocab.artifact.manifest.Manifest`; this module is the only reader
 and writer of the file. What loading checks (:func:`read_manifest`): the section below.
 """
@@ -28,14 +28,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from trtvocab.artifact.manifest import FileRecord, Manifest, RankEntry
-from trtvocab.base.fsutil import (
-    atomic_write_bytes,
-    load_json_file,
-    parse_json,
-    read_regular,
-    sha256_file,
-)
-from trtvocab.base.fsutil import staging as _staging
+from trtvocab.base.publish import atomic_write_bytes
+from trtvocab.base.publish import staging as _staging
+from trtvocab.base.safe_read import load_json_file, parse_json, read_regular, sha256_file
 from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.errors import ArtifactError, TrtVocabError
 from trtvocab.version import __version__
@@ -89,7 +84,7 @@ def is_artifact(path: Path) -> bool:
 
 @contextmanager
 def staging(out: Path, *, force: bool) -> Iterator[Path]:
-    """Build into a private folder, publish it as ``out`` (see :func:`trtvocab.base.fsutil.staging`);
+    """Build into a private folder, publish it as ``out`` (see :func:`trtvocab.base.publish.staging`);
     ``force`` replaces only an empty folder or one that :func:`is_artifact` recognizes."""
     with _staging(out, force=force, is_ours=is_artifact) as stage:
         yield stage

@@ -26,8 +26,9 @@ import torch
 from trtvocab.artifact.manifest import EngineRecord, Manifest
 from trtvocab.backends.base import RankLogits
 from trtvocab.base.formats import EMBED_IDS, EMBED_ROWS, HIDDEN, LOGITS, SEQ_LENS, Runtime
-from trtvocab.base.fsutil import atomic_write_bytes, read_regular, sha256_bytes
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
+from trtvocab.base.publish import atomic_write_bytes
+from trtvocab.base.safe_read import read_regular, sha256_bytes
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.export.targets import Compiler, target_name
 from trtvocab.export.tensorrt import cuda_device, import_compiler, recording_logger

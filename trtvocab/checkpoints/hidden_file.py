@@ -14,8 +14,9 @@ from typing import NamedTuple
 
 import torch
 
-from trtvocab.base.fsutil import atomic_write_bytes, open_regular
 from trtvocab.base.inputs import check_hidden_states
+from trtvocab.base.publish import atomic_write_bytes
+from trtvocab.base.safe_read import open_regular
 from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.checkpoints.hf_loader import first_line
 from trtvocab.errors import InputError

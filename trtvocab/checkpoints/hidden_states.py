@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trtvocab.base.fsutil import open_regular
+from trtvocab.base.safe_read import open_regular
 from trtvocab.checkpoints import hf_loader
 from trtvocab.errors import InputError
 

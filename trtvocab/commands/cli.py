@@ -21,8 +21,8 @@ from rich.table import Table
 
 # Only torch-free modules at the top: `trtvocab --help` must not import torch (tests/test_cli_help.py). The
 # commands import the library (and so torch) inside their bodies: the one kind of function-local import kept.
-from trtvocab.base.fsutil import atomic_write_bytes
 from trtvocab.base.limits import GRAMMAR_LIMITS_HELP, MAX_REGEX_CHARS
+from trtvocab.base.publish import atomic_write_bytes
 from trtvocab.base.units import human_bytes as human
 from trtvocab.checkpoints.real_models import MODELS, find, model_path
 from trtvocab.checkpoints.real_models import assemble as assemble_model

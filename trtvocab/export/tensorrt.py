@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from trtvocab.base.formats import EMBED_IDS, SEQ_LENS, WeightFormat
-from trtvocab.base.fsutil import atomic_write_bytes, read_regular, sha256_bytes
+from trtvocab.base.publish import atomic_write_bytes
+from trtvocab.base.safe_read import read_regular, sha256_bytes
 from trtvocab.errors import ConfigError, EngineUnavailableError, QuantizationError
 from trtvocab.export.contract import GraphInfo, check_engine, describe_graph
 from trtvocab.export.layer_table import parse_layer_table

@@ -27,7 +27,8 @@ import torch
 
 from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import QUANTIZED_FORMATS, Activation, CheckpointFormat
-from trtvocab.base.fsutil import check_destination, check_target, default_mode, load_json_file, staging, writing
+from trtvocab.base.publish import check_destination, check_target, default_mode, staging, writing
+from trtvocab.base.safe_read import load_json_file
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.families import family_of, hf_config_fields
 from trtvocab.checkpoints.hidden_file import load_hidden

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import torch
 
-from trtvocab.base.fsutil import read_regular
 from trtvocab.base.limits import (  # the limits live torch-free, for the CLI's --help
     GRAMMAR_TIMEOUT_ENV,
     GRAMMAR_TIMEOUT_S,
@@ -37,6 +36,7 @@ from trtvocab.base.limits import (  # the limits live torch-free, for the CLI's 
     RANK_GRAMMAR_TIMEOUT_FACTOR,
     UNSUPPORTED_SCHEMA_KEYWORDS,
 )
+from trtvocab.base.safe_read import read_regular
 from trtvocab.errors import ConfigError, GrammarError, InputError
 
 JSON_ANY_WHITESPACE = False  # xgrammar JSON: compact separators, no free whitespace
