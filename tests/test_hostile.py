@@ -45,7 +45,6 @@ from trtvocab.errors import (
 )
 from trtvocab.pipeline.build import build
 
-REPO = Path(__file__).resolve().parents[1]
 V, H, TP = 101, 16, 2  # 101 = 51 + 50: rank 0 owns [0, 51), rank 1 [51, 101)
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

@@ -82,7 +82,7 @@ def test_cli_plan_needs_shape() -> None:
 # ---- the ledger (both ends of the vocabulary dimension) ---------------------------------------
 DEEPSEEK = ["--vocab", "129280", "--hidden", "5120", "--tp", "8", "--batch", "256", "--tokens", "8192",
             "--link-gbs", "300", "--tflops", "600"]
-MB, GB = 10**6, 10**9
+MB = 10**6
 
 
 def _json(args: list[str]) -> dict:

@@ -332,14 +332,3 @@ def verify_files(root: Path, manifest: Manifest) -> None:
         if sha256_file(path, limit=meta.bytes, what="artifact file") != meta.sha256 or \
                 os.stat(path).st_size != meta.bytes:
             raise ArtifactError(f"{path}: checksum mismatch (corrupt or modified since the build)")
-
-
-def read_artifact_file(root: Path, manifest: Manifest, rel: str, what: str) -> bytes:
-    """The bytes of a listed artifact file, reading at most its recorded size (plan files)."""
-    if rel not in manifest.files:
-        raise ArtifactError(f"{Path(root) / rel}: not listed in the manifest's files")
-    path = check_path(root, rel, f"files[{rel!r}]")
-    data = read_regular(path, what, max_bytes=manifest.files[rel].bytes)
-    if len(data) != manifest.files[rel].bytes:
-        raise ArtifactError(f"{path}: {len(data)} bytes, the manifest records {manifest.files[rel].bytes}")
-    return data

@@ -97,11 +97,6 @@ def import_compiler(compiler: Compiler | str) -> Toolkit:
     return Toolkit(compiler, trt)
 
 
-def import_tensorrt() -> Any:
-    """Standard TensorRT's module (the runner of standard plans)."""
-    return import_compiler(Compiler.TENSORRT).trt
-
-
 def cuda_device() -> Any:
     import torch
 

@@ -65,7 +65,6 @@ CT_METHOD = "compressed-tensors"
 FP8_FORMATS = ("float-quantized", "naive-quantized")
 NVFP4_FORMAT = "nvfp4-pack-quantized"
 DENSE_FORMAT = "dense"
-MIXED_FORMAT = "mixed-precision"
 COMPRESSED = "compressed"
 # HF module classes (with their MRO) the matcher sees for the two modules trtvocab reads.
 HEAD_CLASSES = ("Linear", "Module")
