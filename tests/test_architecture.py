@@ -98,6 +98,10 @@ def test_dense_head_exposes_its_weight_read_only() -> None:
 
 
 MAX_MODULE_DOCSTRING_LINES = 18  # a summary and a pointer into docs/; the details live there
+# Text that points outside the repository (a design file, the issue tracker) or reads as a work diary: a reader
+# of a clone has neither the file nor the session. Say the property, or link a file under docs/.
+OUTSIDE = re.compile(r"DESIGN(\.md| §)|\.\./shared|\bissues? #?\d+", re.IGNORECASE)
+DIARY = re.compile(r"this session|first version|measured on this machine", re.IGNORECASE)
 
 
 def test_module_docstrings_are_short_and_point_inside_the_repository() -> None:
@@ -107,10 +111,31 @@ def test_module_docstrings_are_short_and_point_inside_the_repository() -> None:
         name = str(path.relative_to(ROOT))
         if len(doc.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
             long.append(f"{name}: {len(doc.splitlines())} lines")
-        if re.search(r"DESIGN(\.md| §)|\.\./shared", doc):
+        if OUTSIDE.search(doc):
             outside.append(name)
-        if re.search(r"this session|first version|measured on this machine", doc, re.IGNORECASE):
+        if DIARY.search(doc):
             diary.append(name)
     assert not long, long
     assert not outside, f"docstrings citing files outside the repository: {outside}"
     assert not diary, f"diary text in docstrings: {diary}"
+
+
+def test_docs_point_inside_the_repository_and_keep_no_diary() -> None:
+    """The same rule for the README and docs/: each hit is named with its line."""
+    outside, diary = [], []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for i, line in enumerate(doc.read_text().splitlines(), 1):
+            where = f"{doc.relative_to(ROOT)}:{i}"
+            if OUTSIDE.search(line):
+                outside.append(where)
+            if DIARY.search(line):
+                diary.append(where)
+    assert not outside, f"docs citing files or trackers outside the repository: {outside}"
+    assert not diary, f"diary text in docs: {diary}"
+
+
+def test_the_text_rules_catch_what_they_name() -> None:
+    """The checker itself, on lines it must refuse and lines it must let through."""
+    assert OUTSIDE.search("fixed in issue 37") and OUTSIDE.search("see DESIGN §9") and OUTSIDE.search("../shared/x")
+    assert DIARY.search("Measured on this machine") and DIARY.search("this session's first version")
+    assert not OUTSIDE.search("tissue 3 of the issues list") and not DIARY.search("measured by benchmarks/compare.py")

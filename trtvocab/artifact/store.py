@@ -306,7 +306,7 @@ def check_rank_headers(root: Path, m: Manifest) -> None:
 
 # What earlier runners wrote beside a TensorRT-RTX plan after its first run. trtvocab never opens them
 # (runtime caches live outside the artifact: trtvocab.backends.tensorrt.runtime_cache_path), so they
-# are the one unlisted thing a rank folder may hold: an artifact run once is not refused (issue 37, H3).
+# are the one unlisted thing a rank folder may hold: an artifact run once is not refused.
 LEGACY_RUNTIME_CACHES = frozenset({"lm_head.plan.runtime-cache", "embedding.plan.runtime-cache"})
 
 

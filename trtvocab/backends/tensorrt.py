@@ -41,7 +41,7 @@ RUNTIME_CACHE_ENV = "TRTVOCAB_RUNTIME_CACHE_DIR"
 def runtime_cache_dir() -> Path:
     """Where TensorRT-RTX runtime caches live: ``$TRTVOCAB_RUNTIME_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/trtvocab/rtx-runtime-cache``, else ``~/.cache/trtvocab/rtx-runtime-cache``.
-    Never inside an artifact: its rank folders hold only the files its manifest lists (issue 37, H3)."""
+    Never inside an artifact: its rank folders hold only the files its manifest lists."""
     if os.environ.get(RUNTIME_CACHE_ENV):
         return Path(os.environ[RUNTIME_CACHE_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

@@ -282,7 +282,7 @@ def _timing_cache(config: Any, path: Path, logger: Any, version: str) -> Any:
     """The timing cache at ``path`` (``[engine] timing_cache``; recipe content, not trusted), which the
     build then replaces atomically: so it must be absent or a regular file that TensorRT deserializes
     as a timing cache. Anything else (``~/.bashrc``, ``/etc/passwd``, a FIFO) is refused with a
-    :class:`ConfigError` before building, and never overwritten (issue 37, A1)."""
+    :class:`ConfigError` before building, and never overwritten."""
     what = f"[engine] timing_cache {path}"
     if not os.path.lexists(path):
         return config.create_timing_cache(b"")

@@ -228,7 +228,7 @@ def _refuse_unrecognised_ct(ckpt: Checkpoint, module: str, section: Any) -> None
     """A head stored with compressed-tensors-only tensors (``weight_packed``, ``weight_global_scale``,
     ``input_global_scale``, ``weight_zero_point``, an FP8 weight whose ``weight_scale`` is in the model
     dtype) under a config that is not ``quant_method: "compressed-tensors"`` (null, missing, another
-    case, a list) is refused naming ``quant_method``, not read by the ModelOpt rules (issue 37, M2)."""
+    case, a list) is refused naming ``quant_method``, not read by the ModelOpt rules."""
     if ckpt.hf_quant_config is not None:
         return
     names = [f"{module}.{k}" for k in ("weight_packed", "weight_global_scale", "input_global_scale",
