@@ -55,6 +55,19 @@ def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
         "trtvocab.low.l (low) -> trtvocab.high.h (high)"]
 
 
+def test_imports_inside_functions_are_only_where_a_reason_is_listed(tmp_path: Path) -> None:
+    """A ``trtvocab`` import inside a function sits only in a module of ``LOCAL_REASONS`` (CLI start-up,
+    optional dependencies); the scan itself sees one in a nested function."""
+    found = import_graph.local_imports(ROOT)
+    assert found and {m for m, _, _ in found} <= set(import_graph.LOCAL_REASONS)
+    pkg = tmp_path / "trtvocab"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import trtvocab\n\ndef f():\n    def g():\n        from trtvocab import b\n")
+    (pkg / "b.py").write_text("")
+    assert import_graph.local_imports(tmp_path) == [("trtvocab.a", 5, "trtvocab")]
+
+
 def test_writers_never_import_runners() -> None:
     graph = import_graph.edges(ROOT)
     for writer in ("trtvocab.export.onnx", "trtvocab.export.tensorrt"):

@@ -33,6 +33,7 @@ from trtvocab.base.publish import staging as _staging
 from trtvocab.base.safe_read import load_json_file, parse_json, read_regular, sha256_file
 from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.errors import ArtifactError, TrtVocabError
+from trtvocab.parallel.sharding import vocab_shard
 from trtvocab.version import __version__
 
 # ---- what loading checks (read_manifest) ----------------------------------------------------------
@@ -182,8 +183,6 @@ def check_path(root: Path, rel: str, field: str) -> Path:
 
 def check_consistency(root: Path, m: Manifest) -> None:
     """Refuse a manifest that disagrees with itself or with :func:`trtvocab.parallel.sharding.vocab_shard`."""
-    from trtvocab.parallel.sharding import vocab_shard
-
     recipe, head = m.recipe, m.head
     for key in type(recipe.lm_head).model_fields:
         if getattr(head, key) != getattr(recipe.lm_head, key):

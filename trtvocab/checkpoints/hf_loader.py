@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trtvocab.base.safe_read import open_regular
+from trtvocab.base.safe_read import open_regular, sha256_file
 from trtvocab.errors import CheckpointError, ConfigError
 
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
@@ -179,8 +179,6 @@ def gguf_tokenizer(path: str | Path, transformers: Any = None) -> Any:
     merges are read from the file's metadata), and the result is kept in ``cache_dir()/tokenizers/SHA256``
     (the file's sha256: another file, or the same name rewritten, is another entry), published by a rename
     so that a reader never sees half an entry. A cache that cannot be written or read is skipped."""
-    from trtvocab.base.safe_read import sha256_file
-
     transformers = transformers or quiet_transformers()
     path = Path(path)
     entry = cache_dir() / "tokenizers" / sha256_file(path, what="GGUF model", error=CheckpointError)

@@ -31,6 +31,7 @@ from trtvocab.base.dtypes import head_dtype
 from trtvocab.base.family import Family
 from trtvocab.base.formats import Runtime, WeightFormat
 from trtvocab.checkpoints.provenance import head_digest
+from trtvocab.checkpoints.synthetic import SyntheticRows
 from trtvocab.embedding import VocabParallelEmbedding
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.export.records import EngineBuild
@@ -47,8 +48,6 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
     dtype = head_dtype(lh.dtype)
     syn = recipe.checkpoint.synthetic
     if syn is not None:
-        from trtvocab.checkpoints.synthetic import SyntheticRows
-
         head = LMHead(syn.vocab_size, syn.hidden_size, dtype=dtype, mapping=mapping, gather_output=lh.gather_output,
                       vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, **lh.head_options())
         head.load_weights({"weight": SyntheticRows(syn.vocab_size, syn.hidden_size, syn.seed, syn.std)})

@@ -21,6 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trtvocab.base.formats import Activation, Granularity
+from trtvocab.checkpoints.checkpoint import ST_DTYPES
 from trtvocab.errors import CheckpointError, PatternError, QuantizationError
 from trtvocab.quant import patterns
 from trtvocab.quant.fp8 import FP8_DTYPE
@@ -503,8 +504,6 @@ class DecompressedRows:
     """
 
     def __init__(self, ckpt: Checkpoint, module: str, algo: str, hidden: int) -> None:
-        from trtvocab.checkpoints.checkpoint import ST_DTYPES
-
         self.module, self.algo, self.hidden = module, algo, hidden
         if algo == "NVFP4":
             self.codes = ckpt.get_slice(f"{module}.weight_packed")

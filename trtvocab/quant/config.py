@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from trtvocab.base.formats import Activation, CheckpointFormat, Granularity, WeightFormat
+from trtvocab.checkpoints.checkpoint import open_checkpoint
 from trtvocab.errors import QuantizationError
 from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.nvfp4 import BLOCK
@@ -261,8 +262,6 @@ def resolve_lm_head_quant(
 ) -> HeadQuantDecision:
     """Apply the gating rule to a checkpoint (a :class:`Checkpoint` or its path; header probes only)."""
     if not hasattr(ckpt, "hf_quant_config"):
-        from trtvocab.checkpoints.checkpoint import open_checkpoint
-
         ckpt = open_checkpoint(ckpt)  # type: ignore[arg-type]
     if quant not in ("auto", "none"):
         raise QuantizationError(f"quant must be 'auto' or 'none', got {quant!r}")
