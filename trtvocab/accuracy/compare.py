@@ -1,7 +1,7 @@
 """Quantization accuracy of the LM head: a baseline head against quantized variants.
 
-Every head (baseline, checkpoint variants, in-memory ``--simulate`` variants; each a
-:class:`~trtvocab.weights.loader.HeadSource`) runs through the real
+Every head (baseline, checkpoint variants, in-memory ``--simulate`` variants; each a :class:`Variant`
+of a :class:`CheckpointHead` or a :class:`MemoryHead`) runs through the real
 :class:`~trtvocab.lm_head.LMHead` and :class:`~trtvocab.logits.LogitsProcessor`, replicated or
 column-split over ``tp`` gloo ranks, on the same hidden states. The gathered float32 logits are
 compared row by row in float64 with the **global** softmax over the full vocabulary
@@ -30,6 +30,7 @@ from trtvocab.accuracy.plot import plot_report
 from trtvocab.accuracy.report import COLUMNS, TEACHER_FORCED_NOTE, CompareReport, VariantResult
 from trtvocab.accuracy.stats import DEFAULT_BOOTSTRAP, DEFAULT_SEED, check_bootstrap, llamacpp_stats
 from trtvocab.base.dtypes import DTYPES, head_dtype, short_name
+from trtvocab.base.family import Family
 from trtvocab.base.formats import QUANTIZED_FORMATS, Activation, CheckpointFormat, Granularity
 from trtvocab.base.inputs import check_hidden_states
 from trtvocab.checkpoints.checkpoint import open_checkpoint
@@ -43,8 +44,48 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
 from trtvocab.quant.quantize import read_head
 from trtvocab.quant.writer import quantize_head_tensors
-from trtvocab.weights.loader import HeadSource  # what a compared head is made from (re-exported)
 from trtvocab.weights.lora import module_of, open_adapter
+
+
+# ---- what a compared head is made from --------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckpointHead:
+    """A head every rank loads from a checkpoint (``LMHead.from_checkpoint``: the gating rule sees the
+    rank's mapping); ``tensor_name``: the head tensor when not the usual one."""
+
+    path: str
+    tensor_name: str | None = None
+
+
+@dataclass(frozen=True)
+class MemoryHead:
+    """A head in memory: all ``V`` rows under ``load_weights``' keys, their quantization and ``shape``
+    ``(V, H)``; ``family``: what it computes beyond ``x @ W.T`` (the baseline's, for a simulated head)."""
+
+    tensors: dict[str, Any]
+    quant_config: QuantConfig | None
+    shape: tuple[int, int]
+    family: Family | None = None
+
+
+@dataclass
+class Variant:
+    """A compared head and what the report says of it: ``name``, ``toolchain`` (whose quantization it
+    holds: a :class:`~trtvocab.base.formats.CheckpointFormat`, ``"trtvocab (simulated)"``, ``"lora"``, or
+    ``""``: unknown), a ``note`` on how it was made, and ``adapter``: a PEFT LoRA adapter folder the head
+    applies to every row (``LMHead.load_adapter``)."""
+
+    name: str
+    head: CheckpointHead | MemoryHead
+    toolchain: str = ""
+    note: str = ""
+    adapter: str | None = None
+
+    @property
+    def path(self) -> str | None:
+        """The checkpoint folder or file, for a checkpoint head."""
+        return self.head.path if isinstance(self.head, CheckpointHead) else None
+
 
 # ---- toolchain-named variants ------------------------------------------------------------------
 SIMULATED = "trtvocab (simulated)"
@@ -58,8 +99,8 @@ def checkpoint_toolchain(path: str | Path, tensor_name: str | None = None) -> st
     return decision.checkpoint_format if decision.stored is not None else CheckpointFormat.DENSE
 
 
-def parse_variant(text: str) -> HeadSource:
-    """``[TOOLCHAIN:]NAME=DIR`` -> a checkpoint :class:`HeadSource` named ``TOOLCHAIN:NAME`` (or ``NAME``).
+def parse_variant(text: str) -> Variant:
+    """``[TOOLCHAIN:]NAME=DIR`` -> a checkpoint :class:`Variant` named ``TOOLCHAIN:NAME`` (or ``NAME``).
 
     ``TOOLCHAIN`` (``modelopt`` | ``compressed-tensors``) must be the format ``DIR`` stores its
     quantized head in; without it the toolchain is read from the checkpoint. A ConfigError names
@@ -82,7 +123,7 @@ def parse_variant(text: str) -> HeadSource:
     if tool is not None and tool.lower() != actual:
         raise ConfigError(f"--variant {text!r:.120}: {path} is a {actual} checkpoint, not {tool.lower()}")
     label = f"{tool.lower()}:{name}" if tool is not None else name
-    return HeadSource(name=label, path=path, toolchain=actual)
+    return Variant(name=label, head=CheckpointHead(path), toolchain=actual)
 
 
 def _detected_toolchain(path: str) -> str:
@@ -160,45 +201,43 @@ def simulate_tensors(weight: torch.Tensor, spec: SimSpec,
 
 
 def simulate_source(weight: torch.Tensor, spec: SimSpec, calib: torch.Tensor | None, *, family: Any = None,
-                    bias: torch.Tensor | None = None) -> HeadSource:
+                    bias: torch.Tensor | None = None) -> Variant:
     """Quantize a dense ``[V, H]`` head in memory (no checkpoint written); ``family`` / ``bias``: the
     baseline's, so the simulated head computes the same ops after its GEMM."""
     tensors, note = simulate_tensors(weight, spec, calib)
     if bias is not None:
         tensors = {**tensors, "lm_head.bias": bias}
-    return HeadSource(name=f"sim:{spec.text}", tensors=tensors, quant_config=spec.config,
-                      shape=(int(weight.shape[0]), int(weight.shape[1])), note=note, toolchain=SIMULATED,
-                      family=family)
+    return Variant(name=f"sim:{spec.text}", head=MemoryHead(tensors, spec.config, (int(weight.shape[0]),
+                   int(weight.shape[1])), family=family), note=note, toolchain=SIMULATED)
 
 
 # ---- running heads ---------------------------------------------------------------------------
-def build_head(source: HeadSource, mapping: Any, dtype: torch.dtype) -> Any:
-    if source.path is not None:
-        return LMHead.from_checkpoint(source.path, mapping=mapping, dtype=dtype, tensor_name=source.tensor_name)
-    if source.tensors is None or source.shape is None:
-        raise ConfigError(f"{source.name}: a HeadSource needs a path or tensors with a shape")
-    vocab, hidden = source.shape
-    head = LMHead(vocab, hidden, dtype=dtype, mapping=mapping, quant_config=source.quant_config,
-                  head_ops=source.family.head if source.family is not None else None)
-    head.load_weights(source.tensors)
+def build_head(source: Variant, mapping: Any, dtype: torch.dtype) -> Any:
+    made = source.head
+    if isinstance(made, CheckpointHead):
+        return LMHead.from_checkpoint(made.path, mapping=mapping, dtype=dtype, tensor_name=made.tensor_name)
+    vocab, hidden = made.shape
+    head = LMHead(vocab, hidden, dtype=dtype, mapping=mapping, quant_config=made.quant_config,
+                  head_ops=made.family.head if made.family is not None else None)
+    head.load_weights(made.tensors)
     return head
 
 
-def _apply_adapter(head: Any, source: HeadSource) -> Any:
+def _apply_adapter(head: Any, source: Variant) -> Any:
     """``head`` with ``source.adapter`` loaded (its head part: LoRA, a copy, trainable tokens), or as it is."""
     if source.adapter is not None:
         head.load_adapter(source.adapter)
     return head
 
 
-def _adapter_ids(source: HeadSource, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> torch.Tensor | None:
+def _adapter_ids(source: Variant, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> torch.Tensor | None:
     """Adapter 0 for every sequence of a LoRA variant (None otherwise)."""
     if source.adapter is None:
         return None
     return torch.zeros(1 if seq_lens is None else len(seq_lens), dtype=torch.int64)
 
 
-def parse_lora(text: str, baseline: str | Path, tensor_name: str | None = None) -> HeadSource:
+def parse_lora(text: str, baseline: str | Path, tensor_name: str | None = None) -> Variant:
     """``NAME=DIR`` -> the baseline's head with the PEFT adapter ``DIR`` on every row, named ``lora:NAME``.
 
     The adapter is read (config and header) here; one that targets modules other than the head and the
@@ -209,8 +248,8 @@ def parse_lora(text: str, baseline: str | Path, tensor_name: str | None = None) 
     adapter = open_adapter(folder, name=name)
     note = "adapter on the head only (the hidden states come from the file)" \
         if module_of(adapter, "embedding") is not None else ""
-    return HeadSource(name=f"lora:{name}", path=str(baseline), tensor_name=tensor_name, adapter=folder,
-                      toolchain="lora", note=note)
+    return Variant(name=f"lora:{name}", head=CheckpointHead(str(baseline), tensor_name), adapter=folder,
+                   toolchain="lora", note=note)
 
 
 def _to_wire(m: LogitMetrics) -> LogitMetrics:
@@ -223,7 +262,7 @@ def _from_wire(m: LogitMetrics) -> LogitMetrics:
     return replace(m, kl_per_row=torch.as_tensor(m.kl_per_row), logit_err_sample=torch.as_tensor(m.logit_err_sample))
 
 
-def _rank_compare(rank: int, world: int, sources: list[HeadSource], hidden: torch.Tensor,
+def _rank_compare(rank: int, world: int, sources: list[Variant], hidden: torch.Tensor,
                   seq_lens: torch.Tensor | None, all_tokens: bool, dtype: torch.dtype,
                   next_ids: torch.Tensor | None) -> tuple[list[LogitMetrics] | None, list[int], list[str], int]:
     """One rank: run every head on the same rows; rank 0 compares each variant with the baseline
@@ -259,7 +298,7 @@ def _rank_compare(rank: int, world: int, sources: list[HeadSource], hidden: torc
     return (metrics if rank == 0 else None), sizes, labels, vocab
 
 
-def compare_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: torch.Tensor | None, *,
+def compare_heads(sources: list[Variant], hidden: torch.Tensor, seq_lens: torch.Tensor | None, *,
                   tp: int = 1, all_tokens: bool = True, dtype: torch.dtype = torch.float32,
                   next_ids: torch.Tensor | None = None) -> tuple[list[LogitMetrics], list[int], list[str], int]:
     """:class:`LogitMetrics` of ``sources[1:]`` against ``sources[0]``, max resident bytes per rank and
@@ -277,14 +316,14 @@ def compare_heads(sources: list[HeadSource], hidden: torch.Tensor, seq_lens: tor
     return [_from_wire(m) for m in metrics], sizes, results[0][2], results[0][3]
 
 
-def resolve_dtype(name: str, baseline: HeadSource) -> torch.dtype:
+def resolve_dtype(name: str, baseline: Variant) -> torch.dtype:
     """``auto``: the baseline head's stored dtype (a bf16 model is compared in bf16), else bf16."""
     if name != "auto":
         return head_dtype(name, "--dtype (or auto)")
-    if baseline.path is None:
+    if not isinstance(baseline.head, CheckpointHead):
         return torch.float32
-    ckpt = open_checkpoint(baseline.path)
-    tensor, _ = ckpt.lm_head_name(baseline.tensor_name)
+    ckpt = open_checkpoint(baseline.head.path)
+    tensor, _ = ckpt.lm_head_name(baseline.head.tensor_name)
     stored = ckpt.info(tensor).torch_dtype
     return stored if stored in DTYPES else torch.bfloat16
 
@@ -322,7 +361,7 @@ def compare(
     dtype: str = "auto",
     tensor_name: str | None = None,
     next_token_ids: torch.Tensor | None = None,
-    heads: list[HeadSource] | None = None,
+    heads: list[Variant] | None = None,
     bootstrap: int = DEFAULT_BOOTSTRAP,
     seed: int = DEFAULT_SEED,
     variant_specs: list[str] | None = None,
@@ -355,8 +394,8 @@ def compare(
             raise ConfigError(f"--variant: the name {src.name!r} is given twice")
         seen.add(src.name)
     next_ids = _compared_next_ids(next_token_ids, int(hidden.shape[0]), seq_lens, all_tokens)
-    base_src = HeadSource(name=str(baseline), path=str(baseline), tensor_name=tensor_name)
-    sources = [base_src] + [HeadSource(name=str(v), path=str(v), toolchain=_detected_toolchain(str(v)))
+    base_src = Variant(name=str(baseline), head=CheckpointHead(str(baseline), tensor_name))
+    sources = [base_src] + [Variant(name=str(v), head=CheckpointHead(str(v)), toolchain=_detected_toolchain(str(v)))
                             for v in variants] + named
     if specs:
         base_ckpt = open_checkpoint(baseline)
@@ -415,8 +454,8 @@ def quantize_gate(checkpoint: str | Path, gate: str | Path, gates: Gates, tensor
         local = {k.removeprefix("lm_head."): v for k, v in tensors.items()}
         vocab, packed = local["weight"].shape
         hidden_size = packed * 2 if config.quant_algo is QuantAlgo.NVFP4 else packed
-        src = HeadSource(name=f"quantized:{out.name}", tensors=local, quant_config=config,
-                         shape=(int(vocab), int(hidden_size)))
+        src = Variant(name=f"quantized:{out.name}",
+                      head=MemoryHead(local, config, (int(vocab), int(hidden_size))))
         report = compare(checkpoint, [], data.states, data.seq_lens, heads=[src], tensor_name=tensor_name,
                          next_token_ids=data.next_token_ids)
         return check_gates(report, gates)
@@ -424,6 +463,7 @@ def quantize_gate(checkpoint: str | Path, gate: str | Path, gates: Gates, tensor
     return check
 
 
-__all__ = ["COLUMNS", "CompareReport", "HeadSource", "LogitMetrics", "SimSpec", "VariantResult",
+__all__ = ["COLUMNS", "CheckpointHead", "CompareReport", "LogitMetrics", "MemoryHead", "SimSpec", "Variant",
+           "VariantResult",
            "checkpoint_toolchain", "compare", "compare_heads", "logit_metrics", "parse_sim_spec", "parse_variant",
            "plot_report", "quantize_gate", "simulate_source"]
