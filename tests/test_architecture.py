@@ -68,6 +68,20 @@ def test_imports_inside_functions_are_only_where_a_reason_is_listed(tmp_path: Pa
     assert import_graph.local_imports(tmp_path) == [("trtvocab.a", 5, "trtvocab")]
 
 
+def test_only_the_command_line_is_a_program() -> None:
+    """``commands/`` is the CLI: the library, the examples and the benchmarks never import it."""
+    graph = import_graph.edges(ROOT)
+    users = sorted(m for m, deps in graph.items() if not m.startswith("trtvocab.commands")
+                   and any(d.startswith("trtvocab.commands") for d in deps))
+    assert users == [], users
+    for folder in ("examples", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                assert not any(n.startswith("trtvocab.commands") for n in names), f"{path.relative_to(ROOT)}"
+
+
 def test_writers_never_import_runners() -> None:
     graph = import_graph.edges(ROOT)
     for writer in ("trtvocab.export.onnx", "trtvocab.export.tensorrt"):

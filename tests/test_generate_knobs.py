@@ -24,7 +24,7 @@ from trtvocab.commands.cli import app
 from trtvocab.errors import InputError
 from trtvocab.sampling import SamplingParams
 
-G = pytest.importorskip("trtvocab.commands.generate")
+G = pytest.importorskip("trtvocab.pipeline.generate")
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="trtvocab generate needs transformers")
 A = "The capital of France is"

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from trtvocab.commands.cli import app
 from trtvocab.errors import CheckpointError, GrammarError, InputError
 
-G = pytest.importorskip("trtvocab.commands.generate")
+G = pytest.importorskip("trtvocab.pipeline.generate")
 Gr = pytest.importorskip("trtvocab.sampling.grammar")
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
                                 reason="trtvocab generate needs transformers and xgrammar")

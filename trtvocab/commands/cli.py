@@ -811,8 +811,8 @@ def generate(
                                                        "applies to every prompt)")] = None,
 ) -> None:
     """Decode with the vocabulary dimension split over --tp ranks: embedding, head and sampler in trtvocab."""
-    from trtvocab.commands.generate import generate as run_generate
-    from trtvocab.commands.generate import prepare, sampling_params
+    from trtvocab.pipeline.generate import generate as run_generate
+    from trtvocab.pipeline.generate import prepare, sampling_params
 
     imported = time.perf_counter()
     params = sampling_params(temperature, top_k, top_p, min_p, seed, logit_bias=logit_bias or [],

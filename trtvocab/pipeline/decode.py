@@ -155,7 +155,7 @@ def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: 
     """This rank's :class:`VocabEnds`: the checkpoint opened once (``load_tied``: one shard buffer for
     both ends of a tied model), in the artifact's layout where there is one; the artifact's manifest
     is the one ``generate``'s ``prepare`` read (``spec.artifact.manifest``). ``spec``: a
-    :class:`trtvocab.commands.generate.GenerateSpec`, read for the fields :data:`SPEC_FIELDS` names."""
+    :class:`trtvocab.pipeline.generate.GenerateSpec`, read for the fields :data:`SPEC_FIELDS` names."""
 
     art = spec.artifact
     manifest = art.manifest if art is not None else None

@@ -48,7 +48,7 @@ SETUP_HANDSHAKE = D.Handshake("generate", (D.Field("vocab_size"), D.Field("hidde
 # What a rank imports (unpickling the model and tokenizer, opening its head), imported once by the
 # ranks' server instead (trtvocab.parallel.launch.warm_up); a model's own modeling_<arch> module
 # is small once transformers.modeling_utils is in.
-_RANK_MODULES = ("trtvocab.commands.generate", "trtvocab.checkpoints.hf_loader", "trtvocab.checkpoints.gguf",
+_RANK_MODULES = ("trtvocab.pipeline.generate", "trtvocab.checkpoints.hf_loader", "trtvocab.checkpoints.gguf",
                  "transformers.modeling_utils", "transformers.tokenization_utils_base", "tokenizers")
 _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
                   "seed": "--seed", "repetition_penalty": "--repetition-penalty",
