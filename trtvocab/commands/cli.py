@@ -255,7 +255,6 @@ def models(
 ) -> None:
     """Where the real models of the README and the recipes are installed (SmolLM2's GGUF, MiniLM's folder,
     Gemma 3 270M's GGUF)."""
-
     if assemble:
         if name is None:
             raise InputError("--assemble needs a model name (gemma3)")
