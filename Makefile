@@ -28,7 +28,7 @@ help:
 	@echo "make test       everything into .venv, then ruff, the import graph and the whole test suite (CI)"
 	@echo "make test-fast  the suite without its slow tiers (ranks, real models, fresh interpreters)"
 	@echo "make setup      create .venv, install torch and trtvocab[all], build and self-check the CPU kernels"
-	@echo "make lint       ruff and the import-graph check"
+	@echo "make lint       ruff, the import-graph check and the dead-code check (vulture)"
 	@echo "make readme     run every command block of README.md for real, in a scratch copy (about 10 minutes)"
 	@echo "make quantized  FP8 and NVFP4 ModelOpt checkpoints of MiniLM's head, and their engines"
 	@echo "make bench      the benchmarks (ratios measured side by side)"
@@ -59,9 +59,10 @@ $(VENV)/.kernels: $(VENV)/.installed $(shell find trtvocab/kernels/csrc -type f)
 	touch $@
 
 lint: setup
-	$(say) "ruff, then the import graph (no cycles, no upward imports)"
+	$(say) "ruff, the import graph (no cycles, no upward imports), then dead code (vulture; its exceptions: tools/vulture_whitelist.py)"
 	$(BIN)/ruff check trtvocab tests benchmarks examples tools
 	$(BIN)/python tools/import_graph.py --check
+	$(BIN)/python -m vulture
 
 test: setup lint
 	$(say) "pytest: the whole suite (about 12 minutes on a quiet 2-core machine, longer on a busy one; make test-fast skips the slow tiers)"

@@ -20,8 +20,8 @@ import time
 
 import torch
 
+from trtvocab.accuracy.compare import MemoryHead, Variant, compare_heads, parse_sim_spec, simulate_source
 from trtvocab.accuracy.stats import llamacpp_stats
-from trtvocab.commands.compare import HeadSource, compare_heads, parse_sim_spec, simulate_source
 
 VARIANTS = ["fp8", "fp8-row", "nvfp4", "nvfp4-mse"]
 
@@ -35,7 +35,7 @@ def run(vocab: int, hidden: int, tokens: int, variants: list[str]) -> None:
     weight = (torch.randn(vocab, hidden, generator=gen) * 0.02).bfloat16()
     states = torch.randn(tokens, hidden, generator=gen) * 2.0
     next_ids = torch.randint(0, vocab, (tokens,), generator=gen)
-    base = HeadSource(name="bf16", tensors={"weight": weight}, shape=(vocab, hidden))
+    base = Variant(name="bf16", head=MemoryHead({"weight": weight}, None, (vocab, hidden)))
     t0 = time.perf_counter()
     sources = [base] + [simulate_source(weight, parse_sim_spec(v), None) for v in variants]
     t_quant = time.perf_counter() - t0

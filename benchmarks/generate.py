@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from trtvocab.commands import generate as G
+    from trtvocab.pipeline import generate as G
 
     path = smollm2()
     prompts = PROMPTS[: max(1, min(args.batch, len(PROMPTS)))]

@@ -224,7 +224,7 @@ def tensorrt_engine() -> dict[str, Any] | str:
         compiler, targets = "tensorrt-rtx", [target]
     from trtvocab.artifact.recipe import load_recipe
     from trtvocab.pipeline.build import build
-    from trtvocab.pipeline.runtime import infer
+    from trtvocab.pipeline.infer import infer
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "builders" / "minilm.toml")
     recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(

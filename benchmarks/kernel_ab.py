@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantized_head import random_tensors
 
 from trtvocab import QuantAlgo
-from trtvocab.kernels import build, gemm, runtime
+from trtvocab.kernels import compile as kcompile
+from trtvocab.kernels import gemm, library
 from trtvocab.quant import nvfp4
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,9 +48,9 @@ CSRC = "trtvocab/kernels/csrc"
 DPBF16_MODES = {"default": -1, "off": 0, "on": 1}  # trtvocab_fused_set_dpbf16
 
 
-def build_revision(rev: str, folder: Path) -> build.Loaded:
+def build_revision(rev: str, folder: Path) -> kcompile.Loaded:
     """The kernel library of ``rev``'s ``csrc/`` tree (every file: the headers its sources include
-    too), built with this tree's flags (``build.cflags()``) in ``folder``."""
+    too), built with this tree's flags (``kcompile.cflags()``) in ``folder``."""
     from torch.utils import cpp_extension
 
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, CSRC],
@@ -62,12 +63,12 @@ def build_revision(rev: str, folder: Path) -> build.Loaded:
         tar.extractall(src)
     units = sorted((src / CSRC).glob("*.cpp"))  # fused.cpp, treesum.cpp, and gguf.cpp where it exists
     path = cpp_extension.load(name="trtvocab_ab_base", sources=[str(u) for u in units],
-                              extra_cflags=build.cflags(), extra_ldflags=["-fopenmp"],
+                              extra_cflags=kcompile.cflags(), extra_ldflags=["-fopenmp"],
                               build_directory=str(folder), is_python_module=False)
-    return build.bind(Path(path))
+    return kcompile.bind(Path(path))
 
 
-Call = Callable[[build.Loaded], torch.Tensor]
+Call = Callable[[kcompile.Loaded], torch.Tensor]
 
 
 def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -> Call:
@@ -103,14 +104,14 @@ def main() -> None:
     if any(m not in DPBF16_MODES for m in modes):
         parser.error(f"--dpbf16: modes among {', '.join(DPBF16_MODES)}, got {args.dpbf16!r}")
     torch.set_num_threads(args.threads)
-    new = runtime.require()
+    new = library.require()
     with tempfile.TemporaryDirectory(prefix="trtvocab-ab-") as tmp:
         tag = "".join(c if c.isalnum() else "_" for c in args.base)
-        folder = Path(args.cache) / f"{tag}-{build.requested_isa()}" if args.cache else Path(tmp)
+        folder = Path(args.cache) / f"{tag}-{kcompile.requested_isa()}" if args.cache else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         base = build_revision(args.base, folder)
         print(f"base {args.base}: {base.path}\nnew  working tree: {new.path}\n"
-              f"isa {build.requested_isa()} ({new.isa}), V = {args.vocab}, H = {args.hidden}, "
+              f"isa {kcompile.requested_isa()} ({new.isa}), V = {args.vocab}, H = {args.hidden}, "
               f"{args.threads} thread(s), {args.rounds} interleaved rounds")
         differ = 0
         for mode in modes:
@@ -120,7 +121,7 @@ def main() -> None:
     return 1 if differ else 0
 
 
-def compare(args: argparse.Namespace, base: build.Loaded, new: build.Loaded) -> int:
+def compare(args: argparse.Namespace, base: kcompile.Loaded, new: kcompile.Loaded) -> int:
     """The table of every format and batch, interleaved; the number of calls whose bits differ."""
     differ = 0
     gen = torch.Generator().manual_seed(0)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bandwidth import make_probe
 
 from trtvocab import LMHead, QuantAlgo, QuantConfig, kernels
-from trtvocab.kernels import runtime
+from trtvocab.kernels import library
 from trtvocab.weights import quantized as methods
 
 BATCHES = (1, 2, 4, 8, 64)
@@ -150,12 +150,12 @@ def library_call(path: str, head: LMHead) -> Callable[[torch.Tensor], object]:
     loaded = kernels.Loaded(lib=lib, path=path, isa=isa, seconds=0.0)
 
     def call(x: torch.Tensor) -> object:
-        previous = runtime._loaded
-        runtime._loaded = loaded
+        previous = library._loaded
+        library._loaded = loaded
         try:
             return head(x)
         finally:
-            runtime._loaded = previous
+            library._loaded = previous
 
     return call
 

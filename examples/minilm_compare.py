@@ -7,7 +7,7 @@ still lie near the tied embeddings, so the head's distributions are peaked like 
 language model's, while the final layer's are nearly flat. The script
 
 1. computes hidden states for calibration texts and (different) evaluation texts,
-2. quantizes the head with ModelOpt (``trtvocab.commands.quantize``) into temporary
+2. quantizes the head with ModelOpt (``trtvocab.quant.quantize``) into temporary
    checkpoints: FP8 W8A8 and NVFP4 W4A4 (calibrated), NVFP4 W4A16 (weight-only),
 3. adds in-memory variants (``--simulate``): FP8 with dynamic activations, per tensor
    and per vocab row, and FP8 weight-only (W8A16),
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trtvocab.commands.compare import compare, plot_report
-from trtvocab.commands.hidden import hidden_states_from_text
-from trtvocab.commands.quantize import quantize_checkpoint
+from trtvocab.accuracy.compare import compare, plot_report
+from trtvocab.checkpoints.hidden_states import hidden_states_from_text
+from trtvocab.quant.quantize import quantize_checkpoint
 
 # Calibration and evaluation texts are disjoint: a static activation scale calibrated on
 # the rows it is judged on would look better than it is.

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trtvocab.commands.compare import compare, plot_report
-from trtvocab.commands.hidden import read_text_file, text_hidden_states
+from trtvocab.accuracy.compare import compare, plot_report
+from trtvocab.checkpoints.hidden_states import read_text_file, text_hidden_states
 
 TEXTS = Path(__file__).resolve().parent / "texts"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -36,16 +36,17 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file, save_file
 
-from trtvocab.commands.compare import compare
-from trtvocab.commands.hidden import load_hidden_file, read_text_file, save_hidden, text_hidden_states
-from trtvocab.commands.quantize import quantize_checkpoint
+from trtvocab.accuracy.compare import compare
+from trtvocab.base.formats import QUANTIZED_FORMATS
+from trtvocab.checkpoints.hidden_file import load_hidden_file, save_hidden
+from trtvocab.checkpoints.hidden_states import read_text_file, text_hidden_states
+from trtvocab.quant.quantize import quantize_checkpoint
 
 TEXTS = Path(__file__).resolve().parent / "texts"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # name -> (algo, calibrated, weight_only)
 VARIANTS = {"FP8": ("fp8", True, False), "FP8-dyn": ("fp8", False, False), "NVFP4": ("nvfp4", True, False),
             "NVFP4A16": ("nvfp4", False, True)}
-TOOLCHAINS = ("modelopt", "compressed-tensors")
 
 
 def model_path() -> Path:
@@ -133,7 +134,7 @@ def main() -> None:
         for name in args.variants.split(","):
             algo, calibrated, weight_only = VARIANTS[name]
             dirs = {}
-            for tool in TOOLCHAINS:
+            for tool in QUANTIZED_FORMATS:
                 out = root / f"{tool}-{name}"
                 quantize_checkpoint(source, out, algo=algo, calib=calib if calibrated else None,
                                     weight_only=weight_only, checkpoint_format=tool)

@@ -142,7 +142,7 @@ def hf_weights(smollm2: Path) -> dict[str, torch.Tensor]:
     """transformers' own dequantized head and embedding of SmolLM2 (float32, offline)."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from trtvocab.commands.generate import load_model  # transformers' own GGUF load, once per test session
+    from trtvocab.pipeline.generate import load_model  # transformers' own GGUF load, once per test session
 
     model = load_model(smollm2).model
     assert model.config.tie_word_embeddings

@@ -3,6 +3,7 @@
     python tools/import_graph.py            # edges, then any cycles and any import of a higher layer
     python tools/import_graph.py --layers   # line count per layer
     python tools/import_graph.py --check    # only the problems (what `make lint` runs)
+    python tools/import_graph.py --local    # every import inside a function, with the reason it is there
 
 Counts every ``import trtvocab.x`` / ``from trtvocab.x import y`` / ``from trtvocab import x``
 anywhere in a module (top level, function bodies, ``TYPE_CHECKING`` blocks), so a lazy import
@@ -39,6 +40,38 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeline",),  # build (recipe -> artifact), runtime (artifact -> logits)
     ("commands",),  # the command-line programs
 ]
+
+
+# Where a ``trtvocab`` import may sit inside a function, and why (``--local`` prints them; ``--check`` fails on
+# one anywhere else). Everything else imports at the top of its module.
+LOCAL_REASONS: dict[str, str] = {
+    "trtvocab.commands.cli": "start-up: `trtvocab --help` and argument errors import no torch "
+                             "(tests/test_cli_help.py); each command imports the library it runs",
+    "trtvocab.backends": "optional runtimes: onnxruntime / TensorRT are imported for the backend asked for only",
+    "trtvocab.pipeline.build": "optional exporters: onnx / onnxruntime / TensorRT are imported for the stages the "
+                               "recipe asks for only",
+    "trtvocab.export.tensorrt": "onnx (optional) is read only where an FP4 graph is dequantized for the builder",
+    "trtvocab.export.contract": "onnx (optional) is read only where a built graph's header is described",
+    "trtvocab.checkpoints.checkpoint": "the gguf package is imported for a .gguf file only",
+}
+
+
+def local_imports(root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """``(module, line, imported module)`` of every ``trtvocab`` import inside a function body."""
+    found: list[tuple[str, int, str]] = []
+
+    def walk(node: ast.AST, mod: str, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, ast.Import):
+                found.extend((mod, child.lineno, a.name) for a in child.names if a.name.split(".")[0] == PACKAGE)
+            elif inside and isinstance(child, ast.ImportFrom) and (child.level or
+                                                                   (child.module or "").split(".")[0] == PACKAGE):
+                found.append((mod, child.lineno, "." * child.level + (child.module or "")))
+            walk(child, mod, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    for mod, path in modules(root).items():
+        walk(ast.parse(path.read_text(), str(path)), mod, False)
+    return found
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -166,7 +199,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", action="store_true", help="print line counts per layer instead")
     parser.add_argument("--check", action="store_true", help="print only cycles and upward imports")
+    parser.add_argument("--local", action="store_true", help="print the imports inside functions, with their reasons")
     args = parser.parse_args()
+    local = local_imports()
+    unexplained = sorted({m for m, _, _ in local if m not in LOCAL_REASONS})
+    if args.local:
+        for mod in sorted({m for m, _, _ in local}):
+            lines = [f"{line} {target}" for m, line, target in local if m == mod]
+            print(f"{mod} ({len(lines)}): {LOCAL_REASONS.get(mod, 'NO REASON: import it at the top')}")
+            print("".join(f"    {x}\n" for x in lines), end="")
+        print(f"{len(local)} function-local import(s) in {len({m for m, _, _ in local})} module(s)")
+        return 1 if unexplained else 0
     if args.layers:
         counts = layer_lines()
         for layer, n in counts.items():
@@ -181,7 +224,9 @@ def main() -> int:
     print(f"\n{len(found)} cycle(s)" + "".join(f"\n  {' <-> '.join(c)}" for c in found))
     up = upward(graph)
     print(f"{len(up)} import(s) of a higher layer" + "".join(f"\n  {u}" for u in up))
-    return 1 if found or up else 0
+    print(f"{len(unexplained)} module(s) importing inside a function without a reason in LOCAL_REASONS"
+          + "".join(f"\n  {m}" for m in unexplained))
+    return 1 if found or up or unexplained else 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 
 For a change that must not alter one instruction (moving code between the headers of
 ``trtvocab/kernels/csrc/fused/``, comments, names of nothing): each side's ``fused.cpp`` is compiled
-to an object with the flags the library is built with (``trtvocab.kernels.build.cflags``) plus
+to an object with the flags the library is built with (``trtvocab.kernels.compile.cflags``) plus
 ``-ffunction-sections -fdata-sections``, so that every function is its own section; then the
 disassembly of each section (``objdump -d -r``: instructions and the symbols they refer to, addresses
 dropped) and the bytes of the ``.rodata`` sections are compared. Prints one line per instruction set
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from trtvocab.kernels import build
+from trtvocab.kernels import compile as kcompile
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = "trtvocab/kernels/csrc"
@@ -49,7 +49,7 @@ def normalized(source: Path, isa: str, obj: Path) -> tuple[str, str, int]:
     for ``isa``."""
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    subprocess.run(["g++", *build.cflags(isa), "-fPIC", "-std=c++17", abi, "-ffunction-sections", "-fdata-sections",
+    subprocess.run(["g++", *kcompile.cflags(isa), "-fPIC", "-std=c++17", abi, "-ffunction-sections", "-fdata-sections",
                     *includes, "-c", str(source), "-o", str(obj)], check=True)
     text = subprocess.run(["objdump", "-d", "-r", "--no-show-raw-insn", str(obj)], check=True,
                           capture_output=True, text=True).stdout
@@ -72,17 +72,18 @@ def normalized(source: Path, isa: str, obj: Path) -> tuple[str, str, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD", help="git revision to compare against (default HEAD)")
-    parser.add_argument("--isas", default=",".join(build.ISAS), help="comma-separated, among " + ", ".join(build.ISAS))
+    parser.add_argument("--isas", default=",".join(kcompile.ISAS),
+                        help="comma-separated, among " + ", ".join(kcompile.ISAS))
     args = parser.parse_args()
     isas = args.isas.split(",")
-    if any(isa not in build.ISAS for isa in isas):
-        parser.error(f"--isas: among {', '.join(build.ISAS)}, got {args.isas!r}")
+    if any(isa not in kcompile.ISAS for isa in isas):
+        parser.error(f"--isas: among {', '.join(kcompile.ISAS)}, got {args.isas!r}")
     differ = 0
     with tempfile.TemporaryDirectory(prefix="trtvocab-objdiff-") as tmp:
         base_src = checkout(args.base, Path(tmp) / "base") / "fused.cpp"
         for isa in isas:
             base = normalized(base_src, isa, Path(tmp) / f"base.{isa}.o")
-            new = normalized(build.SOURCE, isa, Path(tmp) / f"new.{isa}.o")
+            new = normalized(kcompile.SOURCE, isa, Path(tmp) / f"new.{isa}.o")
             same_code, same_data = base[0] == new[0], base[1] == new[1]
             print(f"{isa:9} {new[2]} code sections: code {'same' if same_code else 'DIFFERS'}, "
                   f".rodata {'same' if same_data else 'DIFFERS'}")

@@ -24,6 +24,7 @@ from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.family import EmbeddingOps
 from trtvocab.base.formats import Activation, WeightFormat
 from trtvocab.errors import ConfigError, InputError, RankMismatchError
+from trtvocab.lm_head import LMHead
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
@@ -33,6 +34,7 @@ from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import DenseWeight, FP8Weight, GGUFWeight, WeightMethod
+from trtvocab.weights.loader import open_embedding  # ModelOpt and compressed-tensors tables (headers only)
 from trtvocab.weights.lora import check_adapter_ids, groups, lora_partial, lora_rows, replace_rows_
 
 # ---- the masked lookup ----------------------------------------------------------------------------
@@ -140,8 +142,6 @@ class VocabParallelEmbedding(VocabParallelModule):
         """
 
         def build() -> VocabParallelEmbedding:
-            from trtvocab.weights.loader import open_embedding  # ModelOpt and compressed-tensors tables (headers only)
-
             source = open_embedding(path, tensor_name, gguf_blocks)
             if source.notice:
                 warnings.warn(source.notice, stacklevel=4)
@@ -420,8 +420,6 @@ def load_tied(path: str | Path, *, mapping: Mapping | None = None, dtype: torch.
     (:func:`tie_weights`; a GGUF Q8_0 / Q6_K table stays in its blocks, the embedding dequantizes the
     rows it looks up); an untied one loads each matrix. ``deterministic`` / ``output_dtype`` /
     ``gguf_blocks``: the head's (see :meth:`~trtvocab.lm_head.LMHead.from_checkpoint`)."""
-    from trtvocab.lm_head import LMHead
-
     head = LMHead.from_checkpoint(path, mapping=mapping, gather_output=gather_output, dtype=dtype,
                                   vocab_layout=vocab_layout, pad_to=pad_to, process_group=process_group,
                                   deterministic=deterministic, output_dtype=output_dtype, gguf_blocks=gguf_blocks)

@@ -24,6 +24,7 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout, VocabPlacement, VocabShard, all_shards
 from trtvocab.weights import WeightMethod
 from trtvocab.weights.base import normalize_keys
+from trtvocab.weights.lora import added_tokens, open_adapter, shard_adapter
 
 LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"  # how handshakes name layout + pad_to
 # What the ranks agree on once after loading a shard from a checkpoint (trtvocab.parallel.distributed.Handshake).
@@ -192,8 +193,6 @@ class VocabParallelModule(nn.Module):
         head shares the embedding's table (default: what the checkpoint said). Split modules meet once after
         reading, so a rank that refuses the adapter makes every rank raise.
         """
-        from trtvocab.weights.lora import added_tokens, open_adapter, shard_adapter
-
         if getattr(self, "deterministic", False):
             raise ConfigError(f"{type(self).__name__}.load_adapter: adapters on a deterministic head are not supported")
         parts: list[Any] = []

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from tests.accuracy.llamacpp_reference import per_row, summary
 from tests.conftest import modelopt_qtensor
+from trtvocab.accuracy.compare import compare
+from trtvocab.checkpoints.hidden_file import load_hidden_file
 from trtvocab.commands.cli import app
-from trtvocab.commands.compare import compare
-from trtvocab.commands.hidden import load_hidden_file
 from trtvocab.quant import nvfp4
 
 pytestmark = pytest.mark.model  # every test here (docs/testing.md)

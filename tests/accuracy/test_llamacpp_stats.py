@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.accuracy.llamacpp_reference import per_row, summary
+from trtvocab.accuracy.compare import logit_metrics
 from trtvocab.accuracy.gates import Gates
 from trtvocab.accuracy.stats import (
     TokenRows,
@@ -17,7 +18,6 @@ from trtvocab.accuracy.stats import (
     markdown_table,
     token_rows,
 )
-from trtvocab.commands.compare import logit_metrics
 from trtvocab.errors import ConfigError, InputError
 
 

@@ -16,7 +16,7 @@ import trtvocab.base.safetensors_header as st_header
 import trtvocab.checkpoints.checkpoint as ckpt_mod
 from tests.conftest import model_config, peak_load, write_single
 from trtvocab import LMHead, Mapping
-from trtvocab.base import fsutil
+from trtvocab.base import safe_read
 from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.errors import CheckpointError
@@ -118,7 +118,7 @@ class _CountingOpen:
         self.bytes_read = 0
 
     def __call__(self, *args, **kwargs):
-        fh = fsutil.open_regular(*args, **kwargs)  # handed back to the caller's with-block
+        fh = safe_read.open_regular(*args, **kwargs)  # handed back to the caller's with-block
         counter = self
 
         class Wrapped:

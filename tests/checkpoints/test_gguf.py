@@ -278,7 +278,7 @@ def test_vocab_and_hidden_fall_back_to_the_embedding(tmp_path: Path) -> None:
 
 
 def test_compare_accepts_a_gguf_baseline(synthetic: Path) -> None:
-    from trtvocab.commands.compare import compare
+    from trtvocab.accuracy.compare import compare
 
     hidden = torch.randn(6, H)
     report = compare(synthetic, [synthetic], hidden)
@@ -289,7 +289,7 @@ def test_compare_accepts_a_gguf_baseline(synthetic: Path) -> None:
 def test_quantize_reads_a_gguf_head(synthetic: Path, tmp_path: Path) -> None:
     """``trtvocab quantize`` takes a GGUF: its dequantized head becomes a ModelOpt FP8 checkpoint."""
     pytest.importorskip("modelopt")
-    from trtvocab.commands.quantize import quantize_checkpoint
+    from trtvocab.quant.quantize import quantize_checkpoint
 
     result = quantize_checkpoint(synthetic, tmp_path / "fp8", algo="fp8")
     assert (result.source_tensor, result.tied, result.vocab_size, result.hidden_size) == ("lm_head.weight", False, V, H)

@@ -32,7 +32,7 @@ import trtvocab.base.safetensors_header as st_header
 import trtvocab.checkpoints.checkpoint as ckpt_mod
 from tests.conftest import model_config, write_hf_dir
 from trtvocab import LMHead
-from trtvocab.base import fsutil
+from trtvocab.base import safe_read
 from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.gguf import GGUFCheckpoint
@@ -185,7 +185,7 @@ class _Counting:
         self.read = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fh = fsutil.open_regular(*args, **kwargs)  # handed back to the caller's with-block
+        fh = safe_read.open_regular(*args, **kwargs)  # handed back to the caller's with-block
         counter = self
 
         class Wrapped:

@@ -50,7 +50,7 @@ def test_digest_is_the_stored_head_and_changes_with_one_byte(smollm2: Path, tmp_
 def test_generate_refuses_an_artifact_of_another_checkpoint(smollm2: Path, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from trtvocab.artifact import store as artifacts
-    from trtvocab.commands.generate import artifact_spec
+    from trtvocab.pipeline.generate import artifact_spec
 
     real = _build({"checkpoint": {"path": str(smollm2)}, "lm_head": {"dtype": "float32"}}, tmp_path / "real")
     assert artifacts.read_manifest(real).checkpoint_sha256 == head_digest(smollm2)

@@ -22,14 +22,14 @@ from typer.testing import CliRunner
 
 from tests.quant import ct_writer as ctw
 from trtvocab import LMHead
+from trtvocab.accuracy.compare import checkpoint_toolchain, compare, parse_variant
 from trtvocab.checkpoints.checkpoint import open_checkpoint
+from trtvocab.checkpoints.hidden_file import save_hidden
 from trtvocab.commands.cli import app
-from trtvocab.commands.compare import checkpoint_toolchain, compare, parse_variant
-from trtvocab.commands.hidden import save_hidden
-from trtvocab.commands.quantize import is_quantized_output, quantize_checkpoint
 from trtvocab.errors import ConfigError, QuantizationError
 from trtvocab.quant.compressed_tensors import DecompressedRows
 from trtvocab.quant.config import resolve_lm_head_quant
+from trtvocab.quant.quantize import is_quantized_output, quantize_checkpoint
 
 V, H = 263, 64  # prime vocab
 runner = CliRunner()

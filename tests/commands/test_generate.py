@@ -8,7 +8,7 @@
 * ``--json``'s exact format; ``--backend onnx --artifact`` equals ``--backend torch``; bad input
   for every new argument is one ``error:`` line, exit code 2.
 
-One model load for the whole module (``trtvocab.commands.generate.load_model`` caches it; the tp 3 ranks
+One model load for the whole module (``trtvocab.pipeline.generate.load_model`` caches it; the tp 3 ranks
 get it in shared memory); token counts are small. Torch runs one thread here: these machines are
 small and shared, and two spinning OpenMP threads on two busy cores are ten times slower than one.
 """
@@ -25,10 +25,10 @@ import torch
 from typer.testing import CliRunner
 
 from trtvocab.commands.cli import app
-from trtvocab.commands.grammar import grammar_spec
 from trtvocab.sampling import SamplingParams
+from trtvocab.sampling.grammar import grammar_spec
 
-G = pytest.importorskip("trtvocab.commands.generate")
+G = pytest.importorskip("trtvocab.pipeline.generate")
 # transformers and xgrammar are imported where used (collection need not pay seconds for them)
 pytestmark = [pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
                                  reason="trtvocab generate needs transformers and xgrammar"),

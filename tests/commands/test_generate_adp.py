@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trtvocab.commands import generate as G
 from trtvocab.errors import ConfigError
 from trtvocab.parallel.launch import usable_cores
+from trtvocab.pipeline import generate as G
 from trtvocab.sampling import SamplingParams
 
 pytest.importorskip("transformers")

@@ -24,7 +24,7 @@ from trtvocab.commands.cli import app
 from trtvocab.errors import InputError
 from trtvocab.sampling import SamplingParams
 
-G = pytest.importorskip("trtvocab.commands.generate")
+G = pytest.importorskip("trtvocab.pipeline.generate")
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="trtvocab generate needs transformers")
 A = "The capital of France is"
@@ -168,8 +168,8 @@ def test_knobs_with_a_bitmask_through_an_artifact_under_attention_dp(smollm2: Pa
     """Penalties, bad words, min tokens and logprobs with a regex's bitmask, on a tp 3 artifact's
     PyTorch fallback under attention DP: the tokens of the plain tp 1 run, logprobs within 1e-5."""
     from trtvocab.artifact.recipe import parse_recipe
-    from trtvocab.commands.grammar import grammar_spec
     from trtvocab.pipeline.build import build
+    from trtvocab.sampling.grammar import grammar_spec
 
     out = tmp_path / "smollm2-tp3"
     build(parse_recipe({"checkpoint": {"path": str(smollm2)}, "mapping": {"tp_size": 3},

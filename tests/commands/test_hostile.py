@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 from tests.conftest import model_config, write_hf_dir
 from trtvocab.artifact import store as artifacts
 from trtvocab.artifact.recipe import load_recipe, parse_recipe
-from trtvocab.base import fsutil
+from trtvocab.base import publish
 from trtvocab.commands.cli import app
 from trtvocab.errors import (
     ArtifactError,
@@ -45,7 +45,6 @@ from trtvocab.errors import (
 )
 from trtvocab.pipeline.build import build
 
-REPO = Path(__file__).resolve().parents[2]
 V, H, TP = 101, 16, 2  # 101 = 51 + 50: rank 0 owns [0, 51), rank 1 [51, 101)
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -170,7 +169,7 @@ def _foreign_modelopt(folder: Path) -> dict[str, bytes]:
 
 @pytest.mark.model
 def test_quantize_force_keeps_a_foreign_modelopt_checkpoint(tmp_path: Path) -> None:
-    from trtvocab.commands.quantize import quantize_checkpoint
+    from trtvocab.quant.quantize import quantize_checkpoint
 
     source = write_hf_dir(tmp_path / "dense", {"lm_head.weight": torch.randn(V, H)}, model_config(V, H))
     foreign = tmp_path / "their-fp8"
@@ -184,7 +183,7 @@ def test_quantize_force_keeps_a_foreign_modelopt_checkpoint(tmp_path: Path) -> N
 @pytest.mark.model
 def test_quantize_writes_a_marker_and_force_replaces_only_that(tmp_path: Path) -> None:
     pytest.importorskip("modelopt")
-    from trtvocab.commands.quantize import MARKER, quantize_checkpoint
+    from trtvocab.quant.quantize import MARKER, quantize_checkpoint
 
     source = write_hf_dir(tmp_path / "dense", {"lm_head.weight": torch.randn(V, H)}, model_config(V, H))
     out = tmp_path / "q"
@@ -202,9 +201,9 @@ def test_concurrent_publication_exactly_one_wins(tmp_path: Path) -> None:
     replace it (the exists-check at the start is long past)."""
     out = tmp_path / "race"
     with pytest.raises(ArtifactError, match="appeared while this run was building") as info:
-        with fsutil.staging(out, force=False, is_ours=artifacts.is_artifact) as first:
+        with publish.staging(out, force=False, is_ours=artifacts.is_artifact) as first:
             (first / "who").write_text("first")
-            with fsutil.staging(out, force=False, is_ours=artifacts.is_artifact) as second:
+            with publish.staging(out, force=False, is_ours=artifacts.is_artifact) as second:
                 (second / "who").write_text("second")
     assert str(out) in str(info.value)
     assert (out / "who").read_text() == "second"
@@ -231,7 +230,7 @@ def test_two_concurrent_cli_builds_one_wins(tmp_path: Path) -> None:
 @pytest.mark.subprocess
 def test_stale_private_folders_of_ours_are_cleaned_and_nothing_else(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    host = fsutil._HOST
+    host = publish._HOST
     gone = dead_pid()
     stale = tmp_path / f".a.building-{host}-{gone}-deadbeef"
     live = tmp_path / f".a.building-{host}-{os.getpid()}-cafef00d"
@@ -250,7 +249,7 @@ def test_stale_private_folders_of_ours_are_cleaned_and_nothing_else(tmp_path: Pa
 @pytest.mark.subprocess
 def test_crash_between_the_fallback_renames_gives_the_old_artifact_back(art: Path, tmp_path: Path) -> None:
     """Killed between ``out -> .NAME.old-*`` and ``stage -> out``: the next run restores the old one."""
-    hidden_old = tmp_path / f".a.old-{fsutil._HOST}-{dead_pid()}-0000abcd"
+    hidden_old = tmp_path / f".a.old-{publish._HOST}-{dead_pid()}-0000abcd"
     copy_art(art, hidden_old)
     out = tmp_path / "a"
     with pytest.raises(ArtifactError, match="already exists"):
@@ -261,7 +260,7 @@ def test_crash_between_the_fallback_renames_gives_the_old_artifact_back(art: Pat
 
 def test_force_publication_is_old_or_new_at_every_step(art: Path, tmp_path: Path, monkeypatch) -> None:
     out = copy_art(art, tmp_path / "a")
-    real = fsutil._renameat2
+    real = publish._renameat2
     seen: list[bool] = []
 
     def spy(src: Path, dst: Path, flags: int) -> bool:
@@ -270,7 +269,7 @@ def test_force_publication_is_old_or_new_at_every_step(art: Path, tmp_path: Path
         seen.append(artifacts.is_artifact(out))
         return done
 
-    monkeypatch.setattr(fsutil, "_renameat2", spy)
+    monkeypatch.setattr(publish, "_renameat2", spy)
     build(parse_recipe(recipe_dict(out, onnx=False), "s.toml"), force=True)
     assert seen and all(seen)
     assert sorted(artifacts.read_manifest(out).files) == ["rank0/weights.safetensors", "rank1/weights.safetensors"]
@@ -280,15 +279,15 @@ def test_fallback_publication_failure_keeps_the_old_artifact(art: Path, tmp_path
     """Without renameat2 (another OS or filesystem) publication takes two renames; a failure of the
     second puts the old artifact back."""
     out = copy_art(art, tmp_path / "a")
-    monkeypatch.setattr(fsutil, "_renameat2", lambda src, dst, flags: False)
-    real = fsutil._rename_noreplace
+    monkeypatch.setattr(publish, "_renameat2", lambda src, dst, flags: False)
+    real = publish._rename_noreplace
 
     def fail_publish(src: Path, dst: Path) -> None:
         if ".building-" in Path(src).name:
             raise OSError(5, "Input/output error", str(dst))
         real(src, dst)
 
-    monkeypatch.setattr(fsutil, "_rename_noreplace", fail_publish)
+    monkeypatch.setattr(publish, "_rename_noreplace", fail_publish)
     with pytest.raises(OSError, match="Input/output error"):
         build(parse_recipe(recipe_dict(out, onnx=False), "s.toml"), force=True)
     assert artifacts.read_manifest(out).files == artifacts.read_manifest(art).files
@@ -298,9 +297,9 @@ def test_fallback_publication_failure_keeps_the_old_artifact(art: Path, tmp_path
 def test_published_files_and_folders_are_fsynced(tmp_path: Path, monkeypatch) -> None:
     files: list[str] = []
     folders: list[str] = []
-    real_file, real_dir = fsutil.fsync_file, fsutil.fsync_dir
-    monkeypatch.setattr(fsutil, "fsync_file", lambda p: (files.append(Path(p).name), real_file(p)))
-    monkeypatch.setattr(fsutil, "fsync_dir", lambda p: (folders.append(str(p)), real_dir(p)))
+    real_file, real_dir = publish.fsync_file, publish.fsync_dir
+    monkeypatch.setattr(publish, "fsync_file", lambda p: (files.append(Path(p).name), real_file(p)))
+    monkeypatch.setattr(publish, "fsync_dir", lambda p: (folders.append(str(p)), real_dir(p)))
     out = tmp_path / "a"
     build(parse_recipe(recipe_dict(out, onnx=False), "s.toml"))
     assert {"weights.safetensors", "manifest.json"} <= set(files)
@@ -336,7 +335,7 @@ HANG_SCRIPT = textwrap.dedent("""
         m["digest"] = body_digest(m)
         (root / "manifest.json").write_text(json.dumps(m))
 
-    from trtvocab.commands.hidden import load_hidden, load_last_tokens
+    from trtvocab.checkpoints.hidden_file import load_hidden, load_last_tokens
     from trtvocab.artifact.store import read_manifest
     from trtvocab.artifact.recipe import load_recipe
     case("hidden fifo", lambda: load_hidden(fifo(work / "h.safetensors")))
@@ -362,7 +361,7 @@ HANG_SCRIPT = textwrap.dedent("""
     redigest(d, lambda m: m["files"].update({"rank0/weights.safetensors": empty}))
     case("weights symlink to /dev/zero", lambda: read_manifest(d))
 
-    from trtvocab.base.fsutil import sha256_file
+    from trtvocab.base.safe_read import sha256_file
     from trtvocab.base.safetensors_header import read_safetensors_header
     from trtvocab.errors import InputError
     case("hash of /dev/zero, 0 bytes recorded", lambda: sha256_file("/dev/zero", limit=0))
@@ -542,7 +541,7 @@ def test_listed_symlink_leading_outside_is_refused(art: Path, tmp_path: Path) ->
 
 @pytest.mark.ranks  # infer on the tp 2 artifact launches the ranks itself
 def test_context_logits_edited_everywhere_is_caught_by_the_graph(art: Path, tmp_path: Path) -> None:
-    from trtvocab.pipeline.runtime import infer
+    from trtvocab.pipeline.infer import infer
 
     root = copy_art(art, tmp_path / "c")
     edit_manifest(root, _both(_set("head.context_logits", True), _set("recipe.lm_head.context_logits", True)))
@@ -632,7 +631,7 @@ def test_inf_in_a_checkpoint_is_refused(tmp_path: Path) -> None:
 
 def test_nan_hidden_states_are_refused_by_head_processor_and_runtime(art: Path) -> None:
     from trtvocab import LMHead, LogitsProcessor
-    from trtvocab.pipeline.runtime import infer
+    from trtvocab.pipeline.infer import infer
 
     head = LMHead(V, H, dtype=torch.float32)
     head.load_weights({"weight": torch.randn(V, H)})
@@ -650,7 +649,7 @@ def test_nan_hidden_states_are_refused_by_head_processor_and_runtime(art: Path) 
 
 
 def test_nan_in_a_hidden_file_is_refused_by_infer_and_compare(art: Path, tmp_path: Path) -> None:
-    from trtvocab.commands.hidden import load_hidden
+    from trtvocab.checkpoints.hidden_file import load_hidden
 
     x = torch.randn(6, H)
     x[3, 0] = float("nan")
@@ -812,12 +811,12 @@ def test_seq_lens_whose_int64_sum_wraps_are_refused() -> None:
 @pytest.fixture
 def no_inference(monkeypatch) -> None:
     """Fail the test if the CLI runs inference: every refusal below must come before it."""
-    import trtvocab.pipeline.runtime
+    import trtvocab.pipeline.infer
 
     def ran(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("inference ran before the arguments were checked")
 
-    monkeypatch.setattr(trtvocab.pipeline.runtime, "infer", ran)
+    monkeypatch.setattr(trtvocab.pipeline.infer, "infer", ran)
 
 
 @pytest.fixture
@@ -936,7 +935,7 @@ def _enospc_manifest(monkeypatch) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(fsutil, "open", full, raising=False)
+    monkeypatch.setattr(publish, "open", full, raising=False)
 
 
 DISK_FULL = {"weights ENOSPC": (_enospc_safetensors, "rank0/weights.safetensors", "No space left on device (ENOSPC)"),
@@ -1022,7 +1021,7 @@ def test_cli_infer_out_on_a_full_disk_is_one_error_line(art: Path, hidden_file: 
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(fsutil, "open", full, raising=False)
+    monkeypatch.setattr(publish, "open", full, raising=False)
     assert_cli_error(*cli("infer", str(art), "--hidden", str(hidden_file), "--backend", "torch", "--out", str(logits)),
                      "WriteError", str(logits), "No space left on device (ENOSPC)")
     assert logits.read_bytes() == b"old"
@@ -1079,7 +1078,7 @@ def _tf_file(path: Path, input_ids: list[int], next_ids: list[int], seq_lens: li
 def test_hidden_files_must_hold_the_teacher_forced_relation(tmp_path: Path, input_ids, next_ids, seq_lens,
                                                             text: str) -> None:
     """Issue 19: a hidden file whose next_token_ids disagree with its input_ids was accepted and scored."""
-    from trtvocab.commands.hidden import load_hidden_file
+    from trtvocab.checkpoints.hidden_file import load_hidden_file
 
     path = _tf_file(tmp_path / "h.safetensors", input_ids, next_ids, seq_lens)
     with pytest.raises(InputError, match=text):
@@ -1091,7 +1090,7 @@ def test_hidden_files_must_hold_the_teacher_forced_relation(tmp_path: Path, inpu
 
 
 def test_hidden_files_holding_the_relation_load(tmp_path: Path) -> None:
-    from trtvocab.commands.hidden import load_hidden_file
+    from trtvocab.checkpoints.hidden_file import load_hidden_file
 
     # -1 inside a sequence is a row without a target (not scored); seq_lens that do not tile are left to
     # the reader that uses them

@@ -12,9 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from trtvocab.commands import generate as G
 from trtvocab.commands.cli import app
 from trtvocab.errors import AdapterError, ConfigError
+from trtvocab.pipeline import generate as G
 
 K = 6
 PROMPTS = ["The capital of France is", "def add(a, b):"]

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from trtvocab.base.units import human_bytes as human
 from trtvocab.commands.cli import app
-from trtvocab.commands.plan import make_plan
 from trtvocab.errors import ConfigError
+from trtvocab.pipeline.plan import make_plan
 
 MIB, GIB = 2**20, 2**30
 
@@ -82,7 +82,7 @@ def test_cli_plan_needs_shape() -> None:
 # ---- the ledger (both ends of the vocabulary dimension) ---------------------------------------
 DEEPSEEK = ["--vocab", "129280", "--hidden", "5120", "--tp", "8", "--batch", "256", "--tokens", "8192",
             "--link-gbs", "300", "--tflops", "600"]
-MB, GB = 10**6, 10**9
+MB = 10**6
 
 
 def _json(args: list[str]) -> dict:

@@ -1,6 +1,6 @@
 """`trtvocab quantize` against ModelOpt's reference quantizers, and `trtvocab compare` metrics.
 
-The references are computed here, independently of trtvocab.commands.quantize: ModelOpt's
+The references are computed here, independently of trtvocab.quant.quantize: ModelOpt's
 ``FP8QTensor`` / ``NVFP4QTensor`` on the same weight, and the activation scale
 from the calibration rows' amax (ModelOpt's max calibrator: ``amax / 448`` for FP8,
 ``amax / (6 * 448)`` for NVFP4, amax taken in the model's dtype).
@@ -20,13 +20,13 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from tests.conftest import modelopt_qtensor
+from trtvocab.accuracy.compare import COLUMNS, compare, logit_metrics, parse_sim_spec, plot_report
 from trtvocab.checkpoints.checkpoint import Checkpoint
+from trtvocab.checkpoints.hidden_file import save_hidden
 from trtvocab.commands.cli import app
-from trtvocab.commands.compare import COLUMNS, compare, logit_metrics, parse_sim_spec, plot_report
-from trtvocab.commands.hidden import save_hidden
-from trtvocab.commands.quantize import quantize_checkpoint
 from trtvocab.errors import ArtifactError, ConfigError, InputError, QuantizationError
 from trtvocab.quant.config import QuantAlgo, resolve_lm_head_quant
+from trtvocab.quant.quantize import quantize_checkpoint
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("modelopt") is None,
                                 reason="trtvocab quantize needs nvidia-modelopt (the quant extra)")
@@ -224,7 +224,7 @@ def test_minilm_head_quantizes_bit_exact(tmp_path: Path) -> None:
 @pytest.mark.model
 def test_simulate_numerics_equal_the_modelopt_export(data, calibrated_dirs) -> None:
     """trtvocab's own numerics (--simulate) and ModelOpt's export (quantize) give the same bytes."""
-    from trtvocab.commands.compare import simulate_tensors
+    from trtvocab.accuracy.compare import simulate_tensors
 
     for algo, spec in (("fp8", "fp8-w8a8"), ("nvfp4", "nvfp4-w4a4")):
         written = load_file(str(calibrated_dirs[algo] / "model.safetensors"))
@@ -354,7 +354,7 @@ def tf_hidden(data) -> Path:
 
 @pytest.mark.ranks  # compare(tp=2) launches the ranks itself
 def test_llamacpp_block_is_the_same_at_tp2(data, tf_hidden: Path) -> None:
-    from trtvocab.commands.hidden import load_hidden_file
+    from trtvocab.checkpoints.hidden_file import load_hidden_file
 
     h = load_hidden_file(tf_hidden)
     kwargs = {"simulate": ["fp8", "nvfp4-mse"], "dtype": "fp32", "next_token_ids": h.next_token_ids}

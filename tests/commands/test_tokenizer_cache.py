@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trtvocab.base.fsutil import sha256_file
-from trtvocab.commands import hf_loader
-from trtvocab.commands.hidden import decoder, token_text
+from trtvocab.base.safe_read import sha256_file
+from trtvocab.checkpoints import hf_loader
+from trtvocab.checkpoints.hidden_states import decoder, token_text
 
 
 class _Tok:

@@ -36,7 +36,9 @@ import pytest
 import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, kernels
-from trtvocab.kernels import build, gemm, runtime
+from trtvocab.kernels import compile as kcompile
+from trtvocab.kernels import gemm, library
+from trtvocab.kernels.__main__ import main as kernels_main
 from trtvocab.quant import nvfp4
 
 F8 = torch.float8_e4m3fn
@@ -310,9 +312,9 @@ def test_build_failure_falls_back_and_says_why(monkeypatch, caplog):
         raise RuntimeError("Error building extension 'trtvocab_fused': c++: not found")
 
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
-    monkeypatch.setattr(runtime, "_loaded", None)
-    monkeypatch.setattr(runtime, "_failure", None)
-    monkeypatch.setattr(runtime, "_build", broken)
+    monkeypatch.setattr(library, "_loaded", None)
+    monkeypatch.setattr(library, "_failure", None)
+    monkeypatch.setattr(library, "_build", broken)
     with caplog.at_level("WARNING", logger=kernels.__name__):
         assert kernels.load() is None
         assert kernels.load() is None  # logged once, not per call
@@ -325,10 +327,10 @@ def test_build_failure_falls_back_and_says_why(monkeypatch, caplog):
 
 def test_cli_build(capsys, monkeypatch):
     monkeypatch.setenv(kernels.ENV_VAR, "0")
-    assert kernels.main(["--build"]) == 0
+    assert kernels_main(["--build"]) == 0
     assert "disabled" in capsys.readouterr().out
     monkeypatch.delenv(kernels.ENV_VAR)
-    assert kernels.main(["--build"]) == 0
+    assert kernels_main(["--build"]) == 0
     out = capsys.readouterr().out
     assert ("self-check passed" in out) == kernels.available(), out
 
@@ -351,15 +353,15 @@ def _included(source: Path) -> set[Path]:
 def test_build_name_hashes_every_file_under_csrc(tmp_path, monkeypatch):
     # A stale cached library must never be served: every header the translation units include is
     # among the hashed files, and editing, adding or renaming one changes the build's name.
-    csrc = build.CSRC
-    hashed = {p.resolve() for p in build.source_files()}
+    csrc = kcompile.CSRC
+    hashed = {p.resolve() for p in kcompile.source_files()}
     units = sorted(csrc.glob("*.cpp"))
     assert units and {p.resolve() for p in units} <= hashed
     headers = set().union(*(_included(u) for u in units))
     assert headers and headers <= hashed, sorted(map(str, headers - hashed))
     copy = tmp_path / "csrc"
     shutil.copytree(csrc, copy)
-    monkeypatch.setattr(build, "CSRC", copy)
+    monkeypatch.setattr(kcompile, "CSRC", copy)
     base = kernels.build_name()
     header = copy / "fused" / "vec8.h"
     text = header.read_bytes()
@@ -379,8 +381,8 @@ def test_package_data_ships_every_file_under_csrc():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     root = Path(__file__).resolve().parent.parent
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trtvocab"]
-    package = build.CSRC.parent.parent
-    for path in build.source_files():
+    package = kcompile.CSRC.parent.parent
+    for path in kcompile.source_files():
         rel = path.relative_to(package).as_posix()
         assert any(fnmatch.fnmatchcase(rel, pat) and rel.count("/") == pat.count("/") for pat in patterns), rel
 
@@ -539,7 +541,7 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
         loaded = kernels.load_isa(request.param)
     except Exception as exc:  # no compiler here: the fused tests above skip for the same reason
         pytest.skip(f"{request.param} build unavailable: {exc}")
-    monkeypatch.setattr(runtime, "_loaded", loaded)
+    monkeypatch.setattr(library, "_loaded", loaded)
     return request.param
 
 

@@ -390,7 +390,7 @@ def test_quantize_writes_the_bias_and_the_family(tmp_path: Path) -> None:
     """`trtvocab quantize` of a biased head (Phi) writes lm_head.bias beside the FP8 weight, and a GGUF
     Gemma 2 source's soft-cap reaches the output's config.json under transformers' name."""
     pytest.importorskip("modelopt")
-    from trtvocab.commands.quantize import quantize_checkpoint
+    from trtvocab.quant.quantize import quantize_checkpoint
 
     path, x = _moderate(tmp_path, "phi")
     quantize_checkpoint(path, tmp_path / "phi-fp8", algo="fp8")
@@ -410,7 +410,7 @@ def test_quantize_writes_the_bias_and_the_family(tmp_path: Path) -> None:
 def test_compare_simulates_the_family_head(tmp_path: Path, model_type: str, config: dict) -> None:
     """compare --simulate fp8 / nvfp4: the simulated heads keep the bias and the soft-cap; their KL divergence
     from the true distribution is the quantization's, far below that of the head without its ops."""
-    from trtvocab.commands.compare import compare
+    from trtvocab.accuracy.compare import compare
 
     path, x = _moderate(tmp_path, model_type, **config)
     head = LMHead.from_checkpoint(path, dtype=torch.float32)

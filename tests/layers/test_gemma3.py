@@ -3,7 +3,7 @@ rounded to the table's dtype, inside transformers' ``Gemma3TextScaledWordEmbeddi
 
 References are transformers' own: ``from_pretrained(dir, gguf_file=...)`` on the same GGUF, its
 ``get_input_embeddings()``, its logits and its greedy ``generate``. One model load for the module
-(``trtvocab.commands.generate.load_model`` caches it; tp > 1 ranks get it in shared memory).
+(``trtvocab.pipeline.generate.load_model`` caches it; tp > 1 ranks get it in shared memory).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.base.family import EmbeddingOps
 
-G = pytest.importorskip("trtvocab.commands.generate")
+G = pytest.importorskip("trtvocab.pipeline.generate")
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("one_thread")]
 PROMPT = "The capital of France is"

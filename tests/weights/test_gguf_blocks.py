@@ -170,7 +170,7 @@ def test_smollm2_greedy_tokens_and_logits_match_the_float32_head(smollm2: Path) 
     """SmolLM2's tied Q8_0 head in its blocks: the same greedy tokens as the float32-dequantized head on
     the README's prompts, and logits within the chain's float32 bound of a float64 recomputation."""
     pytest.importorskip("transformers")
-    G = pytest.importorskip("trtvocab.commands.generate")
+    G = pytest.importorskip("trtvocab.pipeline.generate")
     prompts = ["The capital of France is", "def add(a, b):"]
     tokens = {}
     for blocks in (True, False):

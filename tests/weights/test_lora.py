@@ -269,7 +269,7 @@ def test_family_ops_follow_the_lora_gemm(tmp_path: Path) -> None:
 def test_plan_counts_adapter_bytes_per_rank(tmp_path: Path) -> None:
     """`trtvocab plan --lora`: each rank's figure is what its bf16 head and embedding hold for the adapter."""
     from trtvocab import Mapping
-    from trtvocab.commands.plan import make_plan
+    from trtvocab.pipeline.plan import make_plan
     from trtvocab.weights.lora import open_adapter
 
     tensors = {**_head_lora(3), "base_model.model.model.embed_tokens.lora_embedding_A": torch.randn(3, V),
@@ -359,7 +359,7 @@ def test_logits_processor_gives_each_sequence_its_adapter(tmp_path: Path) -> Non
 def test_compare_takes_an_adapter_as_a_variant(tmp_path: Path, hf_checkpoint: Any) -> None:
     """compare --lora NAME=DIR: the baseline's head with the adapter on every row; a zero adapter is the
     baseline itself (KL 0, same top-1 everywhere), a real one moves the distribution."""
-    from trtvocab.commands.compare import compare
+    from trtvocab.accuracy.compare import compare
 
     w = torch.randn(V, H)
     base = hf_checkpoint({"lm_head.weight": w, "model.embed_tokens.weight": torch.randn(V, H)},

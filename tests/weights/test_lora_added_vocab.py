@@ -240,7 +240,7 @@ def gen_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tokenizers = pytest.importorskip("tokenizers")
     from safetensors.torch import load_file
 
-    from trtvocab.commands import generate as G
+    from trtvocab.pipeline import generate as G
 
     root = tmp_path_factory.mktemp("gen")
     torch.manual_seed(3)
@@ -287,7 +287,7 @@ def gen_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.model
 def test_generate_with_added_tokens_equals_peft(gen_run: dict[str, Any]) -> None:
     """Greedy tokens of a batch mixing the adapter (prompt 0) and none (prompt 1) at tp 1, 3 and 4 (uneven)."""
-    from trtvocab.commands import generate as G
+    from trtvocab.pipeline import generate as G
 
     for tp in (1, 3, 4):
         spec, loaded = G.prepare(gen_run["model"], GEN_PROMPTS, tp=tp, max_new_tokens=NEW,
@@ -300,7 +300,7 @@ def test_generate_with_added_tokens_equals_peft(gen_run: dict[str, Any]) -> None
 
 
 def test_compare_refuses_an_adapter_that_adds_tokens(tmp_path: Path, hf_checkpoint: Any) -> None:
-    from trtvocab.commands.compare import compare
+    from trtvocab.accuracy.compare import compare
 
     base = hf_checkpoint({"lm_head.weight": torch.randn(V, H), "model.embed_tokens.weight": torch.randn(V, H)},
                          {"model_type": "llama", "vocab_size": V, "hidden_size": H})
@@ -333,7 +333,7 @@ def test_plan_footprint_counts_the_added_rows_each_rank_holds(tmp_path: Path, la
 def test_generate_with_added_tokens_and_penalties_is_tp_invariant(gen_run: dict[str, Any]) -> None:
     """Penalties read a token-order state (docs/architecture.md, "Adapters that add tokens"): the same tokens
     at tp 1 and 3, and the penalty changes the adapter's repetitive greedy run."""
-    from trtvocab.commands import generate as G
+    from trtvocab.pipeline import generate as G
 
     params = SamplingParams(temperature=0.0, repetition_penalty=3.0)
     runs = []

@@ -3,7 +3,7 @@
 ``stats`` turns per-row float64 numbers (negative log-likelihoods, KL, Δp, ...) into
 llama.cpp's ``perplexity --kl-divergence`` statistics plus EAR, KL both ways, JS and
 bootstrap intervals; ``gates`` checks them against CI thresholds; ``plot`` draws a
-:class:`trtvocab.commands.compare.CompareReport`. Nothing here runs a head.
+:class:`trtvocab.accuracy.compare.CompareReport`. Nothing here runs a head.
 """
 
 from __future__ import annotations

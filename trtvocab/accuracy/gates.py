@@ -59,7 +59,7 @@ class Gates:
 
 
 def check_gates(report: Any, gates: Gates) -> list[str]:
-    """Every missed gate of every variant of a :class:`trtvocab.commands.compare.CompareReport`, one line each."""
+    """Every missed gate of every variant of a :class:`trtvocab.accuracy.compare.CompareReport`, one line each."""
     lines: list[str] = []
     for v in report.variants:
         lines += gates.failures(v.name, v.llamacpp)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from trtvocab.base.publish import atomic_write_bytes
 from trtvocab.errors import InputError
 
 FLOOR = 1e-12  # identical rows have KL 0: drawn at the floor of the log axis
@@ -39,8 +40,6 @@ def plot_report(report: Any, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from trtvocab.base.fsutil import atomic_write_bytes
 
     if not report.variants:
         raise InputError("nothing to plot: the report has no variants")

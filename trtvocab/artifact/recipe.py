@@ -26,9 +26,11 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from trtvocab.base.dtypes import DtypeName
-from trtvocab.base.fsutil import read_regular
+from trtvocab.base.safe_read import read_regular
+from trtvocab.checkpoints.real_models import model_path
 from trtvocab.errors import ConfigError, TrtVocabError
 from trtvocab.export.records import Profile
+from trtvocab.export.targets import parse_targets
 from trtvocab.parallel.mapping import Mapping
 
 # The range of every number a recipe holds (said in its error):
@@ -175,8 +177,6 @@ class EngineSection(_Section):
     def _known_targets(cls, targets: list[str] | None) -> list[str] | None:
         if targets is None:
             return None
-        from trtvocab.export.targets import parse_targets
-
         if not targets:
             raise ValueError("must name at least one target (or be left out for the default set)")
         try:
@@ -247,8 +247,6 @@ class BuildRecipe(_Section):
         if ck.synthetic is not None:
             return None
         if ck.model is not None:
-            from trtvocab.checkpoints.real_models import model_path
-
             try:
                 return model_path(ck.model)
             except TrtVocabError as exc:

@@ -9,7 +9,7 @@
     OUT/rank{r}/lm_head.plan          TensorRT engine, only where TensorRT and a suitable GPU exist
 
 A build writes into a private sibling folder and publishes it atomically
-(:func:`trtvocab.base.fsutil.staging`): a reader sees the old artifact or the new one, never a
+(:func:`trtvocab.base.publish.staging`): a reader sees the old artifact or the new one, never a
 mix. The schema is :class:`trtvocab.artifact.manifest.Manifest`; this module is the only reader
 and writer of the file. What loading checks (:func:`read_manifest`): the section below.
 """
@@ -28,16 +28,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from trtvocab.artifact.manifest import FileRecord, Manifest, RankEntry
-from trtvocab.base.fsutil import (
-    atomic_write_bytes,
-    load_json_file,
-    parse_json,
-    read_regular,
-    sha256_file,
-)
-from trtvocab.base.fsutil import staging as _staging
+from trtvocab.base.publish import atomic_write_bytes
+from trtvocab.base.publish import staging as _staging
+from trtvocab.base.safe_read import load_json_file, parse_json, read_regular, sha256_file
 from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.errors import ArtifactError, TrtVocabError
+from trtvocab.parallel.sharding import vocab_shard
 from trtvocab.version import __version__
 
 # ---- what loading checks (read_manifest) ----------------------------------------------------------
@@ -89,7 +85,7 @@ def is_artifact(path: Path) -> bool:
 
 @contextmanager
 def staging(out: Path, *, force: bool) -> Iterator[Path]:
-    """Build into a private folder, publish it as ``out`` (see :func:`trtvocab.base.fsutil.staging`);
+    """Build into a private folder, publish it as ``out`` (see :func:`trtvocab.base.publish.staging`);
     ``force`` replaces only an empty folder or one that :func:`is_artifact` recognizes."""
     with _staging(out, force=force, is_ours=is_artifact) as stage:
         yield stage
@@ -187,8 +183,6 @@ def check_path(root: Path, rel: str, field: str) -> Path:
 
 def check_consistency(root: Path, m: Manifest) -> None:
     """Refuse a manifest that disagrees with itself or with :func:`trtvocab.parallel.sharding.vocab_shard`."""
-    from trtvocab.parallel.sharding import vocab_shard
-
     recipe, head = m.recipe, m.head
     for key in type(recipe.lm_head).model_fields:
         if getattr(head, key) != getattr(recipe.lm_head, key):
@@ -311,7 +305,7 @@ def check_rank_headers(root: Path, m: Manifest) -> None:
 
 # What earlier runners wrote beside a TensorRT-RTX plan after its first run. trtvocab never opens them
 # (runtime caches live outside the artifact: trtvocab.backends.tensorrt.runtime_cache_path), so they
-# are the one unlisted thing a rank folder may hold: an artifact run once is not refused (issue 37, H3).
+# are the one unlisted thing a rank folder may hold: an artifact run once is not refused.
 LEGACY_RUNTIME_CACHES = frozenset({"lm_head.plan.runtime-cache", "embedding.plan.runtime-cache"})
 
 
@@ -337,14 +331,3 @@ def verify_files(root: Path, manifest: Manifest) -> None:
         if sha256_file(path, limit=meta.bytes, what="artifact file") != meta.sha256 or \
                 os.stat(path).st_size != meta.bytes:
             raise ArtifactError(f"{path}: checksum mismatch (corrupt or modified since the build)")
-
-
-def read_artifact_file(root: Path, manifest: Manifest, rel: str, what: str) -> bytes:
-    """The bytes of a listed artifact file, reading at most its recorded size (plan files)."""
-    if rel not in manifest.files:
-        raise ArtifactError(f"{Path(root) / rel}: not listed in the manifest's files")
-    path = check_path(root, rel, f"files[{rel!r}]")
-    data = read_regular(path, what, max_bytes=manifest.files[rel].bytes)
-    if len(data) != manifest.files[rel].bytes:
-        raise ArtifactError(f"{path}: {len(data)} bytes, the manifest records {manifest.files[rel].bytes}")
-    return data

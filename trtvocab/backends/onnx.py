@@ -32,8 +32,8 @@ from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends.base import RankLogits
 from trtvocab.base.dtypes import DTYPES, dtype_name
 from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS, Runtime
-from trtvocab.base.fsutil import open_regular
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
+from trtvocab.base.safe_read import open_regular
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.export.onnx import FP4_QUANTIZE_OP, TRT_DOMAIN
 from trtvocab.quant.fp8 import FP8_MAX

@@ -26,8 +26,9 @@ import torch
 from trtvocab.artifact.manifest import EngineRecord, Manifest
 from trtvocab.backends.base import RankLogits
 from trtvocab.base.formats import EMBED_IDS, EMBED_ROWS, HIDDEN, LOGITS, SEQ_LENS, Runtime
-from trtvocab.base.fsutil import atomic_write_bytes, read_regular, sha256_bytes
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
+from trtvocab.base.publish import atomic_write_bytes
+from trtvocab.base.safe_read import read_regular, sha256_bytes
 from trtvocab.errors import ArtifactError, EngineUnavailableError, InputError
 from trtvocab.export.targets import Compiler, target_name
 from trtvocab.export.tensorrt import cuda_device, import_compiler, recording_logger
@@ -40,7 +41,7 @@ RUNTIME_CACHE_ENV = "TRTVOCAB_RUNTIME_CACHE_DIR"
 def runtime_cache_dir() -> Path:
     """Where TensorRT-RTX runtime caches live: ``$TRTVOCAB_RUNTIME_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/trtvocab/rtx-runtime-cache``, else ``~/.cache/trtvocab/rtx-runtime-cache``.
-    Never inside an artifact: its rank folders hold only the files its manifest lists (issue 37, H3)."""
+    Never inside an artifact: its rank folders hold only the files its manifest lists."""
     if os.environ.get(RUNTIME_CACHE_ENV):
         return Path(os.environ[RUNTIME_CACHE_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

@@ -15,7 +15,7 @@ from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends.base import RankLogits
 from trtvocab.base.dtypes import head_dtype
 from trtvocab.base.formats import Runtime
-from trtvocab.base.fsutil import open_regular
+from trtvocab.base.safe_read import open_regular
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import shard_logits
 

@@ -63,11 +63,6 @@ class HeadOps(BaseModel):
         """Whether the head is plain ``x @ W.T``."""
         return not self.bias and self.scale == 1.0 and self.divisor == 1.0 and self.softcap is None
 
-    @property
-    def elementwise(self) -> bool:
-        """Whether any step follows the GEMM other than the bias."""
-        return self.scale != 1.0 or self.divisor != 1.0 or self.softcap is not None
-
     def describe(self) -> str:
         """``"+ bias, * 0.0625, softcap 30"``, or ``"x @ W.T"`` for a plain head."""
         parts = (["+ bias"] if self.bias else []) + ([f"* {self.scale:g}"] if self.scale != 1.0 else []) \
@@ -161,5 +156,3 @@ class Family(BaseModel):
     source: tuple[str, ...] = ()
     body: tuple[str, ...] = ()
 
-
-PLAIN = Family()

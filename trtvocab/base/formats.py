@@ -4,6 +4,8 @@
   Manifests, ONNX metadata, engine records and the cross-rank handshake all use it.
 * :class:`Activation` and :class:`Granularity`: the two knobs of a quantized head.
 * :class:`Runtime`: what computed a result (reports, manifests and ``ran_on`` fields say it).
+* :class:`CheckpointFormat`: whose conventions a checkpoint's quantized head follows (the toolchain that
+  wrote it: ModelOpt or compressed-tensors), or dense.
 * The ONNX graph's input and output names, which the exporter writes and every backend
   (onnxruntime, ``onnx.reference``, TensorRT) feeds and reads.
 
@@ -60,6 +62,19 @@ class Granularity(NameEnum):
         for dim in shape:
             count *= int(dim)
         return cls.PER_ROW if count > 1 else cls.PER_TENSOR
+
+
+class CheckpointFormat(NameEnum):
+    """Whose tensor names and scale conventions a checkpoint's head follows: the toolchain that quantized it
+    (``quantize --format``, ``compare --variant TOOLCHAIN:...``), or ``DENSE`` (not quantized)."""
+
+    MODELOPT = "modelopt"
+    COMPRESSED_TENSORS = "compressed-tensors"
+    DENSE = "dense"
+
+
+# The toolchains that write a quantized head, in the order options and messages list them.
+QUANTIZED_FORMATS = (CheckpointFormat.MODELOPT, CheckpointFormat.COMPRESSED_TENSORS)
 
 
 class Runtime(NameEnum):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtvocab.base.fsutil import ErrorType, as_path, open_regular, parse_json
+from trtvocab.base.safe_read import ErrorType, as_path, open_regular, parse_json
 from trtvocab.errors import ArtifactError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit on the JSON header (100 MB)

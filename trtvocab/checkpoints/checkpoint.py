@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trtvocab.base.fsutil import as_path, file_kind, open_regular, parse_json, read_regular
+from trtvocab.base.safe_read import as_path, file_kind, open_regular, parse_json, read_regular
 from trtvocab.base.safetensors_header import is_count, json_name, parse_header
 from trtvocab.checkpoints.lazy_rows import RowReader, read_span
 from trtvocab.checkpoints.names import EMBEDDING_NAMES, HEAD_NAMES, LM_HEAD_NAME, find_embedding, names_tied_head
@@ -56,7 +56,7 @@ MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, hf_quant_config.json, the inde
 # ---- what a checkpoint may hold (anything else is a CheckpointError naming the file) ------------------------
 # * The path is a non-empty ``str`` or ``os.PathLike`` (``None``, an int, which ``open`` would
 #   take as a file descriptor, or bytes are refused). Only regular files are opened
-#   (:func:`trtvocab.base.fsutil.open_regular`), so a FIFO, a device or a socket never blocks a reader.
+#   (:func:`trtvocab.base.safe_read.open_regular`), so a FIFO, a device or a socket never blocks a reader.
 # * A safetensors file is what the format says (:mod:`trtvocab.base.safetensors_header`), checked
 #   before anything is allocated. A data region *shorter* than the header declares (a truncated
 #   copy) still answers header probes, but no tensor of that file is read: ``get_slice`` and every
@@ -76,7 +76,7 @@ MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, hf_quant_config.json, the inde
 
 
 def checkpoint_path(path: Any) -> Path:
-    """``path`` as a :class:`Path` (see :func:`trtvocab.base.fsutil.as_path`), else a CheckpointError."""
+    """``path`` as a :class:`Path` (see :func:`trtvocab.base.safe_read.as_path`), else a CheckpointError."""
     return as_path(path, "checkpoint path", "a file or folder", CheckpointError)
 
 

@@ -28,7 +28,7 @@ import gguf
 import numpy as np
 import torch
 
-from trtvocab.base.fsutil import as_path, open_regular
+from trtvocab.base.safe_read import as_path, open_regular
 from trtvocab.checkpoints.lazy_rows import RowReader, read_span
 from trtvocab.checkpoints.names import EMBEDDING_NAMES, LM_HEAD_NAME, names_tied_head
 from trtvocab.errors import CheckpointError

@@ -14,7 +14,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtvocab.base.fsutil import open_regular
+from trtvocab.base.safe_read import open_regular
 from trtvocab.checkpoints.checkpoint import TensorInfo, open_checkpoint
 from trtvocab.errors import CheckpointError
 

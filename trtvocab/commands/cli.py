@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import textwrap
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +19,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+# Only torch-free modules at the top: `trtvocab --help` must not import torch (tests/test_cli_help.py). The
+# commands import the library (and so torch) inside their bodies: the one kind of function-local import kept.
+from trtvocab.base.limits import GRAMMAR_LIMITS_HELP, MAX_REGEX_CHARS
+from trtvocab.base.publish import atomic_write_bytes
+from trtvocab.base.units import human_bytes as human
+from trtvocab.checkpoints.real_models import MODELS, find, model_path
+from trtvocab.checkpoints.real_models import assemble as assemble_model
 from trtvocab.errors import ConfigError, InputError, PeerRankError, RankFailures, TrtVocabError
 
 _STARTED = time.perf_counter()  # about when the command line started (start-up times: _time_line)
@@ -110,6 +119,26 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def cli_errors(fn: Callable[..., None] | None = None, *,
+               cleanup: Callable[[], None] | None = None) -> Any:
+    """A command's one error path: a :class:`~trtvocab.errors.TrtVocabError` or an ``OSError`` (a path that
+    cannot be read or written) becomes one ``error:`` line and exit code 2 (:func:`_fail`); anything else is
+    a bug and keeps its traceback. ``cleanup`` runs after the command either way (after the error line)."""
+    def wrap(command: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> None:
+            try:
+                command(*args, **kwargs)
+            except (TrtVocabError, OSError) as exc:
+                raise _fail(exc) from None
+            finally:
+                if cleanup is not None:
+                    cleanup()
+        return run
+
+    return wrap(fn) if fn is not None else wrap
+
+
 def _time_line(startup: list[tuple[str, float]], work: str, work_s: float) -> str:
     """``time: start-up S s (imports a s, load b s) + decode W s = T s``: where a command's wall clock went
     (``imports`` runs from the command line's start to ``startup``'s first phase)."""
@@ -147,6 +176,7 @@ def _check_output_file(path: Path | None, option: str) -> None:
 
 # ---- plan -----------------------------------------------------------------------------------
 @app.command(cls=_Command)
+@cli_errors
 def plan(
     checkpoint: Annotated[Path | None, typer.Argument(help="HF directory, .safetensors or llama.cpp .gguf "
                                                       "file")] = None,
@@ -166,31 +196,26 @@ def plan(
                                                     "(repeatable)")] = None,
 ) -> None:
     """The vocabulary ledger: shards, weight bytes (bf16/fp8/nvfp4), logits, collectives, FLOPs, replication."""
-    from trtvocab.base.units import human_bytes as human
-    from trtvocab.commands.plan import ledger_rows, make_plan
-    from trtvocab.errors import ConfigError
+    from trtvocab.pipeline.plan import ledger_rows, make_plan
 
-    try:
-        if checkpoint is not None:
-            from trtvocab.weights.loader import open_head
+    if checkpoint is not None:
+        from trtvocab.weights.loader import open_head
 
-            source = open_head(checkpoint)
-            vocab, hidden = source.vocab_size, source.hidden_size
-            _, stored_tied = source.checkpoint.lm_head_name()
-            if tied is not None and tied != stored_tied:
-                raise ConfigError(f"--{'tied' if tied else 'untied'} contradicts the checkpoint, whose head is "
-                                  f"{'tied to' if stored_tied else 'separate from'} the input embedding; "
-                                  "allowed: the checkpoint's choice or neither flag")
-            tied = stored_tied
-        if vocab is None or hidden is None:
-            raise ConfigError("give a CHECKPOINT or both --vocab and --hidden")
-        from trtvocab.weights.lora import open_adapter
+        source = open_head(checkpoint)
+        vocab, hidden = source.vocab_size, source.hidden_size
+        _, stored_tied = source.checkpoint.lm_head_name()
+        if tied is not None and tied != stored_tied:
+            raise ConfigError(f"--{'tied' if tied else 'untied'} contradicts the checkpoint, whose head is "
+                              f"{'tied to' if stored_tied else 'separate from'} the input embedding; "
+                              "allowed: the checkpoint's choice or neither flag")
+        tied = stored_tied
+    if vocab is None or hidden is None:
+        raise ConfigError("give a CHECKPOINT or both --vocab and --hidden")
+    from trtvocab.weights.lora import open_adapter
 
-        adapters = [open_adapter(folder, other_modules="ignore") for folder in lora or []]
-        p = make_plan(vocab, hidden, tp, batch, layout, pad_to,  # type: ignore[arg-type]
-                      tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied), adapters=adapters)
-    except (TrtVocabError, OSError) as exc:
-        raise _fail(exc) from None
+    adapters = [open_adapter(folder, other_modules="ignore") for folder in lora or []]
+    p = make_plan(vocab, hidden, tp, batch, layout, pad_to,  # type: ignore[arg-type]
+                  tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied), adapters=adapters)
     if as_json:
         print(p.model_dump_json(indent=2))
         return
@@ -221,6 +246,7 @@ def plan(
 
 # ---- models ---------------------------------------------------------------------------------
 @app.command(cls=_Command)
+@cli_errors
 def models(
     name: Annotated[str | None, typer.Argument(help="print only this model's path (smollm2 | minilm | gemma3), "
                                                "e.g. trtvocab generate $(trtvocab models smollm2) ...")] = None,
@@ -229,22 +255,12 @@ def models(
 ) -> None:
     """Where the real models of the README and the recipes are installed (SmolLM2's GGUF, MiniLM's folder,
     Gemma 3 270M's GGUF)."""
-    from trtvocab.checkpoints.real_models import MODELS, find, model_path
-
     if assemble:
-        from trtvocab.checkpoints.real_models import assemble as assemble_model
-
         if name is None:
-            raise _fail(InputError("--assemble needs a model name (gemma3)"))
-        try:
-            assemble_model(name)
-        except TrtVocabError as exc:
-            raise _fail(exc) from None
+            raise InputError("--assemble needs a model name (gemma3)")
+        assemble_model(name)
     if name is not None:
-        try:
-            print(model_path(name))
-        except TrtVocabError as exc:
-            raise _fail(exc) from None
+        print(model_path(name))
         return
     for m in MODELS:
         path = find(m)
@@ -254,6 +270,7 @@ def models(
 
 # ---- build ----------------------------------------------------------------------------------
 @app.command(cls=_Command)
+@cli_errors
 def build(
     recipe: Annotated[Path, typer.Argument(help="builders/*.toml")],
     out: Annotated[Path | None, typer.Option(help="artifact folder (default: the recipe's [output] dir)")] = None,
@@ -269,39 +286,35 @@ def build(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trtvocab.artifact.recipe import load_recipe
-    from trtvocab.base.units import human_bytes as human
     from trtvocab.pipeline.build import build as run_build
 
     imported = time.perf_counter()
-    try:
-        rec = load_recipe(recipe)
-        rec = _engine_overrides(rec, require_engine, compiler, targets)
-        rank_list = _int_list(ranks, "--ranks", 0, 4095) if ranks else None
-        loaded = time.perf_counter()
-        stages = ["load shard", "save weights", "export onnx", "verify onnx", "build engine", "export embedding",
-                  "build embedding engine"]
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stage]}"),
-                      TimeElapsedColumn(), console=err_console, transient=False) as bar:
-            tasks: dict[int, int] = {}
+    rec = load_recipe(recipe)
+    rec = _engine_overrides(rec, require_engine, compiler, targets)
+    rank_list = _int_list(ranks, "--ranks", 0, 4095) if ranks else None
+    loaded = time.perf_counter()
+    stages = ["load shard", "save weights", "export onnx", "verify onnx", "build engine", "export embedding",
+              "build embedding engine"]
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stage]}"),
+                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
+        tasks: dict[int, int] = {}
 
-            def finish(task: int) -> None:  # its clock stops: the bar shows this rank's own time
-                if not bar.tasks[task].finished:
-                    bar.update(task, completed=len(stages), stage="done")
+        def finish(task: int) -> None:  # its clock stops: the bar shows this rank's own time
+            if not bar.tasks[task].finished:
+                bar.update(task, completed=len(stages), stage="done")
 
-            def progress(rank: int, stage: str) -> None:
-                if rank not in tasks:  # ranks build one after another: a new rank ends the one before
-                    for t in tasks.values():
-                        finish(t)
-                    tasks[rank] = bar.add_task(f"rank {rank}", total=len(stages), stage=stage)
-                done = stages.index(stage) if stage in stages else 0
-                bar.update(tasks[rank], completed=done, stage=stage)
+        def progress(rank: int, stage: str) -> None:
+            if rank not in tasks:  # ranks build one after another: a new rank ends the one before
+                for t in tasks.values():
+                    finish(t)
+                tasks[rank] = bar.add_task(f"rank {rank}", total=len(stages), stage=stage)
+            done = stages.index(stage) if stage in stages else 0
+            bar.update(tasks[rank], completed=done, stage=stage)
 
-            path, manifest = run_build(rec, out, ranks=rank_list, force=force, progress=progress)
-            for t in tasks.values():
-                finish(t)
-        built = time.perf_counter()
-    except (TrtVocabError, OSError) as exc:
-        raise _fail(exc) from None
+        path, manifest = run_build(rec, out, ranks=rank_list, force=force, progress=progress)
+        for t in tasks.values():
+            finish(t)
+    built = time.perf_counter()
     table = Table(title=f"built {escape(str(path))}  ({escape(manifest.quant.label)}, tp={manifest.mapping.tp_size})")
     for col in ("rank", "vocab range", "format", "weights", "onnx check (max |err| / tol)", "engine"):
         table.add_column(col)
@@ -347,7 +360,6 @@ def _engine_overrides(rec: Any, require: bool, compiler: str | None, targets: st
 
 def engine_summary(engine: Any) -> str:
     """One cell: the compiler, targets, engine size and the GEMM's datatypes (or why there is no engine)."""
-    from trtvocab.base.units import human_bytes as human
 
     if not engine.built or engine.build is None:
         return "skipped"
@@ -366,6 +378,7 @@ def engine_summary(engine: Any) -> str:
 
 # ---- infer ----------------------------------------------------------------------------------
 @app.command(cls=_Command)
+@cli_errors(cleanup=lambda: _leave_process_group())
 def infer(
     artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
     hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (and optional seq_lens)")],
@@ -377,27 +390,22 @@ def infer(
     """Run every rank of an artifact on hidden states and print each sequence's top-k tokens."""
     import torch
 
-    from trtvocab.commands.hidden import decoder, load_hidden, load_last_tokens
-    from trtvocab.pipeline.runtime import infer as run_infer
+    from trtvocab.checkpoints.hidden_file import load_hidden, load_last_tokens
+    from trtvocab.checkpoints.hidden_states import decoder
+    from trtvocab.parallel.distributed import init_from_env
+    from trtvocab.pipeline.infer import infer as run_infer
 
-    try:
-        from trtvocab.parallel.distributed import init_from_env
-
-        # Everything that can be refused is refused before the ranks start (and before
-        # minutes of inference): the options, the output path, the hidden file and its metadata.
-        if top_k < 1:
-            raise InputError(f"--top-k: must be >= 1 (tokens to print per sequence), got {top_k}")
-        _check_output_file(out, "--out")
-        init_from_env()  # under torchrun each process serves one rank; otherwise a no-op
-        states, lens = load_hidden(hidden)
-        last = load_last_tokens(hidden) or []
-        if seq_lens:
-            lens = torch.tensor(_int_list(seq_lens, "--seq-lens", 1, 2**31 - 1), dtype=torch.int32)
-        logits, ran_on, manifest = run_infer(artifact, states, lens, backend)
-    except TrtVocabError as exc:
-        raise _fail(exc) from None
-    finally:
-        _leave_process_group()
+    # Everything that can be refused is refused before the ranks start (and before
+    # minutes of inference): the options, the output path, the hidden file and its metadata.
+    if top_k < 1:
+        raise InputError(f"--top-k: must be >= 1 (tokens to print per sequence), got {top_k}")
+    _check_output_file(out, "--out")
+    init_from_env()  # under torchrun each process serves one rank; otherwise a no-op
+    states, lens = load_hidden(hidden)
+    last = load_last_tokens(hidden) or []
+    if seq_lens:
+        lens = torch.tensor(_int_list(seq_lens, "--seq-lens", 1, 2**31 - 1), dtype=torch.int32)
+    logits, ran_on, manifest = run_infer(artifact, states, lens, backend)
     if logits is None:  # a non-zero rank under torchrun
         return
     console.print(f"backend: [bold]{escape(ran_on)}[/] ({escape(manifest.quant.label)}, tp={manifest.mapping.tp_size}, "
@@ -418,10 +426,7 @@ def infer(
         table.add_row(str(b), *([escape(last[b])] if len(last) == logits.shape[0] else []), escape(toks))
     console.print(table)
     if out is not None:
-        try:
-            _save_logits(out, logits)
-        except OSError as exc:
-            raise _fail(exc) from None
+        _save_logits(out, logits)
         console.print(f"saved logits {list(logits.shape)} to {escape(str(out))}", highlight=False)
 
 
@@ -441,23 +446,18 @@ def _leave_process_group() -> None:
 def _save_logits(path: Path, logits) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import save
 
-    from trtvocab.base.fsutil import atomic_write_bytes
-
     atomic_write_bytes(path, save({"logits": logits.contiguous()}))
 
 
 # ---- inspect --------------------------------------------------------------------------------
 @app.command(cls=_Command)
+@cli_errors
 def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trtvocab build")],
             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Manifest summary, per-rank shard ranges and bytes, checksum verification."""
     from trtvocab.artifact.store import read_manifest
-    from trtvocab.base.units import human_bytes as human
 
-    try:
-        manifest = read_manifest(artifact)
-    except TrtVocabError as exc:
-        raise _fail(exc) from None
+    manifest = read_manifest(artifact)
     if as_json:
         print(json.dumps(manifest.model_dump(mode="json"), indent=2))
         return
@@ -509,6 +509,7 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
 
 # ---- hidden ---------------------------------------------------------------------------------
 @app.command(cls=_Command)
+@cli_errors
 def hidden(
     model: Annotated[Path, typer.Argument(help="HF model directory or a llama.cpp .gguf file (transformers, "
                                           "offline)")],
@@ -527,27 +528,25 @@ def hidden(
     """Compute real hidden states of some texts (packed, no special tokens) and their token ids, for infer/compare."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trtvocab.commands.hidden import DEFAULT_TEXTS, read_text_file, save_hidden, text_hidden_states
+    from trtvocab.checkpoints.hidden_file import save_hidden
+    from trtvocab.checkpoints.hidden_states import DEFAULT_TEXTS, read_text_file, text_hidden_states
 
-    try:
-        _check_output_file(out, "--out")
-        texts = list(text or [])
-        if text_file is not None:
-            texts += read_text_file(text_file)
-        texts = texts or list(DEFAULT_TEXTS)
-        with Progress(TextColumn("hidden states"), BarColumn(), MofNCompleteColumn(), TextColumn("documents"),
-                      TimeElapsedColumn(), console=err_console, transient=True, disable=len(texts) < 16) as bar:
-            task = bar.add_task("hidden", total=len(texts))
+    _check_output_file(out, "--out")
+    texts = list(text or [])
+    if text_file is not None:
+        texts += read_text_file(text_file)
+    texts = texts or list(DEFAULT_TEXTS)
+    with Progress(TextColumn("hidden states"), BarColumn(), MofNCompleteColumn(), TextColumn("documents"),
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=len(texts) < 16) as bar:
+        task = bar.add_task("hidden", total=len(texts))
 
-            def progress(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
 
-            result = text_hidden_states(model, texts, layer=layer, max_tokens=max_tokens, max_len=max_len,
-                                        progress=progress)
-        save_hidden(out, result.states, result.seq_lens, result.last_tokens, input_ids=result.input_ids,
-                    next_token_ids=result.next_token_ids)
-    except (TrtVocabError, OSError) as exc:
-        raise _fail(exc) from None
+        result = text_hidden_states(model, texts, layer=layer, max_tokens=max_tokens, max_len=max_len,
+                                    progress=progress)
+    save_hidden(out, result.states, result.seq_lens, result.last_tokens, input_ids=result.input_ids,
+                next_token_ids=result.next_token_ids)
     extra = ", input_ids"
     if result.next_token_ids is not None:
         scored = int((result.next_token_ids >= 0).sum())
@@ -571,6 +570,7 @@ MAX_PPL_HELP = "gate: fail (exit 1) when a variant's PPL(Q)/PPL(base) exceeds th
 
 
 @app.command(cls=_Command)
+@cli_errors
 def quantize(
     checkpoint: Annotated[Path, typer.Argument(help="dense HF directory, .safetensors or .gguf file")],
     algo: Annotated[str, typer.Option(help="fp8 | nvfp4")],
@@ -601,31 +601,28 @@ def quantize(
     LMHead.from_checkpoint picks up."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trtvocab.commands.quantize import parse_format, quantize_checkpoint
-    from trtvocab.errors import ConfigError
+    from trtvocab.accuracy.compare import quantize_gate
+    from trtvocab.quant.quantize import parse_format, quantize_checkpoint
 
-    try:
-        checkpoint_format = parse_format(checkpoint_format)  # before anything else is looked at
-        gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
-        if gates.active and gate is None:
-            raise ConfigError("--max-kld-mean / --min-same-top / --max-ppl-ratio need --gate HIDDEN (the rows "
-                              "to judge the quantized head on)")
-        if gate is not None and not gates.active:
-            raise ConfigError("--gate needs at least one of --max-kld-mean, --min-same-top, --max-ppl-ratio")
-        gate_fn = _quantize_gate(checkpoint, gate, gates, tensor_name, out) if gate is not None else None
-        with Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("batches"),
-                      TimeElapsedColumn(), console=err_console, transient=True, disable=calib is None) as bar:
-            task = bar.add_task("calibrate", total=None)
+    checkpoint_format = parse_format(checkpoint_format)  # before anything else is looked at
+    gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
+    if gates.active and gate is None:
+        raise ConfigError("--max-kld-mean / --min-same-top / --max-ppl-ratio need --gate HIDDEN (the rows "
+                          "to judge the quantized head on)")
+    if gate is not None and not gates.active:
+        raise ConfigError("--gate needs at least one of --max-kld-mean, --min-same-top, --max-ppl-ratio")
+    gate_fn = quantize_gate(checkpoint, gate, gates, tensor_name, out) if gate is not None else None
+    with Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("batches"),
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=calib is None) as bar:
+        task = bar.add_task("calibrate", total=None)
 
-            def progress(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
 
-            result = quantize_checkpoint(checkpoint, out, algo=algo, calib=calib, weight_only=weight_only,
-                                         tensor_name=tensor_name, batch_rows=batch_rows, force=force,
-                                         progress=progress, scale_search=scale_search, gate=gate_fn,
-                                         checkpoint_format=checkpoint_format)
-    except (TrtVocabError, OSError) as exc:
-        raise _fail(exc) from None
+        result = quantize_checkpoint(checkpoint, out, algo=algo, calib=calib, weight_only=weight_only,
+                                     tensor_name=tensor_name, batch_rows=batch_rows, force=force,
+                                     progress=progress, scale_search=scale_search, gate=gate_fn,
+                                     checkpoint_format=checkpoint_format)
     if not result.published:
         for line in result.gate_failures:
             err_console.print(f"{escape(line)}; nothing written to {escape(str(out))}", highlight=False,
@@ -650,34 +647,9 @@ def quantize(
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
 
 
-def _quantize_gate(checkpoint: Path, gate: Path, gates, tensor_name: str | None, out: Path):  # type: ignore[no-untyped-def]
-    """A ``quantize_checkpoint`` gate: compare the in-memory quantized head with the source head on
-    the rows of ``gate`` (loaded now, so a bad file is refused before any quantizing)."""
-    from trtvocab.commands.compare import HeadSource
-    from trtvocab.commands.compare import compare as run_compare
-    from trtvocab.commands.hidden import load_hidden_file
-
-    data = load_hidden_file(gate)
-    if data.next_token_ids is None:
-        raise InputError(f"--gate {gate}: has no next_token_ids (write it with `trtvocab hidden` on a causal LM)")
-
-    def check(tensors, config):  # type: ignore[no-untyped-def]
-        local = {k.removeprefix("lm_head."): v for k, v in tensors.items()}
-        vocab, packed = local["weight"].shape
-        hidden_size = packed * 2 if config.quant_algo.value == "NVFP4" else packed
-        src = HeadSource(name=f"quantized:{out.name}", tensors=local, quant_config=config,
-                         shape=(int(vocab), int(hidden_size)))
-        report = run_compare(checkpoint, [], data.states, data.seq_lens, heads=[src], tensor_name=tensor_name,
-                             next_token_ids=data.next_token_ids)
-        from trtvocab.accuracy.gates import check_gates
-
-        return check_gates(report, gates)
-
-    return check
-
-
 # ---- compare --------------------------------------------------------------------------------
 @app.command(cls=_Command)
+@cli_errors
 def compare(
     baseline: Annotated[Path, typer.Argument(help="dense (bf16 / fp32) checkpoint: HF dir, .safetensors or .gguf")],
     hidden: Annotated[Path, typer.Option(help=".safetensors with hidden_states [T, H] (+ seq_lens, next_token_ids)")],
@@ -710,29 +682,26 @@ def compare(
 ) -> None:
     """Accuracy of quantized LM heads against the baseline: top-1/top-5, KL, logit error, and llama.cpp's
     teacher-forced PPL / KLD / Δp block (with EAR and intervals) where the hidden file has next tokens."""
+    from trtvocab.accuracy.compare import compare as run_compare
+    from trtvocab.accuracy.compare import plot_report
     from trtvocab.accuracy.gates import check_gates
-    from trtvocab.commands.compare import compare as run_compare
-    from trtvocab.commands.compare import plot_report
-    from trtvocab.commands.hidden import load_hidden_file
+    from trtvocab.checkpoints.hidden_file import load_hidden_file
 
     imported = time.perf_counter()
-    try:
-        gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
-        _check_output_file(plot, "--plot")
-        data = load_hidden_file(hidden)
-        calib_states = load_hidden_file(calib).states if calib is not None else None
-        specs = [s for s in (simulate or "").split(",") if s.strip()]
-        loaded = time.perf_counter()
-        report = run_compare(baseline, list(variants or []), data.states, data.seq_lens, simulate=specs,
-                             calib=calib_states, tp=tp, all_tokens=all_tokens, dtype=dtype,
-                             next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed,
-                             variant_specs=list(variant_specs or []), loras=list(lora or []))
-        compared = time.perf_counter()
-        failures = check_gates(report, gates)
-        if plot is not None:
-            plot_report(report, plot)
-    except (TrtVocabError, OSError) as exc:
-        raise _fail(exc) from None
+    gates = _gate_options(max_kld_mean, min_same_top, max_ppl_ratio)
+    _check_output_file(plot, "--plot")
+    data = load_hidden_file(hidden)
+    calib_states = load_hidden_file(calib).states if calib is not None else None
+    specs = [s for s in (simulate or "").split(",") if s.strip()]
+    loaded = time.perf_counter()
+    report = run_compare(baseline, list(variants or []), data.states, data.seq_lens, simulate=specs,
+                         calib=calib_states, tp=tp, all_tokens=all_tokens, dtype=dtype,
+                         next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed,
+                         variant_specs=list(variant_specs or []), loras=list(lora or []))
+    compared = time.perf_counter()
+    failures = check_gates(report, gates)
+    if plot is not None:
+        plot_report(report, plot)
     if as_json:
         print(json.dumps(report.as_dict(), indent=2))
     elif markdown:
@@ -771,17 +740,9 @@ def compare(
 
 
 # ---- generate -------------------------------------------------------------------------------
-# The limits of trtvocab.commands.generate (MAX_SCHEMA_BYTES, MAX_REGEX_CHARS, MAX_GRAMMAR_DEPTH, GRAMMAR_TIMEOUT_S),
-# spelled out here so that --help needs no import of the decode loop (a test keeps them equal).
-REGEX_CHARS_HELP = "16384"
-GRAMMAR_LIMITS_HELP = ("Limits: a schema of at most 1 MiB nested at most 128 deep, a regex of at most 16384 "
-                       "characters with groups nested at most 128 deep, and 30 s to compile it against the "
-                       "tokenizer (TRTVOCAB_GRAMMAR_TIMEOUT_S); keywords xgrammar would ignore (not, if/then/else, "
-                       "contains, uniqueItems, propertyNames, dependencies), anything xgrammar warns about, and a "
-                       "constraint that matches nothing are refused")
-
 
 @app.command(cls=_Command)
+@cli_errors
 def generate(
     model: Annotated[Path, typer.Argument(help="HF causal-LM directory or a llama.cpp .gguf file (transformers, "
                                           "offline)")],
@@ -823,7 +784,7 @@ def generate(
     json_schema: Annotated[Path | None, typer.Option(help="constrain every answer to this JSON schema file "
                                                      f"(xgrammar). {GRAMMAR_LIMITS_HELP}")] = None,
     regex: Annotated[str | None, typer.Option(help="constrain every answer to this regular expression "
-                                              f"(xgrammar; at most {REGEX_CHARS_HELP} characters; the other limits as "
+                                              f"(xgrammar; at most {MAX_REGEX_CHARS} characters; the other limits as "
                                               "for --json-schema)")] = None,
     deterministic: Annotated[bool, typer.Option(help="batch- and tp-invariant head logits (LMHead deterministic "
                                                 "mode, where this trtvocab has it)")] = False,
@@ -849,27 +810,24 @@ def generate(
                                                        "applies to every prompt)")] = None,
 ) -> None:
     """Decode with the vocabulary dimension split over --tp ranks: embedding, head and sampler in trtvocab."""
-    from trtvocab.commands.generate import generate as run_generate
-    from trtvocab.commands.generate import prepare, sampling_params
+    from trtvocab.pipeline.generate import generate as run_generate
+    from trtvocab.pipeline.generate import prepare, sampling_params
 
     imported = time.perf_counter()
-    try:
-        params = sampling_params(temperature, top_k, top_p, min_p, seed, logit_bias=logit_bias or [],
-                                 repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                                 frequency_penalty=frequency_penalty, min_tokens=min_tokens,
-                                 stop_token_ids=stop_token_id or [], ignore_eos=ignore_eos, typical_p=typical_p,
-                                 logprobs=logprobs, logprobs_mode=logprobs_mode, prompt_logprobs=prompt_logprobs,
-                                 n=n, beam_width=beam_width)
-        spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
-                               json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
-                               artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
-                               attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
-                               gguf_blocks=gguf_blocks, bad_words=bad_words or [], stop=stop or [])
-        prepared = time.perf_counter()
-        report = run_generate(spec, loaded)
-        ran = time.perf_counter()
-    except (TrtVocabError, OSError) as exc:
-        raise _fail(exc) from None
+    params = sampling_params(temperature, top_k, top_p, min_p, seed, logit_bias=logit_bias or [],
+                             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                             frequency_penalty=frequency_penalty, min_tokens=min_tokens,
+                             stop_token_ids=stop_token_id or [], ignore_eos=ignore_eos, typical_p=typical_p,
+                             logprobs=logprobs, logprobs_mode=logprobs_mode, prompt_logprobs=prompt_logprobs,
+                             n=n, beam_width=beam_width)
+    spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
+                           json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
+                           artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
+                           attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
+                           gguf_blocks=gguf_blocks, bad_words=bad_words or [], stop=stop or [])
+    prepared = time.perf_counter()
+    report = run_generate(spec, loaded)
+    ran = time.perf_counter()
     if as_json:
         print(json.dumps(report.as_json(loaded.tokenizer)))
         return

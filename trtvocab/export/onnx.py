@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict
 
 from trtvocab.base.dtypes import HEAD_DTYPES, dtype_name
 from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS, Activation, Granularity, WeightFormat
-from trtvocab.base.fsutil import fsync_file, sha256_file
+from trtvocab.base.publish import fsync_file
+from trtvocab.base.safe_read import sha256_file
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
 from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK as FP4_BLOCK

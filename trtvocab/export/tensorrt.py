@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from trtvocab.base.formats import EMBED_IDS, SEQ_LENS, WeightFormat
-from trtvocab.base.fsutil import atomic_write_bytes, read_regular, sha256_bytes
+from trtvocab.base.publish import atomic_write_bytes
+from trtvocab.base.safe_read import read_regular, sha256_bytes
 from trtvocab.errors import ConfigError, EngineUnavailableError, QuantizationError
 from trtvocab.export.contract import GraphInfo, check_engine, describe_graph
 from trtvocab.export.layer_table import parse_layer_table
@@ -94,11 +95,6 @@ def import_compiler(compiler: Compiler | str) -> Toolkit:
         raise EngineUnavailableError(f"{module} {trt.__version__} is too old: trtvocab's strongly typed "
                                      f"FP8/FP4 graphs need >= {'.'.join(map(str, need))}")
     return Toolkit(compiler, trt)
-
-
-def import_tensorrt() -> Any:
-    """Standard TensorRT's module (the runner of standard plans)."""
-    return import_compiler(Compiler.TENSORRT).trt
 
 
 def cuda_device() -> Any:
@@ -286,7 +282,7 @@ def _timing_cache(config: Any, path: Path, logger: Any, version: str) -> Any:
     """The timing cache at ``path`` (``[engine] timing_cache``; recipe content, not trusted), which the
     build then replaces atomically: so it must be absent or a regular file that TensorRT deserializes
     as a timing cache. Anything else (``~/.bashrc``, ``/etc/passwd``, a FIFO) is refused with a
-    :class:`ConfigError` before building, and never overwritten (issue 37, A1)."""
+    :class:`ConfigError` before building, and never overwritten."""
     what = f"[engine] timing_cache {path}"
     if not os.path.lexists(path):
         return config.create_timing_cache(b"")

@@ -3,16 +3,16 @@ C++ extension, ``csrc/fused.cpp``, called through :mod:`ctypes` on torch's intra
 
 The design and the numerics contract (each logit one chain of 8 float32 lanes over H, so it is
 bitwise the same at every batch size, row partition and tp size): docs/architecture.md, "Fused
-kernels", and :mod:`trtvocab.kernels.gemm`. By job: :mod:`~trtvocab.kernels.build` (instruction
+kernels", and :mod:`trtvocab.kernels.gemm`. By job: :mod:`~trtvocab.kernels.compile` (instruction
 set, flags, cache folder, lock, sha256 record, compiling, binding), :mod:`~trtvocab.kernels.gemm`
 (input layouts, the logits calls), :mod:`~trtvocab.kernels.selfcheck` (the load-time decode
-check), :mod:`~trtvocab.kernels.runtime` (this process's library), :mod:`~trtvocab.kernels.tree`
-(the vocab tree's nodes), :mod:`~trtvocab.kernels.cli` (``python -m trtvocab.kernels --build``).
+check), :mod:`~trtvocab.kernels.library` (this process's library), :mod:`~trtvocab.kernels.tree`
+(the vocab tree's nodes), :mod:`~trtvocab.kernels.__main__` (``python -m trtvocab.kernels --build``).
 """
 
 from __future__ import annotations
 
-from trtvocab.kernels.build import (
+from trtvocab.kernels.compile import (
     ABI,
     CACHE_ENV_VAR,
     ENV_VAR,
@@ -38,7 +38,6 @@ from trtvocab.kernels.build import (
     requested_isa,
     write_record,
 )
-from trtvocab.kernels.cli import main
 from trtvocab.kernels.gemm import (
     DENSE_ENV_VAR,
     DENSE_KERNEL_DTYPES,
@@ -52,7 +51,7 @@ from trtvocab.kernels.gemm import (
     fp8_x,
     nvfp4_x,
 )
-from trtvocab.kernels.runtime import (
+from trtvocab.kernels.library import (
     available,
     dense_logits,
     dense_max_batch,
@@ -79,6 +78,6 @@ __all__ = ["ABI", "CACHE_ENV_VAR", "DENSE_ENV_VAR", "DENSE_KERNEL_DTYPES", "DENS
            "build_lock", "build_name", "build_root", "cache_problem", "cflags", "cpu_flags", "dense_logits",
            "dense_max_batch", "disabled", "disabled_reason", "fp8_logits", "fp8_x", "gguf_logits", "gguf_usable",
            "load", "load_isa",
-           "lock_timeout", "main", "nvfp4_logits", "nvfp4_x", "on_cpu", "read_probe", "record_path", "requested_isa",
+           "lock_timeout", "nvfp4_logits", "nvfp4_x", "on_cpu", "read_probe", "record_path", "requested_isa",
            "self_check", "tree_available", "tree_exp_check", "tree_nodes", "unavailable_reason", "usable",
            "write_record"]

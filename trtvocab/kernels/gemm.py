@@ -1,8 +1,8 @@
 """How the fused kernels multiply: the numerics contract, the inputs' layouts, and the calls into a
 given build of the library.
 
-Every call here takes a :class:`~trtvocab.kernels.build.Loaded` first (``trtvocab.kernels.fp8_logits``
-etc., in :mod:`trtvocab.kernels.runtime`, pass this process's library). The quantized heads decode
+Every call here takes a :class:`~trtvocab.kernels.compile.Loaded` first (``trtvocab.kernels.fp8_logits``
+etc., in :mod:`trtvocab.kernels.library`, pass this process's library). The quantized heads decode
 their codes inside the multiply, so the weight is read once per call in its stored bytes; the same
 library multiplies dense bf16 / fp16 heads (:func:`dense_logits`) where torch's GEMM has no native
 dot products for that dtype, and float32 heads at decode batches, where torch's sgemm is compute
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtvocab.kernels.build import Loaded, cpu_flags
+from trtvocab.kernels.compile import Loaded, cpu_flags
 
 LANES = 8
 NVFP4_GROUP = 8 * 16  # elements per NVFP4 lane group: 8 blocks of 16

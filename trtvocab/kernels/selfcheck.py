@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from trtvocab.kernels import gemm
-from trtvocab.kernels.build import Loaded
+from trtvocab.kernels.compile import Loaded
 from trtvocab.quant import gguf_blocks, nvfp4
 
 

@@ -7,9 +7,9 @@ import threading
 
 import torch
 
-from trtvocab.kernels.build import Loaded, log
+from trtvocab.kernels.compile import Loaded, log
 from trtvocab.kernels.gemm import check_status
-from trtvocab.kernels.runtime import load
+from trtvocab.kernels.library import load
 
 _lock = threading.Lock()
 _tree_failure: str | None = None  # why the tree kernel is not used (checked once per process)

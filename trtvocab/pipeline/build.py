@@ -26,11 +26,12 @@ from trtvocab.artifact.manifest import (
     VerifyRecord,
 )
 from trtvocab.artifact.recipe import BuildRecipe
-from trtvocab.base import fsutil
+from trtvocab.base import publish
 from trtvocab.base.dtypes import head_dtype
 from trtvocab.base.family import Family
 from trtvocab.base.formats import Runtime, WeightFormat
 from trtvocab.checkpoints.provenance import head_digest
+from trtvocab.checkpoints.synthetic import SyntheticRows
 from trtvocab.embedding import VocabParallelEmbedding
 from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.export.records import EngineBuild
@@ -47,8 +48,6 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
     dtype = head_dtype(lh.dtype)
     syn = recipe.checkpoint.synthetic
     if syn is not None:
-        from trtvocab.checkpoints.synthetic import SyntheticRows
-
         head = LMHead(syn.vocab_size, syn.hidden_size, dtype=dtype, mapping=mapping, gather_output=lh.gather_output,
                       vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, **lh.head_options())
         head.load_weights({"weight": SyntheticRows(syn.vocab_size, syn.hidden_size, syn.seed, syn.std)})
@@ -142,10 +141,10 @@ def build_rank(
     tensors = {k: v.contiguous() for k, v in head.weights.export_tensors().items()}
     if head.head_ops.bias:
         tensors["bias"] = head.bias.contiguous()
-    with fsutil.writing(f"rank{rank}/weights.safetensors"):
+    with publish.writing(f"rank{rank}/weights.safetensors"):
         save_file(tensors, str(out / "weights.safetensors"),
                   metadata={"rank": str(rank), "start": str(head.vocab_start), "end": str(head.vocab_end)})
-        fsutil.default_mode(out / "weights.safetensors")  # readable as the manifest and graphs are (not 0600)
+        publish.default_mode(out / "weights.safetensors")  # readable as the manifest and graphs are (not 0600)
     files = RankFiles(weights=f"rank{rank}/weights.safetensors")
     verify: VerifyRecord | None = None
     if recipe.output.onnx:
@@ -258,7 +257,7 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
     # A full disk or a file-size limit anywhere below (weights, graphs, plans, the manifest, fsync) is a
     # WriteError naming the artifact and the file; staging removed its private folder, `out` is as it was.
     untouched = f"; nothing was published and {out} is as it was" if existed else "; nothing was published"
-    with fsutil.writing(f"build --out {out}", note=untouched), artifacts.staging(out, force=force) as stage:
+    with publish.writing(f"build --out {out}", note=untouched), artifacts.staging(out, force=force) as stage:
         built = [build_rank(recipe, r, stage, progress) for r in ranks]
         entries = [entry for entry, _ in built]
         vocab, hidden, family = built[0][1]

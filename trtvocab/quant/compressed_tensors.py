@@ -21,6 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trtvocab.base.formats import Activation, Granularity
+from trtvocab.checkpoints.checkpoint import ST_DTYPES
 from trtvocab.errors import CheckpointError, PatternError, QuantizationError
 from trtvocab.quant import patterns
 from trtvocab.quant.fp8 import FP8_DTYPE
@@ -62,11 +63,9 @@ if TYPE_CHECKING:
 
 
 CT_METHOD = "compressed-tensors"
-CHECKPOINT_FORMAT = "compressed-tensors"
 FP8_FORMATS = ("float-quantized", "naive-quantized")
 NVFP4_FORMAT = "nvfp4-pack-quantized"
 DENSE_FORMAT = "dense"
-MIXED_FORMAT = "mixed-precision"
 COMPRESSED = "compressed"
 # HF module classes (with their MRO) the matcher sees for the two modules trtvocab reads.
 HEAD_CLASSES = ("Linear", "Module")
@@ -505,8 +504,6 @@ class DecompressedRows:
     """
 
     def __init__(self, ckpt: Checkpoint, module: str, algo: str, hidden: int) -> None:
-        from trtvocab.checkpoints.checkpoint import ST_DTYPES
-
         self.module, self.algo, self.hidden = module, algo, hidden
         if algo == "NVFP4":
             self.codes = ckpt.get_slice(f"{module}.weight_packed")
@@ -672,7 +669,7 @@ def embedding_tensors(ckpt: Checkpoint, section: dict[str, Any], where: str, nam
 
 
 __all__ = [
-    "CHECKPOINT_FORMAT", "CTArgs", "CTConfig", "CTGroup", "CTModule", "DecompressedRows", "EmbeddingTensors",
+    "CTArgs", "CTConfig", "CTGroup", "CTModule", "DecompressedRows", "EmbeddingTensors",
     "Float32Rows", "decompress_fp8", "decompress_nvfp4", "embedding_tensors", "head_tensors",
     "is_compressed_tensors", "match_group", "modelopt_tensors", "parse_config", "resolve_module",
 ]

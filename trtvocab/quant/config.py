@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from trtvocab.base.formats import Activation, Granularity, WeightFormat
+from trtvocab.base.formats import Activation, CheckpointFormat, Granularity, WeightFormat
+from trtvocab.checkpoints.checkpoint import open_checkpoint
 from trtvocab.errors import QuantizationError
 from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.nvfp4 import BLOCK
@@ -152,14 +153,14 @@ class HeadQuantDecision(BaseModel):
     reason: str
     tensor_name: str = "lm_head.weight"  # the stored [V, H] tensor (lm_head.weight_packed for compressed-tensors NVFP4)
     tied: bool = False  # the head is the tied input embedding
-    checkpoint_format: str = "modelopt"  # whose tensor names and scale conventions: "modelopt" | "compressed-tensors"
+    checkpoint_format: CheckpointFormat = CheckpointFormat.MODELOPT  # whose tensor names and scale conventions
     notice: str | None = None  # a warning to give when the head loads (e.g. a mode loaded weight-only)
 
     @property
     def warning(self) -> str | None:
         if not self.dequantize or self.stored is None:
             return None
-        if self.checkpoint_format == "compressed-tensors":
+        if self.checkpoint_format is CheckpointFormat.COMPRESSED_TENSORS:
             how = ("bfloat16(e2m1(q) * fp32(block_scale / global_scale))" if self.stored is QuantAlgo.NVFP4
                    else "q * weight_scale rounded once to the scale's dtype")
             return (f"{self.tensor_name} is stored as {self.stored.value} but the head runs dense ({self.reason}): "
@@ -228,7 +229,7 @@ def _refuse_unrecognised_ct(ckpt: Checkpoint, module: str, section: Any) -> None
     """A head stored with compressed-tensors-only tensors (``weight_packed``, ``weight_global_scale``,
     ``input_global_scale``, ``weight_zero_point``, an FP8 weight whose ``weight_scale`` is in the model
     dtype) under a config that is not ``quant_method: "compressed-tensors"`` (null, missing, another
-    case, a list) is refused naming ``quant_method``, not read by the ModelOpt rules (issue 37, M2)."""
+    case, a list) is refused naming ``quant_method``, not read by the ModelOpt rules."""
     if ckpt.hf_quant_config is not None:
         return
     names = [f"{module}.{k}" for k in ("weight_packed", "weight_global_scale", "input_global_scale",
@@ -261,8 +262,6 @@ def resolve_lm_head_quant(
 ) -> HeadQuantDecision:
     """Apply the gating rule to a checkpoint (a :class:`Checkpoint` or its path; header probes only)."""
     if not hasattr(ckpt, "hf_quant_config"):
-        from trtvocab.checkpoints.checkpoint import open_checkpoint
-
         ckpt = open_checkpoint(ckpt)  # type: ignore[arg-type]
     if quant not in ("auto", "none"):
         raise QuantizationError(f"quant must be 'auto' or 'none', got {quant!r}")
@@ -364,8 +363,8 @@ def _resolve_ct(ckpt: Checkpoint, section: dict[str, Any], where: str, *, name: 
 
     def dense(reason: str, notice: str | None = None) -> HeadQuantDecision:
         return HeadQuantDecision(config=None, stored=stored, dequantize=stored is not None, reason=reason,
-                                 tensor_name=info.tensor_name, tied=tied, checkpoint_format=ct.CHECKPOINT_FORMAT,
-                                 notice=notice)
+                                 tensor_name=info.tensor_name, tied=tied,
+                                 checkpoint_format=CheckpointFormat.COMPRESSED_TENSORS, notice=notice)
 
     if stored is None:
         return dense(info.reason or "the head is stored dense", info.notice)
@@ -377,5 +376,6 @@ def _resolve_ct(ckpt: Checkpoint, section: dict[str, Any], where: str, *, name: 
                          group_size=BLOCK, granularity=info.granularity)
     return HeadQuantDecision(config=config, stored=stored, dequantize=False,
                              reason=info.reason + (f"; {info.vllm_note}" if info.vllm_note else ""),
-                             tensor_name=info.tensor_name, tied=tied, checkpoint_format=ct.CHECKPOINT_FORMAT,
+                             tensor_name=info.tensor_name, tied=tied,
+                             checkpoint_format=CheckpointFormat.COMPRESSED_TENSORS,
                              notice=None if weight_only else info.notice)

@@ -1,4 +1,4 @@
-"""``re:`` patterns from a checkpoint's config, matched in bounded time (issue 37, H1).
+"""``re:`` patterns from a checkpoint's config, matched in bounded time.
 
 compressed-tensors (and vLLM) match a ``re:`` target or ``ignore`` entry with ``re.match``: a
 backtracking matcher whose time a pattern such as ``(.|.|...)*Z`` makes exponential in the name's

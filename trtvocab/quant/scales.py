@@ -1,4 +1,4 @@
-"""The rules every stored scale of a quantized head or embedding obeys, on every path (issue 37, H2).
+"""The rules every stored scale of a quantized head or embedding obeys, on every path.
 
 The quantized path (the FP8 / NVFP4 weight methods) and the dequantize path (a compressed-tensors
 module decompressed into a dense head: ``quant='none'``, a tied quantized head, LM-head TP under

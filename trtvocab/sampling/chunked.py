@@ -113,7 +113,6 @@ class _Stream:
         self.prepared = head.weights.prepare(hidden)
         self.bitmask = None if bitmask is None else bitmask.to(hidden.device)
         self.passes = 0
-        self.gemm_calls = 0
 
     def __iter__(self) -> Iterator[tuple[int, int, torch.Tensor]]:
         self.passes += 1
@@ -124,7 +123,6 @@ class _Stream:
             if self.bitmask is not None:
                 keep = allowed_columns(self.bitmask, head.vocab_start + lo, hi - lo, hi - lo)
                 out = out.masked_fill(~keep, float("-inf"))
-            self.gemm_calls += 1
             yield lo, hi, out
 
 

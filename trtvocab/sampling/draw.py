@@ -166,7 +166,7 @@ def checked_sample(local_logits: Any, head: VocabPlacement, params: Any, step: A
                    state: TokenState | None = None) -> SamplerOutput:
     """:func:`sample` and ``sampling.decode`` after their own validation (``error``: this rank's
     verdict so far): the params checks, the handshake (``op``; ``bitmask`` joins the argument
-    digest), then :func:`filtered_draw`."""
+    digest), then :func:`pipeline`."""
     per_row: list[SamplingParams] = []
     if error is None:
         error, per_row = draw_args_error(params, local_logits.shape[0], step, vocab_limit, head.vocab_size, "sample")
@@ -191,14 +191,6 @@ def collective_plan(rows: list[SamplingParams], vocab_size: int) -> int:
     typical, top_p = any(p.typical_p < 1 for p in sampled), any(p.top_p < 1 for p in sampled)
     min_p = any(p.min_p > 0 for p in sampled)
     return (k * (vocab_size + 2) + min(n, vocab_size + 1)) * 8 + 4 * typical + 2 * top_p + min_p
-
-
-def filtered_draw(x: torch.Tensor, head: VocabPlacement, per_row: list[SamplingParams], seeds: list[int], step: int,
-                  vocab_limit: int | None, state: TokenState | None = None) -> torch.Tensor:
-    """The draw of validated, agreed input: ``x`` this rank's owned columns ``[B, V_local]``, one
-    params entry and one seed per row (:func:`pipeline`'s token ids)."""
-    meta = Metadata.build(per_row, seeds, step, vocab_limit, x.device, state)
-    return pipeline(x, head, meta).token_ids
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 :class:`~trtvocab.logits.LogitsProcessor` selects them), xgrammar's bitmask and the sampling
 params, and returns the next ids, the same on every rank. When this batch's float32
 ``[B, V_local]`` logits (``V_local`` the widest shard, so every rank decides alike) fit in
-``head.logits_budget_bytes`` it computes them and draws (:func:`~trtvocab.sampling.draw.filtered_draw`);
+``head.logits_budget_bytes`` it computes them and draws (:func:`~trtvocab.sampling.draw.pipeline`);
 otherwise it streams the shard in vocab chunks (:func:`trtvocab.sampling.chunked.decode`): the
 same ids bitwise, the logits never held. Both paths share one cached handshake (docs/generate.md,
 "How one step runs"; docs/architecture.md, "The vocab-chunked head").

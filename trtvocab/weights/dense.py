@@ -15,8 +15,8 @@ from trtvocab.errors import CheckpointError
 from trtvocab.weights import deterministic as det
 from trtvocab.weights.base import WeightMethod, read_rows, row_blocks
 
-# forward_float32 multiplies this many weight elements per GEMM (its row blocks); the float32 GEMM
-# of DenseWeight.gemm declares the same rows as its tiles, so a streamed caller keeps the bits.
+# The float32 GEMM of DenseWeight.gemm multiplies this many weight elements per call (its row blocks)
+# and declares the same rows as its tiles, so a streamed caller keeps the bits.
 FLOAT32_BLOCK_ELEMENTS = 1 << 20
 # Dense heads in their own dtype (one BLAS call, or the fused kernel): no tile narrower than this
 # (or than the whole shard); CPU BLAS gives a column the same bits at these widths.
@@ -143,7 +143,7 @@ class DenseWeight(WeightMethod):
 
     def gemm_tiles(self, output_dtype: torch.dtype, deterministic: bool) -> list[tuple[int, int]]:
         """The deterministic mode's global vocab tiles (cut at the shard's ends), the float32
-        accumulation's row blocks (:meth:`forward_float32`), or tiles of at least
+        accumulation's row blocks (:data:`FLOAT32_BLOCK_ELEMENTS`), or tiles of at least
         :data:`DENSE_TILE` rows (the last one takes the remainder)."""
         size, start = self.shard.size, self.shard.start
         if size == 0:
@@ -177,17 +177,6 @@ class DenseWeight(WeightMethod):
             a, b = max(lo, start), min(hi, end)
             if a < b:
                 torch.matmul(xf, self.weight[a:b].float().t(), out=out[:, a - start : b - start])
-        return out
-
-    def forward_float32(self, x: torch.Tensor, chunk_elements: int = FLOAT32_BLOCK_ELEMENTS) -> torch.Tensor:
-        """``x @ W.T`` accumulated and returned in float32 (both operands upcast chunk by chunk of
-        weight rows, so no float32 copy of the whole shard exists): ``[N, width]``."""
-        xf = x.float()
-        out = torch.zeros(x.shape[0], self.shard.width, dtype=torch.float32, device=x.device)
-        step = max(1, chunk_elements // self.hidden_size)  # float32_rows by default
-        for start in range(0, self.shard.size, step):
-            end = min(start + step, self.shard.size)
-            torch.matmul(xf, self.weight[start:end].float().t(), out=out[:, start:end])
         return out
 
     def dense_weight(self) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 :func:`open_head` reads headers only: which tensor holds the head, what the gating rule
 (:func:`~trtvocab.quant.config.resolve_lm_head_quant`) decided, and ``(V, H)``. The
-returned :class:`HeadSource` then hands out lazy readers of exactly one shard's rows
-(:meth:`HeadSource.shard_tensors`), dequantizing a stored-quantized head that must run dense
+returned :class:`ProbedHead` then hands out lazy readers of exactly one shard's rows
+(:meth:`ProbedHead.shard_tensors`), dequantizing a stored-quantized head that must run dense
 (a stored scale is never ignored). ``LMHead.from_checkpoint`` builds the head from it;
 nothing here knows the head class. :func:`open_embedding` does the same for the input embedding.
 """
@@ -18,11 +18,11 @@ from typing import Any
 import torch
 
 from trtvocab.base.family import EmbeddingOps, Family
-from trtvocab.base.formats import Activation, Granularity, WeightFormat
+from trtvocab.base.formats import Activation, CheckpointFormat, Granularity, WeightFormat
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
 from trtvocab.checkpoints.families import family_of
 from trtvocab.checkpoints.names import EMBEDDING_NAMES, find_embedding
-from trtvocab.errors import CheckpointError, ConfigError, QuantizationError
+from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import compressed_tensors as ct
@@ -90,70 +90,44 @@ def dequantize_stored(algo: QuantAlgo, tensors: dict[str, Any], shard: VocabShar
     return method.dense_weight()[: shard.size]
 
 
-@dataclass
-class HeadSource:
-    """Where a head's weights come from, before the head exists: one of
+@dataclass(frozen=True)
+class ProbedHead:
+    """A checkpoint's head, probed but not read (:func:`open_head`): the ``checkpoint``, the gating
+    ``decision``, ``shape`` ``(V, H)``, the quantization it runs with (``quant_config``: the decision's,
+    or a GGUF head's stored blocks), what its ``family`` computes beyond ``x @ W.T``, and a ``note`` on
+    how it loads. :meth:`shard_tensors` hands out one shard's rows."""
 
-    * a checkpoint ``path`` not yet probed (``tensor_name``: its head tensor when not the usual one);
-      ``LMHead.from_checkpoint(path)`` probes it under the rank's mapping, which the gating rule needs;
-    * a checkpoint's head probed but not read (:func:`open_head`): the ``checkpoint``, the gating
-      ``decision`` and ``shape``, with ``quant_config`` the decision's;
-    * ``tensors`` in memory (all V rows, ``load_weights``' keys) with their ``quant_config`` and ``shape``.
-
-    ``shape`` is ``(V, H)``. ``name`` / ``note`` / ``toolchain``: what reports call the head, a remark
-    on how it was made, and whose quantization it holds (``"modelopt"``, ``"compressed-tensors"``,
-    ``"dense"``, ``"trtvocab (simulated)"``, or ``""``: unknown). ``adapter``: a LoRA adapter folder the
-    head applies to every row (``LMHead.load_adapter``).
-    """
-
-    name: str = ""
-    path: str | None = None
-    tensor_name: str | None = None
-    tensors: dict[str, Any] | None = None
-    quant_config: QuantConfig | GGUFConfig | None = None
-    shape: tuple[int, int] | None = None
+    checkpoint: Any  # Checkpoint | GGUFCheckpoint
+    decision: HeadQuantDecision
+    shape: tuple[int, int]
+    quant_config: QuantConfig | GGUFConfig | None
+    family: Family | None = None
     note: str = ""
-    toolchain: str = ""
-    checkpoint: Any = None  # Checkpoint | GGUFCheckpoint, once probed
-    decision: HeadQuantDecision | None = None
-    family: Family | None = None  # what the output layer computes beyond x @ W.T (probed checkpoints)
-    adapter: str | None = None  # a PEFT LoRA adapter folder applied to every row (compare --lora)
 
     @property
     def vocab_size(self) -> int:
-        return self._shape()[0]
+        return self.shape[0]
 
     @property
     def hidden_size(self) -> int:
-        return self._shape()[1]
-
-    def _shape(self) -> tuple[int, int]:
-        if self.shape is None:
-            raise ConfigError(f"head source {self.name or self.path!r}: (V, H) unknown until the checkpoint is "
-                              "probed (open_head)")
-        return self.shape
+        return self.shape[1]
 
     @property
     def weight_format(self) -> WeightFormat:
         return WeightFormat.DENSE if self.quant_config is None else self.quant_config.weight_format
 
     def shard_tensors(self, shard: VocabShard) -> dict[str, Any]:
-        """What ``load_weights`` of a head with ``shard`` takes: lazy row readers or dense rows of a
-        probed checkpoint (with the family's bias, when it has one), or the in-memory tensors."""
+        """What ``load_weights`` of a head with ``shard`` takes: lazy row readers or dense rows of the
+        checkpoint (with the family's bias, when it has one)."""
         tensors = self._weight_tensors(shard)
-        if self.family is not None and self.family.bias_tensor is not None and self.decision is not None:
+        if self.family is not None and self.family.bias_tensor is not None:
             tensors = {**tensors, "bias": self.checkpoint.get_slice(self.family.bias_tensor)}
         return tensors
 
     def _weight_tensors(self, shard: VocabShard) -> dict[str, Any]:
-        if self.decision is None:
-            if self.tensors is None:
-                raise ConfigError(f"head source {self.name or self.path!r}: neither tensors nor a probed checkpoint "
-                                  "(open_head)")
-            return self.tensors
         if self.decision.notice:
             warnings.warn(self.decision.notice, stacklevel=3)
-        if self.decision.checkpoint_format == ct.CHECKPOINT_FORMAT:
+        if self.decision.checkpoint_format is CheckpointFormat.COMPRESSED_TENSORS:
             # compressed-tensors: dequantized lazily as its decompress does, or renamed to ModelOpt's tensors.
             if self.decision.dequantize:
                 warnings.warn(self.decision.warning or "dequantizing the stored LM head", stacklevel=3)
@@ -191,7 +165,7 @@ def gguf_head_format(ckpt: Any, decision: HeadQuantDecision, *, gguf_blocks: boo
 
 
 def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: str | None = None,
-              quant: str = "auto", weight_only: bool = False, gguf_blocks: bool = True) -> HeadSource:
+              quant: str = "auto", weight_only: bool = False, gguf_blocks: bool = True) -> ProbedHead:
     """Probe ``path`` (a path or an opened checkpoint; headers only) and apply the gating rule; a GGUF
     head's format: :func:`gguf_head_format`."""
     ckpt = open_checkpoint(path) if not hasattr(path, "info") else path
@@ -208,9 +182,8 @@ def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: 
     # Validate the tensor's byte range against the file now (one stat, nothing read): a tiny
     # file whose header claims 32 GiB is refused before the head allocates its shard.
     ckpt.get_slice(decision.tensor_name)
-    return HeadSource(name=str(path), path=str(path), tensor_name=decision.tensor_name,
-                      quant_config=blocks if blocks is not None else decision.config, note=note,
-                      shape=(vocab, hidden), checkpoint=ckpt, decision=decision, family=family)
+    return ProbedHead(checkpoint=ckpt, decision=decision, shape=(vocab, hidden),
+                      quant_config=blocks if blocks is not None else decision.config, family=family, note=note)
 
 
 # ---- the input embedding ------------------------------------------------------------------------------

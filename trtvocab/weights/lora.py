@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from trtvocab.base.fsutil import load_json_file
+from trtvocab.base.safe_read import load_json_file
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.checkpoints.names import EMBEDDING_NAMES
 from trtvocab.errors import AdapterError, CheckpointError

@@ -9,52 +9,47 @@ exported with ModelOpt's per-layer export helpers. Without calibration data no a
 scale is written: FP8 then runs with dynamic per-tensor activations and NVFP4 as W4A16. Both
 formats are written from the same dense head, with the same ``--calib`` semantics, the head
 untied when it is the tied embedding, and the same marker, tokenizer files and gate. The
-tensors written and why it all runs on the CPU: the section "what is written" below.
+tensors written and why it all runs on the CPU: the section "what is written" of
+:mod:`trtvocab.quant.modelopt_export`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
 import json
 import os
 import shutil
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from trtvocab.base.dtypes import DTYPES
-from trtvocab.base.formats import Activation
-from trtvocab.base.fsutil import check_destination, check_target, default_mode, staging, writing
-from trtvocab.base.inputs import check_hidden_states
+from trtvocab.base.formats import QUANTIZED_FORMATS, Activation, CheckpointFormat
+from trtvocab.base.publish import check_destination, check_target, default_mode, staging, writing
+from trtvocab.base.safe_read import load_json_file
 from trtvocab.checkpoints.checkpoint import Checkpoint, open_checkpoint
+from trtvocab.checkpoints.families import family_of, hf_config_fields
+from trtvocab.checkpoints.hidden_file import load_hidden
 from trtvocab.checkpoints.names import LM_HEAD_NAME
-from trtvocab.errors import CheckpointError, QuantizationError
+from trtvocab.errors import CheckpointError, QuantizationError, TrtVocabError
 from trtvocab.quant.config import QuantAlgo, QuantConfig, stored_format
-from trtvocab.quant.head_module import HeadOnly
-from trtvocab.quant.nvfp4 import BLOCK as NVFP4_GROUP
-
-# ---- what is written ------------------------------------------------------------------------------
-# ModelOpt's export (modelopt.torch.export.quant_utils):
-#
-#     FP8    lm_head.weight float8_e4m3fn [V, H]   weight_scale fp32 ()   input_scale fp32 () (W8A8)
-#     NVFP4  lm_head.weight uint8 [V, H/2]         weight_scale e4m3 [V, H/16]
-#            weight_scale_2 fp32 ()                input_scale fp32 () (W4A4)
-#
-# Everything ModelOpt does here runs on the CPU: max calibration only *observes* the activations,
-# and the export helpers quantize with ``FP8QTensor`` / ``NVFP4QTensor`` (the NVFP4 fake-quant
-# *forward* is CUDA-only and is never called). The static activation scale (``--calib``) comes from
-# ``amax(|x|)`` of the calibration rows in the model's dtype, in both formats.
-
+from trtvocab.quant.ct_export import calib_range, compress_head, import_compressed_tensors, modelopt_named
+from trtvocab.quant.modelopt_export import (
+    DEFAULT_BATCH_ROWS,
+    ProgressFn,
+    check_batch_rows,
+    check_calib,
+    hf_quant_config,
+    modelopt_config,
+    quantize_head,
+)
+from trtvocab.quant.writer import quantize_head_tensors
+from trtvocab.version import __version__
 
 # Files copied next to the quantized head so the output still decodes token ids.
-TOKENIZER_FILES = (
+TOKENIZER_COPY = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -65,21 +60,15 @@ TOKENIZER_FILES = (
     "added_tokens.json",
     "generation_config.json",
 )
-DEFAULT_BATCH_ROWS = 256
-MAX_BATCH_ROWS = 2**31 - 1
 # The marker every output folder gets: ``--force`` replaces only a folder whose marker parses
 # as this (a foreign ModelOpt checkpoint has hf_quant_config.json too, and is never ours).
 MARKER = "trtvocab_quantize.json"
 MARKER_FORMAT = "trtvocab-quantized-checkpoint"
 MARKER_VERSION = 1
-ProgressFn = Callable[[int, int], None]  # (batches done, batches total)
 # A gate sees the quantized tensors (lm_head.* names) and their QuantConfig before anything is
 # written, and returns one line per missed threshold: any line and nothing is published.
 GateFn = Callable[[dict[str, torch.Tensor], QuantConfig], list[str]]
 SCALE_SEARCHES = ("max", "mse", "mse-act")
-MODELOPT = "modelopt"
-COMPRESSED_TENSORS = "compressed-tensors"
-FORMATS = (MODELOPT, COMPRESSED_TENSORS)
 
 
 @dataclass(frozen=True)
@@ -101,7 +90,7 @@ class QuantizeResult:
     scale_search: str = "max"  # NVFP4 block scales: "max" (ModelOpt's amax / 6), "mse" / "mse-act" (searched)
     published: bool = True  # False: a gate failed and nothing was written
     gate_failures: list[str] = field(default_factory=list)
-    checkpoint_format: str = MODELOPT  # "modelopt" | "compressed-tensors": whose tensor names and conventions
+    checkpoint_format: CheckpointFormat = CheckpointFormat.MODELOPT  # whose tensor names and conventions
 
     @property
     def label(self) -> str:
@@ -109,23 +98,12 @@ class QuantizeResult:
         return QuantConfig(quant_algo=self.algo, activation=self.activation).label
 
 
-def import_modelopt() -> tuple[Any, Any]:
-    """``(modelopt.torch.quantization, modelopt.torch.export.quant_utils)``, imported quietly."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "transformers X is not tested with modelopt" on import
-            import modelopt.torch.quantization as mtq
-            from modelopt.torch.export import quant_utils as qu
-    except ImportError as exc:
-        raise QuantizationError(f"quantizing needs nvidia-modelopt (pip install 'trtvocab[quant]'): {exc}") from None
-    return mtq, qu
-
-
 def parse_format(checkpoint_format: Any) -> str:
     """``--format``: ``modelopt`` (the default) or ``compressed-tensors``; a QuantizationError otherwise."""
-    if not isinstance(checkpoint_format, str) or checkpoint_format.strip().lower() not in FORMATS:
-        raise QuantizationError(f"--format must be one of {', '.join(FORMATS)}, got {checkpoint_format!r:.80}")
-    return checkpoint_format.strip().lower()
+    if not isinstance(checkpoint_format, str) or checkpoint_format.strip().lower() not in QUANTIZED_FORMATS:
+        raise QuantizationError(f"--format must be one of {', '.join(QUANTIZED_FORMATS)}, "
+                                f"got {checkpoint_format!r:.80}")
+    return CheckpointFormat(checkpoint_format.strip().lower())
 
 
 def parse_algo(algo: str | QuantAlgo) -> QuantAlgo:
@@ -135,52 +113,15 @@ def parse_algo(algo: str | QuantAlgo) -> QuantAlgo:
     return value
 
 
-def modelopt_config(algo: QuantAlgo, *, calibrate_inputs: bool) -> dict[str, Any]:
-    """ModelOpt's stock preset for ``algo`` with the LM-head quantizers enabled.
-
-    The presets disable ``*lm_head*`` (most deployments keep the head dense); the
-    entries appended here come later in the list and so win. Only the weight and,
-    with calibration data, the input quantizer are enabled: ``output_quantizer``
-    stays off as in every preset.
-    """
-    mtq, _ = import_modelopt()
-    preset = mtq.FP8_DEFAULT_CFG if algo is QuantAlgo.FP8 else mtq.NVFP4_DEFAULT_CFG
-    cfg = copy.deepcopy(preset)
-    entries = cfg["quant_cfg"]
-    entries.append({"quantizer_name": "*lm_head.weight_quantizer", "enable": True})
-    entries.append({"quantizer_name": "*lm_head.input_quantizer", "enable": calibrate_inputs})
-    return cfg
-
-
 def is_quantized_output(path: Path) -> bool:
     """Whether ``path`` is a folder ``trtvocab quantize`` wrote: its :data:`MARKER` is a regular
     JSON file with ``"format": "trtvocab-quantized-checkpoint"``. The only test ``--force`` trusts."""
-    from trtvocab.base.fsutil import load_json_file
-    from trtvocab.errors import TrtVocabError
 
     try:
         raw = load_json_file(Path(path) / MARKER, "quantize marker", max_bytes=1 << 20)
     except TrtVocabError:
         return False
     return isinstance(raw, dict) and raw.get("format") == MARKER_FORMAT
-
-
-def check_batch_rows(batch_rows: Any) -> int:
-    """``batch_rows`` as a positive int (bools and floats refused); ConfigError naming the option."""
-    from trtvocab.errors import ConfigError
-
-    if not isinstance(batch_rows, int) or isinstance(batch_rows, bool) or not 1 <= batch_rows <= MAX_BATCH_ROWS:
-        raise ConfigError(f"--batch-rows (calibration rows per batch) must be an int in [1, {MAX_BATCH_ROWS}], "
-                          f"got {batch_rows!r}")
-    return batch_rows
-
-
-def _calib_batches(calib: torch.Tensor, batch_rows: int) -> list[torch.Tensor]:
-    return list(torch.split(calib, batch_rows)) if calib.shape[0] else []
-
-
-def _check_calib(calib: Any, hidden: int) -> torch.Tensor:
-    return check_hidden_states(calib, hidden_size=hidden, finite=True, what="calibration hidden_states")
 
 
 def read_head(ckpt: Checkpoint, tensor_name: str | None) -> tuple[str, bool, torch.Tensor]:
@@ -198,82 +139,9 @@ def read_head(ckpt: Checkpoint, tensor_name: str | None) -> tuple[str, bool, tor
     return name, tied, weight
 
 
-def quantize_head(
-    weight: torch.Tensor,
-    algo: QuantAlgo,
-    calib: torch.Tensor | None = None,
-    *,
-    batch_rows: int = DEFAULT_BATCH_ROWS,
-    progress: ProgressFn | None = None,
-) -> tuple[dict[str, torch.Tensor], float, float | None]:
-    """ModelOpt-quantize a ``[V, H]`` head; returns ``(tensors by lm_head.* name, weight amax, input amax)``.
-
-    ``calib`` rows are cast to the weight's dtype first: ModelOpt calibrates on the
-    activations the model actually produces, which are in the model's dtype.
-    """
-    check_batch_rows(batch_rows)
-    mtq, qu = import_modelopt()
-    hidden = weight.shape[1]
-    if algo is QuantAlgo.NVFP4 and hidden % NVFP4_GROUP:
-        raise QuantizationError(f"NVFP4 needs the hidden size to be a multiple of {NVFP4_GROUP}, got {hidden}")
-    if not bool(torch.isfinite(weight).all()):
-        raise QuantizationError("the head weight contains NaN or Inf; it cannot be quantized")
-    if float(weight.abs().max()) == 0.0:
-        raise QuantizationError("the head weight is all zeros: its scale would be 0")
-    model = HeadOnly(weight)
-    forward_loop = None
-    if calib is not None:
-        batches = _calib_batches(_check_calib(calib, hidden).to(weight.dtype), batch_rows)
-
-        def forward_loop(m: nn.Module) -> None:
-            # Max calibration only records |x|.max(): no fake quantization runs here,
-            # which is why it works on the CPU for NVFP4 too.
-            with torch.no_grad():
-                for i, batch in enumerate(batches):
-                    m(batch)
-                    if progress is not None:
-                        progress(i + 1, len(batches))
-
-    # ModelOpt warns about untested transformers versions and prints "Inserted N quantizers"
-    # to stdout: keep both out of the CLI's output (and out of --json).
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        model = mtq.quantize(model, modelopt_config(algo, calibrate_inputs=calib is not None), forward_loop)
-    layer = model.lm_head
-    fmt = qu.get_quantization_format(layer)
-    block = qu.get_weight_block_size(layer)
-    scale = qu.get_weight_scaling_factor(layer)
-    scale_2 = qu.get_weight_scaling_factor_2(layer)
-    qweight = qu.to_quantized_weight(layer.weight.data, scale, fmt, scale_2, block)
-    out: dict[str, torch.Tensor] = {"lm_head.weight": qweight.contiguous()}
-    if algo is QuantAlgo.FP8:
-        out["lm_head.weight_scale"] = scale.float().reshape(())  # ModelOpt keeps a [1] amax; files hold a scalar
-    else:
-        out["lm_head.weight_scale"] = scale.contiguous()
-        out["lm_head.weight_scale_2"] = scale_2.float().reshape(())
-    input_amax = None
-    if calib is not None:
-        input_scale = qu.get_activation_scaling_factor(layer)
-        out["lm_head.input_scale"] = input_scale.float().reshape(())
-        input_amax = float(layer.input_quantizer.amax.float())
-    return out, float(layer.weight_quantizer.amax.float()), input_amax
-
-
-def hf_quant_config(algo: QuantAlgo) -> dict[str, Any]:
-    """The ``hf_quant_config.json`` ModelOpt writes, for a checkpoint whose quantized layer is the head."""
-    import modelopt
-
-    quantization: dict[str, Any] = {"quant_algo": algo.value, "kv_cache_quant_algo": None}
-    if algo is QuantAlgo.NVFP4:
-        quantization["group_size"] = NVFP4_GROUP
-    quantization["exclude_modules"] = []
-    return {"producer": {"name": "modelopt", "version": modelopt.__version__}, "quantization": quantization}
-
-
 def _untied_config(ckpt: Checkpoint, vocab: int, hidden: int) -> dict[str, Any]:
     """The source ``config.json`` with the head untied and no quantization_config (the writer adds its own);
     a GGUF source's family in transformers' terms (:func:`~trtvocab.checkpoints.families.hf_config_fields`)."""
-    from trtvocab.checkpoints.families import family_of, hf_config_fields
 
     config = dict(ckpt.config)
     config.update(hf_config_fields(ckpt, family_of(ckpt, hidden_size=hidden, need_embedding=False)))
@@ -302,7 +170,6 @@ def _output_config(ckpt: Checkpoint, hf_quant: dict[str, Any], vocab: int, hidde
 
 
 def load_calibration(path: str | Path) -> torch.Tensor:
-    from trtvocab.commands.hidden import load_hidden
 
     hidden, _ = load_hidden(path)
     return hidden
@@ -321,7 +188,7 @@ def quantize_checkpoint(
     progress: ProgressFn | None = None,
     scale_search: str = "max",
     gate: GateFn | None = None,
-    checkpoint_format: str = MODELOPT,
+    checkpoint_format: str = CheckpointFormat.MODELOPT,
 ) -> QuantizeResult:
     """Quantize the LM head of ``checkpoint`` into a new ModelOpt-format directory ``out``
     (``checkpoint_format="compressed-tensors"``: a compressed-tensors directory, written by that library).
@@ -346,9 +213,10 @@ def quantize_checkpoint(
     """
     quant_algo = parse_algo(algo)
     fmt = parse_format(checkpoint_format)
-    if fmt == COMPRESSED_TENSORS and scale_search != "max":
-        raise QuantizationError(f"--scale-search {scale_search} is for --format {MODELOPT}: with --format "
-                                f"{COMPRESSED_TENSORS} the compressed-tensors library computes the block scales")
+    if fmt == CheckpointFormat.COMPRESSED_TENSORS and scale_search != "max":
+        raise QuantizationError(f"--scale-search {scale_search} is for --format {CheckpointFormat.MODELOPT}: with "
+                                f"--format {CheckpointFormat.COMPRESSED_TENSORS} the compressed-tensors library "
+                                "computes the block scales")
     if scale_search not in SCALE_SEARCHES:
         raise QuantizationError(f"--scale-search must be one of {', '.join(SCALE_SEARCHES)}, got {scale_search!r}")
     if scale_search != "max" and quant_algo is not QuantAlgo.NVFP4:
@@ -359,8 +227,7 @@ def quantize_checkpoint(
     if scale_search == "mse-act" and calib is None:
         raise QuantizationError("--scale-search mse-act weights the search by calibration activations: "
                                 "give --calib (with --weight-only for W4A16)")
-    if fmt == COMPRESSED_TENSORS:
-        from trtvocab.quant.ct_export import import_compressed_tensors
+    if fmt == CheckpointFormat.COMPRESSED_TENSORS:
 
         import_compressed_tensors()  # before the work
     check_target(Path(out), force, is_quantized_output)  # before the work: never minutes of it for a refusal
@@ -368,25 +235,24 @@ def quantize_checkpoint(
     ckpt = open_checkpoint(checkpoint)
     name, tied, weight = read_head(ckpt, tensor_name)
     vocab, hidden = weight.shape
-    from trtvocab.checkpoints.families import family_of
 
     # The family's bias goes with the head (float32, as stored); its scale / soft-cap go in config.json.
     family = family_of(ckpt, head_tensor=name, hidden_size=hidden, need_embedding=False)
     extra = {"lm_head.bias": ckpt.read(family.bias_tensor).float()} if family.bias_tensor else {}
-    if extra and fmt == COMPRESSED_TENSORS:
-        raise QuantizationError(f"--format {COMPRESSED_TENSORS}: the head has a bias ({family.bias_tensor}); "
-                                f"write it with --format {MODELOPT}")
+    if extra and fmt == CheckpointFormat.COMPRESSED_TENSORS:
+        raise QuantizationError(f"--format {CheckpointFormat.COMPRESSED_TENSORS}: the head has a bias "
+                                f"({family.bias_tensor}); write it with --format {CheckpointFormat.MODELOPT}")
     if isinstance(calib, (str, Path)):
         calib = load_calibration(calib)
     calib_rows = 0 if calib is None else int(calib.shape[0])
-    if fmt == COMPRESSED_TENSORS:
+    if fmt == CheckpointFormat.COMPRESSED_TENSORS:
         return _quantize_ct(ckpt, checkpoint, Path(out), quant_algo, name, tied, weight,
                             None if weight_only or calib is None else calib, weight_only=weight_only,
                             calib_rows=calib_rows, batch_rows=batch_rows, force=force, progress=progress, gate=gate)
     column_weights = None
     if scale_search == "mse-act":
         assert calib is not None
-        column_weights = _check_calib(calib, hidden).to(weight.dtype).double().square().mean(0)
+        column_weights = check_calib(calib, hidden).to(weight.dtype).double().square().mean(0)
     tensors, weight_amax, input_amax = quantize_head(weight, quant_algo, None if weight_only else calib,
                                                     batch_rows=batch_rows, progress=progress)
     notes: list[str] = []
@@ -423,11 +289,10 @@ def quantize_checkpoint(
 
     with writing(f"quantize --out {out}", note=_untouched(out)), \
             staging(out, force=force, is_ours=is_quantized_output) as stage:
-        from trtvocab.version import __version__
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
                   "algo": quant_algo.value, "source": str(checkpoint), "tensor": name, "scale_search": scale_search,
-                  "checkpoint_format": MODELOPT}
+                  "checkpoint_format": CheckpointFormat.MODELOPT}
         (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         producer = "trtvocab quantize (modelopt export" + ("; NVFP4 block scales by MSE search)"
                                                            if scale_search == "mse" else ")")
@@ -437,7 +302,7 @@ def quantize_checkpoint(
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
         config = _output_config(ckpt, hf_quant, vocab, hidden, has_input)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for fname in TOKENIZER_FILES:
+        for fname in TOKENIZER_COPY:
             src = ckpt.directory / fname
             if src.is_file():
                 shutil.copy2(src, stage / fname)
@@ -453,13 +318,12 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
                  weight: torch.Tensor, calib: torch.Tensor | None, *, weight_only: bool, calib_rows: int,
                  batch_rows: int, force: bool, progress: ProgressFn | None, gate: GateFn | None) -> QuantizeResult:
     """The compressed-tensors branch of :func:`quantize_checkpoint` (``calib`` None: no static scale)."""
-    from trtvocab.quant.ct_export import calib_range, compress_head, modelopt_named
 
     vocab, hidden = weight.shape
     notes: list[str] = []
     if calib is not None:
         activation = Activation.STATIC
-        rng = calib_range(_check_calib(calib, hidden), weight.dtype, batch_rows, progress)
+        rng = calib_range(check_calib(calib, hidden), weight.dtype, batch_rows, progress)
     else:
         rng = None
         activation = Activation.NONE if weight_only or algo is QuantAlgo.NVFP4 else Activation.DYNAMIC
@@ -485,7 +349,7 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
     result = QuantizeResult(out=out, algo=algo, activation=activation, source_tensor=name, tied=tied,
                             vocab_size=vocab, hidden_size=hidden, weight_amax=head.weight_amax,
                             input_amax=head.input_amax, calib_rows=calib_rows, tensors=written, notes=notes,
-                            checkpoint_format=COMPRESSED_TENSORS)
+                            checkpoint_format=CheckpointFormat.COMPRESSED_TENSORS)
     if gate is not None:
         failures = gate(modelopt_named(head.tensors, algo), QuantConfig(quant_algo=algo, activation=activation))
         if failures:
@@ -494,18 +358,18 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
 
     with writing(f"quantize --out {out}", note=_untouched(out)), \
             staging(out, force=force, is_ours=is_quantized_output) as stage:
-        from trtvocab.version import __version__
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
                   "algo": algo.value, "source": str(checkpoint), "tensor": name, "scale_search": "max",
-                  "checkpoint_format": COMPRESSED_TENSORS, "compressed_tensors": head.library_version}
+                  "checkpoint_format": CheckpointFormat.COMPRESSED_TENSORS,
+                  "compressed_tensors": head.library_version}
         (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         metadata = {"format": "pt", "producer": f"trtvocab quantize (compressed-tensors {head.library_version})"}
         save_file(head.tensors, str(stage / "model.safetensors"), metadata=metadata)
         default_mode(stage / "model.safetensors")  # readable as config.json is (not safetensors' 0600)
         (stage / "config.json").write_text(json.dumps(_untied_config(ckpt, vocab, hidden), indent=2) + "\n")
         head.compressor.update_config(str(stage))  # the library writes quantization_config
-        for fname in TOKENIZER_FILES:
+        for fname in TOKENIZER_COPY:
             src = ckpt.directory / fname
             if src.is_file():
                 shutil.copy2(src, stage / fname)
@@ -519,10 +383,8 @@ def _search_nvfp4_scales(tensors: dict[str, torch.Tensor], weight: torch.Tensor,
     The global scale (``weight_scale_2``) is ModelOpt's; trtvocab's own numerics reproduce
     it bit for bit (tested), which is checked here again before anything is swapped.
     """
-    from trtvocab.base.formats import Activation as Act
-    from trtvocab.quant.writer import quantize_head_tensors
 
-    searched = quantize_head_tensors(weight, QuantConfig(quant_algo=QuantAlgo.NVFP4, activation=Act.NONE),
+    searched = quantize_head_tensors(weight, QuantConfig(quant_algo=QuantAlgo.NVFP4, activation=Activation.NONE),
                                      scale_search="mse", column_weights=column_weights)
     if not torch.equal(searched["weight_scale_2"].reshape(()), tensors["lm_head.weight_scale_2"].reshape(())):
         raise QuantizationError("NVFP4 MSE scale search: the global scale differs from ModelOpt's "
@@ -531,5 +393,5 @@ def _search_nvfp4_scales(tensors: dict[str, torch.Tensor], weight: torch.Tensor,
     tensors["lm_head.weight_scale"] = searched["weight_scale"].contiguous()
 
 
-__all__ = ["FORMATS", "LM_HEAD_NAME", "GateFn", "QuantizeResult", "hf_quant_config", "modelopt_config",
+__all__ = ["LM_HEAD_NAME", "GateFn", "QuantizeResult", "hf_quant_config", "modelopt_config",
            "parse_format", "quantize_checkpoint", "quantize_head", "read_head"]

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from trtvocab.base.fsutil import open_regular
+from trtvocab.base.safe_read import open_regular, sha256_file
 from trtvocab.errors import CheckpointError, ConfigError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 CONFIG_MAX_BYTES = 16 << 20  # a config.json larger than this is not read for its architectures
 
@@ -56,8 +56,8 @@ def check_model_dir(model_dir: str | Path) -> Path:
         raise CheckpointError(f"{path}: not a model folder (expected a Hugging Face model directory)")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: has no config.json (expected a Hugging Face model directory)")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{path}: has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    if not any((path / name).is_file() for name in TOKENIZER_MARKERS):
+        raise CheckpointError(f"{path}: has no tokenizer (none of {', '.join(TOKENIZER_MARKERS)})")
     if not any(path.glob("*.safetensors")):
         pickles = sorted(p.name for pattern in PICKLE_PATTERNS for p in path.glob(pattern))
         found = f"only pickle weights ({', '.join(pickles)}), which" if pickles else "no weights; pickles"
@@ -179,8 +179,6 @@ def gguf_tokenizer(path: str | Path, transformers: Any = None) -> Any:
     merges are read from the file's metadata), and the result is kept in ``cache_dir()/tokenizers/SHA256``
     (the file's sha256: another file, or the same name rewritten, is another entry), published by a rename
     so that a reader never sees half an entry. A cache that cannot be written or read is skipped."""
-    from trtvocab.base.fsutil import sha256_file
-
     transformers = transformers or quiet_transformers()
     path = Path(path)
     entry = cache_dir() / "tokenizers" / sha256_file(path, what="GGUF model", error=CheckpointError)
@@ -246,6 +244,6 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype | None = None, label:
     return load(path, causal=True, dtype=dtype, label=label)
 
 
-__all__ = ["CACHE_ENV_VAR", "PICKLE_PATTERNS", "TOKENIZER_FILES", "architectures", "cache_dir", "check_gguf_file",
+__all__ = ["CACHE_ENV_VAR", "PICKLE_PATTERNS", "TOKENIZER_MARKERS", "architectures", "cache_dir", "check_gguf_file",
            "check_model_dir", "first_line", "gguf_tokenizer", "is_causal", "is_gguf", "load", "load_causal_lm",
            "model_config", "quiet_load", "quiet_transformers"]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from trtvocab.kernels import gemm
-from trtvocab.kernels.build import ENV_VAR, ISAS, Loaded, build_library, disabled_reason, log
+from trtvocab.kernels.compile import ENV_VAR, ISAS, Loaded, build_library, disabled_reason, log
 from trtvocab.kernels.selfcheck import self_check
 
 _lock = threading.Lock()

@@ -25,24 +25,31 @@ from typing import Any
 
 import torch
 
+from trtvocab.artifact import store as artifacts
+from trtvocab.backends import CHOICES, MODULES, canonical, pick_backend
 from trtvocab.base.formats import Runtime
-from trtvocab.commands.grammar import GrammarSpec, RowGrammars, check_grammar, compile_grammar, grammar_spec
+from trtvocab.checkpoints.checkpoint import open_checkpoint
+from trtvocab.checkpoints.hf_loader import load_causal_lm, quiet_transformers
+from trtvocab.checkpoints.provenance import head_digest
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, DistributedError, InputError
 from trtvocab.parallel import distributed as D
-from trtvocab.parallel.launch import usable_cores, warm_up
+from trtvocab.parallel.launch import run_ranks, usable_cores, warm_up
 from trtvocab.parallel.mapping import Mapping
-from trtvocab.parallel.sharding import VocabPlacement, calc_shard
-from trtvocab.sampling import Logprobs, SamplerOutput, SamplingParams, TokenState
+from trtvocab.parallel.sharding import calc_shard
+from trtvocab.pipeline.decode import TorchEnds, VocabEnds, open_vocab_ends
+from trtvocab.sampling import SamplingParams, TokenState
 from trtvocab.sampling.added_vocab import state_placement
+from trtvocab.sampling.beam import BeamSearch, beam_candidates
+from trtvocab.sampling.grammar import GrammarSpec, RowGrammars, check_grammar, compile_grammar, grammar_spec
+from trtvocab.weights.lora import open_adapter
 
-# What the ranks agree on once their setup is done, and after every artifact-backend step
-# (protocol: trtvocab.parallel.distributed.Handshake): a rank whose setup or backend failed stops the others.
+# What the ranks agree on once their setup is done (protocol: trtvocab.parallel.distributed.Handshake):
+# a rank whose setup failed stops the others; after every artifact-backend step: pipeline.decode.STEP_HANDSHAKE.
 SETUP_HANDSHAKE = D.Handshake("generate", (D.Field("vocab_size"), D.Field("hidden_size"), D.Field("prompts")))
-STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on", tuple(Runtime), per_rank=True)))
 # What a rank imports (unpickling the model and tokenizer, opening its head), imported once by the
 # ranks' server instead (trtvocab.parallel.launch.warm_up); a model's own modeling_<arch> module
 # is small once transformers.modeling_utils is in.
-_RANK_MODULES = ("trtvocab.commands.generate", "trtvocab.commands.hf_loader", "trtvocab.checkpoints.gguf",
+_RANK_MODULES = ("trtvocab.pipeline.generate", "trtvocab.checkpoints.hf_loader", "trtvocab.checkpoints.gguf",
                  "transformers.modeling_utils", "transformers.tokenization_utils_base", "tokenizers")
 _PARAM_OPTIONS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
                   "seed": "--seed", "repetition_penalty": "--repetition-penalty",
@@ -215,8 +222,7 @@ def model_path(model: str | Path) -> Path:
 
 
 def _quiet_transformers() -> Any:
-    """``transformers``, offline and quiet (:func:`trtvocab.commands.hf_loader.quiet_transformers`)."""
-    from trtvocab.commands.hf_loader import quiet_transformers
+    """``transformers``, offline and quiet (:func:`trtvocab.checkpoints.hf_loader.quiet_transformers`)."""
 
     return quiet_transformers()
 
@@ -228,10 +234,9 @@ def _cache_key(path: Path) -> tuple[str, int, int]:
 
 @functools.lru_cache(maxsize=2)
 def _load_cached(key: tuple[str, int, int]) -> LoadedModel:
-    """The model at ``key[0]`` through :func:`trtvocab.commands.hf_loader.load_causal_lm` (the loader ``hidden``
+    """The model at ``key[0]`` through :func:`trtvocab.checkpoints.hf_loader.load_causal_lm` (the loader ``hidden``
     uses: offline, safetensors or GGUF only, never a pickle; a model that is not a causal LM is refused
     by name), float32, in eval mode, with the decoder stack ``model.model`` the loop drives."""
-    from trtvocab.commands.hf_loader import load_causal_lm
 
     path = Path(key[0])
     tokenizer, model = load_causal_lm(path, dtype=torch.float32, label="MODEL")
@@ -303,7 +308,6 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
 
 def _model_shape(path: Path) -> tuple[int, int]:
     """``(vocab, hidden)`` from the checkpoint's header (no weights read)."""
-    from trtvocab.checkpoints.checkpoint import open_checkpoint
 
     config = open_checkpoint(path).config
     try:
@@ -319,8 +323,6 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
     The artifact must have been built from ``model``'s head (the manifest's ``checkpoint_sha256``,
     :func:`trtvocab.checkpoints.provenance.head_digest`); ``allow_other_checkpoint`` runs it anyway, and the
     report says so. ``shape``: the model's ``(vocab, hidden)`` when the caller has read them."""
-    from trtvocab.artifact import store as artifacts
-    from trtvocab.backends import canonical, pick_backend
 
     canonical(backend)
     root = Path(root)
@@ -356,7 +358,6 @@ def artifact_spec(root: str | Path, backend: str, model: Path, tp: int | None,
 
 def _provenance(root: Path, manifest: Any, model: Path, allow: bool) -> str | None:
     """None when the artifact's head is ``model``'s; else refuse (or, allowed, say so)."""
-    from trtvocab.checkpoints.provenance import head_digest
 
     if manifest.checkpoint_sha256 is None:
         why = ("was built from synthetic weights" if manifest.checkpoint == "synthetic"
@@ -376,7 +377,6 @@ def _provenance(root: Path, manifest: Any, model: Path, allow: bool) -> str | No
 def check_options(*, max_new_tokens: int, tp: int | None, prompts: list[str] | tuple[str, ...] | None,
                   backend: str, artifact: str | Path | None, deterministic: bool) -> None:
     """The checks that need nothing loaded."""
-    from trtvocab.backends import CHOICES, canonical
 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InputError(f"--max-new-tokens: must be an int >= 1, got {max_new_tokens!r}")
@@ -403,7 +403,6 @@ def lora_plan(loras: Any, lora_for: Any, prompts: int, *, artifact: Any, attenti
     header) here, so a bad one is refused before the model loads; one that also targets the body is
     refused (the body runs as the checkpoint has it).
     """
-    from trtvocab.weights.lora import open_adapter
 
     if not loras:
         if lora_for:
@@ -588,7 +587,6 @@ def prepare(
     if ranks > vocab:
         raise ConfigError(f"--tp {ranks}: more ranks than the vocabulary has ids ({vocab})")
     if ranks > 1:  # the ranks' server imports what they run while this process loads the model
-        from trtvocab.backends import MODULES
 
         warm_up(_RANK_MODULES + (MODULES[art.backend] if art is not None else ()))
     loaded = load_model(path)
@@ -634,7 +632,6 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     if spec.tp == 1:
         out = _decode(spec, loaded.model, loaded.tokenizer, rank=0)
     else:
-        from trtvocab.parallel.launch import run_ranks
 
         # Attention DP: a rank that owns no prompt runs no body, so it is not sent the model
         # (the largest argument by far; unpickling it also imports transformers there).
@@ -721,198 +718,6 @@ class _Body:
         cache = getattr(out, "cache", None)
         self.cache = cache if cache is not None else out.past_key_values
         return out.last_hidden_state
-
-
-class VocabEnds:
-    """This rank's vocabulary ends of the model, built once per run by :func:`open_vocab_ends`: the
-    input embedding (``embed``) and the head with its sampler (``next_ids``), the same ids on every
-    rank. :attr:`placement`: where this rank's columns are (what the sampler reads); :attr:`ran_on`:
-    what computed the logits so far; :attr:`deterministic`: whether that head gives tp- and
-    batch-invariant logits."""
-
-    deterministic: bool = False
-
-    def __init__(self, embedding: Any, placement: VocabPlacement, hidden_size: int, vocab_limit: int | None) -> None:
-        self.embedding, self.placement, self.vocab_limit = embedding, placement, vocab_limit
-        self.hidden_size = hidden_size
-        self.ran_on: set[Runtime] = set()
-        # Each prompt's adapter index (LoRA; None: no adapters), and that of the rows of the next step.
-        self.adapter_ids: torch.Tensor | None = None
-        self.row_adapters: torch.Tensor | None = None
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """``ids [B, S]`` -> ``[B, S, H]``: own rows looked up, the rest all-reduced (exact); under
-        attention DP a body rank's replicated table, its own prompts only, no meeting."""
-        if self.embedding is None:
-            raise DistributedError("generate: an attention-DP rank without a body has no input embedding")
-        if self.adapter_ids is not None:
-            return self.embedding(ids, self.adapter_ids)
-        return self.embedding(ids)
-
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
-                 state: TokenState | None = None) -> SamplerOutput:  # pragma: no cover - abstract
-        """The next id of each row of ``rows [b, H]`` (the last hidden rows) and the logprobs its params
-        ask for: this rank's columns, xgrammar's ``bitmask`` (or None), the draw (``state``: the rows'
-        per-rank token counts, for penalties, bad words and min tokens)."""
-        raise NotImplementedError
-
-    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
-        """This rank's float32 ``[b, V_local]`` logits of ``rows [b, H]`` (beam search reads them whole)."""
-        raise NotImplementedError
-
-    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor,
-                        n: int) -> Logprobs:  # pragma: no cover - abstract
-        """vLLM's prompt logprobs of the hidden rows ``rows [T, H]`` (``token_ids [T]``: each row's next
-        prompt token), top-``n``, never ``[T, V_local]`` beyond the logits budget."""
-        raise NotImplementedError
-
-
-class TorchEnds(VocabEnds):
-    """The model's own head: :func:`trtvocab.sampling.decode` (one validated, handshaken step; the
-    vocab streamed in chunks when the float32 ``[b, V_local]`` logits exceed the head's budget)."""
-
-    def __init__(self, embedding: Any, head: Any, vocab_limit: int | None) -> None:
-        super().__init__(embedding, head.placement, head.hidden_size, vocab_limit)
-        self.head = head
-        self.deterministic = bool(head.deterministic)
-
-    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:
-        self.ran_on.add(Runtime.TORCH)
-        return self.head.local_logits(rows).float()
-
-    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
-        """The head's logits in chunks its budget holds (``sampling.chunked.prompt_logprobs``)."""
-        from trtvocab.sampling import chunked
-
-        self.ran_on.add(Runtime.TORCH)
-        return chunked.prompt_logprobs(rows, self.head, token_ids, n)
-
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
-                 state: TokenState | None = None) -> SamplerOutput:
-        from trtvocab.sampling import decode_output
-
-        self.ran_on.add(Runtime.TORCH)
-        with self.head.use_adapters(self.row_adapters):
-            return decode_output(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask,
-                                 state=state)
-
-
-class ArtifactEnds(VocabEnds):
-    """A built artifact's head: the backend computes this rank's float32 ``[b, V_local]`` columns
-    (an engine returns its logits: nothing to stream), the ranks check in (:data:`STEP_HANDSHAKE`),
-    then each masks its columns and draws (``sampling.apply_token_bitmask``, ``sampling.sample``) on
-    the artifact's placement (``Manifest.placement``): the model's head is never loaded."""
-
-    def __init__(self, embedding: Any, placement: VocabPlacement, hidden_size: int, vocab_limit: int | None,
-                 backend: Any, dtype: torch.dtype, world: int, deterministic: bool, logits_budget_bytes: int) -> None:
-        super().__init__(embedding, placement, hidden_size, vocab_limit)
-        self.backend, self.dtype, self.world = backend, dtype, world
-        self.deterministic = deterministic
-        self.logits_budget_bytes = logits_budget_bytes
-
-    def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
-                 state: TokenState | None = None) -> SamplerOutput:
-        from trtvocab.sampling import apply_token_bitmask, sample_output
-
-        logits = self._logits(rows)
-        if bitmask is not None:
-            apply_token_bitmask(logits, bitmask, self.placement)
-        return sample_output(logits, self.placement, params, step=step, vocab_limit=self.vocab_limit, state=state)
-
-    def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
-        """As :meth:`VocabEnds.prompt_logprobs`, the backend's logits of as many rows at a time as the
-        head's budget holds (the same on every rank: the same groups and collectives)."""
-        from trtvocab.sampling import prompt_logprobs
-
-        widest = max(s.size for s in self.placement.shards)
-        group = max(1, self.logits_budget_bytes // (4 * max(1, widest)))
-        parts = [prompt_logprobs(self._logits(rows[g : g + group]), self.placement, token_ids[g : g + group], n)
-                 for g in range(0, rows.shape[0], group)]
-        return Logprobs(*(torch.cat([getattr(p, f) for p in parts]) for f in ("ids", "values", "ranks")))
-
-    def local_logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """This rank's float32 ``[b, V_local]`` logits from the backend."""
-        return self._logits(rows)
-
-    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """This rank's float32 ``[b, V_local]`` from the backend; the ranks check in first (at tp > 1)."""
-        error: Exception | None = None
-        local: Any = None
-        try:
-            local = self.backend.rank_logits(rows.to(self.dtype), torch.ones(rows.shape[0], dtype=torch.int64))
-        except Exception as exc:
-            if self.world == 1:
-                raise
-            error = exc
-        if self.world > 1:
-            values = None if error is not None else {"rows": local.logits.shape[0], "ran_on": local.ran_on}
-            STEP_HANDSHAKE.exchange(values, error, None, world=self.world, what="generate (artifact head)")
-        self.ran_on.add(Runtime(local.ran_on))
-        return local.logits
-
-
-def open_vocab_ends(spec: GenerateSpec, rank: int, mapping: Mapping | None, vocab_limit: int | None) -> VocabEnds:
-    """This rank's :class:`VocabEnds`. Without an artifact: the checkpoint opened once (``load_tied``: one
-    shard buffer for both ends of a tied model). With one (its manifest is the one :func:`prepare` read,
-    ``spec.artifact.manifest``): the embedding in the artifact's layout, the head's checkpoint probed
-    (headers only: its shard is never read) and the sampler on the manifest's placement."""
-    from trtvocab.embedding import VocabParallelEmbedding, load_tied
-
-    art = spec.artifact
-    manifest = art.manifest if art is not None else None
-    layout: Any = manifest.head.vocab_layout if manifest is not None else "uneven"
-    pad_to = manifest.head.pad_to if manifest is not None else 64
-    embedding: Any = None
-    if spec.attention_dp and mapping is not None:
-        # Attention DP (as TensorRT-LLM: the embedding is not split there): a body rank looks up its own
-        # prompts in a replicated table, so a step meets nobody before the body; a rank without a body
-        # needs no embedding. Lookups are exact either way, so the tokens are those of tp 1.
-        embedding = VocabParallelEmbedding.from_checkpoint(spec.model, mapping=None, dtype=torch.float32) \
-            if rank < spec.body_ranks else None
-    if art is None:
-        # LMHead refuses deterministic=True for a quantized head (a ConfigError naming it).
-        tied, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,
-                               gather_output=False, deterministic=spec.deterministic, gguf_blocks=spec.gguf_blocks)
-        if spec.logits_budget_bytes is not None:
-            head.logits_budget_bytes = spec.logits_budget_bytes
-        if not (spec.attention_dp and mapping is not None):
-            embedding = tied
-        ends = TorchEnds(embedding, head, vocab_limit)
-        for name, folder in spec.loras:  # both ends share one numbering: an adapter's index on each
-            embedding.load_adapter(folder, name=name)
-            head.load_adapter(folder, name=name)
-        if spec.loras:
-            ends.adapter_ids = torch.tensor(spec.lora_for, dtype=torch.int64)
-        return ends
-    from trtvocab.backends import open_backend
-    from trtvocab.base.dtypes import head_dtype
-    from trtvocab.base.family import HeadOps
-    from trtvocab.checkpoints.checkpoint import open_checkpoint
-    from trtvocab.lm_head import DEFAULT_LOGITS_BUDGET_BYTES
-    from trtvocab.weights.loader import open_head
-
-    ckpt = open_checkpoint(spec.model)  # opened once: the head's headers, the embedding's rows
-    source = open_head(ckpt, mapping=mapping, gguf_blocks=spec.gguf_blocks)  # headers only
-    if (source.vocab_size, source.hidden_size) != (manifest.head.vocab_size, manifest.head.hidden_size) \
-            or manifest.mapping.tp_size != spec.tp:
-        raise ArtifactError(f"--artifact: built for a [{manifest.head.vocab_size}, {manifest.head.hidden_size}] head "
-                            f"at tp {manifest.mapping.tp_size}; the model's head is [{source.vocab_size}, "
-                            f"{source.hidden_size}] at tp {spec.tp}")
-    ops = source.family.head if source.family is not None else HeadOps()
-    if manifest.head.family.head != ops:
-        raise ArtifactError(f"--artifact: its head computes {manifest.head.family.head.describe()}, the model's head "
-                            f"{ops.describe()} (built from another checkpoint?)")
-    placement = manifest.placement(rank)
-    if embedding is None and not (spec.attention_dp and mapping is not None):
-        embedding = VocabParallelEmbedding.from_checkpoint(ckpt, mapping=mapping, dtype=torch.float32,
-                                                           vocab_layout=layout, pad_to=pad_to,
-                                                           gguf_blocks=spec.gguf_blocks)
-    backend = open_backend(art.backend, Path(art.root), manifest, rank)
-    # The PyTorch fallback of a deterministic build is bitwise tp/batch-invariant; engines promise less.
-    deterministic = bool(manifest.head.deterministic) and art.backend == "torch"
-    budget = DEFAULT_LOGITS_BUDGET_BYTES if spec.logits_budget_bytes is None else spec.logits_budget_bytes
-    return ArtifactEnds(embedding, placement, source.hidden_size, vocab_limit, backend, head_dtype(manifest.head.dtype),
-                        spec.tp, deterministic, budget)
 
 
 def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: _ModelFacts) -> tuple[VocabEnds, Any]:
@@ -1036,7 +841,6 @@ def _decode_beams(spec: GenerateSpec, model: Any, ends: VocabEnds, facts: _Model
     """Greedy beam search of every prompt (``spec.beam_width`` beams each, as transformers' ``num_beams``):
     the body on ``B * W`` rows, :func:`~trtvocab.sampling.beam.beam_candidates` on the shards, the
     bookkeeping of :class:`~trtvocab.sampling.beam.BeamSearch`, the KV cache reordered after each step."""
-    from trtvocab.sampling.beam import BeamSearch, beam_candidates
 
     w, batch = spec.beam_width, len(spec.prompt_ids)
     body = _Body(model)
@@ -1103,8 +907,8 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
     return generate(spec, loaded)
 
 
-__all__ = ["SETUP_HANDSHAKE", "STEP_HANDSHAKE", "ArtifactEnds", "ArtifactSpec", "GenerateReport", "GenerateResult",
-           "GenerateSpec", "LoadedModel", "TorchEnds", "VocabEnds", "artifact_spec", "check_options",
+__all__ = ["SETUP_HANDSHAKE", "ArtifactSpec", "GenerateReport", "GenerateResult",
+           "GenerateSpec", "LoadedModel", "artifact_spec", "check_options",
            "choose_body_ranks", "cut_at_stop", "encode_prompts", "generate", "load_model", "model_path",
-           "open_vocab_ends", "parse_logit_bias", "prepare", "prompt_block", "run", "sampling_params",
+           "parse_logit_bias", "prepare", "prompt_block", "run", "sampling_params",
            "words_token_ids"]

@@ -98,7 +98,7 @@ def requested_isa() -> str:
 def isa_problem(isa: str) -> str | None:
     """Why a forced instruction set cannot run on this CPU (its :data:`ISA_CPU_FLAGS` missing from
     ``/proc/cpuinfo``), else None. A library built for it would die of SIGILL in the self-check, and
-    every later process through the cached library: it is refused before building (issue 37, A2)."""
+    every later process through the cached library: it is refused before building."""
     if platform.machine().lower() not in _X86:
         return None  # only x86 builds take a forced -march
     missing = sorted(ISA_CPU_FLAGS.get(isa, set()) - cpu_flags())

@@ -26,6 +26,7 @@ from trtvocab.base.formats import Runtime
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
 from trtvocab.errors import ArtifactError
 from trtvocab.parallel import distributed as D
+from trtvocab.parallel.launch import run_ranks
 
 # What the ranks of an inference agree on before the gather (protocol: trtvocab.parallel.distributed.Handshake).
 INFER_HANDSHAKE = D.Handshake("infer", (D.Field("vocab_size"), D.Field("rows"),
@@ -94,7 +95,5 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
             raise ArtifactError(f"{root}: built for tp {tp}, but torchrun started {D.group_size()} processes")
         out = _infer_rank(D.group_rank(), tp, str(root), chosen, hidden, seq_lens)
         return InferResult(None, chosen, manifest) if out is None else InferResult(out[0], out[1], manifest)
-    from trtvocab.parallel.launch import run_ranks
-
     logits, ran_on = run_ranks(_infer_rank, tp, str(root), chosen, hidden, seq_lens)[0]
     return InferResult(logits, ran_on, manifest)

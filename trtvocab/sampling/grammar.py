@@ -27,6 +27,16 @@ from typing import Any, Literal
 
 import torch
 
+from trtvocab.base.limits import (  # the limits live torch-free, for the CLI's --help
+    GRAMMAR_TIMEOUT_ENV,
+    GRAMMAR_TIMEOUT_S,
+    MAX_GRAMMAR_DEPTH,
+    MAX_REGEX_CHARS,
+    MAX_SCHEMA_BYTES,
+    RANK_GRAMMAR_TIMEOUT_FACTOR,
+    UNSUPPORTED_SCHEMA_KEYWORDS,
+)
+from trtvocab.base.safe_read import read_regular
 from trtvocab.errors import ConfigError, GrammarError, InputError
 
 JSON_ANY_WHITESPACE = False  # xgrammar JSON: compact separators, no free whitespace
@@ -50,20 +60,6 @@ def _xgrammar() -> Any:
         raise ConfigError(f"--json-schema / --regex need xgrammar (pip install 'trtvocab[generate]'): {exc}") from None
 
 
-# ---- grammar limits -----------------------------------------------------------------------------------
-# xgrammar's compile time grows faster than the grammar: an enum of 20k strings takes ~30 s against
-# SmolLM2's 49k-token vocabulary, one of 500k never ends. So a constraint is bounded before xgrammar
-# sees it (size, nesting), and its conversion and compile run under a time limit.
-MAX_SCHEMA_BYTES = 1 << 20  # --json-schema: at most 1 MiB of JSON text
-MAX_REGEX_CHARS = 1 << 14  # --regex: at most 16384 characters
-MAX_GRAMMAR_DEPTH = 128  # nesting: of the schema's JSON arrays / objects, of a regex's groups
-GRAMMAR_TIMEOUT_S = 30.0  # conversion + compile against the tokenizer; TRTVOCAB_GRAMMAR_TIMEOUT_S overrides
-GRAMMAR_TIMEOUT_ENV = "TRTVOCAB_GRAMMAR_TIMEOUT_S"
-RANK_GRAMMAR_TIMEOUT_FACTOR = 4  # a rank's compile of a grammar prepare() compiled: more time, still bounded
-# JSON Schema keywords that constrain but that xgrammar (0.2.x) ignores: the answer would not obey them.
-UNSUPPORTED_SCHEMA_KEYWORDS = ("not", "if", "then", "else", "contains", "minContains", "maxContains",
-                               "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
-                               "$dynamicRef", "$recursiveRef")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _SUBSCHEMAS = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "unevaluatedItems",
@@ -327,7 +323,6 @@ def grammar_spec(json_schema: str | Path | None = None, regex: str | None = None
         raise InputError("--json-schema and --regex: give at most one of them (one grammar per run)")
     if json_schema is None and regex is None:
         return None
-    from trtvocab.base.fsutil import read_regular
 
     if json_schema is not None:
         path = Path(json_schema)
