@@ -1,4 +1,5 @@
-"""GGUF heads kept in their stored blocks (Q8_0, Q6_K): values, the chain, shard-only reads, ties.
+"""GGUF heads kept in their stored blocks (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K): values, the chain, shard-only
+reads, ties.
 
 References: ``gguf.quants.dequantize`` (the gguf package's own numpy decode) for the weights, a float64
 recomputation for the logits, and the torch chain for the fused kernel's bits.
@@ -23,7 +24,10 @@ from trtvocab.quant import gguf_blocks as gb
 
 Q = gguf.GGMLQuantizationType
 V = 37  # prime: uneven shards
-HIDDEN = {"Q8_0": 96, "Q6_K": 512}
+HIDDEN = {"Q8_0": 96, "Q6_K": 512, "Q4_0": 96, "Q4_1": 96, "Q5_0": 96, "Q4_K": 512}
+STORED = list(HIDDEN)
+# where each block type keeps its fp16 scales (d; Q4_1's m, Q4_K's dmin)
+SCALES_AT = {"Q8_0": (0,), "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2)}
 
 
 def random_blocks(block_type: str, rows: int, hidden: int, seed: int = 0) -> np.ndarray:
@@ -31,9 +35,9 @@ def random_blocks(block_type: str, rows: int, hidden: int, seed: int = 0) -> np.
     rng = np.random.default_rng(seed)
     block, size = gb.BLOCKS[block_type]
     raw = rng.integers(0, 256, size=(rows, hidden // block, size), dtype=np.uint8)
-    d = (rng.standard_normal((rows, hidden // block)) * 10.0 ** rng.integers(-4, 1, (rows, hidden // block)))
-    at = 0 if block_type == "Q8_0" else size - 2
-    raw[..., at : at + 2] = d.astype(np.float16).view(np.uint8).reshape(rows, hidden // block, 2)
+    for at in SCALES_AT[block_type]:
+        d = (rng.standard_normal((rows, hidden // block)) * 10.0 ** rng.integers(-4, 1, (rows, hidden // block)))
+        raw[..., at : at + 2] = d.astype(np.float16).view(np.uint8).reshape(rows, hidden // block, 2)
     return raw.reshape(rows, -1)
 
 
@@ -41,7 +45,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
-@pytest.mark.parametrize("block_type", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("block_type", STORED)
 def test_decode_is_gguf_quants_dequantize_bitwise(block_type: str) -> None:
     raw = random_blocks(block_type, 19, HIDDEN[block_type])
     want = gguf.quants.dequantize(raw, Q[block_type]).astype(np.float32)
@@ -59,11 +63,13 @@ def test_chain_is_within_the_float32_bound_of_float64() -> None:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Untied heads (output.weight Q8_0 / Q6_K / Q4_0) and a tied Q8_0 table."""
+    """Untied heads (output.weight in every stored type, gguf's quantizer where it has one, and Q5_1, which
+    has no stored-format kernel) and a tied Q8_0 table."""
     rng = np.random.default_rng(3)
     out = {}
     folder = tmp_path_factory.mktemp("gguf_blocks")
-    for name, qtype in (("Q8_0", Q.Q8_0), ("Q6_K", Q.Q6_K), ("Q4_0", Q.Q4_0)):
+    for name in [*STORED, "Q5_1"]:
+        qtype = Q[name]
         h = HIDDEN.get(name, 64)
         tensors = {"output.weight": (rng.standard_normal((V, h)).astype(np.float32), qtype),
                    "token_embd.weight": (rng.standard_normal((V, h)).astype(np.float32), Q.F16)}
@@ -85,7 +91,7 @@ def _paths() -> list[str]:
     return paths
 
 
-@pytest.mark.parametrize("block_type", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("block_type", STORED)
 def test_head_stays_in_its_blocks_and_computes_the_chain(files: dict[str, Path], block_type: str) -> None:
     path = files[block_type]
     ref = _reference(path)
@@ -146,9 +152,9 @@ def test_float32_path_and_other_block_types_are_dequantized(files: dict[str, Pat
     head = LMHead.from_checkpoint(files["Q8_0"], dtype=torch.float32, gguf_blocks=False)
     assert head.weight_format is WeightFormat.DENSE and "gguf_blocks=False" in head.load_note
     assert torch.equal(head.weight, _reference(files["Q8_0"]))
-    head = LMHead.from_checkpoint(files["Q4_0"], dtype=torch.float32)
-    assert head.weight_format is WeightFormat.DENSE and "no stored-format kernel for Q4_0" in head.load_note
-    assert torch.equal(head.weight, _reference(files["Q4_0"]))
+    head = LMHead.from_checkpoint(files["Q5_1"], dtype=torch.float32)
+    assert head.weight_format is WeightFormat.DENSE and "no stored-format kernel for Q5_1" in head.load_note
+    assert torch.equal(head.weight, _reference(files["Q5_1"]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -204,7 +210,7 @@ def test_kernel_paths_equal_the_torch_chain_bitwise(isa: str) -> None:
     assert top == {"portable": 0, "avx2": 1}.get(isa, 2 if "avx512f" in kernels.cpu_flags() else top)
     g = torch.Generator().manual_seed(5)
     try:
-        for block_type, hidden in (("Q8_0", 96), ("Q8_0", 640), ("Q6_K", 512)):
+        for block_type, hidden in (("Q8_0", 640), *HIDDEN.items()):
             raw = torch.from_numpy(random_blocks(block_type, 41, hidden, seed=hidden))
             w = gb.DEQUANTIZE[block_type](raw)
             x = torch.randn(65, hidden, generator=g)
