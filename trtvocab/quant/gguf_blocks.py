@@ -25,7 +25,7 @@ BLOCKS: dict[str, tuple[int, int]] = {"Q8_0": (32, 34), "Q6_K": (256, 210), "Q4_
                                       "Q5_0": (32, 22), "Q4_K": (256, 144)}
 FORMATS = {"Q8_0": WeightFormat.GGUF_Q8_0, "Q6_K": WeightFormat.GGUF_Q6_K, "Q4_0": WeightFormat.GGUF_Q4_0,
            "Q4_1": WeightFormat.GGUF_Q4_1, "Q5_0": WeightFormat.GGUF_Q5_0, "Q4_K": WeightFormat.GGUF_Q4_K}
-CHAIN_ELEMENTS = 1 << 22  # float32 products per torch chain chunk ([N, rows, H])
+CHAIN_ELEMENTS = 1 << 20  # float32 products per torch chain chunk ([N, rows, H]): 4 MiB, reused chunk to chunk
 
 
 class GGUFConfig(BaseModel):
@@ -166,12 +166,16 @@ def chain_logits(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = No
     if n == 0 or rows == 0:
         return out
     steps = hidden // LANES
-    step_rows = max(1, CHAIN_ELEMENTS // max(1, n * hidden))
+    step_rows = min(rows, max(1, CHAIN_ELEMENTS // max(1, n * hidden)))
     xs = x.float().reshape(n, 1, steps, LANES)
+    # one product buffer and one accumulator for every chunk: the peak is one chunk's products, not two
+    prod_buf = torch.empty(n * step_rows * hidden, dtype=torch.float32)
+    acc_buf = torch.empty(n * step_rows * LANES, dtype=torch.float32)
     for a in range(0, rows, step_rows):
         b = min(rows, a + step_rows)
-        prod = w[a:b].reshape(1, b - a, steps, LANES) * xs  # [N, r, S, 8], each product rounded
-        acc = torch.zeros(n, b - a, LANES, dtype=torch.float32)
+        prod = prod_buf[: n * (b - a) * hidden].view(n, b - a, steps, LANES)
+        torch.mul(w[a:b].reshape(1, b - a, steps, LANES), xs, out=prod)  # [N, r, S, 8], each product rounded
+        acc = acc_buf[: n * (b - a) * LANES].view(n, b - a, LANES).zero_()
         for s in range(steps):
             acc.add_(prod[:, :, s])
         out[:, a:b] = tree8(acc)
