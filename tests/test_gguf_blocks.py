@@ -19,6 +19,7 @@ from trtvocab import LMHead, Mapping, kernels
 from trtvocab.base.formats import WeightFormat
 from trtvocab.checkpoints.gguf import GGUFCheckpoint, GGUFRows
 from trtvocab.embedding import load_tied, resident_bytes
+from trtvocab.errors import ConfigError
 from trtvocab.parallel.sharding import vocab_shard
 from trtvocab.quant import gguf_blocks as gb
 
@@ -229,30 +230,46 @@ def test_kernel_paths_equal_the_torch_chain_bitwise(isa: str) -> None:
 
 
 # ---- ONNX: blocked DequantizeLinear (opset 21, block 32 along H) on onnxruntime ---------------------------
-def test_q8_0_onnx_graph_equals_the_fallback_on_onnxruntime(files: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("block_type", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_onnx_graph_equals_the_fallback_on_onnxruntime(files: dict[str, Path], tmp_path: Path,
+                                                           block_type: str) -> None:
     ort = pytest.importorskip("onnxruntime")
     import onnx
 
     from trtvocab.base.family import HeadOps
-    from trtvocab.export.gguf_onnx import export_q8_0
+    from trtvocab.export.gguf_onnx import export_gguf, export_q8_0
 
-    x = torch.randn(5, HIDDEN["Q8_0"], generator=torch.Generator().manual_seed(4))
+    hidden = HIDDEN[block_type]
+    ref = _reference(files[block_type])
+    x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(4))
     for tp, rank in ((1, 0), (3, 2)):
-        head = LMHead.from_checkpoint(files["Q8_0"], mapping=Mapping(world_size=tp, rank=rank, tp_size=tp),
+        head = LMHead.from_checkpoint(files[block_type], mapping=Mapping(world_size=tp, rank=rank, tp_size=tp),
                                       dtype=torch.float32)
+        s = vocab_shard(V, tp, rank)
+        # the graph's weight is gguf.quants.dequantize's, value for value: one-hot rows read it out through the
+        # Gemm (exactly: every other product is a zero; a zero weight's sign is not kept by the sum)
+        plain = export_gguf(head, tmp_path / f"{block_type}_{tp}_{rank}_plain.onnx")
+        eye = torch.eye(hidden).numpy()
+        weight_t = torch.from_numpy(ort.InferenceSession(str(plain)).run(None, {"hidden_states": eye})[0])
+        assert torch.equal(weight_t.t(), ref[s.start : s.end]), (tp, rank)
         head.head_ops = HeadOps(softcap=30.0) if rank else head.head_ops  # a family's ops ride after the GEMM
-        path = export_q8_0(head, tmp_path / f"q8_{tp}_{rank}.onnx")
+        export = export_q8_0 if block_type == "Q8_0" else export_gguf
+        path = export(head, tmp_path / f"{block_type}_{tp}_{rank}.onnx")
         model = onnx.load(str(path))
         dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
         assert model.opset_import[0].version == 21 and len(dq) == 1
         assert {a.name: a.i for a in dq[0].attribute} == {"axis": 1, "block_size": 32}
         types = {i.name: i.data_type for i in model.graph.initializer}
-        assert types["weight_q"] == onnx.TensorProto.INT8 and types["weight_d"] == onnx.TensorProto.FLOAT
+        want_q = onnx.TensorProto.INT8 if block_type == "Q8_0" else onnx.TensorProto.UINT4
+        assert types["weight_q"] == want_q and types["weight_d"] == onnx.TensorProto.FLOAT
         got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"hidden_states": x.numpy()})[0])
         want = head.column_logits(x)
         w = head.weights.dense_weight()[: head.shard.size].double()
-        bound = (x.double().abs() @ w.abs().t()) * 2 * (HIDDEN["Q8_0"] + 3) * 2.0**-24
+        bound = (x.double().abs() @ w.abs().t()) * 2 * (hidden + 3) * 2.0**-24
         assert bool(((got.double() - want.double()).abs() <= bound + 1e-4).all()), (tp, rank)
+    if block_type != "Q8_0":
+        with pytest.raises(ConfigError, match="a GGUF Q8_0 head"):
+            export_q8_0(head, tmp_path / "refused.onnx")
 
 
 def test_embedding_from_checkpoint_keeps_gguf_blocks(files: dict[str, Path]) -> None:
