@@ -46,10 +46,7 @@ constexpr int block_bytes(int kind) {
   return kind == 0 ? Q8_BYTES : kind == 1 ? Q6_BYTES : kind == 2 ? Q40_BYTES : kind == 3 ? Q41_BYTES
        : kind == 4 ? Q50_BYTES : Q4K_BYTES;
 }
-constexpr int64_t ROW_BLOCK = 32;
-#ifndef GGUF_XA_MIN
-#define GGUF_XA_MIN 2
-#endif  // rows every x group of a batch > 8 meets in cache
+constexpr int64_t ROW_BLOCK = 32;  // rows every x group of a batch > 8 meets in cache
 
 // One group of at most 8 x rows against weight rows [r0, r1) (rows_*_nb<KIND, NB>, NB = the group's size).
 using GroupFn = void (*)(const float* x, int64_t xs, int64_t chunks, const uint8_t* w, int64_t r0, int64_t r1,
@@ -292,11 +289,14 @@ inline void tile_avx2(const float* x, int64_t xs, int64_t chunks, const uint8_t*
 }
 
 // Tile shapes: 16 ymm registers (AVX2) or 32 (AVX-512VL builds).
+// With 32 registers every tile decodes its rows' chunk first (B = 1: 4 rows so, measured 13.0 MAC/ns
+// against 12.6 for 8 rows decoded one after the other, Q8_0 in L2, one thread); with 16 only where the
+// decoded chunks (4 registers a row) and the chains fit.
 template <int NB, bool WIDE>
 struct Shape {
-  static constexpr int RR = WIDE ? (NB == 1 ? 8 : NB == 2 ? 6 : NB <= 4 ? 4 : NB <= 6 ? 3 : 2)
+  static constexpr int RR = WIDE ? (NB == 1 ? 4 : NB == 2 ? 6 : NB <= 4 ? 4 : NB <= 6 ? 3 : 2)
                                  : (NB == 1 ? 8 : NB == 2 ? 4 : NB <= 4 ? 2 : 1);
-  static constexpr bool XA = NB >= GGUF_XA_MIN;
+  static constexpr bool XA = WIDE || RR * (4 + NB) <= 14;
 };
 
 template <int KIND, int NB, bool WIDE = false>
