@@ -88,6 +88,7 @@ inline float half_to_float(const uint8_t* p) {
 }
 
 // Q4_K sub-block j's float32 scale d * sc and min dmin * m (gguf.quants' get_scale_min; exact products).
+template <float (*HALF)(const uint8_t*)>
 inline void q4k_scales(const uint8_t* blk, int j, float* ds, float* dm) {
   const uint8_t* s = blk + 4;
   int sc, m;
@@ -98,8 +99,8 @@ inline void q4k_scales(const uint8_t* blk, int j, float* ds, float* dm) {
     sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
     m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
-  *ds = half_to_float(blk) * static_cast<float>(sc);
-  *dm = half_to_float(blk + 2) * static_cast<float>(m);
+  *ds = HALF(blk) * static_cast<float>(sc);
+  *dm = HALF(blk + 2) * static_cast<float>(m);
 }
 
 // The 32 weights of chunk k (elements 32k .. 32k + 31) of a row, as float32 (portable decode).
@@ -124,7 +125,7 @@ inline void decode32(const uint8_t* row, int64_t k, float* w) {
   } else if (KIND == 5) {
     const uint8_t* blk = row + (k >> 3) * Q4K_BYTES;
     float ds, dm;
-    q4k_scales(blk, static_cast<int>(k & 7), &ds, &dm);
+    q4k_scales<half_to_float>(blk, static_cast<int>(k & 7), &ds, &dm);
     const uint8_t* qs = blk + 16 + 32 * ((k & 7) >> 1);
     const int shift = 4 * static_cast<int>(k & 1);
     for (int j = 0; j < 32; ++j) w[j] = ds * static_cast<float>((qs[j] >> shift) & 0x0f) - dm;
@@ -185,17 +186,31 @@ inline float hsum_tree(__m256 v) {
 
 inline __m256 cvt8(__m128i bytes8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8)); }
 
+// An fp16 scale as float32 by F16C, broadcast / scalar: exact for every finite value (subnormals become
+// normal float32, whatever MXCSR says); a signalling NaN comes out quiet, as the product with it would be
+// anyway, so the chain's bits equal half_to_float's (measured: Q8_0 B = 1 13.0 -> 14.6 MAC/ns, in L2).
+inline __m256 bcast_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h)));
+}
+inline float half_f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
 // The 4 steps of chunk k of a row as float32 (AVX2 decode, bitwise decode32's).
 template <int KIND>
 inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
   if (KIND == 0) {
     const uint8_t* blk = row + k * Q8_BYTES;
-    const __m256 d = _mm256_set1_ps(half_to_float(blk));
+    const __m256 d = bcast_half(blk);
     for (int t = 0; t < 4; ++t) w[t] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * t))), d);
   } else if (KIND == 1) {
     const uint8_t* blk = row + (k >> 3) * Q6_BYTES;
     const int sub = static_cast<int>(k & 7), half = sub >> 2, c = sub & 3;
-    const float d = half_to_float(blk + 208);
+    const float d = half_f16c(blk + 208);
     const __m256 ds0 = _mm256_set1_ps(d * static_cast<float>(static_cast<int8_t>(blk[192 + 2 * sub])));
     const __m256 ds1 = _mm256_set1_ps(d * static_cast<float>(static_cast<int8_t>(blk[192 + 2 * sub + 1])));
     const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + half * 64 + (c & 1) * 32));
@@ -211,7 +226,7 @@ inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
   } else if (KIND == 5) {
     const uint8_t* blk = row + (k >> 3) * Q4K_BYTES;
     float dsf, dmf;
-    q4k_scales(blk, static_cast<int>(k & 7), &dsf, &dmf);
+    q4k_scales<half_f16c>(blk, static_cast<int>(k & 7), &dsf, &dmf);
     const __m256 ds = _mm256_set1_ps(dsf), dm = _mm256_set1_ps(dmf);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * ((k & 7) >> 1)));
     const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * static_cast<int>(k & 1))),
@@ -223,14 +238,14 @@ inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
     w[3] = _mm256_sub_ps(_mm256_mul_ps(ds, cvt8(_mm_srli_si128(q1, 8))), dm);
   } else {  // Q4_0, Q4_1, Q5_0
     const uint8_t* blk = row + k * block_bytes(KIND);
-    const __m256 d = _mm256_set1_ps(half_to_float(blk));
+    const __m256 d = bcast_half(blk);
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (KIND == 2 ? 2 : KIND == 3 ? 4 : 6)));
     const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
     const __m128i q[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
     if (KIND == 2) {
       for (int t = 0; t < 4; ++t) w[t] = _mm256_mul_ps(d, cvt8(_mm_sub_epi8(q[t], _mm_set1_epi8(8))));
     } else if (KIND == 3) {
-      const __m256 m = _mm256_set1_ps(half_to_float(blk + 2));
+      const __m256 m = bcast_half(blk + 2);
       for (int t = 0; t < 4; ++t) w[t] = _mm256_add_ps(_mm256_mul_ps(d, cvt8(q[t])), m);
     } else {
       uint32_t qh;
