@@ -23,6 +23,7 @@ This module is the one place in the sampler that knows about the added segment.
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,6 +31,8 @@ import torch
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import select_rows
+from trtvocab.parallel.distributed import HandshakeState
+from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import SamplerOutput, params_tensor, rows_params, sample_output, step_error
 from trtvocab.sampling.filters import Metadata, race_scores, scale
@@ -109,6 +112,25 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
                    for r, p in enumerate(per_row)]
     if bitmask is None and all(_races_alone(p) for p in per_row):
         return SamplerOutput(_race(hidden, head, per_row, step, vocab_limit))
+    place = segmented_placement(head)
+    logits = head.local_logits(hidden).float()
+    if vocab_limit is not None and vocab_limit < head.vocab_size:
+        ids = place.local_token_ids(logits.device)
+        logits[:, (ids >= vocab_limit) & (ids < head.vocab_size)] = float("-inf")
+    if bitmask is not None:
+        error = bitmask_error(logits, bitmask, place)
+        if error is not None:  # the digest agreed on the bitmask: every rank raises alike
+            raise error
+        apply_bitmask_(logits, bitmask, place)
+    return sample_output(logits, place, per_row, step=step, state=state)
+
+
+def gathered_output(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], *, step: int = 0,
+                    vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
+                    state: TokenState | None = None) -> SamplerOutput:
+    """The reference the sharded path is tested against: ``head(hidden)`` gathered in token order
+    (``[B, V + A]``) and sampled on :func:`token_order_view` (seeded ``per_row``; every rank alike)."""
+    view = token_order_view(head)
     gather = head.gather_output
     head.gather_output = True
     try:
@@ -123,6 +145,24 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
             raise error
         apply_bitmask_(logits, bitmask, view)
     return sample_output(logits, view, per_row, step=step, state=state)
+
+
+_PLACEMENTS: weakref.WeakKeyDictionary[Any, VocabPlacement] = weakref.WeakKeyDictionary()
+
+
+def segmented_placement(head: LMHead) -> VocabPlacement:
+    """``head``'s placement with its added segment as the second one (``VocabPlacement.added``): the
+    local columns of ``head.local_logits`` are ids ``[start, end)`` then ``V + [a, b)``. Its own handshake
+    state (the sampler's calls on it are not the forward's); cached per head, rebuilt when the head's
+    placement or added segment changes."""
+    base = head.placement
+    place = _PLACEMENTS.get(head)
+    shards = tuple(s.added for s in head.added_shards)
+    if place is None or place.shard != base.shard or place.added_shards != shards or place.device != base.device \
+            or place.process_group is not base.process_group:
+        place = replace(base, added=shards[base.tp_rank], added_shards=shards, handshake_state=HandshakeState())
+        _PLACEMENTS[head] = place
+    return place
 
 
 def _races_alone(p: SamplingParams) -> bool:
@@ -165,4 +205,5 @@ def _race(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], ste
     return chosen
 
 
-__all__ = ["decode_output", "has_added_vocab", "state_placement", "token_order_view"]
+__all__ = ["decode_output", "gathered_output", "has_added_vocab", "segmented_placement", "state_placement",
+           "token_order_view"]
