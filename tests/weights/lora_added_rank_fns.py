@@ -7,6 +7,7 @@ One call loads a base checkpoint's embedding and head at one tp size and layout,
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -111,7 +112,12 @@ def knobs_case(rank: int, world: int, layout: str, folder: str) -> dict[str, Any
         args = {k: v for k, v in kw.items() if k != "state"}
         per_row = rows_params(params, KNOB_B)
         with head.use_adapters(picks):
-            got = decode_output(hidden, head, per_row, step=3, state=state, **args)
+            gather, head.gather_output = head.gather_output, True
+            try:  # the sharded path never gathers the logits: the head's column gather must not run
+                with mock.patch("trtvocab.lm_head.D.all_gather_columns", side_effect=AssertionError("gathered")):
+                    got = decode_output(hidden, head, per_row, step=3, state=state, **args)
+            finally:
+                head.gather_output = gather
             ref = gathered_output(hidden, head, per_row, step=3, state=state, **args)
         out[name] = (got, ref)
     return out

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.weights.lora_added_rank_fns import added_case, disagreeing_params
+from tests.weights.lora_added_rank_fns import KNOB_H, KNOB_V, added_case, disagreeing_params, knobs_case
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.base.family import HeadOps
 from trtvocab.errors import AdapterError, ConfigError
@@ -365,3 +365,50 @@ def test_family_ops_apply_to_the_added_columns(tmp_path: Path) -> None:
     z = hidden.double() @ copy_rows.double().t() * 0.5
     torch.testing.assert_close(logits[0::2], (4.0 * torch.tanh(z / 4.0))[0::2].float(), rtol=1e-5, atol=1e-5)
     assert torch.isneginf(logits[1::2, V:]).all() and torch.isfinite(logits[1::2, :V]).all()
+
+
+# ---- every sampler knob on the shards, against the gathered token-order reference ------------------------
+def _knob_adapter(folder: Path) -> str:
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.randn(KNOB_V + 5, KNOB_H, generator=gen)
+    rows[KNOB_V:] *= 2.0  # the added ids win some draws
+    return str(_adapter(folder, {EMB: torch.randn(KNOB_V + 5, KNOB_H, generator=gen), HEAD: rows}))
+
+
+def _same_output(got: Any, ref: Any, what: str) -> None:
+    assert torch.equal(got.token_ids, ref.token_ids), what
+    assert (got.logprobs is None) == (ref.logprobs is None), what
+    if ref.logprobs is not None:
+        for field in ("ids", "values", "ranks"):
+            assert torch.equal(getattr(got.logprobs, field), getattr(ref.logprobs, field)), f"{what} {field}"
+
+
+def _check_knobs(out: dict[str, Any], what: str) -> None:
+    for name, (got, ref) in out.items():
+        _same_output(got, ref, f"{what} {name}")
+        assert (got.token_ids[[1, 4]] < KNOB_V).all(), f"{what} {name}"  # rows without the adapter: base ids only
+    assert any(bool((got.token_ids >= KNOB_V).any()) for got, _ in out.values()), what  # added ids are drawn
+
+
+@pytest.mark.parametrize("layout", ["uneven", "padded"])
+def test_every_knob_on_the_shards_equals_the_token_order_reference_tp1(tmp_path: Path, layout: str) -> None:
+    """Filters, penalties, bias, bans, allowed ids, bitmask, vocab limit and logprobs on a head with an added
+    segment: the sharded draw (no column gather) equals the gathered token-order draw, ids and logprobs."""
+    _check_knobs(knobs_case(0, 1, layout, _knob_adapter(tmp_path / "add")), f"tp1 {layout}")
+
+
+@pytest.mark.ranks
+def test_every_knob_on_the_shards_tp3_uneven_tp4_padded(tmp_path: Path, launch_ranks: Any) -> None:
+    """As at tp 1, on every rank of tp 3 (uneven) and tp 4 (padded: the last rank's added piece is padding);
+    and the draws (ids, logprobs) are those of tp 1."""
+    folder = _knob_adapter(tmp_path / "add")
+    single = knobs_case(0, 1, "uneven", folder)
+    for tp, layout in ((3, "uneven"), (4, "padded")):
+        for rank, out in enumerate(launch_ranks(knobs_case, tp, layout, folder, timeout_s=240)):
+            _check_knobs(out, f"tp{tp} {layout} rank {rank}")
+            for name, (got, _) in out.items():  # seeded draws: the same ids at every tp
+                mine = single[name][0]
+                assert torch.equal(got.token_ids, mine.token_ids), f"tp{tp} {layout} rank {rank} {name} vs tp1"
+                if mine.logprobs is not None:  # the head's float32 logits of a shard may differ by an ulp from tp 1's
+                    assert torch.equal(got.logprobs.ids, mine.logprobs.ids), f"tp{tp} rank {rank} {name}"
+                    torch.testing.assert_close(got.logprobs.values, mine.logprobs.values, rtol=0, atol=1e-5)
