@@ -90,9 +90,10 @@ def knob_params(v: int) -> list[tuple[str, Any, dict[str, Any]]]:
 
 
 def knobs_case(rank: int, world: int, layout: str, folder: str) -> dict[str, Any]:
-    """Every knob of :func:`knob_params` on a head with an added segment: the sharded draw and the gathered
-    token-order reference (``sampling.added_vocab.gathered_output``), ids and logprobs, on this rank."""
-    from trtvocab.sampling import TokenState
+    """Every knob of :func:`knob_params` on a head with an added segment: the sharded draw, the gathered
+    token-order reference (``sampling.added_vocab.gathered_output``) and the streamed draw (``chunked``,
+    8-column chunks), ids and logprobs, on this rank."""
+    from trtvocab.sampling import TokenState, chunked
     from trtvocab.sampling.added_vocab import decode_output, gathered_output, token_order_view
     from trtvocab.sampling.draw import rows_params
 
@@ -116,8 +117,9 @@ def knobs_case(rank: int, world: int, layout: str, folder: str) -> dict[str, Any
             try:  # the sharded path never gathers the logits: the head's column gather must not run
                 with mock.patch("trtvocab.lm_head.D.all_gather_columns", side_effect=AssertionError("gathered")):
                     got = decode_output(hidden, head, per_row, step=3, state=state, **args)
+                    streamed = chunked.decode_output(hidden, head, per_row, step=3, state=state, chunk=8, **args)
             finally:
                 head.gather_output = gather
             ref = gathered_output(hidden, head, per_row, step=3, state=state, **args)
-        out[name] = (got, ref)
+        out[name] = (got, ref, streamed)
     return out

@@ -384,10 +384,11 @@ def _same_output(got: Any, ref: Any, what: str) -> None:
 
 
 def _check_knobs(out: dict[str, Any], what: str) -> None:
-    for name, (got, ref) in out.items():
+    for name, (got, ref, streamed) in out.items():
         _same_output(got, ref, f"{what} {name}")
+        _same_output(streamed, ref, f"{what} {name} streamed")
         assert (got.token_ids[[1, 4]] < KNOB_V).all(), f"{what} {name}"  # rows without the adapter: base ids only
-    assert any(bool((got.token_ids >= KNOB_V).any()) for got, _ in out.values()), what  # added ids are drawn
+    assert any(bool((got.token_ids >= KNOB_V).any()) for got, _, _ in out.values()), what  # added ids are drawn
 
 
 @pytest.mark.parametrize("layout", ["uneven", "padded"])
@@ -406,7 +407,7 @@ def test_every_knob_on_the_shards_tp3_uneven_tp4_padded(tmp_path: Path, launch_r
     for tp, layout in ((3, "uneven"), (4, "padded")):
         for rank, out in enumerate(launch_ranks(knobs_case, tp, layout, folder, timeout_s=240)):
             _check_knobs(out, f"tp{tp} {layout} rank {rank}")
-            for name, (got, _) in out.items():  # seeded draws: the same ids at every tp
+            for name, (got, _, _) in out.items():  # seeded draws: the same ids at every tp
                 mine = single[name][0]
                 assert torch.equal(got.token_ids, mine.token_ids), f"tp{tp} {layout} rank {rank} {name} vs tp1"
                 if mine.logprobs is not None:  # the head's float32 logits of a shard may differ by an ulp from tp 1's

@@ -148,9 +148,10 @@ def process(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata, lo: int) -> 
             x = x + bias
     state = meta.state
     if state is not None and any(p.penalizes for p in meta.per_row):  # no state: no prompt, no output
-        if contiguous:
-            counts = state.output_counts[:, lo : lo + n].to(x.device)
-            seen = state.prompt_seen[:, lo : lo + n].to(x.device) | (counts > 0)
+        if contiguous:  # the state's columns of ids first .. first + n (``lo`` on the rank's own state)
+            at0 = first - state.start
+            counts = state.output_counts[:, at0 : at0 + n].to(x.device)
+            seen = state.prompt_seen[:, at0 : at0 + n].to(x.device) | (counts > 0)
         else:  # a token-order state (it spans every id): read the block's ids
             at = (col_ids - state.start).to(state.output_counts.device)
             counts = state.output_counts[:, at].to(x.device)
