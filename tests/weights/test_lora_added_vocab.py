@@ -198,8 +198,8 @@ def test_nan_in_added_rows_and_larger_segments(tmp_path: Path) -> None:
 
 
 def test_sampler_paths_and_export_with_added_tokens(tmp_path: Path) -> None:
-    """decode samples in token order (the added ids of the adapter's rows included); the chunked head and
-    ONNX export refuse such a head by name; a row's vocabulary limit holds under any temperature."""
+    """decode samples in token order (the added ids of the adapter's rows included), and so does the chunked
+    head; ONNX export refuses such a head by name; a row's vocabulary limit holds under any temperature."""
     copy_rows = torch.randn(V + 3, H)
     copy_rows[V:] *= 10.0
     folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: copy_rows})
@@ -217,8 +217,7 @@ def test_sampler_paths_and_export_with_added_tokens(tmp_path: Path) -> None:
         masked = expected.clone()
         masked[:, 10:V] = float("-inf")
         assert torch.equal(limited, masked.argmax(-1))
-        with pytest.raises(ConfigError, match="added segment"):
-            chunked.greedy(hidden, head)
+        assert torch.equal(chunked.greedy(hidden, head), expected.argmax(-1))  # the stream holds both segments
     from trtvocab.export.onnx import export_onnx
 
     with pytest.raises(ConfigError, match="adds 3 tokens"):
@@ -413,3 +412,50 @@ def test_every_knob_on_the_shards_tp3_uneven_tp4_padded(tmp_path: Path, launch_r
                 if mine.logprobs is not None:  # the head's float32 logits of a shard may differ by an ulp from tp 1's
                     assert torch.equal(got.logprobs.ids, mine.logprobs.ids), f"tp{tp} rank {rank} {name}"
                     torch.testing.assert_close(got.logprobs.values, mine.logprobs.values, rtol=0, atol=1e-5)
+
+
+def test_streamed_added_head_over_several_chunks_equals_the_token_order_reference(tmp_path: Path) -> None:
+    """A base vocabulary of several GEMM tiles plus an added segment: every streamed function equals the same
+    function of the gathered token-order logits (greedy, top-k, logsumexp, logprobs, prompt logprobs, decode),
+    and decode streams above the head's logits budget with the same ids and logprobs."""
+    from trtvocab.sampling import logsumexp, prompt_logprobs, topk
+    from trtvocab.sampling.added_vocab import gathered_output, token_order_view
+
+    v, a = 300, 7
+    gen = torch.Generator().manual_seed(2)
+    rows = torch.randn(v + a, H, generator=gen)
+    rows[v:] *= 3.0
+    folder = _adapter(tmp_path / "big", {EMB: torch.randn(v + a, H, generator=gen), HEAD: rows})
+    head = LMHead(v, H, dtype=torch.float32)
+    head.load_weights({"weight": torch.randn(v, H, generator=gen)})
+    head.load_adapter(folder)
+    hidden = torch.randn(4, H, generator=gen)
+    view = token_order_view(head)
+    with head.use_adapters(torch.tensor([0, -1, 0, -1])):
+        full = head(hidden).float()  # [B, V + A] in token order: the reference's logits
+        assert torch.equal(chunked.greedy(hidden, head, chunk=128), full.argmax(-1))
+        values, ids = chunked.topk(hidden, head, 9, chunk=128)
+        ref_values, ref_ids = topk(full, view, 9)
+        assert torch.equal(values, ref_values) and torch.equal(ids, ref_ids)
+        assert torch.equal(chunked.logsumexp(hidden, head, chunk=128), logsumexp(full, view))
+        picks = torch.tensor([[v + 1, 3], [5, 6], [v + 6, 299], [0, 1]])
+        from trtvocab.sampling import logprobs
+        assert torch.equal(chunked.logprobs(hidden, head, picks, chunk=128), logprobs(full, view, picks))
+        nxt = torch.tensor([v, 2, v + 3, 4])
+        got, ref = chunked.prompt_logprobs(hidden, head, nxt, 3, chunk=128), prompt_logprobs(full, view, nxt, 3)
+        assert all(torch.equal(getattr(got, f), getattr(ref, f)) for f in ("ids", "values", "ranks"))
+        params = [SamplingParams(temperature=1.0, top_p=0.9, seed=1, logprobs=2),
+                  SamplingParams(temperature=0.8, min_p=0.1, seed=2, logprobs=2),
+                  SamplingParams(temperature=1.4, top_k=20, seed=3, logprobs=2),
+                  SamplingParams(temperature=0.0, logprobs=2)]
+        ref_out = gathered_output(hidden, head, params, step=1, vocab_limit=250)
+        head.logits_budget_bytes = 4 * 200  # decode streams: [4, 307] float32 is over the budget
+        from trtvocab.sampling import decode_output
+        from trtvocab.sampling.step import streams
+
+        assert streams(head, 4)
+        out = decode_output(hidden, head, params, step=1, vocab_limit=250)
+        assert torch.equal(out.token_ids, ref_out.token_ids)
+        assert all(torch.equal(getattr(out.logprobs, f), getattr(ref_out.logprobs, f)) for f in ("ids", "values",
+                                                                                                 "ranks"))
+        assert (out.token_ids[[1, 3]] < 250).all()
