@@ -1,23 +1,25 @@
-"""Sampling a head whose vocabulary has an added segment (adapters that add tokens), in token order.
+"""Sampling a head whose vocabulary has an added segment (adapters that add tokens), on its shards.
 
 A head with an added segment (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base
-piece and its added piece; the gather-free reductions of this package assume one contiguous range per rank.
-So :func:`decode_output` (what ``trtvocab.sampling.decode`` dispatches to for such a head), for every step
-but the race-only ones (below), gathers the step's logits in token order -- ``head(hidden)`` with the
-rank pieces laid end to end and reindexed by ``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` ==
-token id ``i`` -- and samples them on
-:func:`token_order_view`, a replicated placement over ``[0, V + A)``. Every rank holds the same gathered
-logits bit for bit and draws alike (noise keyed by token id, ties to the lower id), so the tokens are the
-same on every rank and at every tp size; each row's vocabulary limit is already in the logits (``-inf`` on
-the added ids its adapter does not add). The cost of such a step is one ``[B, V + A]`` gather instead of
-``O(B * k)`` numbers: docs/architecture.md, "Adapters that add tokens".
+piece ``[start, end)`` and its added piece ``V + [a, b)``, laid end to end in ``head.local_logits``.
+:func:`segmented_placement` describes that to the sampler: a :class:`~trtvocab.parallel.sharding.VocabPlacement`
+with a second segment (``added``), whose ``column_ids`` / ``token_ids`` / ``owned_columns`` are the one
+place a local column becomes a token id (and back). Every reduction of ``trtvocab.sampling`` (greedy, the
+merged top-k, the vocab tree's logsumexp, top-p / min-p / typical-p, the race, the returned logprobs, the
+bitmask, the column-local processors) reads ids through it, so :func:`decode_output` (what
+``trtvocab.sampling.decode`` dispatches to for such a head) draws on the shards with ``O(B * k)`` numbers
+crossing ranks, never the ``[B, V + A]`` logits -- bitwise the draw of the gathered token-order logits
+(:func:`gathered_output`, kept as the tests' reference), because the owned ids of a rank still ascend
+(ties go to the lowest id), the noise is keyed by token id and the vocab tree is one fixed tree over
+``[0, V + A)`` whichever ranges a rank holds. A row's vocabulary limit is in its logits (``-inf`` on the
+added ids its adapter does not add); ``vocab_limit`` bounds the base ids only (masked in the logits).
+Above the head's logits budget ``sampling.decode`` streams instead (:mod:`trtvocab.sampling.chunked`:
+the added piece is one more chunk).
 
-Steps whose rows draw by the race alone -- greedy, or temperature and seeded noise, without logits
-processors, top-k / top-p / min-p / typical-p, logprobs or a bitmask -- stay gather-free: each rank races
-over its two pieces (ownership of an added id is by the added segment's split; the noise is keyed by token
-id), and one ``[tp, B]`` exchange of (score, id) pairs picks the winner (:func:`_race`).
-
-This module is the one place in the sampler that knows about the added segment.
+A :class:`~trtvocab.sampling.state.TokenState` of such a head's rows is a token-order one
+(:func:`token_order_view`: ids ``[0, V + A)`` on every rank; the penalties read its columns by id).
+Steps whose rows draw by the race alone (greedy, or temperature and seeded noise, nothing else) skip the
+sampler's own handshake (:func:`_race`: one ``[tp, B]`` exchange).
 """
 
 from __future__ import annotations
@@ -69,13 +71,13 @@ def state_placement(head: Any) -> Any:
 def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
                   step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
                   seq_lens: Any = None, state: TokenState | None = None) -> SamplerOutput:
-    """``trtvocab.sampling.decode_output`` for a head with an added segment (module docstring).
+    """``trtvocab.sampling.decode_output`` for a head with an added segment, on its shards (module docstring).
 
     ``vocab_limit`` bounds the base ids only (a tokenizer shorter than the base vocabulary); the added ids
     are bounded per row by the adapters. ``state``: built on :func:`token_order_view`. The inputs are checked
     on every rank, then one handshake (``sampling.reductions.handshake``: the params' digest, a fresh seed)
-    makes a bad input on one rank -- or params that differ between ranks -- raise on every rank before the
-    forward's gather.
+    makes a bad input on one rank -- or params that differ between ranks -- raise on every rank before any
+    data moves.
     """
     error: InputError | None = None
     if seq_lens is not None:
