@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -298,14 +299,33 @@ def test_generate_with_added_tokens_equals_peft(gen_run: dict[str, Any]) -> None
     assert G.generate(spec, loaded).results[1].token_ids == gen_run["peft_second"]
 
 
-def test_compare_refuses_an_adapter_that_adds_tokens(tmp_path: Path, hf_checkpoint: Any) -> None:
+def test_compare_scores_an_adapter_that_adds_tokens_over_the_grown_vocabulary(tmp_path: Path,
+                                                                              hf_checkpoint: Any) -> None:
+    """``compare --lora`` with an adapter that adds tokens: the variant's logits cover ``V + A``, the baseline's
+    added ids get probability 0, so KL(base || variant) is finite and equals a float64 recomputation; the logit
+    error is over the shared ``V`` columns; KLD(Q || base) is infinite when the variant puts mass on an added
+    id (it does: its added rows are large); the report renders."""
     from trtvocab.accuracy.compare import compare
 
-    base = hf_checkpoint({"lm_head.weight": torch.randn(V, H), "model.embed_tokens.weight": torch.randn(V, H)},
+    weight, copy_rows = torch.randn(V, H), torch.randn(V + 3, H)
+    copy_rows[V:] *= 3.0
+    base = hf_checkpoint({"lm_head.weight": weight, "model.embed_tokens.weight": torch.randn(V, H)},
                          {"model_type": "llama", "vocab_size": V, "hidden_size": H})
-    folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: torch.randn(V + 3, H)})
-    with pytest.raises(ConfigError, match=r"--lora lora:add: .*add adds 3 tokens past the baseline's vocabulary"):
-        compare(base, hidden=torch.randn(4, H), bootstrap=0, loras=[f"add={folder}"])
+    folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: copy_rows})
+    hidden = torch.randn(6, H)
+    nxt = torch.tensor([1, 2, 3, 4, 5, -1])
+    report = compare(base, hidden=hidden, bootstrap=0, loras=[f"add={folder}"], dtype="float32", next_token_ids=nxt)
+    m = report.variants[0].metrics
+    lb = torch.log_softmax((hidden.double() @ weight.double().t()), -1)
+    lv = torch.log_softmax((hidden.double() @ copy_rows.double().t()), -1)
+    kl = (lb.exp() * (lb - lv[:, :V])).sum(-1)  # the added ids: p_base = 0, no term
+    torch.testing.assert_close(torch.as_tensor(m.kl_per_row).double(), kl, rtol=1e-4, atol=1e-6)
+    err = (hidden.double() @ copy_rows[:V].double().t() - hidden.double() @ weight.double().t()).abs().max()
+    assert abs(m.max_abs_logit_err - float(err)) < 1e-4
+    assert m.tokens is not None and np.isinf(m.tokens.kl_rev).all()
+    assert "adds 3 tokens" in report.variants[0].note
+    assert "lora:add" in report.to_markdown()
+    json.dumps(report.as_dict())
 
 
 @pytest.mark.parametrize("layout", ["uneven", "padded"])
