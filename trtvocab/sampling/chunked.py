@@ -251,7 +251,8 @@ class _TopK:
         v, c = local_topk(x, kc)
         # Every streamed id is above every id held, so a stable sort by value alone keeps (value
         # descending, id ascending): held entries first among equal values, the chunk's in its order.
-        vals, ids = torch.cat([self.vals, v.to(torch.float32)], dim=1), torch.cat([self.ids, c + first_id(self.head, lo)], dim=1)
+        vals = torch.cat([self.vals, v.to(torch.float32)], dim=1)
+        ids = torch.cat([self.ids, c + first_id(self.head, lo)], dim=1)
         order = torch.argsort(vals, dim=1, descending=True, stable=True)[:, : self.k]
         self.vals, self.ids = vals.gather(1, order), ids.gather(1, order)
 

@@ -54,7 +54,6 @@ def argument_digest(value: torch.Tensor | None) -> int:
 
 # ---- validation and plumbing ---------------------------------------------------------------
 def check_logits(local_logits: Any, head: VocabPlacement, what: str) -> InputError | None:
-    shard = head.shard
     if not isinstance(local_logits, torch.Tensor):
         return InputError(f"{what}: local_logits must be a torch.Tensor, got {type(local_logits).__name__}")
     if local_logits.dim() != 2 or local_logits.shape[1] not in (head.owned, head.local_width):
