@@ -2,12 +2,14 @@
 
     python benchmarks/gguf_head.py                    # Gemma 3 270M's and SmolLM2's tied Q8_0 heads
     python benchmarks/gguf_head.py --q6k              # plus a Q6_K head of random blocks, 262144 x 768
+    python benchmarks/gguf_head.py --random Q4_0 Q4_K # heads of random blocks (262144 x 640; K-quants x 768)
     python benchmarks/gguf_head.py --rounds 3 --models smollm2
 
 For each head and batch B in (1, 2, 4, 8, 64): best and median ms of the stored-block head (the fused
-kernel; the torch chain where it does not build), its GB/s over the stored bytes and the fraction of the
-read probe (``benchmarks/bandwidth.py``, same rounds), and the float32- and bf16-dequantized heads' times
-over it (> 1: the blocks are faster). Variants interleave round by round, so a busy machine slows all alike;
+kernel; the torch chain where it does not build), its best time over the first batch's (``/ B=1``), its
+GB/s over the stored bytes and the fraction of the read probe (``benchmarks/bandwidth.py``, same rounds),
+and the float32- and bf16-dequantized heads' times over it (> 1: the blocks are faster). Variants
+interleave round by round, so a busy machine slows all alike;
 the line ``load`` prints the 1-minute load average before and after: numbers under load are labelled so.
 """
 
@@ -30,6 +32,7 @@ from trtvocab import LMHead, kernels
 from trtvocab.quant.gguf_blocks import GGUFConfig
 
 BATCHES = (1, 2, 4, 8, 64)
+SCALES_AT = {"Q8_0": (0,), "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2)}
 
 
 def model_path(name: str) -> str | None:
@@ -56,12 +59,14 @@ def heads(args: argparse.Namespace) -> list[tuple[str, dict[str, LMHead]]]:
             variants["bf16"] = LMHead.from_checkpoint(path, dtype=torch.bfloat16, gguf_blocks=False)
         out.append((f"{name} {variants['blocks'].label} {variants['blocks'].vocab_size}x"
                     f"{variants['blocks'].hidden_size}", variants))
-    if args.q6k:
-        vocab, hidden = 262144, 768
-        config = GGUFConfig(block_type="Q6_K")
+    for block_type in [*(["Q6_K"] if args.q6k else []), *args.random]:
+        config = GGUFConfig(block_type=block_type)
+        vocab, hidden = 262144, 768 if config.block == 256 else 640
         gen = torch.Generator().manual_seed(0)
-        raw = torch.randint(0, 256, (vocab, hidden // 256, 210), dtype=torch.uint8, generator=gen)
-        raw[..., 208:210] = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
+        raw = torch.randint(0, 256, (vocab, hidden // config.block, config.type_size), dtype=torch.uint8,
+                            generator=gen)
+        for at in SCALES_AT[block_type]:  # finite fp16 scales (random bytes could be inf / nan)
+            raw[..., at : at + 2] = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
         blocks = LMHead(vocab, hidden, dtype=torch.float32, quant_config=config)
         blocks.load_weights({"weight": raw.reshape(vocab, -1)})
         dense = LMHead(vocab, hidden, dtype=torch.float32)
@@ -71,7 +76,7 @@ def heads(args: argparse.Namespace) -> list[tuple[str, dict[str, LMHead]]]:
             bf = LMHead(vocab, hidden, dtype=torch.bfloat16)
             bf.load_weights({"weight": dense.weight.to(torch.bfloat16)})
             variants["bf16"] = bf
-        out.append((f"random GGUF Q6_K {vocab}x{hidden}", variants))
+        out.append((f"random GGUF {block_type} {vocab}x{hidden}", variants))
     return out
 
 
@@ -84,7 +89,9 @@ def timed(fn: Callable[[], object]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["gemma3", "smollm2"])
-    parser.add_argument("--q6k", action="store_true")
+    parser.add_argument("--q6k", action="store_true", help="same as --random Q6_K")
+    parser.add_argument("--random", nargs="*", default=[], choices=list(SCALES_AT),
+                        help="heads of random blocks of these types")
     parser.add_argument("--no-bf16", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", type=int, nargs="*", default=list(BATCHES))
@@ -98,8 +105,9 @@ def main() -> None:
     for title, variants in heads(args):
         stored = variants["blocks"].resident_bytes()
         print(f"\n{title}: stored {stored / 1e6:.1f} MB, float32 {variants['float32'].resident_bytes() / 1e6:.1f} MB")
-        print(f"{'B':>3} {'blocks ms':>10} {'median':>8} {'GB/s':>6} {'probe':>6} {'of probe':>8} "
+        print(f"{'B':>3} {'blocks ms':>10} {'median':>8} {'/ B=1':>6} {'GB/s':>6} {'probe':>6} {'of probe':>8} "
               + " ".join(f"{k + ' x':>10}" for k in variants if k != "blocks"))
+        first = 0.0  # the first batch's best time (B = 1 by default): the ''/ B=1'' column
         for b in args.batches:
             x = torch.randn(b, variants["blocks"].hidden_size)
             calls = {k: (lambda h=h, xx=x.to(h.dtype): h.column_logits(xx)) for k, h in variants.items()}
@@ -113,7 +121,9 @@ def main() -> None:
                 probe_gbs = max(probe_gbs, probe.nbytes / (timed(reader) / 1e3) / 1e9)
             best = {k: min(v) for k, v in times.items()}
             gbs = stored / (best["blocks"] / 1e3) / 1e9
-            print(f"{b:>3} {best['blocks']:>10.2f} {statistics.median(times['blocks']):>8.2f} {gbs:>6.1f} "
+            first = first or best["blocks"]
+            print(f"{b:>3} {best['blocks']:>10.2f} {statistics.median(times['blocks']):>8.2f} "
+                  f"{best['blocks'] / first:>6.2f} {gbs:>6.1f} "
                   f"{probe_gbs:>6.1f} {gbs / probe_gbs:>8.2f} "
                   + " ".join(f"{best[k] / best['blocks']:>10.2f}" for k in calls if k != "blocks"))
     print(f"\nload (1-minute average) before {load_before:.2f}, after {os.getloadavg()[0]:.2f} on "

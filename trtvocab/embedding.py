@@ -53,7 +53,8 @@ from trtvocab.weights.lora import check_adapter_ids, groups, lora_partial, lora_
 
 
 _FORMATS = tuple(WeightFormat)
-GGUF_FORMATS = (WeightFormat.GGUF_Q8_0, WeightFormat.GGUF_Q6_K)
+GGUF_FORMATS = (WeightFormat.GGUF_Q8_0, WeightFormat.GGUF_Q6_K, WeightFormat.GGUF_Q4_0, WeightFormat.GGUF_Q4_1,
+                WeightFormat.GGUF_Q5_0, WeightFormat.GGUF_Q4_K)
 TIEABLE = (WeightFormat.DENSE, *GGUF_FORMATS)  # what a tied pair can share (VocabParallelEmbedding.from_head)
 # What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.parallel.distributed.Handshake).
 LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
@@ -136,7 +137,8 @@ class VocabParallelEmbedding(VocabParallelModule):
         ``tensor_name``: the ``[V, H]`` tensor when it is none of ``model.embed_tokens.weight``,
         ``embeddings.word_embeddings.weight``, ``transformer.wte.weight`` (or GGUF's
         ``token_embd.weight``). A ``float8_e4m3fn`` table with its ``weight_scale`` loads as
-        FP8; a GGUF Q8_0 / Q6_K table stays in its blocks (``gguf_blocks=False``: float32-dequantized).
+        FP8; a GGUF table of a stored block type (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K) stays in its
+        blocks (``gguf_blocks=False``: float32-dequantized).
         Split tables meet once after loading, like the head
         (:func:`~trtvocab.vocab_parallel.load_collectively`).
         """
@@ -417,7 +419,7 @@ def load_tied(path: str | Path, *, mapping: Mapping | None = None, dtype: torch.
               gather_output: bool = True, deterministic: bool = False,
               output_dtype: torch.dtype | None = None, gguf_blocks: bool = True) -> tuple[VocabParallelEmbedding, Any]:
     """``(embedding, head)`` of a checkpoint. A tied checkpoint's shard is read once and shared
-    (:func:`tie_weights`; a GGUF Q8_0 / Q6_K table stays in its blocks, the embedding dequantizes the
+    (:func:`tie_weights`; a GGUF table of a stored block type stays in its blocks, the embedding dequantizes the
     rows it looks up); an untied one loads each matrix. ``deterministic`` / ``output_dtype`` /
     ``gguf_blocks``: the head's (see :meth:`~trtvocab.lm_head.LMHead.from_checkpoint`)."""
     head = LMHead.from_checkpoint(path, mapping=mapping, gather_output=gather_output, dtype=dtype,

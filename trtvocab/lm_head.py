@@ -213,8 +213,8 @@ class LMHead(VocabParallelModule):
         ``"none"`` runs dense (a stored-quantized head is dequantized exactly, with a warning);
         ``weight_only``: FP8 W8A16 / NVFP4 W4A16 even where an ``input_scale`` is stored;
         ``tensor_name``: the ``[V, H]`` tensor when it is neither ``lm_head.weight`` nor a
-        known tied embedding. ``gguf_blocks``: a GGUF Q8_0 / Q6_K head stays in its stored blocks
-        (False: dequantized to float32, then ``dtype``; other block types always are, said in
+        known tied embedding. ``gguf_blocks``: a GGUF Q8_0 / Q6_K / Q4_0 / Q4_1 / Q5_0 / Q4_K head stays
+        in its stored blocks (False: dequantized to float32, then ``dtype``; other block types always are, said in
         ``head.load_note``). Other arguments: as for :class:`LMHead`.
 
         When the head is split and a process group exists, the ranks meet once after

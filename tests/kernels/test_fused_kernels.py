@@ -379,7 +379,7 @@ def test_package_data_ships_every_file_under_csrc():
     import fnmatch
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trtvocab"]
     package = kcompile.CSRC.parent.parent
     for path in kcompile.source_files():

@@ -1,4 +1,5 @@
-"""GGUF heads kept in their stored blocks (Q8_0, Q6_K): values, the chain, shard-only reads, ties.
+"""GGUF heads kept in their stored blocks (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K): values, the chain, shard-only
+reads, ties.
 
 References: ``gguf.quants.dequantize`` (the gguf package's own numpy decode) for the weights, a float64
 recomputation for the logits, and the torch chain for the fused kernel's bits.
@@ -18,12 +19,16 @@ from trtvocab import LMHead, Mapping, kernels
 from trtvocab.base.formats import WeightFormat
 from trtvocab.checkpoints.gguf import GGUFCheckpoint, GGUFRows
 from trtvocab.embedding import load_tied, resident_bytes
+from trtvocab.errors import ConfigError
 from trtvocab.parallel.sharding import vocab_shard
 from trtvocab.quant import gguf_blocks as gb
 
 Q = gguf.GGMLQuantizationType
 V = 37  # prime: uneven shards
-HIDDEN = {"Q8_0": 96, "Q6_K": 512}
+HIDDEN = {"Q8_0": 96, "Q6_K": 512, "Q4_0": 96, "Q4_1": 96, "Q5_0": 96, "Q4_K": 512}
+STORED = list(HIDDEN)
+# where each block type keeps its fp16 scales (d; Q4_1's m, Q4_K's dmin)
+SCALES_AT = {"Q8_0": (0,), "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2)}
 
 
 def random_blocks(block_type: str, rows: int, hidden: int, seed: int = 0) -> np.ndarray:
@@ -31,9 +36,9 @@ def random_blocks(block_type: str, rows: int, hidden: int, seed: int = 0) -> np.
     rng = np.random.default_rng(seed)
     block, size = gb.BLOCKS[block_type]
     raw = rng.integers(0, 256, size=(rows, hidden // block, size), dtype=np.uint8)
-    d = (rng.standard_normal((rows, hidden // block)) * 10.0 ** rng.integers(-4, 1, (rows, hidden // block)))
-    at = 0 if block_type == "Q8_0" else size - 2
-    raw[..., at : at + 2] = d.astype(np.float16).view(np.uint8).reshape(rows, hidden // block, 2)
+    for at in SCALES_AT[block_type]:
+        d = (rng.standard_normal((rows, hidden // block)) * 10.0 ** rng.integers(-4, 1, (rows, hidden // block)))
+        raw[..., at : at + 2] = d.astype(np.float16).view(np.uint8).reshape(rows, hidden // block, 2)
     return raw.reshape(rows, -1)
 
 
@@ -41,7 +46,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
-@pytest.mark.parametrize("block_type", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("block_type", STORED)
 def test_decode_is_gguf_quants_dequantize_bitwise(block_type: str) -> None:
     raw = random_blocks(block_type, 19, HIDDEN[block_type])
     want = gguf.quants.dequantize(raw, Q[block_type]).astype(np.float32)
@@ -59,11 +64,13 @@ def test_chain_is_within_the_float32_bound_of_float64() -> None:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Untied heads (output.weight Q8_0 / Q6_K / Q4_0) and a tied Q8_0 table."""
+    """Untied heads (output.weight in every stored type, gguf's quantizer where it has one, and Q5_1, which
+    has no stored-format kernel) and a tied Q8_0 table."""
     rng = np.random.default_rng(3)
     out = {}
     folder = tmp_path_factory.mktemp("gguf_blocks")
-    for name, qtype in (("Q8_0", Q.Q8_0), ("Q6_K", Q.Q6_K), ("Q4_0", Q.Q4_0)):
+    for name in [*STORED, "Q5_1"]:
+        qtype = Q[name]
         h = HIDDEN.get(name, 64)
         tensors = {"output.weight": (rng.standard_normal((V, h)).astype(np.float32), qtype),
                    "token_embd.weight": (rng.standard_normal((V, h)).astype(np.float32), Q.F16)}
@@ -85,7 +92,7 @@ def _paths() -> list[str]:
     return paths
 
 
-@pytest.mark.parametrize("block_type", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("block_type", STORED)
 def test_head_stays_in_its_blocks_and_computes_the_chain(files: dict[str, Path], block_type: str) -> None:
     path = files[block_type]
     ref = _reference(path)
@@ -146,9 +153,9 @@ def test_float32_path_and_other_block_types_are_dequantized(files: dict[str, Pat
     head = LMHead.from_checkpoint(files["Q8_0"], dtype=torch.float32, gguf_blocks=False)
     assert head.weight_format is WeightFormat.DENSE and "gguf_blocks=False" in head.load_note
     assert torch.equal(head.weight, _reference(files["Q8_0"]))
-    head = LMHead.from_checkpoint(files["Q4_0"], dtype=torch.float32)
-    assert head.weight_format is WeightFormat.DENSE and "no stored-format kernel for Q4_0" in head.load_note
-    assert torch.equal(head.weight, _reference(files["Q4_0"]))
+    head = LMHead.from_checkpoint(files["Q5_1"], dtype=torch.float32)
+    assert head.weight_format is WeightFormat.DENSE and "no stored-format kernel for Q5_1" in head.load_note
+    assert torch.equal(head.weight, _reference(files["Q5_1"]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -205,7 +212,7 @@ def test_kernel_paths_equal_the_torch_chain_bitwise(isa: str) -> None:
     assert top == {"portable": 0, "avx2": 1}.get(isa, 2 if "avx512f" in kernels.cpu_flags() else top)
     g = torch.Generator().manual_seed(5)
     try:
-        for block_type, hidden in (("Q8_0", 96), ("Q8_0", 640), ("Q6_K", 512)):
+        for block_type, hidden in (("Q8_0", 640), *HIDDEN.items()):
             raw = torch.from_numpy(random_blocks(block_type, 41, hidden, seed=hidden))
             w = gb.DEQUANTIZE[block_type](raw)
             x = torch.randn(65, hidden, generator=g)
@@ -224,30 +231,46 @@ def test_kernel_paths_equal_the_torch_chain_bitwise(isa: str) -> None:
 
 
 # ---- ONNX: blocked DequantizeLinear (opset 21, block 32 along H) on onnxruntime ---------------------------
-def test_q8_0_onnx_graph_equals_the_fallback_on_onnxruntime(files: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("block_type", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_onnx_graph_equals_the_fallback_on_onnxruntime(files: dict[str, Path], tmp_path: Path,
+                                                           block_type: str) -> None:
     ort = pytest.importorskip("onnxruntime")
     import onnx
 
     from trtvocab.base.family import HeadOps
-    from trtvocab.export.gguf_onnx import export_q8_0
+    from trtvocab.export.gguf_onnx import export_gguf, export_q8_0
 
-    x = torch.randn(5, HIDDEN["Q8_0"], generator=torch.Generator().manual_seed(4))
+    hidden = HIDDEN[block_type]
+    ref = _reference(files[block_type])
+    x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(4))
     for tp, rank in ((1, 0), (3, 2)):
-        head = LMHead.from_checkpoint(files["Q8_0"], mapping=Mapping(world_size=tp, rank=rank, tp_size=tp),
+        head = LMHead.from_checkpoint(files[block_type], mapping=Mapping(world_size=tp, rank=rank, tp_size=tp),
                                       dtype=torch.float32)
+        s = vocab_shard(V, tp, rank)
+        # the graph's weight is gguf.quants.dequantize's, value for value: one-hot rows read it out through the
+        # Gemm (exactly: every other product is a zero; a zero weight's sign is not kept by the sum)
+        plain = export_gguf(head, tmp_path / f"{block_type}_{tp}_{rank}_plain.onnx")
+        eye = torch.eye(hidden).numpy()
+        weight_t = torch.from_numpy(ort.InferenceSession(str(plain)).run(None, {"hidden_states": eye})[0])
+        assert torch.equal(weight_t.t(), ref[s.start : s.end]), (tp, rank)
         head.head_ops = HeadOps(softcap=30.0) if rank else head.head_ops  # a family's ops ride after the GEMM
-        path = export_q8_0(head, tmp_path / f"q8_{tp}_{rank}.onnx")
+        export = export_q8_0 if block_type == "Q8_0" else export_gguf
+        path = export(head, tmp_path / f"{block_type}_{tp}_{rank}.onnx")
         model = onnx.load(str(path))
         dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
         assert model.opset_import[0].version == 21 and len(dq) == 1
         assert {a.name: a.i for a in dq[0].attribute} == {"axis": 1, "block_size": 32}
         types = {i.name: i.data_type for i in model.graph.initializer}
-        assert types["weight_q"] == onnx.TensorProto.INT8 and types["weight_d"] == onnx.TensorProto.FLOAT
+        want_q = onnx.TensorProto.INT8 if block_type == "Q8_0" else onnx.TensorProto.UINT4
+        assert types["weight_q"] == want_q and types["weight_d"] == onnx.TensorProto.FLOAT
         got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"hidden_states": x.numpy()})[0])
         want = head.column_logits(x)
         w = head.weights.dense_weight()[: head.shard.size].double()
-        bound = (x.double().abs() @ w.abs().t()) * 2 * (HIDDEN["Q8_0"] + 3) * 2.0**-24
+        bound = (x.double().abs() @ w.abs().t()) * 2 * (hidden + 3) * 2.0**-24
         assert bool(((got.double() - want.double()).abs() <= bound + 1e-4).all()), (tp, rank)
+    if block_type != "Q8_0":
+        with pytest.raises(ConfigError, match="a GGUF Q8_0 head"):
+            export_q8_0(head, tmp_path / "refused.onnx")
 
 
 def test_embedding_from_checkpoint_keeps_gguf_blocks(files: dict[str, Path]) -> None:

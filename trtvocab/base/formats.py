@@ -33,6 +33,10 @@ class WeightFormat(NameEnum):
     NVFP4 = "NVFP4"
     GGUF_Q8_0 = "GGUF_Q8_0"  # llama.cpp's blocks, kept as stored (trtvocab.weights.gguf)
     GGUF_Q6_K = "GGUF_Q6_K"
+    GGUF_Q4_0 = "GGUF_Q4_0"
+    GGUF_Q4_1 = "GGUF_Q4_1"
+    GGUF_Q5_0 = "GGUF_Q5_0"
+    GGUF_Q4_K = "GGUF_Q4_K"
 
 
 class Activation(NameEnum):

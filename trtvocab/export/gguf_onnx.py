@@ -1,7 +1,11 @@
-"""The ONNX graph of a GGUF Q8_0 head's shard: blocked ``DequantizeLinear`` (opset 21, block 32 along H).
+"""The ONNX graph of a GGUF Q8_0 / Q4_0 / Q4_1 head's shard: blocked ``DequantizeLinear`` (opset 21,
+block 32 along H).
 
-``hidden_states [N, H]`` float32 -> ``DequantizeLinear(q int8 [V_local, H], d float32 [V_local, H / 32],
-axis=1, block_size=32)`` (each weight ``q * d``: ``gguf.quants.dequantize``'s value, exact) -> ``Gemm``
+``hidden_states [N, H]`` float32 -> ``DequantizeLinear(q [V_local, H], d float32 [V_local, H / 32],
+axis=1, block_size=32)``: Q8_0 ``q`` int8, each weight ``q * d``; Q4_0 ``q`` uint4 with zero point 8,
+``(q - 8) * d``; Q4_1 ``q`` uint4, ``q * d``, then ``Add`` of ``m`` repeated over its block (``Expand``,
+``Reshape``): ``d * q + m``, one rounded add. Each weight is ``gguf.quants.dequantize``'s value bit for
+bit -> ``Gemm``
 (``transB``) -> the family's ops (``Add`` bias, ``Mul`` scale, ``Div`` divisor, ``Div, Tanh, Mul``
 softcap, in float32) -> ``logits [N, V_local]`` float32. The GEMM's summation order is the runtime's, so
 the graph equals the fallback's chain within float32 reassociation (docs/architecture.md, "GGUF heads
@@ -34,14 +38,61 @@ def q8_0_tensors(head: LMHead) -> tuple[np.ndarray, np.ndarray]:
     return q.numpy().copy(), d.numpy().copy()
 
 
-def q8_0_graph(head: LMHead) -> onnx.ModelProto:
+def q4_tensors(head: LMHead) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(codes uint8 [V_local, H] in 0..15, d float32 [V_local, H / 32], m float32 or None)`` of a Q4_0 /
+    Q4_1 head's owned rows (element order: GGUF keeps elements ``j`` and ``j + 16`` in byte ``j``)."""
+    raw = head.weights.export_tensors()["weight"]
+    rows = raw.shape[0]
+    size = 18 if head.weight_format is WeightFormat.GGUF_Q4_0 else 20
+    blocks = raw.reshape(rows, -1, size)
+    d = blocks[..., :2].contiguous().view(torch.float16).float().reshape(rows, -1)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float().reshape(rows, -1) if size == 20 else None
+    qs = blocks[..., size - 16 :]
+    codes = torch.cat([qs & 0x0F, qs >> 4], -1).reshape(rows, -1)
+    return codes.numpy().copy(), d.numpy().copy(), None if m is None else m.numpy().copy()
+
+
+def _uint4(name: str, codes: np.ndarray) -> TensorProto:
+    """``codes`` (uint8 values 0..15) as an ONNX UINT4 tensor: the flattened elements packed in pairs, the
+    first in the low nibble (an odd count padded with a zero nibble)."""
+    flat = codes.reshape(-1).astype(np.uint8)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, dtype=np.uint8)])
+    packed = (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+    return helper.make_tensor(name, TensorProto.UINT4, list(codes.shape), packed.tobytes(), raw=True)
+
+
+def _dequantize(head: LMHead) -> tuple[list[TensorProto], list[onnx.NodeProto]]:
+    """The initializers and nodes that make ``weight`` float32 ``[V_local, H]``, bit for bit the decode."""
+    fmt = head.weight_format
+    if fmt is WeightFormat.GGUF_Q8_0:
+        q, d = q8_0_tensors(head)
+        inits = [numpy_helper.from_array(q, "weight_q"), numpy_helper.from_array(d, "weight_d")]
+        return inits, [helper.make_node("DequantizeLinear", ["weight_q", "weight_d"], ["weight"], axis=1,
+                                        block_size=BLOCK)]
+    if fmt not in (WeightFormat.GGUF_Q4_0, WeightFormat.GGUF_Q4_1):
+        raise ConfigError(f"gguf_graph: a GGUF Q8_0, Q4_0 or Q4_1 head, got {fmt}")
+    codes, d, m = q4_tensors(head)
+    rows, hidden = codes.shape
+    inits = [_uint4("weight_q", codes), numpy_helper.from_array(d, "weight_d")]
+    if m is None:  # Q4_0: (q - 8) * d
+        inits.append(_uint4("weight_zero", np.full((rows, hidden // BLOCK), 8, dtype=np.uint8)))
+        return inits, [helper.make_node("DequantizeLinear", ["weight_q", "weight_d", "weight_zero"], ["weight"],
+                                        axis=1, block_size=BLOCK)]
+    inits += [numpy_helper.from_array(m.reshape(rows, -1, 1), "weight_m"),
+              numpy_helper.from_array(np.array([rows, hidden // BLOCK, BLOCK], dtype=np.int64), "block_shape"),
+              numpy_helper.from_array(np.array([rows, hidden], dtype=np.int64), "weight_shape")]
+    return inits, [
+        helper.make_node("DequantizeLinear", ["weight_q", "weight_d"], ["weight_dq"], axis=1, block_size=BLOCK),
+        helper.make_node("Expand", ["weight_m", "block_shape"], ["weight_m_blocks"]),
+        helper.make_node("Reshape", ["weight_m_blocks", "weight_shape"], ["weight_m_full"]),
+        helper.make_node("Add", ["weight_dq", "weight_m_full"], ["weight"])]
+
+
+def gguf_graph(head: LMHead) -> onnx.ModelProto:
     """The graph of ``head``'s owned columns (module docstring)."""
-    if head.weight_format is not WeightFormat.GGUF_Q8_0:
-        raise ConfigError(f"q8_0_graph: a GGUF Q8_0 head, got {head.weight_format}")
-    q, d = q8_0_tensors(head)
-    inits = [numpy_helper.from_array(q, "weight_q"), numpy_helper.from_array(d, "weight_d")]
-    nodes = [helper.make_node("DequantizeLinear", ["weight_q", "weight_d"], ["weight"], axis=1, block_size=BLOCK),
-             helper.make_node("Gemm", [HIDDEN, "weight"], ["gemm_logits"], transB=1)]
+    inits, nodes = _dequantize(head)
+    nodes.append(helper.make_node("Gemm", [HIDDEN, "weight"], ["gemm_logits"], transB=1))
     last = "gemm_logits"
     ops = head.head_ops
 
@@ -64,7 +115,7 @@ def q8_0_graph(head: LMHead) -> onnx.ModelProto:
         step("Mul", np.array(ops.softcap), "softcap_out")
     nodes.append(helper.make_node("Identity", [last], [LOGITS]))
     graph = helper.make_graph(
-        nodes, "trtvocab_gguf_q8_0_head",
+        nodes, f"trtvocab_gguf_{str(head.weight_format).removeprefix('GGUF_').lower()}_head",
         [helper.make_tensor_value_info(HIDDEN, TensorProto.FLOAT, ["N", head.hidden_size])],
         [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["N", head.shard.size])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
@@ -75,8 +126,22 @@ def q8_0_graph(head: LMHead) -> onnx.ModelProto:
     return model
 
 
+def q8_0_graph(head: LMHead) -> onnx.ModelProto:
+    """:func:`gguf_graph` of a Q8_0 head (refuses any other format)."""
+    if head.weight_format is not WeightFormat.GGUF_Q8_0:
+        raise ConfigError(f"q8_0_graph: a GGUF Q8_0 head, got {head.weight_format}")
+    return gguf_graph(head)
+
+
+def export_gguf(head: LMHead, path: str | Path) -> Path:
+    """Write :func:`gguf_graph` to ``path`` (a single file: the codes and their scales inline)."""
+    path = Path(path)
+    onnx.save(gguf_graph(head), str(path))
+    return path
+
+
 def export_q8_0(head: LMHead, path: str | Path) -> Path:
-    """Write :func:`q8_0_graph` to ``path`` (a single file: the int8 codes and their scales inline)."""
+    """:func:`export_gguf` of a Q8_0 head (refuses any other format)."""
     path = Path(path)
     onnx.save(q8_0_graph(head), str(path))
     return path

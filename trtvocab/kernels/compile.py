@@ -45,7 +45,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"  # every file under it is hashed
 SOURCE = CSRC / "fused.cpp"  # includes its headers (csrc/fused/*.h): one translation unit
 # The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
 TREE_SOURCE = SOURCE.parent / "treesum.cpp"
-# The GGUF block kernels (Q8_0, Q6_K: trtvocab.weights.gguf), built into the same library.
+# The GGUF block kernels (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K: trtvocab.weights.gguf), built into the same library.
 GGUF_SOURCE = SOURCE.parent / "gguf.cpp"
 ABI = 3  # trtvocab_fused_abi() of the source this module expects
 ISA_NAMES = {3: "avx512", 2: "avx2+fma+f16c", 0: "portable"}  # trtvocab_fused_isa()

@@ -121,8 +121,9 @@ def nvfp4_logits(loaded: Loaded, x: torch.Tensor, hidden: int, packed_block_majo
     return out
 
 
-GGUF_KINDS = {"Q8_0": 0, "Q6_K": 1}  # trtvocab_gguf_logits' kind
-GGUF_ROW_BYTES = {"Q8_0": (32, 34), "Q6_K": (256, 210)}
+GGUF_KINDS = {"Q8_0": 0, "Q6_K": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 4, "Q4_K": 5}  # trtvocab_gguf_logits' kind
+GGUF_ROW_BYTES = {"Q8_0": (32, 34), "Q6_K": (256, 210), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
+                  "Q4_K": (256, 144)}
 
 
 def has_gguf(loaded: Loaded) -> bool:

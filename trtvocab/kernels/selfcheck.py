@@ -45,15 +45,24 @@ def self_check(loaded: Loaded) -> str | None:
 
 
 def _gguf_check(loaded: Loaded) -> str | None:
-    """Every Q8_0 code under scales of every fp16 binade and every Q6_K 6-bit code under signed sub-scales,
-    through the GGUF kernel (batch 1 and 3), against the torch chain bit for bit."""
+    """Every Q8_0 code under scales of every fp16 binade, every Q6_K 6-bit code under signed sub-scales, and
+    random Q4_0 / Q4_1 / Q5_0 / Q4_K blocks, through the GGUF kernel (batch 1 and 3), against the torch chain
+    bit for bit."""
     q = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8).view(torch.uint8).reshape(8, 32)
     d = (2.0 ** torch.arange(-24, 16, 1.0)).to(torch.float16).view(torch.uint8).reshape(-1, 1, 2)
     q8 = torch.cat([d.expand(-1, 8, 2), q.expand(d.shape[0], 8, 32)], 2).reshape(-1, 34)  # one block a row
     g = torch.Generator().manual_seed(0)
     q6 = torch.randint(0, 256, (16, 210), dtype=torch.uint8, generator=g)
     q6[:, 208:210] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
-    for block_type, raw in (("Q8_0", q8), ("Q6_K", q6)):
+    checks = [("Q8_0", q8), ("Q6_K", q6)]
+    for block_type, scales_at in (("Q4_0", (0,)), ("Q4_1", (0, 2)), ("Q5_0", (0,)), ("Q4_K", (0, 2))):
+        values, size = gguf_blocks.BLOCKS[block_type]
+        raw = torch.randint(0, 256, (16, 256 // values, size), dtype=torch.uint8, generator=g)
+        for at in scales_at:  # every code under finite scales of both signs
+            raw[..., at : at + 2] = (torch.randn(16, 256 // values, generator=g) * 0.01).to(torch.float16).view(
+                torch.uint8).reshape(16, -1, 2)
+        checks.append((block_type, raw.reshape(16, -1)))
+    for block_type, raw in checks:
         hidden = raw.shape[1] // gguf_blocks.BLOCKS[block_type][1] * gguf_blocks.BLOCKS[block_type][0]
         for n in (1, 3):
             x = torch.randn(n, hidden, generator=g)

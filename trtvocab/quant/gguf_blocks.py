@@ -1,7 +1,9 @@
-"""GGUF block formats a head runs in (Q8_0, Q6_K): the config, the exact decode, the float32 chain.
+"""GGUF block formats a head runs in (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K): the config, the exact decode,
+the float32 chain.
 
-The weight is ``gguf.quants.dequantize``'s value bit for bit (Q8_0 ``d * q``; Q6_K ``(d * sc) * q``,
-each product rounded to float32 as numpy does); a logit is the documented chain
+The weight is ``gguf.quants.dequantize``'s value bit for bit (Q8_0, Q4_0, Q5_0 ``d * q``; Q6_K
+``(d * sc) * q``; Q4_1 ``d * q + m``; Q4_K ``(d * sc) * q - dmin * m``, each operation rounded to
+float32 as numpy does: the products are exact, the add of Q4_1 / Q4_K rounds once); a logit is the documented chain
 (docs/architecture.md, "GGUF heads in their stored blocks"): 8 float32 lanes over H, lane ``l``
 of step ``s`` holds element ``8 s + l``, ``acc = acc + w * x`` (a rounded product, then a rounded
 sum: no FMA), the lanes reduced as ``((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))``, then ``+ 0``.
@@ -19,21 +21,23 @@ from trtvocab.errors import CheckpointError
 
 LANES = 8
 # GGML type name -> (values per block, bytes per block)
-BLOCKS: dict[str, tuple[int, int]] = {"Q8_0": (32, 34), "Q6_K": (256, 210)}
-FORMATS = {"Q8_0": WeightFormat.GGUF_Q8_0, "Q6_K": WeightFormat.GGUF_Q6_K}
-CHAIN_ELEMENTS = 1 << 22  # float32 products per torch chain chunk ([N, rows, H])
+BLOCKS: dict[str, tuple[int, int]] = {"Q8_0": (32, 34), "Q6_K": (256, 210), "Q4_0": (32, 18), "Q4_1": (32, 20),
+                                      "Q5_0": (32, 22), "Q4_K": (256, 144)}
+FORMATS = {"Q8_0": WeightFormat.GGUF_Q8_0, "Q6_K": WeightFormat.GGUF_Q6_K, "Q4_0": WeightFormat.GGUF_Q4_0,
+           "Q4_1": WeightFormat.GGUF_Q4_1, "Q5_0": WeightFormat.GGUF_Q5_0, "Q4_K": WeightFormat.GGUF_Q4_K}
+CHAIN_ELEMENTS = 1 << 20  # float32 products per torch chain chunk ([N, rows, H]): 4 MiB, reused chunk to chunk
 
 
 class GGUFConfig(BaseModel):
     """A head kept in a GGUF block type (what ``LMHead(quant_config=...)`` takes for one).
 
     Args:
-        block_type: ``"Q8_0"`` or ``"Q6_K"``.
+        block_type: ``"Q8_0"``, ``"Q6_K"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q5_0"`` or ``"Q4_K"``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    block_type: Literal["Q8_0", "Q6_K"]
+    block_type: Literal["Q8_0", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q4_K"]
     activation: Activation = Activation.NONE  # activations stay float (llama.cpp quantizes them to Q8)
 
     @property
@@ -88,7 +92,59 @@ def dequantize_q6_k(raw: torch.Tensor) -> torch.Tensor:
     return (d * q).reshape(rows, -1)
 
 
-DEQUANTIZE = {"Q8_0": dequantize_q8_0, "Q6_K": dequantize_q6_k}
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """``[nb, 32]`` codes 0..15 of ``qs [nb, 16]``: byte ``j``'s low nibble is element ``j``, its high
+    one ``j + 16``."""
+    return torch.cat([qs & 0x0F, qs >> 4], 1)
+
+
+def dequantize_q4_0(raw: torch.Tensor) -> torch.Tensor:
+    """float32 ``[R, H]`` of Q4_0 rows (18-byte blocks): ``d * (q - 8)``."""
+    b = raw.reshape(-1, 18)
+    q = (_nibbles(b[:, 2:]).to(torch.int16) - 8).float()
+    return (_f16(b[:, :2]) * q).reshape(raw.shape[0], -1)
+
+
+def dequantize_q4_1(raw: torch.Tensor) -> torch.Tensor:
+    """float32 ``[R, H]`` of Q4_1 rows (20-byte blocks): ``d * q + m`` (an exact product, one rounded add)."""
+    b = raw.reshape(-1, 20)
+    return (_f16(b[:, :2]) * _nibbles(b[:, 4:]).float() + _f16(b[:, 2:4])).reshape(raw.shape[0], -1)
+
+
+def dequantize_q5_0(raw: torch.Tensor) -> torch.Tensor:
+    """float32 ``[R, H]`` of Q5_0 rows (22-byte blocks): ``d * (q - 16)``; bit ``j`` of ``qh`` is element
+    ``j``'s fifth bit."""
+    b = raw.reshape(-1, 22)
+    qh = b[:, 2:6].to(torch.int64)
+    qh = qh[:, 0] | (qh[:, 1] << 8) | (qh[:, 2] << 16) | (qh[:, 3] << 24)
+    five = (qh[:, None] >> torch.arange(32)) & 1
+    q = ((_nibbles(b[:, 6:]).to(torch.int64) | (five << 4)) - 16).float()
+    return (_f16(b[:, :2]) * q).reshape(raw.shape[0], -1)
+
+
+def q4_k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 6-bit ``(sc, m) [nb, 8]`` of the 12 packed bytes ``scales [nb, 12]`` (gguf.quants' layout)."""
+    s = scales.to(torch.int16)
+    d, m, md = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], 1)
+    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], 1)
+    return sc, mn
+
+
+def dequantize_q4_k(raw: torch.Tensor) -> torch.Tensor:
+    """float32 ``[R, H]`` of Q4_K rows (144-byte blocks of 256): ``(d * sc) * q - dmin * m`` per sub-block of 32."""
+    b = raw.reshape(-1, 144)
+    nb = b.shape[0]
+    sc, mn = q4_k_scales(b[:, 4:16])
+    ds = (_f16(b[:, :2]) * sc.float()).reshape(nb, 8, 1)
+    dm = (_f16(b[:, 2:4]) * mn.float()).reshape(nb, 8, 1)
+    qs = b[:, 16:].reshape(nb, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(nb, 8, 32).float()
+    return (ds * q - dm).reshape(raw.shape[0], -1)
+
+
+DEQUANTIZE = {"Q8_0": dequantize_q8_0, "Q6_K": dequantize_q6_k, "Q4_0": dequantize_q4_0, "Q4_1": dequantize_q4_1,
+              "Q5_0": dequantize_q5_0, "Q4_K": dequantize_q4_k}
 
 
 def tree8(lanes: torch.Tensor) -> torch.Tensor:
@@ -110,12 +166,16 @@ def chain_logits(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = No
     if n == 0 or rows == 0:
         return out
     steps = hidden // LANES
-    step_rows = max(1, CHAIN_ELEMENTS // max(1, n * hidden))
+    step_rows = min(rows, max(1, CHAIN_ELEMENTS // max(1, n * hidden)))
     xs = x.float().reshape(n, 1, steps, LANES)
+    # one product buffer and one accumulator for every chunk: the peak is one chunk's products, not two
+    prod_buf = torch.empty(n * step_rows * hidden, dtype=torch.float32)
+    acc_buf = torch.empty(n * step_rows * LANES, dtype=torch.float32)
     for a in range(0, rows, step_rows):
         b = min(rows, a + step_rows)
-        prod = w[a:b].reshape(1, b - a, steps, LANES) * xs  # [N, r, S, 8], each product rounded
-        acc = torch.zeros(n, b - a, LANES, dtype=torch.float32)
+        prod = prod_buf[: n * (b - a) * hidden].view(n, b - a, steps, LANES)
+        torch.mul(w[a:b].reshape(1, b - a, steps, LANES), xs, out=prod)  # [N, r, S, 8], each product rounded
+        acc = acc_buf[: n * (b - a) * LANES].view(n, b - a, LANES).zero_()
         for s in range(steps):
             acc.add_(prod[:, :, s])
         out[:, a:b] = tree8(acc)

@@ -1,8 +1,7 @@
 """Sampling over a vocab-split head without gathering the ``[B, V]`` logits.
 
-Every function takes one rank's logits -- ``head.local_logits(hidden)`` (``[B, width]``,
-padding ``-inf``) or ``head(hidden)`` with ``gather_output=False`` (``[B, V_local]``) -- and
-the head, and returns what the same operation gives on the gathered logits; only
+Every function takes one rank's logits (``head.local_logits(hidden)``, padding ``-inf``) and the
+head or its placement, and returns what the same operation gives on the gathered logits; only
 ``O(B * k)`` numbers cross ranks, and every public call starts with one handshake.
 
 * :mod:`~trtvocab.sampling.reductions`: greedy, top-k, logsumexp / log-softmax / logprobs,
@@ -15,9 +14,8 @@ the head, and returns what the same operation gives on the gathered logits; only
   :mod:`~trtvocab.sampling.beam`: one beam-search step (the best ``2W`` continuations, merged);
 * :mod:`~trtvocab.sampling.step`: :func:`decode`, one decode step from the hidden rows, streamed
   (:mod:`~trtvocab.sampling.chunked`) when its float32 logits exceed the head's budget
-  (docs/architecture.md, "Seeded sampling without the gather" and "The vocab-chunked head");
-  a head with an added segment (adapters that add tokens) is sampled in token order by
-  :mod:`~trtvocab.sampling.added_vocab` (gathered: docs/architecture.md, "Adapters that add tokens").
+  (docs/architecture.md, "The vocab-chunked head"); a head with an added segment (adapters that add
+  tokens): :mod:`~trtvocab.sampling.added_vocab` (docs/architecture.md, "Adapters that add tokens").
 """
 
 from __future__ import annotations

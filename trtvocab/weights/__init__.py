@@ -21,6 +21,10 @@ FORMATS: dict[WeightFormat, type[WeightMethod]] = {
     WeightFormat.NVFP4: NVFP4Weight,
     WeightFormat.GGUF_Q8_0: GGUFWeight,
     WeightFormat.GGUF_Q6_K: GGUFWeight,
+    WeightFormat.GGUF_Q4_0: GGUFWeight,
+    WeightFormat.GGUF_Q4_1: GGUFWeight,
+    WeightFormat.GGUF_Q5_0: GGUFWeight,
+    WeightFormat.GGUF_Q4_K: GGUFWeight,
 }
 
 

@@ -1,4 +1,5 @@
-"""A head kept in its GGUF blocks (Q8_0, Q6_K): the shard's raw rows of blocks, multiplied in place.
+"""A head kept in its GGUF blocks (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K): the shard's raw rows of blocks,
+multiplied in place.
 
 A vocab shard is whole rows of blocks (blocks run along H), read with one positioned read
 (:meth:`~trtvocab.checkpoints.gguf.GGUFRows.raw_rows`); resident bytes are the stored bytes. The

@@ -150,8 +150,9 @@ class ProbedHead:
 
 def gguf_head_format(ckpt: Any, decision: HeadQuantDecision, *, gguf_blocks: bool = True,
                      quant: str = "auto") -> tuple[GGUFConfig | None, str]:
-    """``(config, note)`` for a GGUF head: Q8_0 / Q6_K stay in their blocks (unless ``gguf_blocks``
-    is False or ``quant="none"``); other block types are dequantized to float32, said in ``note``."""
+    """``(config, note)`` for a GGUF head: Q8_0 / Q6_K / Q4_0 / Q4_1 / Q5_0 / Q4_K stay in their blocks
+    (unless ``gguf_blocks`` is False or ``quant="none"``); other block types are dequantized to float32,
+    said in ``note``."""
     info = ckpt.info(decision.tensor_name)
     qtype = getattr(getattr(info, "ggml_type", None), "name", None)
     if qtype is None or info.native or decision.config is not None:
@@ -242,7 +243,7 @@ def open_embedding(path: Any, tensor_name: str | None = None, gguf_blocks: bool 
     tensors: dict[str, Any] = {"weight": ckpt.get_slice(name)}
     config: QuantConfig | GGUFConfig | None = None
     qtype = getattr(getattr(info, "ggml_type", None), "name", None)
-    if gguf_blocks and qtype in GGUF_BLOCKS:  # a GGUF Q8_0 / Q6_K table stays in its blocks (dequantized at lookup)
+    if gguf_blocks and qtype in GGUF_BLOCKS:  # a stored GGUF block type stays so (dequantized at lookup)
         config = GGUFConfig(block_type=qtype)
     if info.dtype == "F8_E4M3":
         scale_name = f"{module}.weight_scale"
