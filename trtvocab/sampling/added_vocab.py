@@ -1,25 +1,18 @@
 """Sampling a head whose vocabulary has an added segment (adapters that add tokens), on its shards.
 
-A head with an added segment (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base
-piece ``[start, end)`` and its added piece ``V + [a, b)``, laid end to end in ``head.local_logits``.
-:func:`segmented_placement` describes that to the sampler: a :class:`~trtvocab.parallel.sharding.VocabPlacement`
-with a second segment (``added``), whose ``column_ids`` / ``token_ids`` / ``owned_columns`` are the one
-place a local column becomes a token id (and back). Every reduction of ``trtvocab.sampling`` (greedy, the
-merged top-k, the vocab tree's logsumexp, top-p / min-p / typical-p, the race, the returned logprobs, the
-bitmask, the column-local processors) reads ids through it, so :func:`decode_output` (what
-``trtvocab.sampling.decode`` dispatches to for such a head) draws on the shards with ``O(B * k)`` numbers
-crossing ranks, never the ``[B, V + A]`` logits -- bitwise the draw of the gathered token-order logits
-(:func:`gathered_output`, kept as the tests' reference), because the owned ids of a rank still ascend
-(ties go to the lowest id), the noise is keyed by token id and the vocab tree is one fixed tree over
-``[0, V + A)`` whichever ranges a rank holds. A row's vocabulary limit is in its logits (``-inf`` on the
-added ids its adapter does not add); ``vocab_limit`` bounds the base ids only (masked in the logits).
-Above the head's logits budget ``sampling.decode`` streams instead (:mod:`trtvocab.sampling.chunked`:
-the added piece is one more chunk).
-
-A :class:`~trtvocab.sampling.state.TokenState` of such a head's rows is a token-order one
-(:func:`token_order_view`: ids ``[0, V + A)`` on every rank; the penalties read its columns by id).
-Steps whose rows draw by the race alone (greedy, or temperature and seeded noise, nothing else) skip the
-sampler's own handshake (:func:`_race`: one ``[tp, B]`` exchange).
+Such a head (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base piece
+``[start, end)`` and its added piece ``V + [a, b)``, end to end in ``head.local_logits``.
+:func:`segmented_placement` gives the sampler a :class:`~trtvocab.parallel.sharding.VocabPlacement` with
+a second segment (``added``), whose ``column_ids`` / ``token_ids`` / ``owned_columns`` are the one place a
+local column becomes a token id (and back). Every reduction of ``trtvocab.sampling`` reads ids through
+it, so :func:`decode_output` (``sampling.decode`` for such a head) draws on the shards with ``O(B * k)``
+numbers crossing ranks -- bitwise the draw of the gathered token-order logits (:func:`gathered_output`,
+the tests' reference): a rank's owned ids still ascend, the noise is keyed by token id and the vocab
+tree is one fixed tree over ``[0, V + A)``. A row's vocabulary limit is in its logits (``-inf`` on the
+added ids its adapter does not add); ``vocab_limit`` bounds the base ids only. Above the logits budget
+``sampling.decode`` streams (:mod:`trtvocab.sampling.chunked`: the added piece is one more chunk).
+Its :class:`~trtvocab.sampling.state.TokenState` is a token-order one (:func:`token_order_view`); rows
+that draw by the race alone skip the sampler's own handshake (:func:`_race`: one ``[tp, B]`` exchange).
 """
 
 from __future__ import annotations
