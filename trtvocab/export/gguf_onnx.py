@@ -52,7 +52,7 @@ def q4_tensors(head: LMHead) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]
     return codes.numpy().copy(), d.numpy().copy(), None if m is None else m.numpy().copy()
 
 
-def _uint4(name: str, codes: np.ndarray) -> TensorProto:
+def uint4_proto(name: str, codes: np.ndarray) -> TensorProto:
     """``codes`` (uint8 values 0..15) as an ONNX UINT4 tensor: the flattened elements packed in pairs, the
     first in the low nibble (an odd count padded with a zero nibble)."""
     flat = codes.reshape(-1).astype(np.uint8)
@@ -74,9 +74,9 @@ def _dequantize(head: LMHead) -> tuple[list[TensorProto], list[onnx.NodeProto]]:
         raise ConfigError(f"gguf_graph: a GGUF Q8_0, Q4_0 or Q4_1 head, got {fmt}")
     codes, d, m = q4_tensors(head)
     rows, hidden = codes.shape
-    inits = [_uint4("weight_q", codes), numpy_helper.from_array(d, "weight_d")]
+    inits = [uint4_proto("weight_q", codes), numpy_helper.from_array(d, "weight_d")]
     if m is None:  # Q4_0: (q - 8) * d
-        inits.append(_uint4("weight_zero", np.full((rows, hidden // BLOCK), 8, dtype=np.uint8)))
+        inits.append(uint4_proto("weight_zero", np.full((rows, hidden // BLOCK), 8, dtype=np.uint8)))
         return inits, [helper.make_node("DequantizeLinear", ["weight_q", "weight_d", "weight_zero"], ["weight"],
                                         axis=1, block_size=BLOCK)]
     inits += [numpy_helper.from_array(m.reshape(rows, -1, 1), "weight_m"),
