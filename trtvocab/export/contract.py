@@ -62,8 +62,8 @@ class GraphInfo:
 
 
 # A GGUF graph's stored codes as the builder may keep them for a fused weight-only GEMM.
-_GGUF_CODES = {WeightFormat.GGUF_Q8_0: frozenset({"int8"}), WeightFormat.GGUF_Q4_0: frozenset({"int4", "uint4"}),
-               WeightFormat.GGUF_Q4_1: frozenset({"int4", "uint4"})}
+_GGUF_CODES = {WeightFormat.GGUF_Q8_0: frozenset({"int8"}), WeightFormat.GGUF_Q4_0: frozenset({"int4"}),
+               WeightFormat.GGUF_Q4_1: frozenset({"int4"})}
 
 
 def _expected_head(fmt: WeightFormat, activation: Activation, dtype: str, dequantized: bool) -> Expected:

@@ -35,6 +35,7 @@ from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS, Activation, Granular
 from trtvocab.base.publish import fsync_file
 from trtvocab.base.safe_read import sha256_file
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
+from trtvocab.export.gguf_onnx import int4_proto, q4_tensors, q8_0_tensors
 from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK as FP4_BLOCK
 from trtvocab.version import __version__
@@ -49,7 +50,7 @@ FP4_QUANTIZE_OP = "TRT_FP4DynamicQuantize"
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 DEFAULT_OPSET = 23
 # FP8 Q/DQ: opset 19; FLOAT4E2M1 in DequantizeLinear: 23.
-# GGUF Q8_0 / Q4_0 / Q4_1: blocked DequantizeLinear (block_size) and UINT4: 21.
+# GGUF Q8_0 / Q4_0 / Q4_1: blocked DequantizeLinear (block_size) and INT4: 21.
 MIN_OPSET = {WeightFormat.DENSE: 19, WeightFormat.FP8: 19, WeightFormat.NVFP4: 23, WeightFormat.GGUF_Q8_0: 21,
              WeightFormat.GGUF_Q4_0: 21, WeightFormat.GGUF_Q4_1: 21}
 GGUF_GRAPH_FORMATS = (WeightFormat.GGUF_Q8_0, WeightFormat.GGUF_Q4_0, WeightFormat.GGUF_Q4_1)
@@ -57,9 +58,9 @@ GGUF_BLOCK = 32  # the Q8_0 / Q4_0 / Q4_1 block along H
 WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE = (
     "lm_head.weight", "lm_head.weight_scale", "lm_head.weight_scale_2", "lm_head.input_scale")
 BIAS = "lm_head.bias"
-# A GGUF head's blocks as DequantizeLinear's operands: codes, scales d, Q4_0's zero point 8, Q4_1's m.
-GGUF_Q, GGUF_D, GGUF_ZERO, GGUF_M = ("lm_head.weight_q", "lm_head.weight_d", "lm_head.weight_zero",
-                                     "lm_head.weight_m")
+# A GGUF head's blocks as DequantizeLinear's operands: codes (int8; Q4 as int4 q - 8), scales d; Q4_1's 8 d
+# and m (added after the dequantize: TensorRT refuses non-zero zero points).
+GGUF_Q, GGUF_D, GGUF_D8, GGUF_M = "lm_head.weight_q", "lm_head.weight_d", "lm_head.weight_d8", "lm_head.weight_m"
 GEMM_LOGITS = "lm_head/gemm_logits"  # x @ W.T, before the family's ops (when it has any)
 LORA_A, LORA_B = "lm_head.lora_A_t", "lm_head.lora_B_t"  # a baked-in adapter: A^T [H, r], s * B^T [r, V_local]
 BASE_LOGITS = "lm_head/base_logits"  # x @ W.T before a baked-in adapter's delta is added
@@ -70,7 +71,7 @@ _TYPE_NAMES = {
     TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
     TensorProto.INT32: "int32", TensorProto.INT64: "int64", TensorProto.UINT8: "uint8",
     TensorProto.FLOAT8E4M3FN: "float8_e4m3fn", TensorProto.FLOAT4E2M1: "float4_e2m1",
-    TensorProto.INT8: "int8", TensorProto.UINT4: "uint4",
+    TensorProto.INT8: "int8", TensorProto.INT4: "int4",
 }
 
 
@@ -267,18 +268,15 @@ def head_tensors(head: LMHead, spec: GraphSpec, adapter: int | None = None) -> d
 
 def _gguf_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
     """A GGUF Q8_0 / Q4_0 / Q4_1 shard's blocks as DequantizeLinear operands (their values, bit for bit)."""
-    from trtvocab.export.gguf_onnx import q4_tensors, q8_0_tensors, uint4_proto
-
     v, h = spec.local_vocab_size, spec.hidden_size
     if spec.weight_format is WeightFormat.GGUF_Q8_0:
         q, d = q8_0_tensors(head)
         out = {GGUF_Q: numpy_helper.from_array(q, GGUF_Q)}
     else:
-        q, d, m = q4_tensors(head)
-        out = {GGUF_Q: uint4_proto(GGUF_Q, q)}
-        if m is None:  # Q4_0: (q - 8) * d
-            out[GGUF_ZERO] = uint4_proto(GGUF_ZERO, np.full((v, h // GGUF_BLOCK), 8, dtype=np.uint8))
-        else:  # Q4_1: d * q + m, m repeated over its block
+        q, d, m = q4_tensors(head)  # the signed codes q - 8
+        out = {GGUF_Q: int4_proto(GGUF_Q, q)}
+        if m is not None:  # Q4_1: ((q - 8) * d + 8 d) + m, 8 d and m repeated over their blocks
+            out[GGUF_D8] = numpy_helper.from_array(8 * d.reshape(v, -1, 1), GGUF_D8)
             out[GGUF_M] = numpy_helper.from_array(m.reshape(v, -1, 1), GGUF_M)
     if q.shape != (v, h) or d.shape != (v, h // GGUF_BLOCK):
         raise CheckpointError(f"{spec.weight_format} head: codes {list(q.shape)} / scales {list(d.shape)}, expected "
@@ -469,15 +467,15 @@ def _dense(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> Non
 
 def _gguf(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
     """Blocked ``DequantizeLinear`` (axis 1, block 32) of the stored codes: each weight ``gguf.quants.dequantize``'s
-    float32 value (Q4_1: then ``+ m``, one rounded add), then a float32 ``x @ W.T`` (docs/architecture.md,
-    "GGUF heads in their stored blocks")."""
+    float32 value (Q4_1: then ``+ 8 d``, exact, and ``+ m``, one rounded add), then a float32 ``x @ W.T``
+    (docs/architecture.md, "GGUF heads in their stored blocks")."""
     v, h = spec.local_vocab_size, spec.hidden_size
-    operands = [g.init(t[GGUF_Q]), g.init(t[GGUF_D])] + ([g.init(t[GGUF_ZERO])] if GGUF_ZERO in t else [])
-    w = g.node("DequantizeLinear", operands, axis=1, block_size=GGUF_BLOCK)
-    if GGUF_M in t:
-        blocks = g.node("Expand", [g.init(t[GGUF_M]), g.const("gguf_block_shape", [v, h // GGUF_BLOCK, GGUF_BLOCK],
-                                                                np.int64)])
-        w = g.node("Add", [w, g.node("Reshape", [blocks, g.const("gguf_weight_shape", [v, h], np.int64)])])
+    w = g.node("DequantizeLinear", [g.init(t[GGUF_Q]), g.init(t[GGUF_D])], axis=1, block_size=GGUF_BLOCK)
+    if GGUF_M in t:  # Q4_1: + 8 d (exact), then + m (one rounding), each per block
+        blocks = g.const("gguf_block_shape", [v, h // GGUF_BLOCK, GGUF_BLOCK], np.int64)
+        full = g.const("gguf_weight_shape", [v, h], np.int64)
+        for name in (GGUF_D8, GGUF_M):
+            w = g.node("Add", [w, g.node("Reshape", [g.node("Expand", [g.init(t[name]), blocks]), full])])
     wt = g.node("Transpose", [w], perm=[1, 0])
     g.node("MatMul", [_to_float32(g, x, spec), wt], out=LOGITS)
 
