@@ -51,14 +51,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def recipe(path: Path, out: Path, tp: int, *, blocks: bool = True, compiler: str = "tensorrt",
-           onnx: bool = True) -> BuildRecipe:
+           onnx: bool = True, embedding: bool = False) -> BuildRecipe:
     engine = {"compiler": compiler, **({"targets": ["sm89"]} if compiler == "tensorrt-rtx" else {})}
     return BuildRecipe.model_validate({
         "name": "gguf", "checkpoint": {"path": str(path)}, "mapping": {"tp_size": tp},
         "lm_head": {"dtype": "float32", "gather_output": False, "gguf_blocks": blocks}, "engine": engine,
         "profile": {"min_tokens": 1, "opt_tokens": 4, "max_tokens": 16, "min_batch": 1, "opt_batch": 2,
                     "max_batch": 4},
-        "output": {"dir": str(out), "onnx": onnx}})
+        "embedding": {"export": embedding}, "output": {"dir": str(out), "onnx": onnx}})
 
 
 def stored(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
@@ -76,7 +76,7 @@ def test_artifact_keeps_the_blocks_and_its_graph_dequantizes_them(files: dict[st
     import onnxruntime as ort
 
     path = files[block_type]
-    root, manifest = build(recipe(path, tmp_path / "art", tp))
+    root, manifest = build(recipe(path, tmp_path / "art", tp, embedding=True))
     raw, weight, _ = stored(path)
     fmt = WeightFormat(f"GGUF_{block_type}")
     assert manifest.quant.weight_format is fmt and manifest.quant.stored == f"GGUF {block_type}"
@@ -91,6 +91,7 @@ def test_artifact_keeps_the_blocks_and_its_graph_dequantizes_them(files: dict[st
         s = vocab_shard(V, tp, e.rank)
         assert e.weight_format is fmt and e.verify is not None and e.verify.ok and e.verify.tolerance > 0
         assert not e.engine.built and e.engine.reason  # no engine here, said
+        assert e.embedding_verify is not None and e.embedding_verify.ok  # the lookup graph: a dense table, exact
         # weights.safetensors: the stored bytes of this rank's rows, nothing else
         saved = load_file(str(root / e.files.weights))["weight"]
         assert saved.dtype == torch.uint8 and torch.equal(saved, torch.from_numpy(raw[s.start : s.end].copy()))

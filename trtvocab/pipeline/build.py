@@ -76,7 +76,7 @@ def make_embedding(recipe: BuildRecipe, rank: int, head: LMHead) -> VocabParalle
     return VocabParallelEmbedding.from_checkpoint(
         recipe.checkpoint_path(), mapping=recipe.mapping.for_rank(rank), dtype=head_dtype(lh.dtype),
         tensor_name=recipe.embedding.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, reduce_output=False,
-        gguf_blocks=False)  # the embedding graph's table is dense: a GGUF table dequantized (exact in float32)
+        gguf_blocks=False)  # the embedding graph's table is dense: a GGUF table dequantized as without gguf_blocks
 
 
 def verify_embedding_export(emb: VocabParallelEmbedding, onnx_path: Path) -> VerifyRecord:
@@ -119,7 +119,8 @@ def verify_export(head: LMHead, onnx_path: Path, context: bool) -> VerifyRecord:
     # float32 ulps growing with sqrt(H)) and, where the graph's GEMM runs in the head dtype
     # (gemm_rounding: dense half heads, output_dtype=float32 heads, FP8 W8A16 and NVFP4
     # W4A16), the one rounding of its output to that dtype, which the fallback's float32
-    # result may not have: one ulp of that dtype on top.
+    # result may not have: one ulp of that dtype on top. A GGUF Q8_0 / Q4_0 / Q4_1 graph dequantizes
+    # to gguf's exact float32 weights and multiplies in float32: summation order only.
     spec = GraphSpec.from_model(onnx.load(str(onnx_path), load_external_data=False))
     rounding = gemm_rounding(spec)
     f32_ulps = (4 + head.hidden_size**0.5 / 4) * 2.0**-23
