@@ -247,7 +247,7 @@ def check_engine(table: LayerTable, info: GraphInfo) -> EngineCompute:
 def _gguf_weight_path(gemm: GemmRecord, info: GraphInfo) -> str:
     """What a GGUF graph's engine multiplies by, in words: the stored codes (a fused weight-only GEMM) or a
     dequantized copy (resident, or computed on every call), never left unsaid."""
-    if gemm.weight in _GGUF_CODES[info.weight_format]:
+    if gemm.weight in ("int8", "int4"):
         return (f"fused weight-only GEMM: {gemm.activation} x {gemm.weight} on the stored codes"
                 + (" resident in the engine" if gemm.weight_resident else " (copied per call)"))
     if gemm.weight_resident:

@@ -11,8 +11,8 @@ UINT4 initializers and refuses a non-zero zero point. -> ``Gemm``
 (``transB``) -> the family's ops (``Add`` bias, ``Mul`` scale, ``Div`` divisor, ``Div, Tanh, Mul``
 softcap, in float32) -> ``logits [N, V_local]`` float32. The GEMM's summation order is the runtime's, so
 the graph equals the fallback's chain within float32 reassociation (docs/architecture.md, "GGUF heads
-in their stored blocks"). ``trtvocab build`` writes the same weight path inside its per-rank graph frame
-(:mod:`trtvocab.export.onnx`).
+in their stored blocks"). ``trtvocab build`` writes the same weights inside its per-rank graph frame,
+laid out ``[H, V_local]`` (:mod:`trtvocab.export.onnx`).
 """
 
 from __future__ import annotations

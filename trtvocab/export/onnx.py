@@ -267,21 +267,24 @@ def head_tensors(head: LMHead, spec: GraphSpec, adapter: int | None = None) -> d
 
 
 def _gguf_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
-    """A GGUF Q8_0 / Q4_0 / Q4_1 shard's blocks as DequantizeLinear operands (their values, bit for bit)."""
+    """A GGUF Q8_0 / Q4_0 / Q4_1 shard's blocks as DequantizeLinear operands (their values, bit for bit), laid
+    out ``[H, V_local]`` (blocks along axis 0, the GEMM's K): the layout TensorRT-RTX fuses into an int4
+    weight-only GEMM."""
     v, h = spec.local_vocab_size, spec.hidden_size
     if spec.weight_format is WeightFormat.GGUF_Q8_0:
         q, d = q8_0_tensors(head)
-        out = {GGUF_Q: numpy_helper.from_array(q, GGUF_Q)}
+        m = None
     else:
         q, d, m = q4_tensors(head)  # the signed codes q - 8
-        out = {GGUF_Q: int4_proto(GGUF_Q, q)}
-        if m is not None:  # Q4_1: ((q - 8) * d + 8 d) + m, 8 d and m repeated over their blocks
-            out[GGUF_D8] = numpy_helper.from_array(8 * d.reshape(v, -1, 1), GGUF_D8)
-            out[GGUF_M] = numpy_helper.from_array(m.reshape(v, -1, 1), GGUF_M)
     if q.shape != (v, h) or d.shape != (v, h // GGUF_BLOCK):
         raise CheckpointError(f"{spec.weight_format} head: codes {list(q.shape)} / scales {list(d.shape)}, expected "
                               f"[{v}, {h}] / [{v}, {h // GGUF_BLOCK}]")
-    out[GGUF_D] = numpy_helper.from_array(d, GGUF_D)
+    qt = np.ascontiguousarray(q.T)
+    out = {GGUF_Q: numpy_helper.from_array(qt, GGUF_Q) if spec.weight_format is WeightFormat.GGUF_Q8_0
+           else int4_proto(GGUF_Q, qt), GGUF_D: numpy_helper.from_array(np.ascontiguousarray(d.T), GGUF_D)}
+    if m is not None:  # Q4_1: ((q - 8) * d + 8 d) + m, 8 d and m repeated over their blocks
+        out[GGUF_D8] = numpy_helper.from_array(np.ascontiguousarray((8 * d).T).reshape(h // GGUF_BLOCK, 1, v), GGUF_D8)
+        out[GGUF_M] = numpy_helper.from_array(np.ascontiguousarray(m.T).reshape(h // GGUF_BLOCK, 1, v), GGUF_M)
     return out
 
 
@@ -466,18 +469,17 @@ def _dense(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> Non
 
 
 def _gguf(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
-    """Blocked ``DequantizeLinear`` (axis 1, block 32) of the stored codes: each weight ``gguf.quants.dequantize``'s
-    float32 value (Q4_1: then ``+ 8 d``, exact, and ``+ m``, one rounded add), then a float32 ``x @ W.T``
-    (docs/architecture.md, "GGUF heads in their stored blocks")."""
+    """Blocked ``DequantizeLinear`` (axis 0, block 32) of the stored codes laid out ``[H, V_local]``: each weight
+    ``gguf.quants.dequantize``'s float32 value (Q4_1: then ``+ 8 d``, exact, and ``+ m``, one rounded add), then
+    a float32 ``x @ W`` (docs/architecture.md, "GGUF heads in their stored blocks")."""
     v, h = spec.local_vocab_size, spec.hidden_size
-    w = g.node("DequantizeLinear", [g.init(t[GGUF_Q]), g.init(t[GGUF_D])], axis=1, block_size=GGUF_BLOCK)
+    w = g.node("DequantizeLinear", [g.init(t[GGUF_Q]), g.init(t[GGUF_D])], axis=0, block_size=GGUF_BLOCK)
     if GGUF_M in t:  # Q4_1: + 8 d (exact), then + m (one rounding), each per block
-        blocks = g.const("gguf_block_shape", [v, h // GGUF_BLOCK, GGUF_BLOCK], np.int64)
-        full = g.const("gguf_weight_shape", [v, h], np.int64)
+        blocks = g.const("gguf_block_shape", [h // GGUF_BLOCK, GGUF_BLOCK, v], np.int64)
+        full = g.const("gguf_weight_shape", [h, v], np.int64)
         for name in (GGUF_D8, GGUF_M):
             w = g.node("Add", [w, g.node("Reshape", [g.node("Expand", [g.init(t[name]), blocks]), full])])
-    wt = g.node("Transpose", [w], perm=[1, 0])
-    g.node("MatMul", [_to_float32(g, x, spec), wt], out=LOGITS)
+    g.node("MatMul", [_to_float32(g, x, spec), w], out=LOGITS)
 
 
 def _fp8(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
