@@ -51,11 +51,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def recipe(path: Path, out: Path, tp: int, *, blocks: bool = True, compiler: str = "tensorrt",
-           onnx: bool = True, embedding: bool = False) -> BuildRecipe:
+           onnx: bool = True, embedding: bool = False, dtype: str = "float32") -> BuildRecipe:
     engine = {"compiler": compiler, **({"targets": ["sm89"]} if compiler == "tensorrt-rtx" else {})}
     return BuildRecipe.model_validate({
         "name": "gguf", "checkpoint": {"path": str(path)}, "mapping": {"tp_size": tp},
-        "lm_head": {"dtype": "float32", "gather_output": False, "gguf_blocks": blocks}, "engine": engine,
+        "lm_head": {"dtype": dtype, "gather_output": False, "gguf_blocks": blocks}, "engine": engine,
         "profile": {"min_tokens": 1, "opt_tokens": 4, "max_tokens": 16, "min_batch": 1, "opt_batch": 2,
                     "max_batch": 4},
         "embedding": {"export": embedding}, "output": {"dir": str(out), "onnx": onnx}})
@@ -127,6 +127,26 @@ def test_artifact_keeps_the_blocks_and_its_graph_dequantizes_them(files: dict[st
     result = CliRunner().invoke(app, ["inspect", str(root)])
     assert result.exit_code == 0, result.output
     assert f"stored=GGUF {block_type}" in result.output
+
+
+def test_bfloat16_head_casts_its_activations_up(files: dict[str, Path], tmp_path: Path) -> None:
+    """A bf16 head in blocks: bf16 hidden states, cast to float32 in the graph as the fallback's chain does."""
+    import onnx
+
+    path = files["Q4_1"]
+    root, manifest = build(recipe(path, tmp_path / "art", 2, dtype="bfloat16"))
+    x = torch.randn(6, HIDDEN["Q4_1"], generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    _, weight, _ = stored(path)
+    exact = x.double() @ torch.from_numpy(weight).double().t()
+    bound = (x.double().abs() @ torch.from_numpy(weight).double().abs().t()) * 2 * (HIDDEN["Q4_1"] + 3) * 2.0**-24
+    for e in manifest.ranks:
+        model = onnx.load(str(root / e.files.onnx))
+        assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+        assert e.verify is not None and e.verify.ok
+        s = vocab_shard(V, 2, e.rank)
+        for backend in (TorchBackend, OnnxBackend):
+            got = backend(root, manifest, e.rank).rank_logits(x, ONE).logits[:, : s.size]
+            assert bool(((got.double() - exact[:, s.start : s.end]).abs() <= bound[:, s.start : s.end] + 1e-6).all())
 
 
 def test_default_recipe_dequantizes_as_before(files: dict[str, Path], tmp_path: Path) -> None:
