@@ -4,8 +4,8 @@ References, none of them the code under test: the ``gguf`` package's reader (the
 ``gguf.quants.dequantize``'s weights), a float64 recomputation of the logits, and the head loaded straight from
 the checkpoint (``LMHead.from_checkpoint``, stored blocks), whose bits the artifact's torch backend must give.
 Tiers (docs/testing.md): the tiny-GGUF tests are fast (no engine: the standard TensorRT compiler is not
-importable here, so its stage is skipped with a reason); the TensorRT-RTX build is ``slow`` (an
-ahead-of-time build on the CPU, about a minute); the SmolLM2 test is ``model``.
+importable here, so its stage is skipped with a reason); the TensorRT-RTX builds are ``slow``
+(ahead-of-time builds on the CPU); the SmolLM2 test is ``model``.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def test_other_block_types_have_no_graph_refused_by_name(files: dict[str, Path],
         assert torch.equal(got, head.column_logits(x))
 
 
-@pytest.mark.slow  # an ahead-of-time TensorRT-RTX build on the CPU (about a minute)
+@pytest.mark.slow  # an ahead-of-time TensorRT-RTX build on the CPU
 @pytest.mark.skipif(not HAVE_RTX, reason="tensorrt_rtx is not installed")
 def test_rtx_layer_table_says_what_the_engine_multiplies_by(files: dict[str, Path], tmp_path: Path) -> None:
     """TensorRT-RTX on the Q8_0 graph (one target): the build records what the engine runs for the weight
@@ -219,3 +219,22 @@ def test_smollm2_artifact_generates_the_torch_heads_tokens(smollm2: Path, tmp_pa
         assert result.exit_code == 0, result.output
         runs[name] = [r["token_ids"] for r in json.loads(result.output)["results"]]
     assert runs["torch"] == runs["head"] and runs["onnx"] == runs["head"]
+
+
+@pytest.mark.slow  # an ahead-of-time TensorRT-RTX build on the CPU
+@pytest.mark.skipif(not HAVE_RTX, reason="tensorrt_rtx is not installed")
+def test_rtx_fuses_a_q4_0_shard_of_real_shape(tmp_path: Path) -> None:
+    """A Q4_0 shard of a real shape (4096 x 576): TensorRT-RTX multiplies float32 activations by the resident
+    int4 codes (the table of docs/architecture.md, "GGUF heads in their stored blocks"; update it if this
+    changes with the compiler's version), and the record says so."""
+    rng = np.random.default_rng(2)
+    rows, hidden = 4096, 576
+    path = write_gguf(tmp_path / "q4_0.gguf", {"token_embd.weight": (
+        rng.standard_normal((rows, hidden)).astype(np.float32), Q.Q4_0)}, hidden=hidden, tokens=rows)
+    _, manifest = build(recipe(path, tmp_path / "art", 1, compiler="tensorrt-rtx"))
+    e = manifest.ranks[0]
+    assert e.verify is not None and e.verify.ok
+    c = e.engine.build.compute if e.engine.build is not None else None
+    assert c is not None and c.ok and c.gemm is not None, e.engine
+    assert (c.gemm.activation, c.gemm.weight, c.gemm.weight_resident) == ("float32", "int4", True)
+    assert c.weight_path == "fused weight-only GEMM: float32 x int4 on the stored codes resident in the engine"
