@@ -7,6 +7,7 @@ One call loads a base checkpoint's embedding and head at one tp size and layout,
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -60,3 +61,65 @@ def disagreeing_params(rank: int, world: int, folder: str) -> str:
         except Exception as exc:
             names.append(type(exc).__name__)
     return " ".join(names)
+
+
+KNOB_V, KNOB_H, KNOB_B = 50, 16, 6
+
+
+def knob_params(v: int) -> list[tuple[str, Any, dict[str, Any]]]:
+    """Every sampler knob, on per-row params (rows mixed), with the decode keyword arguments of the call."""
+    added = [v, v + 2]
+    mixed = [SamplingParams(temperature=0.9, top_k=4, seed=11), SamplingParams(temperature=0.0),
+             SamplingParams(temperature=1.2, top_p=0.8, seed=12), SamplingParams(temperature=1.1, min_p=0.2, seed=13),
+             SamplingParams(temperature=1.3, typical_p=0.7, seed=14), SamplingParams(temperature=0.7, seed=15)]
+    bits = torch.full((KNOB_B, 2), -1, dtype=torch.int32)
+    bits[:, 0] = 0x0F0F0F0F
+    return [
+        ("mixed filters", mixed, {}),
+        ("top-k logprobs", SamplingParams(temperature=1.0, top_k=7, seed=3, logprobs=3), {}),
+        ("greedy logprobs", SamplingParams(temperature=0.0, logprobs=5, logprobs_mode="processed_logprobs"), {}),
+        ("raw logits mode", SamplingParams(temperature=0.8, seed=4, logprobs=2, logprobs_mode="raw_logits"), {}),
+        ("penalties", SamplingParams(temperature=1.0, seed=5, repetition_penalty=1.7, frequency_penalty=0.5,
+                                     presence_penalty=0.3, top_p=0.9), {"state": True}),
+        ("bias and bans", SamplingParams(temperature=1.0, seed=6, logit_bias={v + 1: 3.0, 2: -5.0},
+                                         bad_words=[[v + 3], [4]], min_tokens=3, stop_token_ids=[v]), {"state": True}),
+        ("allowed ids", SamplingParams(temperature=2.0, seed=8, allowed_token_ids=[1, 7, *added], logprobs=2), {}),
+        ("bitmask", SamplingParams(temperature=1.0, seed=9, top_k=10), {"bitmask": bits}),
+        ("vocab limit", SamplingParams(temperature=1.0, seed=10, top_p=0.7, logprobs=1), {"vocab_limit": 30}),
+    ]
+
+
+def knobs_case(rank: int, world: int, layout: str, folder: str) -> dict[str, Any]:
+    """Every knob of :func:`knob_params` on a head with an added segment: the sharded draw, the gathered
+    token-order reference (``sampling.added_vocab.gathered_output``) and the streamed draw (``chunked``,
+    8-column chunks), ids and logprobs, on this rank."""
+    from trtvocab.sampling import TokenState, chunked
+    from trtvocab.sampling.added_vocab import decode_output, gathered_output, token_order_view
+    from trtvocab.sampling.draw import rows_params
+
+    mapping = Mapping(world_size=world, rank=rank, tp_size=world) if world > 1 else None
+    gen = torch.Generator().manual_seed(5)
+    head = LMHead(KNOB_V, KNOB_H, dtype=torch.float32, mapping=mapping, vocab_layout=layout, pad_to=4)
+    head.load_weights({"weight": torch.randn(KNOB_V, KNOB_H, generator=gen)})
+    head.load_adapter(folder)
+    hidden = torch.randn(KNOB_B, KNOB_H, generator=gen)
+    picks = torch.tensor([0, -1, 0, 0, -1, 0])
+    prompts = [[1, 2, KNOB_V + 1], [3, 3], [KNOB_V, 4], [5], [6, 7], [KNOB_V + 2]]
+    out: dict[str, Any] = {}
+    for name, params, kw in knob_params(KNOB_V):
+        state = TokenState.for_head(token_order_view(head), prompts, eos_token_ids=[2]) if kw.get("state") else None
+        if state is not None:
+            state.append([KNOB_V + 1, 3, 2, KNOB_V, 9, 9])
+        args = {k: v for k, v in kw.items() if k != "state"}
+        per_row = rows_params(params, KNOB_B)
+        with head.use_adapters(picks):
+            gather, head.gather_output = head.gather_output, True
+            try:  # the sharded path never gathers the logits: the head's column gather must not run
+                with mock.patch("trtvocab.lm_head.D.all_gather_columns", side_effect=AssertionError("gathered")):
+                    got = decode_output(hidden, head, per_row, step=3, state=state, **args)
+                    streamed = chunked.decode_output(hidden, head, per_row, step=3, state=state, chunk=8, **args)
+            finally:
+                head.gather_output = gather
+            ref = gathered_output(hidden, head, per_row, step=3, state=state, **args)
+        out[name] = (got, ref, streamed)
+    return out

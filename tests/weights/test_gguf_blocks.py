@@ -261,7 +261,7 @@ def test_gguf_onnx_graph_equals_the_fallback_on_onnxruntime(files: dict[str, Pat
         assert model.opset_import[0].version == 21 and len(dq) == 1
         assert {a.name: a.i for a in dq[0].attribute} == {"axis": 1, "block_size": 32}
         types = {i.name: i.data_type for i in model.graph.initializer}
-        want_q = onnx.TensorProto.INT8 if block_type == "Q8_0" else onnx.TensorProto.UINT4
+        want_q = onnx.TensorProto.INT8 if block_type == "Q8_0" else onnx.TensorProto.INT4
         assert types["weight_q"] == want_q and types["weight_d"] == onnx.TensorProto.FLOAT
         got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"hidden_states": x.numpy()})[0])
         want = head.column_logits(x)

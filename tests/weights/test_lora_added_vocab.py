@@ -15,11 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.weights.lora_added_rank_fns import added_case, disagreeing_params
+from tests.weights.lora_added_rank_fns import KNOB_H, KNOB_V, added_case, disagreeing_params, knobs_case
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.base.family import HeadOps
 from trtvocab.errors import AdapterError, ConfigError
@@ -198,8 +199,8 @@ def test_nan_in_added_rows_and_larger_segments(tmp_path: Path) -> None:
 
 
 def test_sampler_paths_and_export_with_added_tokens(tmp_path: Path) -> None:
-    """decode samples in token order (the added ids of the adapter's rows included); the chunked head and
-    ONNX export refuse such a head by name; a row's vocabulary limit holds under any temperature."""
+    """decode samples in token order (the added ids of the adapter's rows included), and so does the chunked
+    head; ONNX export refuses such a head by name; a row's vocabulary limit holds under any temperature."""
     copy_rows = torch.randn(V + 3, H)
     copy_rows[V:] *= 10.0
     folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: copy_rows})
@@ -217,8 +218,7 @@ def test_sampler_paths_and_export_with_added_tokens(tmp_path: Path) -> None:
         masked = expected.clone()
         masked[:, 10:V] = float("-inf")
         assert torch.equal(limited, masked.argmax(-1))
-        with pytest.raises(ConfigError, match="added segment"):
-            chunked.greedy(hidden, head)
+        assert torch.equal(chunked.greedy(hidden, head), expected.argmax(-1))  # the stream holds both segments
     from trtvocab.export.onnx import export_onnx
 
     with pytest.raises(ConfigError, match="adds 3 tokens"):
@@ -299,14 +299,33 @@ def test_generate_with_added_tokens_equals_peft(gen_run: dict[str, Any]) -> None
     assert G.generate(spec, loaded).results[1].token_ids == gen_run["peft_second"]
 
 
-def test_compare_refuses_an_adapter_that_adds_tokens(tmp_path: Path, hf_checkpoint: Any) -> None:
+def test_compare_scores_an_adapter_that_adds_tokens_over_the_grown_vocabulary(tmp_path: Path,
+                                                                              hf_checkpoint: Any) -> None:
+    """``compare --lora`` with an adapter that adds tokens: the variant's logits cover ``V + A``, the baseline's
+    added ids get probability 0, so KL(base || variant) is finite and equals a float64 recomputation; the logit
+    error is over the shared ``V`` columns; KLD(Q || base) is infinite when the variant puts mass on an added
+    id (it does: its added rows are large); the report renders."""
     from trtvocab.accuracy.compare import compare
 
-    base = hf_checkpoint({"lm_head.weight": torch.randn(V, H), "model.embed_tokens.weight": torch.randn(V, H)},
+    weight, copy_rows = torch.randn(V, H), torch.randn(V + 3, H)
+    copy_rows[V:] *= 3.0
+    base = hf_checkpoint({"lm_head.weight": weight, "model.embed_tokens.weight": torch.randn(V, H)},
                          {"model_type": "llama", "vocab_size": V, "hidden_size": H})
-    folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: torch.randn(V + 3, H)})
-    with pytest.raises(ConfigError, match=r"--lora lora:add: .*add adds 3 tokens past the baseline's vocabulary"):
-        compare(base, hidden=torch.randn(4, H), bootstrap=0, loras=[f"add={folder}"])
+    folder = _adapter(tmp_path / "add", {EMB: torch.randn(V + 3, H), HEAD: copy_rows})
+    hidden = torch.randn(6, H)
+    nxt = torch.tensor([1, 2, 3, 4, 5, -1])
+    report = compare(base, hidden=hidden, bootstrap=0, loras=[f"add={folder}"], dtype="float32", next_token_ids=nxt)
+    m = report.variants[0].metrics
+    lb = torch.log_softmax((hidden.double() @ weight.double().t()), -1)
+    lv = torch.log_softmax((hidden.double() @ copy_rows.double().t()), -1)
+    kl = (lb.exp() * (lb - lv[:, :V])).sum(-1)  # the added ids: p_base = 0, no term
+    torch.testing.assert_close(torch.as_tensor(m.kl_per_row).double(), kl, rtol=1e-4, atol=1e-6)
+    err = (hidden.double() @ copy_rows[:V].double().t() - hidden.double() @ weight.double().t()).abs().max()
+    assert abs(m.max_abs_logit_err - float(err)) < 1e-4
+    assert m.tokens is not None and np.isinf(m.tokens.kl_rev).all()
+    assert "adds 3 tokens" in report.variants[0].note
+    assert "lora:add" in report.to_markdown()
+    json.dumps(report.as_dict())
 
 
 @pytest.mark.parametrize("layout", ["uneven", "padded"])
@@ -365,3 +384,98 @@ def test_family_ops_apply_to_the_added_columns(tmp_path: Path) -> None:
     z = hidden.double() @ copy_rows.double().t() * 0.5
     torch.testing.assert_close(logits[0::2], (4.0 * torch.tanh(z / 4.0))[0::2].float(), rtol=1e-5, atol=1e-5)
     assert torch.isneginf(logits[1::2, V:]).all() and torch.isfinite(logits[1::2, :V]).all()
+
+
+# ---- every sampler knob on the shards, against the gathered token-order reference ------------------------
+def _knob_adapter(folder: Path) -> str:
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.randn(KNOB_V + 5, KNOB_H, generator=gen)
+    rows[KNOB_V:] *= 2.0  # the added ids win some draws
+    return str(_adapter(folder, {EMB: torch.randn(KNOB_V + 5, KNOB_H, generator=gen), HEAD: rows}))
+
+
+def _same_output(got: Any, ref: Any, what: str) -> None:
+    assert torch.equal(got.token_ids, ref.token_ids), what
+    assert (got.logprobs is None) == (ref.logprobs is None), what
+    if ref.logprobs is not None:
+        for field in ("ids", "values", "ranks"):
+            assert torch.equal(getattr(got.logprobs, field), getattr(ref.logprobs, field)), f"{what} {field}"
+
+
+def _check_knobs(out: dict[str, Any], what: str) -> None:
+    for name, (got, ref, streamed) in out.items():
+        _same_output(got, ref, f"{what} {name}")
+        _same_output(streamed, ref, f"{what} {name} streamed")
+        assert (got.token_ids[[1, 4]] < KNOB_V).all(), f"{what} {name}"  # rows without the adapter: base ids only
+    assert any(bool((got.token_ids >= KNOB_V).any()) for got, _, _ in out.values()), what  # added ids are drawn
+
+
+@pytest.mark.parametrize("layout", ["uneven", "padded"])
+def test_every_knob_on_the_shards_equals_the_token_order_reference_tp1(tmp_path: Path, layout: str) -> None:
+    """Filters, penalties, bias, bans, allowed ids, bitmask, vocab limit and logprobs on a head with an added
+    segment: the sharded draw (no column gather) equals the gathered token-order draw, ids and logprobs."""
+    _check_knobs(knobs_case(0, 1, layout, _knob_adapter(tmp_path / "add")), f"tp1 {layout}")
+
+
+@pytest.mark.ranks
+def test_every_knob_on_the_shards_tp3_uneven_tp4_padded(tmp_path: Path, launch_ranks: Any) -> None:
+    """As at tp 1, on every rank of tp 3 (uneven) and tp 4 (padded: the last rank's added piece is padding);
+    and the draws (ids, logprobs) are those of tp 1."""
+    folder = _knob_adapter(tmp_path / "add")
+    single = knobs_case(0, 1, "uneven", folder)
+    for tp, layout in ((3, "uneven"), (4, "padded")):
+        for rank, out in enumerate(launch_ranks(knobs_case, tp, layout, folder, timeout_s=240)):
+            _check_knobs(out, f"tp{tp} {layout} rank {rank}")
+            for name, (got, _, _) in out.items():  # seeded draws: the same ids at every tp
+                mine = single[name][0]
+                assert torch.equal(got.token_ids, mine.token_ids), f"tp{tp} {layout} rank {rank} {name} vs tp1"
+                if mine.logprobs is not None:  # the head's float32 logits of a shard may differ by an ulp from tp 1's
+                    assert torch.equal(got.logprobs.ids, mine.logprobs.ids), f"tp{tp} rank {rank} {name}"
+                    torch.testing.assert_close(got.logprobs.values, mine.logprobs.values, rtol=0, atol=1e-5)
+
+
+def test_streamed_added_head_over_several_chunks_equals_the_token_order_reference(tmp_path: Path) -> None:
+    """A base vocabulary of several GEMM tiles plus an added segment: every streamed function equals the same
+    function of the gathered token-order logits (greedy, top-k, logsumexp, logprobs, prompt logprobs, decode),
+    and decode streams above the head's logits budget with the same ids and logprobs."""
+    from trtvocab.sampling import logsumexp, prompt_logprobs, topk
+    from trtvocab.sampling.added_vocab import gathered_output, token_order_view
+
+    v, a = 300, 7
+    gen = torch.Generator().manual_seed(2)
+    rows = torch.randn(v + a, H, generator=gen)
+    rows[v:] *= 3.0
+    folder = _adapter(tmp_path / "big", {EMB: torch.randn(v + a, H, generator=gen), HEAD: rows})
+    head = LMHead(v, H, dtype=torch.float32)
+    head.load_weights({"weight": torch.randn(v, H, generator=gen)})
+    head.load_adapter(folder)
+    hidden = torch.randn(4, H, generator=gen)
+    view = token_order_view(head)
+    with head.use_adapters(torch.tensor([0, -1, 0, -1])):
+        full = head(hidden).float()  # [B, V + A] in token order: the reference's logits
+        assert torch.equal(chunked.greedy(hidden, head, chunk=128), full.argmax(-1))
+        values, ids = chunked.topk(hidden, head, 9, chunk=128)
+        ref_values, ref_ids = topk(full, view, 9)
+        assert torch.equal(values, ref_values) and torch.equal(ids, ref_ids)
+        assert torch.equal(chunked.logsumexp(hidden, head, chunk=128), logsumexp(full, view))
+        picks = torch.tensor([[v + 1, 3], [5, 6], [v + 6, 299], [0, 1]])
+        from trtvocab.sampling import logprobs
+        assert torch.equal(chunked.logprobs(hidden, head, picks, chunk=128), logprobs(full, view, picks))
+        nxt = torch.tensor([v, 2, v + 3, 4])
+        got, ref = chunked.prompt_logprobs(hidden, head, nxt, 3, chunk=128), prompt_logprobs(full, view, nxt, 3)
+        assert all(torch.equal(getattr(got, f), getattr(ref, f)) for f in ("ids", "values", "ranks"))
+        params = [SamplingParams(temperature=1.0, top_p=0.9, seed=1, logprobs=2),
+                  SamplingParams(temperature=0.8, min_p=0.1, seed=2, logprobs=2),
+                  SamplingParams(temperature=1.4, top_k=20, seed=3, logprobs=2),
+                  SamplingParams(temperature=0.0, logprobs=2)]
+        ref_out = gathered_output(hidden, head, params, step=1, vocab_limit=250)
+        head.logits_budget_bytes = 4 * 200  # decode streams: [4, 307] float32 is over the budget
+        from trtvocab.sampling import decode_output
+        from trtvocab.sampling.step import streams
+
+        assert streams(head, 4)
+        out = decode_output(hidden, head, params, step=1, vocab_limit=250)
+        assert torch.equal(out.token_ids, ref_out.token_ids)
+        assert all(torch.equal(getattr(out.logprobs, f), getattr(ref_out.logprobs, f)) for f in ("ids", "values",
+                                                                                                 "ranks"))
+        assert (out.token_ids[[1, 3]] < 250).all()

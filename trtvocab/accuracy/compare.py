@@ -44,7 +44,7 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.quant.config import QuantAlgo, QuantConfig, resolve_lm_head_quant
 from trtvocab.quant.quantize import read_head
 from trtvocab.quant.writer import quantize_head_tensors
-from trtvocab.weights.lora import module_of, open_adapter
+from trtvocab.weights.lora import added_tokens, module_of, open_adapter
 
 
 # ---- what a compared head is made from --------------------------------------------------------------
@@ -224,13 +224,20 @@ def build_head(source: Variant, mapping: Any, dtype: torch.dtype) -> Any:
 
 
 def _apply_adapter(head: Any, source: Variant) -> Any:
-    """``head`` with ``source.adapter`` loaded (its head part: LoRA, a copy, trainable tokens), or as it is."""
+    """``head`` with ``source.adapter`` loaded (its head part: LoRA, a copy, trainable tokens), or as it is.
+    An adapter that adds tokens gives logits over ``V + A`` (token order): :func:`_rank_compare` scores them
+    against the baseline's with its added columns at probability 0."""
     if source.adapter is not None:
         head.load_adapter(source.adapter)
-        if head.added_vocab:  # every rank loads the same adapter: all refuse here, before any forward
-            raise ConfigError(f"--lora {source.name}: {source.adapter} adds {head.added_vocab} tokens past the "
-                              "baseline's vocabulary; compare measures heads over one vocabulary (refused)")
     return head
+
+
+def _widened(base: torch.Tensor, out: torch.Tensor, added: int) -> torch.Tensor:
+    """The baseline's ``[N, V]`` logits over a variant's ``V + added`` columns: the added ids at ``-inf``
+    (probability 0 under the baseline, which has no such tokens)."""
+    if not added or out.shape[1] != base.shape[1] + added:
+        return base
+    return torch.cat([base, base.new_full((base.shape[0], added), float("-inf"))], dim=1)
 
 
 def _adapter_ids(source: Variant, hidden: torch.Tensor, seq_lens: torch.Tensor | None) -> torch.Tensor | None:
@@ -251,6 +258,13 @@ def parse_lora(text: str, baseline: str | Path, tensor_name: str | None = None) 
     adapter = open_adapter(folder, name=name)
     note = "adapter on the head only (the hidden states come from the file)" \
         if module_of(adapter, "embedding") is not None else ""
+    ckpt = open_checkpoint(baseline)
+    vocab, hidden = (int(d) for d in ckpt.info(ckpt.lm_head_name(tensor_name)[0]).shape)
+    added = added_tokens(adapter, vocab, hidden)
+    if added:
+        note = "; ".join(x for x in (note, f"adds {added} tokens: scored over {vocab} + {added} ids, the "
+                                           "baseline giving the added ids probability 0 (KLD(Q || base) is "
+                                           "infinite where the variant gives them mass)") if x)
     return Variant(name=f"lora:{name}", head=CheckpointHead(str(baseline), tensor_name), adapter=folder,
                    toolchain="lora", note=note)
 
@@ -285,6 +299,7 @@ def _rank_compare(rank: int, world: int, sources: list[Variant], hidden: torch.T
                        adapter_ids=_adapter_ids(source, hidden, seq_lens))
             sizes.append(head.resident_bytes())
             labels.append(head.label)
+            added = int(head.added_vocab)
             del head
             if rank != 0:
                 continue
@@ -292,10 +307,11 @@ def _rank_compare(rank: int, world: int, sources: list[Variant], hidden: torch.T
                 base = out
                 continue
             assert base is not None
-            if out.shape != base.shape:
+            wide = _widened(base, out, added)  # an adapter that adds tokens: the baseline gives them p = 0
+            if out.shape != wide.shape:
                 raise InputError(f"{source.name}: logits {list(out.shape)} differ from the baseline's "
                                  f"{list(base.shape)} (different vocabulary?)")
-            metrics.append(_to_wire(logit_metrics(base, out, next_ids=next_ids)))
+            metrics.append(_to_wire(logit_metrics(wide, out, next_ids=next_ids, shared_vocab=base.shape[1])))
             del out
     vocab = int(base.shape[1]) if base is not None else 0
     return (metrics if rank == 0 else None), sizes, labels, vocab

@@ -74,14 +74,20 @@ def _check_logits(base: torch.Tensor, var: torch.Tensor) -> None:
 
 
 def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chunk_rows: int | None = None,
-                  max_err_samples: int = MAX_ERR_SAMPLES, next_ids: torch.Tensor | None = None) -> LogitMetrics:
+                  max_err_samples: int = MAX_ERR_SAMPLES, next_ids: torch.Tensor | None = None,
+                  shared_vocab: int | None = None) -> LogitMetrics:
     """Compare two ``[N, V]`` logit tensors (each metric: the section "what compare reports").
 
     ``next_ids [N]`` (int, -1 = no next token) adds the teacher-forced per-row numbers
-    (:class:`~trtvocab.accuracy.stats.TokenRows`) of the rows that have one.
+    (:class:`~trtvocab.accuracy.stats.TokenRows`) of the rows that have one. ``shared_vocab``: the
+    columns both heads have (a variant whose adapter adds tokens, against a baseline whose added columns
+    are ``-inf``): the logit errors are measured over those; the distributions over every column.
     """
     _check_logits(base, var)
     n, vocab = base.shape
+    shared = vocab if shared_vocab is None else shared_vocab
+    if isinstance(shared, bool) or not isinstance(shared, int) or not 1 <= shared <= vocab:
+        raise InputError(f"shared_vocab must be an int in [1, {vocab}], got {shared_vocab!r}")
     if next_ids is not None:
         next_ids = torch.as_tensor(next_ids).reshape(-1).long()
         if next_ids.shape[0] != n:
@@ -97,7 +103,7 @@ def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chun
     kls: list[torch.Tensor] = []
     errs: list[torch.Tensor] = []
     # Keep a deterministic, evenly spread subsample of the errors for the histogram.
-    stride = max(1, math.ceil(n * vocab / max_err_samples))
+    stride = max(1, math.ceil(n * shared / max_err_samples))
     for start in range(0, n, chunk_rows):
         b = base[start:start + chunk_rows].double()
         v = var[start:start + chunk_rows].double()
@@ -113,10 +119,10 @@ def logit_metrics(base: torch.Tensor, var: torch.Tensor, *, k: int = TOP_K, chun
         overlap += float((tb.unsqueeze(-1) == tv.unsqueeze(-2)).any(-1).sum()) / k
         idx = arg_b.unsqueeze(-1)
         logprob_err += float((lv.gather(-1, idx) - lb.gather(-1, idx)).abs().sum())
-        delta = v - b
+        delta = v[:, :shared] - b[:, :shared]
         max_err = max(max_err, float(delta.abs().max()))
         flat = delta.reshape(-1).float()
-        offset = (-(start * vocab)) % stride
+        offset = (-(start * shared)) % stride
         errs.append(flat[offset::stride])
     kl = torch.cat(kls)
     return LogitMetrics(rows=n, top1_agreement=top1 / n, top5_overlap=overlap / n, kl_mean=float(kl.mean()),

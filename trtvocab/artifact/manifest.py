@@ -15,6 +15,7 @@ from trtvocab.errors import ArtifactError, ConfigError
 from trtvocab.export.records import EngineBuild, Profile
 from trtvocab.parallel.sharding import VocabPlacement, vocab_placement
 from trtvocab.quant.config import QuantConfig
+from trtvocab.quant.gguf_blocks import GGUFConfig
 
 
 class _Record(BaseModel):
@@ -36,8 +37,8 @@ class QuantRecord(_Record):
 
     weight_format: WeightFormat
     label: str  # e.g. "FP8 W8A8", "dense bf16"
-    config: QuantConfig | None
-    stored: str | None  # the stored bytes' format when it differs from dense (FP8 / NVFP4)
+    config: QuantConfig | GGUFConfig | None  # GGUFConfig: a GGUF head kept in its stored blocks
+    stored: str | None  # the stored bytes' format when it differs from dense (FP8 / NVFP4 / a GGUF block type)
     dequantized: bool
     reason: str
 

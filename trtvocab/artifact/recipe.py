@@ -136,6 +136,10 @@ class LMHeadSection(_Section):
     context_logits: bool = False
     output_dtype: Literal["auto", "float32"] = "auto"  # float32: a dense head's float32 accumulation
     deterministic: bool = False  # the fallback's logits bitwise batch- and tp-invariant
+    # A GGUF head (and its tied table) kept in its stored blocks: weights.safetensors holds the blocks, the
+    # graph dequantizes them with blocked DequantizeLinear (Q8_0 / Q4_0 / Q4_1; other block types have no
+    # graph). False (the default): dequantized to the head dtype at load, as artifacts always were.
+    gguf_blocks: bool = False
 
     def head_options(self) -> dict[str, Any]:
         """The ``LMHead`` keywords these settings give (``output_dtype``, ``deterministic``)."""

@@ -371,6 +371,8 @@ def engine_summary(engine: Any) -> str:
         text += f" {c.gemm.activation} x {c.gemm.weight}"
     elif c is not None and c.table is not None:
         text += f" table {c.table}"
+    if c is not None and c.weight_path is not None:  # a GGUF graph: fused on the codes, or a dequantized copy
+        text += f" ({c.weight_path})"
     if c is not None and c.problems:
         text += " CONTRACT BROKEN"
     return text
@@ -464,7 +466,8 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
     h = manifest.head
     console.print(f"[bold]{escape(str(artifact))}[/]: V={h.vocab_size:,} H={h.hidden_size:,} dtype={h.dtype} "
                   f"layout={h.vocab_layout} tp={manifest.mapping.tp_size} quant={escape(manifest.quant.label)}"
-                  f" ({escape(manifest.quant.reason)})", highlight=False)
+                  f" ({escape(manifest.quant.reason)})"
+                  + (f" stored={escape(manifest.quant.stored)}" if manifest.quant.stored else ""), highlight=False)
     fam = h.family
     if not (fam.head.is_identity and fam.embedding.is_identity):
         console.print(escape(f"family {fam.architecture or '(none)'}: logits = {fam.head.describe()}, embedding "
@@ -494,7 +497,9 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="folder written by trt
             det = "; DISTRIBUTIVE_INDEPENDENCE" if b.distributive_independence else ""
             console.print(f"rank {e.rank} {what}.plan: {escape(b.compiler)} {escape(b.tensorrt_version)} for "
                           f"{escape(', '.join(b.targets))}, {human(b.bytes)} (ONNX {human(b.onnx_bytes)}), "
-                          f"{c.layers} layers, {escape(gemm)}{det}; contract ({escape(c.expected)}) {verdict}",
+                          f"{c.layers} layers, {escape(gemm)}{det}"
+                          + (f" [{escape(c.weight_path)}]" if c.weight_path else "")
+                          + f"; contract ({escape(c.expected)}) {verdict}",
                           highlight=False)
     if manifest.head.deterministic:
         engines = [e.engine.build for e in manifest.ranks if e.engine.build is not None]

@@ -61,8 +61,19 @@ class GraphInfo:
     needs: frozenset[HwType]
 
 
+# A GGUF graph's stored codes as the builder may keep them for a fused weight-only GEMM.
+_GGUF_CODES = {WeightFormat.GGUF_Q8_0: frozenset({"int8"}), WeightFormat.GGUF_Q4_0: frozenset({"int4"}),
+               WeightFormat.GGUF_Q4_1: frozenset({"int4"})}
+
+
 def _expected_head(fmt: WeightFormat, activation: Activation, dtype: str, dequantized: bool) -> Expected:
     head = _HEAD_DTYPE[dtype]
+    if fmt in _GGUF_CODES:  # blocked DequantizeLinear, then a float32 GEMM (the activation cast up)
+        codes = _GGUF_CODES[fmt]
+        name = str(fmt).removeprefix("GGUF_")
+        return Expected("lm_head", frozenset({"float32"}), codes | {"float32"},
+                        f"GGUF {name} blocked DequantizeLinear: a float32 x {'/'.join(sorted(codes))} weight-only "
+                        f"GEMM where the builder fuses it, else a float32 GEMM on a dequantized copy (recorded)")
     if fmt is WeightFormat.DENSE or dequantized:
         what = "NVFP4 dequantize_fp4" if dequantized else f"dense {head}"
         return Expected("lm_head", frozenset({head}), frozenset({head}),
@@ -203,6 +214,7 @@ def check_engine(table: LayerTable, info: GraphInfo) -> EngineCompute:
         return EngineCompute(table=found, problems=problems, **common)
     found = _gemm(table, info)
     gemm: GemmRecord | None = None
+    weight_path: str | None = None
     if found is None:
         problems.append(f"no engine layer multiplies by the {info.rows} x {info.hidden_size} weight ({exp.text})")
     else:
@@ -221,10 +233,27 @@ def check_engine(table: LayerTable, info: GraphInfo) -> EngineCompute:
         elif gemm.weight not in exp.weight:
             problems.append(f"{where}: weight operand {gemm.weight}, the contract wants {sorted(exp.weight)} "
                             f"({exp.text})")
-        if not gemm.weight_resident and not dequantized_per_call:
+        if info.weight_format in _GGUF_CODES:  # either way is allowed; what the engine runs is recorded
+            dequantized_per_call = False
+            problems = [p for p in problems if "weight operand" not in p]
+            weight_path = _gguf_weight_path(gemm, info)
+            notes.append(f"{where}: {weight_path}")
+        if not gemm.weight_resident and not dequantized_per_call and info.weight_format not in _GGUF_CODES:
             notes.append(f"{where}: the {gemm.weight} weight is copied on every call (padded to {rows} rows); "
                          "an even shard avoids it")
-    return EngineCompute(gemm=gemm, problems=problems, notes=notes, **common)
+    return EngineCompute(gemm=gemm, problems=problems, notes=notes, weight_path=weight_path, **common)
+
+
+def _gguf_weight_path(gemm: GemmRecord, info: GraphInfo) -> str:
+    """What a GGUF graph's engine multiplies by, in words: the stored codes (a fused weight-only GEMM) or a
+    dequantized copy (resident, or computed on every call), never left unsaid."""
+    if gemm.weight in ("int8", "int4"):
+        return (f"fused weight-only GEMM: {gemm.activation} x {gemm.weight} on the stored codes"
+                + (" resident in the engine" if gemm.weight_resident else " (copied per call)"))
+    if gemm.weight_resident:
+        return f"dequantized copy: a {gemm.weight} weight resident in the engine (the blocks folded at build time)"
+    return (f"dequantized copy: a {gemm.weight} weight computed on every call"
+            + (f" from the {gemm.weight_source} constant" if gemm.weight_source else ""))
 
 
 __all__ = ["Expected", "GraphInfo", "check_engine", "describe_graph"]

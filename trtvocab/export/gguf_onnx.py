@@ -2,14 +2,17 @@
 block 32 along H).
 
 ``hidden_states [N, H]`` float32 -> ``DequantizeLinear(q [V_local, H], d float32 [V_local, H / 32],
-axis=1, block_size=32)``: Q8_0 ``q`` int8, each weight ``q * d``; Q4_0 ``q`` uint4 with zero point 8,
-``(q - 8) * d``; Q4_1 ``q`` uint4, ``q * d``, then ``Add`` of ``m`` repeated over its block (``Expand``,
-``Reshape``): ``d * q + m``, one rounded add. Each weight is ``gguf.quants.dequantize``'s value bit for
-bit -> ``Gemm``
+axis=1, block_size=32)``: Q8_0 ``q`` int8, each weight ``q * d``; Q4_0 ``q - 8`` as int4 (no zero point),
+``(q - 8) * d``; Q4_1 the same int4 ``(q - 8) * d``, then ``Add`` of ``8 d`` (exact: the sum ``q * d`` is a
+float32) and ``Add`` of ``m``, each repeated over its block (``Expand``, ``Reshape``): ``d * q + m``, one
+rounded add. Each weight is ``gguf.quants.dequantize``'s value bit for bit (the products of a small integer
+and an fp16 scale are exact in float32). Signed int4 without zero points: TensorRT's ONNX parser has no
+UINT4 initializers and refuses a non-zero zero point. -> ``Gemm``
 (``transB``) -> the family's ops (``Add`` bias, ``Mul`` scale, ``Div`` divisor, ``Div, Tanh, Mul``
 softcap, in float32) -> ``logits [N, V_local]`` float32. The GEMM's summation order is the runtime's, so
 the graph equals the fallback's chain within float32 reassociation (docs/architecture.md, "GGUF heads
-in their stored blocks").
+in their stored blocks"). ``trtvocab build`` writes the same weights inside its per-rank graph frame,
+laid out ``[H, V_local]`` (:mod:`trtvocab.export.onnx`).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ def q8_0_tensors(head: LMHead) -> tuple[np.ndarray, np.ndarray]:
 
 
 def q4_tensors(head: LMHead) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(codes uint8 [V_local, H] in 0..15, d float32 [V_local, H / 32], m float32 or None)`` of a Q4_0 /
-    Q4_1 head's owned rows (element order: GGUF keeps elements ``j`` and ``j + 16`` in byte ``j``)."""
+    """``(codes int8 [V_local, H] in -8..7 (the stored q - 8), d float32 [V_local, H / 32], m float32 or None)``
+    of a Q4_0 / Q4_1 head's owned rows (element order: GGUF keeps elements ``j`` and ``j + 16`` in byte ``j``)."""
     raw = head.weights.export_tensors()["weight"]
     rows = raw.shape[0]
     size = 18 if head.weight_format is WeightFormat.GGUF_Q4_0 else 20
@@ -48,18 +51,18 @@ def q4_tensors(head: LMHead) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]
     d = blocks[..., :2].contiguous().view(torch.float16).float().reshape(rows, -1)
     m = blocks[..., 2:4].contiguous().view(torch.float16).float().reshape(rows, -1) if size == 20 else None
     qs = blocks[..., size - 16 :]
-    codes = torch.cat([qs & 0x0F, qs >> 4], -1).reshape(rows, -1)
+    codes = torch.cat([qs & 0x0F, qs >> 4], -1).reshape(rows, -1).to(torch.int8) - 8
     return codes.numpy().copy(), d.numpy().copy(), None if m is None else m.numpy().copy()
 
 
-def _uint4(name: str, codes: np.ndarray) -> TensorProto:
-    """``codes`` (uint8 values 0..15) as an ONNX UINT4 tensor: the flattened elements packed in pairs, the
-    first in the low nibble (an odd count padded with a zero nibble)."""
-    flat = codes.reshape(-1).astype(np.uint8)
+def int4_proto(name: str, values: np.ndarray) -> TensorProto:
+    """``values`` (integers -8..7) as an ONNX INT4 tensor: the flattened elements' two's-complement nibbles
+    packed in pairs, the first in the low nibble (an odd count padded with a zero nibble)."""
+    flat = (values.reshape(-1).astype(np.int16) & 0x0F).astype(np.uint8)
     if flat.size % 2:
         flat = np.concatenate([flat, np.zeros(1, dtype=np.uint8)])
     packed = (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
-    return helper.make_tensor(name, TensorProto.UINT4, list(codes.shape), packed.tobytes(), raw=True)
+    return helper.make_tensor(name, TensorProto.INT4, list(values.shape), packed.tobytes(), raw=True)
 
 
 def _dequantize(head: LMHead) -> tuple[list[TensorProto], list[onnx.NodeProto]]:
@@ -74,19 +77,23 @@ def _dequantize(head: LMHead) -> tuple[list[TensorProto], list[onnx.NodeProto]]:
         raise ConfigError(f"gguf_graph: a GGUF Q8_0, Q4_0 or Q4_1 head, got {fmt}")
     codes, d, m = q4_tensors(head)
     rows, hidden = codes.shape
-    inits = [_uint4("weight_q", codes), numpy_helper.from_array(d, "weight_d")]
-    if m is None:  # Q4_0: (q - 8) * d
-        inits.append(_uint4("weight_zero", np.full((rows, hidden // BLOCK), 8, dtype=np.uint8)))
-        return inits, [helper.make_node("DequantizeLinear", ["weight_q", "weight_d", "weight_zero"], ["weight"],
-                                        axis=1, block_size=BLOCK)]
-    inits += [numpy_helper.from_array(m.reshape(rows, -1, 1), "weight_m"),
-              numpy_helper.from_array(np.array([rows, hidden // BLOCK, BLOCK], dtype=np.int64), "block_shape"),
+    inits = [int4_proto("weight_q", codes), numpy_helper.from_array(d, "weight_d")]
+    if m is None:  # Q4_0: (q - 8) * d, the signed code times d
+        return inits, [helper.make_node("DequantizeLinear", ["weight_q", "weight_d"], ["weight"], axis=1,
+                                        block_size=BLOCK)]
+    shape = np.array([rows, hidden // BLOCK, BLOCK], dtype=np.int64)
+    inits += [numpy_helper.from_array(8 * d.reshape(rows, -1, 1), "weight_d8"),
+              numpy_helper.from_array(m.reshape(rows, -1, 1), "weight_m"),
+              numpy_helper.from_array(shape, "block_shape"),
               numpy_helper.from_array(np.array([rows, hidden], dtype=np.int64), "weight_shape")]
-    return inits, [
+    return inits, [  # Q4_1: ((q - 8) * d + 8 d) + m; the first add is exact (its sum q * d is a float32)
         helper.make_node("DequantizeLinear", ["weight_q", "weight_d"], ["weight_dq"], axis=1, block_size=BLOCK),
+        helper.make_node("Expand", ["weight_d8", "block_shape"], ["weight_d8_blocks"]),
+        helper.make_node("Reshape", ["weight_d8_blocks", "weight_shape"], ["weight_d8_full"]),
+        helper.make_node("Add", ["weight_dq", "weight_d8_full"], ["weight_qd"]),
         helper.make_node("Expand", ["weight_m", "block_shape"], ["weight_m_blocks"]),
         helper.make_node("Reshape", ["weight_m_blocks", "weight_shape"], ["weight_m_full"]),
-        helper.make_node("Add", ["weight_dq", "weight_m_full"], ["weight"])]
+        helper.make_node("Add", ["weight_qd", "weight_m_full"], ["weight"])]
 
 
 def gguf_graph(head: LMHead) -> onnx.ModelProto:

@@ -35,6 +35,7 @@ from trtvocab.base.formats import HIDDEN, LOGITS, SEQ_LENS, Activation, Granular
 from trtvocab.base.publish import fsync_file
 from trtvocab.base.safe_read import sha256_file
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
+from trtvocab.export.gguf_onnx import int4_proto, q4_tensors, q8_0_tensors
 from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK as FP4_BLOCK
 from trtvocab.version import __version__
@@ -49,10 +50,17 @@ FP4_QUANTIZE_OP = "TRT_FP4DynamicQuantize"
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 DEFAULT_OPSET = 23
 # FP8 Q/DQ: opset 19; FLOAT4E2M1 in DequantizeLinear: 23.
-MIN_OPSET = {WeightFormat.DENSE: 19, WeightFormat.FP8: 19, WeightFormat.NVFP4: 23}
+# GGUF Q8_0 / Q4_0 / Q4_1: blocked DequantizeLinear (block_size) and INT4: 21.
+MIN_OPSET = {WeightFormat.DENSE: 19, WeightFormat.FP8: 19, WeightFormat.NVFP4: 23, WeightFormat.GGUF_Q8_0: 21,
+             WeightFormat.GGUF_Q4_0: 21, WeightFormat.GGUF_Q4_1: 21}
+GGUF_GRAPH_FORMATS = (WeightFormat.GGUF_Q8_0, WeightFormat.GGUF_Q4_0, WeightFormat.GGUF_Q4_1)
+GGUF_BLOCK = 32  # the Q8_0 / Q4_0 / Q4_1 block along H
 WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE = (
     "lm_head.weight", "lm_head.weight_scale", "lm_head.weight_scale_2", "lm_head.input_scale")
 BIAS = "lm_head.bias"
+# A GGUF head's blocks as DequantizeLinear's operands: codes (int8; Q4 as int4 q - 8), scales d; Q4_1's 8 d
+# and m (added after the dequantize: TensorRT refuses non-zero zero points).
+GGUF_Q, GGUF_D, GGUF_D8, GGUF_M = "lm_head.weight_q", "lm_head.weight_d", "lm_head.weight_d8", "lm_head.weight_m"
 GEMM_LOGITS = "lm_head/gemm_logits"  # x @ W.T, before the family's ops (when it has any)
 LORA_A, LORA_B = "lm_head.lora_A_t", "lm_head.lora_B_t"  # a baked-in adapter: A^T [H, r], s * B^T [r, V_local]
 BASE_LOGITS = "lm_head/base_logits"  # x @ W.T before a baked-in adapter's delta is added
@@ -63,6 +71,7 @@ _TYPE_NAMES = {
     TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
     TensorProto.INT32: "int32", TensorProto.INT64: "int64", TensorProto.UINT8: "uint8",
     TensorProto.FLOAT8E4M3FN: "float8_e4m3fn", TensorProto.FLOAT4E2M1: "float4_e2m1",
+    TensorProto.INT8: "int8", TensorProto.INT4: "int4",
 }
 
 
@@ -240,6 +249,8 @@ def head_tensors(head: LMHead, spec: GraphSpec, adapter: int | None = None) -> d
         out[WEIGHT_SCALE_2] = _scalar(WEIGHT_SCALE_2, t.get("weight_scale_2"))
         if spec.activation is Activation.STATIC:
             out[INPUT_SCALE] = _scalar(INPUT_SCALE, t.get("input_scale"))
+    elif spec.weight_format in GGUF_GRAPH_FORMATS:
+        out.update(_gguf_tensors(head, spec))
     else:
         raise QuantizationError(f"no ONNX export for weight format {spec.weight_format!r}")
     if spec.head_bias:
@@ -252,6 +263,28 @@ def head_tensors(head: LMHead, spec: GraphSpec, adapter: int | None = None) -> d
         part = head.adapters[adapter]
         out[LORA_A] = tensor_proto(LORA_A, part.lora_a.detach().float().t().contiguous())
         out[LORA_B] = tensor_proto(LORA_B, (part.lora_b.detach().float() * part.scaling).t().contiguous())
+    return out
+
+
+def _gguf_tensors(head: LMHead, spec: GraphSpec) -> dict[str, TensorProto]:
+    """A GGUF Q8_0 / Q4_0 / Q4_1 shard's blocks as DequantizeLinear operands (their values, bit for bit), laid
+    out ``[H, V_local]`` (blocks along axis 0, the GEMM's K): the layout TensorRT-RTX fuses into an int4
+    weight-only GEMM."""
+    v, h = spec.local_vocab_size, spec.hidden_size
+    if spec.weight_format is WeightFormat.GGUF_Q8_0:
+        q, d = q8_0_tensors(head)
+        m = None
+    else:
+        q, d, m = q4_tensors(head)  # the signed codes q - 8
+    if q.shape != (v, h) or d.shape != (v, h // GGUF_BLOCK):
+        raise CheckpointError(f"{spec.weight_format} head: codes {list(q.shape)} / scales {list(d.shape)}, expected "
+                              f"[{v}, {h}] / [{v}, {h // GGUF_BLOCK}]")
+    qt = np.ascontiguousarray(q.T)
+    out = {GGUF_Q: numpy_helper.from_array(qt, GGUF_Q) if spec.weight_format is WeightFormat.GGUF_Q8_0
+           else int4_proto(GGUF_Q, qt), GGUF_D: numpy_helper.from_array(np.ascontiguousarray(d.T), GGUF_D)}
+    if m is not None:  # Q4_1: ((q - 8) * d + 8 d) + m, 8 d and m repeated over their blocks
+        out[GGUF_D8] = numpy_helper.from_array(np.ascontiguousarray((8 * d).T).reshape(h // GGUF_BLOCK, 1, v), GGUF_D8)
+        out[GGUF_M] = numpy_helper.from_array(np.ascontiguousarray(m.T).reshape(h // GGUF_BLOCK, 1, v), GGUF_M)
     return out
 
 
@@ -282,7 +315,13 @@ def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_
     fmt = head.weight_format
     qc = head.quant_config
     activation, granularity, block = Activation.NONE, Granularity.PER_TENSOR, FP4_BLOCK
-    if fmt is not WeightFormat.DENSE:
+    if str(fmt).startswith("GGUF_") and fmt not in GGUF_GRAPH_FORMATS:
+        raise QuantizationError(f"no ONNX export for a GGUF {str(fmt).removeprefix('GGUF_')} head kept in its "
+                                "stored blocks (blocked DequantizeLinear has Q8_0, Q4_0 and Q4_1 only); load it "
+                                "float32-dequantized ([lm_head] gguf_blocks = false) to export a dense graph")
+    if fmt in GGUF_GRAPH_FORMATS:
+        block = GGUF_BLOCK  # activations stay float; the graph multiplies in float32
+    elif fmt is not WeightFormat.DENSE:
         if qc is None:
             raise QuantizationError(f"{fmt} head has no quant_config")
         activation, granularity, block = qc.activation, qc.granularity, qc.group_size
@@ -379,7 +418,7 @@ def gemm_rounding(spec: GraphSpec) -> str | None:
     ``dequantize_fp4`` graphs multiply in the head dtype, and an ONNX MatMul's output has
     its operands' type; float32 heads and W8A8 / W4A4 graphs multiply in float32.
     """
-    if spec.dtype == "float32":
+    if spec.dtype == "float32" or spec.weight_format in GGUF_GRAPH_FORMATS:  # GGUF: float32 W and x
         return None
     if spec.weight_format is WeightFormat.DENSE or spec.activation is Activation.NONE:
         return spec.dtype
@@ -427,6 +466,20 @@ def _dense(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> Non
         # float32_logits too: Cast(W) to float32 would be folded into a float32 copy of the
         # weight; the head-dtype GEMM + Cast is one 16-bit GEMM with a float32 output in TensorRT.
         g.node("Cast", [g.node("MatMul", [x, wt])], out=LOGITS, to=TensorProto.FLOAT)
+
+
+def _gguf(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
+    """Blocked ``DequantizeLinear`` (axis 0, block 32) of the stored codes laid out ``[H, V_local]``: each weight
+    ``gguf.quants.dequantize``'s float32 value (Q4_1: then ``+ 8 d``, exact, and ``+ m``, one rounded add), then
+    a float32 ``x @ W`` (docs/architecture.md, "GGUF heads in their stored blocks")."""
+    v, h = spec.local_vocab_size, spec.hidden_size
+    w = g.node("DequantizeLinear", [g.init(t[GGUF_Q]), g.init(t[GGUF_D])], axis=0, block_size=GGUF_BLOCK)
+    if GGUF_M in t:  # Q4_1: + 8 d (exact), then + m (one rounding), each per block
+        blocks = g.const("gguf_block_shape", [h // GGUF_BLOCK, GGUF_BLOCK, v], np.int64)
+        full = g.const("gguf_weight_shape", [h, v], np.int64)
+        for name in (GGUF_D8, GGUF_M):
+            w = g.node("Add", [w, g.node("Reshape", [g.node("Expand", [g.init(t[name]), blocks]), full])])
+    g.node("MatMul", [_to_float32(g, x, spec), w], out=LOGITS)
 
 
 def _fp8(g: _Graph, x: str, t: dict[str, TensorProto], spec: GraphSpec) -> None:
@@ -546,6 +599,8 @@ def build_model(tensors: dict[str, TensorProto], spec: GraphSpec) -> onnx.ModelP
         _fp8(g, x, tensors, spec)
     elif spec.weight_format is WeightFormat.NVFP4:
         _nvfp4(g, x, tensors, spec, rows)
+    elif spec.weight_format in GGUF_GRAPH_FORMATS:
+        _gguf(g, x, tensors, spec)
     else:
         raise QuantizationError(f"no ONNX export for weight format {spec.weight_format!r}")
     if spec.lora_rank:  # a baked-in adapter: logits = x @ W.T + (x @ A^T) @ (s B^T), float32, before the ops

@@ -106,6 +106,9 @@ class EngineCompute(_Strict):
     expected: str
     problems: list[str] = []
     notes: list[str] = []  # what costs time or memory without breaking the contract
+    # A GGUF graph: what the engine multiplies by (a fused weight-only GEMM on the stored codes, or a
+    # dequantized copy of the weight, resident or per call); None for every other graph.
+    weight_path: str | None = None
 
     @property
     def ok(self) -> bool:

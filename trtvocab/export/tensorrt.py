@@ -162,7 +162,7 @@ def check_compute_capability(weight_format: WeightFormat | str, cc: tuple[int, i
     if dtype == "bfloat16" and cc < bf16:
         raise EngineUnavailableError(f"bfloat16 engines need compute capability >= {cc_name(bf16)} (Ampere); "
                                      f"this GPU is {have}")
-    if weight_format == WeightFormat.DENSE:
+    if weight_format == WeightFormat.DENSE or str(weight_format).startswith("GGUF_"):  # GGUF: a float32 GEMM
         return NATIVE
     if weight_format == WeightFormat.FP8:
         if cc < fp8:

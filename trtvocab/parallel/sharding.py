@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import torch
+
 from trtvocab.errors import ConfigError
 from trtvocab.parallel.distributed import HandshakeState
 
@@ -137,10 +139,73 @@ class VocabPlacement:
     device: Any = "cpu"
     handshake_state: HandshakeState = field(default_factory=HandshakeState)
     handshake_every_call: bool = False
+    # The optional second segment (an adapter's added ids, trtvocab.parallel.added_vocab): this rank's
+    # piece of ``[0, A)`` (token ids ``V + i``), laid after the base piece's ``shard.width`` columns, and
+    # every rank's. None: one segment, local column ``c`` is token id ``vocab_start + c``.
+    added: VocabShard | None = None
+    added_shards: tuple[VocabShard, ...] = ()
 
     @property
     def vocab_size(self) -> int:
-        return self.shard.vocab_size
+        """The token ids the placement covers: ``V``, or ``V + A`` with a second segment."""
+        return self.shard.vocab_size + (self.added.vocab_size if self.added is not None else 0)
+
+    @property
+    def owned(self) -> int:
+        """This rank's owned columns (both pieces, padding excluded): the width of ``own(local_logits)``."""
+        return self.shard.size + (self.added.size if self.added is not None else 0)
+
+    @property
+    def local_width(self) -> int:
+        """This rank's local columns, padding included (what ``local_logits`` returns)."""
+        return self.shard.width + (self.added.width if self.added is not None else 0)
+
+    def column_ids(self, n: int, device: Any) -> Any:
+        """int64 ``[n]``: the token id of each of the first ``n`` owned columns (ascending): the one
+        place "owned column -> token id" is computed for a whole block."""
+        if self.added is None:
+            return torch.arange(self.shard.start, self.shard.start + n, device=device)
+        first = self.shard.vocab_size + self.added.start
+        return torch.cat([torch.arange(self.shard.start, self.shard.end, device=device),
+                          torch.arange(first, first + self.added.size, device=device)])[:n]
+
+    def token_ids(self, cols: Any) -> Any:
+        """Token ids of owned-column indices ``cols`` (an int64 tensor of any shape)."""
+        if self.added is None:
+            return cols + self.shard.start
+        return torch.where(cols < self.shard.size, cols + self.shard.start,
+                           cols - self.shard.size + self.shard.vocab_size + self.added.start)
+
+    def owned_columns(self, token_ids: Any) -> tuple[Any, Any]:
+        """``(owned column, mine)`` of token ids (int64 tensor): where each id sits among this rank's
+        owned columns, and whether this rank owns it (the column is clamped into range where not)."""
+        local = token_ids - self.shard.start
+        mine = (local >= 0) & (local < self.shard.size)
+        if self.added is not None:
+            second = token_ids - (self.shard.vocab_size + self.added.start)
+            in_added = (second >= 0) & (second < self.added.size)
+            local = torch.where(in_added, second + self.shard.size, local)
+            mine = mine | in_added
+        return local.clamp(0, max(self.owned - 1, 0)), mine
+
+    def local_token_ids(self, device: Any) -> Any:
+        """int64 ``[local_width]``: the token id of each local column, ``-1`` for padding."""
+        base = torch.full((self.shard.width,), -1, dtype=torch.int64, device=device)
+        base[: self.shard.size] = torch.arange(self.shard.start, self.shard.end, device=device)
+        if self.added is None:
+            return base
+        extra = torch.full((self.added.width,), -1, dtype=torch.int64, device=device)
+        first = self.shard.vocab_size + self.added.start
+        extra[: self.added.size] = torch.arange(first, first + self.added.size, device=device)
+        return torch.cat([base, extra])
+
+    def owned_ranges(self) -> list[tuple[tuple[int, int], ...]]:
+        """Every rank's owned token-id ranges ``[start, end)``, in rank order (one or two per rank)."""
+        if self.added is None:
+            return [((s.start, s.end),) for s in self.shards]
+        v = self.shard.vocab_size
+        return [((s.start, s.end), (v + a.start, v + a.end)) for s, a in zip(self.shards, self.added_shards,
+                                                                             strict=True)]
 
     @property
     def tp_size(self) -> int:

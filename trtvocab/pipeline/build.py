@@ -37,6 +37,7 @@ from trtvocab.errors import ArtifactError, ConfigError, EngineUnavailableError
 from trtvocab.export.records import EngineBuild
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import shard_logits
+from trtvocab.quant.gguf_blocks import GGUFConfig
 
 Progress = Callable[[int, str], None]  # (rank, stage) -> None
 
@@ -57,7 +58,7 @@ def make_head(recipe: BuildRecipe, rank: int) -> LMHead:
         path, mapping=mapping, gather_output=lh.gather_output, dtype=dtype, quant=recipe.quantization.mode,
         tensor_name=recipe.checkpoint.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to,
         weight_only=recipe.quantization.weight_only, **lh.head_options(),
-        gguf_blocks=False,  # artifacts hold a GGUF head dequantized (its graphs: docs/architecture.md, GGUF heads)
+        gguf_blocks=lh.gguf_blocks,  # [lm_head] gguf_blocks (docs/architecture.md, "GGUF heads in their stored blocks")
     )
 
 
@@ -75,7 +76,7 @@ def make_embedding(recipe: BuildRecipe, rank: int, head: LMHead) -> VocabParalle
     return VocabParallelEmbedding.from_checkpoint(
         recipe.checkpoint_path(), mapping=recipe.mapping.for_rank(rank), dtype=head_dtype(lh.dtype),
         tensor_name=recipe.embedding.tensor, vocab_layout=lh.vocab_layout, pad_to=lh.pad_to, reduce_output=False,
-        gguf_blocks=False)  # artifacts hold GGUF tables dequantized, like their heads
+        gguf_blocks=False)  # the embedding graph's table is dense: a GGUF table dequantized as without gguf_blocks
 
 
 def verify_embedding_export(emb: VocabParallelEmbedding, onnx_path: Path) -> VerifyRecord:
@@ -118,7 +119,8 @@ def verify_export(head: LMHead, onnx_path: Path, context: bool) -> VerifyRecord:
     # float32 ulps growing with sqrt(H)) and, where the graph's GEMM runs in the head dtype
     # (gemm_rounding: dense half heads, output_dtype=float32 heads, FP8 W8A16 and NVFP4
     # W4A16), the one rounding of its output to that dtype, which the fallback's float32
-    # result may not have: one ulp of that dtype on top.
+    # result may not have: one ulp of that dtype on top. A GGUF Q8_0 / Q4_0 / Q4_1 graph dequantizes
+    # to gguf's exact float32 weights and multiplies in float32: summation order only.
     spec = GraphSpec.from_model(onnx.load(str(onnx_path), load_external_data=False))
     rounding = gemm_rounding(spec)
     f32_ulps = (4 + head.hidden_size**0.5 / 4) * 2.0**-23
@@ -228,11 +230,14 @@ def build_engine_for(recipe: BuildRecipe, onnx_path: Path, plan_path: Path,
 def describe_quant(head: LMHead) -> QuantRecord:
     d = head.quant_decision
     qc = head.quant_config
+    stored = d.stored.value if d is not None and d.stored is not None else None
+    if isinstance(qc, GGUFConfig):
+        stored = f"GGUF {qc.block_type}"  # kept in its stored blocks
     return QuantRecord(
         weight_format=head.weight_format,
         label=head.label,
         config=qc,
-        stored=d.stored.value if d is not None and d.stored is not None else None,
+        stored=stored,
         dequantized=bool(d.dequantize) if d is not None else False,
         reason=d.reason if d is not None else "synthetic weights",
     )

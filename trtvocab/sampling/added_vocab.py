@@ -1,28 +1,24 @@
-"""Sampling a head whose vocabulary has an added segment (adapters that add tokens), in token order.
+"""Sampling a head whose vocabulary has an added segment (adapters that add tokens), on its shards.
 
-A head with an added segment (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base
-piece and its added piece; the gather-free reductions of this package assume one contiguous range per rank.
-So :func:`decode_output` (what ``trtvocab.sampling.decode`` dispatches to for such a head), for every step
-but the race-only ones (below), gathers the step's logits in token order -- ``head(hidden)`` with the
-rank pieces laid end to end and reindexed by ``sharded_to_full_mapping``, ``[B, V + A]``, column ``i`` ==
-token id ``i`` -- and samples them on
-:func:`token_order_view`, a replicated placement over ``[0, V + A)``. Every rank holds the same gathered
-logits bit for bit and draws alike (noise keyed by token id, ties to the lower id), so the tokens are the
-same on every rank and at every tp size; each row's vocabulary limit is already in the logits (``-inf`` on
-the added ids its adapter does not add). The cost of such a step is one ``[B, V + A]`` gather instead of
-``O(B * k)`` numbers: docs/architecture.md, "Adapters that add tokens".
-
-Steps whose rows draw by the race alone -- greedy, or temperature and seeded noise, without logits
-processors, top-k / top-p / min-p / typical-p, logprobs or a bitmask -- stay gather-free: each rank races
-over its two pieces (ownership of an added id is by the added segment's split; the noise is keyed by token
-id), and one ``[tp, B]`` exchange of (score, id) pairs picks the winner (:func:`_race`).
-
-This module is the one place in the sampler that knows about the added segment.
+Such a head (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, its base piece
+``[start, end)`` and its added piece ``V + [a, b)``, end to end in ``head.local_logits``.
+:func:`segmented_placement` gives the sampler a :class:`~trtvocab.parallel.sharding.VocabPlacement` with
+a second segment (``added``), whose ``column_ids`` / ``token_ids`` / ``owned_columns`` are the one place a
+local column becomes a token id (and back). Every reduction of ``trtvocab.sampling`` reads ids through
+it, so :func:`decode_output` (``sampling.decode`` for such a head) draws on the shards with ``O(B * k)``
+numbers crossing ranks -- bitwise the draw of the gathered token-order logits (:func:`gathered_output`,
+the tests' reference): a rank's owned ids still ascend, the noise is keyed by token id and the vocab
+tree is one fixed tree over ``[0, V + A)``. A row's vocabulary limit is in its logits (``-inf`` on the
+added ids its adapter does not add); ``vocab_limit`` bounds the base ids only. Above the logits budget
+``sampling.decode`` streams (:mod:`trtvocab.sampling.chunked`: the added piece is one more chunk).
+Its :class:`~trtvocab.sampling.state.TokenState` is a token-order one (:func:`token_order_view`); rows
+that draw by the race alone skip the sampler's own handshake (:func:`_race`: one ``[tp, B]`` exchange).
 """
 
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,6 +26,8 @@ import torch
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.logits import select_rows
+from trtvocab.parallel.distributed import HandshakeState
+from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import SamplerOutput, params_tensor, rows_params, sample_output, step_error
 from trtvocab.sampling.filters import Metadata, race_scores, scale
@@ -66,13 +64,13 @@ def state_placement(head: Any) -> Any:
 def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
                   step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
                   seq_lens: Any = None, state: TokenState | None = None) -> SamplerOutput:
-    """``trtvocab.sampling.decode_output`` for a head with an added segment (module docstring).
+    """``trtvocab.sampling.decode_output`` for a head with an added segment, on its shards (module docstring).
 
     ``vocab_limit`` bounds the base ids only (a tokenizer shorter than the base vocabulary); the added ids
     are bounded per row by the adapters. ``state``: built on :func:`token_order_view`. The inputs are checked
     on every rank, then one handshake (``sampling.reductions.handshake``: the params' digest, a fresh seed)
-    makes a bad input on one rank -- or params that differ between ranks -- raise on every rank before the
-    forward's gather.
+    makes a bad input on one rank -- or params that differ between ranks -- raise on every rank before any
+    data moves.
     """
     error: InputError | None = None
     if seq_lens is not None:
@@ -109,6 +107,25 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
                    for r, p in enumerate(per_row)]
     if bitmask is None and all(_races_alone(p) for p in per_row):
         return SamplerOutput(_race(hidden, head, per_row, step, vocab_limit))
+    place = segmented_placement(head)
+    logits = head.local_logits(hidden).float()
+    if vocab_limit is not None and vocab_limit < head.vocab_size:
+        ids = place.local_token_ids(logits.device)
+        logits[:, (ids >= vocab_limit) & (ids < head.vocab_size)] = float("-inf")
+    if bitmask is not None:
+        error = bitmask_error(logits, bitmask, place)
+        if error is not None:  # the digest agreed on the bitmask: every rank raises alike
+            raise error
+        apply_bitmask_(logits, bitmask, place)
+    return sample_output(logits, place, per_row, step=step, state=state)
+
+
+def gathered_output(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], *, step: int = 0,
+                    vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
+                    state: TokenState | None = None) -> SamplerOutput:
+    """The reference the sharded path is tested against: ``head(hidden)`` gathered in token order
+    (``[B, V + A]``) and sampled on :func:`token_order_view` (seeded ``per_row``; every rank alike)."""
+    view = token_order_view(head)
     gather = head.gather_output
     head.gather_output = True
     try:
@@ -123,6 +140,24 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
             raise error
         apply_bitmask_(logits, bitmask, view)
     return sample_output(logits, view, per_row, step=step, state=state)
+
+
+_PLACEMENTS: weakref.WeakKeyDictionary[Any, VocabPlacement] = weakref.WeakKeyDictionary()
+
+
+def segmented_placement(head: LMHead) -> VocabPlacement:
+    """``head``'s placement with its added segment as the second one (``VocabPlacement.added``): the
+    local columns of ``head.local_logits`` are ids ``[start, end)`` then ``V + [a, b)``. Its own handshake
+    state (the sampler's calls on it are not the forward's); cached per head, rebuilt when the head's
+    placement or added segment changes."""
+    base = head.placement
+    place = _PLACEMENTS.get(head)
+    shards = tuple(s.added for s in head.added_shards)
+    if place is None or place.shard != base.shard or place.added_shards != shards or place.device != base.device \
+            or place.process_group is not base.process_group:
+        place = replace(base, added=shards[base.tp_rank], added_shards=shards, handshake_state=HandshakeState())
+        _PLACEMENTS[head] = place
+    return place
 
 
 def _races_alone(p: SamplingParams) -> bool:
@@ -165,4 +200,5 @@ def _race(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], ste
     return chosen
 
 
-__all__ = ["decode_output", "has_added_vocab", "state_placement", "token_order_view"]
+__all__ = ["decode_output", "gathered_output", "has_added_vocab", "segmented_placement", "state_placement",
+           "token_order_view"]

@@ -18,10 +18,11 @@ from trtvocab.parallel.sharding import VocabPlacement
 
 def bitmask_error(local_logits: Any, bitmask: Any, head: VocabPlacement) -> InputError | None:
     """Why ``bitmask`` cannot mask ``local_logits`` of ``head`` (None: it can)."""
-    shard = head.shard
+    head = VocabPlacement.of(head)
+    size, width = head.owned, head.local_width
     if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2 \
-            or local_logits.shape[1] not in (shard.size, shard.width):
-        return InputError(f"apply_token_bitmask: local_logits must be [B, {shard.size}] or [B, {shard.width}] "
+            or local_logits.shape[1] not in (size, width):
+        return InputError(f"apply_token_bitmask: local_logits must be [B, {size}] or [B, {width}] "
                           f"(this rank's columns), got {getattr(local_logits, 'shape', type(local_logits).__name__)}")
     if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2:
         got = f"{bitmask.dtype} {list(bitmask.shape)}" if isinstance(bitmask, torch.Tensor) else type(bitmask).__name__
@@ -44,6 +45,24 @@ def allowed_columns(bitmask: torch.Tensor, start: int, width: int, owned: int) -
 
 def apply_bitmask_(local_logits: torch.Tensor, bitmask: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
     """Set the columns the mask does not allow to ``-inf``, in place (validated input)."""
+    head = VocabPlacement.of(head)
     shard = head.shard
-    keep = allowed_columns(bitmask.to(local_logits.device), shard.start, local_logits.shape[1], shard.size)
+    if head.added is not None:  # two segments: each column's token id (padding -1: never allowed)
+        ids = head.local_token_ids(local_logits.device)
+        if local_logits.shape[1] == head.owned:
+            ids = ids[ids >= 0]
+        keep = allowed_ids(bitmask.to(local_logits.device), ids)
+    else:
+        keep = allowed_columns(bitmask.to(local_logits.device), shard.start, local_logits.shape[1], shard.size)
     return local_logits.masked_fill_(~keep, float("-inf"))
+
+
+def allowed_ids(bitmask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, n]``: which of the token ids ``ids [n]`` the mask allows (``-1``, padding: never)."""
+    inside = (ids >= 0) & (ids < bitmask.shape[1] * 32)
+    if not bitmask.shape[1]:
+        return torch.zeros(bitmask.shape[0], ids.shape[0], dtype=torch.bool, device=bitmask.device)
+    safe = ids.clamp(min=0)
+    words = bitmask[:, (safe // 32).clamp(max=bitmask.shape[1] - 1)]
+    bits = (words >> (safe % 32).to(torch.int32)) & 1
+    return (bits != 0) & inside

@@ -28,7 +28,9 @@ from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.parallel import distributed as D
+from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling import treesum
+from trtvocab.sampling.added_vocab import segmented_placement
 from trtvocab.sampling.bitmask import allowed_columns
 from trtvocab.sampling.draw import (
     Logprobs,
@@ -107,11 +109,13 @@ class _Stream:
     columns it does not allow are ``-inf`` in every chunk, as ``apply_token_bitmask`` leaves them."""
 
     def __init__(self, hidden: torch.Tensor, head: LMHead, chunk: int | None,
-                 bytes_per_logit: int = STREAM_BYTES_PER_LOGIT, bitmask: torch.Tensor | None = None) -> None:
+                 bytes_per_logit: int = STREAM_BYTES_PER_LOGIT, bitmask: torch.Tensor | None = None,
+                 base_limit: int | None = None) -> None:
         self.hidden, self.head = hidden, head
         self.chunks = plan_chunks(head, hidden.shape[0], chunk, bytes_per_logit)
         self.prepared = head.weights.prepare(hidden)
         self.bitmask = None if bitmask is None else bitmask.to(hidden.device)
+        self.base_limit = base_limit  # a head with an added segment: base ids at or past it are -inf
         self.passes = 0
 
     def __iter__(self) -> Iterator[tuple[int, int, torch.Tensor]]:
@@ -119,11 +123,35 @@ class _Stream:
         head = self.head
         for tiles in self.chunks:
             lo, hi = tiles[0][0], tiles[-1][1]
-            out = head.column_logits(self.hidden, lo, hi, prepared=self.prepared)
-            if self.bitmask is not None:
-                keep = allowed_columns(self.bitmask, head.vocab_start + lo, hi - lo, hi - lo)
-                out = out.masked_fill(~keep, float("-inf"))
-            yield lo, hi, out
+            yield lo, hi, self._masked(head.column_logits(self.hidden, lo, hi, prepared=self.prepared), lo)
+        added = _place(head).added
+        if added is not None and added.size:  # the added piece (A / tp columns): one last chunk
+            lo = head.shard.size
+            yield lo, lo + added.size, self._masked(head.added_logits(self.hidden)[:, : added.size], lo)
+
+    def _masked(self, out: torch.Tensor, lo: int) -> torch.Tensor:
+        first, n = first_id(self.head, lo), out.shape[1]
+        if self.bitmask is not None:
+            keep = allowed_columns(self.bitmask, first, n, n)
+            out = out.masked_fill(~keep, float("-inf"))
+        if self.base_limit is not None and first < self.head.vocab_size:
+            ids = torch.arange(first, first + n, device=out.device)
+            out = out.masked_fill((ids >= self.base_limit)[None, :], float("-inf"))
+        return out
+
+
+def _place(head: LMHead) -> VocabPlacement:
+    """What the streamed reductions read: the head's placement, with its added segment as the second
+    one when it has one (:func:`trtvocab.sampling.added_vocab.segmented_placement`)."""
+    return segmented_placement(head) if head.added_vocab else head.placement
+
+
+def first_id(head: LMHead, lo: int) -> int:
+    """The token id of owned column ``lo`` (a chunk's first: a chunk never spans the two segments)."""
+    place = _place(head)
+    if place.added is None or lo < head.shard.size:
+        return head.vocab_start + lo
+    return place.shard.vocab_size + place.added.start + lo - head.shard.size
 
 
 # ---- validation and the handshake -----------------------------------------------------------------
@@ -145,9 +173,6 @@ def _check(hidden: Any, head: Any, chunk: Any, what: str) -> InputError | None:
     if head.is_split and head.mapping.enable_attention_dp:
         raise ConfigError(f"{what}: attention DP with LM-head TP (ranks bring different rows) is not supported "
                           "by the chunked head; use head(hidden) with gather_output=False and trtvocab.sampling")
-    if head.added_vocab:
-        raise ConfigError(f"{what}: the head has an added segment (an adapter adds tokens), which the chunked head "
-                          "does not stream; use trtvocab.sampling.decode (trtvocab.sampling.added_vocab)")
     error = head.check_input(hidden)
     if error is not None:
         return InputError(f"{what}: {error}")
@@ -163,7 +188,7 @@ def _meet(head: LMHead, hidden: Any, error: InputError | None, op: str, extra: i
         ident = torch.cat([ident.to(argument.dtype), argument.reshape(-1).cpu()])
     # A full handshake on every call (cache=False): the streamed passes' first collectives (an
     # all_reduce, the tree's node sums) do not carry the verdict of a skipped handshake.
-    return handshake(head.placement, hidden, error, op, extra=extra, argument=ident if error is None else None,
+    return handshake(_place(head), hidden, error, op, extra=extra, argument=ident if error is None else None,
                      proposal=proposal, cache=False)
 
 
@@ -194,7 +219,7 @@ def _merge_best(best: torch.Tensor, ids: torch.Tensor, nan: torch.Tensor, head: 
     ids = torch.where(torch.isneginf(best), torch.full_like(ids, NO_ID), ids)
     best = best.to(torch.float64)
     if head.is_split:
-        packed = gather_stack(torch.stack([best.view(torch.int64), ids, nan.to(torch.int64)], dim=-1), head.placement)
+        packed = gather_stack(torch.stack([best.view(torch.int64), ids, nan.to(torch.int64)], dim=-1), _place(head))
         values, all_ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
         nan = packed[..., 2].amax(dim=0) > 0
         best = values.max(dim=0).values
@@ -226,8 +251,8 @@ class _TopK:
         v, c = local_topk(x, kc)
         # Every streamed id is above every id held, so a stable sort by value alone keeps (value
         # descending, id ascending): held entries first among equal values, the chunk's in its order.
-        vals, ids = torch.cat([self.vals, v.to(torch.float32)], dim=1), torch.cat([self.ids, c + self.head.vocab_start
-                                                                                   + lo], dim=1)
+        vals = torch.cat([self.vals, v.to(torch.float32)], dim=1)
+        ids = torch.cat([self.ids, c + first_id(self.head, lo)], dim=1)
         order = torch.argsort(vals, dim=1, descending=True, stable=True)[:, : self.k]
         self.vals, self.ids = vals.gather(1, order), ids.gather(1, order)
 
@@ -238,7 +263,7 @@ class _TopK:
             _raise_nan(nan, what)
             return self.vals, self.ids
         vals = torch.where(nan[:, None], torch.full_like(self.vals, float("nan")), self.vals)  # travels along
-        values, ids = gather_candidates(vals, self.ids, self.head.placement, self.k)
+        values, ids = gather_candidates(vals, self.ids, _place(self.head), self.k)
         _raise_nan(torch.isnan(values).any(dim=1), what)
         return values, ids
 
@@ -249,21 +274,25 @@ class _TreeSum:
     left sibling is on top of the stack merges with it, so every merge is one of the tree's and the
     stack ends as the shard's ``aligned_nodes``, with the same bits."""
 
-    def __init__(self, start: int, end: int) -> None:
-        self.start, self.end = start, end
-        self.stack: list[Node] = []
+    def __init__(self, head: LMHead) -> None:
+        self.ranges = _place(head).owned_ranges()[head.tp_rank]  # one range, or the base's and the added's
+        self.stacks: list[list[Node]] = [[] for _ in self.ranges]  # one per range: nodes never merge across
 
-    def add(self, x: torch.Tensor, first_id: int) -> None:
-        for node in range_nodes(x, first_id):
-            treesum.push(self.stack, node)
+    def add(self, x: torch.Tensor, first: int) -> None:
+        stack = self.stacks[next(j for j, (a, b) in enumerate(self.ranges) if a <= first < b)]
+        for node in range_nodes(x, first):
+            treesum.push(stack, node)
 
     def total(self, head: LMHead, like: torch.Tensor,
               extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        nodes = [(lv, i) for lv, i, _, _ in self.stack]
-        if nodes != aligned_nodes(self.start, self.end):  # pragma: no cover - a bug, not an input
-            raise AssertionError(f"chunked tree: nodes {nodes} != {aligned_nodes(self.start, self.end)}")
-        return merge_ranges(self.stack, head.vocab_size, head.tp_size, head.process_group,
-                            owned_ranges(head.placement), like=like, extra=extra)
+        place = _place(head)
+        for stack, (start, end) in zip(self.stacks, self.ranges, strict=True):
+            nodes = [(lv, i) for lv, i, _, _ in stack]
+            if nodes != aligned_nodes(start, end):  # pragma: no cover - a bug, not an input
+                raise AssertionError(f"chunked tree: nodes {nodes} != {aligned_nodes(start, end)}")
+        ranges = owned_ranges(place) if place.added is None else place.owned_ranges()
+        return merge_ranges([n for stack in self.stacks for n in stack], place.vocab_size, head.tp_size,
+                            head.process_group, ranges, like=like, extra=extra)
 
 
 # ---- public functions ----------------------------------------------------------------------------------
@@ -280,7 +309,7 @@ def greedy(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> t
     nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
     for lo, _, x in stream:
         nan |= torch.isnan(x).any(dim=1)
-        _update_best(best, ids, x, head.vocab_start + lo)
+        _update_best(best, ids, x, first_id(head, lo))
     top, chosen = _merge_best(best, ids, nan, head, what)
     if bool(torch.isneginf(top).any()):
         raise InputError(f"{what}: row(s) {torch.isneginf(top).nonzero()[:, 0].tolist()} allow no token "
@@ -293,8 +322,8 @@ def topk(hidden: torch.Tensor, head: LMHead, k: int, *, chunk: int | None = None
     ``head.output_dtype``: ``sampling.topk`` of ``head.local_logits(hidden)``, one streaming pass."""
     what = "sampling.chunked.topk"
     error = _check(hidden, head, chunk, what)
-    if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= head.vocab_size):
-        error = InputError(f"{what}: k must be an int in [1, vocab_size={head.vocab_size}], got {k!r}")
+    if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= _place(head).vocab_size):
+        error = InputError(f"{what}: k must be an int in [1, vocab_size={_place(head).vocab_size}], got {k!r}")
     _meet(head, hidden, error, "topk", extra=int(k) if error is None else 0)
     rows = hidden.shape[0]
     running = _TopK(rows, k, head, hidden.device)
@@ -311,16 +340,16 @@ def _lse_and_picks(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor |
                    what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One streaming pass: the vocab tree's nodes, the picked logits and a NaN flag per row, then
     one all_gather (the picks and the flag ride with the node pairs)."""
-    rows, start = hidden.shape[0], head.vocab_start
+    rows = hidden.shape[0]
     n = 0 if token_ids is None else token_ids.shape[1]
     extra = torch.zeros(rows, n + 1, dtype=torch.float32, device=hidden.device)  # picks, then the NaN flag
-    tree = _TreeSum(start, start + head.shard.size)
+    tree = _TreeSum(head)
     for lo, _, x in _Stream(hidden, head, chunk):
         x = x.to(torch.float32)
-        tree.add(x, start + lo)
+        tree.add(x, first_id(head, lo))
         extra[:, n] += torch.isnan(x).any(dim=1).to(torch.float32)
         if token_ids is not None:
-            extra[:, :n] = pick_logits(x, token_ids, start + lo, extra[:, :n])
+            extra[:, :n] = pick_logits(x, token_ids, first_id(head, lo), extra[:, :n])
     _, lse, summed = tree.total(head, hidden, extra)
     assert summed is not None
     _raise_nan(summed[:, n] > 0, what)
@@ -343,7 +372,7 @@ def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chu
     error = _check(hidden, head, chunk, what)
     n = 0
     if error is None:
-        error, n = token_ids_error(token_ids, hidden.shape[0], head.vocab_size, what)
+        error, n = token_ids_error(token_ids, hidden.shape[0], _place(head).vocab_size, what)
     argument = token_ids.to(torch.int64).reshape(-1).cpu() if error is None else None
     _meet(head, hidden, error, "logprobs", extra=n, argument=argument)
     ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(hidden.device)
@@ -362,7 +391,7 @@ def prompt_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor,
     what = "sampling.chunked.prompt_logprobs"
     error = _check(hidden, head, chunk, what)
     if error is None:
-        error = prompt_args_error(token_ids, n, hidden.shape[0], head.vocab_size, what)
+        error = prompt_args_error(token_ids, n, hidden.shape[0], _place(head).vocab_size, what)
     argument = token_ids.to(torch.int64).reshape(-1).cpu() if error is None else None
     _meet(head, hidden, error, "logprobs", extra=-2 - n if error is None else 0, argument=argument)
     rows = hidden.shape[0]
@@ -371,14 +400,14 @@ def prompt_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor,
     assert picked is not None
     sampled = picked[:, 0] - lse
     count = torch.zeros(rows, dtype=torch.int64, device=hidden.device)
-    running = _TopK(rows, min(n, head.vocab_size), head, hidden.device) if n else None
+    running = _TopK(rows, min(n, _place(head).vocab_size), head, hidden.device) if n else None
     no_nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
     for lo, _, x in _Stream(hidden, head, chunk):
         values = x.to(torch.float32) - lse[:, None]
         count += (values >= sampled[:, None]).sum(dim=1)
         if running is not None:
             running.add(values, lo, no_nan)
-    rank = gather_stack(count, head.placement).sum(dim=0) if head.is_split else count
+    rank = gather_stack(count, _place(head)).sum(dim=0) if head.is_split else count
     out_ids, out_v, out_r = ids[:, None], sampled[:, None], rank[:, None]
     if running is not None:
         top_v, top_ids = running.merged(no_nan, what)
@@ -398,7 +427,11 @@ def _draw_args(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list
         error = _check(hidden, head, chunk, what)
     if error is not None:
         return error, []
-    return draw_args_error(params, hidden.shape[0], step, vocab_limit, head.vocab_size, what)
+    if head.added_vocab and vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(
+            vocab_limit, int) or not 1 <= vocab_limit <= head.vocab_size):
+        return InputError(f"{what}: vocab_limit must be an int in [1, base vocab_size={head.vocab_size}] (it bounds "
+                          f"the base ids of a head with added tokens), got {vocab_limit!r}"), []
+    return draw_args_error(params, hidden.shape[0], step, vocab_limit, _place(head).vocab_size, what)
 
 
 def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
@@ -445,7 +478,7 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
     error, per_row = _draw_args(hidden, head, params, step, vocab_limit, chunk, what, error)
     rows = len(per_row)
     if error is None:
-        error = state_error(state, rows, head.placement, what)
+        error = state_error(state, rows, _place(head), what)
     if error is None and bitmask is not None and (
             not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2
             or bitmask.shape[0] != rows):
@@ -459,12 +492,12 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
         if bitmask is not None:
             parts.append(bitmask.reshape(-1).to(torch.int64).cpu())
         argument = torch.cat(parts)
-    plan = -1 - collective_plan(per_row, head.vocab_size) if error is None else 0  # < 0: the streamed path
+    plan = -1 - collective_plan(per_row, _place(head).vocab_size) if error is None else 0  # < 0: the streamed path
     fresh = int(torch.randint(0, 2**62, (1,)).item())
-    fresh = handshake(head.placement, hidden, error, "decode", extra=plan, argument=argument, proposal=fresh)
+    fresh = handshake(_place(head), hidden, error, "decode", extra=plan, argument=argument, proposal=fresh)
     if head.is_split:
         # The verdict of a steady step rides here (the streamed passes' own first collectives vary).
-        gather_stack(torch.zeros(1, dtype=torch.int64, device=hidden.device), head.placement)
+        gather_stack(torch.zeros(1, dtype=torch.int64, device=hidden.device), _place(head))
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
     return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what, bitmask, state)
 
@@ -477,12 +510,15 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     merged candidates. Rows with typical-p or returned logprobs are drawn by the materialized
     pipeline on row groups the budget holds (:func:`_long_nuclei`): the same tokens."""
     device, rows = hidden.device, hidden.shape[0]
-    meta = Metadata.build(per_row, seeds, step, vocab_limit, device, state)
-    stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT, bitmask)
+    # A head with an added segment: vocab_limit bounds the base ids only, masked in the stream (as the
+    # materialized step masks its logits) rather than by the draw's id test.
+    base_limit = vocab_limit if head.added_vocab else None
+    meta = Metadata.build(per_row, seeds, step, None if head.added_vocab else vocab_limit, device, state)
+    stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT, bitmask, base_limit)
     if any(p.logprobs is not None or (p.typical_p < 1 and not p.greedy) for p in per_row):
         outs = _long_nuclei(stream, head, list(range(rows)), meta)
         return _concat(outs)
-    vocab = head.vocab_size
+    vocab = _place(head).vocab_size
     sampled = meta.sampled
     top_k = meta.top_k
     by_topk = torch.tensor([kr > 0 for kr in top_k], device=device)
@@ -499,19 +535,19 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     two_pass = bool((min_p_on & ~by_cand).any())  # streamed rows whose min-p needs the global max first
     nan = torch.zeros(rows, dtype=torch.bool, device=device)
     running = _TopK(rows, k, head, device) if k else None
-    tree = _TreeSum(head.vocab_start, head.vocab_start + head.shard.size) if bool(nucleus_rows.any()) else None
+    tree = _TreeSum(head) if bool(nucleus_rows.any()) else None
     best = torch.full((rows,), float("-inf"), dtype=torch.float64, device=device)
     ids = torch.full((rows,), NO_ID, dtype=torch.int64, device=device)
     local_max = torch.full((rows,), float("-inf"), dtype=torch.float32, device=device)
 
     def scaled_of(x: torch.Tensor, lo: int) -> tuple[torch.Tensor, torch.Tensor]:
-        col_ids = column_ids(head.vocab_start + lo, x.shape[1], device)
+        col_ids = column_ids(first_id(head, lo), x.shape[1], device)
         return scale(process(x.to(torch.float32), col_ids, meta, lo), col_ids, meta), col_ids
 
     def race(scaled: torch.Tensor, col_ids: torch.Tensor, lo: int, m: torch.Tensor | None) -> None:
         if m is not None:  # min-p of the streamed rows, against the global max of pass 1
             scaled = scaled.masked_fill((min_p_on & ~by_cand)[:, None] & ~min_p_keep(scaled, m, min_p), float("-inf"))
-        _update_best(best, ids, race_scores(scaled, col_ids, meta), head.vocab_start + lo)
+        _update_best(best, ids, race_scores(scaled, col_ids, meta), first_id(head, lo))
 
     for lo, _, x in stream:
         scaled, col_ids = scaled_of(x, lo)
@@ -520,7 +556,7 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
         if running is not None:
             running.add(scaled, lo, bad)
         if tree is not None:
-            tree.add(scaled, head.vocab_start + lo)
+            tree.add(scaled, first_id(head, lo))
         if two_pass:
             local_max = torch.maximum(local_max, scaled.amax(dim=1) if scaled.shape[1] else local_max)
         else:
@@ -602,12 +638,12 @@ def _candidate_cut(hidden: torch.Tensor, head: LMHead, tree: _TreeSum | None, to
     beyond = torch.arange(width, device=device)[None, :] >= cut_k[:, None]
     vals = cand_vals.masked_fill(beyond, float("-inf"))  # what top-k left: the rest is -inf
     if bool((p_on & by_topk).any()):  # top-p after top-k: the tree of the kept candidates only
-        sparse = treesum.sparse_logsumexp(cand_ids.masked_fill(beyond, NO_ID), vals, head.vocab_size)
+        sparse = treesum.sparse_logsumexp(cand_ids.masked_fill(beyond, NO_ID), vals, _place(head).vocab_size)
         lse = torch.where(by_topk, sparse, lse)
     probs = torch.exp(vals - lse[:, None])
     before = torch.cumsum(probs, dim=1) - probs  # the mass strictly before each candidate
     kept = (before < top_p[:, None]).sum(dim=1).clamp(min=1)
-    long = nucleus_rows & (kept >= width) & (width < head.vocab_size)
+    long = nucleus_rows & (kept >= width) & (width < _place(head).vocab_size)
     return torch.where(p_on, torch.minimum(cut_k, kept), cut_k), long
 
 
@@ -618,7 +654,7 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
     the materialized pipeline (``draw.pipeline``, on sub-groups its temporaries fit in): the same
     tokens. Each group costs one more pass over the weight."""
     # The same on every rank: the same groups, the same collectives.
-    width = max(1, max(b - a for a, b in owned_ranges(head.placement)))
+    width = max(1, max(sum(b - a for a, b in rank) for rank in _place(head).owned_ranges()))
     budget = head.logits_budget_bytes
     group = max(1, budget // (torch.finfo(head.output_dtype).bits // 8 * width))
     sub = max(1, budget // (SAMPLE_BYTES_PER_LOGIT * width))
@@ -626,12 +662,12 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
     for g0 in range(0, len(rows), group):
         sel = rows[g0 : g0 + group]
         index = torch.tensor(sel, device=stream.hidden.device)
-        logits = torch.empty(len(sel), head.shard.size, dtype=head.output_dtype, device=stream.hidden.device)
+        logits = torch.empty(len(sel), _place(head).owned, dtype=head.output_dtype, device=stream.hidden.device)
         for lo, hi, x in stream:
             logits[:, lo:hi] = x.index_select(0, index)
         for s0 in range(0, len(sel), sub):
             part = sel[s0 : s0 + sub]
-            out.append(pipeline(logits[s0 : s0 + sub], head.placement, meta.select(part)))
+            out.append(pipeline(logits[s0 : s0 + sub], _place(head), meta.select(part)))
     return out
 
 

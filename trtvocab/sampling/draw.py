@@ -42,7 +42,7 @@ from trtvocab.sampling.reductions import (
     merged_topk,
     nucleus,
     own,
-    pick_logits,
+    pick_owned,
     sum_exp_and_picks,
 )
 from trtvocab.sampling.state import TokenState
@@ -155,6 +155,12 @@ def state_error(state: Any, rows: int, head: VocabPlacement, what: str) -> Input
         return None
     if not isinstance(state, TokenState):
         return InputError(f"{what}: state must be a TokenState or None, got {type(state).__name__}")
+    if head.added is not None:  # two segments: a token-order state (trtvocab.sampling.added_vocab)
+        if state.rows != rows or (state.start, state.size) != (0, head.vocab_size):
+            return InputError(f"{what}: a head with added tokens samples with a token-order state (built with "
+                              f"TokenState.for_head(token_order_view(head), ...)): ids [0, {head.vocab_size}) of "
+                              f"{rows} rows; got {state.rows} rows of [{state.start}, {state.start + state.size})")
+        return None
     if state.rows != rows or state.start != head.vocab_start or state.size != head.shard.size:
         return InputError(f"{what}: state holds {state.rows} rows of ids [{state.start}, {state.start + state.size}); "
                           f"this call has {rows} rows of [{head.vocab_start}, {head.vocab_start + head.shard.size})")
@@ -225,7 +231,8 @@ def pipeline(x: torch.Tensor, head: VocabPlacement, meta: Metadata) -> SamplerOu
     """vLLM v1's ``Sampler.forward`` on one rank's owned columns ``x [B, V_local]`` (docs/sampling.md,
     "Order"): float32 → raw logprobs → logits processors (bans, bias, penalties) → greedy or
     temperature → top-k → top-p → min-p (vLLM: before top-k) → typical-p → the race → returned logprobs."""
-    ids = column_ids(head.vocab_start, x.shape[1], x.device)
+    ids = column_ids(head.vocab_start, x.shape[1], x.device) if head.added is None else \
+        head.column_ids(x.shape[1], x.device)  # two segments: base piece then added piece
     x = x.to(torch.float32)
     raw = x if meta.vocab_limit is None else x.masked_fill(ids[None, :] >= meta.vocab_limit, float("-inf"))
     x = process(x, ids, meta, 0)
@@ -302,7 +309,7 @@ def apply_typical_p(scaled: torch.Tensor, head: VocabPlacement, meta: Metadata) 
     k = min(head.vocab_size, max(TOP_P_FIRST_K, 1 << max(0, math.ceil(math.log2(max(1.0, 2 * perplexity))))))
     while True:
         neg, cand = merged_topk(-key, head, k)
-        picked = pick_logits(scaled, cand, head.vocab_start, torch.zeros(cand.shape, device=scaled.device))
+        picked = pick_owned(scaled, cand, head, torch.zeros(cand.shape, device=scaled.device))
         if head.is_split:
             picked = gather_stack(picked, head).sum(dim=0)  # one owner per id: the others add an exact 0
         probs = torch.exp(picked - lse[:, None]).masked_fill(torch.isneginf(neg), 0.0)

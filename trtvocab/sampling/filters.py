@@ -119,10 +119,17 @@ def process(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata, lo: int) -> 
         return x
     n = x.shape[1]
     first = int(col_ids[0]) if n else 0
+    # A block's ids ascend; they are one run except on a placement with an added segment (base piece,
+    # then added piece): then an id's column is found by search.
+    contiguous = not n or int(col_ids[-1]) - first == n - 1
 
     def inside(rows: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        m = (ids >= first) & (ids < first + n)
-        return m, rows[m], ids[m] - first
+        if contiguous:
+            m = (ids >= first) & (ids < first + n)
+            return m, rows[m], ids[m] - first
+        at = torch.searchsorted(col_ids, ids).clamp(max=n - 1)
+        m = col_ids[at] == ids
+        return m, rows[m], at[m]
     banned = torch.zeros_like(x, dtype=torch.bool)
     if meta.allow is not None:
         restricted, rows, ids = meta.allow
@@ -141,8 +148,14 @@ def process(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata, lo: int) -> 
             x = x + bias
     state = meta.state
     if state is not None and any(p.penalizes for p in meta.per_row):  # no state: no prompt, no output
-        counts = state.output_counts[:, lo : lo + n].to(x.device)
-        seen = state.prompt_seen[:, lo : lo + n].to(x.device) | (counts > 0)
+        if contiguous:  # the state's columns of ids first .. first + n (``lo`` on the rank's own state)
+            at0 = first - state.start
+            counts = state.output_counts[:, at0 : at0 + n].to(x.device)
+            seen = state.prompt_seen[:, at0 : at0 + n].to(x.device) | (counts > 0)
+        else:  # a token-order state (it spans every id): read the block's ids
+            at = (col_ids - state.start).to(state.output_counts.device)
+            counts = state.output_counts[:, at].to(x.device)
+            seen = state.prompt_seen[:, at].to(x.device) | (counts > 0)
         rep = torch.tensor([p.repetition_penalty for p in meta.per_row], dtype=torch.float32, device=x.device)[:, None]
         x = torch.where(seen & (rep != 1), torch.where(x > 0, x / rep, x * rep), x)
         freq = torch.tensor([p.frequency_penalty for p in meta.per_row], dtype=torch.float32, device=x.device)[:, None]

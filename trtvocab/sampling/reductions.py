@@ -26,7 +26,7 @@ import torch
 from trtvocab.errors import InputError
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.sharding import Placement, VocabPlacement
-from trtvocab.sampling.treesum import tree_logsumexp
+from trtvocab.sampling.treesum import merge_ranges, range_nodes, tree_logsumexp
 
 NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
 _PLAN = "k / ids per row / sampling plan (top-k width, filters)"
@@ -54,18 +54,18 @@ def argument_digest(value: torch.Tensor | None) -> int:
 
 # ---- validation and plumbing ---------------------------------------------------------------
 def check_logits(local_logits: Any, head: VocabPlacement, what: str) -> InputError | None:
-    shard = head.shard
     if not isinstance(local_logits, torch.Tensor):
         return InputError(f"{what}: local_logits must be a torch.Tensor, got {type(local_logits).__name__}")
-    if local_logits.dim() != 2 or local_logits.shape[1] not in (shard.size, shard.width):
-        widths = sorted({shard.size, shard.width})
+    if local_logits.dim() != 2 or local_logits.shape[1] not in (head.owned, head.local_width):
+        widths = sorted({head.owned, head.local_width})
+        ranges = " and ".join(f"[{a}, {b})" for a, b in head.owned_ranges()[head.tp_rank])
         return InputError(f"{what}: local_logits must have shape [B, {' or '.join(map(str, widths))}] "
-                          f"(this rank's columns [{shard.start}, {shard.end})), got {list(local_logits.shape)}")
+                          f"(this rank's columns {ranges}), got {list(local_logits.shape)}")
     if local_logits.shape[0] == 0:
         return InputError(f"{what}: local_logits is an empty batch (B = 0)")
     if not local_logits.dtype.is_floating_point:
         return InputError(f"{what}: local_logits must be floating point, got {local_logits.dtype}")
-    if bool(torch.isnan(local_logits[:, : shard.size]).any()):
+    if bool(torch.isnan(own(local_logits, head)).any()):
         return InputError(f"{what}: local_logits contain NaN")
     return None
 
@@ -113,8 +113,15 @@ def _take_verdict(head: VocabPlacement) -> D.Pending | None:
 
 
 def own(local_logits: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
-    """The owned columns only: padding never takes part (not even as a ``-inf`` tie)."""
-    return local_logits[:, : head.shard.size]
+    """The owned columns only: padding never takes part (not even as a ``-inf`` tie). With a second
+    segment, the base piece's then the added piece's owned columns (ascending token ids); a tensor
+    already that wide is returned as is."""
+    if head.added is None:
+        return local_logits[:, : head.shard.size]
+    if local_logits.shape[1] == head.owned:
+        return local_logits
+    base = head.shard.width
+    return torch.cat([local_logits[:, : head.shard.size], local_logits[:, base : base + head.added.size]], dim=1)
 
 
 def gather_stack(t: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
@@ -177,8 +184,8 @@ def argmax_over_vocab(scores: torch.Tensor, head: VocabPlacement) -> tuple[torch
     bits: float32 scores widen exactly). A row that is ``-inf`` everywhere gets id ``NO_ID``."""
     rows = scores.shape[0]
     if scores.shape[1]:
-        best, cols = torch.max(scores, dim=1)  # the first maximum: the lowest local column
-        chosen = cols + head.vocab_start
+        best, cols = torch.max(scores, dim=1)  # the first maximum: the lowest local column, the lowest id
+        chosen = head.token_ids(cols)
     else:  # a trailing padded-layout rank that owns no columns
         best = scores.new_full((rows,), float("-inf"))
         chosen = torch.full((rows,), NO_ID, dtype=torch.int64, device=scores.device)
@@ -214,7 +221,7 @@ def merged_topk(local_logits: torch.Tensor, head: VocabPlacement, k: int) -> tup
     cols = torch.empty(x.shape[0], 0, dtype=torch.int64, device=x.device)
     if k_local:
         vals, cols = local_topk(x, k_local)
-    values, ids = gather_candidates(vals, cols + head.vocab_start, head, k)
+    values, ids = gather_candidates(vals, head.token_ids(cols), head, k)
     return values.to(local_logits.dtype), ids
 
 
@@ -237,8 +244,19 @@ def gather_candidates(vals: torch.Tensor, ids: torch.Tensor, head: VocabPlacemen
 
 
 def owned_ranges(head: VocabPlacement) -> list[tuple[int, int]]:
-    """Every rank's owned global ids ``[start, end)``, in rank order (what the vocab tree needs)."""
+    """Every rank's owned global ids ``[start, end)``, in rank order (what the vocab tree needs; a
+    one-segment placement: :meth:`VocabPlacement.owned_ranges` gives both segments')."""
     return [(s.start, s.start + s.size) for s in head.shards]
+
+
+def pick_owned(x: torch.Tensor, token_ids: torch.Tensor, head: VocabPlacement, into: torch.Tensor) -> torch.Tensor:
+    """:func:`pick_logits` on this rank's owned columns ``x`` of ``head`` (one or two segments)."""
+    if head.added is None:
+        return pick_logits(x, token_ids, head.vocab_start, into)
+    if not x.shape[1]:
+        return into
+    cols, mine = head.owned_columns(token_ids)
+    return torch.where(mine, x.gather(1, cols), into)
 
 
 def pick_logits(x: torch.Tensor, token_ids: torch.Tensor, first_id: int, into: torch.Tensor) -> torch.Tensor:
@@ -276,10 +294,15 @@ def sum_exp_and_picks(
     x = x.to(torch.float32)
     picked = None
     if token_ids is not None:
-        picked = pick_logits(x, token_ids, head.vocab_start,
-                             torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device))
-    return tree_logsumexp(x, head.vocab_start, head.vocab_size, head.tp_size, head.process_group, owned_ranges(head),
-                          extra=picked, pending=_take_verdict(head) if head.is_split else None)
+        picked = pick_owned(x, token_ids, head, torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device))
+    if head.added is None:
+        return tree_logsumexp(x, head.vocab_start, head.vocab_size, head.tp_size, head.process_group,
+                              owned_ranges(head), extra=picked, pending=_take_verdict(head) if head.is_split else None)
+    # Two segments: each piece's nodes of the one tree over [0, V + A), merged as one range's would be.
+    (a, _), (c, _) = head.owned_ranges()[head.tp_rank]
+    nodes = range_nodes(x[:, : head.shard.size], a) + range_nodes(x[:, head.shard.size :], c)
+    return merge_ranges(nodes, head.vocab_size, head.tp_size, head.process_group, head.owned_ranges(), like=x,
+                        extra=picked, pending=_take_verdict(head) if head.is_split else None)
 
 
 def logsumexp(local_logits: torch.Tensor, head: Placement) -> torch.Tensor:
@@ -402,7 +425,7 @@ def nucleus(local_logits: torch.Tensor, head: VocabPlacement, threshold: torch.T
         k = min(2 * k, head.vocab_size)
     cut_value = values.gather(1, (kept - 1)[:, None])  # the last kept token, in the total order
     cut_id = ids.gather(1, (kept - 1)[:, None])
-    cols = torch.arange(x.shape[1], device=x.device)[None, :] + head.vocab_start
+    cols = head.column_ids(x.shape[1], x.device)[None, :]
     return (x > cut_value) | ((x == cut_value) & (cols <= cut_id))
 
 

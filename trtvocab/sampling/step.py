@@ -36,6 +36,8 @@ def streams(head: Any, rows: int) -> bool:
     if not isinstance(head, LMHead) or (head.is_split and head.mapping.enable_attention_dp):
         return False
     widest = max(s.size for s in head.shards)
+    if has_added_vocab(head):  # the added piece streams as one more chunk: its columns count too
+        widest += max(s.added.size for s in head.added_shards if s.added is not None)
     return rows * widest * 4 > head.logits_budget_bytes
 
 
@@ -82,9 +84,7 @@ def decode_output(
     (penalties, bad words, min tokens read it; the caller appends each step's ids). Returns the
     token ids and the logprobs the rows ask for (:class:`~trtvocab.sampling.draw.SamplerOutput`).
     """
-    if has_added_vocab(head):  # two id ranges per rank: sampled in token order (trtvocab.sampling.added_vocab)
-        return added_vocab.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
-                                         seq_lens=seq_lens, state=state)
+    packed = hidden
     error: InputError | None = None
     if seq_lens is not None:
         try:
@@ -95,6 +95,9 @@ def decode_output(
     if streams(head, rows):
         return chunked.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
                                      error=error, state=state)
+    if has_added_vocab(head):  # two id ranges per rank: trtvocab.sampling.added_vocab
+        return added_vocab.decode_output(packed, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
+                                         seq_lens=seq_lens, state=state)
     logits = None
     place = VocabPlacement.of(head)  # what the draw reads: the shards, the group, the handshake state
     if error is None:

@@ -128,7 +128,7 @@ def node_width(vocab_size: int) -> int:
 
 
 def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: Any,
-                 ranges: Sequence[tuple[int, int]], *, like: torch.Tensor, extra: torch.Tensor | None = None,
+                 ranges: Sequence[Any], *, like: torch.Tensor, extra: torch.Tensor | None = None,
                  pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(max [B], logsumexp [B], extra summed over ranks or None)`` from this rank's nodes (those
     of its range, :func:`range_nodes` or built chunk by chunk) and every other rank's.
@@ -139,7 +139,10 @@ def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: An
     verdict when this is its first data collective (:func:`trtvocab.parallel.distributed.gather_verdict`).
     ``like``: a ``[B, *]`` tensor giving the rows and device."""
     rows, device = like.shape[0], like.device
-    width = node_width(vocab_size)
+    # A rank's entry in ``ranges`` is one ``(start, end)`` or a tuple of them (a placement with an added
+    # segment owns two ranges): its nodes are each range's aligned nodes in order.
+    ranges = [(r,) if isinstance(r[0], int) else tuple(r) for r in ranges]  # type: ignore[misc]
+    width = node_width(vocab_size) * max(len(r) for r in ranges)
     n_extra = 0 if extra is None else extra.shape[1]
     packed = torch.zeros(rows, 2 * width + n_extra, dtype=torch.float32, device=device)
     packed[:, 0 : 2 * width : 2] = float("-inf")
@@ -149,7 +152,7 @@ def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: An
         packed[:, 2 * width :] = extra
     if tp_size > 1:
         pieces = D.gather_verdict(pending, packed, tp_size, group)
-        ids = [key for a, b in ranges for key in _node_ids(aligned_nodes(a, b), width)]
+        ids = [key for rank in ranges for key in _node_ids([n for a, b in rank for n in aligned_nodes(a, b)], width)]
     else:
         pieces, ids = [packed], _node_ids([(lv, i) for lv, i, _, _ in nodes], width)
     pairs = torch.cat([p[:, : 2 * width] for p in pieces], dim=1)
