@@ -7,6 +7,7 @@ plain ``transformers`` greedy, on SmolLM2.
 Same model object, same prompts (one left-padded batch), greedy, one torch thread per process
 (each tp rank runs one thread too). Timed: the decode loop, prefill included, model loading and
 rank start-up not; the best of ``--repeats`` runs (after one warm-up of transformers).
+``--profile`` instead splits tp 1's decode steps (see :func:`profile`).
 ``transformers`` is ``model.generate(..., do_sample=False)`` with its KV cache. Printed side by
 side with each row's ratio to transformers.
 
@@ -22,9 +23,13 @@ parallel job swings the timings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,6 +44,58 @@ def smollm2() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+@contextlib.contextmanager
+def _timed(owner: Any, name: str, totals: dict[str, float], label: str) -> Iterator[None]:
+    """``owner.name`` (a class attribute: a method) wrapped to add its wall time to ``totals[label]``."""
+    real = owner.__dict__[name]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            totals[label] = totals.get(label, 0.0) + time.perf_counter() - t0
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
+def profile(path: Path, loaded: Any, prompts: list[str], tokens: int, repeats: int) -> None:
+    """Where tp 1's decode time goes: the body (``transformers``' decoder stack with its KV cache),
+    the embedding lookup, the head's GEMM (``LMHead._gemm``), the rest of ``next_ids`` (the sampler:
+    the draw, its checks and handshake), and what is left of the loop (its Python: bookkeeping, the
+    feed, the mask). tp 1 has no collectives; each wrapper adds ~1 us a call. Prefill included (one
+    step of ``prompt length`` rows), the best of ``repeats`` runs by total."""
+    from trtvocab.lm_head import LMHead
+    from trtvocab.pipeline import generate as G
+    from trtvocab.pipeline.decode import TorchEnds, VocabEnds
+
+    spec, _ = G.prepare(path, prompts, tp=1, max_new_tokens=tokens)
+    G.generate(spec, loaded)  # warm-up
+    best: dict[str, float] | None = None
+    for _ in range(repeats):
+        totals: dict[str, float] = {}
+        with _timed(G._Body, "__call__", totals, "body"), _timed(VocabEnds, "embed", totals, "embed"), \
+                _timed(TorchEnds, "next_ids", totals, "next_ids"), _timed(LMHead, "_gemm", totals, "head"):
+            report = G.generate(spec, loaded)
+        totals["total"] = report.seconds
+        if best is None or totals["total"] < best["total"]:
+            best, steps = totals, max(len(r.token_ids) for r in report.results)
+    assert best is not None
+    split = {"body": best.get("body", 0.0), "embedding": best.get("embed", 0.0), "head GEMM": best.get("head", 0.0),
+             "sampler": best.get("next_ids", 0.0) - best.get("head", 0.0), "collectives": 0.0}
+    split["loop (Python)"] = best["total"] - sum(split.values())
+    load = os.getloadavg()[0]
+    print(f"tp 1 decode, batch {len(prompts)}, {steps} steps (prefill included): {best['total'] * 1e3:.0f} ms, "
+          f"{best['total'] / steps * 1e3:.1f} ms a step; load average {load:.2f} on {os.cpu_count()} cores"
+          f"{' (UNDER LOAD: absolute times are not quiet-machine numbers)' if load > 0.5 else ''}")
+    for name, seconds in split.items():
+        print(f"  {name:<16}{seconds / steps * 1e3:>9.2f} ms a step{seconds / best['total']:>8.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
@@ -47,6 +104,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each (tp > 1 starts its ranks each time)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     parser.add_argument("--all-bodies", action="store_true", help="also attention DP with a body on every rank")
+    parser.add_argument("--profile", action="store_true", help="only split tp 1's decode time (body, head, ...)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -59,6 +117,9 @@ def main() -> None:
     print(f"loaded {path.name} in {time.perf_counter() - t0:.1f} s; batch {len(prompts)}, {args.tokens} new tokens "
           f"each, greedy, {args.threads} thread(s)")
 
+    if args.profile:
+        profile(path, loaded, prompts, args.tokens, args.repeats)
+        return
     tok, model = loaded.tokenizer, loaded.model
     enc = tok(prompts, padding=True, padding_side="left", return_tensors="pt")
     eos = model.generation_config.eos_token_id
