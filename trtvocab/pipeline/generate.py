@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import inspect
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -730,8 +731,8 @@ class _Body:
     first call (its batch is the first call's), and the attention mask handed over at that full
     length (a step's shapes never change: no per-step reallocation of the cache or the mask);
     ``"dynamic"``: transformers' default cache, grown each step. ``compile_step``: the one-token
-    steps run through ``torch.compile`` of the body (static cache only; the compiled body is kept on
-    the model, so a process compiles it once per batch shape)."""
+    steps run through ``torch.compile`` of the body (static cache only; the compiled body is kept per
+    body object, so a process compiles it once per batch shape)."""
 
     def __init__(self, model: Any, kv_cache: str = "dynamic", max_len: int = 0, compile_step: bool = False) -> None:
         self.body = model.model
@@ -759,13 +760,15 @@ class _Body:
         return out.last_hidden_state
 
 
+_COMPILED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def _compiled_body(body: Any) -> Any:
-    """``torch.compile`` of a decoder stack, made once per body object (kept on it)."""
-    compiled = getattr(body, "_trtvocab_compiled", None)
-    if compiled is None:
-        compiled = torch.compile(body, dynamic=False)
-        body._trtvocab_compiled = compiled
-    return compiled
+    """``torch.compile`` of a decoder stack, made once per body object (kept beside it, not on it: a
+    module set as an attribute would become a submodule, its weights a second time in the state dict)."""
+    if body not in _COMPILED:
+        _COMPILED[body] = torch.compile(body, dynamic=False)
+    return _COMPILED[body]
 
 
 def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: _ModelFacts) -> tuple[VocabEnds, Any]:
