@@ -441,3 +441,13 @@ def test_kv_cache_options_are_refused_by_name(smollm2: Path) -> None:
         G.prepare(smollm2, [A], kv_cache="paged")
     with pytest.raises(InputError, match="compile_step"):
         G.prepare(smollm2, [A], kv_cache="dynamic", compile_step=True)
+
+
+@pytest.mark.model
+def test_compiled_step_equals_transformers_generate(loaded, smollm2: Path) -> None:
+    """``compile_step=True`` (torch.compile of the one-token step over the static cache; compiles once,
+    about a minute here) gives transformers' greedy ids on a left-padded batch."""
+    prompts = [A, B, "Sushi is a dish from"]
+    spec, _ = G.prepare(smollm2, prompts, tp=1, max_new_tokens=8, kv_cache="static", compile_step=True)
+    report = G.generate(spec, loaded)
+    assert [r.token_ids for r in report.results] == hf_generate(loaded, prompts, 8)
