@@ -360,6 +360,8 @@ BAD = [
     (["--artifact", "{other}", "--backend", "torch"], "--artifact"),
     (["--artifact", "{artifact}", "--tp", "3"], "--tp 3"),
     (["--artifact", "{artifact}", "--deterministic"], "--deterministic"),
+    (["--kv-cache", "paged"], "--kv-cache"),
+    (["--compile-step"], "--compile-step"),
 ]
 
 
@@ -437,9 +439,9 @@ def test_static_kv_cache_equals_transformers_generate(loaded, smollm2: Path, bat
 
 @pytest.mark.model
 def test_kv_cache_options_are_refused_by_name(smollm2: Path) -> None:
-    with pytest.raises(InputError, match="kv_cache"):
+    with pytest.raises(InputError, match="--kv-cache"):
         G.prepare(smollm2, [A], kv_cache="paged")
-    with pytest.raises(InputError, match="compile_step"):
+    with pytest.raises(InputError, match="--compile-step"):
         G.prepare(smollm2, [A], kv_cache="dynamic", compile_step=True)
 
 

@@ -543,9 +543,9 @@ def prepare(
     header) come before the model is loaded.
     """
     if kv_cache not in KV_CACHES:
-        raise InputError(f"kv_cache: expected one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+        raise InputError(f"--kv-cache: expected one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
     if compile_step and kv_cache != "static":
-        raise InputError("compile_step: needs kv_cache='static' (a compiled step keeps its shapes)")
+        raise InputError("--compile-step: needs --kv-cache static (a compiled step keeps its shapes)")
     if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
         raise InputError(f"--stop: expected non-empty strings, got {stop!r}"[:300])
     budget = logits_budget_bytes
