@@ -7,7 +7,11 @@ plain ``transformers`` greedy, on SmolLM2.
 Same model object, same prompts (one left-padded batch), greedy, one torch thread per process
 (each tp rank runs one thread too). Timed: the decode loop, prefill included, model loading and
 rank start-up not; the best of ``--repeats`` runs (after one warm-up of transformers).
-``--profile`` instead splits tp 1's decode steps (see :func:`profile`).
+``--profile`` instead splits tp 1's decode steps (see :func:`profile`). ``--kv-cache dynamic,static``
+and ``--compile`` add tp 1 rows with the static cache and the compiled step. ``--peer vllm`` adds
+vLLM's CPU engine (its own venv, ``--peer-python``; skipped with a note when absent) on the same
+weights saved as a float32 HF folder, the same prompt ids and token count, greedy, run after
+trtvocab's rows as a child process (docs/generate.md, "Against vLLM").
 ``transformers`` is ``model.generate(..., do_sample=False)`` with its KV cache. Printed side by
 side with each row's ratio to transformers.
 
