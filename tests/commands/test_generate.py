@@ -25,6 +25,7 @@ import torch
 from typer.testing import CliRunner
 
 from trtvocab.commands.cli import app
+from trtvocab.errors import InputError
 from trtvocab.sampling import SamplingParams
 from trtvocab.sampling.grammar import grammar_spec
 
@@ -359,6 +360,8 @@ BAD = [
     (["--artifact", "{other}", "--backend", "torch"], "--artifact"),
     (["--artifact", "{artifact}", "--tp", "3"], "--tp 3"),
     (["--artifact", "{artifact}", "--deterministic"], "--deterministic"),
+    (["--kv-cache", "paged"], "--kv-cache"),
+    (["--compile-step"], "--compile-step"),
 ]
 
 
@@ -420,3 +423,33 @@ def test_gguf_package_missing_file_or_package() -> None:
                       ({"gguf_package": "no_such_package_xyz", "file": "a.gguf"}, "not installed")):
         with pytest.raises(ConfigError, match=named):
             parse_recipe({"checkpoint": ck}).checkpoint_path()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("batch", [1, 4], ids=["one-prompt", "padded-batch"])
+def test_static_kv_cache_equals_transformers_generate(loaded, smollm2: Path, batch: int) -> None:
+    """``kv_cache="static"`` (transformers' StaticCache, the mask buffer at its full length) gives the
+    greedy ids of transformers' own ``generate`` (its dynamic cache) on the same batch, unpadded and
+    left-padded, with an EOS inside the budget or not."""
+    prompts = [A, B, "Sushi is a dish from", "Once upon a time"][:batch]
+    spec, _ = G.prepare(smollm2, prompts, tp=1, max_new_tokens=12, kv_cache="static")
+    report = G.generate(spec, loaded)
+    assert [r.token_ids for r in report.results] == hf_generate(loaded, prompts, 12)
+
+
+@pytest.mark.model
+def test_kv_cache_options_are_refused_by_name(smollm2: Path) -> None:
+    with pytest.raises(InputError, match="--kv-cache"):
+        G.prepare(smollm2, [A], kv_cache="paged")
+    with pytest.raises(InputError, match="--compile-step"):
+        G.prepare(smollm2, [A], kv_cache="dynamic", compile_step=True)
+
+
+@pytest.mark.model
+def test_compiled_step_equals_transformers_generate(loaded, smollm2: Path) -> None:
+    """``compile_step=True`` (torch.compile of the one-token step over the static cache; compiles once,
+    about a minute here) gives transformers' greedy ids on a left-padded batch."""
+    prompts = [A, B, "Sushi is a dish from"]
+    spec, _ = G.prepare(smollm2, prompts, tp=1, max_new_tokens=8, kv_cache="static", compile_step=True)
+    report = G.generate(spec, loaded)
+    assert [r.token_ids for r in report.results] == hf_generate(loaded, prompts, 8)

@@ -806,6 +806,10 @@ def generate(
                                                           "than MODEL anyway (said in the output)")] = False,
     gguf_blocks: Annotated[bool, typer.Option(help="a GGUF Q8_0 / Q6_K head stays in its stored blocks "
                                               "(--no-gguf-blocks: dequantized to float32)")] = True,
+    kv_cache: Annotated[str, typer.Option(help="the body's KV cache: dynamic (grown each step) or static "
+                                          "(allocated once)")] = "dynamic",
+    compile_step: Annotated[bool, typer.Option(help="torch.compile the body's one-token step (needs --kv-cache "
+                                               "static; the first run compiles, a minute or more)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
                                           '"text"[, "logprobs", "prompt_logprobs"]}]} only')] = False,
     lora: Annotated[list[str] | None, typer.Option(help="NAME=DIR: a PEFT LoRA adapter (lm_head / embed_tokens) "
@@ -829,7 +833,8 @@ def generate(
                            json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                            artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
                            attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
-                           gguf_blocks=gguf_blocks, bad_words=bad_words or [], stop=stop or [])
+                           gguf_blocks=gguf_blocks, bad_words=bad_words or [], stop=stop or [],
+                           kv_cache=kv_cache, compile_step=compile_step)
     prepared = time.perf_counter()
     report = run_generate(spec, loaded)
     ran = time.perf_counter()

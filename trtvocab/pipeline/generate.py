@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import inspect
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,13 @@ class GenerateSpec:
     # row's completion index (empty: every n is 1).
     sample_index: tuple[int, ...] = ()
     beam_width: int = 1  # > 1: greedy beam search (every prompt; transformers' num_beams)
+    # The body's KV cache (KV_CACHES): "dynamic" (transformers' default, grown each step) or "static"
+    # (its StaticCache, allocated once for the run's longest reach: what compile_step needs; eager,
+    # it measured no faster here). Beam search keeps the dynamic one.
+    kv_cache: str = "dynamic"
+    # The body's one-token steps through torch.compile (static cache only): compiles on the first
+    # run of a process (about a minute for SmolLM2 here), off by default.
+    compile_step: bool = False
 
 
 # -inf logprobs (ids a filter removed, processed modes) print as this, as vLLM's OpenAI server does:
@@ -512,6 +520,8 @@ def prepare(
     gguf_blocks: bool = True,
     bad_words: list[str] | tuple[str, ...] = (),
     stop: list[str] | tuple[str, ...] = (),
+    kv_cache: str = "dynamic",
+    compile_step: bool = False,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -526,9 +536,16 @@ def prepare(
     ``gguf_blocks``: a GGUF Q8_0 / Q6_K head stays in its stored blocks (False: float32-dequantized).
     ``bad_words``: words (text) banned for every prompt, tokenized as vLLM does (:func:`words_token_ids`);
     ``stop``: stop strings (vLLM's ``stop``; the text is cut before the first one).
+    ``kv_cache``: the body's KV cache, ``"static"`` (allocated once) or ``"dynamic"`` (grown each step);
+    ``compile_step``: the body's one-token steps through ``torch.compile`` (static cache only; the
+    first run of a process compiles). Neither changes the tokens (docs/generate.md).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
+    if kv_cache not in KV_CACHES:
+        raise InputError(f"--kv-cache: expected one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+    if compile_step and kv_cache != "static":
+        raise InputError("--compile-step: needs --kv-cache static (a compiled step keeps its shapes)")
     if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
         raise InputError(f"--stop: expected non-empty strings, got {stop!r}"[:300])
     budget = logits_budget_bytes
@@ -612,7 +629,8 @@ def prepare(
                          f"holds at most {limit} positions")
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
                         tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
-                        adapters, per_adapter, bool(gguf_blocks), tuple(stop), tuple(index), beam)
+                        adapters, per_adapter, bool(gguf_blocks), tuple(stop), tuple(index), beam, kv_cache,
+                        bool(compile_step))
     return spec, loaded
 
 
@@ -703,21 +721,54 @@ def _pad_id(model: Any, tokenizer: Any, eos: set[int]) -> int:
     return min(eos) if eos else 0
 
 
-class _Body:
-    """``model.model`` (the decoder stack + final norm) with its KV cache, under either kwarg name."""
+KV_CACHES = ("static", "dynamic")
 
-    def __init__(self, model: Any) -> None:
+
+class _Body:
+    """``model.model`` (the decoder stack + final norm) with its KV cache, under either kwarg name.
+
+    ``kv_cache="static"``: transformers' ``StaticCache`` of ``max_len`` positions, allocated on the
+    first call (its batch is the first call's), and the attention mask handed over at that full
+    length (a step's shapes never change: no per-step reallocation of the cache or the mask);
+    ``"dynamic"``: transformers' default cache, grown each step. ``compile_step``: the one-token
+    steps run through ``torch.compile`` of the body (static cache only; the compiled body is kept per
+    body object, so a process compiles it once per batch shape)."""
+
+    def __init__(self, model: Any, kv_cache: str = "dynamic", max_len: int = 0, compile_step: bool = False) -> None:
         self.body = model.model
         names = inspect.signature(self.body.forward).parameters
         self.cache_kw = "cache" if "cache" in names else "past_key_values"
         self.cache: Any = None
+        self.static = kv_cache == "static"
+        self.max_len = max_len
+        self.step_fn: Any = _compiled_body(self.body) if compile_step and self.static else self.body
 
-    def __call__(self, embeds: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        out = self.body(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
-                        **{self.cache_kw: self.cache})
-        cache = getattr(out, "cache", None)
-        self.cache = cache if cache is not None else out.past_key_values
+    def __call__(self, embeds: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor,
+                 length: int | None = None) -> torch.Tensor:
+        """The last hidden states of ``embeds [B, S, H]``; ``mask``: ``None`` (no padding) or the mask
+        buffer whose first ``length`` columns are the positions so far (all of it when ``length`` is None)."""
+        if self.static and self.cache is None:
+            self.cache = quiet_transformers().StaticCache(config=self.body.config, max_cache_len=self.max_len)
+        if mask is not None and not self.static and length is not None:
+            mask = mask[:, :length]
+        fn = self.step_fn if embeds.shape[1] == 1 else self.body
+        out = fn(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
+                 **{self.cache_kw: self.cache})
+        if not self.static:
+            cache = getattr(out, "cache", None)
+            self.cache = cache if cache is not None else out.past_key_values
         return out.last_hidden_state
+
+
+_COMPILED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _compiled_body(body: Any) -> Any:
+    """``torch.compile`` of a decoder stack, made once per body object (kept beside it, not on it: a
+    module set as an attribute would become a submodule, its weights a second time in the state dict)."""
+    if body not in _COMPILED:
+        _COMPILED[body] = torch.compile(body, dynamic=False)
+    return _COMPILED[body]
 
 
 def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: _ModelFacts) -> tuple[VocabEnds, Any]:
@@ -751,16 +802,21 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     if spec.beam_width > 1:
         return _decode_beams(spec, model, ends, facts)
     eos, pad = set(facts.eos), facts.pad
-    body = _Body(model) if model is not None else None
     batch = len(spec.prompt_ids)
     longest = max(len(p) for p in spec.prompt_ids)
+    # Every step's buffers up front: the mask holds every position the run can reach (the last token
+    # is never fed back), its first `length` columns the positions so far; the feed is refilled.
+    total = longest + spec.max_new_tokens
+    body = _Body(model, spec.kv_cache, total, spec.compile_step) if model is not None else None
     ids = torch.full((batch, longest), pad, dtype=torch.int64)
-    mask = torch.zeros((batch, longest), dtype=torch.int64)
+    mask = torch.zeros((batch, total), dtype=torch.int64)
     for b, p in enumerate(spec.prompt_ids):
         ids[b, longest - len(p):] = torch.tensor(p, dtype=torch.int64)
-        mask[b, longest - len(p):] = 1
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    padded = not bool(mask.all())
+        mask[b, longest - len(p):longest] = 1
+    length = longest
+    positions = (mask[:, :longest].cumsum(-1) - 1).masked_fill(mask[:, :longest] == 0, 0)
+    padded = not bool(mask[:, :longest].all())
+    feed = torch.empty((batch, 1), dtype=torch.int64)
     generated: list[list[int]] = [[] for _ in range(batch)]
     returned: list[list[list[Logprob]]] = [[] for _ in range(batch)]
     active = list(range(batch))
@@ -788,10 +844,10 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     def run_body(ids_now: torch.Tensor, positions_now: torch.Tensor) -> torch.Tensor | None:
         if not adp:  # every rank embeds (a split table: all-reduced) and runs every prompt
             assert body is not None
-            return body(ends.embed(ids_now), mask if padded else None, positions_now)
+            return body(ends.embed(ids_now), mask if padded else None, positions_now, length)
         if hi == lo or body is None:
             return None  # no prompt of this rank's block: it only takes part in the vocab dimension
-        return body(ends.embed(ids_now[lo:hi]), mask[lo:hi] if padded else None, positions_now[lo:hi])
+        return body(ends.embed(ids_now[lo:hi]), mask[lo:hi] if padded else None, positions_now[lo:hi], length)
 
     start = time.perf_counter()
     prefill_s = 0.0
@@ -810,11 +866,11 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
                 state.append_rows(active, next_ids)
             if step == 0:
                 prefill_s = time.perf_counter() - start
-            feed = torch.full((batch, 1), pad, dtype=torch.int64)
+            feed.fill_(pad)  # a finished prompt is fed padding (its row stays in the batch)
+            feed[active, 0] = out.token_ids.to(torch.int64)
             still = []
             for j, (b, tok) in enumerate(zip(active, next_ids, strict=True)):
                 generated[b].append(tok)
-                feed[b, 0] = tok
                 p = spec.params[b]
                 if out.logprobs is not None and p.logprobs is not None:
                     returned[b].append(out.logprobs.row(j, p.logprobs))
@@ -830,7 +886,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
             step += 1
             if not active:
                 break
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.int64)], dim=-1)
+            mask[:, length] = 1
+            length += 1
             positions = positions[:, -1:] + 1
             hidden = run_body(feed, positions)
     decode_s = time.perf_counter() - start - prefill_s
@@ -907,7 +964,7 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
     return generate(spec, loaded)
 
 
-__all__ = ["SETUP_HANDSHAKE", "ArtifactSpec", "GenerateReport", "GenerateResult",
+__all__ = ["KV_CACHES", "SETUP_HANDSHAKE", "ArtifactSpec", "GenerateReport", "GenerateResult",
            "GenerateSpec", "LoadedModel", "artifact_spec", "check_options",
            "choose_body_ranks", "cut_at_stop", "encode_prompts", "generate", "load_model", "model_path",
            "parse_logit_bias", "prepare", "prompt_block", "run", "sampling_params",
