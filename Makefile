@@ -29,7 +29,7 @@ help:
 	@echo "make test-fast  the suite without its slow tiers (ranks, real models, fresh interpreters)"
 	@echo "make setup      create .venv, install torch and trtvocab[all], build and self-check the CPU kernels"
 	@echo "make lint       ruff, the import-graph check and the dead-code check (vulture)"
-	@echo "make readme     run every command block of README.md for real, in a scratch copy (about 10 minutes)"
+	@echo "make readme     run every command block of README.md for real, in a scratch copy (about 9 minutes)"
 	@echo "make quantized  FP8 and NVFP4 ModelOpt checkpoints of MiniLM's head, and their engines"
 	@echo "make bench      the benchmarks (ratios measured side by side)"
 	@echo "make gpu-check  the checks that need CUDA (says so and exits 0 without a GPU)"
@@ -65,7 +65,7 @@ lint: setup
 	$(BIN)/python -m vulture
 
 test: setup lint
-	$(say) "pytest: the whole suite (about 12 minutes on a quiet 2-core machine, longer on a busy one; make test-fast skips the slow tiers)"
+	$(say) "pytest: the whole suite (about 10 minutes on a quiet 2-core machine, longer on a busy one; make test-fast skips the slow tiers)"
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:cacheprovider --durations=25
 
 # Without the tiers that imply `slow` (declared in each test file, checked by tests/conftest.py): `ranks`
