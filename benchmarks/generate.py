@@ -3,12 +3,14 @@ plain ``transformers`` greedy, on SmolLM2 or Gemma 3 (``--model``).
 
     .venv/bin/python benchmarks/generate.py                    # 8 prompts x 32 new tokens, tp 1, 2, 3, 5
     .venv/bin/python benchmarks/generate.py --tokens 16 --tp 1,3 --batch 4
+    .venv/bin/python benchmarks/generate.py --tp 1,2 --body-kernels --peer vllm --model gemma3
 
 Same model object, same prompts (one left-padded batch), greedy, one torch thread per process
 (each tp rank runs one thread too). Timed: the decode loop, prefill included, model loading and
 rank start-up not; the best of ``--repeats`` runs (after one warm-up of transformers).
 ``--profile`` instead splits tp 1's decode steps (see :func:`profile`). ``--kv-cache dynamic,static``
-and ``--compile`` add tp 1 rows with the static cache and the compiled step. ``--peer vllm`` adds
+and ``--compile`` add tp 1 rows with the static cache and the compiled step, ``--body-kernels`` a
+row of each mode with ``generate --body-kernels``. ``--peer vllm`` adds
 vLLM's CPU engine (its own venv, ``--peer-python``; skipped with a note when absent) on the same
 weights saved as a float32 HF folder, the same prompt ids and token count, greedy, run after
 trtvocab's rows as a child process (docs/generate.md, "Against vLLM").
@@ -183,6 +185,8 @@ def main() -> None:
                         "static (a row each at tp 1; tp > 1 rows use the first)")
     parser.add_argument("--compile", action="store_true", help="also tp 1 with a static cache and torch.compile "
                         "of the one-token step (prints its compile time)")
+    parser.add_argument("--body-kernels", action="store_true", help="also every row with the body's "
+                        "float32 linears on trtvocab's dense kernel (generate --body-kernels)")
     parser.add_argument("--peer", choices=["vllm"], help="add vLLM's CPU engine on the same weights (its own venv)")
     parser.add_argument("--peer-python", default=os.environ.get("TRTVOCAB_VLLM_PYTHON", VLLM_PYTHON),
                         help="vLLM's interpreter (default: $TRTVOCAB_VLLM_PYTHON, else %(default)s)")
@@ -227,17 +231,19 @@ def main() -> None:
     tp1_ids: list[list[int]] = []
     notes: list[str] = []
     for tp in (int(t) for t in args.tp.split(",")):
-        modes: list[tuple[bool, int | None, str, bool]] = [(False, None, c, False) for c in
-                                                           (caches if tp == 1 else caches[:1])]
+        modes: list[tuple[bool, int | None, str, bool, bool]] = [(False, None, c, False, False) for c in
+                                                                 (caches if tp == 1 else caches[:1])]
         if tp == 1 and args.compile:
-            modes.append((False, None, "static", True))
+            modes.append((False, None, "static", True, False))
         if tp > 1:
-            modes.append((True, None, caches[0], False))
+            modes.append((True, None, caches[0], False, False))
             if args.all_bodies and G.choose_body_ranks(tp, len(prompts)) < tp:
-                modes.append((True, tp, caches[0], False))
-        for adp, bodies, cache, compiled in modes:
+                modes.append((True, tp, caches[0], False, False))
+        if args.body_kernels:
+            modes += [(adp, bodies, cache, compiled, True) for adp, bodies, cache, compiled, _ in list(modes)]
+        for adp, bodies, cache, compiled, kernels in modes:
             spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens, attention_dp=adp,
-                                body_ranks=bodies, kv_cache=cache, compile_step=compiled)
+                                body_ranks=bodies, kv_cache=cache, compile_step=compiled, body_kernels=kernels)
             if compiled:  # the first run compiles: timed apart
                 t0 = time.perf_counter()
                 G.generate(spec, loaded)
@@ -249,7 +255,8 @@ def main() -> None:
             if tp == 1 and tp1 is None:
                 tp1, tp1_ids = rate, [r.token_ids for r in report.results]
             name = f"trtvocab generate tp {tp}" + (f" attention-dp ({spec.body_ranks} bodies)" if adp else "") + \
-                (f" {cache} cache" if len(caches) > 1 or compiled else "") + (" + compile" if compiled else "")
+                (f" {cache} cache" if len(caches) > 1 or compiled else "") + (" + compile" if compiled else "") + \
+                (" + body kernels" if kernels else "")
             rows.append((name, rate, count))
 
     peer = None

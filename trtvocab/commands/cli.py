@@ -810,6 +810,8 @@ def generate(
                                           "(allocated once)")] = "dynamic",
     compile_step: Annotated[bool, typer.Option(help="torch.compile the body's one-token step (needs --kv-cache "
                                                "static; the first run compiles, a minute or more)")] = False,
+    body_kernels: Annotated[bool, typer.Option(help="the body's float32 linear layers multiply decode batches on "
+                                               "trtvocab's dense kernel (faster at a few rows)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"results": [{"prompt", "token_ids", '
                                           '"text"[, "logprobs", "prompt_logprobs"]}]} only')] = False,
     lora: Annotated[list[str] | None, typer.Option(help="NAME=DIR: a PEFT LoRA adapter (lm_head / embed_tokens) "
@@ -834,7 +836,8 @@ def generate(
                            artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
                            attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
                            gguf_blocks=gguf_blocks, bad_words=bad_words or [], stop=stop or [],
-                           kv_cache=kv_cache, compile_step=compile_step)
+                           kv_cache=kv_cache, compile_step=compile_step,
+                           body_kernels=body_kernels)
     prepared = time.perf_counter()
     report = run_generate(spec, loaded)
     ran = time.perf_counter()

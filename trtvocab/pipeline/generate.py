@@ -16,6 +16,7 @@ See docs/generate.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -37,6 +38,7 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.launch import run_ranks, usable_cores, warm_up
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import calc_shard
+from trtvocab.pipeline.body_kernels import KernelLinears, body_kernel_reason
 from trtvocab.pipeline.decode import TorchEnds, VocabEnds, open_vocab_ends
 from trtvocab.sampling import SamplingParams, TokenState
 from trtvocab.sampling.added_vocab import state_placement
@@ -117,6 +119,9 @@ class GenerateSpec:
     # The body's one-token steps through torch.compile (static cache only): compiles on the first
     # run of a process (about a minute for SmolLM2 here), off by default.
     compile_step: bool = False
+    # The body's float32 linear layers multiply decode batches on trtvocab's dense kernel
+    # (pipeline/body_kernels.py: within float32 rounding of torch's sgemm, faster at a few rows).
+    body_kernels: bool = False
 
 
 # -inf logprobs (ids a filter removed, processed modes) print as this, as vLLM's OpenAI server does:
@@ -522,6 +527,7 @@ def prepare(
     stop: list[str] | tuple[str, ...] = (),
     kv_cache: str = "dynamic",
     compile_step: bool = False,
+    body_kernels: bool = False,
 ) -> tuple[GenerateSpec, LoadedModel]:
     """Validate everything, then load the model: the run's spec and the loaded model.
 
@@ -539,6 +545,8 @@ def prepare(
     ``kv_cache``: the body's KV cache, ``"static"`` (allocated once) or ``"dynamic"`` (grown each step);
     ``compile_step``: the body's one-token steps through ``torch.compile`` (static cache only; the
     first run of a process compiles). Neither changes the tokens (docs/generate.md).
+    ``body_kernels``: the body's float32 linear layers multiply decode batches on trtvocab's dense
+    kernel (:mod:`trtvocab.pipeline.body_kernels`; a compiled step calls it as one opaque op).
     Cheap checks (options, the grammar, the artifact's manifest against the checkpoint's
     header) come before the model is loaded.
     """
@@ -546,6 +554,8 @@ def prepare(
         raise InputError(f"--kv-cache: expected one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
     if compile_step and kv_cache != "static":
         raise InputError("--compile-step: needs --kv-cache static (a compiled step keeps its shapes)")
+    if body_kernels and (reason := body_kernel_reason()) is not None:
+        raise InputError(f"--body-kernels: {reason}")
     if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
         raise InputError(f"--stop: expected non-empty strings, got {stop!r}"[:300])
     budget = logits_budget_bytes
@@ -630,7 +640,7 @@ def prepare(
     spec = GenerateSpec(str(path), tuple(prompts), tuple(tuple(p) for p in ids), ranks, max_new_tokens,
                         tuple(per_prompt), per_grammar, art, deterministic, bool(attention_dp), bodies, budget,
                         adapters, per_adapter, bool(gguf_blocks), tuple(stop), tuple(index), beam, kv_cache,
-                        bool(compile_step))
+                        bool(compile_step), bool(body_kernels))
     return spec, loaded
 
 
@@ -734,8 +744,10 @@ class _Body:
     steps run through ``torch.compile`` of the body (static cache only; the compiled body is kept per
     body object, so a process compiles it once per batch shape)."""
 
-    def __init__(self, model: Any, kv_cache: str = "dynamic", max_len: int = 0, compile_step: bool = False) -> None:
+    def __init__(self, model: Any, kv_cache: str = "dynamic", max_len: int = 0, compile_step: bool = False,
+                 body_kernels: bool = False) -> None:
         self.body = model.model
+        self.linears = KernelLinears(self.body) if body_kernels else None
         names = inspect.signature(self.body.forward).parameters
         self.cache_kw = "cache" if "cache" in names else "past_key_values"
         self.cache: Any = None
@@ -752,8 +764,9 @@ class _Body:
         if mask is not None and not self.static and length is not None:
             mask = mask[:, :length]
         fn = self.step_fn if embeds.shape[1] == 1 else self.body
-        out = fn(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
-                 **{self.cache_kw: self.cache})
+        with self.linears.swapped() if self.linears is not None else contextlib.nullcontext():
+            out = fn(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
+                     **{self.cache_kw: self.cache})
         if not self.static:
             cache = getattr(out, "cache", None)
             self.cache = cache if cache is not None else out.past_key_values
@@ -807,7 +820,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: _M
     # Every step's buffers up front: the mask holds every position the run can reach (the last token
     # is never fed back), its first `length` columns the positions so far; the feed is refilled.
     total = longest + spec.max_new_tokens
-    body = _Body(model, spec.kv_cache, total, spec.compile_step) if model is not None else None
+    body = _Body(model, spec.kv_cache, total, spec.compile_step, spec.body_kernels) if model is not None else None
     ids = torch.full((batch, longest), pad, dtype=torch.int64)
     mask = torch.zeros((batch, total), dtype=torch.int64)
     for b, p in enumerate(spec.prompt_ids):
@@ -900,7 +913,7 @@ def _decode_beams(spec: GenerateSpec, model: Any, ends: VocabEnds, facts: _Model
     bookkeeping of :class:`~trtvocab.sampling.beam.BeamSearch`, the KV cache reordered after each step."""
 
     w, batch = spec.beam_width, len(spec.prompt_ids)
-    body = _Body(model)
+    body = _Body(model, body_kernels=spec.body_kernels)
     longest = max(len(p) for p in spec.prompt_ids)
     ids = torch.full((batch, longest), facts.pad, dtype=torch.int64)
     mask = torch.zeros((batch, longest), dtype=torch.int64)
