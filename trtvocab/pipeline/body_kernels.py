@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from trtvocab import kernels
-from trtvocab.errors import InputError
+from trtvocab.errors import EngineUnavailableError, InputError
 from trtvocab.kernels import gemm
 
 
@@ -39,7 +39,8 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     (a compiled step calls it where eager calls the kernel directly)."""
     loaded = kernels.load()
     if loaded is None:
-        raise RuntimeError("trtvocab::dense_linear: the fused kernels are unavailable")
+        raise EngineUnavailableError(f"trtvocab::dense_linear: the fused kernels are unavailable "
+                                     f"({kernels.unavailable_reason()})")
     return gemm.dense_logits(loaded, x.contiguous(), weight.shape[1], weight)
 
 
