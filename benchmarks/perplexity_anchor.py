@@ -235,7 +235,7 @@ def show(r: dict[str, Any]) -> None:
         print(f"  trtvocab {name:<13} ({fmt}): PPL {t['ppl']:.4f} ± {t['ppl_pm']:.4f}   "
               f"/ llama.cpp {vs['ratio']:.5f} ± {vs['pm']:.5f}")
     sf = r["ratios"]["stored/float32"]
-    print(f"  stored / float32: {sf['ratio']:.6f} ± {sf['pm']:.6f} (goal within 1 %: "
+    print(f"  stored / float32: 1 {sf['ratio'] - 1:+.2e} ± {sf['pm']:.1e} (goal within 1 %: "
           f"{'met' if r['goals']['stored_within_1pct_of_float32'] else 'NOT met'}); stored / llama.cpp <= 1: "
           f"{'met' if r['goals']['stored_not_worse_than_llamacpp'] else 'NOT met'}")
     for name, k in r.get("kl", {}).items():
