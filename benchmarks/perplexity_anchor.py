@@ -39,6 +39,11 @@ llama.cpp's distribution over the full vocabulary (``trtvocab.accuracy.stats``, 
 KLD), and of ``stored`` against ``float32``; the child then writes its scored logits (``[n_ctx/2 - 1, V]``
 float32 a chunk) to a temporary folder.
 
+``--llama-perplexity BIN`` also runs llama.cpp's own ``llama-perplexity`` program (built from the same source:
+``cmake -B build -DLLAMA_CURL=OFF && cmake --build build --target llama-perplexity``) on the file and text with
+``-c n_ctx -t threads`` (its defaults otherwise: it evaluates four chunks a decode) and reports its final
+estimate beside the child's: a check that the child's windows are the tool's (``--chunks`` passes ``--chunks``).
+
 Prints one table and, with ``--json``, writes every number (and the load average before and after).
 """
 
@@ -48,6 +53,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -97,6 +103,20 @@ def run_llamacpp(python: str, job: dict[str, Any], timeout: int) -> dict[str, An
     return json.loads(lines[-1])
 
 
+def run_llama_perplexity(binary: str, path: Path, text_file: Path, n_ctx: int, chunks: int | None, threads: int,
+                         timeout: int) -> dict[str, Any]:
+    """llama.cpp's ``llama-perplexity`` on the same file and text: its final estimate and its ±."""
+    cmd = [binary, "-m", str(path), "-f", str(text_file), "-c", str(n_ctx), "-t", str(threads)]
+    if chunks is not None:
+        cmd += ["--chunks", str(chunks)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    found = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", done.stdout + done.stderr)
+    if done.returncode != 0 or found is None:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
+        raise RuntimeError(f"llama-perplexity failed (exit {done.returncode}):\n{tail}")
+    return {"ppl": float(found.group(1)), "ppl_pm": float(found.group(2)), "command": " ".join(cmd)}
+
+
 def tokenization_check(tok: Any, text: str, ids: list[int]) -> dict[str, Any]:
     """transformers' ids of ``text`` (its special-token rule) against llama.cpp's."""
     hf = list(tok(text).input_ids)
@@ -128,7 +148,7 @@ def paired_ratio(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 def anchor(path: Path, text_file: Path, *, n_ctx: int, chunks: int | None, threads: int, python: str,
-           kl: bool, flash_attn: bool, timeout: int) -> dict[str, Any]:
+           kl: bool, flash_attn: bool, timeout: int, llama_perplexity: str | None = None) -> dict[str, Any]:
     from trtvocab import LMHead
     from trtvocab.accuracy.stats import TokenRows, llamacpp_stats, mean_and_uncertainty, token_rows
     from trtvocab.checkpoints.hf_loader import load_causal_lm
@@ -214,6 +234,9 @@ def anchor(path: Path, text_file: Path, *, n_ctx: int, chunks: int | None, threa
                                                              "same_top", "same_top_pm", "ppl_q", "ppl_base")}
     result["goals"] = {"stored_within_1pct_of_float32": abs(ratios["stored/float32"][0] - 1.0) <= 0.01,
                        "stored_not_worse_than_llamacpp": ratios["stored/llamacpp"][0] <= 1.0}
+    if llama_perplexity:
+        result["llama_perplexity"] = run_llama_perplexity(llama_perplexity, path, text_file, n_ctx, chunks, threads,
+                                                          timeout)
     result["load_average"] = {"before": load_before[0], "after": os.getloadavg()[0], "cores": os.cpu_count()}
     return result
 
@@ -228,6 +251,9 @@ def show(r: dict[str, Any]) -> None:
     lc = r["llamacpp"]
     print(f"  llama.cpp {lc['version']} ({lc['threads']} threads, flash_attn {lc['flash_attn']}): "
           f"PPL {lc['ppl']:.4f} ± {lc['ppl_pm']:.4f}")
+    if "llama_perplexity" in r:
+        lp = r["llama_perplexity"]
+        print(f"  llama-perplexity (the program, same file and text): PPL {lp['ppl']:.4f} ± {lp['ppl_pm']:.4f}")
     for name in HEADS:
         t = r["trtvocab"][name]
         fmt = r["head_format"].get(name, "transformers lm_head")
@@ -259,6 +285,7 @@ def main() -> None:
     parser.add_argument("--no-kl", dest="kl", action="store_false", help="PPL only (no logits file, no KL)")
     parser.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
                         help="llama.cpp without flash attention (llama-perplexity's 'auto' turns it on on a CPU)")
+    parser.add_argument("--llama-perplexity", metavar="BIN", help="also run this llama-perplexity program")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds for the llama.cpp child")
     parser.add_argument("--json", type=Path, help="write every number here")
     args = parser.parse_args()
@@ -268,7 +295,8 @@ def main() -> None:
         raise SystemExit(f"no llama.cpp interpreter at {args.peer_python} (python3 -m venv /work/llamacpp-venv && "
                          f"/work/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36 numpy; or --peer-python)")
     result = anchor(model_file(args.model), args.text, n_ctx=args.ctx, chunks=args.chunks, threads=args.threads,
-                    python=args.peer_python, kl=args.kl, flash_attn=args.flash_attn, timeout=args.timeout)
+                    python=args.peer_python, kl=args.kl, flash_attn=args.flash_attn, timeout=args.timeout,
+                    llama_perplexity=args.llama_perplexity)
     show(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
