@@ -175,7 +175,8 @@ def test_readme_commands_run_as_written() -> None:
 
 
 def test_the_checker_catches_what_the_newcomer_hit() -> None:
-    """The four README lines of issue 39 as they were: each is reported."""
+    """Four broken README lines (a file no line writes, a misspelled option, a misspelled command): each
+    is reported, and a file an earlier line writes is not."""
     session = Session()
     session.run("make demo")
     for line in ["trtvocab hidden SmolLM2-135M-Instruct.Q4_1.gguf --text-file examples/texts/eval.txt "
