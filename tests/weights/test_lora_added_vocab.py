@@ -219,11 +219,14 @@ def test_sampler_paths_and_export_with_added_tokens(tmp_path: Path) -> None:
         masked[:, 10:V] = float("-inf")
         assert torch.equal(limited, masked.argmax(-1))
         assert torch.equal(chunked.greedy(hidden, head), expected.argmax(-1))  # the stream holds both segments
-    # Packed rows with seq_lens: each sequence's last row is drawn (sequence ends 1, 4, 6, 7 of 8 rows)
-    lens = torch.tensor([2, 3, 2, 1])
-    with head.use_adapters(picks[:4]):
-        assert torch.equal(decode(hidden, head, SamplingParams(temperature=0.0), seq_lens=lens),
-                           expected[[1, 4, 6, 7]].argmax(-1))
+    # Packed rows with seq_lens: each sequence's last row is drawn (sequence ends 1, 4, 6, 7 of 8 rows), with
+    # one adapter pick per sequence
+    lens, ends, seq_picks = torch.tensor([2, 3, 2, 1]), [1, 4, 6, 7], torch.tensor([-1, 0, 0, -1])
+    last = hidden[ends]
+    want = torch.where(seq_picks[:, None] >= 0, last @ copy_rows.t(),
+                       torch.cat([last @ head.weight.t(), torch.full((4, 3), float("-inf"))], 1))
+    with head.use_adapters(seq_picks):
+        assert torch.equal(decode(hidden, head, SamplingParams(temperature=0.0), seq_lens=lens), want.argmax(-1))
         with pytest.raises(InputError, match="seq_lens"):  # lengths that do not add up to the 8 rows
             decode(hidden, head, SamplingParams(temperature=0.0), seq_lens=torch.tensor([2, 3]))
     from trtvocab.export.onnx import export_onnx
