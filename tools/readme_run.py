@@ -9,7 +9,7 @@ the PATH and ``.venv`` in the copy is the real one. ``[...]`` parts of a line ar
 out (it is what runs this). Each ```python block is run as a script; where the README says right after it
 ``This prints `X```, the script's output must contain X. Exit status 1 if any line fails, with the line,
 its exit status and the end of its output; every line's wall time is printed (and written with ``--json``).
-``make readme`` runs this; ``tests/test_readme.py`` parses the same lines with the real CLI and runs the
+``make readme`` runs this; ``tests/project/test_readme.py`` parses the same lines with the real CLI and runs the
 ``--quick`` ones for real.
 """
 
@@ -46,9 +46,15 @@ class Step:
     expect: str | None = None  # what the output must contain (python blocks)
 
 
-def strip_optional(line: str) -> str:
-    """``line`` without its ``[...]`` parts (outside quotes and before any comment)."""
-    out, depth, quote = [], 0, ""
+def split_optional(line: str) -> tuple[str, list[list[str]]]:
+    """``line`` without its ``[...]`` parts (those outside quotes and before any comment; runs of blanks
+    become one space), and those parts, each as the list of its alternatives, separated by a ``|`` that stands
+    alone (``[--a 1 | --b]``: ``["--a 1", "--b"]``; ``[--c x|y]``: ``["--c x|y"]``). The one parser of the
+    README's optional parts: ``tests/project/test_readme.py`` tokenizes what it returns."""
+    out: list[str] = []
+    parts: list[list[str]] = []
+    inside: list[str] = []
+    depth, quote = 0, ""
     for i, ch in enumerate(line):
         if quote:
             quote = "" if ch == quote else quote
@@ -58,14 +64,21 @@ def strip_optional(line: str) -> str:
             out.append(line[i:])
             break
         elif ch == "[" and (i == 0 or line[i - 1].isspace()) and not depth:
-            depth = 1
+            depth, inside = 1, []
             continue
         elif ch == "]" and depth:
             depth = 0
+            parts.append(_alternatives(inside))
             continue
-        if not depth:
-            out.append(ch)
-    return re.sub(r"[ \t]+", " ", "".join(out)).strip()
+        (inside if depth else out).append(ch)
+    if depth:  # a part the line leaves open runs to its end
+        parts.append(_alternatives(inside))
+    return re.sub(r"[ \t]+", " ", "".join(out)).strip(), parts
+
+
+def _alternatives(chars: list[str]) -> list[str]:
+    """An optional part's text split at each ``|`` that stands alone."""
+    return [alt.strip() for alt in re.split(r"(?<!\S)\|(?!\S)", "".join(chars))]
 
 
 def steps(readme: str) -> list[Step]:
@@ -82,7 +95,7 @@ def steps(readme: str) -> list[Step]:
         for line in joined.splitlines():
             line = line.strip()
             if line and not line.startswith("#"):
-                found.append(Step("bash", strip_optional(line), line))
+                found.append(Step("bash", split_optional(line)[0], line))
     return found
 
 

@@ -3,7 +3,7 @@
 Each class takes one message argument so that it pickles cleanly across the
 process boundary of a multi-rank launch (a rank's typed error arrives in the
 parent as the same type, with the same text); RankFailures adds the per-rank errors
-and pickles them along.
+and pickles them along. :func:`first_line` is how their messages quote another library's exception.
 """
 
 from __future__ import annotations
@@ -90,3 +90,10 @@ class WriteError(ArtifactError, OSError):
 
 class EngineUnavailableError(TrtVocabError, RuntimeError):
     """TensorRT or a suitable GPU is not available for the requested engine."""
+
+
+def first_line(exc: BaseException, limit: int | None = 300) -> str:
+    """The first non-blank line of an exception's message (leading blanks dropped), at most ``limit``
+    characters (None: all of it), for one-line errors that quote it; ``""`` for a blank message."""
+    text = str(exc).strip().splitlines()
+    return text[0][:limit] if text else ""

@@ -70,18 +70,21 @@ class VocabParallelModule(nn.Module):
             raise ConfigError(f"{what} dtype must be one of {list(DTYPES)}, got {dtype}")
         self.mapping = mapping or Mapping()
         self.vocab_size, self.hidden_size, self.dtype = vocab_size, hidden_size, dtype
-        self.vocab_layout, self.pad_to = vocab_layout, pad_to
+        self.pad_to = pad_to
         self.is_split = self.mapping.lm_head_is_split
-        self.tp_size = self.mapping.tp_size if self.is_split else 1
-        self.tp_rank = self.mapping.tp_rank if self.is_split else 0
-        if self.is_split and vocab_size < self.tp_size:
-            raise ConfigError(f"{what} vocab_size ({vocab_size}) is smaller than tp_size ({self.tp_size})")
+        tp_size = self.mapping.tp_size if self.is_split else 1
+        tp_rank = self.mapping.tp_rank if self.is_split else 0
+        if self.is_split and vocab_size < tp_size:
+            raise ConfigError(f"{what} vocab_size ({vocab_size}) is smaller than tp_size ({tp_size})")
         if self.is_split and process_group is None and self.mapping.world_size != self.mapping.tp_size:
             raise ConfigError(f"{what}: world_size > tp_size needs the TP process_group "
                               "(trtvocab.parallel.distributed.new_tp_group)")
         self.process_group = process_group
-        self.shards: list[VocabShard] = all_shards(vocab_size, self.tp_size, vocab_layout, pad_to)
-        self.shard: VocabShard = self.shards[self.tp_rank]
+        self.shards: list[VocabShard] = all_shards(vocab_size, tp_size, vocab_layout, pad_to)
+        self.shard: VocabShard = self.shards[tp_rank]
+        # This rank's place in the split without its runtime parts (group, device, handshake state): what the
+        # shard properties below read, so that the shard math has one home (VocabPlacement).
+        self._split = VocabPlacement(self.shard, tuple(self.shards), pad_to, self.is_split)
         self.handshake_state = D.HandshakeState()
         # LoRA adapters (trtvocab.weights.lora), this rank's part of each; a row picks one by index.
         self.adapters: list[Any] = []
@@ -92,14 +95,28 @@ class VocabParallelModule(nn.Module):
                                                                       pad_to)
         self._token_order: torch.Tensor | None = None
 
-    # ---- where this rank's columns are -----------------------------------------------------------
+    # ---- where this rank's columns are (VocabPlacement's properties) -------------------------------
+    @property
+    def tp_size(self) -> int:
+        """The ranks the vocabulary is split over (1: replicated)."""
+        return self._split.tp_size
+
+    @property
+    def tp_rank(self) -> int:
+        """This rank's shard (0: replicated)."""
+        return self._split.tp_rank
+
+    @property
+    def vocab_layout(self) -> VocabLayout:
+        return self._split.vocab_layout
+
     @property
     def vocab_start(self) -> int:
-        return self.shard.start
+        return self._split.vocab_start
 
     @property
     def vocab_end(self) -> int:
-        return self.shard.end
+        return self._split.vocab_end
 
     @property
     def local_vocab_size(self) -> int:
@@ -124,7 +141,7 @@ class VocabParallelModule(nn.Module):
     @property
     def layout_code(self) -> int:
         """The layout as one handshake integer: 0 = uneven, else the padded layout's pad_to."""
-        return 0 if self.vocab_layout == "uneven" else self.pad_to
+        return self._split.layout_code
 
     def resident_bytes(self) -> int:
         return self.weights.resident_bytes()

@@ -396,7 +396,7 @@ def test_data_truncated_after_opening_is_reported_on_read(tmp_path: Path) -> Non
         lazy[0:V]
 
 
-# ---- the data section (issue 19 High 2): the real file with its offsets moved ---------------------------
+# ---- the data section: the real file with its offsets moved (overlaps, gaps, trailing bytes, misalignment) -
 def _offset_field(data: bytes, tensor: str) -> int:
     """Where the data offset of ``tensor``'s header record is (after its name, dims and type)."""
     return _type_field_offset(data, tensor) + 4
@@ -480,8 +480,8 @@ def _with_nested_array(src: Path, dst: Path, arrays: int) -> Path:
 
 
 def test_deeply_nested_metadata_arrays_are_refused_not_recursed(tmp_path: Path) -> None:
-    """Issue 19: metadata arrays nested 900 or 100k deep raised RecursionError; the reader counts the
-    depth and refuses past MAX_ARRAY_DEPTH with a CheckpointError naming the file and the limit."""
+    """Metadata arrays nested 900 or 100k deep are refused, not recursed into (no RecursionError): the reader
+    counts the depth and refuses past MAX_ARRAY_DEPTH with a CheckpointError naming the file and the limit."""
     small = _small(tmp_path)
     for arrays in (900, 100_000):
         path = _with_nested_array(small, tmp_path / f"deep{arrays}.gguf", arrays)

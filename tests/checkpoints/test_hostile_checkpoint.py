@@ -1,4 +1,4 @@
-"""Hostile checkpoint files (issue 11): safetensors files, HF folders and their JSON, GGUF metadata.
+"""Hostile checkpoint files: safetensors files, HF folders and their JSON, GGUF metadata.
 
 Grouped by family: files that are not regular files (they used to block a reader forever),
 index entries that lead out of the checkpoint folder, error messages that quoted bytes of a

@@ -1,7 +1,7 @@
 """An artifact knows which checkpoint it was built from, and `generate` refuses another one's.
 
-Issue 19 (High 5): SmolLM2 with a synthetic artifact of the same shape (49152 x 576) decoded
-" honeybees CAPalgorithm" without a word. The manifest now records the head's digest
+An artifact built from another checkpoint of the same shape (a synthetic 49152 x 576 head next to
+SmolLM2) must not decode: the manifest records the head's digest
 (:func:`trtvocab.checkpoints.provenance.head_digest`) and `generate` compares it with the model's.
 """
 

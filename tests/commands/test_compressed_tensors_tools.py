@@ -1,4 +1,4 @@
-"""`trtvocab quantize --format compressed-tensors` and `trtvocab compare --variant TOOLCHAIN:NAME=DIR` (issue 20.3/4).
+"""`trtvocab quantize --format compressed-tensors` and `trtvocab compare --variant TOOLCHAIN:NAME=DIR`.
 
 The written checkpoints are read back by the compressed-tensors library's own ``decompress``
 (tests/quant/ct_writer.py: the reference) and by trtvocab; their weight tensors are checked against the

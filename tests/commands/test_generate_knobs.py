@@ -1,9 +1,9 @@
-"""``trtvocab generate``'s serving knobs on SmolLM2-135M-Instruct (DESIGN §9's flags and ``--json`` logprobs).
+"""``trtvocab generate``'s serving knobs on SmolLM2-135M-Instruct (its flags and ``--json`` logprobs).
 
 * ``--repetition-penalty``, ``--logit-bias``, ``--bad-words`` and ``--min-tokens`` at tp 1 give
   transformers' own greedy ``generate`` with its processors (``RepetitionPenaltyLogitsProcessor``,
   ``SequenceBiasLogitsProcessor``, ``NoBadWordsLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``),
-  token for token; ``--logprobs 3`` returns DESIGN §9's shape, its values a float64 log-softmax of
+  token for token; ``--logprobs 3`` returns docs/generate.md's shape, its values a float64 log-softmax of
   transformers' raw logits.
 * The same knobs, seeded typical-p, stop ids and stop strings give the same tokens and logprobs at tp 2 and 3.
 * Bad flag values are one ``error:`` line naming the flag.

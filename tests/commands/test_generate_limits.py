@@ -1,4 +1,4 @@
-"""Hostile inputs to ``trtvocab generate`` (issue 19): constraints and models it must refuse.
+"""Hostile inputs to ``trtvocab generate``: constraints and models it must refuse.
 
 * A constraint is bounded before xgrammar sees it (size, nesting) and its compile is bounded in
   time: a 12 MB schema (an enum of 500k strings) used to hang past 60 s, a 3000-deep schema raised

@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 11): no data loss, no hang, no silent wrong answer, no traceback.
+"""Hostile inputs: no data loss, no hang, no silent wrong answer, no traceback.
 
 Grouped by family. Every case asserts the error's type and that its message names the
 input; CLI cases assert exit code 2, one ``error:`` line and no ``Traceback``; cases that
@@ -443,7 +443,7 @@ def test_run_ranks_returns_once_a_peer_failed(tmp_path: Path) -> None:
     assert "Traceback" not in str(info.value)  # a typed error carries no traceback
 
 
-# ==== silent wrong answers: the manifest must agree with the shard math, the files and itself ===========
+# ==== silent wrong answers: the manifest must agree with the shard math, the files and itself ============
 def _set(path: str, value: Any) -> Any:
     def mutate(m: dict[str, Any]) -> None:
         *parents, last = path.split(".")
@@ -905,7 +905,7 @@ def test_cli_prints_a_rank_failure_as_the_failing_ranks_typed_error(capsys) -> N
     assert_cli_error(2, err, "ArtifactError: /a/rank1/weights.safetensors: checksum mismatch [bold]", "(rank 1;")
 
 
-# ==== disk full, file too large (issue 19) ================================================================
+# ==== disk full, file too large: one WriteError, the old artifact kept ===================================
 def _enospc_safetensors(monkeypatch) -> None:
     """``save_file`` as it fails on a full disk: a partial file, then safetensors' own error."""
     from safetensors import SafetensorError
@@ -948,8 +948,8 @@ DISK_FULL = {"weights ENOSPC": (_enospc_safetensors, "rank0/weights.safetensors"
 def test_disk_full_during_build_is_one_error_line_and_keeps_the_old_artifact(art: Path, tmp_path: Path,
                                                                              monkeypatch, case: str,
                                                                              force: bool) -> None:
-    """Issue 19: ENOSPC / EFBIG while building raised a raw SafetensorError / OSError. Now: a WriteError
-    naming the artifact and the file, the old artifact byte for byte as it was, no private folder left."""
+    """ENOSPC / EFBIG while building is a WriteError naming the artifact and the file (not a raw
+    SafetensorError / OSError), the old artifact byte for byte as it was, no private folder left."""
     fail, file, why = DISK_FULL[case]
     out = copy_art(art, tmp_path / "a") if force else tmp_path / "a"
     before = snapshot(out) if force else None
@@ -1028,7 +1028,7 @@ def test_cli_infer_out_on_a_full_disk_is_one_error_line(art: Path, hidden_file: 
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
-# ==== compare options (issue 19) ==========================================================================
+# ==== compare options: bounded before any work ===========================================================
 @pytest.mark.parametrize("args, text", [
     (["--bootstrap", "1000000000"], "--bootstrap: resamples must be an int in [0, 100000]"),
     (["--bootstrap", "-1"], "--bootstrap: resamples must be an int in [0, 100000]"),
@@ -1036,8 +1036,8 @@ def test_cli_infer_out_on_a_full_disk_is_one_error_line(art: Path, hidden_file: 
     (["--seed", str(2**63)], "--seed: the bootstrap seed must be an int in [0, 2**63 - 1]"),
 ])
 def test_cli_compare_bounds_bootstrap_and_seed(tmp_path: Path, args: list[str], text: str) -> None:
-    """Issue 19: --bootstrap 1000000000 asked numpy for 74.5 GiB (ArrayMemoryError), --seed -1 was a
-    ValueError traceback. Both are ConfigErrors naming the option and its range, before any work."""
+    """--bootstrap 1000000000 (74.5 GiB of resamples) and --seed -1 are ConfigErrors naming the option and
+    its range, before any work (not an ArrayMemoryError or a ValueError traceback)."""
     ckpt = tmp_path / "base.safetensors"
     save_file({"lm_head.weight": torch.randn(V, H)}, str(ckpt))
     hidden = tmp_path / "h.safetensors"
@@ -1057,7 +1057,7 @@ def test_llamacpp_stats_bounds_bootstrap_and_seed() -> None:
             check_bootstrap(bootstrap, seed)
 
 
-# ==== hidden files: the teacher-forced relation (issue 19) ================================================
+# ==== hidden files: the teacher-forced relation ==========================================================
 def _tf_file(path: Path, input_ids: list[int], next_ids: list[int], seq_lens: list[int] | None) -> Path:
     tensors = {"hidden_states": torch.randn(len(input_ids), H), "input_ids": torch.tensor(input_ids),
                "next_token_ids": torch.tensor(next_ids)}
@@ -1077,7 +1077,7 @@ def _tf_file(path: Path, input_ids: list[int], next_ids: list[int], seq_lens: li
 ])
 def test_hidden_files_must_hold_the_teacher_forced_relation(tmp_path: Path, input_ids, next_ids, seq_lens,
                                                             text: str) -> None:
-    """Issue 19: a hidden file whose next_token_ids disagree with its input_ids was accepted and scored."""
+    """A hidden file whose next_token_ids disagree with its input_ids is refused, naming the row."""
     from trtvocab.checkpoints.hidden_file import load_hidden_file
 
     path = _tf_file(tmp_path / "h.safetensors", input_ids, next_ids, seq_lens)

@@ -1,4 +1,4 @@
-"""Hostile inputs, round 3 (issue 37; the probes of the report hostile-inputs-round3.md, by id).
+"""Hostile inputs, third round (each test named by its probe id: c25, n02, ...).
 
 compressed-tensors config content (``re:`` patterns, nesting, ``quant_method``), the dequantize path's
 scales, the TensorRT-RTX runtime cache beside an artifact's plan, the timing cache, forced kernel ISAs,

@@ -387,7 +387,7 @@ def test_package_data_ships_every_file_under_csrc():
         assert any(fnmatch.fnmatchcase(rel, pat) and rel.count("/") == pat.count("/") for pat in patterns), rel
 
 
-# ---- the build cache (issue 19 High 6): stale locks, FIFOs, truncated or rewritten libraries ------------
+# ---- the build cache: stale locks, FIFOs, truncated or rewritten libraries are rebuilt, never loaded -----
 # Each load runs in a child process under a timeout (a regression hangs the child, not the suite)
 # against a private copy of the cache (TRTVOCAB_KERNELS_DIR), so the user's cache is never touched.
 CHILD_TIMEOUT_S = 600  # a cold compile on a slow machine; a hang is caught by the timeout, not by timing

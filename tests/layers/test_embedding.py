@@ -122,8 +122,8 @@ def test_tie_weights_refuses_mismatches() -> None:
 
 @pytest.mark.parametrize("tp", [1, 2, 3])
 def test_tie_weights_head_takes_the_embeddings_table(tp: int) -> None:
-    """Issue 19 High 1: a loaded embedding and a fresh head -> the head computes with the
-    embedding's table (HF's direction), the embedding keeps its rows."""
+    """A loaded embedding tied to a fresh head: the head computes with the embedding's table (HF's
+    direction), the embedding keeps its rows."""
     w = table(PRIME_V, 4)
     x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(5))
     ids = sample_ids(PRIME_V, 4)
@@ -317,7 +317,7 @@ def test_build_exports_the_embedding_per_rank(tmp_path, source: str) -> None:
 
 @pytest.mark.model
 def test_smollm2_gguf_embedding_rows_equal_transformers(smollm2, hf_weights) -> None:
-    """SmolLM2's Q4_1 token_embd.weight, read per rank from the GGUF, equals transformers'
+    """SmolLM2's Q8_0 token_embd.weight, read per rank from the GGUF, equals transformers'
     dequantized embed_tokens rows; the tied pair holds one shard."""
     want = hf_weights["model.embed_tokens.weight"]
     ids = torch.tensor([0, 1, 17, 9830, 9831, 20000, 49151, 49152, -1])

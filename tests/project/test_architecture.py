@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 
 import torch
@@ -161,8 +163,40 @@ def test_docs_point_inside_the_repository_and_keep_no_diary() -> None:
     assert not diary, f"diary text in docs: {diary}"
 
 
-def test_the_text_rules_catch_what_they_name() -> None:
+def prose(path: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of a Python file's docstrings (module, class, function) and comments, in order."""
+    source = path.read_text()
+    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                found.append((first.lineno, first.value.value))
+    return sorted(found)
+
+
+def test_tests_say_what_they_test_not_which_issue_asked() -> None:
+    """The same rule for the docstrings and comments of tests/ (its test data, in strings, is free)."""
+    outside, diary = [], []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for line, text in prose(path):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if OUTSIDE.search(text):
+                outside.append(where)
+            if DIARY.search(text):
+                diary.append(where)
+    assert not outside, f"test docstrings or comments citing issues or files outside the repository: {outside}"
+    assert not diary, f"diary text in test docstrings or comments: {diary}"
+
+
+def test_the_text_rules_catch_what_they_name(tmp_path: Path) -> None:
     """The checker itself, on lines it must refuse and lines it must let through."""
     assert OUTSIDE.search("fixed in issue 37") and OUTSIDE.search("see DESIGN §9") and OUTSIDE.search("../shared/x")
     assert DIARY.search("Measured on this machine") and DIARY.search("this session's first version")
     assert not OUTSIDE.search("tissue 3 of the issues list") and not DIARY.search("measured by benchmarks/compare.py")
+    sample = tmp_path / "test_x.py"
+    sample.write_text('"""Module doc."""\n\n\ndef test_a() -> None:\n    """Issue 19: a case."""\n'
+                      '    x = "issue 20"  # the comment\n')
+    assert prose(sample) == [(1, "Module doc."), (5, "Issue 19: a case."), (6, "# the comment")]

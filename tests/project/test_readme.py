@@ -11,6 +11,7 @@ scratch copy of the clone (``tools/readme_run.py --quick``), and ``make readme``
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -19,6 +20,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -46,27 +48,20 @@ def command_lines(block: str) -> list[str]:
     return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
-def split_optional(tokens: list[str]) -> tuple[list[str], list[list[list[str]]]]:
-    """``tokens`` without the ``[...]`` parts, and those parts: each a list of its ``|`` alternatives."""
-    required: list[str] = []
-    groups: list[list[list[str]]] = []
-    depth = 0
-    for tok in tokens:
-        if depth == 0 and tok.startswith("["):
-            groups.append([[]])
-            depth = 1
-            tok = tok[1:]
-        if depth:
-            closes = tok.endswith("]")
-            tok = tok[:-1] if closes else tok
-            if tok == "|":
-                groups[-1].append([])
-            elif tok:
-                groups[-1][-1].append(tok)
-            depth = 0 if closes else depth
-        else:
-            required.append(tok)
-    return required, groups
+@functools.cache
+def _runner() -> Any:  # tools/readme_run.py: the script `make readme` runs, and the one optional-part parser
+    spec = importlib.util.spec_from_file_location("readme_run", ROOT / "tools" / "readme_run.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  # its dataclasses look their module up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def split_optional(line: str) -> tuple[list[str], list[list[list[str]]]]:
+    """``line``'s tokens without its ``[...]`` parts, and those parts (each a list of its ``|`` alternatives,
+    as tokens): ``tools/readme_run.py``'s parser, tokenized as a shell would."""
+    required, parts = _runner().split_optional(line)
+    return shlex.split(required, comments=True), [[shlex.split(alt) for alt in part] for part in parts]
 
 
 def _make_targets() -> set[str]:
@@ -104,14 +99,13 @@ class Session:
         return any(p == w or w in p.parents for w in map(Path, self.written))
 
     def run(self, line: str) -> None:
-        tokens = shlex.split(self.expand(line), comments=True)
-        if not tokens:
+        required, optional = split_optional(self.expand(line))
+        if not required:
             return
-        assignment = re.fullmatch(r"(\w+)=(.*)", tokens[0])
-        if assignment and len(tokens) == 1:
+        assignment = re.fullmatch(r"(\w+)=(.*)", required[0])
+        if assignment and len(required) == 1 and not optional:
             self.variables[assignment.group(1)] = assignment.group(2)
             return
-        required, optional = split_optional(tokens)
         head = required[0]
         if head == "trtvocab":
             self.trtvocab(line, required[1:], optional)
@@ -181,7 +175,8 @@ def test_readme_commands_run_as_written() -> None:
 
 
 def test_the_checker_catches_what_the_newcomer_hit() -> None:
-    """The four README lines of issue 39 as they were: each is reported."""
+    """Four broken README lines (a file no line writes, a misspelled option, a misspelled command): each
+    is reported, and a file an earlier line writes is not."""
     session = Session()
     session.run("make demo")
     for line in ["trtvocab hidden SmolLM2-135M-Instruct.Q4_1.gguf --text-file examples/texts/eval.txt "
@@ -198,25 +193,18 @@ def test_the_checker_catches_what_the_newcomer_hit() -> None:
 
 
 def test_split_optional() -> None:
-    tokens = shlex.split("trtvocab x A [--b auto|c] [--json-schema F | --regex R] [--t 0.8 --s 1]")
-    assert split_optional(tokens) == (["trtvocab", "x", "A"],
-                                      [[["--b", "auto|c"]], [["--json-schema", "F"], ["--regex", "R"]],
-                                       [["--t", "0.8", "--s", "1"]]])
-
-
-def _runner():  # tools/readme_run.py: the script `make readme` runs
-    spec = importlib.util.spec_from_file_location("readme_run", ROOT / "tools" / "readme_run.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules[spec.name] = module  # type: ignore[union-attr]  # its dataclasses look their module up
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    line = "trtvocab x A [--b auto|c] [--json-schema F | --regex R] [--t 0.8 --s 1]"
+    assert split_optional(line) == (["trtvocab", "x", "A"],
+                                    [[["--b", "auto|c"]], [["--json-schema", "F"], ["--regex", "R"]],
+                                     [["--t", "0.8", "--s", "1"]]])
 
 
 def test_the_runner_runs_the_lines_this_checker_parses() -> None:
     runner = _runner()
     shown = [s.shown for s in runner.steps(README.read_text()) if s.kind == "bash"]
     assert shown == [line for block in bash_blocks(README.read_text()) for line in command_lines(block)]
-    assert runner.strip_optional('trtvocab x "a [b]" [--c 1 | --d] e  # [f]') == 'trtvocab x "a [b]" e # [f]'
+    assert runner.split_optional('trtvocab x "a [b]" [--c 1 | --d] e  # [f]') == ('trtvocab x "a [b]" e # [f]',
+                                                                                  [["--c 1", "--d"]])
     assert [s.expect for s in runner.steps(README.read_text()) if s.kind == "python"] == ["[2088, 4]"]
 
 

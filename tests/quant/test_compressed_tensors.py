@@ -1,4 +1,4 @@
-"""compressed-tensors (llm-compressor / vLLM) checkpoints: the head and the embedding (issue 20).
+"""compressed-tensors (llm-compressor / vLLM) checkpoints: the head and the embedding.
 
 Every checkpoint here is written by the compressed-tensors library itself (tests/quant/ct_writer.py:
 its apply / calibrate / compress / update_config API on CPU); the reference for every value is

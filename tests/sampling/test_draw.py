@@ -138,7 +138,7 @@ def test_temperature_zero_equals_greedy_and_unseeded_rows_vary() -> None:
 
 
 def test_tiny_and_subnormal_temperatures_draw_the_argmax_tp1() -> None:
-    """Issue 19 High 3 / min-p subnormal: T from below 1e-45 up to GREEDY_BELOW acts as greedy,
+    """Tiny and subnormal temperatures: T from below 1e-45 up to GREEDY_BELOW acts as greedy,
     with or without top-k / top-p / (subnormal) min-p, materialized and chunked."""
     out = tiny_temperature_cases(0, 1, 11)
     assert not out["wrong"], "\n".join(out["wrong"][:20])

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from tests.weights.lora_added_rank_fns import KNOB_H, KNOB_V, added_case, disagreeing_params, knobs_case
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.base.family import HeadOps
-from trtvocab.errors import AdapterError, ConfigError
+from trtvocab.errors import AdapterError, ConfigError, InputError
 from trtvocab.sampling import SamplingParams, chunked, decode
 
 V, H, K, T = 50, 16, 5, 6
@@ -219,6 +219,16 @@ def test_sampler_paths_and_export_with_added_tokens(tmp_path: Path) -> None:
         masked[:, 10:V] = float("-inf")
         assert torch.equal(limited, masked.argmax(-1))
         assert torch.equal(chunked.greedy(hidden, head), expected.argmax(-1))  # the stream holds both segments
+    # Packed rows with seq_lens: each sequence's last row is drawn (sequence ends 1, 4, 6, 7 of 8 rows), with
+    # one adapter pick per sequence
+    lens, ends, seq_picks = torch.tensor([2, 3, 2, 1]), [1, 4, 6, 7], torch.tensor([-1, 0, 0, -1])
+    last = hidden[ends]
+    want = torch.where(seq_picks[:, None] >= 0, last @ copy_rows.t(),
+                       torch.cat([last @ head.weight.t(), torch.full((4, 3), float("-inf"))], 1))
+    with head.use_adapters(seq_picks):
+        assert torch.equal(decode(hidden, head, SamplingParams(temperature=0.0), seq_lens=lens), want.argmax(-1))
+        with pytest.raises(InputError, match="seq_lens"):  # lengths that do not add up to the 8 rows
+            decode(hidden, head, SamplingParams(temperature=0.0), seq_lens=torch.tensor([2, 3]))
     from trtvocab.export.onnx import export_onnx
 
     with pytest.raises(ConfigError, match="adds 3 tokens"):

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from trtvocab.base.safe_read import open_regular, sha256_file
-from trtvocab.errors import CheckpointError, ConfigError
+from trtvocab.errors import CheckpointError, ConfigError, first_line
 
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -138,12 +138,6 @@ def _gguf_parsed_once() -> Iterator[None]:
         gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, at most 300 characters (for one-line errors)."""
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""
-
-
 def load(path: str | Path, *, causal: bool, dtype: torch.dtype | None = None, label: str = "") -> tuple[Any, Any]:
     """``(tokenizer, model)`` of an HF model folder or a ``.gguf`` file, offline, never from a pickle.
 
@@ -245,5 +239,5 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype | None = None, label:
 
 
 __all__ = ["CACHE_ENV_VAR", "PICKLE_PATTERNS", "TOKENIZER_MARKERS", "architectures", "cache_dir", "check_gguf_file",
-           "check_model_dir", "first_line", "gguf_tokenizer", "is_causal", "is_gguf", "load", "load_causal_lm",
+           "check_model_dir", "gguf_tokenizer", "is_causal", "is_gguf", "load", "load_causal_lm",
            "model_config", "quiet_load", "quiet_transformers"]

@@ -18,8 +18,7 @@ from trtvocab.base.inputs import check_hidden_states
 from trtvocab.base.publish import atomic_write_bytes
 from trtvocab.base.safe_read import open_regular
 from trtvocab.base.safetensors_header import read_safetensors_header
-from trtvocab.checkpoints.hf_loader import first_line
-from trtvocab.errors import InputError
+from trtvocab.errors import InputError, first_line
 
 
 def save_hidden(path: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None,

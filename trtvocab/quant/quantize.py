@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from trtvocab.base.dtypes import DTYPES
+from trtvocab.base.family import Family
 from trtvocab.base.formats import QUANTIZED_FORMATS, Activation, CheckpointFormat
 from trtvocab.base.publish import check_destination, check_target, default_mode, staging, writing
 from trtvocab.base.safe_read import load_json_file
@@ -139,12 +140,12 @@ def read_head(ckpt: Checkpoint, tensor_name: str | None) -> tuple[str, bool, tor
     return name, tied, weight
 
 
-def _untied_config(ckpt: Checkpoint, vocab: int, hidden: int) -> dict[str, Any]:
+def _untied_config(ckpt: Checkpoint, family: Family, vocab: int, hidden: int) -> dict[str, Any]:
     """The source ``config.json`` with the head untied and no quantization_config (the writer adds its own);
-    a GGUF source's family in transformers' terms (:func:`~trtvocab.checkpoints.families.hf_config_fields`)."""
+    a GGUF source's ``family`` in transformers' terms (:func:`~trtvocab.checkpoints.families.hf_config_fields`)."""
 
     config = dict(ckpt.config)
-    config.update(hf_config_fields(ckpt, family_of(ckpt, hidden_size=hidden, need_embedding=False)))
+    config.update(hf_config_fields(ckpt, family))
     config.pop("quantization_config", None)
     config.setdefault("vocab_size", vocab)
     config.setdefault("hidden_size", hidden)
@@ -156,11 +157,11 @@ def _untied_config(ckpt: Checkpoint, vocab: int, hidden: int) -> dict[str, Any]:
     return config
 
 
-def _output_config(ckpt: Checkpoint, hf_quant: dict[str, Any], vocab: int, hidden: int,
+def _output_config(ckpt: Checkpoint, family: Family, hf_quant: dict[str, Any], vocab: int, hidden: int,
                    has_input_scale: bool) -> dict[str, Any]:
     from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
 
-    config = _untied_config(ckpt, vocab, hidden)
+    config = _untied_config(ckpt, family, vocab, hidden)
     quant = convert_hf_quant_config_format(hf_quant)
     if not has_input_scale:
         for group in quant.get("config_groups", {}).values():
@@ -236,7 +237,8 @@ def quantize_checkpoint(
     name, tied, weight = read_head(ckpt, tensor_name)
     vocab, hidden = weight.shape
 
-    # The family's bias goes with the head (float32, as stored); its scale / soft-cap go in config.json.
+    # The family (computed once): its bias goes with the head (float32, as stored); its scale / soft-cap go in
+    # config.json (_untied_config).
     family = family_of(ckpt, head_tensor=name, hidden_size=hidden, need_embedding=False)
     extra = {"lm_head.bias": ckpt.read(family.bias_tensor).float()} if family.bias_tensor else {}
     if extra and fmt == CheckpointFormat.COMPRESSED_TENSORS:
@@ -246,7 +248,7 @@ def quantize_checkpoint(
         calib = load_calibration(calib)
     calib_rows = 0 if calib is None else int(calib.shape[0])
     if fmt == CheckpointFormat.COMPRESSED_TENSORS:
-        return _quantize_ct(ckpt, checkpoint, Path(out), quant_algo, name, tied, weight,
+        return _quantize_ct(ckpt, family, checkpoint, Path(out), quant_algo, name, tied, weight,
                             None if weight_only or calib is None else calib, weight_only=weight_only,
                             calib_rows=calib_rows, batch_rows=batch_rows, force=force, progress=progress, gate=gate)
     column_weights = None
@@ -300,7 +302,7 @@ def quantize_checkpoint(
         save_file({**tensors, **extra}, str(stage / "model.safetensors"), metadata=metadata)
         default_mode(stage / "model.safetensors")  # readable as config.json is (not safetensors' 0600)
         (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
-        config = _output_config(ckpt, hf_quant, vocab, hidden, has_input)
+        config = _output_config(ckpt, family, hf_quant, vocab, hidden, has_input)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for fname in TOKENIZER_COPY:
             src = ckpt.directory / fname
@@ -314,8 +316,8 @@ def _untouched(out: Path) -> str:
     return f"; nothing was published and {out} is as it was" if os.path.lexists(out) else "; nothing was published"
 
 
-def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: QuantAlgo, name: str, tied: bool,
-                 weight: torch.Tensor, calib: torch.Tensor | None, *, weight_only: bool, calib_rows: int,
+def _quantize_ct(ckpt: Checkpoint, family: Family, checkpoint: str | Path, out: Path, algo: QuantAlgo, name: str,
+                 tied: bool, weight: torch.Tensor, calib: torch.Tensor | None, *, weight_only: bool, calib_rows: int,
                  batch_rows: int, force: bool, progress: ProgressFn | None, gate: GateFn | None) -> QuantizeResult:
     """The compressed-tensors branch of :func:`quantize_checkpoint` (``calib`` None: no static scale)."""
 
@@ -367,7 +369,7 @@ def _quantize_ct(ckpt: Checkpoint, checkpoint: str | Path, out: Path, algo: Quan
         metadata = {"format": "pt", "producer": f"trtvocab quantize (compressed-tensors {head.library_version})"}
         save_file(head.tensors, str(stage / "model.safetensors"), metadata=metadata)
         default_mode(stage / "model.safetensors")  # readable as config.json is (not safetensors' 0600)
-        (stage / "config.json").write_text(json.dumps(_untied_config(ckpt, vocab, hidden), indent=2) + "\n")
+        (stage / "config.json").write_text(json.dumps(_untied_config(ckpt, family, vocab, hidden), indent=2) + "\n")
         head.compressor.update_config(str(stage))  # the library writes quantization_config
         for fname in TOKENIZER_COPY:
             src = ckpt.directory / fname

@@ -25,7 +25,6 @@ import torch
 
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
-from trtvocab.logits import select_rows
 from trtvocab.parallel.distributed import HandshakeState
 from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
@@ -63,21 +62,17 @@ def state_placement(head: Any) -> Any:
 
 def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
                   step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
-                  seq_lens: Any = None, state: TokenState | None = None) -> SamplerOutput:
+                  error: InputError | None = None, state: TokenState | None = None) -> SamplerOutput:
     """``trtvocab.sampling.decode_output`` for a head with an added segment, on its shards (module docstring).
 
-    ``vocab_limit`` bounds the base ids only (a tokenizer shorter than the base vocabulary); the added ids
-    are bounded per row by the adapters. ``state``: built on :func:`token_order_view`. The inputs are checked
-    on every rank, then one handshake (``sampling.reductions.handshake``: the params' digest, a fresh seed)
-    makes a bad input on one rank -- or params that differ between ranks -- raise on every rank before any
-    data moves.
+    ``hidden``: the step's rows ``[B, H]`` (``sampling.decode_output`` has already selected them from a
+    packed batch). ``error``: a verdict of the caller's own checks (such as that row selection), raised on
+    every rank after the handshake. ``vocab_limit`` bounds the base ids only (a tokenizer shorter than the
+    base vocabulary); the added ids are bounded per row by the adapters. ``state``: built on
+    :func:`token_order_view`. The inputs are checked on every rank, then one handshake
+    (``sampling.reductions.handshake``: the params' digest, a fresh seed) makes a bad input on one rank --
+    or params that differ between ranks -- raise on every rank before any data moves.
     """
-    error: InputError | None = None
-    if seq_lens is not None:
-        try:
-            hidden = select_rows(hidden, seq_lens)
-        except InputError as exc:
-            error = exc
     error = error or head.check_input(hidden)
     rows = hidden.shape[0] if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 else 0
     view = token_order_view(head)

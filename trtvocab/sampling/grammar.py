@@ -37,7 +37,7 @@ from trtvocab.base.limits import (  # the limits live torch-free, for the CLI's 
     UNSUPPORTED_SCHEMA_KEYWORDS,
 )
 from trtvocab.base.safe_read import read_regular
-from trtvocab.errors import ConfigError, GrammarError, InputError
+from trtvocab.errors import ConfigError, GrammarError, InputError, first_line
 
 JSON_ANY_WHITESPACE = False  # xgrammar JSON: compact separators, no free whitespace
 
@@ -245,7 +245,7 @@ def _bounded(what: str, fn: Callable[[], Any], timeout: float) -> Any:
     if "error" in box:
         exc = box["error"]
         if isinstance(exc, RuntimeError | ValueError | TypeError):
-            raise GrammarError(f"{what}: xgrammar refuses it: {first_line(exc)}") from None
+            raise GrammarError(f"{what}: xgrammar refuses it: {_xgrammar_message(exc)}") from None
         raise exc
     if warned:
         raise GrammarError(f"{what}: xgrammar would not apply it as written: {warned[0][:300]}"
@@ -343,9 +343,9 @@ def grammar_spec(json_schema: str | Path | None = None, regex: str | None = None
     return spec
 
 
-def first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = lines[0] if lines else type(exc).__name__
+def _xgrammar_message(exc: BaseException) -> str:
+    """xgrammar's refusal in one line (``trtvocab.errors.first_line``), without its source-location prefix."""
+    text = first_line(exc, limit=None).strip() or type(exc).__name__
     # xgrammar prefixes "[time] /path/file.cc:line: "; keep the message.
     if text.startswith("[") and ": " in text:
         text = text.split(": ", 1)[1]
@@ -396,4 +396,4 @@ class RowGrammars:
 
 __all__ = ["GRAMMAR_TIMEOUT_ENV", "GRAMMAR_TIMEOUT_S", "JSON_ANY_WHITESPACE", "MAX_GRAMMAR_DEPTH", "MAX_REGEX_CHARS",
            "MAX_SCHEMA_BYTES", "RANK_GRAMMAR_TIMEOUT_FACTOR", "UNSUPPORTED_SCHEMA_KEYWORDS", "GrammarSpec",
-           "RowGrammars", "check_grammar", "compile_grammar", "first_line", "grammar_spec", "grammar_timeout"]
+           "RowGrammars", "check_grammar", "compile_grammar", "grammar_spec", "grammar_timeout"]

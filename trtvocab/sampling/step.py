@@ -84,7 +84,6 @@ def decode_output(
     (penalties, bad words, min tokens read it; the caller appends each step's ids). Returns the
     token ids and the logprobs the rows ask for (:class:`~trtvocab.sampling.draw.SamplerOutput`).
     """
-    packed = hidden
     error: InputError | None = None
     if seq_lens is not None:
         try:
@@ -96,8 +95,8 @@ def decode_output(
         return chunked.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
                                      error=error, state=state)
     if has_added_vocab(head):  # two id ranges per rank: trtvocab.sampling.added_vocab
-        return added_vocab.decode_output(packed, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
-                                         seq_lens=seq_lens, state=state)
+        return added_vocab.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
+                                         error=error, state=state)
     logits = None
     place = VocabPlacement.of(head)  # what the draw reads: the shards, the group, the handshake state
     if error is None:
