@@ -197,7 +197,8 @@ inline __m256 bcast_half(const uint8_t* p) {
 
 // Q5_0: a block's 32 codes q - 16 as int8 in element order, one 256-bit pass: the 16 nibble bytes in both lanes,
 // split by a 64-bit shift per lane (0, 4) and a mask (element j < 16: byte j's low nibble, j >= 16: byte j - 16's
-// high one); the fifth bits as bytes (qh's byte j / 8 spread over 8 bytes by a byte shuffle, bit j % 8 tested).
+// high one); the fifth bits as a byte mask (qh's byte j / 8 spread over 8 bytes by a byte shuffle, bit j % 8
+// tested): q - 16 where it is clear, q where it is set.
 inline __m256i q50_codes(const uint8_t* blk) {
   const __m128i v16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
   const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(v16), _mm256_setr_epi64x(0, 0, 4, 4)),
@@ -208,8 +209,8 @@ inline __m256i q50_codes(const uint8_t* blk) {
       _mm256_set1_epi32(static_cast<int>(qh)),
       _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  const __m256i five = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-  return _mm256_sub_epi8(_mm256_or_si256(q, five), _mm256_set1_epi8(16));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_add_epi8(q, _mm256_andnot_si256(set, _mm256_set1_epi8(-16)));  // (q | five << 4) - 16
 }
 
 // A K-quant super-block unpacked once for its 8 chunks (per tile row, on the stack): the 256 codes as int8 in
