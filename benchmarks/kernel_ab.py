@@ -5,6 +5,7 @@
     python benchmarks/kernel_ab.py --formats nvfp4 --vocab 20000 --threads 1
     python benchmarks/kernel_ab.py --base b82d925 --formats fp8,nvfp4,bf16 --batches 1,4,9 --dpbf16 off,on
     TRTVOCAB_KERNELS_ISA=avx2 python benchmarks/kernel_ab.py --base b82d925   # the AVX2 builds of both
+    python benchmarks/kernel_ab.py --formats q6_k,q4_k,q8_0 --vocab 65536 --hidden 768 --threads 1 --clock cpu
 
 For a kernel change, the only comparison this kind of machine allows: a VM's memory bandwidth
 and clock move by 1.5x between hours (the probe of ``benchmarks/bandwidth.py`` read 50 and 78 GB/s
@@ -17,7 +18,10 @@ the same random valid codes (weight values do not change the work). ``--dpbf16``
 per vdpbf16ps mode (``trtvocab_fused_set_dpbf16``, set in both libraries), so an AVX-512 BF16 machine
 compares its FMA kernels too. Printed per batch: best and median ms of each, new / base (best), the new
 library's time over its own batch 1 (the decode goals of issue 21), and whether both libraries
-give the same bits (compared as int32 words); the exit status is 1 where any batch differs.
+give the same bits (compared as int32 words); the exit status is 1 where any batch differs. The GGUF block
+types (q8_0, q6_k, q4_0, q4_1, q5_0, q4_k: random blocks, fp16 scales 0.01) run the GGUF kernel; with one
+thread, ``--clock cpu`` times the calling thread's CPU time (``time.thread_time``), which a shared machine's
+neighbours disturb less than the wall clock.
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ from quantized_head import random_tensors
 from trtvocab import QuantAlgo
 from trtvocab.kernels import compile as kcompile
 from trtvocab.kernels import gemm, library
-from trtvocab.quant import nvfp4
+from trtvocab.quant import gguf_blocks, nvfp4
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = "trtvocab/kernels/csrc"
 DPBF16_MODES = {"default": -1, "off": 0, "on": 1}  # trtvocab_fused_set_dpbf16
+GGUF_SCALES_AT = {"Q8_0": (0,), "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2)}
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def build_revision(rev: str, folder: Path) -> kcompile.Loaded:
@@ -72,9 +78,17 @@ Call = Callable[[kcompile.Loaded], torch.Tensor]
 
 
 def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -> Call:
-    """One decode call of ``fmt`` (fp8, nvfp4, bf16: dense bf16 rows) at ``batch`` rows on random valid codes
-    (quantized_head's), for a given library."""
+    """One decode call of ``fmt`` (fp8, nvfp4, bf16: dense bf16 rows; a GGUF block type) at ``batch`` rows on
+    random valid codes (quantized_head's; GGUF: random blocks, fp16 scales 0.01), for a given library."""
     x = torch.randn(batch, hidden, generator=gen).bfloat16().float()
+    if fmt.upper() in gguf_blocks.BLOCKS:
+        block_type = fmt.upper()
+        block, size = gguf_blocks.BLOCKS[block_type]
+        raw = torch.randint(0, 256, (vocab, hidden // block, size), dtype=torch.uint8, generator=gen)
+        for at in GGUF_SCALES_AT[block_type]:
+            raw[..., at : at + 2] = torch.tensor([1e-2], dtype=torch.float16).view(torch.uint8)
+        raw = raw.reshape(vocab, -1).contiguous()
+        return lambda lib: gemm.gguf_logits(lib, x, hidden, block_type, raw)
     if fmt == "bf16":
         w = torch.randn(vocab, hidden, generator=gen).bfloat16()
         xd = gemm.fp8_x(x)
@@ -99,6 +113,8 @@ def main() -> None:
     parser.add_argument("--dpbf16", default="default",
                         help="vdpbf16ps modes to run, comma-separated: default, off, on (default: default)")
     parser.add_argument("--cache", help="folder for the base build (kept and reused; default: a temporary one)")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall (perf_counter) or cpu (the calling thread's CPU time: meaningful with --threads 1)")
     args = parser.parse_args()
     modes = args.dpbf16.split(",")
     if any(m not in DPBF16_MODES for m in modes):
@@ -112,7 +128,7 @@ def main() -> None:
         base = build_revision(args.base, folder)
         print(f"base {args.base}: {base.path}\nnew  working tree: {new.path}\n"
               f"isa {kcompile.requested_isa()} ({new.isa}), V = {args.vocab}, H = {args.hidden}, "
-              f"{args.threads} thread(s), {args.rounds} interleaved rounds")
+              f"{args.threads} thread(s), {args.rounds} interleaved rounds, {args.clock} clock")
         differ = 0
         for mode in modes:
             on = {lib.lib.trtvocab_fused_set_dpbf16(DPBF16_MODES[mode]) for lib in (base, new)}
@@ -125,6 +141,7 @@ def compare(args: argparse.Namespace, base: kcompile.Loaded, new: kcompile.Loade
     """The table of every format and batch, interleaved; the number of calls whose bits differ."""
     differ = 0
     gen = torch.Generator().manual_seed(0)
+    clock = CLOCKS[args.clock]
     for fmt in args.formats.split(","):
         print(f"\n{fmt:6} {'B':>3} {'base ms':>9} {'(median)':>9} {'new ms':>9} {'(median)':>9} "
               f"{'new/base':>9} {'new/B1':>7}  same bits")
@@ -136,9 +153,9 @@ def compare(args: argparse.Namespace, base: kcompile.Loaded, new: kcompile.Loade
             times: dict[str, list[float]] = {"base": [], "new": []}
             for _ in range(args.rounds):
                 for name, lib in (("base", base), ("new", new)):
-                    start = time.perf_counter()
+                    start = clock()
                     call(lib)
-                    times[name].append(time.perf_counter() - start)
+                    times[name].append(clock() - start)
             b, n = (min(times[k]) * 1e3 for k in ("base", "new"))
             new_b1 = n if batch == 1 else new_b1
             ratio_b1 = f"{n / new_b1:7.2f}" if new_b1 else f"{'':7}"

@@ -212,7 +212,8 @@ def test_kernel_paths_equal_the_torch_chain_bitwise(isa: str) -> None:
     assert top == {"portable": 0, "avx2": 1}.get(isa, 2 if "avx512f" in kernels.cpu_flags() else top)
     g = torch.Generator().manual_seed(5)
     try:
-        for block_type, hidden in (("Q8_0", 640), *HIDDEN.items()):
+        # 608 = 19 chunks: the 32-value blocks' groups of 8, 8 and 3 chunks the kernel unpacks at once (Chunks8)
+        for block_type, hidden in (("Q8_0", 640), ("Q4_0", 608), ("Q4_1", 608), ("Q5_0", 608), *HIDDEN.items()):
             raw = torch.from_numpy(random_blocks(block_type, 41, hidden, seed=hidden))
             w = gb.DEQUANTIZE[block_type](raw)
             x = torch.randn(65, hidden, generator=g)

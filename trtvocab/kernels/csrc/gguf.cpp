@@ -186,7 +186,7 @@ inline float hsum_tree(__m256 v) {
 
 inline __m256 cvt8(__m128i bytes8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8)); }
 
-// An fp16 scale as float32 by F16C, broadcast / scalar: exact for every finite value (subnormals become
+// An fp16 scale as float32 by F16C, broadcast: exact for every finite value (subnormals become
 // normal float32, whatever MXCSR says); a signalling NaN comes out quiet, as the product with it would be
 // anyway, so the chain's bits equal half_to_float's (measured: Q8_0 B = 1 13.0 -> 14.6 MAC/ns, in L2).
 inline __m256 bcast_half(const uint8_t* p) {
@@ -194,83 +194,166 @@ inline __m256 bcast_half(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h)));
 }
-inline float half_f16c(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
+
+// Q4_0 / Q4_1 / Q5_0: a block's 32 codes as int8 in element order (Q4_0 q - 8, Q4_1 q, Q5_0 q - 16), one 256-bit
+// pass: the 16 nibble bytes in both lanes, split by a 64-bit shift per lane (0, 4) and a mask (element j < 16:
+// byte j's low nibble, j >= 16: byte j - 16's high one); Q5_0's fifth bits as a byte mask (qh's byte j / 8
+// spread over 8 bytes by a byte shuffle, bit j % 8 tested): q - 16 where it is clear, q where it is set.
+template <int KIND>
+inline __m256i small_codes(const uint8_t* blk) {
+  const __m128i v16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (KIND == 2 ? 2 : KIND == 3 ? 4 : 6)));
+  const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(v16), _mm256_setr_epi64x(0, 0, 4, 4)),
+                                     _mm256_set1_epi8(0x0f));
+  if (KIND == 2) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+  if (KIND == 3) return q;
+  uint32_t qh;
+  std::memcpy(&qh, blk + 2, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_add_epi8(q, _mm256_andnot_si256(set, _mm256_set1_epi8(-16)));  // (q | five << 4) - 16
 }
 
-// The 4 steps of chunk k of a row as float32 (AVX2 decode, bitwise decode32's).
+// Eight chunks of a tile row unpacked once (on the stack) and decoded from there, each chunk then as Q8_0's
+// (vpmovsxbd from memory, vcvtdq2ps, one broadcast scale): the 256 codes as int8 in element order and, for the
+// K-quants, the float32 sub-block scales (Q6_K d * sc, 16 of them; Q4_K d * sc in ds[0..7], dmin * m in
+// dm[0..7]), each the same float32 product decode32 forms (same operand order). The 32-value blocks keep their
+// fp16 scales in the row, read per chunk.
+struct Chunks8 {
+  alignas(32) int8_t q[256];
+  alignas(32) float ds[16];
+  alignas(32) float dm[8];
+};
+
+// Q6_K: per half of 128 values, ql's two 32-byte vectors give the low nibbles (chunks c = 0, 1: & 15; c = 2, 3:
+// >> 4), qh's one vector the two high bits of all four (bits 2c, 2c + 1 moved to 4, 5 by a constant shift and
+// masked with 0x30); the 16 int8 scales widened and multiplied by d as two 8-lane vectors.
+inline void unpack_q6k(const uint8_t* blk, Chunks8* u) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+  for (int half = 0; half < 2; ++half) {
+    const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * half));
+    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * half + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half));
+    const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                           _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+    const __m256i hi[4] = {_mm256_and_si256(_mm256_slli_epi16(qh, 4), m30), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                           _mm256_and_si256(qh, m30), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)};
+    for (int c = 0; c < 4; ++c)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u->q + 128 * half + 32 * c),
+                         _mm256_sub_epi8(_mm256_or_si256(lo[c], hi[c]), off));
+  }
+  const __m256 d = bcast_half(blk + 208);
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+  _mm256_store_ps(u->ds, _mm256_mul_ps(d, cvt8(sc)));
+  _mm256_store_ps(u->ds + 8, _mm256_mul_ps(d, cvt8(_mm_srli_si128(sc, 8))));
+}
+
+// Q4_K: qs's four 32-byte vectors give two chunks each (& 15, >> 4); the 12 scale bytes (read as 16 from blk + 4,
+// all inside the block) give get_scale_min's eight sc and eight m by two byte shuffles: low parts
+// (sc j < 4: s[j] & 63, j >= 4: s[j + 4] & 15; m j < 4: s[j + 4] & 63, j >= 4: s[j + 4] >> 4) and high parts
+// ((s[j - 4] >> 6) << 4 for sc, (s[j] >> 6) << 4 for m, j >= 4).
+inline void unpack_q4k(const uint8_t* blk, Chunks8* u) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (int p = 0; p < 4; ++p) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u->q + 64 * p), _mm256_and_si256(v, m4));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u->q + 64 * p + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+  }
+  const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+  const __m128i low = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i high = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m128i lows = _mm_or_si128(
+      _mm_and_si128(low, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+      _mm_and_si128(_mm_srli_epi16(low, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+  const __m128i scm = _mm_or_si128(lows, _mm_and_si128(_mm_srli_epi16(high, 2), _mm_set1_epi8(0x30)));
+  _mm256_store_ps(u->ds, _mm256_mul_ps(bcast_half(blk), cvt8(scm)));
+  _mm256_store_ps(u->dm, _mm256_mul_ps(bcast_half(blk + 2), cvt8(_mm_srli_si128(scm, 8))));
+}
+
+// Chunks k .. k + 7 of a row (k a multiple of 8; the 32-value blocks: those of them below `chunks`).
+template <int KIND>
+inline void unpack8(const uint8_t* row, int64_t k, int64_t chunks, Chunks8* u) {
+  if constexpr (KIND == 1 || KIND == 5) {
+    const uint8_t* blk = row + (k >> 3) * block_bytes(KIND);
+    if (KIND == 1) unpack_q6k(blk, u);
+    else unpack_q4k(blk, u);
+  } else {
+    const int64_t n = chunks - k < 8 ? chunks - k : 8;
+    for (int64_t i = 0; i < n; ++i)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u->q + 32 * i), small_codes<KIND>(row + (k + i) * block_bytes(KIND)));
+  }
+}
+
+// Chunk k of a row from its unpacked group: Q6_K (d * sc) * q, sc per 16 values; Q4_K (d * sc) * q - dmin * m;
+// Q4_0 / Q5_0 d * q, Q4_1 d * q + m (d and m from the block).
+template <int KIND>
+inline void decode8(const Chunks8& u, const uint8_t* row, int64_t k, __m256* w) {
+  const int j = static_cast<int>(k & 7);
+  const int8_t* q = u.q + 32 * j;
+  const uint8_t* blk = KIND == 1 || KIND == 5 ? row : row + k * block_bytes(KIND);  // the 32-value blocks'
+  const __m256 d = KIND == 1 || KIND == 5 ? _mm256_setzero_ps() : bcast_half(blk);
+  for (int t = 0; t < 4; ++t) {
+    const __m256 c = cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * t)));
+    if (KIND == 1) {
+      w[t] = _mm256_mul_ps(_mm256_broadcast_ss(u.ds + 2 * j + (t >> 1)), c);
+    } else if (KIND == 5) {
+      w[t] = _mm256_sub_ps(_mm256_mul_ps(_mm256_broadcast_ss(u.ds + j), c), _mm256_broadcast_ss(u.dm + j));
+    } else if (KIND == 3) {
+      w[t] = _mm256_add_ps(_mm256_mul_ps(d, c), bcast_half(blk + 2));
+    } else {
+      w[t] = _mm256_mul_ps(d, c);
+    }
+  }
+}
+
+// The 4 steps of chunk k of a row as float32 straight from the row (AVX2 decode, bitwise decode32's): Q8_0, and
+// Q4_0 / Q4_1 at B >= 5 (128-bit: one mask and one shift per 16 bytes of nibbles).
 template <int KIND>
 inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
   if (KIND == 0) {
     const uint8_t* blk = row + k * Q8_BYTES;
     const __m256 d = bcast_half(blk);
     for (int t = 0; t < 4; ++t) w[t] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * t))), d);
-  } else if (KIND == 1) {
-    const uint8_t* blk = row + (k >> 3) * Q6_BYTES;
-    const int sub = static_cast<int>(k & 7), half = sub >> 2, c = sub & 3;
-    const float d = half_f16c(blk + 208);
-    const __m256 ds0 = _mm256_set1_ps(d * static_cast<float>(static_cast<int8_t>(blk[192 + 2 * sub])));
-    const __m256 ds1 = _mm256_set1_ps(d * static_cast<float>(static_cast<int8_t>(blk[192 + 2 * sub + 1])));
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + half * 64 + (c & 1) * 32));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + half * 32));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (c >> 1))), _mm256_set1_epi8(0x0f));
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), _mm256_set1_epi8(0x03));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-    const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
-    w[0] = _mm256_mul_ps(ds0, cvt8(q0));
-    w[1] = _mm256_mul_ps(ds0, cvt8(_mm_srli_si128(q0, 8)));
-    w[2] = _mm256_mul_ps(ds1, cvt8(q1));
-    w[3] = _mm256_mul_ps(ds1, cvt8(_mm_srli_si128(q1, 8)));
-  } else if (KIND == 5) {
-    const uint8_t* blk = row + (k >> 3) * Q4K_BYTES;
-    float dsf, dmf;
-    q4k_scales<half_f16c>(blk, static_cast<int>(k & 7), &dsf, &dmf);
-    const __m256 ds = _mm256_set1_ps(dsf), dm = _mm256_set1_ps(dmf);
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * ((k & 7) >> 1)));
-    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * static_cast<int>(k & 1))),
-                                       _mm256_set1_epi8(0x0f));
-    const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
-    w[0] = _mm256_sub_ps(_mm256_mul_ps(ds, cvt8(q0)), dm);
-    w[1] = _mm256_sub_ps(_mm256_mul_ps(ds, cvt8(_mm_srli_si128(q0, 8))), dm);
-    w[2] = _mm256_sub_ps(_mm256_mul_ps(ds, cvt8(q1)), dm);
-    w[3] = _mm256_sub_ps(_mm256_mul_ps(ds, cvt8(_mm_srli_si128(q1, 8))), dm);
-  } else {  // Q4_0, Q4_1, Q5_0
+  } else {  // Q4_0 (minus 8 on each 16-byte half), Q4_1
     const uint8_t* blk = row + k * block_bytes(KIND);
     const __m256 d = bcast_half(blk);
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (KIND == 2 ? 2 : KIND == 3 ? 4 : 6)));
-    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
-    const __m128i q[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (KIND == 2 ? 2 : 4)));
+    __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
     if (KIND == 2) {
-      for (int t = 0; t < 4; ++t) w[t] = _mm256_mul_ps(d, cvt8(_mm_sub_epi8(q[t], _mm_set1_epi8(8))));
-    } else if (KIND == 3) {
+      lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
+      hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
+    }
+    const __m128i q[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    if (KIND == 3) {
       const __m256 m = bcast_half(blk + 2);
       for (int t = 0; t < 4; ++t) w[t] = _mm256_add_ps(_mm256_mul_ps(d, cvt8(q[t])), m);
     } else {
-      uint32_t qh;
-      std::memcpy(&qh, blk + 2, 4);
-      const __m256i bits = _mm256_set1_epi32(static_cast<int>(qh));
-      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      for (int t = 0; t < 4; ++t) {
-        const __m256i five = _mm256_slli_epi32(_mm256_and_si256(
-            _mm256_srlv_epi32(bits, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * t))), _mm256_set1_epi32(1)), 4);
-        const __m256i qi = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepi8_epi32(q[t]), five), _mm256_set1_epi32(16));
-        w[t] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(qi));
-      }
+      for (int t = 0; t < 4; ++t) w[t] = _mm256_mul_ps(d, cvt8(q[t]));
     }
   }
+}
+
+// Which tiles decode from Chunks8: the K-quants and Q5_0 always, Q4_0 / Q4_1 at B <= 4 (Zen 4, one thread, CPU
+// time: B = 1 1.03-1.13x faster so, B = 8 on the AVX-512 build 0.91-0.98x; Q5_0 B = 1 1.19-1.26x, B = 8 1.0-1.2x).
+template <int KIND, int NB>
+constexpr bool from_chunks8() {
+  return KIND == 1 || KIND == 5 || KIND == 4 || ((KIND == 2 || KIND == 3) && NB <= 4);
 }
 
 // RR weight rows x NB x rows in registers, one pass over the chunks. Each chunk of a row is decoded once
 // into registers and multiplied into all NB x rows; with XA (x amortized) the chunk of all RR rows is decoded
 // first and each x vector loaded once for the RR rows. Each chain (r, b) still takes steps 0, 1, 2, ... in order.
+// Tiles that decode from Chunks8 unpack each row's next 8 chunks at every eighth chunk.
 template <int KIND, int RR, int NB, bool XA>
 inline void tile_avx2(const float* x, int64_t xs, int64_t chunks, const uint8_t* row0, int64_t ws, float* out,
                       int64_t os) {
+  constexpr bool GROUPED = from_chunks8<KIND, NB>();
   __m256 acc[RR][NB];
   for (int r = 0; r < RR; ++r)
     for (int b = 0; b < NB; ++b) acc[r][b] = _mm256_setzero_ps();
+  Chunks8 u[GROUPED ? RR : 1];
   // The tile after next (its RR rows are one contiguous range): a few lines per chunk, ahead of use.
   const uint8_t* ahead = row0 + 2 * RR * ws;
   const int64_t ahead_lines = (RR * ws + 63) / 64;
@@ -279,9 +362,16 @@ inline void tile_avx2(const float* x, int64_t xs, int64_t chunks, const uint8_t*
   for (int64_t k = 0; k < chunks; ++k) {
     for (int64_t i = 0; i < per_chunk && line < ahead_lines; ++i)
       _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * line++), _MM_HINT_T0);
+    if constexpr (GROUPED) {
+      if ((k & 7) == 0)
+        for (int r = 0; r < RR; ++r) unpack8<KIND>(row0 + r * ws, k, chunks, &u[r]);
+    }
     if (XA) {
       __m256 w[RR][4];
-      for (int r = 0; r < RR; ++r) decode32_avx2<KIND>(row0 + r * ws, k, w[r]);
+      for (int r = 0; r < RR; ++r) {
+        if constexpr (GROUPED) decode8<KIND>(u[r], row0 + r * ws, k, w[r]);
+        else decode32_avx2<KIND>(row0 + r * ws, k, w[r]);
+      }
       for (int t = 0; t < 4; ++t)
         for (int b = 0; b < NB; ++b) {
           const __m256 xv = _mm256_loadu_ps(x + b * xs + 32 * k + 8 * t);
@@ -290,7 +380,8 @@ inline void tile_avx2(const float* x, int64_t xs, int64_t chunks, const uint8_t*
     } else {
       for (int r = 0; r < RR; ++r) {
         __m256 w[4];
-        decode32_avx2<KIND>(row0 + r * ws, k, w);
+        if constexpr (GROUPED) decode8<KIND>(u[r], row0 + r * ws, k, w);
+        else decode32_avx2<KIND>(row0 + r * ws, k, w);
         for (int t = 0; t < 4; ++t)
           for (int b = 0; b < NB; ++b) {
             const __m256 xv = _mm256_loadu_ps(x + b * xs + 32 * k + 8 * t);
