@@ -4,6 +4,12 @@ windows as ``llama-perplexity``, scored by llama.cpp itself and by trtvocab's he
     .venv/bin/python benchmarks/perplexity_anchor.py --model smollm2
     .venv/bin/python benchmarks/perplexity_anchor.py --model gemma3 --json out/anchor-gemma3.json
     .venv/bin/python benchmarks/perplexity_anchor.py --model smollm2 --ctx 128 --chunks 2 --no-kl   # quick
+    .venv/bin/python benchmarks/perplexity_anchor.py --model /tmp/anchor_files/SmolLM2-135M-Instruct.Q4_1.embd-q4_0.gguf
+
+A ``.gguf`` path is any GGUF file transformers loads: e.g. SmolLM2 with its tied head requantized to Q4_0 /
+Q4_1 / Q5_0 by llama.cpp's own quantizer (``llama-quantize --allow-requantize --token-embedding-type q4_0
+SmolLM2-135M-Instruct.Q4_1.gguf OUT.gguf Q4_1``: the head requantized, every other tensor copied as it is;
+docs/accuracy.md).
 
 **llama.cpp** runs in its own venv (``--peer-python``, ``$TRTVOCAB_LLAMACPP_PYTHON``, default
 ``/work/llamacpp-venv/bin/python``; ``python3 -m venv /work/llamacpp-venv && /work/llamacpp-venv/bin/pip
@@ -26,8 +32,8 @@ scored token of every chunk.
 loaded by transformers in float32 (``hf_loader.load_causal_lm``, the weights dequantized from the file);
 its final-norm hidden states at the scored positions go through three float32 heads:
 
-- ``stored``: ``LMHead.from_checkpoint(gguf)``, the head in its stored blocks (Q8_0 for both models), fused
-  kernel, float32 activations;
+- ``stored``: ``LMHead.from_checkpoint(gguf)``, the head in its stored blocks (Q8_0 in SmolLM2's and Gemma 3's
+  files; the JSON's ``head_format`` / ``load_notes`` say which), fused kernel, float32 activations;
 - ``float32``: ``LMHead.from_checkpoint(gguf, gguf_blocks=False)``, dequantized to float32 at load;
 - ``transformers``: transformers' own ``lm_head`` of the loaded model (an independent float32 reference).
 
