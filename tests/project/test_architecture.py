@@ -8,6 +8,7 @@ import io
 import re
 import sys
 import tokenize
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -149,16 +150,23 @@ def test_module_docstrings_are_short_and_point_inside_the_repository() -> None:
     assert not diary, f"diary text in docstrings: {diary}"
 
 
+def text_hits(texts: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The places (``where``) of ``(where, text)`` pairs whose text cites outside the repository, and
+    those with diary text."""
+    outside, diary = [], []
+    for where, text in texts:
+        if OUTSIDE.search(text):
+            outside.append(where)
+        if DIARY.search(text):
+            diary.append(where)
+    return outside, diary
+
+
 def test_docs_point_inside_the_repository_and_keep_no_diary() -> None:
     """The same rule for the README and docs/: each hit is named with its line."""
-    outside, diary = [], []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for i, line in enumerate(doc.read_text().splitlines(), 1):
-            where = f"{doc.relative_to(ROOT)}:{i}"
-            if OUTSIDE.search(line):
-                outside.append(where)
-            if DIARY.search(line):
-                diary.append(where)
+    outside, diary = text_hits((f"{doc.relative_to(ROOT)}:{i}", line)
+                               for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+                               for i, line in enumerate(doc.read_text().splitlines(), 1))
     assert not outside, f"docs citing files or trackers outside the repository: {outside}"
     assert not diary, f"diary text in docs: {diary}"
 
@@ -179,14 +187,8 @@ def prose(path: Path) -> list[tuple[int, str]]:
 
 def test_tests_say_what_they_test_not_which_issue_asked() -> None:
     """The same rule for the docstrings and comments of tests/ (its test data, in strings, is free)."""
-    outside, diary = [], []
-    for path in sorted((ROOT / "tests").rglob("*.py")):
-        for line, text in prose(path):
-            where = f"{path.relative_to(ROOT)}:{line}"
-            if OUTSIDE.search(text):
-                outside.append(where)
-            if DIARY.search(text):
-                diary.append(where)
+    outside, diary = text_hits((f"{path.relative_to(ROOT)}:{line}", text)
+                               for path in sorted((ROOT / "tests").rglob("*.py")) for line, text in prose(path))
     assert not outside, f"test docstrings or comments citing issues or files outside the repository: {outside}"
     assert not diary, f"diary text in test docstrings or comments: {diary}"
 
