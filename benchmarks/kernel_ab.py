@@ -5,6 +5,7 @@
     python benchmarks/kernel_ab.py --formats nvfp4 --vocab 20000 --threads 1
     python benchmarks/kernel_ab.py --base b82d925 --formats fp8,nvfp4,bf16 --batches 1,4,9 --dpbf16 off,on
     TRTVOCAB_KERNELS_ISA=avx2 python benchmarks/kernel_ab.py --base b82d925   # the AVX2 builds of both
+    python benchmarks/kernel_ab.py --base 4723066 --formats f32 --vocab 1536 --hidden 576 --threads 1 --clock cpu
     python benchmarks/kernel_ab.py --formats q6_k,q4_k,q8_0 --vocab 65536 --hidden 768 --threads 1 --clock cpu
 
 For a kernel change, the only comparison this kind of machine allows: a VM's memory bandwidth
@@ -78,7 +79,8 @@ Call = Callable[[kcompile.Loaded], torch.Tensor]
 
 
 def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -> Call:
-    """One decode call of ``fmt`` (fp8, nvfp4, bf16: dense bf16 rows; a GGUF block type) at ``batch`` rows on
+    """One decode call of ``fmt`` (fp8, nvfp4, bf16 / f32: dense bf16 / float32 rows; a GGUF block
+    type) at ``batch`` rows on
     random valid codes (quantized_head's; GGUF: random blocks, fp16 scales 0.01), for a given library."""
     x = torch.randn(batch, hidden, generator=gen).bfloat16().float()
     if fmt.upper() in gguf_blocks.BLOCKS:
@@ -89,8 +91,9 @@ def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -
             raw[..., at : at + 2] = torch.tensor([1e-2], dtype=torch.float16).view(torch.uint8)
         raw = raw.reshape(vocab, -1).contiguous()
         return lambda lib: gemm.gguf_logits(lib, x, hidden, block_type, raw)
-    if fmt == "bf16":
-        w = torch.randn(vocab, hidden, generator=gen).bfloat16()
+    if fmt in ("bf16", "f32"):
+        w = torch.randn(vocab, hidden, generator=gen)
+        w = w.bfloat16() if fmt == "bf16" else w
         xd = gemm.fp8_x(x)
         return lambda lib: gemm.dense_logits(lib, xd, hidden, w)
     t = random_tensors(QuantAlgo.FP8 if fmt == "fp8" else QuantAlgo.NVFP4, vocab, hidden, gen)
@@ -159,8 +162,8 @@ def compare(args: argparse.Namespace, base: kcompile.Loaded, new: kcompile.Loade
             b, n = (min(times[k]) * 1e3 for k in ("base", "new"))
             new_b1 = n if batch == 1 else new_b1
             ratio_b1 = f"{n / new_b1:7.2f}" if new_b1 else f"{'':7}"
-            print(f"{'':6} {batch:3} {b:9.2f} {statistics.median(times['base']) * 1e3:9.2f} {n:9.2f} "
-                  f"{statistics.median(times['new']) * 1e3:9.2f} {n / b:9.2f} {ratio_b1}  {same}")
+            print(f"{'':6} {batch:3} {b:9.3f} {statistics.median(times['base']) * 1e3:9.3f} {n:9.3f} "
+                  f"{statistics.median(times['new']) * 1e3:9.3f} {n / b:9.2f} {ratio_b1}  {same}")
     return differ
 
 

@@ -176,18 +176,27 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
 }
 
 // FP8 / dense, batch N = 1..8: tiles of WIDE_TILE rows; each K-chunk of kDirectChunk steps is read
-// for all the tile's rows (x's chunk stays in L1; at batch <= WHOLE_ROWS_MAX the chunk is the whole
-// row: measured faster), P row pairs at a time, the next pass's rows prefetched; an odd last row is
-// paired with itself (computed twice, written once).
+// for all the tile's rows (x's chunk stays in L1; at batch <= WHOLE_ROWS_MAX, and for float32 rows
+// while x fits in L2, the chunk is the whole row: measured faster), P row pairs at a time, the next
+// pass's rows prefetched; an odd last row is paired with itself (computed twice, written once).
 constexpr int WHOLE_ROWS_MAX = 2;
+// x's bytes (float32 rows side by side, or bf16 pairs) up to which a kernel runs whole rows: a quarter of
+// the smallest L2 of the AVX-512 CPUs measured (1 MiB).
+constexpr int64_t X_IN_L2_BYTES = 256 * 1024;
 // NVFP4 batches up to this run in lane-group pairs (wide_nvfp4), larger ones in row pairs: measured.
 constexpr int NVGP_MAX = 2;
 template <int N, class F>
 void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  // Row pairs per pass: P * N zmm chains and 2 P decoded steps in the 32 registers.
-  constexpr int P = N == 1 ? 8 : (N == 2 ? 5 : (N == 3 ? 5 : (N == 4 ? 4 : (N <= 6 ? 3 : 2))));
+  constexpr bool F32 = std::is_same_v<F, DenseRows<Dense::F32>>;
+  // Row pairs per pass: P * N zmm chains and 2 P decoded steps in the 32 registers. float32 rows need
+  // no decode registers: three pairs at batch 7, 8 (24 chains, 3 weights, 1 x; docs/kernels.md, K17).
+  constexpr int P = N == 1 ? 8 : (N == 2 ? 5 : (N == 3 ? 5 : (N == 4 ? 4 : (N <= 6 || F32 ? 3 : 2))));
   const int64_t steps = f.steps();
-  const int64_t KC = N <= WHOLE_ROWS_MAX ? steps : F::kDirectChunk;
+  // float32 rows run whole while x fits in L2 (K17: chunks of 32 rows' kDirectChunk steps held the
+  // rows' streams from DRAM back), the others whole at batch <= WHOLE_ROWS_MAX.
+  const bool whole = F32 ? steps * N * LANES * static_cast<int64_t>(sizeof(float)) <= X_IN_L2_BYTES
+                         : N <= WHOLE_ROWS_MAX;
+  const int64_t KC = whole ? steps : F::kDirectChunk;
   const Floats xt = rows_side_by_side<N>(x, xs, steps);
   pair_tiles<N, P>(
       rows, steps, KC,

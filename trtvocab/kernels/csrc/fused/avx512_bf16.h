@@ -322,7 +322,6 @@ inline void wide_steps_bf16(const F& f, D dec, const float* xt, const uint32_t* 
 }
 
 // FP8 / dense bf16, batch N = 1..8, by vdpbf16ps: wide_direct's tiles, passes and chains; D: the pair decoder.
-constexpr int64_t X_IN_L2_BYTES = 256 * 1024;  // a quarter of the smallest L2 of the AVX-512 BF16 CPUs (1 MiB)
 template <int N, class F, class D>
 void wide_pairs_bf16(const F& f, const D& dec, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   // Row pairs per pass: P * N zmm chains, P weight steps, x and the decoder's registers in the 32
