@@ -718,6 +718,19 @@ def test_fp8_and_dense_bitwise_across_paths(hidden):
             _same_on_every_path(paths, gemm.dense_logits, x, hidden, w)
 
 
+def test_dense_float32_whole_rows_and_chunks_bitwise_across_paths():
+    """The AVX-512 kernel runs float32 rows whole while x (B rows of H float32) fits in 256 KiB, else in
+    K-chunks: at H = 8200, B = 7 runs whole, B = 8 in chunks (and a tail step); every path, the same bits."""
+    paths = _vector_paths()
+    gen = torch.Generator().manual_seed(8200)
+    hidden, v = 8200 + 3, 37
+    w = torch.randn(v, hidden, generator=gen) * 0.05
+    for b in (7, 8):
+        x = kernels.fp8_x(torch.randn(b, hidden, generator=gen))
+        _same_on_every_path(paths, gemm.dense_logits, x, hidden, w)
+        _same_on_every_path(paths, gemm.dense_logits, x, hidden, w[3:])
+
+
 @pytest.mark.parametrize("hidden", [16, 144, 256, 528, 784, 1040, 5120])
 def test_nvfp4_bitwise_across_paths(hidden):
     """Widths with no full pair of lane groups, an odd group after the pairs, a partial group, and the head's H."""
