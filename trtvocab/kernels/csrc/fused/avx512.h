@@ -189,8 +189,9 @@ template <int N, class F>
 void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   constexpr bool F32 = std::is_same_v<F, DenseRows<Dense::F32>>;
   // Row pairs per pass: P * N zmm chains and 2 P decoded steps in the 32 registers. float32 rows need
-  // no decode registers: three pairs at batch 7, 8 (24 chains, 3 weights, 1 x; docs/kernels.md, K17).
-  constexpr int P = N == 1 ? 8 : (N == 2 ? 5 : (N == 3 ? 5 : (N == 4 ? 4 : (N <= 6 || F32 ? 3 : 2))));
+  // no decode registers: four pairs at batch 5, 6, three at 7, 8 (24 chains, 3 weights, 1 x; K17).
+  constexpr int P_DECODED = N == 1 ? 8 : (N == 2 ? 5 : (N == 3 ? 5 : (N == 4 ? 4 : (N <= 6 ? 3 : 2))));
+  constexpr int P = !F32 || N <= 4 ? P_DECODED : (N <= 6 ? 4 : 3);
   const int64_t steps = f.steps();
   // float32 rows run whole while x fits in L2 (K17: chunks of 32 rows' kDirectChunk steps held the
   // rows' streams from DRAM back), the others whole at batch <= WHOLE_ROWS_MAX.
