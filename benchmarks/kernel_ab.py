@@ -79,9 +79,9 @@ Call = Callable[[kcompile.Loaded], torch.Tensor]
 
 
 def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -> Call:
-    """One decode call of ``fmt`` (fp8, nvfp4, bf16 / f32: dense bf16 / float32 rows; a GGUF block
-    type) at ``batch`` rows on
-    random valid codes (quantized_head's; GGUF: random blocks, fp16 scales 0.01), for a given library."""
+    """One decode call of ``fmt`` (fp8, nvfp4, bf16 / f32: dense bf16 / float32 rows; a GGUF block type)
+    at ``batch`` rows on random valid codes (quantized_head's; GGUF: random blocks, fp16 scales 0.01), for
+    a given library."""
     x = torch.randn(batch, hidden, generator=gen).bfloat16().float()
     if fmt.upper() in gguf_blocks.BLOCKS:
         block_type = fmt.upper()
