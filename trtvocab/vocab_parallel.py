@@ -9,6 +9,7 @@ the questions asked about it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -131,8 +132,9 @@ class VocabParallelModule(nn.Module):
         """This rank's :class:`~trtvocab.parallel.sharding.VocabPlacement` (what ``trtvocab.sampling``
         reads): the shards, the process group, the device, and this module's own handshake state
         (shared, so calls with the module or its placement keep one agreement)."""
-        return VocabPlacement(self.shard, tuple(self.shards), self.pad_to, self.is_split, self.process_group,
-                              self.device, self.handshake_state, bool(getattr(self, "handshake_every_call", False)))
+        return dataclasses.replace(self._split, process_group=self.process_group, device=self.device,
+                                   handshake_state=self.handshake_state,
+                                   handshake_every_call=bool(getattr(self, "handshake_every_call", False)))
 
     @property
     def weight_format(self) -> WeightFormat:

@@ -72,15 +72,22 @@ def _kernel_forward(module: torch.nn.Linear, loaded: kernels.Loaded,
     return forward
 
 
-def body_kernel_reason() -> str | None:
-    """Why ``--body-kernels`` cannot run here (None: it can): the kernels do not build, or this build
-    has no float32 batch band."""
+def _loaded_band() -> tuple[kernels.Loaded, int] | str:
+    """This process's kernels and their float32 batch band, or why ``--body-kernels`` cannot run here:
+    the kernels do not build, or this build has no float32 batch band."""
     loaded = kernels.load()
     if loaded is None:
         return f"the fused kernels are unavailable ({kernels.unavailable_reason()})"
-    if gemm.dense_max_batch(torch.float32, loaded.isa) == 0:
+    band = gemm.dense_max_batch(torch.float32, loaded.isa)
+    if band == 0:
         return f"the {loaded.isa} kernel build multiplies no float32 decode batch (TRTVOCAB_DENSE_KERNEL or ISA)"
-    return None
+    return loaded, band
+
+
+def body_kernel_reason() -> str | None:
+    """Why ``--body-kernels`` cannot run here (None: it can)."""
+    found = _loaded_band()
+    return found if isinstance(found, str) else None
 
 
 class KernelLinears:
@@ -93,12 +100,10 @@ class KernelLinears:
     """
 
     def __init__(self, root: torch.nn.Module) -> None:
-        reason = body_kernel_reason()
-        if reason is not None:
-            raise InputError(f"--body-kernels: {reason}")
-        loaded = kernels.load()
-        assert loaded is not None
-        band = gemm.dense_max_batch(torch.float32, loaded.isa)
+        found = _loaded_band()
+        if isinstance(found, str):
+            raise InputError(f"--body-kernels: {found}")
+        loaded, band = found
         self.forwards = [(m, _kernel_forward(m, loaded, band)) for m in root.modules() if _eligible(m)]
 
     @contextlib.contextmanager
