@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -44,22 +45,11 @@ import torch
 
 from trtvocab import kernels
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_model import model_file
+
 PROMPTS = ["The capital of France is", "def add(a, b):", "Sushi is a dish from", "The largest planet is",
            "Water boils at", "The author of Hamlet is", "import numpy as", "Once upon a time"]
-
-
-def model_file(name: str) -> Path:
-    """The installed real model ``name`` (``trtvocab models``): SmolLM2's or Gemma 3's GGUF."""
-    from trtvocab.checkpoints.real_models import model_path
-    from trtvocab.errors import TrtVocabError
-
-    try:
-        path = Path(model_path(name))
-    except TrtVocabError as exc:
-        raise SystemExit(f"{name}: {exc}") from exc
-    if not path.is_file():
-        raise SystemExit(f"{name}: {path} is not installed (trtvocab models)")
-    return path
 
 
 @contextlib.contextmanager

@@ -72,6 +72,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llamacpp_peer import windows  # the one statement of the windows, shared with the child
+from real_model import model_file
 
 LLAMACPP_PYTHON = "/work/llamacpp-venv/bin/python"
 PYTHON_ENV = "TRTVOCAB_LLAMACPP_PYTHON"
@@ -81,19 +82,6 @@ HEADS = ("stored", "float32", "transformers")
 
 def peer_python() -> str:
     return os.environ.get(PYTHON_ENV, LLAMACPP_PYTHON)
-
-
-def model_file(name: str) -> Path:
-    """``smollm2`` / ``gemma3`` (``trtvocab models``) or a path to a ``.gguf``."""
-    if name.endswith(".gguf"):
-        return Path(name)
-    from trtvocab.checkpoints.real_models import model_path
-    from trtvocab.errors import TrtVocabError
-
-    try:
-        return Path(model_path(name))
-    except TrtVocabError as exc:
-        raise SystemExit(f"{name}: {exc}") from exc
 
 
 def run_llamacpp(python: str, job: dict[str, Any], timeout: int) -> dict[str, Any]:
