@@ -92,10 +92,10 @@ inline Floats rows_side_by_side(const float* x, int64_t xs, int64_t steps) {
 
 // A tile's weight rows for the pair kernels: rows v0 .. v0 + tr - 1 in pairs (an odd last row paired
 // with itself), then the rows the last pass prefetches (clamped to the shard). pr holds WIDE_TILE + 4P.
-template <int P>
+template <int P, int64_t TILE = WIDE_TILE>
 inline void tile_row_pairs(int64_t* pr, int64_t v0, int64_t tr, int64_t rows) {
   const int64_t pairs = (tr + 1) / 2;
-  for (int64_t i = 0; i < WIDE_TILE + 4 * P; ++i) pr[i] = std::min(v0 + i, rows - 1);
+  for (int64_t i = 0; i < TILE + 4 * P; ++i) pr[i] = std::min(v0 + i, rows - 1);
   for (int64_t i = tr; i < 2 * pairs; ++i) pr[i] = v0 + tr - 1;
 }
 
@@ -103,16 +103,19 @@ inline void tile_row_pairs(int64_t* pr, int64_t v0, int64_t tr, int64_t rows) {
 // tile, passes over [c0, c1) chunks (of `chunk`) of [0, extent), each pass calling pass(P-constant,
 // row pairs, c0, c1, acc) for P pairs at a time (then single pairs), and finish(row, n, chain) per
 // logit with its 8-lane chain from the pair's zmm accumulator.
+template <int P>
+constexpr int64_t pair_tile_rows() { return 2 * P * ((WIDE_TILE / 2 + P - 1) / P); }
 template <int N, int P, class Pass, class Finish>
 inline void pair_tiles(int64_t rows, int64_t extent, int64_t chunk, const Pass& pass, const Finish& finish) {
-  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
+  constexpr int64_t TILE = pair_tile_rows<P>();
+  const int64_t tiles = (rows + TILE - 1) / TILE;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) float acc[WIDE_TILE / 2 * N * 16];
+    alignas(64) float acc[TILE / 2 * N * 16];
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
+      const int64_t v0 = t * TILE, tr = std::min(TILE, rows - v0);
       const int64_t pairs = (tr + 1) / 2;
-      int64_t pr[WIDE_TILE + 4 * P];
-      tile_row_pairs<P>(pr, v0, tr, rows);
+      int64_t pr[TILE + 4 * P];
+      tile_row_pairs<P, TILE>(pr, v0, tr, rows);
       std::fill(acc, acc + pairs * N * 16, 0.0f);
       for (int64_t c0 = 0; c0 < extent; c0 += chunk) {
         const int64_t c1 = std::min(extent, c0 + chunk);
@@ -136,7 +139,7 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
   load_chains(acc, a);
   const int64_t full = std::min(s1, f.full_steps());
   // The next pass's lines, fetched a pass ahead: into L2 where a pass reads more than half an L1.
-  const bool far = 2 * P * (s1 - s0) * LANES * static_cast<int64_t>(sizeof(*f.w)) > l1d_bytes() / 2;
+  const bool far = N > 2 || 2 * P * (s1 - s0) * LANES * static_cast<int64_t>(sizeof(*f.w)) > l1d_bytes() / 2;
   int64_t s = s0;
   if constexpr (std::is_same_v<F, FP8Rows>) {  // two steps per 16-byte load of each row
     for (; s + 1 < full; s += 2) {
