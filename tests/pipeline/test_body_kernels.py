@@ -21,7 +21,7 @@ from tests.commands.test_generate import A, B, hf_generate
 from trtvocab import kernels
 from trtvocab.errors import InputError
 from trtvocab.kernels import gemm
-from trtvocab.pipeline.body_kernels import KernelLinears, body_kernel_reason, dense_linear
+from trtvocab.pipeline.body_kernels import BODY_MAX_BATCH, KernelLinears, body_kernel_reason, dense_linear
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def tree(seed: int = 0) -> torch.nn.Module:
 def band() -> int:
     loaded = kernels.load()
     assert loaded is not None
-    return gemm.dense_max_batch(torch.float32, loaded.isa)
+    return min(BODY_MAX_BATCH, gemm.dense_max_batch(torch.float32, loaded.isa))
 
 
 @needs_kernels

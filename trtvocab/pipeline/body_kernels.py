@@ -3,10 +3,11 @@
 At a decode step a transformers body multiplies a few rows by each of its linear layers' weights
 (SmolLM2: 210 of them, 425 MB of float32 a step). torch's sgemm is slow at that shape (one thread,
 8 rows: about 7.5 GB/s here); the dense kernel the float32 heads already use (``kernels.gemm.dense_logits``,
-one fixed chain of FMA lanes a logit) reads the same weights at 10-18 GB/s. :class:`KernelLinears`
+one fixed chain of FMA lanes a logit) reads the same weights at 16-18 GB/s. :class:`KernelLinears`
 swaps the ``forward`` of every float32 ``nn.Linear`` under a module for one that calls the kernel when a
-call's rows fit its batch band (:func:`trtvocab.kernels.dense_max_batch`) and torch otherwise (prefill),
-and restores the modules on exit, so the model object stays transformers' own for anyone else.
+call's rows fit its batch band (:func:`trtvocab.kernels.dense_max_batch`, at most :data:`BODY_MAX_BATCH`)
+and torch otherwise (prefill), and restores the modules on exit, so the model object stays transformers'
+own for anyone else.
 
 Numbers: each output is the kernel's chain, not sgemm's order: within float32 rounding of it, bitwise
 the same for any batch up to the band (batch invariant), and the same greedy ids as ``transformers`` on
@@ -33,10 +34,14 @@ def _eligible(module: torch.nn.Module) -> bool:
             and (module.bias is None or module.bias.dtype == torch.float32))
 
 
-@torch.library.custom_op("trtvocab::dense_linear", mutates_args=())
-def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x [N, H] @ weight [R, H].T`` on this process's dense kernel: one opaque op for ``torch.compile``
-    (a compiled step calls it where eager calls the kernel directly)."""
+# The op a compiled step calls: defined on torch's dispatcher with a CPU kernel (and a fake one for tracing),
+# not through ``torch.library.custom_op``, whose autograd wrapper cost 16 us a call against 7.5 (SmolLM2's step
+# makes 210 calls). It is only called without autograd (``_kernel_forward`` hands grad-enabled calls to torch).
+_LIBRARY = torch.library.Library("trtvocab", "FRAGMENT")
+_LIBRARY.define("dense_linear(Tensor x, Tensor weight) -> Tensor")
+
+
+def _dense_linear_cpu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     loaded = kernels.load()
     if loaded is None:
         raise EngineUnavailableError(f"trtvocab::dense_linear: the fused kernels are unavailable "
@@ -44,9 +49,22 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return gemm.dense_logits(loaded, x.contiguous(), weight.shape[1], weight)
 
 
-@dense_linear.register_fake
+_LIBRARY.impl("dense_linear", _dense_linear_cpu, "CPU")
+
+
+@torch.library.register_fake("trtvocab::dense_linear")
 def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+dense_linear = torch.ops.trtvocab.dense_linear.default
+"""``x [N, H] @ weight [R, H].T`` on this process's dense kernel: one opaque op for ``torch.compile``
+(a compiled step calls it where eager calls the kernel directly)."""
+
+# Rows a call may have to run on the kernel: its row-pair kernels (batch 1..8). Its tile kernel (9..16 rows,
+# the heads' float32 band on AVX-512) was slower than torch's sgemm on SmolLM2's 210 linears, one thread
+# (9 rows 0.89x, 16 rows 0.85x), so larger calls stay torch's.
+BODY_MAX_BATCH = 8
 
 
 def _kernel_forward(module: torch.nn.Linear, loaded: kernels.Loaded,
@@ -78,7 +96,7 @@ def _loaded_band() -> tuple[kernels.Loaded, int] | str:
     loaded = kernels.load()
     if loaded is None:
         return f"the fused kernels are unavailable ({kernels.unavailable_reason()})"
-    band = gemm.dense_max_batch(torch.float32, loaded.isa)
+    band = min(BODY_MAX_BATCH, gemm.dense_max_batch(torch.float32, loaded.isa))
     if band == 0:
         return f"the {loaded.isa} kernel build multiplies no float32 decode batch (TRTVOCAB_DENSE_KERNEL or ISA)"
     return loaded, band
