@@ -91,18 +91,19 @@ inline Floats rows_side_by_side(const float* x, int64_t xs, int64_t steps) {
 }
 
 // A tile's weight rows for the pair kernels: rows v0 .. v0 + tr - 1 in pairs (an odd last row paired
-// with itself), then the rows the last pass prefetches (clamped to the shard). pr holds WIDE_TILE + 4P.
-template <int P, int64_t TILE = WIDE_TILE>
+// with itself), then the rows the last pass prefetches (clamped to the shard). pr holds TILE + 4P.
+template <int P, int64_t TILE>
 inline void tile_row_pairs(int64_t* pr, int64_t v0, int64_t tr, int64_t rows) {
   const int64_t pairs = (tr + 1) / 2;
   for (int64_t i = 0; i < TILE + 4 * P; ++i) pr[i] = std::min(v0 + i, rows - 1);
   for (int64_t i = tr; i < 2 * pairs; ++i) pr[i] = v0 + tr - 1;
 }
 
-// The tile loop of the AVX-512 pair kernels: tiles of WIDE_TILE weight rows on torch's threads; per
-// tile, passes over [c0, c1) chunks (of `chunk`) of [0, extent), each pass calling pass(P-constant,
-// row pairs, c0, c1, acc) for P pairs at a time (then single pairs), and finish(row, n, chain) per
-// logit with its 8-lane chain from the pair's zmm accumulator.
+// The tile loop of the AVX-512 pair kernels: tiles of pair_tile_rows<P>() weight rows (WIDE_TILE rounded
+// up to whole passes of P pairs: no pair left to run alone; K18) on torch's threads; per tile, passes over
+// [c0, c1) chunks (of `chunk`) of [0, extent), each pass calling pass(P-constant, row pairs, c0, c1, acc)
+// for P pairs at a time (then single pairs, in a shard's last tile), and finish(row, n, chain) per logit
+// with its 8-lane chain from the pair's zmm accumulator.
 template <int P>
 constexpr int64_t pair_tile_rows() { return 2 * P * ((WIDE_TILE / 2 + P - 1) / P); }
 template <int N, int P, class Pass, class Finish>
@@ -138,8 +139,9 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
   __m512 a[P][N];
   load_chains(acc, a);
   const int64_t full = std::min(s1, f.full_steps());
-  // The next pass's lines, fetched a pass ahead: into L2 where a pass reads more than half an L1.
-  const bool far = N > 2 || 2 * P * (s1 - s0) * LANES * static_cast<int64_t>(sizeof(*f.w)) > l1d_bytes() / 2;
+  // The next pass's lines, fetched a pass ahead: into L2 where a pass reads more than half an L1, and at
+  // batch 7, 8 (x then takes more than half of a 32 KiB L1 itself; K18).
+  const bool far = N >= 7 || 2 * P * (s1 - s0) * LANES * static_cast<int64_t>(sizeof(*f.w)) > l1d_bytes() / 2;
   int64_t s = s0;
   if constexpr (std::is_same_v<F, FP8Rows>) {  // two steps per 16-byte load of each row
     for (; s + 1 < full; s += 2) {
@@ -178,7 +180,7 @@ inline void wide_steps(const F& f, const float* x, const int64_t* pr, int64_t s0
   store_chains(a, acc);
 }
 
-// FP8 / dense, batch N = 1..8: tiles of WIDE_TILE rows; each K-chunk of kDirectChunk steps is read
+// FP8 / dense, batch N = 1..8: tiles of pair_tile_rows<P>() rows; each K-chunk of kDirectChunk steps is read
 // for all the tile's rows (x's chunk stays in L1; at batch <= WHOLE_ROWS_MAX, and for float32 rows
 // while x fits in L2, the chunk is the whole row: measured faster), P row pairs at a time, the next
 // pass's rows prefetched; an odd last row is paired with itself (computed twice, written once).
