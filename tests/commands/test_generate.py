@@ -453,3 +453,20 @@ def test_compiled_step_equals_transformers_generate(loaded, smollm2: Path) -> No
     spec, _ = G.prepare(smollm2, prompts, tp=1, max_new_tokens=8, kv_cache="static", compile_step=True)
     report = G.generate(spec, loaded)
     assert [r.token_ids for r in report.results] == hf_generate(loaded, prompts, 8)
+
+
+@pytest.mark.model
+def test_compiled_step_on_gemma3_compiles_at_most_twice(gemma3: Path) -> None:
+    """Gemma 3's sliding-window cache layers keep a Python int (``cumulative_length_int``) that a compile
+    specialized on every value guards on: each step recompiled until dynamo's limit (8), then the step ran
+    eager. The step's int turns symbolic on its second value instead: at most two graphs for 12 steps, and
+    transformers' greedy ids."""
+    from torch._dynamo.utils import counters
+
+    loaded = G.load_model(gemma3)
+    prompts = [A, B]
+    spec, _ = G.prepare(gemma3, prompts, tp=1, max_new_tokens=12, kv_cache="static", compile_step=True)
+    before = counters["stats"]["unique_graphs"]
+    report = G.generate(spec, loaded)
+    assert counters["stats"]["unique_graphs"] - before <= 2
+    assert [r.token_ids for r in report.results] == hf_generate(loaded, prompts, 12)

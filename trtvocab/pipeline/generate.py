@@ -778,9 +778,12 @@ _COMPILED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 def _compiled_body(body: Any) -> Any:
     """``torch.compile`` of a decoder stack, made once per body object (kept beside it, not on it: a
-    module set as an attribute would become a submodule, its weights a second time in the state dict)."""
+    module set as an attribute would become a submodule, its weights a second time in the state dict).
+    Not ``dynamic=False``: Gemma 3's sliding-window cache layers count positions in a Python int, which a
+    compile specialized on every value recompiled at each step until dynamo's limit (8; then eager); by
+    default dynamo makes such an int symbolic on its second value (two compiles in all)."""
     if body not in _COMPILED:
-        _COMPILED[body] = torch.compile(body, dynamic=False)
+        _COMPILED[body] = torch.compile(body, dynamic=None)
     return _COMPILED[body]
 
 

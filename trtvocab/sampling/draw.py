@@ -325,7 +325,10 @@ def apply_typical_p(scaled: torch.Tensor, head: VocabPlacement, meta: Metadata) 
 def race(scaled: torch.Tensor, ids: torch.Tensor, head: VocabPlacement, meta: Metadata) -> torch.Tensor:
     """The Gumbel race over what is left (greedy rows: the argmax); each rank's best ``(score, id)``,
     one all_gather. A row with nothing left raises on every rank."""
-    top, chosen = argmax_over_vocab(race_scores(scaled, ids, meta), head)
+    # An all-greedy batch races on the logits themselves (race_scores' float64 copy of them would hold the
+    # same order: float32 widens exactly, and no noise is added).
+    scores = race_scores(scaled, ids, meta) if bool(meta.sampled.any()) else scaled
+    top, chosen = argmax_over_vocab(scores, head)
     empty = torch.isneginf(top) | (chosen == NO_ID)
     if bool(empty.any()):
         # Every rank sees the same gathered values, so every rank raises here.

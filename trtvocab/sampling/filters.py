@@ -166,9 +166,13 @@ def process(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata, lo: int) -> 
 
 
 def scale(x: torch.Tensor, col_ids: torch.Tensor, meta: Metadata) -> torch.Tensor:
-    """Temperature (greedy rows keep their logits) and the vocab limit, on float32 columns."""
-    divisor = torch.where(meta.greedy, torch.ones_like(meta.temps), meta.temps)
-    scaled = torch.where(meta.greedy, x, x / divisor)
+    """Temperature (greedy rows keep their logits) and the vocab limit, on float32 columns (read only: an
+    all-greedy batch without a vocab limit gets ``x`` itself back)."""
+    if bool(meta.greedy.all()):  # every row keeps its logits: x itself, no [B, V] pass
+        scaled = x
+    else:
+        divisor = torch.where(meta.greedy, torch.ones_like(meta.temps), meta.temps)
+        scaled = torch.where(meta.greedy, x, x / divisor)
     if meta.vocab_limit is not None:
         scaled = scaled.masked_fill(col_ids[None, :] >= meta.vocab_limit, float("-inf"))
     return scaled

@@ -65,7 +65,9 @@ def check_logits(local_logits: Any, head: VocabPlacement, what: str) -> InputErr
         return InputError(f"{what}: local_logits is an empty batch (B = 0)")
     if not local_logits.dtype.is_floating_point:
         return InputError(f"{what}: local_logits must be floating point, got {local_logits.dtype}")
-    if bool(torch.isnan(own(local_logits, head)).any()):
+    owned = own(local_logits, head)
+    # A max propagates NaN: one read of the logits, no [B, V] mask (2.3 ms against 0.1 at 8 x 262144).
+    if owned.numel() and bool(torch.isnan(owned.amax()).item()):
         return InputError(f"{what}: local_logits contain NaN")
     return None
 
