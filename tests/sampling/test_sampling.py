@@ -15,7 +15,7 @@ from tests.parallel.rank_fns import sampling_cases
 from trtvocab import LMHead, Mapping, sampling
 from trtvocab.errors import InputError
 from trtvocab.parallel.launch import run_ranks
-from trtvocab.sampling.reductions import local_topk
+from trtvocab.sampling.reductions import MAX_BLOCK, first_max, local_topk
 
 # logsumexp of <= 30011 float32 terms of magnitude <= ~20: the sums differ in order
 # only, relative error ~ a few float32 eps (1.2e-7) per doubling of the term count at
@@ -80,6 +80,23 @@ def test_local_topk_tie_rule() -> None:
     assert vals.tolist() == [[3, 3], [5, 5]]
     vals, ids = local_topk(x, 4)
     assert ids.tolist() == [[1, 2, 4, 3], [0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("width", [1, 2 * MAX_BLOCK - 1, 2 * MAX_BLOCK, 5 * MAX_BLOCK + 3, 49152, 65537])
+def test_first_max_is_torch_max(width: int) -> None:
+    """The blocked argmax gives ``torch.max(x, dim=1)``'s values (bitwise) and first indices on rows
+    of many ties, a -inf row, signed zeros, a NaN and a column-strided view."""
+    g = torch.Generator().manual_seed(width)
+    x = torch.randint(-4, 4, (6, width), generator=g).float()
+    x[1] = float("-inf")
+    x[2] = torch.where(x[2] > 0, torch.zeros_like(x[2]), -torch.zeros_like(x[2]))
+    x[3, width // 2] = float("nan")
+    x[4] = torch.randn(width, generator=g)
+    views = [x, torch.cat([x, x], 1)[:, 1:width + 1]]
+    for v in views:
+        want, got = torch.max(v, dim=1), first_max(v)
+        assert torch.equal(got[1], want.indices)
+        assert torch.equal(got[0].view(torch.int32), want.values.view(torch.int32))
 
 
 def test_ids_are_int64_beyond_float32_range() -> None:
