@@ -61,7 +61,7 @@ dense_linear = torch.ops.trtvocab.dense_linear.default
 """``x [N, H] @ weight [R, H].T`` on this process's dense kernel: one opaque op for ``torch.compile``
 (a compiled step calls it where eager calls the kernel directly)."""
 
-# Rows a call may have to run on the kernel: its row-pair kernels (batch 1..8). Its tile kernel (9..16 rows,
+# The most rows a call runs on the kernel: its row-pair kernels (batch 1..8). Its tile kernel (9..16 rows,
 # the heads' float32 band on AVX-512) was slower than torch's sgemm on SmolLM2's 210 linears, one thread
 # (9 rows 0.89x, 16 rows 0.85x), so larger calls stay torch's.
 BODY_MAX_BATCH = 8
