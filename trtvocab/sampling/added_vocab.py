@@ -31,7 +31,7 @@ from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import SamplerOutput, params_tensor, rows_params, sample_output, step_error
 from trtvocab.sampling.filters import Metadata, race_scores, scale
 from trtvocab.sampling.params import SamplingParams
-from trtvocab.sampling.reductions import NO_ID, gather_stack, handshake
+from trtvocab.sampling.reductions import NO_ID, first_max, gather_stack, handshake
 from trtvocab.sampling.state import TokenState
 
 _VIEWS: weakref.WeakKeyDictionary[Any, LMHead] = weakref.WeakKeyDictionary()
@@ -178,7 +178,7 @@ def _race(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], ste
     meta = Metadata.build(per_row, [int(p.seed) for p in per_row], step, None, local.device)  # type: ignore[arg-type]
     scores = race_scores(scale(local, ids, meta), ids, meta)
     if scores.shape[1]:
-        best, at = torch.max(scores, dim=1)
+        best, at = first_max(scores)  # the first maximum: the lowest column
         chosen = columns[at]
     else:
         best = scores.new_full((scores.shape[0],), float("-inf"))

@@ -46,10 +46,12 @@ from trtvocab.sampling.filters import Metadata, column_ids, min_p_keep, process,
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
+    first_max,
     gather_candidates,
     gather_stack,
     handshake,
     local_topk,
+    nan_rows,
     owned_ranges,
     pick_logits,
     token_ids_error,
@@ -204,7 +206,7 @@ def _update_best(best: torch.Tensor, ids: torch.Tensor, scores: torch.Tensor, fi
     later chunk wins only when strictly larger, so the lowest id wins among ties."""
     if scores.shape[1] == 0:
         return
-    value, col = torch.max(scores, dim=1)  # the first maximum: the lowest column
+    value, col = first_max(scores)  # the first maximum: the lowest column
     value = value.to(best.dtype)
     better = value > best
     best.copy_(torch.where(better, value, best))
@@ -308,7 +310,7 @@ def greedy(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> t
     ids = torch.full((rows,), NO_ID, dtype=torch.int64, device=hidden.device)
     nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
     for lo, _, x in stream:
-        nan |= torch.isnan(x).any(dim=1)
+        nan |= nan_rows(x)
         _update_best(best, ids, x, first_id(head, lo))
     top, chosen = _merge_best(best, ids, nan, head, what)
     if bool(torch.isneginf(top).any()):
@@ -329,7 +331,7 @@ def topk(hidden: torch.Tensor, head: LMHead, k: int, *, chunk: int | None = None
     running = _TopK(rows, k, head, hidden.device)
     nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
     for lo, _, x in _Stream(hidden, head, chunk):
-        bad = torch.isnan(x).any(dim=1)
+        bad = nan_rows(x)
         nan |= bad
         running.add(x, lo, bad)
     vals, ids = running.merged(nan, what)
@@ -347,7 +349,7 @@ def _lse_and_picks(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor |
     for lo, _, x in _Stream(hidden, head, chunk):
         x = x.to(torch.float32)
         tree.add(x, first_id(head, lo))
-        extra[:, n] += torch.isnan(x).any(dim=1).to(torch.float32)
+        extra[:, n] += nan_rows(x).to(torch.float32)
         if token_ids is not None:
             extra[:, :n] = pick_logits(x, token_ids, first_id(head, lo), extra[:, :n])
     _, lse, summed = tree.total(head, hidden, extra)
@@ -551,7 +553,7 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
 
     for lo, _, x in stream:
         scaled, col_ids = scaled_of(x, lo)
-        bad = torch.isnan(scaled).any(dim=1)
+        bad = nan_rows(scaled)
         nan |= bad
         if running is not None:
             running.add(scaled, lo, bad)

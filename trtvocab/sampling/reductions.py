@@ -65,11 +65,17 @@ def check_logits(local_logits: Any, head: VocabPlacement, what: str) -> InputErr
         return InputError(f"{what}: local_logits is an empty batch (B = 0)")
     if not local_logits.dtype.is_floating_point:
         return InputError(f"{what}: local_logits must be floating point, got {local_logits.dtype}")
-    owned = own(local_logits, head)
-    # A max propagates NaN: one read of the logits, no [B, V] mask (2.3 ms against 0.1 at 8 x 262144).
-    if owned.numel() and bool(torch.isnan(owned.amax()).item()):
+    if bool(nan_rows(own(local_logits, head)).any()):
         return InputError(f"{what}: local_logits contain NaN")
     return None
+
+
+def nan_rows(x: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B]``: which rows of ``x [B, n]`` hold a NaN, by each row's max (a max propagates NaN): one
+    read, no ``[B, n]`` mask (8 x 262144 float32: 0.1 ms against ``isnan().any()``'s 2.3)."""
+    if x.shape[1] == 0:
+        return torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    return torch.isnan(x.amax(dim=1))
 
 
 def handshake(head: VocabPlacement, local_logits: Any, error: InputError | None, op: str, extra: int = 0,
