@@ -13,6 +13,12 @@ Two readers, best of the rounds for each:
 
 The larger of the two is the limit the head benchmarks divide by (``benchmarks/quantized_head.py``
 measures it interleaved with the heads, round by round, so a busy machine lowers both alike).
+
+The other limit is arithmetic: ``multiply_rate`` times ``trtvocab.kernels.mul_probe`` (16 independent
+float32 multiply chains per thread on the widest vectors the kernels' library has, the same threads),
+the most float32 multiplies per ns these cores make. A head whose float32 chain multiplies every weight
+``B + 1`` times (one product per x row, one to dequantize) cannot beat ``weights * (B + 1)`` over it,
+whatever the memory does (``benchmarks/gguf_head.py`` prints that floor beside the read one).
 """
 
 from __future__ import annotations
@@ -83,6 +89,18 @@ def measure(probe: Probe, rounds: int = 5) -> dict[str, float]:
     return best
 
 
+def multiply_rate(steps: int = 1 << 21) -> float | None:
+    """Float32 multiplies per ns of one call of the kernels' multiply probe (``steps`` rounds of its 16
+    chains per thread); None where the kernels' library does not load. Call it per round, keep the best."""
+    from trtvocab import kernels
+
+    if not kernels.available():
+        return None
+    start = time.perf_counter()
+    made = kernels.mul_probe(steps)
+    return made / ((time.perf_counter() - start) * 1e9)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=DEFAULT_MIB, help="buffer size in MiB (at least 4x the LLC)")
@@ -96,6 +114,10 @@ def main() -> None:
     for name, gbs in result.items():
         print(f"  {name:<7} {gbs:6.2f} GB/s")
     print(f"limit   {max(result.values()):6.2f} GB/s")
+    rates = [multiply_rate() for _ in range(args.rounds + 1)][1:]
+    if rates[0] is not None:
+        print(f"multiply probe: {max(r for r in rates if r is not None):.1f} float32 multiplies per ns, "
+              f"{torch.get_num_threads()} threads, best of {args.rounds}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,15 @@
 For each head and batch B in (1, 2, 4, 8, 64): best and median ms of the stored-block head (the fused
 kernel; the torch chain where it does not build), its best time over the first batch's (``/ B=1``), its
 GB/s over the stored bytes and the fraction of the read probe (``benchmarks/bandwidth.py``, same rounds),
-and the float32- and bf16-dequantized heads' times over it (> 1: the blocks are faster). Variants
+and the float32- and bf16-dequantized heads' times over it (> 1: the blocks are faster). ``floor ms`` is
+the larger of two measured limits: the stored bytes at the read probe, and ``weights * (B + 1)`` float32
+multiplies (the chain's product per x row and its dequantizing one: activations stay float, as llama.cpp's
+Q8 activations do not) at the multiply probe (``bandwidth.multiply_rate``, same rounds); ``floor / B=1`` is
+that floor over the first batch's, the least ``/ B=1`` any kernel of this chain reaches here. A third
+limit is printed under each head's table: ``chain``, B = 1's weights at the rate of
+``trtvocab.kernels.gguf_chain_probe`` (the chain's decode, product and sum with codes and x in L1: no block
+format to unpack, no memory to wait for), the most GB/s of these blocks any decode of this chain reaches
+here, and that over the probe. Variants
 interleave round by round, so a busy machine slows all alike;
 the line ``load`` prints the 1-minute load average before and after: numbers under load are labelled so.
 """
@@ -26,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bandwidth import make_probe
+from bandwidth import make_probe, multiply_rate
 
 from trtvocab import LMHead, kernels
 from trtvocab.quant.gguf_blocks import GGUFConfig
@@ -80,6 +88,18 @@ def heads(args: argparse.Namespace) -> list[tuple[str, dict[str, LMHead]]]:
     return out
 
 
+def chain_rate(rounds: int = 8192) -> float | None:
+    """Weights per ns of one call of the kernels' GGUF chain probe; None without the GGUF kernels."""
+    if not kernels.available():
+        return None
+    start = time.perf_counter()
+    try:
+        made = kernels.gguf_chain_probe(rounds)
+    except ValueError:  # a build without the GGUF kernels
+        return None
+    return made / ((time.perf_counter() - start) * 1e9)
+
+
 def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -102,12 +122,17 @@ def main() -> None:
           f"cores {os.cpu_count()}")
     probe = make_probe()
     reader = probe.readers.get("kernel", probe.readers["torch"])
+    multiply_rate()  # warm-up: the probe's threads started
     for title, variants in heads(args):
         stored = variants["blocks"].resident_bytes()
         print(f"\n{title}: stored {stored / 1e6:.1f} MB, float32 {variants['float32'].resident_bytes() / 1e6:.1f} MB")
         print(f"{'B':>3} {'blocks ms':>10} {'median':>8} {'/ B=1':>6} {'GB/s':>6} {'probe':>6} {'of probe':>8} "
+              f"{'mul/ns':>7} {'floor ms':>9} {'floor / B=1':>11} "
               + " ".join(f"{k + ' x':>10}" for k in variants if k != "blocks"))
         first = 0.0  # the first batch's best time (B = 1 by default): the ''/ B=1'' column
+        first_floor = 0.0
+        chain_line = ""
+        weights = variants["blocks"].vocab_size * variants["blocks"].hidden_size
         for b in args.batches:
             x = torch.randn(b, variants["blocks"].hidden_size)
             calls = {k: (lambda h=h, xx=x.to(h.dtype): h.column_logits(xx)) for k, h in variants.items()}
@@ -115,17 +140,31 @@ def main() -> None:
                 call()
             times: dict[str, list[float]] = {k: [] for k in calls}
             probe_gbs = 0.0
+            mul_per_ns = 0.0
+            chain_per_ns = 0.0
             for _ in range(args.rounds):
                 for k, call in calls.items():
                     times[k].append(timed(call))
                 probe_gbs = max(probe_gbs, probe.nbytes / (timed(reader) / 1e3) / 1e9)
+                mul_per_ns = max(mul_per_ns, multiply_rate() or 0.0)
+                chain_per_ns = max(chain_per_ns, chain_rate() or 0.0)
             best = {k: min(v) for k, v in times.items()}
             gbs = stored / (best["blocks"] / 1e3) / 1e9
             first = first or best["blocks"]
+            floor = max(stored / probe_gbs / 1e6, weights * (b + 1) / mul_per_ns / 1e6 if mul_per_ns else 0.0)
+            first_floor = first_floor or floor
+            if b == 1 and chain_per_ns:
+                chain_ms = weights / chain_per_ns / 1e6
+                chain_line = (f"chain: B = 1's weights at the chain probe's {chain_per_ns:.1f} per ns (codes in L1, "
+                              f"nothing to unpack) {chain_ms:.2f} ms: at most {stored / chain_ms / 1e6:.1f} GB/s "
+                              f"of these blocks, {stored / chain_ms / 1e6 / probe_gbs:.2f} of the probe")
             print(f"{b:>3} {best['blocks']:>10.2f} {statistics.median(times['blocks']):>8.2f} "
                   f"{best['blocks'] / first:>6.2f} {gbs:>6.1f} "
                   f"{probe_gbs:>6.1f} {gbs / probe_gbs:>8.2f} "
+                  f"{mul_per_ns:>7.1f} {floor:>9.2f} {floor / first_floor:>11.2f} "
                   + " ".join(f"{best[k] / best['blocks']:>10.2f}" for k in calls if k != "blocks"))
+        if chain_line:
+            print(chain_line)
     print(f"\nload (1-minute average) before {load_before:.2f}, after {os.getloadavg()[0]:.2f} on "
           f"{os.cpu_count()} cores: numbers measured under that load")
 

@@ -1283,3 +1283,20 @@ def test_read_probe_reads_every_byte(isa):
     assert kernels.read_probe(buf) == int(buf.sum()) % (1 << 64)
     with pytest.raises(ValueError):
         kernels.read_probe(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_mul_probe_counts_the_multiplies_its_chains_made(isa):
+    # 16 chains a thread on the widest vectors of the build: AVX-512 16 lanes, AVX2 8, portable 1; the
+    # chains' sum (every lane exactly 1.0) is checked inside, so a dropped chain raises.
+    lanes = {"avx512": 16, "avx2+fma+f16c": 8, "portable": 1}[library.require().isa]
+    assert kernels.mul_probe(1000) == 1000 * 16 * lanes * torch.get_num_threads()
+    with pytest.raises(ValueError, match="steps"):
+        kernels.mul_probe(0)
+
+
+def test_gguf_chain_probe_counts_the_weights_its_chains_multiplied(isa):
+    # 4 rows of 768 codes a thread; x = 0 keeps every chain at exactly 0 (checked inside: a dropped or
+    # wrong chain raises)
+    assert kernels.gguf_chain_probe(10) == 10 * 4 * 768 * torch.get_num_threads()
+    with pytest.raises(ValueError, match="rounds"):
+        kernels.gguf_chain_probe(0)

@@ -346,8 +346,14 @@ def bind(path: Path, seconds: float = 0.0) -> Loaded:
         lib.trtvocab_gguf_logits.restype = ctypes.c_int
         lib.trtvocab_gguf_set_path.argtypes = [ctypes.c_int]
         lib.trtvocab_gguf_set_path.restype = ctypes.c_int
+        if hasattr(lib, "trtvocab_gguf_chain_probe"):
+            lib.trtvocab_gguf_chain_probe.argtypes = [_I, ctypes.c_float, _P]
+            lib.trtvocab_gguf_chain_probe.restype = ctypes.c_int64
     lib.trtvocab_read_probe.argtypes = [_P, _I]
     lib.trtvocab_read_probe.restype = ctypes.c_uint64
+    if hasattr(lib, "trtvocab_mul_probe"):  # a library of older sources has none (kernel_ab.py)
+        lib.trtvocab_mul_probe.argtypes = [_I, ctypes.c_float, _P]
+        lib.trtvocab_mul_probe.restype = ctypes.c_int64
     lib.trtvocab_fused_set_dpbf16.argtypes = [ctypes.c_int]
     lib.trtvocab_fused_set_dpbf16.restype = ctypes.c_int
     lib.trtvocab_tree_set_exp.argtypes = [ctypes.c_int]

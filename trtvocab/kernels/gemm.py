@@ -17,6 +17,7 @@ docs/architecture.md, "Fused kernels".
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 
@@ -226,4 +227,33 @@ def read_probe(loaded: Loaded, buffer: torch.Tensor) -> int:
     if not buffer.is_contiguous() or buffer.device.type != "cpu" or nbytes % 256:
         raise ValueError("read_probe: a contiguous CPU buffer of a multiple of 256 bytes")
     return int(loaded.lib.trtvocab_read_probe(buffer.data_ptr(), nbytes))
+
+
+def mul_probe(loaded: Loaded, steps: int) -> int:
+    """Run ``steps`` rounds of 16 independent float32 multiply chains per thread (the heads' threads, the
+    widest vectors the library has) and return the multiplies made: the compute side of
+    ``benchmarks/bandwidth.py``, the rate no float32 chain of multiplies can beat."""
+    if steps < 1:
+        raise ValueError(f"mul_probe: steps must be >= 1, got {steps}")
+    sink = ctypes.c_float(0.0)
+    made = int(loaded.lib.trtvocab_mul_probe(steps, 1.0, ctypes.addressof(sink)))
+    expected = made // steps // 16 * 136  # chain i of every lane ends at exactly i + 1 (m = 1)
+    if sink.value != expected:
+        raise RuntimeError(f"mul_probe: the chains summed to {sink.value}, not {expected}")
+    return made
+
+
+def gguf_chain_probe(loaded: Loaded, rounds: int) -> int:
+    """Run the GGUF chain at B = 1 on codes and x already in L1 (no block format to unpack, no memory to wait
+    for) ``rounds`` times per thread and return the weights multiplied: the fastest any GGUF block type's
+    decode of this chain runs on these cores (``benchmarks/gguf_head.py``'s ``chain`` floor)."""
+    if rounds < 1:
+        raise ValueError(f"gguf_chain_probe: rounds must be >= 1, got {rounds}")
+    if not hasattr(loaded.lib, "trtvocab_gguf_chain_probe"):
+        raise ValueError("gguf_chain_probe: this build has no GGUF kernels")
+    sink = ctypes.c_float(1.0)
+    made = int(loaded.lib.trtvocab_gguf_chain_probe(rounds, 0.0, ctypes.addressof(sink)))
+    if sink.value != 0.0:  # x = 0: every chain ends at exactly 0
+        raise RuntimeError(f"gguf_chain_probe: the chains summed to {sink.value}, not 0")
+    return made
 

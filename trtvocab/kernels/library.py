@@ -150,3 +150,13 @@ def dense_max_batch(dtype: torch.dtype) -> int:
 def read_probe(buffer: torch.Tensor) -> int:
     """:func:`trtvocab.kernels.gemm.read_probe` on this process's library."""
     return gemm.read_probe(require(), buffer)
+
+
+def mul_probe(steps: int) -> int:
+    """:func:`trtvocab.kernels.gemm.mul_probe` on this process's library."""
+    return gemm.mul_probe(require(), steps)
+
+
+def gguf_chain_probe(rounds: int) -> int:
+    """:func:`trtvocab.kernels.gemm.gguf_chain_probe` on this process's library."""
+    return gemm.gguf_chain_probe(require(), rounds)

@@ -303,6 +303,60 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
   return total;
 }
 
+// The multiply probe of benchmarks/bandwidth.py: how many float32 multiplies a second this machine's cores
+// make, with the heads' threads (at::parallel_for over get_num_threads() items, one each). Each thread runs
+// `steps` rounds of 16 independent multiply chains on the widest vectors this build has (16 lanes on
+// AVX-512, 8 on AVX2, 1 portable): enough chains to cover a multiply's latency on every pipe that multiplies.
+// Chain i starts at i + 1 (chains of one start would be one chain to the compiler: measured, it merged them)
+// and `m` comes from the caller (1.0f keeps every value exact, so no chain over- or underflows, and a compiler
+// cannot fold a multiplier it does not know); the chains' sum, lanes * 136 a thread with m = 1, goes to `sink`
+// (so they cannot be dropped). Returns the multiplies made: steps * 16 * lanes per thread.
+int64_t trtvocab_mul_probe(int64_t steps, float m, float* sink) {
+  const int threads = at::get_num_threads();
+  std::vector<float> sums(static_cast<size_t>(threads) + 1, 0.0f);
+  int64_t lanes = 1;
+#if TRTVOCAB_AVX512
+  lanes = 16;
+#elif TRTVOCAB_AVX2
+  lanes = 8;
+#endif
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    float total = 0.0f;
+    for (int64_t t = t0; t < t1; ++t) {
+#if TRTVOCAB_AVX512
+      const __m512 f = _mm512_set1_ps(m);
+      __m512 a[16];
+      for (int i = 0; i < 16; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i + 1));
+      for (int64_t s = 0; s < steps; ++s)
+        for (int i = 0; i < 16; ++i) a[i] = _mm512_mul_ps(a[i], f);
+      for (int i = 1; i < 16; ++i) a[0] = _mm512_add_ps(a[0], a[i]);
+      total += _mm512_reduce_add_ps(a[0]);
+#elif TRTVOCAB_AVX2
+      const __m256 f = _mm256_set1_ps(m);
+      __m256 a[16];
+      for (int i = 0; i < 16; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i + 1));
+      for (int64_t s = 0; s < steps; ++s)
+        for (int i = 0; i < 16; ++i) a[i] = _mm256_mul_ps(a[i], f);
+      for (int i = 1; i < 16; ++i) a[0] = _mm256_add_ps(a[0], a[i]);
+      alignas(32) float v[8];
+      _mm256_store_ps(v, a[0]);
+      for (float e : v) total += e;
+#else
+      float a[16];
+      for (int i = 0; i < 16; ++i) a[i] = static_cast<float>(i + 1);
+      for (int64_t s = 0; s < steps; ++s)
+        for (float& e : a) e = e * m;
+      for (float e : a) total += e;
+#endif
+    }
+    sums[static_cast<size_t>(at::get_thread_num())] += total;
+  });
+  float total = 0.0f;
+  for (float s : sums) total += s;
+  *sink = total;
+  return steps * 16 * lanes * threads;
+}
+
 // Which lane implementation this build uses: 3 = AVX-512 (F, BW, VL, DQ) kernels at every batch (the
 // AVX2 8-lane code for their tails and the finish), 2 = AVX2 + FMA + F16C, 0 = portable C++.
 int trtvocab_fused_isa() { return TRTVOCAB_AVX512 ? 3 : (TRTVOCAB_AVX2 ? 2 : 0); }

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -471,6 +472,60 @@ int trtvocab_gguf_set_path(int path) {
   const int top = trtvocab_gguf_max_path();
   g_path = path < 0 || path > top ? top : path;
   return g_path;
+}
+
+// The chain probe of benchmarks/gguf_head.py: the fastest a thread runs this file's chain at B = 1 with no
+// format to unpack and no memory to wait for. Per thread, 4 rows of 768 int8 codes, a float32 scale per 8 and
+// one x row (7 KiB, in L1), `rounds` times: per 8 weights of a row the decode of a Q8_0 chunk's step
+// (vpmovsxbd, vcvtdq2ps, times a broadcast scale) and the chain's product and sum, the ymm ops of tile_avx2's
+// 4-row B = 1 tile (the portable build: the same in scalar C++). x is `x0` everywhere (0: every chain stays
+// exactly 0, their sum goes to `sink`). Returns the weights multiplied: rounds * 4 * 768 per thread.
+int64_t trtvocab_gguf_chain_probe(int64_t rounds, float x0, float* sink) {
+  constexpr int ROWS = 4, H = 768;
+  const int threads = at::get_num_threads();
+  std::vector<float> sums(static_cast<size_t>(threads) + 1, 0.0f);
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) int8_t q[ROWS][H];
+    alignas(64) float sc[ROWS][H / 8];
+    alignas(64) float xv[H];
+    for (int r = 0; r < ROWS; ++r) {
+      for (int i = 0; i < H; ++i) q[r][i] = static_cast<int8_t>((i * 7 + r) % 64 - 32);
+      for (int i = 0; i < H / 8; ++i) sc[r][i] = 0.015625f * static_cast<float>(1 + (i + r) % 7);
+    }
+    for (int i = 0; i < H; ++i) xv[i] = x0;
+    float total = 0.0f;
+    for (int64_t t = t0; t < t1; ++t) {
+#if GGUF_AVX2
+      __m256 acc[ROWS];
+      for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t k = 0; k < rounds; ++k)
+        for (int s = 0; s < H / 8; ++s) {
+          const __m256 x8 = _mm256_load_ps(xv + 8 * s);
+          for (int r = 0; r < ROWS; ++r) {
+            const __m256 w = _mm256_mul_ps(_mm256_broadcast_ss(&sc[r][s]),
+                                           cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q[r] + 8 * s))));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(w, x8));
+          }
+        }
+      for (int r = 0; r < ROWS; ++r) total += hsum_tree(acc[r]);
+#else
+      float acc[ROWS][8] = {};
+      for (int64_t k = 0; k < rounds; ++k)
+        for (int s = 0; s < H / 8; ++s)
+          for (int r = 0; r < ROWS; ++r)
+            for (int l = 0; l < 8; ++l) {
+              const float w = sc[r][s] * static_cast<float>(q[r][8 * s + l]);
+              acc[r][l] = acc[r][l] + w * xv[8 * s + l];
+            }
+      for (int r = 0; r < ROWS; ++r) total += tree8(acc[r]);
+#endif
+    }
+    sums[static_cast<size_t>(at::get_thread_num())] += total;
+  });
+  float total = 0.0f;
+  for (float v : sums) total += v;
+  *sink = total;
+  return rounds * ROWS * H * threads;
 }
 
 // out[n, r] = the chain of x row n and weight row r; kind 0 Q8_0, 1 Q6_K, 2 Q4_0, 3 Q4_1, 4 Q5_0, 5 Q4_K;
