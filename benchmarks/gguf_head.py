@@ -15,8 +15,8 @@ Q8 activations do not) at the multiply probe (``bandwidth.multiply_rate``, same 
 that floor over the first batch's, the least ``/ B=1`` any kernel of this chain reaches here. A third
 limit is printed under each head's table: ``chain``, B = 1's weights at the rate of
 ``trtvocab.kernels.gguf_chain_probe`` (the chain's decode, product and sum with codes and x in L1: no block
-format to unpack, no memory to wait for), the most GB/s of these blocks any decode of this chain reaches
-here, and that over the probe. Variants
+format to unpack, no memory to wait for), the most GB/s of these blocks a kernel that decodes as these do
+(widen, convert, scale) reaches here, and that over the probe. Variants
 interleave round by round, so a busy machine slows all alike;
 the line ``load`` prints the 1-minute load average before and after: numbers under load are labelled so.
 """

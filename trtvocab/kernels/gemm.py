@@ -245,8 +245,8 @@ def mul_probe(loaded: Loaded, steps: int) -> int:
 
 def gguf_chain_probe(loaded: Loaded, rounds: int) -> int:
     """Run the GGUF chain at B = 1 on codes and x already in L1 (no block format to unpack, no memory to wait
-    for) ``rounds`` times per thread and return the weights multiplied: the fastest any GGUF block type's
-    decode of this chain runs on these cores (``benchmarks/gguf_head.py``'s ``chain`` floor)."""
+    for) ``rounds`` times per thread and return the weights multiplied: the pace of the kernels' decode of
+    this chain with nothing to unpack (``benchmarks/gguf_head.py``'s ``chain`` line; docs/kernels.md, K19)."""
     if rounds < 1:
         raise ValueError(f"gguf_chain_probe: rounds must be >= 1, got {rounds}")
     if not hasattr(loaded.lib, "trtvocab_gguf_chain_probe"):
@@ -256,4 +256,3 @@ def gguf_chain_probe(loaded: Loaded, rounds: int) -> int:
     if sink.value != 0.0:  # x = 0: every chain ends at exactly 0
         raise RuntimeError(f"gguf_chain_probe: the chains summed to {sink.value}, not 0")
     return made
-

@@ -474,7 +474,7 @@ int trtvocab_gguf_set_path(int path) {
   return g_path;
 }
 
-// The chain probe of benchmarks/gguf_head.py: the fastest a thread runs this file's chain at B = 1 with no
+// The chain probe of benchmarks/gguf_head.py: how fast a thread runs this file's chain at B = 1 with no
 // format to unpack and no memory to wait for. Per thread, 4 rows of 768 int8 codes, a float32 scale per 8 and
 // one x row (7 KiB, in L1), `rounds` times: per 8 weights of a row the decode of a Q8_0 chunk's step
 // (vpmovsxbd, vcvtdq2ps, times a broadcast scale) and the chain's product and sum, the ymm ops of tile_avx2's
