@@ -9,7 +9,8 @@ Same model object, same prompts (one left-padded batch), greedy, one torch threa
 (each tp rank runs one thread too). Timed: the decode loop, prefill included, model loading and
 rank start-up not; the best of ``--repeats`` runs (after one warm-up of transformers).
 ``--profile`` instead splits tp 1's decode steps (see :func:`profile`). ``--kv-cache dynamic,static``
-and ``--compile`` add tp 1 rows with the static cache and the compiled step, ``--body-kernels`` a
+and ``--compile`` add tp 1 rows with the static cache and the compiled step (and tp N attention-DP rows
+whose ranks first decode once untimed, compiling: ``GenerateSpec.warmup``), ``--body-kernels`` a
 row of each mode with ``generate --body-kernels``. ``--peer vllm`` adds
 vLLM's CPU engine (its own venv, ``--peer-python``; skipped with a note when absent) on the same
 weights saved as a float32 HF folder, the same prompt ids and token count, greedy, run after
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -230,6 +232,8 @@ def main() -> None:
             modes.append((False, None, "static", True, False))
         if tp > 1:
             modes.append((True, None, caches[0], False, False))
+            if args.compile:  # attention DP's bodies compiled; each rank warms up inside the run (warmup)
+                modes.append((True, None, "static", True, False))
             if args.all_bodies and G.choose_body_ranks(tp, len(prompts)) < tp:
                 modes.append((True, tp, caches[0], False, False))
         if args.body_kernels:
@@ -237,7 +241,9 @@ def main() -> None:
         for adp, bodies, cache, compiled, on_kernels in modes:
             spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens, attention_dp=adp,
                                 body_ranks=bodies, kv_cache=cache, compile_step=compiled, body_kernels=on_kernels)
-            if compiled:  # the first run compiles: timed apart
+            if compiled and tp > 1:  # new rank processes each run: each compiles in an untimed first decode
+                spec = dataclasses.replace(spec, warmup=True)
+            elif compiled:  # the first run compiles: timed apart
                 t0 = time.perf_counter()
                 G.generate(spec, loaded)
                 notes.append(f"torch.compile: the first tp 1 run took {time.perf_counter() - t0:.1f} s (compiling)")

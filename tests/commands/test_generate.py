@@ -15,6 +15,7 @@ small and shared, and two spinning OpenMP threads on two busy cores are ten time
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -453,6 +454,24 @@ def test_compiled_step_equals_transformers_generate(loaded, smollm2: Path) -> No
     spec, _ = G.prepare(smollm2, prompts, tp=1, max_new_tokens=8, kv_cache="static", compile_step=True)
     report = G.generate(spec, loaded)
     assert [r.token_ids for r in report.results] == hf_generate(loaded, prompts, 8)
+
+
+@pytest.mark.model
+def test_warmup_reports_the_second_decode_with_the_same_ids(loaded, smollm2: Path, monkeypatch) -> None:
+    """``warmup``: every rank decodes the whole run once before the one reported (where a compiled step
+    compiles). The report is that second decode's: transformers' greedy ids and one run's token count, at
+    tp 1 (two decodes in this process) and tp 2 with attention DP (each rank's, in its own process)."""
+    prompts = [A, B]
+    want = hf_generate(loaded, prompts, 6)
+    calls = []
+    decode = G._decode
+    monkeypatch.setattr(G, "_decode", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    for tp, adp in ((1, False), (2, True)):
+        spec, _ = G.prepare(smollm2, prompts, tp=tp, max_new_tokens=6, attention_dp=adp)
+        report = G.generate(dataclasses.replace(spec, warmup=True), loaded)
+        assert [r.token_ids for r in report.results] == want
+        assert report.new_tokens == sum(len(w) for w in want)
+    assert len(calls) == 2  # tp 1's two decodes (tp 2's ran in the ranks)
 
 
 @pytest.mark.model

@@ -122,6 +122,10 @@ class GenerateSpec:
     # The body's float32 linear layers multiply decode batches on trtvocab's dense kernel
     # (pipeline/body_kernels.py: within float32 rounding of torch's sgemm, faster at a few rows).
     body_kernels: bool = False
+    # Every rank (tp 1: this process) runs the whole decode once before the one it reports: a compiled
+    # step compiles in the first (a tp > 1 run's ranks are new processes each run), so the report's
+    # times are the steady state's (benchmarks/generate.py). The same ids either way.
+    warmup: bool = False
 
 
 # -inf logprobs (ids a filter removed, processed modes) print as this, as vLLM's OpenAI server does:
@@ -658,6 +662,8 @@ def _per_prompt(params: Any, n: int) -> list[SamplingParams]:
 def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     """Run the decode loop of ``spec``: in this process at tp 1, on ``spec.tp`` gloo ranks otherwise."""
     if spec.tp == 1:
+        if spec.warmup:
+            _decode(spec, loaded.model, loaded.tokenizer, rank=0)
         out = _decode(spec, loaded.model, loaded.tokenizer, rank=0)
     else:
 
@@ -696,6 +702,8 @@ def _rank_main(rank: int, world: int, spec: GenerateSpec, tokenizer: Any, facts:
         # rank's share for its head slice (the slices are equal, so a step's head waits on the slowest)
         cores = usable_cores()
         torch.set_num_threads(max(1, cores // (spec.body_ranks if rank < spec.body_ranks else spec.tp)))
+    if spec.warmup:
+        _decode(spec, model, tokenizer, rank=rank, facts=facts)
     return _decode(spec, model, tokenizer, rank=rank, facts=facts)
 
 
