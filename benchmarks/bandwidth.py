@@ -106,6 +106,8 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=DEFAULT_MIB, help="buffer size in MiB (at least 4x the LLC)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds: at least 1, got {args.rounds}")
     probe = make_probe(args.mib)
     llc = last_level_cache_bytes()
     print(f"read probe: {probe.nbytes / 2**20:.0f} MiB buffer (LLC {llc / 2**20 if llc else float('nan'):.0f} MiB), "

@@ -12,11 +12,12 @@ and the float32- and bf16-dequantized heads' times over it (> 1: the blocks are 
 the larger of two measured limits: the stored bytes at the read probe, and ``weights * (B + 1)`` float32
 multiplies (the chain's product per x row and its dequantizing one: activations stay float, as llama.cpp's
 Q8 activations do not) at the multiply probe (``bandwidth.multiply_rate``, same rounds); ``floor / B=1`` is
-that floor over the first batch's, the least ``/ B=1`` any kernel of this chain reaches here. A third
+that floor over the first batch's floor, and ``floor / ms1`` over the first batch's measured best: the
+least ``/ B=1`` a kernel of this chain could reach here with that first batch as it ran. A third
 limit is printed under each head's table: ``chain``, B = 1's weights at the rate of
 ``trtvocab.kernels.gguf_chain_probe`` (the chain's decode, product and sum with codes and x in L1: no block
-format to unpack, no memory to wait for), the most GB/s of these blocks a kernel that decodes as these do
-(widen, convert, scale) reaches here, and that over the probe. Variants
+format to unpack, no memory to wait for: the pace of the B = 1 tile's decode, not a bound on every
+decode), the GB/s of these blocks at that pace, and that over the probe. Variants
 interleave round by round, so a busy machine slows all alike;
 the line ``load`` prints the 1-minute load average before and after: numbers under load are labelled so.
 """
@@ -90,13 +91,11 @@ def heads(args: argparse.Namespace) -> list[tuple[str, dict[str, LMHead]]]:
 
 def chain_rate(rounds: int = 8192) -> float | None:
     """Weights per ns of one call of the kernels' GGUF chain probe; None without the GGUF kernels."""
-    if not kernels.available():
+    loaded = kernels.load()
+    if loaded is None or not hasattr(loaded.lib, "trtvocab_gguf_chain_probe"):
         return None
     start = time.perf_counter()
-    try:
-        made = kernels.gguf_chain_probe(rounds)
-    except ValueError:  # a build without the GGUF kernels
-        return None
+    made = kernels.gguf_chain_probe(rounds)
     return made / ((time.perf_counter() - start) * 1e9)
 
 
@@ -127,7 +126,7 @@ def main() -> None:
         stored = variants["blocks"].resident_bytes()
         print(f"\n{title}: stored {stored / 1e6:.1f} MB, float32 {variants['float32'].resident_bytes() / 1e6:.1f} MB")
         print(f"{'B':>3} {'blocks ms':>10} {'median':>8} {'/ B=1':>6} {'GB/s':>6} {'probe':>6} {'of probe':>8} "
-              f"{'mul/ns':>7} {'floor ms':>9} {'floor / B=1':>11} "
+              f"{'mul/ns':>7} {'floor ms':>9} {'floor / B=1':>11} {'floor / ms1':>11} "
               + " ".join(f"{k + ' x':>10}" for k in variants if k != "blocks"))
         first = 0.0  # the first batch's best time (B = 1 by default): the ''/ B=1'' column
         first_floor = 0.0
@@ -156,12 +155,12 @@ def main() -> None:
             if b == 1 and chain_per_ns:
                 chain_ms = weights / chain_per_ns / 1e6
                 chain_line = (f"chain: B = 1's weights at the chain probe's {chain_per_ns:.1f} per ns (codes in L1, "
-                              f"nothing to unpack) {chain_ms:.2f} ms: at most {stored / chain_ms / 1e6:.1f} GB/s "
-                              f"of these blocks, {stored / chain_ms / 1e6 / probe_gbs:.2f} of the probe")
+                              f"nothing to unpack) {chain_ms:.2f} ms: {stored / chain_ms / 1e6:.1f} GB/s of these "
+                              f"blocks, {stored / chain_ms / 1e6 / probe_gbs:.2f} of the probe, at the tile's pace")
             print(f"{b:>3} {best['blocks']:>10.2f} {statistics.median(times['blocks']):>8.2f} "
                   f"{best['blocks'] / first:>6.2f} {gbs:>6.1f} "
                   f"{probe_gbs:>6.1f} {gbs / probe_gbs:>8.2f} "
-                  f"{mul_per_ns:>7.1f} {floor:>9.2f} {floor / first_floor:>11.2f} "
+                  f"{mul_per_ns:>7.1f} {floor:>9.2f} {floor / first_floor:>11.2f} {floor / first:>11.2f} "
                   + " ".join(f"{best[k] / best['blocks']:>10.2f}" for k in calls if k != "blocks"))
         if chain_line:
             print(chain_line)

@@ -457,6 +457,7 @@ def test_compiled_step_equals_transformers_generate(loaded, smollm2: Path) -> No
 
 
 @pytest.mark.model
+@pytest.mark.ranks
 def test_warmup_reports_the_second_decode_with_the_same_ids(loaded, smollm2: Path, monkeypatch) -> None:
     """``warmup``: every rank decodes the whole run once before the one reported (where a compiled step
     compiles). The report is that second decode's: transformers' greedy ids and one run's token count, at

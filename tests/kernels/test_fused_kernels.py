@@ -1295,8 +1295,18 @@ def test_mul_probe_counts_the_multiplies_its_chains_made(isa):
 
 
 def test_gguf_chain_probe_counts_the_weights_its_chains_multiplied(isa):
-    # 4 rows of 768 codes a thread; x = 0 keeps every chain at exactly 0 (checked inside: a dropped or
-    # wrong chain raises)
+    # 4 rows of 768 codes a thread, x = 0 (every chain exactly 0: checked inside)
     assert kernels.gguf_chain_probe(10) == 10 * 4 * 768 * torch.get_num_threads()
     with pytest.raises(ValueError, match="rounds"):
         kernels.gguf_chain_probe(0)
+    # x = 1: every product is a multiple of 2^-6 and every sum exact, so the chains' total is the float64
+    # sum of the probe's own codes times scales (the C++ file's pattern), once per round and thread
+    import ctypes
+
+    q = [[(i * 7 + r) % 64 - 32 for i in range(768)] for r in range(4)]
+    scale = [[0.015625 * (1 + (s + r) % 7) for s in range(96)] for r in range(4)]
+    one_round = sum(scale[r][i // 8] * q[r][i] for r in range(4) for i in range(768))
+    sink = ctypes.c_float(0.0)
+    made = library.require().lib.trtvocab_gguf_chain_probe(7, 1.0, ctypes.addressof(sink))
+    assert made == 7 * 4 * 768 * torch.get_num_threads()
+    assert sink.value == one_round * 7 * torch.get_num_threads()

@@ -235,6 +235,8 @@ def mul_probe(loaded: Loaded, steps: int) -> int:
     ``benchmarks/bandwidth.py``, the rate no float32 chain of multiplies can beat."""
     if steps < 1:
         raise ValueError(f"mul_probe: steps must be >= 1, got {steps}")
+    if not hasattr(loaded.lib, "trtvocab_mul_probe"):
+        raise ValueError(f"mul_probe: the library {loaded.path} predates the probe")
     sink = ctypes.c_float(0.0)
     made = int(loaded.lib.trtvocab_mul_probe(steps, 1.0, ctypes.addressof(sink)))
     expected = made // steps // 16 * 136  # chain i of every lane ends at exactly i + 1 (m = 1)
@@ -250,7 +252,8 @@ def gguf_chain_probe(loaded: Loaded, rounds: int) -> int:
     if rounds < 1:
         raise ValueError(f"gguf_chain_probe: rounds must be >= 1, got {rounds}")
     if not hasattr(loaded.lib, "trtvocab_gguf_chain_probe"):
-        raise ValueError("gguf_chain_probe: this build has no GGUF kernels")
+        raise ValueError(f"gguf_chain_probe: the library {loaded.path} "
+                         + ("predates the probe" if has_gguf(loaded) else "has no GGUF kernels"))
     sink = ctypes.c_float(1.0)
     made = int(loaded.lib.trtvocab_gguf_chain_probe(rounds, 0.0, ctypes.addressof(sink)))
     if sink.value != 0.0:  # x = 0: every chain ends at exactly 0

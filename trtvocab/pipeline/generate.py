@@ -124,7 +124,8 @@ class GenerateSpec:
     body_kernels: bool = False
     # Every rank (tp 1: this process) runs the whole decode once before the one it reports: a compiled
     # step compiles in the first (a tp > 1 run's ranks are new processes each run), so the report's
-    # times are the steady state's (benchmarks/generate.py). The same ids either way.
+    # times are the steady state's (benchmarks/generate.py). The same greedy and seeded ids (unseeded
+    # sampling draws again); at tp > 1 both decodes fall within run_ranks' one deadline.
     warmup: bool = False
 
 

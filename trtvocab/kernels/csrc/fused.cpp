@@ -304,9 +304,11 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
 }
 
 // The multiply probe of benchmarks/bandwidth.py: how many float32 multiplies a second this machine's cores
-// make, with the heads' threads (at::parallel_for over get_num_threads() items, one each). Each thread runs
+// make, with the heads' threads (at::parallel_for over get_num_threads() items: torch's pool gives each
+// thread one; the count below holds however they fall, the rate is the machine's only then). Each item runs
 // `steps` rounds of 16 independent multiply chains on the widest vectors this build has (16 lanes on
-// AVX-512, 8 on AVX2, 1 portable): enough chains to cover a multiply's latency on every pipe that multiplies.
+// AVX-512, 8 on AVX2; the portable build's scalar chains, counted one lane, whatever the compiler
+// vectorizes them to): enough chains to cover a multiply's latency on every pipe that multiplies.
 // Chain i starts at i + 1 (chains of one start would be one chain to the compiler: measured, it merged them)
 // and `m` comes from the caller (1.0f keeps every value exact, so no chain over- or underflows, and a compiler
 // cannot fold a multiplier it does not know); the chains' sum, lanes * 136 a thread with m = 1, goes to `sink`

@@ -475,11 +475,12 @@ int trtvocab_gguf_set_path(int path) {
 }
 
 // The chain probe of benchmarks/gguf_head.py: how fast a thread runs this file's chain at B = 1 with no
-// format to unpack and no memory to wait for. Per thread, 4 rows of 768 int8 codes, a float32 scale per 8 and
-// one x row (7 KiB, in L1), `rounds` times: per 8 weights of a row the decode of a Q8_0 chunk's step
+// format to unpack and no memory to wait for. Per item (one a thread: at::parallel_for over get_num_threads()
+// items), 4 rows of 768 int8 codes, a float32 scale per 8 and one x row (7.5 KiB, in L1), `rounds` times: per 8 weights of a row the decode of a Q8_0 chunk's step
 // (vpmovsxbd, vcvtdq2ps, times a broadcast scale) and the chain's product and sum, the ymm ops of tile_avx2's
 // 4-row B = 1 tile (the portable build: the same in scalar C++). x is `x0` everywhere (0: every chain stays
-// exactly 0, their sum goes to `sink`). Returns the weights multiplied: rounds * 4 * 768 per thread.
+// exactly 0; 1: every product a multiple of 2^-6, the sums exact below 2^18); their sum goes to `sink`.
+// Returns the weights multiplied: rounds * 4 * 768 per item.
 int64_t trtvocab_gguf_chain_probe(int64_t rounds, float x0, float* sink) {
   constexpr int ROWS = 4, H = 768;
   const int threads = at::get_num_threads();
