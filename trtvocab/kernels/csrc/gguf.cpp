@@ -311,9 +311,19 @@ inline void decode8(const Chunks8& u, const uint8_t* row, int64_t k, __m256* w) 
 
 // The 4 steps of chunk k of a row as float32 straight from the row (AVX2 decode, bitwise decode32's): Q8_0, and
 // Q4_0 / Q4_1 at B >= 5 (128-bit: one mask and one shift per 16 bytes of nibbles).
-template <int KIND>
+template <int KIND, bool MEM_SCALE = false>
 inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
-  if (KIND == 0) {
+  if (KIND == 0 && MEM_SCALE) {
+    // The scale as a float32 in memory, broadcast into each step's product: held in a register for the
+    // chunk (bcast_half), it left GCC too few for the 32-register tiles of 4 or more x rows, which kept their
+    // accumulators on the stack between chunks. The same value (one F16C conversion either way).
+    const uint8_t* blk = row + k * Q8_BYTES;
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    const float d = _cvtsh_ss(h);
+    for (int t = 0; t < 4; ++t)
+      w[t] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * t))), _mm256_broadcast_ss(&d));
+  } else if (KIND == 0) {
     const uint8_t* blk = row + k * Q8_BYTES;
     const __m256 d = bcast_half(blk);
     for (int t = 0; t < 4; ++t) w[t] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * t))), d);
@@ -347,7 +357,7 @@ constexpr bool from_chunks8() {
 // into registers and multiplied into all NB x rows; with XA (x amortized) the chunk of all RR rows is decoded
 // first and each x vector loaded once for the RR rows. Each chain (r, b) still takes steps 0, 1, 2, ... in order.
 // Tiles that decode from Chunks8 unpack each row's next 8 chunks at every eighth chunk.
-template <int KIND, int RR, int NB, bool XA>
+template <int KIND, int RR, int NB, bool XA, bool WIDE>
 inline void tile_avx2(const float* x, int64_t xs, int64_t chunks, const uint8_t* row0, int64_t ws, float* out,
                       int64_t os) {
   constexpr bool GROUPED = from_chunks8<KIND, NB>();
@@ -355,14 +365,25 @@ inline void tile_avx2(const float* x, int64_t xs, int64_t chunks, const uint8_t*
   for (int r = 0; r < RR; ++r)
     for (int b = 0; b < NB; ++b) acc[r][b] = _mm256_setzero_ps();
   Chunks8 u[GROUPED ? RR : 1];
-  // The tile after next (its RR rows are one contiguous range): a few lines per chunk, ahead of use.
+  // The tile after next (its RR rows are one contiguous range): a few lines per chunk, ahead of use. WIDE
+  // (32 registers): PF lines every chunk, the tile's bytes per chunk in lines rounded up (the last chunks'
+  // reach past it; a prefetch never faults), a fixed count: around a loop of a variable trip count GCC kept
+  // the larger tiles' accumulators on the stack between chunks (AVX-512 build, one thread, against that
+  // loop: 0.95-1.00x the time at B = 1..8 over the six types). The 16-register tiles keep the loop, which
+  // stops at the tile's last line (the fixed count ran the AVX2 build's Q8_0 B = 1 1.25-1.40x slower).
+  constexpr int PF = (RR * block_bytes(KIND) * 32 / block_values(KIND) + 63) / 64;
   const uint8_t* ahead = row0 + 2 * RR * ws;
   const int64_t ahead_lines = (RR * ws + 63) / 64;
   const int64_t per_chunk = (ahead_lines + chunks - 1) / chunks;
   int64_t line = 0;
   for (int64_t k = 0; k < chunks; ++k) {
-    for (int64_t i = 0; i < per_chunk && line < ahead_lines; ++i)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * line++), _MM_HINT_T0);
+    if constexpr (WIDE) {
+      for (int i = 0; i < PF; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * (PF * k + i)), _MM_HINT_T0);
+    } else {
+      for (int64_t i = 0; i < per_chunk && line < ahead_lines; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * line++), _MM_HINT_T0);
+    }
     if constexpr (GROUPED) {
       if ((k & 7) == 0)
         for (int r = 0; r < RR; ++r) unpack8<KIND>(row0 + r * ws, k, chunks, &u[r]);
@@ -371,7 +392,7 @@ inline void tile_avx2(const float* x, int64_t xs, int64_t chunks, const uint8_t*
       __m256 w[RR][4];
       for (int r = 0; r < RR; ++r) {
         if constexpr (GROUPED) decode8<KIND>(u[r], row0 + r * ws, k, w[r]);
-        else decode32_avx2<KIND>(row0 + r * ws, k, w[r]);
+        else decode32_avx2<KIND, (WIDE && NB >= 4)>(row0 + r * ws, k, w[r]);
       }
       for (int t = 0; t < 4; ++t)
         for (int b = 0; b < NB; ++b) {
@@ -412,8 +433,8 @@ void rows_avx2_nb(const float* x, int64_t xs, int64_t chunks, const uint8_t* w, 
   constexpr int RR = Shape<NB, WIDE>::RR;
   constexpr bool XA = Shape<NB, WIDE>::XA;
   int64_t r = r0;
-  for (; r + RR <= r1; r += RR) tile_avx2<KIND, RR, NB, XA>(x, xs, chunks, w + r * ws, ws, out + r, os);
-  for (; r < r1; ++r) tile_avx2<KIND, 1, NB, false>(x, xs, chunks, w + r * ws, ws, out + r, os);
+  for (; r + RR <= r1; r += RR) tile_avx2<KIND, RR, NB, XA, WIDE>(x, xs, chunks, w + r * ws, ws, out + r, os);
+  for (; r < r1; ++r) tile_avx2<KIND, 1, NB, false, WIDE>(x, xs, chunks, w + r * ws, ws, out + r, os);
 }
 
 template <int KIND>
