@@ -89,6 +89,13 @@ def measure(probe: Probe, rounds: int = 5) -> dict[str, float]:
     return best
 
 
+def per_ns(count: Callable[[], int]) -> float:
+    """What one call of ``count`` returns (the work it did: multiplies, weights) per ns of its wall time."""
+    start = time.perf_counter()
+    made = count()
+    return made / ((time.perf_counter() - start) * 1e9)
+
+
 def multiply_rate(steps: int = 1 << 21) -> float | None:
     """Float32 multiplies per ns of one call of the kernels' multiply probe (``steps`` rounds of its 16
     chains per thread); None where the kernels' library does not load. Call it per round, keep the best."""
@@ -96,9 +103,7 @@ def multiply_rate(steps: int = 1 << 21) -> float | None:
 
     if not kernels.available():
         return None
-    start = time.perf_counter()
-    made = kernels.mul_probe(steps)
-    return made / ((time.perf_counter() - start) * 1e9)
+    return per_ns(lambda: kernels.mul_probe(steps))
 
 
 def main() -> None:

@@ -663,9 +663,7 @@ def _per_prompt(params: Any, n: int) -> list[SamplingParams]:
 def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     """Run the decode loop of ``spec``: in this process at tp 1, on ``spec.tp`` gloo ranks otherwise."""
     if spec.tp == 1:
-        if spec.warmup:
-            _decode(spec, loaded.model, loaded.tokenizer, rank=0)
-        out = _decode(spec, loaded.model, loaded.tokenizer, rank=0)
+        out = _decode_reported(spec, loaded.model, loaded.tokenizer, rank=0)
     else:
 
         # Attention DP: a rank that owns no prompt runs no body, so it is not sent the model
@@ -703,6 +701,12 @@ def _rank_main(rank: int, world: int, spec: GenerateSpec, tokenizer: Any, facts:
         # rank's share for its head slice (the slices are equal, so a step's head waits on the slowest)
         cores = usable_cores()
         torch.set_num_threads(max(1, cores // (spec.body_ranks if rank < spec.body_ranks else spec.tp)))
+    return _decode_reported(spec, model, tokenizer, rank=rank, facts=facts)
+
+
+def _decode_reported(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int,
+                     facts: _ModelFacts | None = None) -> _RankOutput:
+    """The decode a rank reports, after one untimed decode of the same run where ``spec.warmup`` asks."""
     if spec.warmup:
         _decode(spec, model, tokenizer, rank=rank, facts=facts)
     return _decode(spec, model, tokenizer, rank=rank, facts=facts)

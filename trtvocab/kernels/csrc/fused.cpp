@@ -258,6 +258,37 @@ int run(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64_t ro
   }
 }
 
+// The multiply probe's vectors: the widest this build has (16 float32 lanes on AVX-512, 8 on AVX2; the
+// portable build's scalar chains, one lane, whatever the compiler vectorizes them to). GCC / clang vector
+// types: one chain loop for every build.
+#if TRTVOCAB_AVX512
+typedef float MulVec __attribute__((vector_size(64)));
+#elif TRTVOCAB_AVX2
+typedef float MulVec __attribute__((vector_size(32)));
+#else
+typedef float MulVec;
+#endif
+constexpr int64_t MUL_LANES = static_cast<int64_t>(sizeof(MulVec) / sizeof(float));
+
+// One item of the multiply probe: `steps` rounds of 16 independent chains of multiplies by m on vectors V
+// (MulVec); the sum of the chains' lanes.
+template <class V>
+float mul_chains(int64_t steps, float m) {
+  V a[16];
+  for (int i = 0; i < 16; ++i) a[i] = V{} + static_cast<float>(i + 1);
+  const V f = V{} + m;
+  for (int64_t s = 0; s < steps; ++s)
+    for (int i = 0; i < 16; ++i) a[i] = a[i] * f;
+  for (int i = 1; i < 16; ++i) a[0] = a[0] + a[i];
+  if constexpr (std::is_same_v<V, float>) {
+    return a[0];
+  } else {
+    float total = 0.0f;
+    for (size_t l = 0; l < sizeof(V) / sizeof(float); ++l) total += a[0][l];
+    return total;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -306,57 +337,23 @@ uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
 // The multiply probe of benchmarks/bandwidth.py: how many float32 multiplies a second this machine's cores
 // make, with the heads' threads (at::parallel_for over get_num_threads() items: torch's pool gives each
 // thread one; the count below holds however they fall, the rate is the machine's only then). Each item runs
-// `steps` rounds of 16 independent multiply chains on the widest vectors this build has (16 lanes on
-// AVX-512, 8 on AVX2; the portable build's scalar chains, counted one lane, whatever the compiler
-// vectorizes them to): enough chains to cover a multiply's latency on every pipe that multiplies.
+// mul_chains: enough independent chains to cover a multiply's latency on every pipe that multiplies.
 // Chain i starts at i + 1 (chains of one start would be one chain to the compiler: measured, it merged them)
 // and `m` comes from the caller (1.0f keeps every value exact, so no chain over- or underflows, and a compiler
-// cannot fold a multiplier it does not know); the chains' sum, lanes * 136 a thread with m = 1, goes to `sink`
-// (so they cannot be dropped). Returns the multiplies made: steps * 16 * lanes per thread.
+// cannot fold a multiplier it does not know); the chains' sum, MUL_LANES * 136 an item with m = 1, goes to
+// `sink` (so they cannot be dropped). Returns the multiplies made: steps * 16 * MUL_LANES per item.
 int64_t trtvocab_mul_probe(int64_t steps, float m, float* sink) {
   const int threads = at::get_num_threads();
   std::vector<float> sums(static_cast<size_t>(threads) + 1, 0.0f);
-  int64_t lanes = 1;
-#if TRTVOCAB_AVX512
-  lanes = 16;
-#elif TRTVOCAB_AVX2
-  lanes = 8;
-#endif
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
     float total = 0.0f;
-    for (int64_t t = t0; t < t1; ++t) {
-#if TRTVOCAB_AVX512
-      const __m512 f = _mm512_set1_ps(m);
-      __m512 a[16];
-      for (int i = 0; i < 16; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i + 1));
-      for (int64_t s = 0; s < steps; ++s)
-        for (int i = 0; i < 16; ++i) a[i] = _mm512_mul_ps(a[i], f);
-      for (int i = 1; i < 16; ++i) a[0] = _mm512_add_ps(a[0], a[i]);
-      total += _mm512_reduce_add_ps(a[0]);
-#elif TRTVOCAB_AVX2
-      const __m256 f = _mm256_set1_ps(m);
-      __m256 a[16];
-      for (int i = 0; i < 16; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i + 1));
-      for (int64_t s = 0; s < steps; ++s)
-        for (int i = 0; i < 16; ++i) a[i] = _mm256_mul_ps(a[i], f);
-      for (int i = 1; i < 16; ++i) a[0] = _mm256_add_ps(a[0], a[i]);
-      alignas(32) float v[8];
-      _mm256_store_ps(v, a[0]);
-      for (float e : v) total += e;
-#else
-      float a[16];
-      for (int i = 0; i < 16; ++i) a[i] = static_cast<float>(i + 1);
-      for (int64_t s = 0; s < steps; ++s)
-        for (float& e : a) e = e * m;
-      for (float e : a) total += e;
-#endif
-    }
+    for (int64_t t = t0; t < t1; ++t) total += mul_chains<MulVec>(steps, m);
     sums[static_cast<size_t>(at::get_thread_num())] += total;
   });
   float total = 0.0f;
   for (float s : sums) total += s;
   *sink = total;
-  return steps * 16 * lanes * threads;
+  return steps * 16 * MUL_LANES * threads;
 }
 
 // Which lane implementation this build uses: 3 = AVX-512 (F, BW, VL, DQ) kernels at every batch (the

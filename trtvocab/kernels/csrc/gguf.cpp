@@ -313,20 +313,18 @@ inline void decode8(const Chunks8& u, const uint8_t* row, int64_t k, __m256* w) 
 // Q4_0 / Q4_1 at B >= 5 (128-bit: one mask and one shift per 16 bytes of nibbles).
 template <int KIND, bool MEM_SCALE = false>
 inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
-  if (KIND == 0 && MEM_SCALE) {
-    // The scale as a float32 in memory, broadcast into each step's product: held in a register for the
-    // chunk (bcast_half), it left GCC too few for the 32-register tiles of 4 or more x rows, which kept their
-    // accumulators on the stack between chunks. The same value (one F16C conversion either way).
+  if (KIND == 0) {
+    // MEM_SCALE: the scale as a float32 in memory, broadcast into each step's product. Held in a register
+    // for the chunk (bcast_half), it left GCC too few for the 32-register tiles of 4 or more x rows, which
+    // kept their accumulators on the stack between chunks. The same value (one F16C conversion either way).
     const uint8_t* blk = row + k * Q8_BYTES;
     uint16_t h;
     std::memcpy(&h, blk, 2);
-    const float d = _cvtsh_ss(h);
-    for (int t = 0; t < 4; ++t)
-      w[t] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * t))), _mm256_broadcast_ss(&d));
-  } else if (KIND == 0) {
-    const uint8_t* blk = row + k * Q8_BYTES;
+    const float d1 = _cvtsh_ss(h);
     const __m256 d = bcast_half(blk);
-    for (int t = 0; t < 4; ++t) w[t] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * t))), d);
+    for (int t = 0; t < 4; ++t)
+      w[t] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * t))),
+                           MEM_SCALE ? _mm256_broadcast_ss(&d1) : d);
   } else {  // Q4_0 (minus 8 on each 16-byte half), Q4_1
     const uint8_t* blk = row + k * block_bytes(KIND);
     const __m256 d = bcast_half(blk);
