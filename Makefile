@@ -89,7 +89,7 @@ demo: setup
 		--json-schema examples/capital.schema.json --max-new-tokens 40
 
 # Every command block of the README, run as written in a scratch copy of the tracked files (tools/readme_run.py;
-# `make test` runs the lines that take seconds, tests/test_readme.py).
+# `make test` runs the lines that take seconds, tests/project/test_readme.py).
 readme: setup
 	$(say) "running every README command block in a scratch copy of this clone (each line timed)"
 	HF_HUB_OFFLINE=1 $(BIN)/python tools/readme_run.py --venv $(VENV)

@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/deterministic.py --vocab 129280 --hidden 5120
 
 One process, one thread per core, bf16 and float32 heads, B = 1 and B = 64, median of
-``--repeats`` calls each, the two heads alternating so that drift hits both alike. Goal
-(issue 9): the deterministic head within 1.5x of the default at B = 1 and B = 64. Also
+``--repeats`` calls each, the two heads alternating so that drift hits both alike. Goal:
+the deterministic head within 1.5x of the default at B = 1 and B = 64. Also
 printed: whether the default head itself gave a row the same bits alone and in the batch
 (on MKL/CPU it does not for float32), which is what the deterministic mode pays for.
 """

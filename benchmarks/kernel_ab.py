@@ -18,7 +18,7 @@ one), both libraries are loaded, and each round calls every batch on both, one a
 the same random valid codes (weight values do not change the work). ``--dpbf16`` runs the table once
 per vdpbf16ps mode (``trtvocab_fused_set_dpbf16``, set in both libraries), so an AVX-512 BF16 machine
 compares its FMA kernels too. Printed per batch: best and median ms of each, new / base (best), the new
-library's time over its own batch 1 (the decode goals of issue 21), and whether both libraries
+library's time over its own batch 1 (the decode goals), and whether both libraries
 give the same bits (compared as int32 words); the exit status is 1 where any batch differs. The GGUF block
 types (q8_0, q6_k, q4_0, q4_1, q5_0, q4_k: random blocks, fp16 scales 0.01) run the GGUF kernel; with one
 thread, ``--clock cpu`` times the calling thread's CPU time (``time.thread_time``), which a shared machine's

@@ -39,7 +39,7 @@ its final-norm hidden states at the scored positions go through three float32 he
 
 llama.cpp differs from trtvocab's side in its body too: it multiplies the same quantized weights with its
 activations quantized to Q8 (``Q8_0`` / ``Q8_K``) and an fp16 KV cache, where transformers keeps float32
-activations. The goals (issue 38): ``stored`` within 1 % of ``float32`` (ratio of PPLs), and ``stored``
+activations. The goals: ``stored`` within 1 % of ``float32`` (ratio of PPLs), and ``stored``
 no worse than llama.cpp (ratio <= 1). ``--kl`` (default on) adds the KL of each trtvocab head against
 llama.cpp's distribution over the full vocabulary (``trtvocab.accuracy.stats``, llama.cpp's formulas, exact
 KLD), and of ``stored`` against ``float32``; the child then writes its scored logits (``[n_ctx/2 - 1, V]``

@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
 # one anywhere else). Everything else imports at the top of its module.
 LOCAL_REASONS: dict[str, str] = {
     "trtvocab.commands.cli": "start-up: `trtvocab --help` and argument errors import no torch "
-                             "(tests/test_cli_help.py); each command imports the library it runs",
+                             "(tests/commands/test_cli_help.py); each command imports the library it runs",
     "trtvocab.backends": "optional runtimes: onnxruntime / TensorRT are imported for the backend asked for only",
     "trtvocab.pipeline.build": "optional exporters: onnx / onnxruntime / TensorRT are imported for the stages the "
                                "recipe asks for only",

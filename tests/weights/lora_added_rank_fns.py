@@ -1,4 +1,4 @@
-"""Per-rank bodies of tests/test_lora_added_vocab.py (spawned processes import this module by name).
+"""Per-rank bodies of tests/weights/test_lora_added_vocab.py (spawned processes import this module by name).
 
 One call loads a base checkpoint's embedding and head at one tp size and layout, attaches the adapters
 (one adds tokens, one does not), and returns what each end computes for one batch of per-row adapters.

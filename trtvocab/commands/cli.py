@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-# Only torch-free modules at the top: `trtvocab --help` must not import torch (tests/test_cli_help.py). The
+# Only torch-free modules at the top: `trtvocab --help` must not import torch (tests/commands/test_cli_help.py). The
 # commands import the library (and so torch) inside their bodies: the one kind of function-local import kept.
 from trtvocab.base.limits import GRAMMAR_LIMITS_HELP, MAX_REGEX_CHARS
 from trtvocab.base.publish import atomic_write_bytes

@@ -3,11 +3,11 @@
 ::
 
     onnx.py           LMHead shard -> lm_head.onnx (dense / FP8 Q-DQ / NVFP4 double-DQ)
-    reference_ops.py  run that graph on CPU (onnxruntime, or onnx.reference with this
-                      project's TRT_FP4DynamicQuantize) to check it against the fallback
     tensorrt.py       lm_head.onnx -> lm_head.plan (TensorRT, optional) and its runner
 
-Nothing here is imported eagerly: ``onnx`` and ``tensorrt`` are optional extras.
+The graph runs on CPU (onnxruntime, or onnx.reference with this project's TRT_FP4DynamicQuantize)
+in ``trtvocab/backends/onnx.py``. Nothing here is imported eagerly: ``onnx`` and ``tensorrt`` are
+optional extras.
 """
 
-__all__ = ["onnx", "reference_ops", "tensorrt"]
+__all__ = ["onnx", "tensorrt"]
