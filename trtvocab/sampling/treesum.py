@@ -129,7 +129,8 @@ def node_width(vocab_size: int) -> int:
 
 def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: Any,
                  ranges: Sequence[Any], *, like: torch.Tensor, extra: torch.Tensor | None = None,
-                 pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 pending: D.Pending | None = None,
+                 gather: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(max [B], logsumexp [B], extra summed over ranks or None)`` from this rank's nodes (those
     of its range, :func:`range_nodes` or built chunk by chunk) and every other rank's.
 
@@ -137,7 +138,8 @@ def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: An
     ``[B, 2 * width + e]`` float32, ``extra [B, e]`` riding along (summed over ranks in rank
     order: per-rank picks where only the owner is non-zero stay exact). ``pending``: the call's
     verdict when this is its first data collective (:func:`trtvocab.parallel.distributed.gather_verdict`).
-    ``like``: a ``[B, *]`` tensor giving the rows and device."""
+    ``like``: a ``[B, *]`` tensor giving the rows and device. ``gather``: ``t -> [tp, *t.shape]`` in place of
+    the verdict-carrying gather (a prepared step's functional collective, ``trtvocab.sampling.prepared``)."""
     rows, device = like.shape[0], like.device
     # A rank's entry in ``ranges`` is one ``(start, end)`` or a tuple of them (a placement with an added
     # segment owns two ranges): its nodes are each range's aligned nodes in order.
@@ -151,7 +153,8 @@ def merge_ranges(nodes: Sequence[Node], vocab_size: int, tp_size: int, group: An
     if extra is not None:
         packed[:, 2 * width :] = extra
     if tp_size > 1:
-        pieces = D.gather_verdict(pending, packed, tp_size, group)
+        pieces = list(gather(packed).unbind(0)) if gather is not None else \
+            D.gather_verdict(pending, packed, tp_size, group)
         ids = [key for rank in ranges for key in _node_ids([n for a, b in rank for n in aligned_nodes(a, b)], width)]
     else:
         pieces, ids = [packed], _node_ids([(lv, i) for lv, i, _, _ in nodes], width)
@@ -213,7 +216,8 @@ def sparse_logsumexp(ids: torch.Tensor, values: torch.Tensor, vocab_size: int) -
 
 def tree_logsumexp(local: torch.Tensor, start: int, vocab_size: int, tp_size: int, group: Any,
                    ranges: Sequence[tuple[int, int]], *, extra: torch.Tensor | None = None,
-                   pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                   pending: D.Pending | None = None,
+                   gather: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`merge_ranges` of this rank's logits ``local [B, n]`` (global ids ``start .. start + n``)."""
     return merge_ranges(range_nodes(local, start), vocab_size, tp_size, group, ranges, like=local, extra=extra,
-                        pending=pending)
+                        pending=pending, gather=gather)

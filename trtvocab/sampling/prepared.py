@@ -1,0 +1,574 @@
+"""The prepared decode step: everything converted once, then ``hidden -> ids`` with no host read.
+
+:class:`DecodeStep` is built once per batch composition (a head, one :class:`SamplingParams` per row,
+the batch's :class:`TokenState`). Building it validates every argument, agrees on them with the other
+ranks (one handshake), and turns them into device tensors of a fixed shape: per-row parameters, logit
+bias / allowed ids / bad words / stop ids as padded index tensors (``-1``: an empty slot), the seeds,
+the step counter. Calling it is then a pipeline of fixed-shape tensor operations whose only
+cross-rank traffic is ``all_gather``\\ s of fixed size (functional collectives, which ``torch.compile``
+traces)::
+
+    hidden ─ pad to the bucket ─ head.local_logits ─ bitmask ─ status (NaN / +inf rows)
+      ─ bans, bias, penalties ─ temperature ─ top-k ─ top-p ─ min-p ─ typical-p
+      ─ race (Gumbel or argmax; the status rides along) ─ logprobs ─ advance (step, counts, history)
+
+Nothing on the way reads a device value on the host: every branch is decided by the params, which
+the host knows (a row that asks for top-p makes the step run top-p, a row that does not is masked
+out), every selection is a ``topk`` / ``gather`` / ``scatter`` / mask, and an input check that must
+stay (NaN or ``+inf`` logits, non-finite hidden rows, a row left with no token) sets a bit of a per-row
+status that travels with the ids: :meth:`DecodeStep.read` copies ids and status to the host in one
+transfer and raises the typed error naming the rows and the step. The numbers are those of
+:func:`trtvocab.sampling.decode_output`, bitwise (the same noise keys, filters and reductions).
+
+Rows are padded to a bucket (1, 2, 4, 8, 16, ...: vLLM's capture sizes) with greedy rows that touch
+nothing; the one exception to "no host read": top-p and typical-p on a *split* head still widen their
+candidate list round by round (one ``bool`` a round; tp 1 sorts its whole row instead). docs/generate.md,
+"How one step runs".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trtvocab.errors import ConfigError, InputError
+from trtvocab.parallel.sharding import VocabPlacement
+from trtvocab.sampling import noise, treesum
+from trtvocab.sampling.bitmask import allowed_columns
+from trtvocab.sampling.draw import (
+    ENTROPY_BITS,
+    Logprobs,
+    SamplerOutput,
+    apply_typical_p,
+    collective_plan,
+    draw_args_error,
+    params_tensor,
+)
+from trtvocab.sampling.params import LOGPROBS_MODES, SamplingParams
+from trtvocab.sampling.reductions import (
+    NO_ID,
+    first_max,
+    handshake,
+    nucleus,
+    own,
+    owned_ranges,
+    pick_owned,
+    sum_exp_and_picks,
+)
+from trtvocab.sampling.state import TokenState
+
+# Status bits of a row (DecodeStep.read raises on any).
+HIDDEN_NONFINITE = 1
+LOGITS_NAN = 2
+LOGITS_POSINF = 4
+NO_TOKEN = 8
+_STATUS_TEXT = {HIDDEN_NONFINITE: "hidden rows are not finite (NaN / inf)",
+                LOGITS_NAN: "the logits hold NaN",
+                LOGITS_POSINF: "the logits hold +inf (an overflow: huge hidden states, scales or adapters)",
+                NO_TOKEN: "no token is allowed (every logit is -inf after the bitmask / vocab_limit / filters)"}
+
+
+def bucket(rows: int) -> int:
+    """The padded batch of ``rows`` rows: the next power of two (1, 2, 4, 8, ...)."""
+    return 1 << max(0, rows - 1).bit_length()
+
+
+def _gather(t: torch.Tensor, place: VocabPlacement) -> torch.Tensor:
+    """``[tp, *t.shape]``: every rank's ``t`` (fixed shape), a functional all_gather ``torch.compile`` traces."""
+    if not place.is_split:
+        return t[None]
+    from torch.distributed import _functional_collectives as fc
+
+    group = place.process_group if place.process_group is not None else torch.distributed.group.WORLD
+    out = fc.all_gather_single(t.contiguous(), 0, group)
+    return out.view(place.tp_size, *t.shape)
+
+
+def fixed_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reductions.local_topk`` in fixed shapes: the k largest of ``x [B, n]`` by value descending,
+    ties to the lower column, with no ``nonzero`` (the kept columns are picked by a second ``topk``
+    over distinct keys)."""
+    n = x.shape[1]
+    kth = torch.topk(x, k, dim=1, sorted=True).values[:, -1:]
+    above = x > kth
+    at = x == kth
+    keep = above | (at & (torch.cumsum(at, dim=1) <= k - above.sum(dim=1, keepdim=True)))
+    key = torch.where(keep, n - torch.arange(n, device=x.device), -1)  # distinct on the kept columns
+    cols = torch.topk(key, k, dim=1, sorted=True).indices  # ascending columns
+    vals = x.gather(1, cols)
+    order = torch.argsort(vals, dim=1, descending=True, stable=True)
+    return vals.gather(1, order), cols.gather(1, order)
+
+
+def _order_by_value_then_id(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    by_id = torch.argsort(ids, dim=1, stable=True)
+    by_value = torch.argsort(values.gather(1, by_id), dim=1, descending=True, stable=True)
+    return by_id.gather(1, by_value)
+
+
+def merged_topk(x: torch.Tensor, place: VocabPlacement, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global top-``k`` ``(values [B, k], ids [B, k])`` of every rank's owned columns ``x``, value
+    descending then id ascending: ``reductions.merged_topk`` in fixed shapes (one functional all_gather)."""
+    if not place.is_split:
+        vals, cols = fixed_topk(x, k)
+        return vals, place.token_ids(cols)
+    rows = x.shape[0]
+    k_local = min(k, x.shape[1])
+    vals = torch.full((rows, k), float("-inf"), dtype=torch.float32, device=x.device)
+    ids = torch.full((rows, k), NO_ID, dtype=torch.int64, device=x.device)
+    if k_local:
+        v, c = fixed_topk(x, k_local)
+        vals = torch.cat([v.to(torch.float32), vals[:, k_local:]], dim=1)
+        ids = torch.cat([place.token_ids(c), ids[:, k_local:]], dim=1)
+    packed = torch.stack([vals.view(torch.int32).to(torch.int64), ids], dim=-1)
+    pieces = _gather(packed, place)  # [tp, B, k, 2]
+    all_v = pieces[..., 0].to(torch.int32).view(torch.float32).permute(1, 0, 2).reshape(rows, -1)
+    all_i = pieces[..., 1].permute(1, 0, 2).reshape(rows, -1)
+    order = _order_by_value_then_id(all_v, all_i)[:, :k]
+    return all_v.gather(1, order).to(x.dtype), all_i.gather(1, order)
+
+
+def _lse(x: torch.Tensor, place: VocabPlacement,
+         token_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The vocab tree's ``(max, logsumexp, picks)`` (``reductions.sum_exp_and_picks``: the same nodes and
+    merge, so the same bits) with the functional gather on a split placement."""
+    if not place.is_split:
+        return sum_exp_and_picks(x, place, token_ids)
+    x = x.to(torch.float32)
+    picked = None
+    if token_ids is not None:
+        picked = pick_owned(x, token_ids, place, torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device))
+    return treesum.tree_logsumexp(x, place.vocab_start, place.vocab_size, place.tp_size, place.process_group,
+                                  owned_ranges(place), extra=picked, gather=lambda t: _gather(t, place))
+
+
+def _padded(lists: list[list[int]], width: int | None = None, fill: int = -1) -> torch.Tensor:
+    width = max([len(v) for v in lists] + [0]) if width is None else width
+    return torch.tensor([list(v) + [fill] * (width - len(v)) for v in lists], dtype=torch.int64).reshape(
+        len(lists), width)
+
+
+class DecodeStep:
+    """One decode step of a batch, prepared once: ``ids = step_fn(hidden)`` with no host read.
+
+    Args:
+        head: an ``LMHead`` (``step_fn(hidden)`` runs its ``local_logits``) or a
+            :class:`~trtvocab.parallel.sharding.VocabPlacement` (then call :meth:`draw` with this rank's
+            logits, as an artifact's backend computes them).
+        params: one :class:`SamplingParams` for every row, or one per row (the rows of the batch).
+        state: the batch's :class:`TokenState` (penalties, bad words, min tokens read it). The step
+            advances its counts on the device; :meth:`read` appends the ids to its host lists.
+        bitmask_width: the words of xgrammar's ``int32 [B, W]`` bitmask a call passes (None: no bitmask).
+        start_step: the decode step of the first call (part of the noise key: ``decode(..., step=s)``).
+        vocab_limit: ids at or past it are never drawn (as for :func:`~trtvocab.sampling.sample`).
+
+    ``step_fn.last_output`` is the last call's :class:`SamplerOutput` (device tensors, the real rows);
+    :meth:`read` returns the ids as a list and raises what the step found (:data:`HIDDEN_NONFINITE` ...).
+    """
+
+    def __init__(self, head: Any, params: SamplingParams | list[SamplingParams], *, state: TokenState | None = None,
+                 bitmask_width: int | None = None, start_step: int = 0, vocab_limit: int | None = None) -> None:
+        self.head = None if isinstance(head, VocabPlacement) else head
+        place = VocabPlacement.of(head)
+        if place.added is not None:
+            raise ConfigError("DecodeStep: a head with added tokens (adapters that add ids) decodes through "
+                              "sampling.decode_output, not a prepared step")
+        self.place = place
+        rows = len(params) if isinstance(params, list | tuple) else (state.rows if state is not None else 1)
+        self.rows = rows
+        self.padded_rows = bucket(rows)
+        device = torch.device(place.device) if not isinstance(place.device, torch.device) else place.device
+        self.device = device
+        error, per_row = draw_args_error(params, rows, start_step, vocab_limit, place.vocab_size, "DecodeStep")
+        if error is None and state is not None and (
+                not isinstance(state, TokenState) or state.rows != rows or state.start != place.vocab_start
+                or state.size != place.shard.size):
+            error = InputError(f"DecodeStep: state must be the TokenState of these {rows} rows on ids "
+                               f"[{place.vocab_start}, {place.vocab_start + place.shard.size})")
+        if error is None and bitmask_width is not None and (
+                isinstance(bitmask_width, bool) or not isinstance(bitmask_width, int) or bitmask_width < 0):
+            error = InputError(f"DecodeStep: bitmask_width must be an int >= 0 or None, got {bitmask_width!r}")
+        digest = params_tensor(per_row, start_step, vocab_limit) if error is None else None
+        plan = collective_plan(per_row, place.vocab_size) if error is None else 0
+        fresh = int(torch.randint(0, 2**62, (1,)).item())  # a CPU generator: no device value
+        probe = torch.empty(rows, 0, device=device)
+        fresh = handshake(place, probe, error, "decode", extra=plan + 16 * (bitmask_width or 0), argument=digest,
+                          proposal=fresh, cache=False)
+        self.per_row = per_row
+        self.vocab_limit = vocab_limit
+        self.bitmask_width = bitmask_width
+        self.state = state
+        self.seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
+        self._prepare(per_row, state, start_step)
+        self.last_output: SamplerOutput | None = None
+        self._last: torch.Tensor | None = None
+
+    # ---- preparation (host, once) -------------------------------------------------------------
+    def _prepare(self, per_row: list[SamplingParams], state: TokenState | None, start_step: int) -> None:
+        b, pb, dev = self.rows, self.padded_rows, self.device
+        pad = pb - b
+        greedy_pad = SamplingParams(temperature=0.0)
+        rows = per_row + [greedy_pad] * pad
+        self.sampled_any = any(not p.greedy for p in per_row)
+        self.all_greedy = not self.sampled_any
+
+        def f32(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=dev)
+        self.temps = f32([p.temperature for p in rows])[:, None]
+        self.greedy = torch.tensor([p.greedy for p in rows], dtype=torch.bool, device=dev)[:, None]
+        self.top_k_max = min(max([0 if p.greedy else p.top_k for p in per_row] + [0]), self.place.vocab_size)
+        self.top_k = torch.tensor([0 if p.greedy else p.top_k for p in rows], dtype=torch.int64, device=dev)
+        self.top_p = f32([p.top_p for p in rows])
+        self.min_p = f32([p.min_p for p in rows])
+        self.typical_p = f32([p.typical_p for p in rows])
+        self.top_p_on = any(p.top_p < 1 and not p.greedy for p in per_row)
+        self.min_p_on = any(p.min_p > 0 and not p.greedy for p in per_row)
+        self.typical_on = any(p.typical_p < 1 and not p.greedy for p in per_row)
+        seeds = self.seeds + [0] * pad
+        self.seed_keys = torch.tensor([noise._signed(noise.mix_int(s + noise._GAMMA)) for s in seeds],
+                                      dtype=torch.int64, device=dev)[:, None]
+        self.step_t = torch.full((), start_step, dtype=torch.int64, device=dev)
+        # the logits processors (column-local): static entries, and what the state makes dynamic
+        self.processes = any(p.processes for p in per_row)
+        self.penalizes = state is not None and any(p.penalizes for p in per_row)
+        self.restricted = torch.tensor([p.allowed_token_ids is not None for p in rows], dtype=torch.bool, device=dev)
+        self.any_allowed = any(p.allowed_token_ids is not None for p in per_row)
+        self.allowed = _padded([list(p.allowed_token_ids or ()) for p in rows]).to(dev)
+        single = [[w[-1] for w in p.bad_words if len(w) == 1] for p in rows]
+        self.static_bans = _padded(single).to(dev)
+        multi = [[w for w in p.bad_words if len(w) > 1] for p in rows]
+        self.history_len = max([len(w) - 1 for ws in multi for w in ws] + [0])
+        words = max([len(ws) for ws in multi] + [0])
+        L = self.history_len
+        # a prefix right-aligned in the window of the last L ids; -2 where the word is shorter (matches anything)
+        prefix = [[[-2] * (L - len(w) + 1) + list(w[:-1]) for w in ws] + [[-3] * L] * (words - len(ws))
+                  for ws in multi]
+        self.word_prefix = torch.tensor(prefix, dtype=torch.int64).reshape(pb, words, L).to(dev)
+        self.word_last = _padded([[w[-1] for w in ws] for ws in multi], words).to(dev)
+        self.word_len = _padded([[len(w) - 1 for w in ws] for ws in multi], words, fill=L + 1).to(dev)
+        eos = state.eos_token_ids if state is not None else ()
+        stops = [list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos)) if p.min_tokens else [] for p in rows]
+        self.stop_ids = _padded(stops).to(dev)
+        self.min_tokens = torch.tensor([p.min_tokens for p in rows], dtype=torch.int64, device=dev)
+        outputs = state.output if state is not None else [[] for _ in per_row]
+        outputs = [list(o) for o in outputs] + [[] for _ in range(pad)]
+        self.generated = torch.tensor([len(o) for o in outputs], dtype=torch.int64, device=dev)
+        self.history = torch.tensor([([-1] * L + o)[len(o):] if L else [] for o in outputs],
+                                    dtype=torch.int64).reshape(pb, L).to(dev)
+        bias = [sorted(p.logit_bias.items()) for p in rows]
+        self.bias_ids = _padded([[i for i, _ in e] for e in bias]).to(dev)
+        width = self.bias_ids.shape[1]
+        self.bias_values = torch.tensor([[v for _, v in e] + [0.0] * (width - len(e)) for e in bias],
+                                        dtype=torch.float32).reshape(pb, width).to(dev)
+        self.any_bias = width > 0
+        self.rep = f32([p.repetition_penalty for p in rows])[:, None]
+        self.freq = f32([p.frequency_penalty for p in rows])[:, None]
+        self.pres = f32([p.presence_penalty for p in rows])[:, None]
+        self.counts = self.seen = None
+        if state is not None:
+            counts, seen = state.output_counts.to(dev), state.prompt_seen.to(dev)
+            if pad:
+                counts = torch.cat([counts, counts.new_zeros(pad, counts.shape[1])])
+                seen = torch.cat([seen, seen.new_zeros(pad, seen.shape[1])])
+                state.output_counts, state.prompt_seen = counts[:b], seen[:b]  # views: the step advances them
+            self.counts, self.seen = counts, seen
+        self.real = torch.arange(pb, device=dev) < b
+        # returned logprobs
+        self.want = [-1 if p.logprobs is None else p.logprobs for p in per_row] + [-1] * pad
+        self.logprobs_n = max(self.want)
+        self.is_raw = torch.tensor([p.logprobs_mode.startswith("raw") for p in rows], device=dev)[:, None]
+        self.as_logits = torch.tensor([p.logprobs_mode.endswith("logits") for p in rows], device=dev)[:, None]
+        self.want_t = torch.tensor(self.want, device=dev)
+        assert all(p.logprobs_mode in LOGPROBS_MODES for p in per_row)
+        n_owned = self.place.owned
+        self.col_ids = self.place.column_ids(n_owned, dev)
+        self.hidden_buf: torch.Tensor | None = None
+
+    # ---- the step (device only) ---------------------------------------------------------------
+    def __call__(self, hidden: torch.Tensor, bitmask: torch.Tensor | None = None) -> torch.Tensor:
+        """The next ids ``[B]`` (a device tensor) of the last hidden rows ``hidden [B, H]``; ``bitmask``:
+        xgrammar's ``int32 [B, W]`` (``W`` = ``bitmask_width``). Reads nothing from the device."""
+        head = self.head
+        if head is None:
+            raise ConfigError("DecodeStep: built on a VocabPlacement: call draw(local_logits) with this rank's logits")
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[0] != self.rows \
+                or hidden.shape[1] != head.hidden_size or not hidden.dtype.is_floating_point:
+            got = f"{hidden.dtype} {list(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+            raise InputError(f"DecodeStep: hidden must be a floating [{self.rows}, {head.hidden_size}] tensor, "
+                             f"got {got}")
+        x = hidden.to(device=self.device, dtype=head.dtype)
+        if self.padded_rows != self.rows:
+            x = torch.cat([x, x.new_zeros(self.padded_rows - self.rows, x.shape[1])])
+        status = torch.where(torch.isfinite(x).all(dim=1), 0, HIDDEN_NONFINITE)
+        logits = head.local_logits(x)
+        return self._draw(logits, bitmask, status)
+
+    def draw(self, local_logits: torch.Tensor, bitmask: torch.Tensor | None = None) -> torch.Tensor:
+        """The step on this rank's logits ``[B, V_local]`` (a backend computed them): the ids ``[B]``."""
+        p = self.place
+        if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2 \
+                or local_logits.shape[0] != self.rows or local_logits.shape[1] not in (p.owned, p.local_width) \
+                or not local_logits.dtype.is_floating_point:
+            got = f"{local_logits.dtype} {list(local_logits.shape)}" if isinstance(local_logits, torch.Tensor) else \
+                type(local_logits).__name__
+            raise InputError(f"DecodeStep.draw: local_logits must be floating [{self.rows}, {p.owned}] (this rank's "
+                             f"columns), got {got}")
+        x = local_logits
+        if self.padded_rows != self.rows:
+            x = torch.cat([x, x.new_zeros(self.padded_rows - self.rows, x.shape[1])])
+        status = torch.zeros(self.padded_rows, dtype=torch.int64, device=x.device)
+        return self._draw(x, bitmask, status)
+
+    def _draw(self, logits: torch.Tensor, bitmask: torch.Tensor | None, status: torch.Tensor) -> torch.Tensor:
+        place = self.place
+        if (bitmask is None) != (self.bitmask_width is None) or (bitmask is not None and (
+                bitmask.dtype != torch.int32 or tuple(bitmask.shape) != (self.rows, self.bitmask_width))):
+            got = "None" if bitmask is None else f"{bitmask.dtype} {list(bitmask.shape)}"
+            want = "None" if self.bitmask_width is None else f"int32 [{self.rows}, {self.bitmask_width}]"
+            raise InputError(f"DecodeStep: bitmask must be {want} (bitmask_width of the step), got {got}")
+        x = own(logits, place).to(torch.float32)
+        if bitmask is not None:
+            mask = bitmask.to(x.device)
+            if self.padded_rows != self.rows:
+                mask = torch.cat([mask, mask.new_full((self.padded_rows - self.rows, mask.shape[1]), -1)])
+            keep = allowed_columns(mask, place.vocab_start, x.shape[1], place.shard.size)
+            x = x.masked_fill(~keep, float("-inf"))
+        top = x.amax(dim=1) if x.shape[1] else x.new_full((x.shape[0],), float("-inf"))
+        status = status | torch.where(torch.isnan(top), LOGITS_NAN, 0) | torch.where(top == float("inf"),
+                                                                                       LOGITS_POSINF, 0)
+        ids = self.col_ids
+        raw = x if self.vocab_limit is None else x.masked_fill(ids[None, :] >= self.vocab_limit, float("-inf"))
+        x = self._process(x)
+        scaled = self._scale(x)
+        scaled = self._top_k(scaled)
+        scaled = self._top_p(scaled)
+        scaled = self._min_p(scaled)
+        scaled = self._typical_p(scaled)
+        chosen, status = self._race(scaled, status)
+        chosen = torch.where(self.real, chosen, torch.zeros_like(chosen))  # padding rows: id 0, never read
+        lp = self._logprobs(raw, scaled, chosen)
+        self._advance(chosen)
+        b = self.rows
+        self.last_output = SamplerOutput(chosen[:b], None if lp is None else
+                                         Logprobs(lp.ids[:b], lp.values[:b], lp.ranks[:b]))
+        self._last = torch.cat([chosen[:b], (status * self.real)[:b], self.step_t.reshape(1) - 1])
+        return chosen[:b]
+
+    def _process(self, x: torch.Tensor) -> torch.Tensor:
+        """vLLM v1's steps 3-6 (``filters.process``) on fixed-shape index tensors."""
+        if not self.processes:
+            return x
+        n = x.shape[1]
+        first = self.place.vocab_start
+        rows = x.shape[0]
+
+        def scatter(ids: torch.Tensor, value: torch.Tensor | float, base: torch.Tensor) -> torch.Tensor:
+            """``base [B, n]`` with the owned columns of ``ids [B, m]`` (-1 / others: a spare column) set."""
+            local = ids - first
+            col = torch.where((ids >= 0) & (local >= 0) & (local < n), local, n)
+            wide = torch.cat([base, base[:, :1]], dim=1)
+            src = value if isinstance(value, torch.Tensor) else torch.full(ids.shape, value, dtype=base.dtype,
+                                                                          device=base.device)
+            return wide.scatter(1, col, src)[:, :n]
+        banned = torch.zeros(rows, n, dtype=torch.bool, device=x.device)
+        if self.any_allowed:
+            banned = scatter(self.allowed, False, self.restricted[:, None].expand(rows, n).clone())
+        bans = [self.static_bans]
+        if self.word_last.shape[1]:
+            hit = ((self.history[:, None, :] == self.word_prefix) | (self.word_prefix == -2)).all(dim=2)
+            hit = hit & (self.word_len <= self.generated[:, None])
+            bans.append(torch.where(hit, self.word_last, -1))
+        if self.stop_ids.shape[1]:
+            early = (self.generated < self.min_tokens)[:, None]
+            bans.append(torch.where(early, self.stop_ids, -1))
+        ban_ids = torch.cat(bans, dim=1)
+        if ban_ids.shape[1]:
+            banned = scatter(ban_ids, True, banned)
+        x = x.masked_fill(banned, float("-inf"))
+        if self.any_bias:
+            bias = scatter(self.bias_ids, self.bias_values, torch.zeros_like(x))
+            has = scatter(self.bias_ids, True, torch.zeros_like(x, dtype=torch.bool))
+            x = torch.where(has, x + bias, x)
+        if self.penalizes:
+            assert self.counts is not None and self.seen is not None
+            counts = self.counts[:, :n]
+            seen = self.seen[:, :n] | (counts > 0)
+            x = torch.where(seen & (self.rep != 1), torch.where(x > 0, x / self.rep, x * self.rep), x)
+            x = torch.where(self.freq != 0, x - self.freq * counts.to(torch.float32), x)
+            x = torch.where(self.pres != 0, x - self.pres * (counts > 0).to(torch.float32), x)
+        return x
+
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        if self.all_greedy:
+            scaled = x
+        else:
+            divisor = torch.where(self.greedy, torch.ones_like(self.temps), self.temps)
+            scaled = torch.where(self.greedy, x, x / divisor)
+        if self.vocab_limit is not None:
+            scaled = scaled.masked_fill(self.col_ids[None, :] >= self.vocab_limit, float("-inf"))
+        return scaled
+
+    def _top_k(self, scaled: torch.Tensor) -> torch.Tensor:
+        k = self.top_k_max
+        if k <= 0:
+            return scaled
+        values, top_ids = merged_topk(scaled, self.place, k)
+        cut = torch.where(self.top_k > 0, (self.top_k.clamp(max=k) - 1), k - 1)[:, None]
+        cut_v, cut_id = values.gather(1, cut), top_ids.gather(1, cut)
+        keep = (scaled > cut_v) | ((scaled == cut_v) & (self.col_ids[None, :] <= cut_id))
+        active = (self.top_k > 0)[:, None]
+        return scaled.masked_fill(active & ~keep, float("-inf"))
+
+    def _sorted_mass(self, values: torch.Tensor, lse: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+        """``[B]`` the kept count of a candidate list in order (values as logits, ``-inf``: no mass)."""
+        probs = torch.exp(values.to(torch.float32) - lse[:, None])
+        before = torch.cumsum(probs, dim=1) - probs
+        return (before < mass[:, None]).sum(dim=1).clamp(min=1)
+
+    def _top_p(self, scaled: torch.Tensor) -> torch.Tensor:
+        if not self.top_p_on:
+            return scaled
+        on = (self.top_p < 1) & ~self.greedy[:, 0]
+        threshold = torch.where(on, self.top_p, torch.zeros_like(self.top_p))
+        if self.place.is_split:  # the candidates widen round by round: one bool a round (module docstring)
+            keep = nucleus(scaled, self.place, threshold)
+            return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
+        lse = _lse(scaled, self.place, None)[1]
+        values, cols = torch.sort(scaled, dim=1, descending=True, stable=True)  # value desc, id asc
+        kept = self._sorted_mass(values, lse, threshold)
+        cut_v = values.gather(1, (kept - 1)[:, None])
+        cut_id = self.place.token_ids(cols.gather(1, (kept - 1)[:, None]))
+        keep = (scaled > cut_v) | ((scaled == cut_v) & (self.col_ids[None, :] <= cut_id))
+        return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
+
+    def _min_p(self, scaled: torch.Tensor) -> torch.Tensor:
+        if not self.min_p_on:
+            return scaled
+        on = (self.min_p > 0) & ~self.greedy[:, 0]
+        local = scaled.amax(dim=1) if scaled.shape[1] else scaled.new_full((scaled.shape[0],), float("-inf"))
+        m = _gather(local.to(torch.float32), self.place).amax(dim=0)
+        keep = torch.exp(scaled - m[:, None]) >= self.min_p[:, None]
+        return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
+
+    def _typical_p(self, scaled: torch.Tensor) -> torch.Tensor:
+        if not self.typical_on:
+            return scaled
+        place = self.place
+        if place.is_split:  # as top-p: the candidate rounds of draw.apply_typical_p
+            return apply_typical_p(scaled, place, _TypicalMeta(self))
+        on = (self.typical_p < 1) & ~self.greedy[:, 0]
+        _, lse, _ = _lse(scaled, place, None)
+        logp = scaled - lse[:, None]
+        term = torch.where(torch.isneginf(scaled), torch.zeros_like(logp), torch.exp(logp) * logp)
+        local = torch.round(term.to(torch.float64) * 2.0**ENTROPY_BITS).to(torch.int64).sum(dim=1)
+        total = local
+        h = (-(total.to(torch.float64) * 2.0**-ENTROPY_BITS)).to(torch.float32)
+        key = torch.abs(-(scaled - lse[:, None]) - h[:, None]).masked_fill(torch.isneginf(scaled), float("inf"))
+        mass = torch.where(on, self.typical_p, torch.zeros_like(self.typical_p))
+        keys, cols = torch.sort(key, dim=1, stable=True)  # key ascending, id ascending
+        picked = scaled.gather(1, cols)
+        values = picked.masked_fill(torch.isinf(keys), float("-inf"))
+        kept = self._sorted_mass(values, lse, mass)
+        cut_key = keys.gather(1, (kept - 1)[:, None])
+        return scaled.masked_fill(on[:, None] & (key > cut_key), float("-inf"))
+
+    def _race(self, scaled: torch.Tensor, status: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        place = self.place
+        if self.sampled_any:
+            keys = noise.mix_tensor(self.seed_keys ^ noise.mix_tensor(self.step_t + noise._signed(2 * noise._GAMMA)))
+            score = scaled.to(torch.float64)
+            score = torch.where(~self.greedy, score + noise.gumbel(keys, self.col_ids), score)
+            scores = score.masked_fill(torch.isneginf(scaled), float("-inf"))
+        else:
+            scores = scaled
+        rows = scores.shape[0]
+        if scores.shape[1]:
+            best, cols = first_max(scores)
+            chosen = place.token_ids(cols)
+        else:
+            best = scores.new_full((rows,), float("-inf"))
+            chosen = torch.full((rows,), NO_ID, dtype=torch.int64, device=scores.device)
+        chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
+        if place.is_split:
+            packed = _gather(torch.stack([best.to(torch.float64).view(torch.int64), chosen, status], dim=-1), place)
+            values, ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
+            best = values.max(dim=0).values
+            chosen = torch.where(values == best, ids, torch.full_like(ids, NO_ID)).min(dim=0).values
+            status = packed[0, :, 2]
+            for r in range(1, place.tp_size):
+                status = status | packed[r, :, 2]
+        empty = torch.isneginf(best) | (chosen == NO_ID)
+        status = status | torch.where(empty, NO_TOKEN, 0)
+        return torch.where(empty, torch.zeros_like(chosen), chosen), status
+
+    def _logprobs(self, raw: torch.Tensor, scaled: torch.Tensor, chosen: torch.Tensor) -> Logprobs | None:
+        if self.logprobs_n < 0:
+            return None
+        place = self.place
+        src = torch.where(self.is_raw, raw, scaled)
+        logits = self.as_logits
+        _, lse, picked = _lse(src, place, chosen[:, None])
+        assert picked is not None
+        values = torch.where(logits, src, src - lse[:, None])
+        sampled = torch.where(logits, picked, picked - lse[:, None])
+        count = (values >= sampled).sum(dim=1)
+        rank = _gather(count, place).sum(dim=0)
+        ids, out_v, out_r = chosen[:, None], sampled, rank[:, None]
+        n = self.logprobs_n
+        if n > 0:
+            top_v, top_ids = merged_topk(values, place, min(n, place.vocab_size))
+            width = top_ids.shape[1]
+            slot = torch.arange(width, device=src.device)[None, :]
+            inside = slot < self.want_t[:, None]
+            ids = torch.cat([ids, torch.where(inside, top_ids, torch.full_like(top_ids, -1))], dim=1)
+            out_v = torch.cat([out_v, top_v.to(torch.float32).masked_fill(~inside, float("-inf"))], dim=1)
+            out_r = torch.cat([out_r, torch.where(inside, slot + 1, torch.zeros_like(slot))], dim=1)
+        asking = (self.want_t >= 0)[:, None]
+        return Logprobs(torch.where(asking, ids, torch.full_like(ids, -1)),
+                        out_v.to(torch.float32).masked_fill(~asking, float("-inf")),
+                        torch.where(asking, out_r.to(torch.int64), torch.zeros_like(out_r, dtype=torch.int64)))
+
+    def _advance(self, chosen: torch.Tensor) -> None:
+        """The step counter, the generated counts, the history and the state's counts, in place on the device."""
+        self.step_t.add_(1)
+        self.generated.add_(self.real.to(torch.int64))
+        if self.history_len:
+            self.history.copy_(torch.cat([self.history[:, 1:], chosen[:, None]], dim=1))
+        if self.counts is not None:
+            local = chosen - self.place.vocab_start
+            mine = self.real & (local >= 0) & (local < self.counts.shape[1])
+            rows = torch.arange(self.counts.shape[0], device=chosen.device)
+            self.counts.index_put_((rows, torch.where(mine, local, 0)), mine.to(self.counts.dtype), accumulate=True)
+
+    # ---- the host side -----------------------------------------------------------------------------
+    def read(self) -> list[int]:
+        """The last step's ids as a list: one copy of ids, status and step to the host. Raises
+        :class:`InputError` naming the rows and the step when the step found bad input (on every rank:
+        the status travelled with the ids). Appends the ids to the state's host lists."""
+        if self._last is None:
+            raise InputError("DecodeStep.read: no step has run")
+        values = self._last.tolist()
+        b = self.rows
+        ids, status, step = values[:b], values[b : 2 * b], values[2 * b]
+        bad = [(r, s) for r, s in enumerate(status) if s]
+        if bad:
+            found = sorted({bit for _, s in bad for bit in _STATUS_TEXT if s & bit})
+            what = "; ".join(f"row(s) {[r for r, s in bad if s & bit]}: {_STATUS_TEXT[bit]}" for bit in found)
+            raise InputError(f"sampling.decode (step {step}): {what}")
+        if self.state is not None:
+            for r, i in enumerate(ids):
+                self.state.output[r].append(int(i))
+        return ids
+
+
+class _TypicalMeta:
+    """The two fields ``draw.apply_typical_p`` reads, from a prepared step."""
+
+    def __init__(self, step: DecodeStep) -> None:
+        self.typical_p = step.typical_p
+        self.sampled = ~step.greedy[:, 0]
+
+
+__all__ = ["HIDDEN_NONFINITE", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "DecodeStep", "bucket", "fixed_topk",
+           "merged_topk"]
