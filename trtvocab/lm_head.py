@@ -42,14 +42,33 @@ from trtvocab.weights.loader import open_head
 from trtvocab.weights.lora import adapt_logits_, check_adapter_ids, groups
 
 _FORMATS = tuple(WeightFormat)
+# gather_output's values: keep the local columns, all-gather them to every rank, gather them to rank 0 only.
+GATHER_MODES: tuple[bool | str, ...] = (False, True, "rank0")
 # What the ranks of a split head agree on, at the start of every forward (protocol:
 # trtvocab.parallel.distributed.Handshake) and once after loading a checkpoint.
 FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
-    D.Field("dtype", DTYPES), D.Field("gather_output"), D.Field("weight format", _FORMATS),
+    D.Field("dtype", DTYPES), D.Field("gather_output", GATHER_MODES), D.Field("gather chunk rows"),
+    D.Field("weight format", _FORMATS),
     D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", DTYPES),
     D.Field("head ops (digest)"), D.Field("adapters (digest)"), D.Field("rows", per_rank=True),
 ))
+
+
+def gather_error(gather_output: Any, gather_chunk_rows: Any, mapping: Mapping | None = None) -> ConfigError | None:
+    """Why ``gather_output`` / ``gather_chunk_rows`` cannot configure a head (None: they can)."""
+    if not any(gather_output is m or (isinstance(m, str) and gather_output == m) for m in GATHER_MODES):
+        return ConfigError(f"LMHead gather_output must be one of True (all-gather to every rank), False (keep this "
+                           f"rank's columns) or 'rank0' (gather to rank 0 only), got {gather_output!r}")
+    rows = gather_chunk_rows
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        return ConfigError(f"LMHead gather_chunk_rows must be None or an int >= 1 (rows per gather), got {rows!r}")
+    if rows is not None and gather_output is False:
+        return ConfigError("LMHead gather_chunk_rows needs gather_output=True or 'rank0' (False gathers nothing)")
+    if gather_output == "rank0" and mapping is not None and mapping.enable_attention_dp and mapping.lm_head_is_split:
+        return ConfigError("LMHead gather_output='rank0' with attention DP: every rank's rows return to it by an "
+                           "all-to-all; use gather_output=True or False")
+    return None
 
 
 DEFAULT_LOGITS_BUDGET_BYTES = 256 << 20  # float32 [B, V_local] logits above this are streamed (sampling.chunked)
@@ -73,8 +92,15 @@ class LMHead(VocabParallelModule):
         mapping: where this rank sits (:class:`~trtvocab.parallel.mapping.Mapping`); ``None`` is a
             replicated head. Attention DP without ``enable_lm_head_tp_in_adp`` also replicates.
         tensor_parallel_mode: only ``COLUMN`` (split over the vocab) exists for a head.
-        gather_output: all-gather the ``[N, V_local]`` pieces into ``[N, V]``; ``False``
-            returns this rank's columns (what the gather-free samplers take).
+        gather_output: ``True``: all-gather the ``[N, V_local]`` pieces into ``[N, V]`` on every rank;
+            ``False``: return this rank's columns (what the gather-free samplers take); ``"rank0"``:
+            gather them to rank 0 of the head's group only (vLLM's ``_gather_logits`` without all-gather):
+            that rank gets ``[N, V]``, the others ``None`` (a replicated head: every rank its logits).
+            Not with attention DP (there every rank's rows return to it). Anything else: ``ConfigError``.
+        gather_chunk_rows: ``None``: one collective moves all N rows; ``R``: R rows at a time into one
+            ``[N, V]`` output allocated once (vLLM's ``LogitsGatherer``): besides the output and the local
+            logits, a gather holds ``(tp + 1) * R * max shard width`` elements instead of
+            ``(tp + 1) * N * max shard width`` (the pieces and the padded send). Bitwise the same logits.
         quant_config: FP8 / NVFP4 weights (:class:`~trtvocab.quant.config.QuantConfig`),
             normally from the checkpoint's gating verdict (:meth:`from_checkpoint`), or a GGUF
             head's stored blocks (:class:`~trtvocab.quant.gguf_blocks.GGUFConfig`).
@@ -118,7 +144,7 @@ class LMHead(VocabParallelModule):
         dtype: torch.dtype = torch.bfloat16,
         mapping: Mapping | None = None,
         tensor_parallel_mode: TensorParallelMode = TensorParallelMode.COLUMN,
-        gather_output: bool = True,
+        gather_output: bool | str = True,
         quant_config: QuantConfig | GGUFConfig | None = None,
         vocab_layout: VocabLayout = "uneven",
         pad_to: int = 64,
@@ -131,9 +157,13 @@ class LMHead(VocabParallelModule):
         handshake_every_call: bool = False,
         quant_decision: HeadQuantDecision | None = None,
         head_ops: HeadOps | None = None,
+        gather_chunk_rows: int | None = None,
     ) -> None:
         if TensorParallelMode(tensor_parallel_mode) is not TensorParallelMode.COLUMN:
             raise ConfigError("LMHead supports only COLUMN tensor parallelism (split over the vocab)")
+        error = gather_error(gather_output, gather_chunk_rows, mapping)
+        if error is not None:
+            raise error
         super().__init__(vocab_size, hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
                          pad_to=pad_to, process_group=process_group)
         if output_dtype not in (None, torch.float32, dtype):
@@ -151,7 +181,8 @@ class LMHead(VocabParallelModule):
         self.deterministic = bool(deterministic)
         # Quantized heads always accumulate and return float32; dense heads their dtype unless asked.
         self.output_dtype = torch.float32 if quant_config is not None else (output_dtype or dtype)
-        self.gather_output = gather_output
+        self._gather_output: bool | str = gather_output
+        self._gather_chunk_rows: int | None = gather_chunk_rows
         self.quant_config = quant_config
         # The gating verdict this head was built under (from_checkpoint passes it), for reports.
         self.quant_decision: HeadQuantDecision | None = quant_decision
@@ -175,6 +206,30 @@ class LMHead(VocabParallelModule):
             self.to(device)
 
     @property
+    def gather_output(self) -> bool | str:
+        """``True`` | ``False`` | ``"rank0"`` (see the class docstring); settable, validated."""
+        return self._gather_output
+
+    @gather_output.setter
+    def gather_output(self, value: bool | str) -> None:
+        error = gather_error(value, self._gather_chunk_rows if value is not False else None, self.mapping)
+        if error is not None:
+            raise error
+        self._gather_output = value
+
+    @property
+    def gather_chunk_rows(self) -> int | None:
+        """Rows per gather (None: all of them in one); settable, validated."""
+        return self._gather_chunk_rows
+
+    @gather_chunk_rows.setter
+    def gather_chunk_rows(self, value: int | None) -> None:
+        error = gather_error(self._gather_output, value, self.mapping)
+        if error is not None:
+            raise error
+        self._gather_chunk_rows = value
+
+    @property
     def label(self) -> str:
         """What reports call this head: ``"FP8 W8A8"``, ``"NVFP4 W4A16"``, ``"dense bf16"``."""
         return self.quant_config.label if self.quant_config is not None else f"dense {short_name(self.dtype)}"
@@ -195,7 +250,7 @@ class LMHead(VocabParallelModule):
         path: str | Path,
         *,
         mapping: Mapping | None = None,
-        gather_output: bool = True,
+        gather_output: bool | str = True,
         dtype: torch.dtype = torch.bfloat16,
         quant: str = "auto",
         tensor_name: str | None = None,
@@ -206,6 +261,7 @@ class LMHead(VocabParallelModule):
         deterministic: bool = False,
         output_dtype: torch.dtype | None = None,
         gguf_blocks: bool = True,
+        gather_chunk_rows: int | None = None,
     ) -> LMHead:
         """Build this rank's head from a checkpoint, reading only its rows.
 
@@ -215,7 +271,7 @@ class LMHead(VocabParallelModule):
         ``tensor_name``: the ``[V, H]`` tensor when it is neither ``lm_head.weight`` nor a
         known tied embedding. ``gguf_blocks``: a GGUF Q8_0 / Q6_K / Q4_0 / Q4_1 / Q5_0 / Q4_K head stays
         in its stored blocks (False: dequantized to float32, then ``dtype``; other block types always are, said in
-        ``head.load_note``). Other arguments: as for :class:`LMHead`.
+        ``head.load_note``). Other arguments (``gather_chunk_rows`` too): as for :class:`LMHead`.
 
         When the head is split and a process group exists, the ranks meet once after
         loading (:func:`~trtvocab.vocab_parallel.load_collectively`): a rank that failed (a truncated file only it
@@ -230,7 +286,7 @@ class LMHead(VocabParallelModule):
                        gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
                        pad_to=pad_to, process_group=process_group, deterministic=deterministic,
                        output_dtype=output_dtype, quant_decision=source.decision,
-                       head_ops=family.head if family is not None else None)
+                       head_ops=family.head if family is not None else None, gather_chunk_rows=gather_chunk_rows)
             head.family = family
             head.load_note = source.note
             head.load_weights(source.shard_tensors(head.shard))
@@ -292,7 +348,8 @@ class LMHead(VocabParallelModule):
         """This rank's values of :data:`FORWARD_HANDSHAKE`."""
         return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
                 _LAYOUT: self.layout_code, "dtype": self.dtype,
-                "gather_output": self.gather_output, "weight format": self.weight_format,
+                "gather_output": self.gather_output, "gather chunk rows": self.gather_chunk_rows or 0,
+                "weight format": self.weight_format,
                 "mapping": self.mapping_kind,
                 "deterministic": self.deterministic, "output dtype": self.output_dtype,
                 "head ops (digest)": self.head_ops.digest(), "adapters (digest)": self._adapters_digest(),
@@ -400,9 +457,10 @@ class LMHead(VocabParallelModule):
         """Rank pieces laid end to end (``[N, sum of widths]``) -> ``[N, V + A]`` in token order."""
         return pieces[:, self.token_order()[: self.full_vocab_size]]
 
-    def forward(self, hidden_states: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, adapter_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits of ``hidden_states [N, H]``; ``adapter_ids`` (int ``[N]``, ``-1``: none): each row's
-        adapter (:meth:`load_adapter`), as inside :meth:`use_adapters`."""
+        adapter (:meth:`load_adapter`), as inside :meth:`use_adapters`. ``gather_output="rank0"``: None
+        on every rank of a split head's group but its rank 0."""
         if adapter_ids is not None:
             with self.use_adapters(adapter_ids):
                 return self.forward(hidden_states)
@@ -416,10 +474,11 @@ class LMHead(VocabParallelModule):
         rows = hidden_states.shape[0] if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() else 0
         adp = self.mapping.enable_attention_dp
         pending = None
-        if adp or not self.gather_output:
+        if not self._verdict_rides_on_gather:
             # Attention DP: the handshake is what tells each rank the others' row counts.
             # gather_output=False: no data moves here that a verdict could ride on (a decode
-            # step that wants one collective uses trtvocab.sampling.decode instead).
+            # step that wants one collective uses trtvocab.sampling.decode instead); "rank0":
+            # only rank 0 would read a verdict riding on its gather.
             row_counts = self._meet(FORWARD_HANDSHAKE, self._identity(rows), error, "rows", "rows")["rows"]
         else:
             pending = self._open_gathered_call(rows, error)
@@ -429,23 +488,44 @@ class LMHead(VocabParallelModule):
             hidden_states = D.all_gather_rows(hidden_states, row_counts, self.process_group)
         if self.added_vocab:  # two segments: every rank's whole width, reindexed to token order
             local = self.local_logits(hidden_states)
-            if not self.gather_output:
+            if self.gather_output is False:
                 return local
             widths = [s.width for s in self.added_shards]
-            return self._token_order_columns(D.all_gather_columns(local, widths, self.process_group, pending))
+            if self.gather_output is True and self.gather_chunk_rows is None:
+                return self._token_order_columns(D.all_gather_columns(local, widths, self.process_group, pending))
+            return self._gather(local, widths, pending, self.token_order()[: self.full_vocab_size])
         # Owned columns only: the padding is trimmed, so it needs no -inf fill here (local_logits
         # fills it for callers that reduce over the full width).
         local = self._owned_logits(hidden_states)
-        if not self.gather_output:
+        if self.gather_output is False:
             # With attention DP this is [sum of all ranks' rows, V_local]: the rows of every
             # rank, this rank's columns (what a distributed sampler needs); rank r's rows are
             # the r-th block of the per-rank row counts.
             return local
         sizes = [s.size for s in self.shards]
         if not adp:
-            return D.all_gather_columns(local, sizes, self.process_group, pending)
+            if self.gather_output is True and self.gather_chunk_rows is None:
+                return D.all_gather_columns(local, sizes, self.process_group, pending)
+            return self._gather(local, sizes, pending)
+        if self.gather_chunk_rows is not None:
+            return D.all_to_all_rows_chunked(local, row_counts, sizes, self.process_group, self.gather_chunk_rows)
         blocks = list(torch.split(local, row_counts))
         return D.all_to_all_rows(blocks, row_counts, sizes, self.process_group)
+
+    @property
+    def _verdict_rides_on_gather(self) -> bool:
+        """Whether a split forward's verdict rides on its all-gather (:class:`~trtvocab.parallel.distributed.Agreement`)
+        instead of a handshake first: an all-gather to every rank without attention DP."""
+        return self.gather_output is True and not self.mapping.enable_attention_dp
+
+    def _gather(self, local: torch.Tensor, widths: list[int], pending: D.Pending | None,
+                order: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``local``'s pieces of every rank in token order, by this head's gather mode: all-gathered
+        (``True``) or gathered to group rank 0 (``"rank0"``: None on the other ranks), in chunks of
+        :attr:`gather_chunk_rows` rows into one preallocated output."""
+        dst = 0 if self.gather_output == "rank0" else None
+        return D.gather_columns(local, widths, self.process_group, pending, dst=dst,
+                                chunk_rows=self.gather_chunk_rows, order=order)
 
     def _open_gathered_call(self, rows: int, error: BaseException | None) -> D.Pending | None:
         """Start a gathered, non-attention-DP forward: the handshake on the first call and after a
@@ -465,7 +545,7 @@ class LMHead(VocabParallelModule):
         peers (inside their ``forward``) raise :class:`PeerRankError`.
         """
         if self.is_split and D.is_initialized():
-            if self.mapping.enable_attention_dp or not self.gather_output:
+            if not self._verdict_rides_on_gather:
                 FORWARD_HANDSHAKE.exchange(None, error, self.process_group, self.device)  # raises error
             else:
                 self._open_gathered_call(0, error)  # raises error (after the peers learn of it)
@@ -479,4 +559,5 @@ class LMHead(VocabParallelModule):
     def extra_repr(self) -> str:
         ops = "" if self.head_ops.is_identity else f", ops={self.head_ops.describe()}"
         added = f", added_vocab={self.added_vocab}" if self.added_vocab else ""
-        return f"{self._placement()}, gather_output={self.gather_output}{ops}{added}"
+        chunks = f", gather_chunk_rows={self.gather_chunk_rows}" if self.gather_chunk_rows is not None else ""
+        return f"{self._placement()}, gather_output={self.gather_output!r}{chunks}{ops}{added}"

@@ -59,7 +59,9 @@ class LogitsProcessor(nn.Module):
     ``num_logits_per_seq=k`` (an int, or one per sequence) sends each sequence's last ``k``
     rows, in order (what a draft-then-verify step of speculative decoding scores);
     ``return_context_logits`` sends all ``T`` rows. ``lm_head``: a :class:`LogitsHead` (one whose
-    ranks meet: a :class:`CollectiveHead`).
+    ranks meet: a :class:`CollectiveHead`). The head's gather mode holds here too: with
+    ``gather_output="rank0"`` rank 0 of its group gets the ``[rows, V]`` logits and the others None; with
+    ``gather_chunk_rows`` the rows are gathered that many at a time into one output.
 
     The logits budget: ``forward`` returns the logits, so it always materializes them, whatever
     ``lm_head.logits_budget_bytes`` says. A step that needs only the next ids calls
@@ -76,7 +78,7 @@ class LogitsProcessor(nn.Module):
         return_context_logits: bool = False,
         num_logits_per_seq: Any = 1,
         adapter_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """``adapter_ids``: each sequence's LoRA adapter (int ``[B]``, ``-1``: none; ``LMHead.load_adapter``),
         given to every row the head sees of that sequence."""
         # Under attention DP a rank may have no requests this step, yet its head must still
@@ -102,8 +104,13 @@ class LogitsProcessor(nn.Module):
             raise
         if row_adapters is not None:
             with lm_head.use_adapters(row_adapters):  # type: ignore[attr-defined]
-                return lm_head(selected).float()
-        return lm_head(selected).float()
+                return _float(lm_head(selected))
+        return _float(lm_head(selected))
+
+
+def _float(logits: torch.Tensor | None) -> torch.Tensor | None:
+    """float32 logits, or None where the head gathered them to another rank (``gather_output="rank0"``)."""
+    return None if logits is None else logits.float()
 
 
 def select_adapter_ids(adapter_ids: Any, total: int, seq_lens: Any = None, *, return_context_logits: bool = False,

@@ -410,6 +410,89 @@ def all_gather_columns(local: torch.Tensor, widths: Sequence[int], group: Proces
     return torch.cat([p[..., :w] for p, w in zip(pieces, widths, strict=True)], dim=-1)
 
 
+def gather_columns(local: torch.Tensor, widths: Sequence[int], group: ProcessGroup, pending: Pending | None = None,
+                   *, dst: int | None = None, chunk_rows: int | None = None,
+                   order: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Every rank's ``[N, widths[r]]`` piece laid end to end along the last dim, ``[N, sum(widths)]``
+    (``order``: then those columns, ``[N, len(order)]``), written into one output allocated once.
+
+    ``dst`` None: on every rank (all_gather); ``dst = g``: on group rank ``g`` only (gather), None on the
+    others. ``chunk_rows = R``: R rows at a time, through send / receive buffers of ``R`` rows allocated
+    once and reused, so that besides the output the transient memory is ``(world + 1) * R * max(widths)``
+    elements (None: all N rows in one collective, ``(world + 1) * N * max(widths)``). Pieces are padded to
+    the widest (gloo needs equal shapes) and trimmed. ``pending``: the call's verdict riding on the first
+    all_gather (:func:`gather_verdict`); a gather to one rank takes none (its caller ran the handshake).
+    The bytes are moved, never computed: the result is bitwise :func:`all_gather_columns`'s.
+    """
+    world = len(widths)
+    if world == 1:
+        return local if order is None else local[:, order]
+    assert dst is None or pending is None, "a gather to one rank carries no verdict (only rank dst would read it)"
+    n, width = local.shape[0], max(widths)
+    step = n if chunk_rows is None else max(1, min(chunk_rows, n))
+    receives = dst is None or group_rank(group) == dst
+    edges = [0]
+    for w in widths:
+        edges.append(edges[-1] + w)
+    out = local.new_empty((n, edges[-1] if order is None else order.numel())) if receives else None
+    send = local.new_zeros((step, width))
+    recv = [torch.empty_like(send) for _ in range(world)] if receives else []
+    root = None if dst is None else (dst if group is None else dist.get_global_rank(group, dst))
+    for lo in range(0, max(n, 1), max(step, 1)):
+        hi = min(n, lo + step)
+        buf = send[: hi - lo]
+        buf[:, : local.shape[1]].copy_(local[lo:hi])
+        if root is not None:
+            dist.gather(buf, [p[: hi - lo] for p in recv] if receives else None, dst=root, group=group)
+            pieces = [p[: hi - lo] for p in recv]
+        elif lo == 0 and pending is not None:
+            pieces = gather_verdict(pending, buf, world, group)
+        else:
+            pieces = [p[: hi - lo] for p in recv]
+            dist.all_gather(pieces, buf, group=group)
+        if out is None:
+            continue
+        if order is None:
+            for k, piece in enumerate(pieces):
+                out[lo:hi, edges[k]: edges[k + 1]] = piece[:, : widths[k]]
+        else:
+            out[lo:hi] = torch.cat([p[:, :w] for p, w in zip(pieces, widths, strict=True)], dim=-1)[:, order]
+    return out
+
+
+def all_to_all_rows_chunked(local: torch.Tensor, rows: Sequence[int], widths: Sequence[int], group: ProcessGroup,
+                            chunk_rows: int) -> torch.Tensor:
+    """:func:`all_to_all_rows` of ``local`` (``[sum(rows), my width]``: every rank's rows, this rank's
+    columns), ``chunk_rows`` rows of every rank's block at a time into one ``[rows[me], sum(widths)]``
+    output; the send / receive buffers (``world * chunk_rows * max(widths)`` elements each) are
+    allocated once. Bitwise the unchunked exchange (bytes moved, never computed)."""
+    world = len(rows)
+    me = group_rank(group)
+    if world == 1:
+        return local
+    height, width = max(rows), max(widths)
+    step = max(1, min(chunk_rows, height))
+    starts = [0]
+    for r in rows:
+        starts.append(starts[-1] + r)
+    edges = [0]
+    for w in widths:
+        edges.append(edges[-1] + w)
+    out = local.new_empty((rows[me], edges[-1]))
+    send = local.new_zeros((world, step, width))
+    recv = torch.empty_like(send)
+    for lo in range(0, max(height, 1), step):
+        hi = min(height, lo + step)
+        for j in range(world):
+            take = max(0, min(rows[j], hi) - lo)
+            send[j, :take, : local.shape[1]] = local[starts[j] + lo: starts[j] + lo + take]
+        dist.all_to_all_single(recv, send, group=group)
+        mine = max(0, min(rows[me], hi) - lo)
+        for k in range(world):
+            out[lo: lo + mine, edges[k]: edges[k + 1]] = recv[k, :mine, : widths[k]]
+    return out
+
+
 def all_gather_rows(local: torch.Tensor, rows: Sequence[int], group: ProcessGroup) -> torch.Tensor:
     """Concatenate ``[rows[r], ...]`` pieces of every rank along dim 0 (pad + trim)."""
     world = len(rows)
