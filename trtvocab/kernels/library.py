@@ -115,26 +115,62 @@ def require() -> Loaded:
 
 
 # ---- the calls, on this process's library (gemm's, with their documentation) -------------------------
+# Each head kernel is also an op of torch's dispatcher (``torch.ops.trtvocab.head_*``) with a fake kernel, so
+# that ``torch.compile`` puts the call in its graph (a ctypes call is a graph break): a call without ``out``
+# goes through the op. docs/generate.md, "How one step runs".
+_OPS = torch.library.Library("trtvocab", "FRAGMENT")
+_OPS.define("head_dense(Tensor x, int hidden, Tensor weight) -> Tensor")
+_OPS.define("head_fp8(Tensor x, int hidden, Tensor codes, Tensor scale) -> Tensor")
+_OPS.define("head_nvfp4(Tensor x, int hidden, Tensor packed, Tensor block_scales, float global_scale) -> Tensor")
+_OPS.define("head_gguf(Tensor x, int hidden, int kind, Tensor blocks) -> Tensor")
+_GGUF_TYPE = {kind: name for name, kind in gemm.GGUF_KINDS.items()}
+_OPS.impl("head_dense", lambda x, hidden, weight: gemm.dense_logits(require(), x, hidden, weight), "CPU")
+_OPS.impl("head_fp8", lambda x, hidden, codes, scale: gemm.fp8_logits(require(), x, hidden, codes, scale), "CPU")
+_OPS.impl("head_nvfp4", lambda x, hidden, packed, block_scales, global_scale: gemm.nvfp4_logits(
+    require(), x, hidden, packed, block_scales, global_scale), "CPU")
+_OPS.impl("head_gguf", lambda x, hidden, kind, blocks: gemm.gguf_logits(require(), x, hidden, _GGUF_TYPE[kind],
+                                                                        blocks), "CPU")
+
+
+def _fake_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], rows), dtype=torch.float32)
+
+
+torch.library.register_fake("trtvocab::head_dense")(lambda x, hidden, weight: _fake_rows(x, weight.shape[0]))
+torch.library.register_fake("trtvocab::head_fp8")(lambda x, hidden, codes, scale: _fake_rows(x, codes.shape[0]))
+torch.library.register_fake("trtvocab::head_nvfp4")(
+    lambda x, hidden, packed, block_scales, global_scale: _fake_rows(x, packed.shape[0]))
+torch.library.register_fake("trtvocab::head_gguf")(lambda x, hidden, kind, blocks: _fake_rows(x, blocks.shape[0]))
+
+
 def fp8_logits(x: torch.Tensor, hidden: int, codes: torch.Tensor, scale: torch.Tensor,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`trtvocab.kernels.gemm.fp8_logits` on this process's library."""
+    if out is None:
+        return torch.ops.trtvocab.head_fp8(x, hidden, codes, scale)
     return gemm.fp8_logits(require(), x, hidden, codes, scale, out)
 
 
 def nvfp4_logits(x: torch.Tensor, hidden: int, packed_block_major: torch.Tensor, block_scales: torch.Tensor,
                  global_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`trtvocab.kernels.gemm.nvfp4_logits` on this process's library."""
+    if out is None:
+        return torch.ops.trtvocab.head_nvfp4(x, hidden, packed_block_major, block_scales, float(global_scale))
     return gemm.nvfp4_logits(require(), x, hidden, packed_block_major, block_scales, global_scale, out)
 
 
 def gguf_logits(x: torch.Tensor, hidden: int, block_type: str, blocks: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`trtvocab.kernels.gemm.gguf_logits` on this process's library."""
+    if out is None:
+        return torch.ops.trtvocab.head_gguf(x, hidden, gemm.GGUF_KINDS[block_type], blocks)
     return gemm.gguf_logits(require(), x, hidden, block_type, blocks, out)
 
 
 def dense_logits(x: torch.Tensor, hidden: int, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`trtvocab.kernels.gemm.dense_logits` on this process's library."""
+    if out is None:
+        return torch.ops.trtvocab.head_dense(x, hidden, weight)
     return gemm.dense_logits(require(), x, hidden, weight, out)
 
 

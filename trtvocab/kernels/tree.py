@@ -89,9 +89,7 @@ def tree_available() -> bool:
     return _tree_failure is None
 
 
-def tree_nodes(x: torch.Tensor, first_id: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(m, s)`` float32 ``[B, count]``: the vocab tree's nodes ``aligned_nodes(first_id, first_id
-    + n)`` (``count`` of them) of the float32 logits ``x [B, n]`` (unit column stride)."""
+def _tree_nodes(x: torch.Tensor, first_id: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     loaded = load()
     if loaded is None or x.dtype != torch.float32 or x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1):
         raise ValueError("tree_nodes: float32 [B, n] logits with unit column stride, kernels loaded")
@@ -103,3 +101,18 @@ def tree_nodes(x: torch.Tensor, first_id: int, count: int) -> tuple[torch.Tensor
                                                    s.data_ptr(), count), "tree nodes")
     return m, s
 
+
+# An op of torch's dispatcher with a fake kernel, as the head kernels (trtvocab.kernels.library): a compiled
+# step calls it in its graph.
+_OPS = torch.library.Library("trtvocab", "FRAGMENT")
+_OPS.define("tree_nodes(Tensor x, int first_id, int count) -> (Tensor, Tensor)")
+_OPS.impl("tree_nodes", _tree_nodes, "CPU")
+torch.library.register_fake("trtvocab::tree_nodes")(
+    lambda x, first_id, count: (x.new_empty((x.shape[0], count), dtype=torch.float32),
+                                x.new_empty((x.shape[0], count), dtype=torch.float32)))
+
+
+def tree_nodes(x: torch.Tensor, first_id: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, s)`` float32 ``[B, count]``: the vocab tree's nodes ``aligned_nodes(first_id, first_id
+    + n)`` (``count`` of them) of the float32 logits ``x [B, n]`` (unit column stride)."""
+    return torch.ops.trtvocab.tree_nodes(x, first_id, count)

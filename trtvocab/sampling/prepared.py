@@ -28,6 +28,7 @@ candidate list round by round (one ``bool`` a round; tp 1 sorts its whole row in
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -40,7 +41,6 @@ from trtvocab.sampling.draw import (
     ENTROPY_BITS,
     Logprobs,
     SamplerOutput,
-    apply_typical_p,
     collective_plan,
     draw_args_error,
     params_tensor,
@@ -48,9 +48,9 @@ from trtvocab.sampling.draw import (
 from trtvocab.sampling.params import LOGPROBS_MODES, SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
+    TOP_P_FIRST_K,
     first_max,
     handshake,
-    nucleus,
     own,
     owned_ranges,
     pick_owned,
@@ -201,6 +201,10 @@ class DecodeStep:
         self.state = state
         self.seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
         self._prepare(per_row, state, start_step)
+        if self.head is not None:  # eager, once: whatever the head loads on first use (the fused kernels)
+            with torch.inference_mode():
+                self.head.local_logits(torch.zeros(1, self.head.hidden_size, dtype=self.head.dtype, device=device))
+        treesum.range_nodes(torch.zeros(1, 2, device=device), 0)  # the tree kernel's exp check, once a process
         self.last_output: SamplerOutput | None = None
         self._last: torch.Tensor | None = None
 
@@ -431,16 +435,36 @@ class DecodeStep:
             return scaled
         on = (self.top_p < 1) & ~self.greedy[:, 0]
         threshold = torch.where(on, self.top_p, torch.zeros_like(self.top_p))
-        if self.place.is_split:  # the candidates widen round by round: one bool a round (module docstring)
-            keep = nucleus(scaled, self.place, threshold)
-            return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
         lse = _lse(scaled, self.place, None)[1]
-        values, cols = torch.sort(scaled, dim=1, descending=True, stable=True)  # value desc, id asc
-        kept = self._sorted_mass(values, lse, threshold)
+        if self.place.is_split:  # the candidates widen round by round: one bool a round (module docstring)
+            values, cand = self._rounds(scaled, lse, threshold, TOP_P_FIRST_K)
+            kept = self._sorted_mass(values, lse, threshold)
+        else:
+            values, cols = torch.sort(scaled, dim=1, descending=True, stable=True)  # value desc, id asc
+            kept = self._sorted_mass(values, lse, threshold)
+            cand = self.place.token_ids(cols)
         cut_v = values.gather(1, (kept - 1)[:, None])
-        cut_id = self.place.token_ids(cols.gather(1, (kept - 1)[:, None]))
+        cut_id = cand.gather(1, (kept - 1)[:, None])
         keep = (scaled > cut_v) | ((scaled == cut_v) & (self.col_ids[None, :] <= cut_id))
         return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
+
+    def _rounds(self, order_by: torch.Tensor, lse: torch.Tensor, mass: torch.Tensor, k: int,
+                logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A split head's candidates in order (``order_by``'s global top-k, k doubling) until every row's
+        prefix reaching ``mass`` ends inside them (``reductions.nucleus``'s rounds: one bool read a round).
+        Returns the candidates' values of ``logits`` (None: of ``order_by``) and ids."""
+        place = self.place
+        k = min(k, place.vocab_size)
+        while True:
+            top, cand = merged_topk(order_by, place, k)
+            values = top
+            if logits is not None:  # typical-p: the logits of the candidates, gathered from their owners
+                picked = pick_owned(logits, cand, place, torch.zeros(cand.shape, device=logits.device))
+                values = _gather(picked, place).sum(dim=0).masked_fill(torch.isneginf(top), float("-inf"))
+            kept = self._sorted_mass(values, lse, mass)
+            if k == place.vocab_size or bool((kept < k).all()):
+                return values, cand
+            k = min(2 * k, place.vocab_size)
 
     def _min_p(self, scaled: torch.Tensor) -> torch.Tensor:
         if not self.min_p_on:
@@ -455,22 +479,27 @@ class DecodeStep:
         if not self.typical_on:
             return scaled
         place = self.place
-        if place.is_split:  # as top-p: the candidate rounds of draw.apply_typical_p
-            return apply_typical_p(scaled, place, _TypicalMeta(self))
         on = (self.typical_p < 1) & ~self.greedy[:, 0]
         _, lse, _ = _lse(scaled, place, None)
         logp = scaled - lse[:, None]
         term = torch.where(torch.isneginf(scaled), torch.zeros_like(logp), torch.exp(logp) * logp)
         local = torch.round(term.to(torch.float64) * 2.0**ENTROPY_BITS).to(torch.int64).sum(dim=1)
-        total = local
+        total = _gather(local, place).sum(dim=0)
         h = (-(total.to(torch.float64) * 2.0**-ENTROPY_BITS)).to(torch.float32)
         key = torch.abs(-(scaled - lse[:, None]) - h[:, None]).masked_fill(torch.isneginf(scaled), float("inf"))
         mass = torch.where(on, self.typical_p, torch.zeros_like(self.typical_p))
-        keys, cols = torch.sort(key, dim=1, stable=True)  # key ascending, id ascending
-        picked = scaled.gather(1, cols)
-        values = picked.masked_fill(torch.isinf(keys), float("-inf"))
-        kept = self._sorted_mass(values, lse, mass)
-        cut_key = keys.gather(1, (kept - 1)[:, None])
+        if place.is_split:  # the typical set holds about exp(H) ids: start there (draw.apply_typical_p)
+            perplexity = float(torch.exp(torch.where(on, h, float("-inf")).max().to(torch.float64)))
+            k = max(TOP_P_FIRST_K, 1 << max(0, math.ceil(math.log2(max(1.0, 2 * perplexity)))))
+            values, cand = self._rounds(-key, lse, mass, k, logits=scaled)
+            kept = self._sorted_mass(values, lse, mass)
+            cols, mine = place.owned_columns(cand.gather(1, (kept - 1)[:, None]))
+            cut_key = _gather(torch.where(mine, key.gather(1, cols), 0.0), place).sum(dim=0)
+        else:
+            keys, cols = torch.sort(key, dim=1, stable=True)  # key ascending, id ascending
+            values = scaled.gather(1, cols).masked_fill(torch.isinf(keys), float("-inf"))
+            kept = self._sorted_mass(values, lse, mass)
+            cut_key = keys.gather(1, (kept - 1)[:, None])
         return scaled.masked_fill(on[:, None] & (key > cut_key), float("-inf"))
 
     def _race(self, scaled: torch.Tensor, status: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -560,14 +589,6 @@ class DecodeStep:
             for r, i in enumerate(ids):
                 self.state.output[r].append(int(i))
         return ids
-
-
-class _TypicalMeta:
-    """The two fields ``draw.apply_typical_p`` reads, from a prepared step."""
-
-    def __init__(self, step: DecodeStep) -> None:
-        self.typical_p = step.typical_p
-        self.sampled = ~step.greedy[:, 0]
 
 
 __all__ = ["HIDDEN_NONFINITE", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "DecodeStep", "bucket", "fixed_topk",
