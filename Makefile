@@ -11,6 +11,9 @@ OUT     ?= artifacts/default
 # Elsewhere, point TORCH_SPEC at the CPU build you want. The package accepts torch>=2.4.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
+# The oldest Python the package supports: pyproject.toml's requires-python and ruff's target-version say the
+# same (tests/project/test_python_range.py); `make lint` runs vermin against it.
+MIN_PYTHON := 3.11
 
 .PHONY: help setup test test-fast lint demo readme quantized clean bench gpu-check
 .DEFAULT_GOAL := help
@@ -59,10 +62,11 @@ $(VENV)/.kernels: $(VENV)/.installed $(shell find trtvocab/kernels/csrc -type f)
 	touch $@
 
 lint: setup
-	$(say) "ruff, the import graph (no cycles, no upward imports), then dead code (vulture; its exceptions: tools/vulture_whitelist.py)"
+	$(say) "ruff, the import graph (no cycles, no upward imports), dead code (vulture; its exceptions: tools/vulture_whitelist.py), then vermin (no code needs a Python newer than requires-python)"
 	$(BIN)/ruff check trtvocab tests benchmarks examples tools
 	$(BIN)/python tools/import_graph.py --check
 	$(BIN)/python -m vulture
+	$(BIN)/vermin --quiet --no-tips --violations --target=$(MIN_PYTHON)- trtvocab tests benchmarks examples tools
 
 test: setup lint
 	$(say) "pytest: the whole suite (about 10 minutes on a quiet 2-core machine, longer on a busy one; make test-fast skips the slow tiers)"

@@ -17,6 +17,8 @@ import json
 import subprocess
 import sys
 
+from _harness import add_json, recording
+
 CHILD = """
 import json, re, sys, time, torch
 from trtvocab import LMHead, sampling
@@ -79,20 +81,22 @@ def main() -> None:
     parser.add_argument("--ops", default="greedy,topk,logsumexp,logprobs,sample,sample top-p,sample top-p flat")
     parser.add_argument("--budget-fraction", type=float, default=1 / 16,
                         help="the head's logits budget as a fraction of the float32 [B, V] logits")
+    add_json(parser)
     args = parser.parse_args()
-    args.batch = args.batch or (256 if args.small else 1024)
-    args.vocab = args.vocab or (32768 if args.small else 129280)
-    args.hidden = args.hidden or (512 if args.small else 1024)
-    logits = args.batch * args.vocab * 4
-    args.budget = max(1 << 20, int(logits * args.budget_fraction))  # a chunk's float32 logits
-    print(f"B={args.batch} V={args.vocab} H={args.hidden} bf16 tp 1; float32 logits {logits / 2**20:.0f} MiB, "
-          f"budget {args.budget / 2**20:.1f} MiB; best of {args.rounds}")
-    print(f"{'op':18} {'mat. peak MiB':>14} {'chunk peak MiB':>15} {'peak ratio':>11} {'mat. s':>8} {'chunk s':>8} "
-          f"{'time ratio':>11}")
-    for op in args.ops.split(","):
-        m, c = run(args, op, "materialized"), run(args, op, "chunked")
-        print(f"{op:18} {m['peak'] / 2**20:14.1f} {c['peak'] / 2**20:15.1f} {c['peak'] / max(1, m['peak']):11.3f} "
-              f"{m['time']:8.3f} {c['time']:8.3f} {c['time'] / m['time']:11.2f}", flush=True)
+    with recording("chunked_head", args):
+        args.batch = args.batch or (256 if args.small else 1024)
+        args.vocab = args.vocab or (32768 if args.small else 129280)
+        args.hidden = args.hidden or (512 if args.small else 1024)
+        logits = args.batch * args.vocab * 4
+        args.budget = max(1 << 20, int(logits * args.budget_fraction))  # a chunk's float32 logits
+        print(f"B={args.batch} V={args.vocab} H={args.hidden} bf16 tp 1; float32 logits {logits / 2**20:.0f} MiB, "
+              f"budget {args.budget / 2**20:.1f} MiB; best of {args.rounds}")
+        print(f"{'op':18} {'mat. peak MiB':>14} {'chunk peak MiB':>15} {'peak ratio':>11} {'mat. s':>8} {'chunk s':>8} "
+              f"{'time ratio':>11}")
+        for op in args.ops.split(","):
+            m, c = run(args, op, "materialized"), run(args, op, "chunked")
+            print(f"{op:18} {m['peak'] / 2**20:14.1f} {c['peak'] / 2**20:15.1f} {c['peak'] / max(1, m['peak']):11.3f} "
+                  f"{m['time']:8.3f} {c['time']:8.3f} {c['time'] / m['time']:11.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import resource
 import time
 
 import torch
+from _harness import add_json, recording
 
 from trtvocab.accuracy.compare import MemoryHead, Variant, compare_heads, parse_sim_spec, simulate_source
 from trtvocab.accuracy.stats import llamacpp_stats
@@ -60,14 +61,16 @@ def main() -> None:
     parser.add_argument("--shapes", default="49152x576", help="comma-separated VxH")
     parser.add_argument("--large", action="store_true", help="also 129280 x 5120")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    add_json(parser)
     args = parser.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
-    if args.large:
-        shapes.append((129280, 5120))
-    torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for vocab, hidden in shapes:
-        run(vocab, hidden, args.tokens, args.variants.split(","))
+    with recording("compare", args):
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
+        if args.large:
+            shapes.append((129280, 5120))
+        torch.manual_seed(0)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        for vocab, hidden in shapes:
+            run(vocab, hidden, args.tokens, args.variants.split(","))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _harness import add_json, recording
 
 
 def _rank(rank: int, world: int, vocab: int, hidden: int, batches: list[int], steps: int) -> dict[str, Any]:
@@ -95,28 +96,30 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--steps", type=int, default=30)
+    add_json(parser)
     args = parser.parse_args()
+    with recording("decode_step", args):
 
-    from trtvocab.parallel.launch import run_ranks
+        from trtvocab.parallel.launch import run_ranks
 
-    results = run_ranks(_rank, args.tp, args.vocab, args.hidden, args.batch, args.steps, backend="gloo",
-                        timeout_s=900)
-    print(f"decode step (head GEMM + seeded sampling, T 0.8), gloo, tp {args.tp}, V = {args.vocab}, "
-          f"H = {args.hidden}, float32, {args.steps} steps, 1 torch thread per rank")
-    for batch in args.batch:
-        r0 = results[0]
-        assert r0[f"{batch}/before/tokens"] == r0[f"{batch}/sample/tokens"] == r0[f"{batch}/decode/tokens"], \
-            "the variants drew different tokens"
-        assert all(r[f"{batch}/decode/tokens"] == r0[f"{batch}/decode/tokens"] for r in results)
-        print(f"  B = {batch}")
-        for name in ("before", "sample", "decode"):
-            slowest = max(r[f"{batch}/{name}/s"] for r in results)
-            best = max(r[f"{batch}/{name}/best"] for r in results)
-            print(f"    {name:7s}: {r0[f'{batch}/{name}/collectives']:.0f} collectives per step, "
-                  f"{slowest * 1e3:8.3f} ms per step (median; best {best * 1e3:.3f})")
-        before = max(r[f"{batch}/before/s"] for r in results)
-        after = max(r[f"{batch}/decode/s"] for r in results)
-        print(f"    before / decode: {before / after:.2f}x faster steps (same tokens)")
+        results = run_ranks(_rank, args.tp, args.vocab, args.hidden, args.batch, args.steps, backend="gloo",
+                            timeout_s=900)
+        print(f"decode step (head GEMM + seeded sampling, T 0.8), gloo, tp {args.tp}, V = {args.vocab}, "
+              f"H = {args.hidden}, float32, {args.steps} steps, 1 torch thread per rank")
+        for batch in args.batch:
+            r0 = results[0]
+            assert r0[f"{batch}/before/tokens"] == r0[f"{batch}/sample/tokens"] == r0[f"{batch}/decode/tokens"], \
+                "the variants drew different tokens"
+            assert all(r[f"{batch}/decode/tokens"] == r0[f"{batch}/decode/tokens"] for r in results)
+            print(f"  B = {batch}")
+            for name in ("before", "sample", "decode"):
+                slowest = max(r[f"{batch}/{name}/s"] for r in results)
+                best = max(r[f"{batch}/{name}/best"] for r in results)
+                print(f"    {name:7s}: {r0[f'{batch}/{name}/collectives']:.0f} collectives per step, "
+                      f"{slowest * 1e3:8.3f} ms per step (median; best {best * 1e3:.3f})")
+            before = max(r[f"{batch}/before/s"] for r in results)
+            after = max(r[f"{batch}/decode/s"] for r in results)
+            print(f"    before / decode: {before / after:.2f}x faster steps (same tokens)")
 
 
 if __name__ == "__main__":

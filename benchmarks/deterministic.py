@@ -17,6 +17,7 @@ import statistics
 import time
 
 import torch
+from _harness import add_json, recording
 
 
 def main() -> None:
@@ -24,34 +25,36 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--repeats", type=int, default=15)
+    add_json(parser)
     args = parser.parse_args()
+    with recording("deterministic", args):
 
-    from trtvocab import LMHead
+        from trtvocab import LMHead
 
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(args.vocab, args.hidden, generator=gen) * 0.05
-    print(f"LMHead V = {args.vocab}, H = {args.hidden}, {torch.get_num_threads()} threads")
-    for dtype in (torch.bfloat16, torch.float32):
-        heads = {}
-        for det in (False, True):
-            heads[det] = LMHead(args.vocab, args.hidden, dtype=dtype, deterministic=det)
-            heads[det].load_weights({"weight": w.to(dtype)})
-        for batch in (1, 64):
-            x = torch.randn(batch, args.hidden, generator=gen).to(dtype)
-            times: dict[bool, list[float]] = {False: [], True: []}
-            with torch.no_grad():
-                for det in (False, True):
-                    heads[det](x)  # warm-up
-                for _ in range(args.repeats):
+        gen = torch.Generator().manual_seed(0)
+        w = torch.randn(args.vocab, args.hidden, generator=gen) * 0.05
+        print(f"LMHead V = {args.vocab}, H = {args.hidden}, {torch.get_num_threads()} threads")
+        for dtype in (torch.bfloat16, torch.float32):
+            heads = {}
+            for det in (False, True):
+                heads[det] = LMHead(args.vocab, args.hidden, dtype=dtype, deterministic=det)
+                heads[det].load_weights({"weight": w.to(dtype)})
+            for batch in (1, 64):
+                x = torch.randn(batch, args.hidden, generator=gen).to(dtype)
+                times: dict[bool, list[float]] = {False: [], True: []}
+                with torch.no_grad():
                     for det in (False, True):
-                        start = time.perf_counter()
-                        heads[det](x)
-                        times[det].append(time.perf_counter() - start)
-                default, det = (statistics.median(times[k]) for k in (False, True))
-                alone_same = bool(torch.equal(heads[False](x[:1]), heads[False](x)[:1])) if batch > 1 else True
-            print(f"  {str(dtype).removeprefix('torch.'):8s} B = {batch:3d}: default {default * 1e3:7.2f} ms, "
-                  f"deterministic {det * 1e3:7.2f} ms, ratio {det / default:5.2f}x"
-                  + ("" if batch == 1 else f"  (default head: row alone == in batch: {alone_same})"))
+                        heads[det](x)  # warm-up
+                    for _ in range(args.repeats):
+                        for det in (False, True):
+                            start = time.perf_counter()
+                            heads[det](x)
+                            times[det].append(time.perf_counter() - start)
+                    default, det = (statistics.median(times[k]) for k in (False, True))
+                    alone_same = bool(torch.equal(heads[False](x[:1]), heads[False](x)[:1])) if batch > 1 else True
+                print(f"  {str(dtype).removeprefix('torch.'):8s} B = {batch:3d}: default {default * 1e3:7.2f} ms, "
+                      f"deterministic {det * 1e3:7.2f} ms, ratio {det / default:5.2f}x"
+                      + ("" if batch == 1 else f"  (default head: row alone == in batch: {alone_same})"))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _harness import add_json, recording
 
 
 def _rank(rank: int, world: int, vocab: int, hidden: int, tokens: int, repeats: int) -> dict[str, float]:
@@ -62,34 +63,38 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=7)
+    add_json(parser)
     args = parser.parse_args()
+    with recording("embedding", args):
 
-    from trtvocab import VocabParallelEmbedding
-    from trtvocab.parallel.launch import run_ranks
+        from trtvocab import VocabParallelEmbedding
+        from trtvocab.parallel.launch import run_ranks
 
-    results = run_ranks(_rank, args.tp, args.vocab, args.hidden, args.tokens, args.repeats, backend="gloo")
-    r = {k: max(res[k] for res in results) for k in results[0]}  # the slowest rank sets the step
-    print(f"all-reduce of looked-up rows, gloo, tp {args.tp}, T = {args.tokens}, H = {args.hidden}, "
-          f"V = {args.vocab}")
-    print(f"  bf16 table: {r['bf16_bytes'] / 1e6:8.1f} MB per rank into the all-reduce, {r['bf16_s'] * 1e3:8.2f} ms")
-    print(f"  fp8 table : {r['fp8_bytes'] / 1e6:8.1f} MB per rank into the all-reduce, {r['fp8_s'] * 1e3:8.2f} ms")
-    print(f"  fp8 / bf16: bytes {r['fp8_bytes'] / r['bf16_bytes']:.2f}x, time {r['fp8_s'] / r['bf16_s']:.2f}x")
+        results = run_ranks(_rank, args.tp, args.vocab, args.hidden, args.tokens, args.repeats, backend="gloo")
+        r = {k: max(res[k] for res in results) for k in results[0]}  # the slowest rank sets the step
+        print(f"all-reduce of looked-up rows, gloo, tp {args.tp}, T = {args.tokens}, H = {args.hidden}, "
+              f"V = {args.vocab}")
+        print(f"  bf16 table: {r['bf16_bytes'] / 1e6:8.1f} MB per rank into the all-reduce, "
+                  f"{r['bf16_s'] * 1e3:8.2f} ms")
+        print(f"  fp8 table : {r['fp8_bytes'] / 1e6:8.1f} MB per rank into the all-reduce, {r['fp8_s'] * 1e3:8.2f} ms")
+        print(f"  fp8 / bf16: bytes {r['fp8_bytes'] / r['bf16_bytes']:.2f}x, time {r['fp8_s'] / r['bf16_s']:.2f}x")
 
-    torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(1)
-    w = torch.randn(args.vocab, args.hidden, generator=gen).bfloat16()
-    ids = torch.randint(0, args.vocab, (args.tokens,), generator=gen)
-    emb = VocabParallelEmbedding(args.vocab, args.hidden, dtype=torch.bfloat16)
-    emb.load_weights({"weight": w})
-    timings: dict[str, list[float]] = {"F.embedding": [], "VocabParallelEmbedding": []}
-    for _ in range(args.repeats):
-        for name, fn in (("F.embedding", lambda: F.embedding(ids, w)), ("VocabParallelEmbedding", lambda: emb(ids))):
-            start = time.perf_counter()
-            fn()
-            timings[name].append(time.perf_counter() - start)
-    base, ours = (statistics.median(timings[k]) for k in ("F.embedding", "VocabParallelEmbedding"))
-    print(f"replicated lookup, 1 thread, T = {args.tokens}: F.embedding {base * 1e3:.2f} ms, "
-          f"VocabParallelEmbedding {ours * 1e3:.2f} ms ({ours / base:.2f}x: the mask of ids outside [0, V))")
+        torch.set_num_threads(1)
+        gen = torch.Generator().manual_seed(1)
+        w = torch.randn(args.vocab, args.hidden, generator=gen).bfloat16()
+        ids = torch.randint(0, args.vocab, (args.tokens,), generator=gen)
+        emb = VocabParallelEmbedding(args.vocab, args.hidden, dtype=torch.bfloat16)
+        emb.load_weights({"weight": w})
+        timings: dict[str, list[float]] = {"F.embedding": [], "VocabParallelEmbedding": []}
+        for _ in range(args.repeats):
+            contenders = (("F.embedding", lambda: F.embedding(ids, w)), ("VocabParallelEmbedding", lambda: emb(ids)))
+            for name, fn in contenders:
+                start = time.perf_counter()
+                fn()
+                timings[name].append(time.perf_counter() - start)
+        base, ours = (statistics.median(timings[k]) for k in ("F.embedding", "VocabParallelEmbedding"))
+        print(f"replicated lookup, 1 thread, T = {args.tokens}: F.embedding {base * 1e3:.2f} ms, "
+              f"VocabParallelEmbedding {ours * 1e3:.2f} ms ({ours / base:.2f}x: the mask of ids outside [0, V))")
 
 
 if __name__ == "__main__":

@@ -2,19 +2,19 @@
 and the GEMM the builder's layer table says the engine runs (checked against the head's contract).
 
 Ahead of time, on this machine (no GPU needed). Run alone: ``python benchmarks/engine_matrix.py``
-(``--vocab/--hidden`` set the shard; ``--json`` for machine-readable rows).
+(``--vocab/--hidden`` set the shard; ``--json``: the rows as one JSON line, benchmarks/_harness.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _harness import add_json, recording
 
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.errors import EngineUnavailableError
@@ -84,46 +84,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=4099)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--json", action="store_true")
+    add_json(parser)
     args = parser.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, make in kinds(args.vocab, args.hidden).items():
-            graph = make(Path(tmp) / (name.replace(" ", "_").replace(",", "") + ".onnx"))
-            cells: dict[str, str] = {}
-            for target in [*RTX_TARGETS, "default"]:
-                started = time.monotonic()
-                try:
-                    b = build_engine(graph, Path(tmp) / "x.plan", PROFILE, 1 << 30, compiler="tensorrt-rtx",
-                                     targets=None if target == "default" else [target], contract="warn")
-                except EngineUnavailableError as exc:
-                    cells[target] = "refused: " + str(exc).split(": ", 2)[-1].split(" compute")[0]
-                    continue
-                c = b.compute
-                gemm = (f"{c.gemm.activation} x {c.gemm.weight}{'' if c.gemm.weight_resident else ' (per call)'}"
-                        if c is not None and c.gemm is not None else f"table {c.table}" if c is not None else "?")
-                verdict = "ok" if c is not None and c.ok else "CONTRACT BROKEN"
-                cells[target] = f"{verdict}: {gemm}"
-                if target == "default":
-                    rows.append({"graph": name, "targets": b.targets, "engine_bytes": b.bytes,
-                                 "onnx_bytes": b.onnx_bytes, "weights_bytes": c.weights_bytes if c else None,
-                                 "activation_bytes": c.activation_bytes if c else None, "gemm": gemm,
-                                 "contract": verdict, "problems": c.problems if c else [],
-                                 "build_s": round(time.monotonic() - started, 2), "cells": cells})
-            if "default" in cells and cells["default"].startswith("refused"):
-                rows.append({"graph": name, "cells": cells})
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return
-    print(f"shard {args.vocab} x {args.hidden}, TensorRT-RTX ahead of time (contract = warn)")
-    print("| graph | " + " | ".join(RTX_TARGETS) + " | engine / ONNX bytes | weights | GEMM | contract |")
-    print("|---" * (len(RTX_TARGETS) + 5) + "|")
-    for r in rows:
-        short = [("ok" if c.startswith("ok") else "BROKEN" if c.startswith("CONTRACT") else _why(c))
-                 for t, c in r["cells"].items() if t != "default"]
-        tail = (f"{r['engine_bytes']:,} / {r['onnx_bytes']:,} | {r['weights_bytes']:,} | {r['gemm']} | "
-                f"{r['contract']}" if "gemm" in r else "- | - | - | -")
-        print(f"| {r['graph']} | " + " | ".join(short) + f" | {tail} |")
+    with recording("engine_matrix", args) as record:
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, make in kinds(args.vocab, args.hidden).items():
+                graph = make(Path(tmp) / (name.replace(" ", "_").replace(",", "") + ".onnx"))
+                cells: dict[str, str] = {}
+                for target in [*RTX_TARGETS, "default"]:
+                    started = time.monotonic()
+                    try:
+                        b = build_engine(graph, Path(tmp) / "x.plan", PROFILE, 1 << 30, compiler="tensorrt-rtx",
+                                         targets=None if target == "default" else [target], contract="warn")
+                    except EngineUnavailableError as exc:
+                        cells[target] = "refused: " + str(exc).split(": ", 2)[-1].split(" compute")[0]
+                        continue
+                    c = b.compute
+                    gemm = (f"{c.gemm.activation} x {c.gemm.weight}{'' if c.gemm.weight_resident else ' (per call)'}"
+                            if c is not None and c.gemm is not None else f"table {c.table}" if c is not None else "?")
+                    verdict = "ok" if c is not None and c.ok else "CONTRACT BROKEN"
+                    cells[target] = f"{verdict}: {gemm}"
+                    if target == "default":
+                        rows.append({"graph": name, "targets": b.targets, "engine_bytes": b.bytes,
+                                     "onnx_bytes": b.onnx_bytes, "weights_bytes": c.weights_bytes if c else None,
+                                     "activation_bytes": c.activation_bytes if c else None, "gemm": gemm,
+                                     "contract": verdict, "problems": c.problems if c else [],
+                                     "build_s": round(time.monotonic() - started, 2), "cells": cells})
+                if "default" in cells and cells["default"].startswith("refused"):
+                    rows.append({"graph": name, "cells": cells})
+        record.rows.extend(rows)
+        print(f"shard {args.vocab} x {args.hidden}, TensorRT-RTX ahead of time (contract = warn)")
+        print("| graph | " + " | ".join(RTX_TARGETS) + " | engine / ONNX bytes | weights | GEMM | contract |")
+        print("|---" * (len(RTX_TARGETS) + 5) + "|")
+        for r in rows:
+            short = [("ok" if c.startswith("ok") else "BROKEN" if c.startswith("CONTRACT") else _why(c))
+                     for t, c in r["cells"].items() if t != "default"]
+            tail = (f"{r['engine_bytes']:,} / {r['onnx_bytes']:,} | {r['weights_bytes']:,} | {r['gemm']} | "
+                    f"{r['contract']}" if "gemm" in r else "- | - | - | -")
+            print(f"| {r['graph']} | " + " | ".join(short) + f" | {tail} |")
 
 
 if __name__ == "__main__":

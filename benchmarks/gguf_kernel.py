@@ -21,6 +21,7 @@ import os
 import time
 
 import torch
+from _harness import add_json, recording
 
 from trtvocab import kernels
 from trtvocab.kernels import gemm
@@ -45,36 +46,38 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="*", default=[1024, 65536])
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4, 8, 64])
     parser.add_argument("--reps", type=int, default=20)
+    add_json(parser)
     args = parser.parse_args()
-    loaded = kernels.load()
-    if loaded is None or not gemm.has_gguf(loaded):
-        print(f"no GGUF kernel: {kernels.unavailable_reason()}")
-        return
-    torch.set_num_threads(1)
-    load_before = os.getloadavg()[0]
-    a, b = torch.randn(512, 640), torch.randn(640, 1024)
-    fma = 512 * 640 * 1024 / best_cpu_ns(lambda: a @ b, args.reps)
-    print(f"kernels {loaded.isa}, 1 thread, CPU time; torch sgemm {fma:.1f} FMA/ns")
-    print(f"{'type':>5} {'rows':>6} {'B':>3} {'ms':>8} {'MAC/ns':>7} {'GB/s':>6}")
-    for block_type in args.types:
-        config = gb.GGUFConfig(block_type=block_type)
-        hidden = 768 if config.block == 256 else 640
-        for rows in args.rows:
-            gen = torch.Generator().manual_seed(0)
-            raw = torch.randint(0, 256, (rows, hidden // config.block, config.type_size), dtype=torch.uint8,
-                                generator=gen)
-            for at in SCALES_AT[block_type]:
-                raw[..., at : at + 2] = torch.tensor([1e-2], dtype=torch.float16).view(torch.uint8)
-            raw = raw.reshape(rows, -1).contiguous()
-            for n in args.batches:
-                x = torch.randn(n, hidden)
-                out = torch.empty(n, rows)
-                call = functools.partial(gemm.gguf_logits, loaded, x, hidden, block_type, raw, out)
-                ns = best_cpu_ns(call, max(3, args.reps * 1024 // rows))
-                print(f"{block_type:>5} {rows:>6} {n:>3} {ns / 1e6:>8.3f} {n * rows * hidden / ns:>7.2f} "
-                      f"{raw.numel() / ns:>6.2f}")
-    print(f"load (1-minute average) before {load_before:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} "
-          "cores")
+    with recording("gguf_kernel", args):
+        loaded = kernels.load()
+        if loaded is None or not gemm.has_gguf(loaded):
+            print(f"no GGUF kernel: {kernels.unavailable_reason()}")
+            return
+        torch.set_num_threads(1)
+        load_before = os.getloadavg()[0]
+        a, b = torch.randn(512, 640), torch.randn(640, 1024)
+        fma = 512 * 640 * 1024 / best_cpu_ns(lambda: a @ b, args.reps)
+        print(f"kernels {loaded.isa}, 1 thread, CPU time; torch sgemm {fma:.1f} FMA/ns")
+        print(f"{'type':>5} {'rows':>6} {'B':>3} {'ms':>8} {'MAC/ns':>7} {'GB/s':>6}")
+        for block_type in args.types:
+            config = gb.GGUFConfig(block_type=block_type)
+            hidden = 768 if config.block == 256 else 640
+            for rows in args.rows:
+                gen = torch.Generator().manual_seed(0)
+                raw = torch.randint(0, 256, (rows, hidden // config.block, config.type_size), dtype=torch.uint8,
+                                    generator=gen)
+                for at in SCALES_AT[block_type]:
+                    raw[..., at : at + 2] = torch.tensor([1e-2], dtype=torch.float16).view(torch.uint8)
+                raw = raw.reshape(rows, -1).contiguous()
+                for n in args.batches:
+                    x = torch.randn(n, hidden)
+                    out = torch.empty(n, rows)
+                    call = functools.partial(gemm.gguf_logits, loaded, x, hidden, block_type, raw, out)
+                    ns = best_cpu_ns(call, max(3, args.reps * 1024 // rows))
+                    print(f"{block_type:>5} {rows:>6} {n:>3} {ns / 1e6:>8.3f} {n * rows * hidden / ns:>7.2f} "
+                          f"{raw.numel() / ns:>6.2f}")
+        print(f"load (1-minute average) before {load_before:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} "
+              "cores")
 
 
 if __name__ == "__main__":

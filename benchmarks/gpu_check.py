@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _harness import add_json, recording
 
 REPORT: dict[str, Any] = {"ran": [], "skipped": {}, "figures": {}, "failed": {}}
 
@@ -242,24 +243,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=540.0)
     parser.add_argument("--out", type=Path, default=Path("artifacts") / "gpu_check.json")
+    add_json(parser)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing to check")
-        return 0
-    REPORT["device"] = {"name": torch.cuda.get_device_name(), "count": torch.cuda.device_count(),
-                        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())),
-                        "torch": torch.__version__}
-    deadline = time.monotonic() + args.budget_s
-    for name, fn in (("cuda fallback parity", cuda_fallback_parity), ("nccl parity", nccl_parity),
-                     ("fp8 _scaled_mm", scaled_mm_fp8), ("head benchmarks", head_benchmarks),
-                     ("vocab tree", vocab_tree), ("tensorrt engine", tensorrt_engine)):
-        _section(name, fn, deadline)
-    print(json.dumps(REPORT, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(REPORT, indent=2))
-    print(f"gpu-check: {len(REPORT['ran'])} ran, {len(REPORT['skipped'])} skipped, {len(REPORT['failed'])} failed; "
-          f"report in {args.out}")
-    return 1 if REPORT["failed"] else 0
+    with recording("gpu_check", args):
+        if not torch.cuda.is_available():
+            print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing to check")
+            return 0
+        REPORT["device"] = {"name": torch.cuda.get_device_name(), "count": torch.cuda.device_count(),
+                            "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())),
+                            "torch": torch.__version__}
+        deadline = time.monotonic() + args.budget_s
+        for name, fn in (("cuda fallback parity", cuda_fallback_parity), ("nccl parity", nccl_parity),
+                         ("fp8 _scaled_mm", scaled_mm_fp8), ("head benchmarks", head_benchmarks),
+                         ("vocab tree", vocab_tree), ("tensorrt engine", tensorrt_engine)):
+            _section(name, fn, deadline)
+        print(json.dumps(REPORT, indent=2))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(REPORT, indent=2))
+        print(f"gpu-check: {len(REPORT['ran'])} ran, {len(REPORT['skipped'])} skipped, {len(REPORT['failed'])} failed; "
+              f"report in {args.out}")
+        return 1 if REPORT["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -41,7 +40,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantized_head import random_tensors
+from _harness import add_json, add_row, interleaved, recording
+from common import random_tensors
 
 from trtvocab import QuantAlgo
 from trtvocab.kernels import compile as kcompile
@@ -118,26 +118,28 @@ def main() -> None:
     parser.add_argument("--cache", help="folder for the base build (kept and reused; default: a temporary one)")
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
                         help="wall (perf_counter) or cpu (the calling thread's CPU time: meaningful with --threads 1)")
+    add_json(parser)
     args = parser.parse_args()
-    modes = args.dpbf16.split(",")
-    if any(m not in DPBF16_MODES for m in modes):
-        parser.error(f"--dpbf16: modes among {', '.join(DPBF16_MODES)}, got {args.dpbf16!r}")
-    torch.set_num_threads(args.threads)
-    new = library.require()
-    with tempfile.TemporaryDirectory(prefix="trtvocab-ab-") as tmp:
-        tag = "".join(c if c.isalnum() else "_" for c in args.base)
-        folder = Path(args.cache) / f"{tag}-{kcompile.requested_isa()}" if args.cache else Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        base = build_revision(args.base, folder)
-        print(f"base {args.base}: {base.path}\nnew  working tree: {new.path}\n"
-              f"isa {kcompile.requested_isa()} ({new.isa}), V = {args.vocab}, H = {args.hidden}, "
-              f"{args.threads} thread(s), {args.rounds} interleaved rounds, {args.clock} clock")
-        differ = 0
-        for mode in modes:
-            on = {lib.lib.trtvocab_fused_set_dpbf16(DPBF16_MODES[mode]) for lib in (base, new)}
-            print(f"\nvdpbf16ps {mode}: {'on' if on == {1} else ('off' if on == {0} else on)}")
-            differ += compare(args, base, new)
-    return 1 if differ else 0
+    with recording("kernel_ab", args):
+        modes = args.dpbf16.split(",")
+        if any(m not in DPBF16_MODES for m in modes):
+            parser.error(f"--dpbf16: modes among {', '.join(DPBF16_MODES)}, got {args.dpbf16!r}")
+        torch.set_num_threads(args.threads)
+        new = library.require()
+        with tempfile.TemporaryDirectory(prefix="trtvocab-ab-") as tmp:
+            tag = "".join(c if c.isalnum() else "_" for c in args.base)
+            folder = Path(args.cache) / f"{tag}-{kcompile.requested_isa()}" if args.cache else Path(tmp)
+            folder.mkdir(parents=True, exist_ok=True)
+            base = build_revision(args.base, folder)
+            print(f"base {args.base}: {base.path}\nnew  working tree: {new.path}\n"
+                  f"isa {kcompile.requested_isa()} ({new.isa}), V = {args.vocab}, H = {args.hidden}, "
+                  f"{args.threads} thread(s), {args.rounds} interleaved rounds, {args.clock} clock")
+            differ = 0
+            for mode in modes:
+                on = {lib.lib.trtvocab_fused_set_dpbf16(DPBF16_MODES[mode]) for lib in (base, new)}
+                print(f"\nvdpbf16ps {mode}: {'on' if on == {1} else ('off' if on == {0} else on)}")
+                differ += compare(args, base, new)
+        return 1 if differ else 0
 
 
 def compare(args: argparse.Namespace, base: kcompile.Loaded, new: kcompile.Loaded) -> int:
@@ -153,17 +155,15 @@ def compare(args: argparse.Namespace, base: kcompile.Loaded, new: kcompile.Loade
             call = calls(fmt, batch, args.vocab, args.hidden, gen)
             same = torch.equal(call(base).view(torch.int32), call(new).view(torch.int32))
             differ += not same
-            times: dict[str, list[float]] = {"base": [], "new": []}
-            for _ in range(args.rounds):
-                for name, lib in (("base", base), ("new", new)):
-                    start = clock()
-                    call(lib)
-                    times[name].append(clock() - start)
-            b, n = (min(times[k]) * 1e3 for k in ("base", "new"))
+            timed = interleaved({"base": lambda c=call: c(base), "new": lambda c=call: c(new)}, args.rounds, warmup=0,
+                                clock=clock)  # the bits check above was the warm-up
+            b, n = timed["base"].best * 1e3, timed["new"].best * 1e3
             new_b1 = n if batch == 1 else new_b1
             ratio_b1 = f"{n / new_b1:7.2f}" if new_b1 else f"{'':7}"
-            print(f"{'':6} {batch:3} {b:9.3f} {statistics.median(times['base']) * 1e3:9.3f} {n:9.3f} "
-                  f"{statistics.median(times['new']) * 1e3:9.3f} {n / b:9.2f} {ratio_b1}  {same}")
+            print(f"{'':6} {batch:3} {b:9.3f} {timed['base'].median * 1e3:9.3f} {n:9.3f} "
+                  f"{timed['new'].median * 1e3:9.3f} {n / b:9.2f} {ratio_b1}  {same}")
+            add_row(format=fmt, batch=batch, base=timed["base"].ms(), new=timed["new"].ms(), new_over_base=n / b,
+                    same_bits=same)
     return differ
 
 

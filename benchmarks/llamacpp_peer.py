@@ -5,7 +5,7 @@ llama.cpp's Python binding (``llama-cpp-python``), never imported by trtvocab.
         "n_ctx": 512, "chunks": null, "threads": 2, "flash_attn": true, "logits_dir": null}'
 
 Tokenizes the text the way ``llama-perplexity`` does (the whole file at once, the vocabulary's own BOS
-rule) and scores it in its windows (``windows`` below), one chunk per decode with every position's
+rule) and scores it in its windows (``common.windows``), one chunk per decode with every position's
 logits kept. Prints one JSON line: the binding's version, llama.cpp's system info, the BOS rule, every
 token id of the text, the chunk count, the negative log-likelihood of every scored token (float64,
 from llama.cpp's float32 logits) and the seconds the decodes took. With ``logits_dir`` it also writes
@@ -14,23 +14,14 @@ each chunk's scored rows of float32 logits there as ``chunk<i>.npy`` (``[n_ctx -
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
-
-
-def windows(n_tokens: int, n_ctx: int, chunks: int | None) -> tuple[int, int]:
-    """``(n_chunk, first)``: ``llama-perplexity``'s windows over ``n_tokens`` ids. Chunk ``i`` is ids
-    ``[i * n_ctx, (i + 1) * n_ctx)`` (whole chunks only: a tail shorter than ``n_ctx`` is dropped), its first id
-    replaced by BOS where the vocabulary adds one; rows ``first = n_ctx // 2`` .. ``n_ctx - 2`` are scored,
-    each against the id after it, so a chunk scores ``n_ctx - 1 - first`` tokens."""
-    n_chunk = n_tokens // n_ctx
-    if chunks is not None:
-        n_chunk = min(n_chunk, chunks)
-    return n_chunk, n_ctx // 2
+from _harness import environment
+from common import windows
 
 
 def row_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -45,7 +36,12 @@ def row_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def main() -> None:
-    job = json.loads(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("job", help="the job: one JSON object (above)")
+    parser.add_argument("--json", action="store_true",
+                        help="add the revision and the CPU (_harness.environment) to the one JSON line it prints")
+    args = parser.parse_args()
+    job = json.loads(args.job)
     import llama_cpp
     from llama_cpp import Llama
 
@@ -82,7 +78,8 @@ def main() -> None:
             path = os.path.join(logits_dir, f"chunk{i}.npy")
             np.save(path + ".tmp.npy", scored)
             os.replace(path + ".tmp.npy", path)
-    print(json.dumps({"version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode(),
+    print(json.dumps({**(environment() if args.json else {}),
+                      "version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode(),
                       "add_bos": add_bos, "bos": bos, "n_vocab": int(llm.n_vocab()), "token_ids": list(ids),
                       "n_ctx": n_ctx, "n_chunk": n_chunk, "first": first, "nll": nll, "seconds": seconds,
                       "threads": int(job["threads"]), "flash_attn": bool(job.get("flash_attn", True))}),

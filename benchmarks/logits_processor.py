@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+from _harness import add_json, recording
+
 FULL = {"tokens": 8192, "batch": 32, "vocab": 32000, "hidden": 1024}
 SMALL = {"tokens": 1024, "batch": 32, "vocab": 8000, "hidden": 512}
 
@@ -114,51 +116,53 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of the all-token mode (last: 10x)")
     parser.add_argument("--worker", choices=["last", "all"], help=argparse.SUPPRESS)
+    add_json(parser)
     args = parser.parse_args()
-    size = dict(SMALL if args.small else FULL)
-    for key in size:
-        if getattr(args, key) is not None:
-            size[key] = getattr(args, key)
-    if args.worker:
-        print(json.dumps(worker(args.worker, size["tokens"], size["batch"], size["vocab"], size["hidden"],
-                                args.dtype, args.repeats)))
-        return
+    with recording("logits_processor", args):
+        size = dict(SMALL if args.small else FULL)
+        for key in size:
+            if getattr(args, key) is not None:
+                size[key] = getattr(args, key)
+        if args.worker:
+            print(json.dumps(worker(args.worker, size["tokens"], size["batch"], size["vocab"], size["hidden"],
+                                    args.dtype, args.repeats)))
+            return
 
-    print(f"LogitsProcessor benchmark: T={size['tokens']} B={size['batch']} V={size['vocab']} "
-          f"H={size['hidden']} {args.dtype}, {args.repeats} (all) / {args.repeats * 10} (last) timed calls "
-          "after 1 warm-up, fresh subprocesses per mode")
-    results = {}
-    started = time.perf_counter()
-    for mode in ("last", "all"):
-        def cmd(repeats: int, mode: str = mode) -> list[str]:
-            return [sys.executable, __file__, "--worker", mode, "--dtype", args.dtype, f"--repeats={repeats}",
-                    *[f"--{k}={v}" for k, v in size.items()]]
+        print(f"LogitsProcessor benchmark: T={size['tokens']} B={size['batch']} V={size['vocab']} "
+              f"H={size['hidden']} {args.dtype}, {args.repeats} (all) / {args.repeats * 10} (last) timed calls "
+              "after 1 warm-up, fresh subprocesses per mode")
+        results = {}
+        started = time.perf_counter()
+        for mode in ("last", "all"):
+            def cmd(repeats: int, mode: str = mode) -> list[str]:
+                return [sys.executable, __file__, "--worker", mode, "--dtype", args.dtype, f"--repeats={repeats}",
+                        *[f"--{k}={v}" for k, v in size.items()]]
 
-        # the cheap mode gets more repeats: its few milliseconds are noisier
-        timed = _run(cmd(args.repeats * (10 if mode == "last" else 1)), dict(os.environ))
-        # the same call in a process whose allocator takes fresh pages for every tensor
-        measured = _run(cmd(1), {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)})
-        results[mode] = {**timed, "peak_extra_bytes": measured["peak_extra_bytes"],
-                         "hwm_reset": measured["hwm_reset"]}
-    last, full = results["last"], results["all"]
-    mib = 2**20
-    print(f"\n{'mode':<6}{'logits':>16}{'median time':>14}{'peak extra RSS':>17}{'float32 logits':>16}")
-    for r in (last, full):
-        print(f"{r['mode']:<6}{r['shape']!s:>16}{r['median_s'] * 1e3:>11.1f} ms"
-              f"{r['peak_extra_bytes'] / mib:>13.1f} MiB{r['output_bytes'] / mib:>12.1f} MiB")
-    ideal = size["tokens"] / size["batch"]
-    print(f"\ntime ratio   all / last = {full['median_s'] / last['median_s']:.1f}x   "
-          f"(ideal = FLOP ratio T/B = {ideal:.0f}x)")
-    print(f"memory ratio all / last = {full['peak_extra_bytes'] / max(last['peak_extra_bytes'], 4096):.1f}x   "
-          f"(float32 logits alone: {full['output_bytes'] / last['output_bytes']:.0f}x)")
-    print("\nWhat is measured: wall time of LogitsProcessor.forward (row selection + head GEMM + float32 cast);"
-          "\nmemory = peak RSS during one call minus RSS just before it (weights and inputs already resident),"
-          "\nin a separate run with MALLOC_MMAP_THRESHOLD_=65536 (fresh pages per tensor, no allocator cache);"
-          + ("\nVmHWM reset via /proc/self/clear_refs." if full["hwm_reset"]
-             else "\nVmHWM could NOT be reset: the memory numbers are over-estimates.")
-          + "\nThe last-token GEMM ([B, H] x [H, V]) is bound by reading the weight once, so on a CPU its time does"
-          "\nnot shrink by the full T/B; the all-token GEMM is compute bound.")
-    print(f"(threads per worker: {last['threads']}; total {time.perf_counter() - started:.0f} s)")
+            # the cheap mode gets more repeats: its few milliseconds are noisier
+            timed = _run(cmd(args.repeats * (10 if mode == "last" else 1)), dict(os.environ))
+            # the same call in a process whose allocator takes fresh pages for every tensor
+            measured = _run(cmd(1), {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)})
+            results[mode] = {**timed, "peak_extra_bytes": measured["peak_extra_bytes"],
+                             "hwm_reset": measured["hwm_reset"]}
+        last, full = results["last"], results["all"]
+        mib = 2**20
+        print(f"\n{'mode':<6}{'logits':>16}{'median time':>14}{'peak extra RSS':>17}{'float32 logits':>16}")
+        for r in (last, full):
+            print(f"{r['mode']:<6}{r['shape']!s:>16}{r['median_s'] * 1e3:>11.1f} ms"
+                  f"{r['peak_extra_bytes'] / mib:>13.1f} MiB{r['output_bytes'] / mib:>12.1f} MiB")
+        ideal = size["tokens"] / size["batch"]
+        print(f"\ntime ratio   all / last = {full['median_s'] / last['median_s']:.1f}x   "
+              f"(ideal = FLOP ratio T/B = {ideal:.0f}x)")
+        print(f"memory ratio all / last = {full['peak_extra_bytes'] / max(last['peak_extra_bytes'], 4096):.1f}x   "
+              f"(float32 logits alone: {full['output_bytes'] / last['output_bytes']:.0f}x)")
+        print("\nWhat is measured: wall time of LogitsProcessor.forward (row selection + head GEMM + float32 cast);"
+              "\nmemory = peak RSS during one call minus RSS just before it (weights and inputs already resident),"
+              "\nin a separate run with MALLOC_MMAP_THRESHOLD_=65536 (fresh pages per tensor, no allocator cache);"
+              + ("\nVmHWM reset via /proc/self/clear_refs." if full["hwm_reset"]
+                 else "\nVmHWM could NOT be reset: the memory numbers are over-estimates.")
+              + "\nThe last-token GEMM ([B, H] x [H, V]) is bound by reading the weight once, so on a CPU its time does"
+              "\nnot shrink by the full T/B; the all-token GEMM is compute bound.")
+        print(f"(threads per worker: {last['threads']}; total {time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -71,8 +71,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_peer import windows  # the one statement of the windows, shared with the child
-from real_model import model_file
+from _harness import RESULTS, recording
+from common import model_file, windows  # the one statement of the windows, shared with the child
 
 LLAMACPP_PYTHON = "/work/llamacpp-venv/bin/python"
 PYTHON_ENV = "TRTVOCAB_LLAMACPP_PYTHON"
@@ -281,22 +281,25 @@ def main() -> None:
                         help="llama.cpp without flash attention (llama-perplexity's 'auto' turns it on on a CPU)")
     parser.add_argument("--llama-perplexity", metavar="BIN", help="also run this llama-perplexity program")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds for the llama.cpp child")
-    parser.add_argument("--json", type=Path, help="write every number here")
+    parser.add_argument("--json", type=Path,
+                        help="write every number here (and print the run's one JSON line: benchmarks/_harness.py)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the folder of the .jsonl files (--json)")
     args = parser.parse_args()
-    if args.ctx < 4 or args.ctx % 2:
-        raise SystemExit("--ctx: an even number >= 4")
-    if not Path(args.peer_python).is_file():
-        raise SystemExit(f"no llama.cpp interpreter at {args.peer_python} (python3 -m venv /work/llamacpp-venv && "
-                         f"/work/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36 numpy; or --peer-python)")
-    result = anchor(model_file(args.model), args.text, n_ctx=args.ctx, chunks=args.chunks, threads=args.threads,
-                    python=args.peer_python, kl=args.kl, flash_attn=args.flash_attn, timeout=args.timeout,
-                    llama_perplexity=args.llama_perplexity)
-    show(result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, args.json)
+    with recording("perplexity_anchor", args):
+        if args.ctx < 4 or args.ctx % 2:
+            raise SystemExit("--ctx: an even number >= 4")
+        if not Path(args.peer_python).is_file():
+            raise SystemExit(f"no llama.cpp interpreter at {args.peer_python} (python3 -m venv /work/llamacpp-venv && "
+                             f"/work/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36 numpy; or --peer-python)")
+        result = anchor(model_file(args.model), args.text, n_ctx=args.ctx, chunks=args.chunks, threads=args.threads,
+                        python=args.peer_python, kl=args.kl, flash_attn=args.flash_attn, timeout=args.timeout,
+                        llama_perplexity=args.llama_perplexity)
+        show(result)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            tmp = args.json.with_suffix(args.json.suffix + ".tmp")
+            tmp.write_text(json.dumps(result, indent=1))
+            os.replace(tmp, args.json)
 
 
 if __name__ == "__main__":

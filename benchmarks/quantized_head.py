@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bandwidth import make_probe
+from _harness import add_json, recording
+from common import make_probe, random_tensors
 
 from trtvocab import LMHead, QuantAlgo, QuantConfig, kernels
 from trtvocab.kernels import library
@@ -47,18 +48,6 @@ from trtvocab.weights import quantized as methods
 
 BATCHES = (1, 2, 4, 8, 64)
 Variant = tuple[Callable[[torch.Tensor], object], int]  # (call on bf16 x, weight bytes read per call)
-
-
-def random_tensors(algo: QuantAlgo, vocab: int, hidden: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Valid checkpoint tensors: no NaN codes, positive scales."""
-    if algo is QuantAlgo.FP8:
-        codes = torch.randint(0, 256, (vocab, hidden), dtype=torch.uint8, generator=gen)
-        codes[(codes & 0x7F) == 0x7F] = 0  # e4m3fn NaN
-        return {"weight": codes.view(torch.float8_e4m3fn), "weight_scale": torch.tensor(2e-4)}
-    packed = torch.randint(0, 256, (vocab, hidden // 2), dtype=torch.uint8, generator=gen)
-    # Block scales 0x30..0x5f: e4m3 values 1 .. 240.
-    scales = torch.randint(0x30, 0x60, (vocab, hidden // 16), dtype=torch.uint8, generator=gen)
-    return {"weight": packed, "weight_scale": scales.view(torch.float8_e4m3fn), "weight_scale_2": torch.tensor(3e-5)}
 
 
 def build_heads(vocab: int, hidden: int) -> dict[str, LMHead]:
@@ -193,101 +182,106 @@ def main() -> None:
     parser.add_argument("--probe-mib", type=int, default=1024, help="bandwidth probe buffer (MiB)")
     parser.add_argument("--before-library", default=None,
                         help="another build of the kernels' library (.so): its FP8 / NVFP4 lines, side by side")
+    add_json(parser)
     args = parser.parse_args()
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe or a file
-    vocab = args.vocab or (32000 if args.small else 129280)
-    hidden = args.hidden or (2048 if args.small else 5120)
-    rounds = args.rounds or (7 if args.small else 3)
-    methods.CHUNK_ELEMENTS = args.chunk_elements
-    if args.quick:
-        args.no_torch_path = True
-        args.only = args.only or ["bf16", "fp16", "FP8 W8A16", "NVFP4 W4A16"]
+    with recording("quantized_head", args):
+        sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe or a file
+        vocab = args.vocab or (32000 if args.small else 129280)
+        hidden = args.hidden or (2048 if args.small else 5120)
+        rounds = args.rounds or (7 if args.small else 3)
+        methods.CHUNK_ELEMENTS = args.chunk_elements
+        if args.quick:
+            args.no_torch_path = True
+            args.only = args.only or ["bf16", "fp16", "FP8 W8A16", "NVFP4 W4A16"]
 
-    reason = kernels.unavailable_reason()
-    fused_label = "fused" if reason is None else "fused unavailable -> torch path"
-    print(f"LM head V={vocab} H={hidden}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"torch-path chunk {methods.CHUNK_ELEMENTS} float32 values")
-    if reason is None:
-        loaded = kernels.load()
-        dpbf16 = "on" if loaded.lib.trtvocab_fused_dpbf16() else "off (FMA kernels)"
-        print(f"fused kernels: {loaded.isa}, vdpbf16ps kernels {dpbf16}, {loaded.path}")
-    else:
-        print(f"fused kernels unavailable ({reason}): the 'fused' lines run the torch path")
-    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} ({os.cpu_count()} CPUs): "
-          "timings are noisy when it exceeds the thread count")
-    t0 = time.perf_counter()
-    heads = build_heads(vocab, hidden)
-    if args.only:
-        heads = {k: v for k, v in heads.items() if any(k.startswith(p) for p in args.only) or k == "bf16"}
-    variants: dict[str, Variant] = {}
-    for name, head in heads.items():
-        if name in ("bf16", "fp16"):
-            dtype = head.weights.weight.dtype
-            variants[name] = (lambda x, head=head, dtype=dtype: head(x.to(dtype)), head.resident_bytes())
-            if args.before_library:
-                before = library_call(args.before_library, head)
-                variants[f"{name} before"] = (lambda x, f=before, dtype=dtype: f(x.to(dtype)), head.resident_bytes())
-            fallback = torch_path(head)  # torch's GEMM: the dense heads' path before the dense kernel
-            variants[f"{name} torch GEMM"] = (lambda x, f=fallback, dtype=dtype: f(x.to(dtype)), head.resident_bytes())
-            if reason is None:  # the dense kernel even where dense_max_batch keeps torch's GEMM: is that right?
-                forced = dense_kernel_call(head)
-                variants[f"{name} kernel (forced)"] = (lambda x, f=forced, dtype=dtype: f(x.to(dtype)),
-                                                       head.resident_bytes())
-            continue
-        variants[f"{name} {fused_label}"] = (head, head.resident_bytes())
-        if args.before_library:
-            variants[f"{name} before"] = (library_call(args.before_library, head), head.resident_bytes())
-        if not args.no_torch_path:
-            variants[f"{name} torch path"] = (torch_path(head), head.resident_bytes())
-    peer_variants, notes = peers(vocab, hidden, torch.Generator().manual_seed(1))
-    variants.update(peer_variants)
-    probe = make_probe(args.probe_mib)
-    for reader, read in probe.readers.items():
-        variants[f"bandwidth probe ({reader})"] = (lambda x, read=read: read(), probe.nbytes)
-    print(f"built heads in {time.perf_counter() - t0:.1f} s; bandwidth probe: {probe.nbytes / 2**20:.0f} MiB read "
-          f"per call ({', '.join(probe.readers)})")
-    for note in notes:
-        print(note)
-
-    base_bytes = variants["bf16"][1]
-    width = max(map(len, variants)) + 1
-    print(f"\n{'head':<{width}} {'weight bytes':>15} {'vs bf16':>8}")
-    for name, (_, nbytes) in variants.items():
-        if not name.startswith("bandwidth"):
-            print(f"{name:<{width}} {nbytes:>15,} {nbytes / base_bytes:>8.3f}")
-
-    for batch in args.batches:
-        x = torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)).bfloat16()
-        slow = batch >= 64 and not args.small
-        runs = rounds if not slow else max(1, rounds - 1)
-        if batch == 1 or args.small:
-            for fn, _ in variants.values():  # warm-up: allocator, thread pool, caches
-                fn(x)
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        for r in range(runs):
-            for name, (fn, _) in variants.items():
-                if slow and r and (name.endswith("torch path") or name.endswith("torch GEMM")):
-                    continue  # seconds per call: one round is enough to place it
-                times[name].append(time_call(fn, x))
-        gbs = {name: variants[name][1] / min(ts) / 1e9 for name, ts in times.items()}
-        limit = max(v for k, v in gbs.items() if k.startswith("bandwidth probe"))
-        best = {name: min(ts) for name, ts in times.items()}
-        peer_best = {"int8": min((t for k, t in best.items() if k.startswith("torch int8pack")), default=None),
-                     "int4": min((t for k, t in best.items() if k.startswith("torch int4pack")), default=None)}
-        best_base, median_base = best["bf16"], statistics.median(times["bf16"])
-        print(f"\ndecode B={batch}: {runs} interleaved rounds; best-of (robust to a busy machine) and median; "
-              f"read bandwidth (probe, same rounds) {limit:.2f} GB/s")
-        print(f"{'head':<{width}} {'best ms':>9} {'median ms':>10} {'tokens/s':>9} {'vs bf16':>8} {'(median)':>9} "
-              f"{'vs int8':>8} {'vs int4':>8} {'MB/token':>9} {'GB/s':>6} {'of BW':>6}")
-        for name, ts in times.items():
-            if name.startswith("bandwidth"):
+        reason = kernels.unavailable_reason()
+        fused_label = "fused" if reason is None else "fused unavailable -> torch path"
+        print(f"LM head V={vocab} H={hidden}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+              f"torch-path chunk {methods.CHUNK_ELEMENTS} float32 values")
+        if reason is None:
+            loaded = kernels.load()
+            dpbf16 = "on" if loaded.lib.trtvocab_fused_dpbf16() else "off (FMA kernels)"
+            print(f"fused kernels: {loaded.isa}, vdpbf16ps kernels {dpbf16}, {loaded.path}")
+        else:
+            print(f"fused kernels unavailable ({reason}): the 'fused' lines run the torch path")
+        print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} ({os.cpu_count()} CPUs): "
+              "timings are noisy when it exceeds the thread count")
+        t0 = time.perf_counter()
+        heads = build_heads(vocab, hidden)
+        if args.only:
+            heads = {k: v for k, v in heads.items() if any(k.startswith(p) for p in args.only) or k == "bf16"}
+        variants: dict[str, Variant] = {}
+        for name, head in heads.items():
+            if name in ("bf16", "fp16"):
+                dtype = head.weights.weight.dtype
+                variants[name] = (lambda x, head=head, dtype=dtype: head(x.to(dtype)), head.resident_bytes())
+                if args.before_library:
+                    before = library_call(args.before_library, head)
+                    variants[f"{name} before"] = (lambda x, f=before, dtype=dtype: f(x.to(dtype)),
+                                                  head.resident_bytes())
+                fallback = torch_path(head)  # torch's GEMM: the dense heads' path before the dense kernel
+                variants[f"{name} torch GEMM"] = (lambda x, f=fallback, dtype=dtype: f(x.to(dtype)),
+                                                  head.resident_bytes())
+                if reason is None:  # the dense kernel even where dense_max_batch keeps torch's GEMM: is that right?
+                    forced = dense_kernel_call(head)
+                    variants[f"{name} kernel (forced)"] = (lambda x, f=forced, dtype=dtype: f(x.to(dtype)),
+                                                           head.resident_bytes())
                 continue
-            t, median = best[name], statistics.median(ts)
-            nbytes = variants[name][1]
-            vs_peer = " ".join(f"{peer_best[p] / t:>7.2f}x" if peer_best[p] else f"{'-':>8}" for p in ("int8", "int4"))
-            print(f"{name:<{width}} {t * 1e3:>9.1f} {median * 1e3:>10.1f} {batch / t:>9.1f} "
-                  f"{best_base / t:>7.2f}x {median_base / median:>8.2f}x {vs_peer} {nbytes / batch / 1e6:>9.2f} "
-                  f"{gbs[name]:>6.2f} {gbs[name] / limit:>6.2f}")
+            variants[f"{name} {fused_label}"] = (head, head.resident_bytes())
+            if args.before_library:
+                variants[f"{name} before"] = (library_call(args.before_library, head), head.resident_bytes())
+            if not args.no_torch_path:
+                variants[f"{name} torch path"] = (torch_path(head), head.resident_bytes())
+        peer_variants, notes = peers(vocab, hidden, torch.Generator().manual_seed(1))
+        variants.update(peer_variants)
+        probe = make_probe(args.probe_mib)
+        for reader, read in probe.readers.items():
+            variants[f"bandwidth probe ({reader})"] = (lambda x, read=read: read(), probe.nbytes)
+        print(f"built heads in {time.perf_counter() - t0:.1f} s; bandwidth probe: {probe.nbytes / 2**20:.0f} MiB read "
+              f"per call ({', '.join(probe.readers)})")
+        for note in notes:
+            print(note)
+
+        base_bytes = variants["bf16"][1]
+        width = max(map(len, variants)) + 1
+        print(f"\n{'head':<{width}} {'weight bytes':>15} {'vs bf16':>8}")
+        for name, (_, nbytes) in variants.items():
+            if not name.startswith("bandwidth"):
+                print(f"{name:<{width}} {nbytes:>15,} {nbytes / base_bytes:>8.3f}")
+
+        for batch in args.batches:
+            x = torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)).bfloat16()
+            slow = batch >= 64 and not args.small
+            runs = rounds if not slow else max(1, rounds - 1)
+            if batch == 1 or args.small:
+                for fn, _ in variants.values():  # warm-up: allocator, thread pool, caches
+                    fn(x)
+            times: dict[str, list[float]] = {name: [] for name in variants}
+            for r in range(runs):
+                for name, (fn, _) in variants.items():
+                    if slow and r and (name.endswith("torch path") or name.endswith("torch GEMM")):
+                        continue  # seconds per call: one round is enough to place it
+                    times[name].append(time_call(fn, x))
+            gbs = {name: variants[name][1] / min(ts) / 1e9 for name, ts in times.items()}
+            limit = max(v for k, v in gbs.items() if k.startswith("bandwidth probe"))
+            best = {name: min(ts) for name, ts in times.items()}
+            peer_best = {"int8": min((t for k, t in best.items() if k.startswith("torch int8pack")), default=None),
+                         "int4": min((t for k, t in best.items() if k.startswith("torch int4pack")), default=None)}
+            best_base, median_base = best["bf16"], statistics.median(times["bf16"])
+            print(f"\ndecode B={batch}: {runs} interleaved rounds; best-of (robust to a busy machine) and median; "
+                  f"read bandwidth (probe, same rounds) {limit:.2f} GB/s")
+            print(f"{'head':<{width}} {'best ms':>9} {'median ms':>10} {'tokens/s':>9} {'vs bf16':>8} {'(median)':>9} "
+                  f"{'vs int8':>8} {'vs int4':>8} {'MB/token':>9} {'GB/s':>6} {'of BW':>6}")
+            for name, ts in times.items():
+                if name.startswith("bandwidth"):
+                    continue
+                t, median = best[name], statistics.median(ts)
+                nbytes = variants[name][1]
+                vs_peer = " ".join(f"{peer_best[p] / t:>7.2f}x" if peer_best[p] else f"{'-':>8}"
+                                   for p in ("int8", "int4"))
+                print(f"{name:<{width}} {t * 1e3:>9.1f} {median * 1e3:>10.1f} {batch / t:>9.1f} "
+                      f"{best_base / t:>7.2f}x {median_base / median:>8.2f}x {vs_peer} {nbytes / batch / 1e6:>9.2f} "
+                      f"{gbs[name]:>6.2f} {gbs[name] / limit:>6.2f}")
 
 
 if __name__ == "__main__":

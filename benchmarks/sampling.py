@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _harness import add_json, recording
 
 
 def _count_bytes(counter: list[int]) -> Any:
@@ -87,20 +88,22 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=129280)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    add_json(parser)
     args = parser.parse_args()
+    with recording("sampling", args):
 
-    from trtvocab.parallel.launch import run_ranks
+        from trtvocab.parallel.launch import run_ranks
 
-    results = run_ranks(_rank, args.tp, args.vocab, args.batch, args.repeats, backend="gloo", timeout_s=600)
-    r = {k: max(res[k] for res in results) for k in results[0]}
-    assert r["sample_ids"] == r["gather_ids"], "the two paths drew different tokens"
-    print(f"seeded sampling (T 0.8, top-k 50, top-p 0.9), gloo, tp {args.tp}, V = {args.vocab}, B = {args.batch}")
-    for name in ("sample", "gather"):
-        print(f"  {name:7s}: {r[f'{name}_bytes'] / 1e6:9.3f} MB into collectives per rank per step, "
-              f"{r[f'{name}_s'] * 1e3:8.2f} ms per step")
-    print(f"  gather / sample: bytes {r['gather_bytes'] / r['sample_bytes']:.0f}x, "
-          f"time {r['gather_s'] / r['sample_s']:.2f}x (same tokens drawn; ideal byte ratio per row "
-          f"~ V / (2 tp) = {args.vocab / (2 * args.tp):.0f} for greedy)")
+        results = run_ranks(_rank, args.tp, args.vocab, args.batch, args.repeats, backend="gloo", timeout_s=600)
+        r = {k: max(res[k] for res in results) for k in results[0]}
+        assert r["sample_ids"] == r["gather_ids"], "the two paths drew different tokens"
+        print(f"seeded sampling (T 0.8, top-k 50, top-p 0.9), gloo, tp {args.tp}, V = {args.vocab}, B = {args.batch}")
+        for name in ("sample", "gather"):
+            print(f"  {name:7s}: {r[f'{name}_bytes'] / 1e6:9.3f} MB into collectives per rank per step, "
+                  f"{r[f'{name}_s'] * 1e3:8.2f} ms per step")
+        print(f"  gather / sample: bytes {r['gather_bytes'] / r['sample_bytes']:.0f}x, "
+              f"time {r['gather_s'] / r['sample_s']:.2f}x (same tokens drawn; ideal byte ratio per row "
+              f"~ V / (2 tp) = {args.vocab / (2 * args.tp):.0f} for greedy)")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import torch
+from _harness import add_json, recording
 
 KNOBS: dict[str, dict[str, Any]] = {
     "plain": {},
@@ -81,22 +82,25 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--steps", type=int, default=20)
+    add_json(parser)
     args = parser.parse_args()
+    with recording("sampling_knobs", args):
 
-    from trtvocab.parallel.launch import run_ranks
+        from trtvocab.parallel.launch import run_ranks
 
-    print(f"decode step with each knob (head GEMM + sampler, T 0.8), V = {args.vocab}, H = {args.hidden}, "
-          f"float32, {args.steps} steps, 1 torch thread per rank; ms per step (median), x plain")
-    for tp in args.tp:
-        results = run_ranks(_rank, tp, args.vocab, args.hidden, args.batch, args.steps, backend="gloo",
-                            timeout_s=900) if tp > 1 else [_rank(0, 1, args.vocab, args.hidden, args.batch, args.steps)]
-        for batch in args.batch:
-            plain = max(r[f"{batch}/plain"] for r in results)
-            cells = []
-            for name in [*KNOBS, *EXTRA]:
-                t = max(r[f"{batch}/{name}"] for r in results)
-                cells.append(f"{name} {t * 1e3:.2f}" + ("" if name == "plain" else f" ({t / plain:.2f}x)"))
-            print(f"  tp {tp}, B = {batch}: " + ", ".join(cells))
+        print(f"decode step with each knob (head GEMM + sampler, T 0.8), V = {args.vocab}, H = {args.hidden}, "
+              f"float32, {args.steps} steps, 1 torch thread per rank; ms per step (median), x plain")
+        for tp in args.tp:
+            results = run_ranks(_rank, tp, args.vocab, args.hidden, args.batch, args.steps, backend="gloo",
+                                timeout_s=900) if tp > 1 else \
+                [_rank(0, 1, args.vocab, args.hidden, args.batch, args.steps)]
+            for batch in args.batch:
+                plain = max(r[f"{batch}/plain"] for r in results)
+                cells = []
+                for name in [*KNOBS, *EXTRA]:
+                    t = max(r[f"{batch}/{name}"] for r in results)
+                    cells.append(f"{name} {t * 1e3:.2f}" + ("" if name == "plain" else f" ({t / plain:.2f}x)"))
+                print(f"  tp {tp}, B = {batch}: " + ", ".join(cells))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _harness import add_json, recording
+
 CHILD = r"""
 import json, re, sys, time
 import torch
@@ -105,37 +107,40 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="*", help="ranks to load (default: first and last)")
     parser.add_argument("--goal", type=float, default=0.2)
     parser.add_argument("--dir", type=Path, default=None, help="where to write the temporary checkpoint")
+    add_json(parser)
     args = parser.parse_args()
-    ranks = args.ranks if args.ranks else sorted({0, args.tp - 1})
+    with recording("shard_load", args):
+        ranks = args.ranks if args.ranks else sorted({0, args.tp - 1})
 
-    tmp = Path(tempfile.mkdtemp(prefix="trtvocab_shard_load_", dir=args.dir))
-    try:
-        start = time.perf_counter()
-        full_bytes = write_checkpoint(tmp, args.vocab, args.hidden, args.dtype)
-        print(f"wrote {args.vocab} x {args.hidden} {args.dtype} = {full_bytes / 2**30:.2f} GiB to {tmp} "
-              f"in {time.perf_counter() - start:.1f} s")
-        print(f"tp={args.tp}: shard = 1/{args.tp} = {1 / args.tp:.3f} of the matrix; goal: peak <= {args.goal}\n")
-        print(f"{'how':<17}{'rank':>5}{'rows':>18}{'peak RSS delta':>17}{'ratio':>8}{'load':>9}")
-        worst = 0.0
-        for how in ("from_checkpoint", "copy"):
-            for rank in ranks:
-                out = subprocess.run([sys.executable, "-c", CHILD, str(tmp), str(args.tp), str(rank), how],
-                                     capture_output=True, text=True, check=False)
-                if out.returncode:
-                    raise SystemExit(f"load of rank {rank} failed:\n{out.stderr}")
-                rec = json.loads(out.stdout.strip().splitlines()[-1])
-                ratio = rec["peak_delta"] / full_bytes
-                if how == "from_checkpoint":
-                    worst = max(worst, ratio)
-                rows = f"[{rec['shard'][0]}, {rec['shard'][1]})"
-                print(f"{how:<17}{rank:>5}{rows:>18}{rec['peak_delta'] / 2**20:>13.1f} MiB{ratio:>8.3f}"
-                      f"{rec['seconds']:>8.2f}s" + ("" if rec["reset"] else "  (VmHWM not resettable: over-estimate)"))
-        verdict = "meets" if worst <= args.goal else "MISSES"
-        print(f"\nfrom_checkpoint peak / full matrix = {worst:.3f}: {verdict} the goal of <= {args.goal}")
-        print("Measured: VmHWM after the load minus VmRSS before it, in a fresh process per load (imports done "
-              "first);\nthe page cache holding the file is not counted in RSS (positioned reads, no mmap).")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix="trtvocab_shard_load_", dir=args.dir))
+        try:
+            start = time.perf_counter()
+            full_bytes = write_checkpoint(tmp, args.vocab, args.hidden, args.dtype)
+            print(f"wrote {args.vocab} x {args.hidden} {args.dtype} = {full_bytes / 2**30:.2f} GiB to {tmp} "
+                  f"in {time.perf_counter() - start:.1f} s")
+            print(f"tp={args.tp}: shard = 1/{args.tp} = {1 / args.tp:.3f} of the matrix; goal: peak <= {args.goal}\n")
+            print(f"{'how':<17}{'rank':>5}{'rows':>18}{'peak RSS delta':>17}{'ratio':>8}{'load':>9}")
+            worst = 0.0
+            for how in ("from_checkpoint", "copy"):
+                for rank in ranks:
+                    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp), str(args.tp), str(rank), how],
+                                         capture_output=True, text=True, check=False)
+                    if out.returncode:
+                        raise SystemExit(f"load of rank {rank} failed:\n{out.stderr}")
+                    rec = json.loads(out.stdout.strip().splitlines()[-1])
+                    ratio = rec["peak_delta"] / full_bytes
+                    if how == "from_checkpoint":
+                        worst = max(worst, ratio)
+                    rows = f"[{rec['shard'][0]}, {rec['shard'][1]})"
+                    print(f"{how:<17}{rank:>5}{rows:>18}{rec['peak_delta'] / 2**20:>13.1f} MiB{ratio:>8.3f}"
+                          f"{rec['seconds']:>8.2f}s"
+                          + ("" if rec["reset"] else "  (VmHWM not resettable: over-estimate)"))
+            verdict = "meets" if worst <= args.goal else "MISSES"
+            print(f"\nfrom_checkpoint peak / full matrix = {worst:.3f}: {verdict} the goal of <= {args.goal}")
+            print("Measured: VmHWM after the load minus VmRSS before it, in a fresh process per load (imports done "
+                  "first);\nthe page cache holding the file is not counted in RSS (positioned reads, no mmap).")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

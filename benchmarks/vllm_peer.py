@@ -13,14 +13,21 @@ run's seconds, tokens/s, the count of new tokens and the ids themselves.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
+
+from _harness import environment
 
 
 def main() -> None:
-    job = json.loads(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("job", help="the job: one JSON object (above)")
+    parser.add_argument("--json", action="store_true",
+                        help="add the revision and the CPU (_harness.environment) to the one JSON line it prints")
+    args = parser.parse_args()
+    job = json.loads(args.job)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: plenty for 8 x 64 positions
     from vllm import LLM, SamplingParams, TokensPrompt
 
@@ -40,7 +47,8 @@ def main() -> None:
         best = min(best, time.perf_counter() - t0)
         ids = [list(o.outputs[0].token_ids) for o in outs]
     count = sum(len(r) for r in ids)
-    print(json.dumps({"startup_s": startup, "seconds": best, "tokens": count, "tokens_per_s": count / best,
+    print(json.dumps({**(environment() if args.json else {}),
+                      "startup_s": startup, "seconds": best, "tokens": count, "tokens_per_s": count / best,
                       "token_ids": ids, "dtype": str(llm.llm_engine.model_config.dtype)}), flush=True)
 
 

@@ -15,15 +15,11 @@ docs/architecture.md, "Artifacts".
 from __future__ import annotations
 
 import importlib
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 from trtvocab.base.dtypes import DtypeName
 from trtvocab.base.safe_read import read_regular

@@ -257,7 +257,7 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
                                      "[output] onnx = true or drop the requirement (nothing was written)")
     out = Path(out or recipe.output.dir)
     progress = progress or (lambda rank, stage: None)
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.UTC)
     existed = os.path.lexists(out)
     # A full disk or a file-size limit anywhere below (weights, graphs, plans, the manifest, fsync) is a
     # WriteError naming the artifact and the file; staging removed its private folder, `out` is as it was.
