@@ -106,9 +106,9 @@ def test_ledger_deepseek_figures() -> None:
     assert round(g["recv_bytes_per_rank"] / MB, 1) == 57.9
     assert round(g["time_s"] * 1e6) == 193
     assert all(r["logits_gather_recv_bytes"] == 57_917_440 for r in d["ranks"])
-    # greedy pair reduction: B * n * 2 float32 values
-    assert (gr["values"], gr["bytes"]) == (256 * 8 * 2, 16384)
-    assert gr["bytes"] == 16 * 1024  # 16 KiB (binary): the "16 KB"
+    # greedy pair reduction: B * n * 2 values, int64 as trtvocab sends them (32 KiB); float32 pairs the article's 16 KB
+    assert (gr["values"], gr["bytes"], gr["float32_bytes"]) == (256 * 8 * 2, 32768, 16384)
+    assert gr["float32_bytes"] == 16 * 1024  # 16 KiB (binary): the "16 KB"
     # head GEMM 2 B V H at 600 TFLOP/s
     assert h["flops"] == 2 * 256 * 129280 * 5120 == 338_899_763_200
     assert round(h["flops"] / 1e9) == 339

@@ -194,9 +194,25 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     lora: Annotated[list[Path] | None, typer.Option(help="a PEFT LoRA adapter folder to count per rank "
                                                     "(repeatable)")] = None,
+    top_k: Annotated[int, typer.Option(help="decode step priced with top-k (0: off)")] = 0,
+    top_p: Annotated[bool, typer.Option("--top-p", help="decode step priced with top-p (nucleus rounds)")] = False,
+    top_p_rounds: Annotated[int, typer.Option(help="top-p candidate rounds (k = 64, doubling)")] = 1,
+    min_p: Annotated[bool, typer.Option("--min-p", help="decode step priced with min-p")] = False,
+    typical_p: Annotated[bool, typer.Option("--typical-p", help="decode step priced with typical-p")] = False,
+    logprobs: Annotated[int | None, typer.Option(help="decode step priced returning top-N logprobs")] = None,
+    logits_per_seq: Annotated[int, typer.Option(help="rows per sequence (speculative verification)")] = 1,
+    gather_output: Annotated[str, typer.Option(help="LMHead gather mode priced: true | false | rank0")] = "true",
+    gather_chunk_rows: Annotated[int | None, typer.Option(help="LMHead rows per gather (bounded all-gather)")] = None,
+    head_dtype: Annotated[str, typer.Option(help="logits / hidden dtype of LMHead.forward: bf16 | fp32")] = "bf16",
+    attention_dp_rows: Annotated[str | None, typer.Option(help="attention DP: every rank's row count, e.g. "
+                                                          "3,0,5 (LMHead.forward's row exchange)")] = None,
+    embedding_dtype: Annotated[str, typer.Option(help="embedding table: bf16 | fp32 | fp8")] = "bf16",
+    kv_bytes_per_token: Annotated[int | None, typer.Option(help="KV-cache bytes per token per layer: price "
+                                                           "replication in KV tokens")] = None,
+    layers: Annotated[int, typer.Option(help="layers holding KV (with --kv-bytes-per-token)")] = 1,
 ) -> None:
     """The vocabulary ledger: shards, weight bytes (bf16/fp8/nvfp4), logits, collectives, FLOPs, replication."""
-    from trtvocab.pipeline.plan import ledger_rows, make_plan
+    from trtvocab.pipeline.plan import DTYPE_BYTES, Sampler, collective_rows, ledger_rows, make_plan
 
     if checkpoint is not None:
         from trtvocab.weights.loader import open_head
@@ -214,8 +230,26 @@ def plan(
     from trtvocab.weights.lora import open_adapter
 
     adapters = [open_adapter(folder, other_modules="ignore") for folder in lora or []]
+    modes = {"true": True, "false": False, "rank0": "rank0"}
+    if gather_output.lower() not in modes:
+        raise ConfigError(f"--gather-output must be one of {', '.join(modes)}, got {gather_output!r}")
+    if head_dtype not in DTYPE_BYTES:
+        raise ConfigError(f"--head-dtype must be one of {', '.join(DTYPE_BYTES)}, got {head_dtype!r}")
+    try:
+        adp_rows = None if attention_dp_rows is None else [int(r) for r in attention_dp_rows.split(",")]
+    except ValueError:
+        raise ConfigError(f"--attention-dp-rows: expected comma-separated row counts, got {attention_dp_rows!r}") \
+            from None
+    if adp_rows is not None and (len(adp_rows) != tp or min(adp_rows) < 0):
+        raise ConfigError(f"--attention-dp-rows: expected {tp} row counts >= 0 (one per rank), "
+                          f"got {attention_dp_rows!r}")
+    sampler = Sampler(top_k=top_k, top_p=top_p, top_p_rounds=top_p_rounds, min_p=min_p, typical_p=typical_p,
+                      logprobs=logprobs)
     p = make_plan(vocab, hidden, tp, batch, layout, pad_to,  # type: ignore[arg-type]
-                  tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied), adapters=adapters)
+                  tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied), adapters=adapters,
+                  sampler=sampler, logits_per_seq=logits_per_seq, gather_output=modes[gather_output.lower()],
+                  gather_chunk_rows=gather_chunk_rows, logits_bytes=DTYPE_BYTES[head_dtype], adp_rows=adp_rows,
+                  embedding_dtype=embedding_dtype, kv_bytes_per_token=kv_bytes_per_token, layers=layers)
     if as_json:
         print(p.model_dump_json(indent=2))
         return
@@ -242,6 +276,20 @@ def plan(
     for row in ledger_rows(p):
         ledger.add_row(*row)
     console.print(ledger)
+    if p.decode_step is not None:
+        wire = Table(title="every collective, bytes one rank puts in (steady: the verdict's header rides on the "
+                           "first)")
+        for col, justify in (("collective", "left"), ("bytes per rank", "right"), ("kind", "right")):
+            wire.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for row in collective_rows(p):
+            wire.add_row(*row)
+        console.print(wire)
+    if p.kv is not None:
+        k = p.kv
+        console.print(f"KV: {k.kv_bytes_per_token:,} B per token ({k.kv_bytes_per_token_per_layer:,} B x "
+                      f"{k.kv_layers} layers); replicated instead: extra per card = "
+                      f"{k.kv_tokens_replicated_extra_per_card:,} KV tokens; matrices per rank = "
+                      f"{k.kv_tokens_shard_per_rank:,} KV tokens")
 
 
 # ---- models ---------------------------------------------------------------------------------

@@ -205,6 +205,7 @@ def _digest(items: Sequence[Any]) -> int:
 # Status words of the header that rides on a steady-state call's first data collective.
 _OK, _FAILED, _CHANGED = 0, 1, 2
 _HEADER = 3  # status, signature, call digest
+AGREEMENT_HEADER_BYTES = _HEADER * 8  # what a steady call's verdict adds to its first data collective
 
 
 @dataclass

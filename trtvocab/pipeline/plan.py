@@ -16,14 +16,21 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from trtvocab.base.units import decimal_bytes, human_bytes, human_flops, human_seconds
+from trtvocab.embedding import LOOKUP_HANDSHAKE
 from trtvocab.errors import ConfigError
+from trtvocab.lm_head import FORWARD_HANDSHAKE, GATHER_MODES
+from trtvocab.parallel import distributed as D
 from trtvocab.parallel.sharding import LAYOUTS, VocabLayout, all_shards
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_BLOCK
+from trtvocab.sampling.reductions import HANDSHAKE as SAMPLING_HANDSHAKE
+from trtvocab.sampling.reductions import TOP_P_FIRST_K
+from trtvocab.sampling.treesum import node_width
 from trtvocab.weights.lora import footprint
 
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 BF16, FP32 = DTYPE_BYTES["bf16"], DTYPE_BYTES["fp32"]
 
+WORD = 8  # an int64: trtvocab's candidate pairs and handshake fields
 DEFAULT_TOKENS = 8192
 DEFAULT_LINK_GBS = 300.0
 DEFAULT_TFLOPS = 600.0
@@ -101,15 +108,18 @@ class LogitsGather(BaseModel):
 
 
 class GreedyReduction(BaseModel):
-    """Greedy sampling without a gather: every rank's (max, argmax) pair per row, as float32.
+    """Greedy sampling without a gather: every rank's (max, argmax) pair per row, all ranks' after the gather.
 
     Args:
-        values: ``B * n * 2`` float32 values; bytes: ``4 * values``; time_s: bytes at the link bandwidth.
+        values: ``B * n * 2`` values; bytes: ``8 * values``, what trtvocab sends (int64 pairs: the score's
+            float64 bits and the id, so ids past 2**24 stay exact); time_s: bytes at the link bandwidth.
+        float32_bytes: ``4 * values``, the same pairs as float32 (the article's figure, vLLM's layout).
     """
 
     values: int
     bytes: int
     time_s: float
+    float32_bytes: int = 0
 
 
 class HeadCompute(BaseModel):
@@ -144,6 +154,68 @@ class Matrices(BaseModel):
     replicated_extra_bytes_total: int
 
 
+class Collective(BaseModel):
+    """One collective of a step, priced as the bytes each rank hands to it (its input tensor).
+
+    Args:
+        what: what it moves; kind: ``all_gather`` | ``all_reduce`` | ``all_to_all`` | ``gather``.
+        bytes: one rank's input (an all-gather's piece, an all-reduce's buffer, an all-to-all's whole send
+            buffer), the agreement header included where it rides (``header``: 24 bytes and the payload
+            rounded up to 8-byte words, on a steady step's first data collective).
+        wire_recv_bytes: what one rank receives over the wire (a ring: ``(n-1) x bytes`` for an all-gather,
+            ``2 (n-1)/n x bytes`` for an all-reduce; a gather: rank 0 receives ``(n-1) x bytes``).
+    """
+
+    what: str
+    kind: str
+    bytes: int
+    header: bool = False
+    wire_recv_bytes: int
+
+
+class StepCollectives(BaseModel):
+    """Every collective of one call, first (handshake) and steady (the verdict riding on the data), summed."""
+
+    first: list[Collective]
+    steady: list[Collective]
+    first_bytes: int
+    steady_bytes: int
+
+
+class Sampler(BaseModel):
+    """The knobs of a decode step that change what crosses ranks (``sampling.decode``).
+
+    ``top_p_rounds`` / ``typical_rounds``: how many candidate rounds the nucleus / typical set took (data
+    dependent: k starts at ``TOP_P_FIRST_K`` (typical-p: at ``typical_first_k``, the perplexity's power of two,
+    at least that) and doubles each round). ``logprobs``: None, or the top-N returned (0: the chosen token's).
+    """
+
+    top_k: int = 0
+    top_p: bool = False
+    min_p: bool = False
+    typical_p: bool = False
+    logprobs: int | None = None
+    top_p_rounds: int = 1
+    typical_rounds: int = 1
+    typical_first_k: int = TOP_P_FIRST_K
+
+
+class KVPricing(BaseModel):
+    """Replication priced in KV-cache tokens (``--kv-bytes-per-token B --layers L``).
+
+    Args:
+        kv_bytes_per_token_per_layer: B; kv_layers: L; kv_bytes_per_token: ``B x L`` (a token's KV over the model).
+        kv_tokens_replicated_extra_per_card: what replicating the matrices adds on one card, in KV tokens.
+        kv_tokens_shard_per_rank: this plan's matrices per rank, in KV tokens.
+    """
+
+    kv_bytes_per_token_per_layer: int
+    kv_layers: int
+    kv_bytes_per_token: int
+    kv_tokens_replicated_extra_per_card: int
+    kv_tokens_shard_per_rank: int
+
+
 class Plan(BaseModel):
     """The vocabulary dimension over ``tp_size`` ranks at a ``batch`` of logits rows: totals, ledger, ranks.
 
@@ -171,6 +243,10 @@ class Plan(BaseModel):
     matrices: Matrices
     ranks: list[RankPlan]
     adapters: list[str] = Field(default_factory=list, description="the LoRA adapters counted (--lora)")
+    decode_step: StepCollectives | None = Field(default=None, description="sampling.decode's collectives (tp > 1)")
+    forward: StepCollectives | None = Field(default=None, description="LMHead.forward's collectives (tp > 1)")
+    embedding: StepCollectives | None = Field(default=None, description="the embedding lookup's (tp > 1)")
+    kv: KVPricing | None = Field(default=None, description="replication in KV tokens (--kv-bytes-per-token)")
 
 
 def _positive_int(value: object, name: str, upper: int | None = None, what: str = "") -> None:
@@ -202,9 +278,15 @@ def check_inputs(vocab: int, hidden: int, tp: int, batch: int, layout: str, pad_
 
 def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout = "uneven", pad_to: int = 64, *,
               tokens: int = DEFAULT_TOKENS, link_gbs: float = DEFAULT_LINK_GBS, tflops: float = DEFAULT_TFLOPS,
-              tied: bool = False, adapters: Sequence[Any] = ()) -> Plan:
+              tied: bool = False, adapters: Sequence[Any] = (), sampler: Sampler | None = None,
+              logits_per_seq: int = 1, gather_output: bool | str = True, gather_chunk_rows: int | None = None,
+              logits_bytes: int = BF16, adp_rows: Sequence[int] | None = None, embedding_dtype: str = "bf16",
+              per_row_scales: bool = False, kv_bytes_per_token: int | None = None, layers: int = 1) -> Plan:
     """The ledger of a ``[vocab, hidden]`` embedding + head over ``tp`` ranks (see the module docstring).
-    ``adapters``: opened LoRA adapters (:func:`trtvocab.weights.lora.open_adapter`), counted per rank."""
+    ``adapters``: opened LoRA adapters (:func:`trtvocab.weights.lora.open_adapter`), counted per rank.
+    At tp > 1 it also prices every collective (:func:`decode_collectives` for ``batch * logits_per_seq`` rows and
+    ``sampler``, :func:`forward_collectives` in the gather mode, :func:`embedding_collectives` at ``tokens``);
+    ``kv_bytes_per_token``: replication in KV tokens (:func:`kv_pricing`)."""
     check_inputs(vocab, hidden, tp, batch, layout, pad_to, tokens, link_gbs, tflops)
     link = link_gbs * 1e9  # bytes per second
     gemm = tflops * 1e12  # FLOP per second
@@ -238,7 +320,7 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
     pairs = batch * tp * 2 if tp > 1 else 0
     flops = 2 * batch * vocab * hidden
     flops_rank = max(r.head_flops for r in ranks)
-    return Plan(
+    plan = Plan(
         vocab_size=vocab, hidden_size=hidden, tp_size=tp, batch=batch, layout=layout,
         tokens=tokens, link_gbs=link_gbs, tflops=tflops,
         full_weight_bytes=weight_bytes(vocab, hidden),
@@ -247,7 +329,8 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
                                                time_s=ring / link),
         logits_gather=LogitsGather(recv_bytes_per_rank=gather, time_s=gather / link,
                                    wire_recv_bytes_per_rank=max(r.allgather_recv_bytes["bf16"] for r in ranks)),
-        greedy=GreedyReduction(values=pairs, bytes=pairs * FP32, time_s=pairs * FP32 / link),
+        greedy=GreedyReduction(values=pairs, bytes=pairs * WORD, time_s=pairs * WORD / link,
+                               float32_bytes=pairs * FP32),
         head=HeadCompute(flops=flops, time_s=flops / gemm, flops_per_rank=flops_rank,
                          time_per_rank_s=flops_rank / gemm),
         matrices=Matrices(tied=tied, count=count, bytes_per_rank=max(r.matrices_bytes for r in ranks),
@@ -256,6 +339,19 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
                           replicated_extra_bytes_total=sum(r.replicated_extra_bytes for r in ranks)),
         ranks=ranks, adapters=[a.name for a in adapters],
     )
+    _positive_int(logits_per_seq, "--logits-per-seq")
+    if gather_chunk_rows is not None:
+        _positive_int(gather_chunk_rows, "--gather-chunk-rows")
+    if tp > 1:
+        rows = batch * logits_per_seq
+        plan.decode_step = decode_collectives(vocab, tp, rows, sampler)
+        plan.forward = forward_collectives(vocab, hidden, tp, rows, layout, pad_to, gather_output=gather_output,
+                                           gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes,
+                                           hidden_bytes=logits_bytes, adp_rows=adp_rows)
+        plan.embedding = embedding_collectives(tokens, hidden, tp, embedding_dtype, per_row_scales=per_row_scales)
+    if kv_bytes_per_token is not None:
+        plan.kv = kv_pricing(plan, kv_bytes_per_token, layers)
+    return plan
 
 
 # ---- display --------------------------------------------------------------------------------
@@ -272,8 +368,8 @@ def ledger_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("logits all-gather received per rank (bf16, real widths)", decimal_bytes(g.recv_bytes_per_rank),
          f"{human_seconds(g.time_s)} {at_link}"),
         ("  on the wire (pieces padded to the largest shard)", decimal_bytes(g.wire_recv_bytes_per_rank), ""),
-        (f"greedy pair reduction, B x n x 2 float32 ({gr.values:,} values)", human_bytes(gr.bytes),
-         f"{human_seconds(gr.time_s)} {at_link}"),
+        (f"greedy pair reduction, B x n x 2 int64 ({gr.values:,} values; as float32 pairs: "
+         f"{human_bytes(gr.float32_bytes)})", human_bytes(gr.bytes), f"{human_seconds(gr.time_s)} {at_link}"),
         ("head GEMM 2 B V H", human_flops(h.flops), f"{human_seconds(h.time_s)} {at_gemm}"),
         ("  per rank (largest shard)", human_flops(h.flops_per_rank), f"{human_seconds(h.time_per_rank_s)} {at_gemm}"),
         ("gathered logits [B, V] bf16 / fp32",
@@ -284,3 +380,151 @@ def ledger_rows(p: Plan) -> list[tuple[str, str, str]]:
          ""),
     ] + ([(f"LoRA adapters per rank ({len(p.adapters)}: {', '.join(p.adapters)})",
            human_bytes(max(r.adapter_bytes for r in p.ranks)), "")] if p.adapters else [])
+
+
+# ---- every collective trtvocab issues, priced ------------------------------------------------------
+# A handshake is one all_gather of [failed, *fields] int64 per rank; a steady call's verdict instead rides on
+# its first data collective as a 3-word header, that payload padded to whole 8-byte words
+# (trtvocab.parallel.distributed.Agreement). Counts come from the handshakes' declared fields, so a field added
+# there is priced here.
+HEADER_BYTES = D.AGREEMENT_HEADER_BYTES
+EMBEDDING_TABLE_BYTES = {"bf16": 2, "fp32": 4, "fp8": 1}
+
+
+def handshake_bytes(handshake: D.Handshake) -> int:
+    """One rank's piece of a :class:`~trtvocab.parallel.distributed.Handshake`'s all_gather."""
+    return (1 + len(handshake.fields)) * WORD
+
+
+def collective(what: str, kind: str, nbytes: int, tp: int, *, header: bool = False) -> Collective:
+    """A :class:`Collective` of ``nbytes`` per rank (``header``: the agreement header rides on it)."""
+    if header:
+        nbytes = HEADER_BYTES + WORD * -(-nbytes // WORD)
+    wire = {"all_gather": (tp - 1) * nbytes, "gather": (tp - 1) * nbytes,
+            "all_reduce": 2 * (tp - 1) * nbytes // tp, "all_to_all": (tp - 1) * nbytes // tp}[kind]
+    return Collective(what=what, kind=kind, bytes=nbytes, header=header, wire_recv_bytes=wire)
+
+
+def _step(first: list[Collective], steady: list[Collective]) -> StepCollectives:
+    return StepCollectives(first=first, steady=steady, first_bytes=sum(c.bytes for c in first),
+                           steady_bytes=sum(c.bytes for c in steady))
+
+
+def _with_header(data: list[tuple[str, str, int]], tp: int, handshake: int, what: str) -> StepCollectives:
+    """A call under an Agreement: first the handshake then the data; steady the data, the header on its first."""
+    first = [collective(f"{what} handshake", "all_gather", handshake, tp)]
+    first += [collective(w, k, n, tp) for w, k, n in data]
+    steady = [collective(w, k, n, tp, header=i == 0) for i, (w, k, n) in enumerate(data)]
+    return _step(first, steady)
+
+
+def decode_collectives(vocab: int, tp: int, rows: int, sampler: Sampler | None = None) -> StepCollectives:
+    """``sampling.decode``'s collectives for ``rows`` rows (sampled rows for the filters; greedy rows race alone).
+
+    In the order the draw issues them: top-k's merge of ``[B, k]`` (value bits, id) int64 pairs; top-p's vocab
+    tree (``[B, 2 node_width(V)]`` float32 ``(max, sum exp)`` pairs) and its candidate rounds (``[B, k]`` pairs, k
+    from 64 doubling); min-p's global max ``[B]`` float32; typical-p's tree, its entropy ``[B]`` int64 and its
+    rounds (pairs, then the picked logits ``[B, k]`` float32); the race's ``[B, 2]`` int64 (score bits, id); the
+    returned logprobs' tree with the picks ``[B, 2w + 1]`` float32, the rank count ``[B]`` int64 and the top-N
+    pairs ``[B, N]``.
+    """
+    s = sampler or Sampler()
+    tree = 2 * node_width(vocab)
+    data: list[tuple[str, str, int]] = []
+    if s.top_k:
+        k = min(s.top_k, vocab)
+        data.append((f"top-k merge [B, {k}] int64 pairs", "all_gather", rows * k * 2 * WORD))
+    if s.top_p:
+        data.append((f"top-p logsumexp tree [B, {tree}] float32", "all_gather", rows * tree * 4))
+        k = min(TOP_P_FIRST_K, vocab)
+        for _ in range(s.top_p_rounds):
+            data.append((f"top-p candidates [B, {k}] int64 pairs", "all_gather", rows * k * 2 * WORD))
+            k = min(2 * k, vocab)
+    if s.min_p:
+        data.append(("min-p global max [B] float32", "all_gather", rows * 4))
+    if s.typical_p:
+        data.append((f"typical-p logsumexp tree [B, {tree}] float32", "all_gather", rows * tree * 4))
+        data.append(("typical-p entropy [B] int64 fixed point", "all_gather", rows * WORD))
+        k = min(s.typical_first_k, vocab)
+        for _ in range(s.typical_rounds):
+            data.append((f"typical-p candidates [B, {k}] int64 pairs", "all_gather", rows * k * 2 * WORD))
+            data.append((f"typical-p picked logits [B, {k}] float32", "all_gather", rows * k * 4))
+            k = min(2 * k, vocab)
+    data.append(("race / greedy [B, 2] int64 (score bits, id)", "all_gather", rows * 2 * WORD))
+    if s.logprobs is not None:
+        data.append((f"logprobs tree + picks [B, {tree + 1}] float32", "all_gather", rows * (tree + 1) * 4))
+        data.append(("logprobs rank count [B] int64", "all_gather", rows * WORD))
+        if s.logprobs:
+            data.append((f"logprobs top-{s.logprobs} [B, {s.logprobs}] int64 pairs", "all_gather",
+                         rows * s.logprobs * 2 * WORD))
+    return _with_header(data, tp, handshake_bytes(SAMPLING_HANDSHAKE), "sampling")
+
+
+def forward_collectives(vocab: int, hidden: int, tp: int, rows: int, layout: VocabLayout = "uneven", pad_to: int = 64,
+                        *, gather_output: bool | str = True, gather_chunk_rows: int | None = None,
+                        logits_bytes: int = BF16, hidden_bytes: int = BF16,
+                        adp_rows: Sequence[int] | None = None) -> StepCollectives:
+    """``LMHead.forward``'s collectives (a split head): the handshake (every call unless the verdict rides on an
+    all-gather), then the logits pieces ``[R, w]`` (``w`` the widest shard's owned columns, R rows a collective),
+    all-gathered or gathered to rank 0. ``adp_rows``: attention DP (every rank's row count): the hidden rows
+    ``[max rows, H]`` all-gathered, then ``[tp, R, w]`` blocks through an all-to-all per chunk of R rows."""
+    if not any(gather_output is m or (isinstance(m, str) and gather_output == m) for m in GATHER_MODES):
+        raise ConfigError(f"--gather-output must be one of true, false, rank0; got {gather_output!r}")
+    width = max(sh.size for sh in all_shards(vocab, tp, layout, pad_to))
+    hs = collective("LMHead handshake", "all_gather", handshake_bytes(FORWARD_HANDSHAKE), tp)
+    if adp_rows is not None:
+        height = max(adp_rows)
+        step = height if gather_chunk_rows is None else max(1, min(gather_chunk_rows, height))
+        calls = [hs, collective(f"attention DP hidden rows [{height}, H]", "all_gather", height * hidden * hidden_bytes,
+                                tp)]
+        calls += [collective(f"attention DP logits blocks [tp, {step}, {width}]", "all_to_all",
+                             tp * step * width * logits_bytes, tp) for _ in range(-(-max(height, 1) // step))]
+        return _step(calls, calls)
+    if gather_output is False:
+        return _step([hs], [hs])
+    step = rows if gather_chunk_rows is None else max(1, min(gather_chunk_rows, rows))
+    chunks = [min(step, rows - lo) for lo in range(0, rows, step)]
+    if gather_output == "rank0":
+        calls = [hs] + [collective(f"logits to rank 0 [{r}, {width}]", "gather", r * width * logits_bytes, tp)
+                        for r in chunks]
+        return _step(calls, calls)
+    return _with_header([(f"logits all-gather [{r}, {width}]", "all_gather", r * width * logits_bytes)
+                         for r in chunks], tp, handshake_bytes(FORWARD_HANDSHAKE), "LMHead")
+
+
+def embedding_collectives(tokens: int, hidden: int, tp: int, table: str = "bf16", *,
+                          per_row_scales: bool = False) -> StepCollectives:
+    """The embedding lookup's collectives (a split table), every call: the handshake, then the looked-up rows
+    ``[T, H]`` summed as integers of their own bytes (FP8: one byte an element) and, for an FP8 table with
+    per-row scales, the ``[T, 1]`` float32 scales beside them. Once per forward, not per layer."""
+    if table not in EMBEDDING_TABLE_BYTES:
+        raise ConfigError(f"--embedding-dtype must be one of {', '.join(EMBEDDING_TABLE_BYTES)}, got {table!r}")
+    calls = [collective("embedding handshake", "all_gather", handshake_bytes(LOOKUP_HANDSHAKE), tp),
+             collective(f"embedding rows [T, H] {table} as integers", "all_reduce",
+                        tokens * hidden * EMBEDDING_TABLE_BYTES[table], tp)]
+    if table == "fp8" and per_row_scales:
+        calls.append(collective("FP8 per-row scales [T, 1] float32", "all_reduce", tokens * 4, tp))
+    return _step(calls, calls)
+
+
+def kv_pricing(p: Plan, kv_bytes_per_token: int, layers: int = 1) -> KVPricing:
+    """Replication and the shards in KV-cache tokens: bytes over ``kv_bytes_per_token x layers``."""
+    _positive_int(kv_bytes_per_token, "--kv-bytes-per-token")
+    _positive_int(layers, "--layers")
+    per_token = kv_bytes_per_token * layers
+    m = p.matrices
+    return KVPricing(kv_bytes_per_token_per_layer=kv_bytes_per_token, kv_layers=layers, kv_bytes_per_token=per_token,
+                     kv_tokens_replicated_extra_per_card=m.replicated_extra_bytes_per_card // per_token,
+                     kv_tokens_shard_per_rank=m.bytes_per_rank // per_token)
+
+
+def collective_rows(p: Plan) -> list[tuple[str, str, str]]:
+    """``(collective, bytes per rank first / steady, kind)`` rows of every priced call of the plan."""
+    out = []
+    for name, step in (("decode step", p.decode_step), ("LMHead.forward", p.forward), ("embedding", p.embedding)):
+        if step is None:
+            continue
+        out.append((f"{name}: first call / steady", f"{step.first_bytes:,} B / {step.steady_bytes:,} B", ""))
+        for c in step.steady:
+            out.append((f"  {c.what}{' + header' if c.header else ''}", f"{c.bytes:,} B", c.kind))
+    return out
