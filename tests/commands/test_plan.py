@@ -261,3 +261,43 @@ def test_ledger_refuses_bad_input(args: list[str], option: str, allowed: str) ->
 
 def test_ledger_refuses_missing_shape() -> None:
     _assert_refused(CliRunner().invoke(app, ["plan", "--tp", "2"]), "--vocab")
+
+
+# ---- every collective, KV tokens, and the article's six figures (docs/architecture.md) ------------------
+def test_kv_tokens_price_replication() -> None:
+    d = _json([*DEEPSEEK, "--untied", "--kv-bytes-per-token", "890"])
+    kv = d["kv"]
+    assert kv["kv_bytes_per_token"] == 890 and kv["kv_layers"] == 1
+    assert kv["kv_tokens_replicated_extra_per_card"] == 2_316_697_600 // 890 == 2_603_031  # 2.6 M, not 24 k
+    per_layer = _json([*DEEPSEEK, "--untied", "--kv-bytes-per-token", "890", "--layers", "61"])["kv"]
+    assert per_layer["kv_bytes_per_token"] == 890 * 61 and per_layer["kv_tokens_replicated_extra_per_card"] == 42_672
+    assert _json(DEEPSEEK)["kv"] is None
+
+
+def test_the_articles_six_figures() -> None:
+    d = _json([*DEEPSEEK, "--untied", "--top-p", "--typical-p"])
+    assert round(d["matrices"]["replicated_extra_bytes_total"] / GIB, 1) == 17.3  # 1: not 8.6
+    emb = d["embedding"]["steady"]  # 2: one all-reduce of the rows per forward
+    assert [c["kind"] for c in emb] == ["all_gather", "all_reduce"] and emb[1]["bytes"] == 8192 * 5120 * 2
+    assert round(d["full_weight_bytes"]["nvfp4"] / GIB, 2) == 0.35  # 4: the block scales included
+    padded = _json(["--vocab", "129280", "--hidden", "5120", "--tp", "3", "--layout", "padded"])  # 5
+    assert 129280 % 64 == 0 and 129280 % 3 != 0
+    assert {r["width"] for r in padded["ranks"]} == {43_136}
+    step = d["decode_step"]  # 6: top-p and typical-p without a gather
+    assert step["steady_bytes"] == 743_448 < d["gathered_logits_bytes"]["bf16"] // 8
+
+
+def test_forward_modes_are_priced_and_bad_values_refused() -> None:
+    base = ["--vocab", "1001", "--hidden", "16", "--tp", "3", "--batch", "7", "--head-dtype", "fp32"]
+    whole = _json(base)["forward"]
+    chunked = _json([*base, "--gather-chunk-rows", "3"])["forward"]
+    rank0 = _json([*base, "--gather-output", "rank0"])["forward"]
+    assert [c["bytes"] for c in whole["first"]] == [15 * 8, 7 * 334 * 4]
+    assert [c["bytes"] for c in chunked["first"][1:]] == [3 * 334 * 4, 3 * 334 * 4, 1 * 334 * 4]
+    assert [c["kind"] for c in rank0["steady"]] == ["all_gather", "gather"]
+    adp = _json([*base, "--attention-dp-rows", "3,0,5"])["forward"]
+    assert [c["kind"] for c in adp["steady"]] == ["all_gather", "all_gather", "all_to_all"]
+    for bad in (["--gather-output", "rank1"], ["--attention-dp-rows", "1,2"], ["--head-dtype", "fp16"],
+                ["--embedding-dtype", "int4"]):
+        res = CliRunner().invoke(app, ["plan", *base, *bad])
+        assert res.exit_code == 2 and "ConfigError" in res.output, (bad, res.output)
