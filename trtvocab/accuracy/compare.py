@@ -297,6 +297,15 @@ def _rank_compare(rank: int, world: int, sources: list[Variant], hidden: torch.T
             head = _apply_adapter(build_head(source, mapping, dtype), source)
             out = proc(hidden.to(dtype), head, seq_lens, return_context_logits=all_tokens,
                        adapter_ids=_adapter_ids(source, hidden, seq_lens))
+            # Finite hidden states and weights can still overflow float32 in the product (an adapter's delta,
+            # rows of 1e37): one check after it, so that no metric is computed from NaN or +inf (-inf is an
+            # added token a row's adapter does not have).
+            bad = (torch.isnan(out) | (out == float("inf"))).nonzero()
+            if bad.numel():
+                row, col = (int(v) for v in bad[0])
+                raise InputError(f"{source.name}: logit {float(out[row, col])} at row {row}, token {col} (the hidden "
+                                 f"states, max |x| = {float(hidden.float().abs().max()):.3g}, overflow float32 "
+                                 "in this head); nothing is scored")
             sizes.append(head.resident_bytes())
             labels.append(head.label)
             added = int(head.added_vocab)

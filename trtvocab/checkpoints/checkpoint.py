@@ -352,6 +352,10 @@ class Checkpoint:
         value = self.config_value(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+    def config_source(self, key: str) -> str:
+        """Where ``config_value(key)`` came from, for messages: ``config.json KEY`` (the folder's)."""
+        return f"config.json {key}"
+
     # ---- data --------------------------------------------------------------------------------
     def get_slice(self, name: str) -> LazyRows:
         """A lazy slice: ``get_slice(n)[a:b]`` reads only rows a..b. Refuses at once (one ``stat``,

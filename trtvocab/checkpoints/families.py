@@ -31,7 +31,25 @@ BIAS_NAMES = ("lm_head.bias", "cls.predictions.bias", "cls.predictions.decoder.b
 # Tensors of an output layer trtvocab does not model: refused when present (BART-style seq2seq heads).
 UNMODELED_TENSORS = {"final_logits_bias": "a final_logits_bias buffer added to the logits (a seq2seq head)",
                      "lm_head.logit_scale": "a learned per-token logit scale"}
-_NEUTRAL = (None, False, 1, 1.0)
+# Boolean switches among TRANSFORM_FIELDS: off (false) is neutral, on (true) is not.
+SWITCH_FIELDS = ("scale_embedding",)
+# Soft-cap fields: only absent (None) is neutral (a cap of 1 squashes every logit into (-1, 1)).
+SOFTCAP_FIELDS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap", "logit_softcapping",
+                  "final_logit_softcap", "attn_logit_softcapping")
+
+
+def is_neutral(name: str, value: Any) -> bool:
+    """Whether ``value`` of field ``name`` leaves the logits and the rows as they are, for a model type not
+    listed: absent (None); a switch that is ``false``; a factor that is a number (not a bool) equal to 1.
+    ``0``, ``-0.0``, ``false`` and ``true`` are values, not "absent" (``0 == False`` and ``True == 1`` in
+    Python)."""
+    if value is None:
+        return True
+    if name in SWITCH_FIELDS:
+        return value is False
+    if name in SOFTCAP_FIELDS or isinstance(value, bool):
+        return False
+    return isinstance(value, int | float) and value == 1
 
 
 @dataclass(frozen=True)
@@ -168,7 +186,7 @@ def family_of(ckpt: Any, *, head_tensor: str | None = None, hidden_size: int | N
     if rule is None:
         scanned = GGUF_TRANSFORM_KEYS if gguf_file else TRANSFORM_FIELDS
         for name in scanned:
-            if fields.get(name) not in _NEUTRAL:
+            if not is_neutral(name, fields.get(name)):
                 raise ArchitectureError(
                     f"{where}: model type {arch or '(none)'!r} sets {prefix}{name} = {fields[name]!r:.80}, and "
                     "trtvocab does not know what this architecture does with it (it changes the logits or the "
@@ -189,7 +207,8 @@ def family_of(ckpt: Any, *, head_tensor: str | None = None, hidden_size: int | N
     source: list[str] = []
 
     def value(name: str | None) -> float | None:
-        if name is None or fields.get(name) in (None, False):
+        # Absent only when None: 0, -0.0, false and true go through the number check (and are refused).
+        if name is None or fields.get(name) is None:
             return None
         got = _number(fields[name], f"{where} {prefix}{name}", arch)
         source.append(f"{prefix}{name} = {got:g}")
@@ -204,7 +223,11 @@ def family_of(ckpt: Any, *, head_tensor: str | None = None, hidden_size: int | N
     head = HeadOps(bias=bias is not None, scale=scale, divisor=divisor, softcap=softcap)
     hidden = hidden_size if hidden_size is not None else fields.get("hidden_size", fields.get("d_model"))
     embedding = EmbeddingOps()
-    if rule.embed_sqrt_hidden or (rule.embed_sqrt_if and fields.get(rule.embed_sqrt_if) is True):
+    switch = fields.get(rule.embed_sqrt_if) if rule.embed_sqrt_if else None
+    if switch is not None and not isinstance(switch, bool):
+        raise ArchitectureError(f"{where} {prefix}{rule.embed_sqrt_if}: {arch}: expected true or false, "
+                                f"got {switch!r:.80}")
+    if rule.embed_sqrt_hidden or switch is True:
         if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
             raise ArchitectureError(f"{where}: model type {arch!r} scales its embedding by sqrt(hidden size), "
                                     "but the hidden size is unknown")

@@ -525,6 +525,17 @@ class GGUFCheckpoint:
         value = self.config_value(key)
         return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
+    def config_source(self, key: str) -> str:
+        """Where ``config[key]`` came from, for messages: the file and the metadata key (a GGUF file has no
+        config.json)."""
+        arch = self.config.get("model_type", "")
+        if key == "vocab_size" and "tokenizer.ggml.tokens" in self.array_lengths:
+            return f"{self.path}: its token list (tokenizer.ggml.tokens) length"
+        meta = {"vocab_size": f"{arch}.vocab_size", "hidden_size": f"{arch}.embedding_length"}.get(key)
+        if meta is not None and meta in self.metadata:
+            return f"{self.path}: metadata {meta}"
+        return f"{self.path}: the embedding's shape" if meta is not None else f"{self.path}: {key}"
+
     @property
     def tie_word_embeddings(self) -> bool:
         return bool(self.config["tie_word_embeddings"])

@@ -178,10 +178,12 @@ def gguf_tokenizer(path: str | Path, transformers: Any = None) -> Any:
     entry = cache_dir() / "tokenizers" / sha256_file(path, what="GGUF model", error=CheckpointError)
     if (entry / "tokenizer_config.json").is_file():
         try:
-            return transformers.AutoTokenizer.from_pretrained(str(entry), local_files_only=True)
+            return transformers.AutoTokenizer.from_pretrained(str(entry), local_files_only=True,
+                                                              trust_remote_code=False)
         except Exception:  # a damaged entry: convert again (the new entry replaces it below)
             pass
-    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
+                                                     trust_remote_code=False)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{entry.name[:16]}.", dir=entry.parent))
@@ -202,7 +204,7 @@ def _load(transformers: Any, path: Path, where: str, kwargs: dict[str, Any], pre
     try:
         with quiet_load():
             tok = gguf_tokenizer(path, transformers) if is_gguf(path) else \
-                transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
+                transformers.AutoTokenizer.from_pretrained(where, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad folder
         raise CheckpointError(f"{prefix}: cannot load its tokenizer ({type(exc).__name__}: {first_line(exc)})") \
             from None
@@ -212,7 +214,8 @@ def _load(transformers: Any, path: Path, where: str, kwargs: dict[str, Any], pre
     try:
         cls = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
         with quiet_load():
-            model = cls.from_pretrained(where, local_files_only=True, **kwargs, **extra).eval()
+            model = cls.from_pretrained(where, local_files_only=True, trust_remote_code=False, **kwargs,
+                                        **extra).eval()
     except Exception as exc:
         what = "GGUF file" if is_gguf(path) else "safetensors weights"
         raise CheckpointError(f"{prefix}: cannot load the model{' as a causal LM' if causal else ''} from its "

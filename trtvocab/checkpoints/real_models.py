@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from trtvocab.base.safe_read import sha256_file
 from trtvocab.errors import InputError
 
 
@@ -50,17 +51,22 @@ def assembled_dir() -> Path:
 
 def assemble(name: str) -> Path:
     """Write the file of the chunked model ``name`` once (its package joins the chunks and checks the
-    sha256), atomically: a temp file beside it, renamed into place. Returns its path."""
+    sha256), atomically: a temp file beside it, renamed into place. Returns its path. An existing file is
+    returned only when its sha256 is the package's ``EXPECTED_SHA256``; a truncated or rewritten one is
+    assembled again."""
     model = {m.name: m for m in MODELS}.get(name)
     if model is None or not model.assembled:
         raise InputError(f"--assemble: {name!r} is not a chunked model; choose one of "
                          f"{', '.join(m.name for m in MODELS if m.assembled)}")
     target = assembled_dir() / model.file
-    if target.is_file():
-        return target
     if importlib.util.find_spec(model.package) is None:
+        if target.is_file():  # nothing to check it against (or to rebuild it from): generate checks its header
+            return target
         raise InputError(f"{name}: not installed ({model.install})")
     package = importlib.import_module(model.package)
+    expected = getattr(package, "EXPECTED_SHA256", None)
+    if target.is_file() and (expected is None or sha256_file(target, what=name, error=InputError) == expected):
+        return target  # an earlier assembly, whole (a truncated or rewritten file is assembled again below)
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:

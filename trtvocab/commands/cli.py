@@ -793,6 +793,17 @@ def compare(
 
 
 # ---- generate -------------------------------------------------------------------------------
+def _distinct_lora_for(items: list[str]) -> None:
+    """Refuse two ``--lora-for`` entries for one prompt index (the last one would win without a word)."""
+    seen: dict[str, str] = {}
+    for item in items:
+        index = str(item).partition("=")[0].strip()
+        index = str(int(index)) if index.lstrip("+-").isdigit() else index
+        if index in seen:
+            raise ConfigError(f"--lora-for: prompt index {index} is given twice ({seen[index]!r} and {item!r}); "
+                              "one adapter per prompt")
+        seen[index] = str(item)
+
 
 @app.command(cls=_Command)
 @cli_errors
@@ -873,6 +884,7 @@ def generate(
     from trtvocab.pipeline.generate import prepare, sampling_params
 
     imported = time.perf_counter()
+    _distinct_lora_for(lora_for or [])
     params = sampling_params(temperature, top_k, top_p, min_p, seed, logit_bias=logit_bias or [],
                              repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, min_tokens=min_tokens,

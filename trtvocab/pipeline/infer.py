@@ -24,7 +24,7 @@ from trtvocab.backends.base import RankLogits
 from trtvocab.base.dtypes import head_dtype
 from trtvocab.base.formats import Runtime
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
-from trtvocab.errors import ArtifactError
+from trtvocab.errors import ArtifactError, InputError
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.launch import run_ranks
 
@@ -45,7 +45,16 @@ class InferResult(NamedTuple):
 def _rank_logits(root: Path, manifest: Manifest, rank: int, backend: str, hidden: torch.Tensor,
                  seq_lens: torch.Tensor | None) -> RankLogits:
     hidden = hidden.to(head_dtype(manifest.head.dtype))
-    return open_backend(backend, root, manifest, rank).rank_logits(hidden, seq_lens)
+    local = open_backend(backend, root, manifest, rank).rank_logits(hidden, seq_lens)
+    # Finite hidden states times finite weights can still overflow float32 (rows of 1e37): one check
+    # after the product, so that no logit printed or saved is inf or NaN (docs/threat_model.md).
+    bad = (~torch.isfinite(local.logits)).nonzero()
+    if bad.numel():
+        row, col = (int(v) for v in bad[0])
+        raise InputError(f"infer: rank {rank}'s logits hold {float(local.logits[row, col])} at output row {row}, "
+                         f"column {manifest.ranks[rank].start + col} (token id): the hidden states (max |x| = "
+                         f"{float(hidden.float().abs().max()):.3g}) overflow float32 in x @ W.T")
+    return local
 
 
 def _infer_rank(rank: int, world: int, root: str, backend: str, hidden: torch.Tensor,

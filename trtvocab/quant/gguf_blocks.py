@@ -11,13 +11,13 @@ sum: no FMA), the lanes reduced as ``((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))``, then
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trtvocab.base.formats import Activation, WeightFormat
-from trtvocab.errors import CheckpointError
+from trtvocab.errors import CheckpointError, ConfigError
 
 LANES = 8
 # GGML type name -> (values per block, bytes per block)
@@ -25,6 +25,10 @@ BLOCKS: dict[str, tuple[int, int]] = {"Q8_0": (32, 34), "Q6_K": (256, 210), "Q4_
                                       "Q5_0": (32, 22), "Q4_K": (256, 144)}
 FORMATS = {"Q8_0": WeightFormat.GGUF_Q8_0, "Q6_K": WeightFormat.GGUF_Q6_K, "Q4_0": WeightFormat.GGUF_Q4_0,
            "Q4_1": WeightFormat.GGUF_Q4_1, "Q5_0": WeightFormat.GGUF_Q5_0, "Q4_K": WeightFormat.GGUF_Q4_K}
+# Each block type's fp16 scales: (name, byte offset inside the block), as gguf.quants reads them.
+SCALES: dict[str, tuple[tuple[str, int], ...]] = {
+    "Q8_0": (("d", 0),), "Q4_0": (("d", 0),), "Q5_0": (("d", 0),), "Q4_1": (("d", 0), ("m", 2)),
+    "Q6_K": (("d", 208),), "Q4_K": (("d", 0), ("dmin", 2))}
 CHAIN_ELEMENTS = 1 << 20  # float32 products per torch chain chunk ([N, rows, H]): 4 MiB, reused chunk to chunk
 
 
@@ -38,6 +42,15 @@ class GGUFConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     block_type: Literal["Q8_0", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q4_K"]
+
+    def __init__(self, **data: Any) -> None:
+        # A public quant_config of LMHead: its errors are ConfigErrors naming the field, as Mapping's are.
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(map(str, e['loc'])) or 'GGUFConfig'}: {e['msg']} (got {e.get('input')!r:.60})"
+                     for e in exc.errors()]
+            raise ConfigError(f"GGUFConfig: {'; '.join(lines)}") from None
     activation: Activation = Activation.NONE  # activations stay float (llama.cpp quantizes them to Q8)
 
     @property
@@ -61,6 +74,25 @@ class GGUFConfig(BaseModel):
         if hidden % self.block:
             raise CheckpointError(f"GGUF {self.block_type}: H = {hidden} is not a multiple of {self.block}")
         return hidden // self.block * self.type_size
+
+
+def first_nonfinite_scale(raw: torch.Tensor, block_type: str) -> tuple[int, int, str, float] | None:
+    """``(row, block, scale name, value)`` of the first NaN / inf fp16 block scale of rows ``raw [R, row_bytes]``
+    (row-major; None: every scale finite). One fp16 per 32 or 256 values is read, never the codes: a NaN
+    or inf ``d`` / ``m`` / ``dmin`` would multiply into every logit of that token."""
+    size = BLOCKS[block_type][1]
+    if raw.numel() == 0:
+        return None
+    blocks = raw.reshape(raw.shape[0], -1, size)
+    first: tuple[int, int, str, float] | None = None
+    for name, at in SCALES[block_type]:
+        scale = blocks[..., at : at + 2].contiguous().view(torch.float16).reshape(blocks.shape[0], -1)
+        bad = (~torch.isfinite(scale)).nonzero()
+        if bad.numel():
+            row, block = (int(v) for v in bad[0])
+            if first is None or (row, block) < first[:2]:
+                first = (row, block, name, float(scale[row, block]))
+    return first
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:

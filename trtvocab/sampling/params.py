@@ -15,6 +15,13 @@ from trtvocab.sampling.noise import mix_int
 # T = 1e-5, |logit| > 3.4 at a subnormal T ~ 1e-38), where the race would pick among ``inf``
 # ties instead of the argmax. docs/architecture.md "Sampling edge values".
 GREEDY_BELOW = 1e-5
+# logit_bias values: OpenAI's API and vLLM's server bound them to [-100, 100]. A bias of 1e7 already absorbs
+# the logits' differences and the noise in float32 (an equal bias on two ids must leave their odds alone);
+# -inf stays allowed as an explicit ban (bad_words / allowed_token_ids are the other ways to ban).
+MAX_LOGIT_BIAS = 100.0
+# repetition_penalty bounds: logit / 1e-45 overflows float32 for every positive logit (the lowest such id
+# would win); a penalty past 100 is a ban by another name. Real values: 1.0 .. 2.0.
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")  # vLLM's names
 
 
@@ -35,11 +42,12 @@ class SamplingParams(BaseModel):
         min_p: in ``[0, 1]``; keep tokens with ``p >= min_p * p_max`` (0: off).
         seed: a non-negative int keys the row's noise by ``(seed, step, token id)``: the same
             tokens at every tp size; None draws a fresh seed per call (the same on every rank).
-        repetition_penalty: ``> 0``; ids in the prompt or the output: positive logits divided by it,
-            negative ones multiplied (1: off).
+        repetition_penalty: in ``[0.01, 100]`` (:data:`REPETITION_PENALTY_RANGE`); ids in the prompt or the
+            output: positive logits divided by it, negative ones multiplied (1: off).
         presence_penalty, frequency_penalty: in ``[-2, 2]``; subtracted once per id present in the
             output / once per occurrence (0: off).
-        logit_bias: ``{id: bias}`` added to those logits (ids checked against the vocab per call).
+        logit_bias: ``{id: bias}`` added to those logits (ids checked against the vocab per call); each bias
+            in ``[-100, 100]`` as OpenAI's API and vLLM's server bound it, or ``-inf``: a ban.
         allowed_token_ids: only these ids may be drawn (None: all).
         bad_words: token sequences; the last token of each is banned when the others end the output.
         min_tokens: the stop ids (and eos, unless ``ignore_eos``) are banned until this many tokens.
@@ -183,8 +191,10 @@ class SamplingParams(BaseModel):
     @field_validator("repetition_penalty")
     @classmethod
     def _repetition(cls, value: float) -> float:
-        if not 0 < value < float("inf"):
-            raise ValueError("must be > 0 and finite (1 = off)")
+        lo, hi = REPETITION_PENALTY_RANGE
+        if not lo <= value <= hi:
+            raise ValueError(f"must be in [{lo:g}, {hi:g}] (1 = off; outside it logit / penalty overflows or "
+                             "bans)")
         return value
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -222,8 +232,9 @@ class SamplingParams(BaseModel):
             raise ValueError("must be a dict {token id: bias}")
         for i, b in value.items():
             _token_id(i)
-            if isinstance(b, bool) or not isinstance(b, int | float) or not -float("inf") < b < float("inf"):
-                raise ValueError(f"bias of id {i} must be a finite real number, got {b!r}")
+            if isinstance(b, bool) or not isinstance(b, int | float) \
+                    or not (-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS or b == -float("inf")):
+                raise ValueError(f"bias of id {i} must be a number in [-100, 100] (or -inf: a ban), got {b!r:.40}")
         return {int(i): float(b) for i, b in value.items()}
 
     @field_validator("allowed_token_ids", "stop_token_ids", mode="before")

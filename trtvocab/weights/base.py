@@ -38,6 +38,13 @@ def source_shape(value: Any) -> tuple[int, ...]:
     raise CheckpointError(f"expected a torch.Tensor or a safetensors slice, got {type(value).__name__}")
 
 
+def source_label(value: Any, default: str) -> str:
+    """How a message names a tensor: ``FILE: NAME`` for a GGUF tensor's lazy rows, else ``default``."""
+    info = getattr(value, "info", None)
+    file, name = getattr(info, "file", None), getattr(info, "gguf_name", None)
+    return f"{file}: {name}" if file is not None and name is not None else default
+
+
 def read_rows(value: Any, name: str, shard: VocabShard, row_shape: tuple[int, ...]) -> torch.Tensor:
     """This shard's rows of ``value``, which holds either all vocab rows or only this shard's.
 
@@ -45,6 +52,8 @@ def read_rows(value: Any, name: str, shard: VocabShard, row_shape: tuple[int, ..
     expected shape of one row (``(H,)`` dense, ``(H // 2,)`` packed FP4, ...).
     """
     shape = source_shape(value)
+    if isinstance(value, torch.Tensor) and value.is_meta:
+        raise CheckpointError(f"{name}: a meta tensor (a shape without data) cannot be loaded; pass real values")
     if tuple(shape[1:]) != tuple(row_shape) or len(shape) != 1 + len(row_shape):
         raise CheckpointError(
             f"{name}: expected shape [rows, {', '.join(map(str, row_shape))}], got {list(shape)}"

@@ -13,7 +13,7 @@ from trtvocab.base.dtypes import DTYPES
 from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import CheckpointError
 from trtvocab.weights import deterministic as det
-from trtvocab.weights.base import WeightMethod, read_rows, row_blocks
+from trtvocab.weights.base import WeightMethod, read_rows, row_blocks, source_label
 
 # The float32 GEMM of DenseWeight.gemm multiplies this many weight elements per call (its row blocks)
 # and declares the same rows as its tiles, so a streamed caller keeps the bits.
@@ -80,10 +80,16 @@ class DenseWeight(WeightMethod):
                 "(quantized bytes are never read as dense values)"
             )
         if self.check_finite:
-            bad = first_nonfinite_row(rows)
+            # In the head's dtype: a finite float32 row can overflow a float16 head (65504) when cast.
+            cast = rows if rows.dtype == self.dtype else rows.to(self.dtype)
+            bad = first_nonfinite_row(cast)
             if bad is not None:
-                raise CheckpointError(f"weight: row {self.shard.start + bad} (token id; row {bad} of this rank's "
-                                      f"shard [{self.shard.start}, {self.shard.end})) contains NaN or inf")
+                how = "" if cast is rows or first_nonfinite_row(rows[bad : bad + 1]) is not None else \
+                    f" once cast from {rows.dtype} to the head's {self.dtype} (out of its range)"
+                raise CheckpointError(f"{source_label(tensors['weight'], 'weight')}: row {self.shard.start + bad} "
+                                      f"(token id; row {bad} of this rank's shard [{self.shard.start}, "
+                                      f"{self.shard.end})) contains NaN or inf{how}")
+            rows = cast
         with torch.no_grad():
             if self._can_adopt(tensors["weight"], rows):
                 # The lazy reader handed us a fresh, exactly shard-sized tensor: keep it as

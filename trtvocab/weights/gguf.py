@@ -19,7 +19,7 @@ from trtvocab.base.formats import WeightFormat
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import gguf_blocks as gb
-from trtvocab.weights.base import WeightMethod, read_rows, row_blocks
+from trtvocab.weights.base import WeightMethod, read_rows, row_blocks, source_label
 
 DEQUANT_ROWS_ELEMENTS = 1 << 20  # float32 values per dequantized chunk (dense_weight, the torch path)
 
@@ -44,9 +44,24 @@ class GGUFWeight(WeightMethod):
         if value is None:
             raise CheckpointError(f"GGUF {self.block_type} head: no 'weight' tensor; got {sorted(tensors)}")
         rows = self._stored_rows(value)
+        self._check_scales(rows, value)
         with torch.no_grad():
             self.blocks[: self.shard.size].copy_(rows)
             self.blocks[self.shard.size :].zero_()
+
+    def _check_scales(self, rows: torch.Tensor, value: Any) -> None:
+        """Refuse a NaN / inf fp16 block scale (``d``, ``m``, ``dmin``), naming the file, the tensor and the
+        token: the kernel and the torch chain would multiply it into every logit of that token (the dense
+        path's rule for NaN / inf weights; docs/threat_model.md, "Numbers")."""
+        bad = gb.first_nonfinite_scale(rows, self.block_type)
+        if bad is None:
+            return
+        row, block, name, scale = bad
+        where = source_label(value, "weight")
+        values = self.quant_config.block
+        raise CheckpointError(f"{where}: token {self.shard.start + row}, block {block} (values "
+                              f"[{block * values}, {(block + 1) * values})): the {self.block_type} fp16 block scale "
+                              f"{name} is {scale} (a GGUF head's block scales must be finite)")
 
     def _stored_rows(self, value: Any) -> torch.Tensor:
         info = getattr(value, "info", None)
@@ -60,7 +75,8 @@ class GGUFWeight(WeightMethod):
             return value.raw_rows(self.shard.start, self.shard.end)
         if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
             raise CheckpointError(f"GGUF {self.block_type} head: 'weight' must be a GGUF tensor or uint8 rows of "
-                                  f"blocks, got {type(value).__name__}")
+                                  f"blocks, got {type(value).__name__}"
+                                  + (f" of {value.dtype}" if isinstance(value, torch.Tensor) else ""))
         return read_rows(value, "weight", self.shard, (self.row_bytes,))
 
     # ---- multiply --------------------------------------------------------------------------------

@@ -33,6 +33,20 @@ from trtvocab.weights import FP8Weight, NVFP4Weight
 from trtvocab.weights.base import TENSOR_KEYS, source_shape
 from trtvocab.weights.quantized import QuantizedWeight
 
+# What a head's bias may be stored as: values, never integer codes (converted they would be silently wrong).
+BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _where(ckpt: Any) -> str:
+    """``"FILE: "`` of a single-file checkpoint (a .gguf), else ``""``: a prefix for messages."""
+    return f"{ckpt.path}: " if getattr(ckpt, "metadata", None) is not None else ""
+
+
+def _source(ckpt: Any, key: str) -> str:
+    """Where the checkpoint's ``key`` came from (the file and the field), for messages."""
+    source = getattr(ckpt, "config_source", None)
+    return source(key) if callable(source) else f"config.json {key}"
+
 
 def head_shape(ckpt: Checkpoint, decision: HeadQuantDecision) -> tuple[int, int]:
     """``(V, H)`` of the head, checked against config.json where it says."""
@@ -43,7 +57,8 @@ def head_shape(ckpt: Checkpoint, decision: HeadQuantDecision) -> tuple[int, int]
     hidden = cols * 2 if decision.stored is QuantAlgo.NVFP4 else cols
     cfg_vocab, cfg_hidden = ckpt.config_int("vocab_size"), ckpt.config_int("hidden_size")
     if cfg_vocab is not None and cfg_vocab != vocab:
-        raise CheckpointError(f"{decision.tensor_name}: has {vocab} rows but config.json vocab_size is {cfg_vocab}")
+        raise CheckpointError(f"{decision.tensor_name}: has {vocab} rows but {_source(ckpt, 'vocab_size')} is "
+                              f"{cfg_vocab}")
     # A head narrower or wider than the body (ELECTRA's embedding_size, RemBERT's output_embedding_size,
     # Reformer's two concatenated streams) is named by its own config field.
     widths = {ckpt.config_int(k) for k in ("embedding_size", "output_embedding_size", "input_embedding_size")}
@@ -51,7 +66,7 @@ def head_shape(ckpt: Checkpoint, decision: HeadQuantDecision) -> tuple[int, int]
         widths.add(2 * cfg_hidden)
     if cfg_hidden is not None and cfg_hidden != hidden and hidden not in widths:
         raise CheckpointError(
-            f"{decision.tensor_name}: holds hidden size {hidden} but config.json hidden_size is {cfg_hidden}"
+            f"{decision.tensor_name}: holds hidden size {hidden} but {_source(ckpt, 'hidden_size')} is {cfg_hidden}"
         )
     return vocab, hidden
 
@@ -179,6 +194,10 @@ def open_head(path: str | Path, *, mapping: Mapping | None = None, tensor_name: 
         bias_shape = list(ckpt.info(family.bias_tensor).shape)
         if bias_shape != [vocab]:
             raise CheckpointError(f"{family.bias_tensor}: the head's bias must be [{vocab}], got {bias_shape}")
+        bias_dtype = ckpt.info(family.bias_tensor).torch_dtype
+        if bias_dtype not in BIAS_DTYPES:  # an int32 output.bias (llama.cpp requires F32) is not converted silently
+            raise CheckpointError(f"{_where(ckpt)}{family.bias_tensor}: the head's bias is stored as {bias_dtype}; "
+                                  "expected float32, bfloat16 or float16 values")
         ckpt.get_slice(family.bias_tensor)
     # Validate the tensor's byte range against the file now (one stat, nothing read): a tiny
     # file whose header claims 32 GiB is refused before the head allocates its shard.

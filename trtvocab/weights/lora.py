@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from trtvocab.base.safe_read import load_json_file
+from trtvocab.base.safe_read import file_kind, load_json_file
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.checkpoints.names import EMBEDDING_NAMES
 from trtvocab.errors import AdapterError, CheckpointError
@@ -32,6 +32,11 @@ from trtvocab.parallel.sharding import VocabShard, vocab_shard
 from trtvocab.weights.base import read_rows
 
 CONFIG_FILE = "adapter_config.json"
+# The largest |lora_alpha / r| accepted: the bound of a family's logit factors (trtvocab.checkpoints.families
+# FACTOR_RANGE; real adapters: 0.5 .. 64).
+MAX_SCALING = 2.0**24
+# Factor dtypes read as values: what PEFT saves (float8 bytes would be codes without their scale).
+FACTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 WEIGHTS_FILE = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 HEAD_MODULE = "lm_head"
@@ -142,12 +147,24 @@ class AdapterFile:
         return r
 
     def scaling(self, module: str) -> float:
-        """PEFT's scaling: ``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` with ``use_rslora``."""
+        """PEFT's scaling: ``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` with ``use_rslora``; its magnitude
+        at most :data:`MAX_SCALING` (``2**24``, the family factors' bound: a scaling of ``1e307`` turns every
+        adapted logit into ``inf``)."""
         r = self.rank(module)
-        alpha = self._pattern("alpha_pattern", module, self.config.get("lora_alpha", 8))
+        missing = object()
+        alpha = self._pattern("alpha_pattern", module, missing)
+        field = "alpha_pattern" if alpha is not missing else "lora_alpha"
+        if alpha is missing:
+            alpha = self.config.get("lora_alpha", 8)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-            raise AdapterError(f"{self.folder / CONFIG_FILE}: lora_alpha for {module} must be a number, got {alpha!r}")
-        return float(alpha) / (math.sqrt(r) if self.config.get("use_rslora") else r)
+            raise AdapterError(f"{self.folder / CONFIG_FILE}: {field} for {module} must be a number, got {alpha!r:.80}")
+        scaling = float(alpha) / (math.sqrt(r) if self.config.get("use_rslora") else r)
+        if not abs(scaling) <= MAX_SCALING:
+            over = "sqrt(r)" if self.config.get("use_rslora") else "r"
+            raise AdapterError(f"{self.folder / CONFIG_FILE}: {field} for {module} is {alpha!r:.80}: the scaling "
+                               f"lora_alpha / {over} = {scaling:.3g} is outside [-2^24, 2^24] (it would overflow "
+                               "the adapted logits)")
+        return scaling
 
     def token_indices(self, module: str) -> list[int] | None:
         """``trainable_token_indices`` of ``module`` (a list means the input embedding, as in PEFT)."""
@@ -192,7 +209,12 @@ def open_adapter(path: str | Path, *, name: str | None = None,
         raise AdapterError(f"{cfg_path}: bias={config['bias']!r}: LoRA biases are not supported (bias='none' only)")
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
-        raise AdapterError(f"{folder}: no {WEIGHTS_FILE} (pickled adapter_model.bin files are never loaded)")
+        try:
+            mode = weights.stat().st_mode
+        except OSError:
+            raise AdapterError(f"{folder}: no {WEIGHTS_FILE} (pickled adapter_model.bin files are never loaded)") \
+                from None
+        raise AdapterError(f"{weights}: is {file_kind(mode)}, expected a regular file")
     try:
         ckpt = Checkpoint(weights)
     except CheckpointError as exc:
@@ -236,9 +258,24 @@ def _read(adapter: AdapterFile, tensor: str, shape: list[int] | None = None) -> 
 
 
 def _finite(adapter: AdapterFile, tensor: str, value: torch.Tensor) -> torch.Tensor:
-    if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-        raise AdapterError(f"{adapter.file}: tensor {tensor} holds NaN or inf")
+    """``value`` if it is a float tensor PEFT writes (:data:`FACTOR_DTYPES`) whose values are finite in
+    float32 (the dtype trtvocab computes LoRA in: a float64 ``1e300`` is ``inf`` there); else an
+    :class:`AdapterError` naming the file and the tensor (integer, bool and float8 tensors included: none is
+    converted silently)."""
+    if value.dtype not in FACTOR_DTYPES:
+        raise AdapterError(f"{adapter.file}: tensor {tensor} is stored as {value.dtype}; adapter tensors must be "
+                           "float32, bfloat16, float16 or float64 (integer, bool and float8 tensors are not converted)")
+    if not bool(torch.isfinite(value.float()).all()):
+        raise AdapterError(f"{adapter.file}: tensor {tensor} holds NaN or inf (in float32)")
     return value
+
+
+def _finite_as(adapter: AdapterFile, tensor: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``value.to(dtype)``, refused when the cast overflows (a float32 copy of 1e5 in a float16 module)."""
+    cast = value.to(dtype)
+    if not bool(torch.isfinite(cast).all()):
+        raise AdapterError(f"{adapter.file}: tensor {tensor} overflows the module's {dtype} (values out of its range)")
+    return cast
 
 
 def _rows(adapter: AdapterFile, tensor: str, shard: VocabShard, row_shape: tuple[int, ...], what: str,
@@ -348,10 +385,10 @@ def shard_adapter(adapter: AdapterFile, which: Module, shard: VocabShard, hidden
                     continue
                 if out.copy is not None:
                     raise AdapterError(f"{adapter.file}: both {parts['copy']} and {parts['base']} replace {module}")
-                out.copy = rows.to(dtype)
+                out.copy = _finite_as(adapter, parts[kind], rows, dtype)
                 if out.added:
-                    out.added_rows = _added_rows(adapter, parts[kind], shard.vocab_size, out.added, added_shard,
-                                                 hidden).to(dtype)
+                    out.added_rows = _finite_as(adapter, parts[kind], _added_rows(
+                        adapter, parts[kind], shard.vocab_size, out.added, added_shard, hidden), dtype)
     if "tokens" in parts:
         assert token_module is not None
         _tokens(adapter, token_module, parts["tokens"], shard, hidden, dtype, out)
@@ -391,6 +428,15 @@ def _lora(adapter: AdapterFile, which: Module, module: str, parts: dict[str, str
         out.lora_a = a[:, shard.start:shard.end].t().contiguous()
         out.lora_b = _read(adapter, b_name, [hidden, r]).float()
     out.rank, out.scaling = r, adapter.scaling(module)
+    # The product of checked factors, checked once: the delta of a hidden row of unit entries is at most
+    # |s| * r * max|A| * max|B| (times H for the head's x @ A.T), which must stay finite in float32.
+    width = hidden if which == "head" else 1
+    bound = abs(out.scaling) * r * width * float(out.lora_a.abs().max()) * float(out.lora_b.abs().max()) \
+        if out.lora_a.numel() and out.lora_b.numel() else 0.0
+    if not bound <= torch.finfo(torch.float32).max:
+        raise AdapterError(f"{adapter.file}: tensors {a_name} and {b_name} with scaling {out.scaling:g}: the LoRA "
+                           f"delta of a unit hidden row can reach {bound:.3g}, past float32's range (the adapted "
+                           "logits would be inf)")
 
 
 def _tokens(adapter: AdapterFile, module: str, tensor: str, shard: VocabShard, hidden: int, dtype: torch.dtype,
@@ -414,7 +460,7 @@ def _tokens(adapter: AdapterFile, module: str, tensor: str, shard: VocabShard, h
     local = index[mine] - shard.start
     order = torch.argsort(local)
     out.token_index = local[order].contiguous()
-    out.token_rows = delta[mine][order].to(dtype).contiguous()
+    out.token_rows = _finite_as(adapter, tensor, delta[mine][order], dtype).contiguous()
 
 
 # ---- applying adapters ---------------------------------------------------------------------------------
