@@ -32,8 +32,10 @@ KNOBS: dict[str, SamplingParams | list[SamplingParams]] = {
                                 presence_penalty=0.3),
     "bias": SamplingParams(temperature=0.0, logit_bias={5: 30.0, 1000: 40.0, 17: -20.0}),
     "allowed": SamplingParams(temperature=0.9, seed=1, allowed_token_ids=[3, 9, 600, 1030]),
-    "bad_words": SamplingParams(temperature=0.0, bad_words=((4,), (700, 12), (6, 6, 8))),
-    "min_tokens": SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(11,)),
+    # greedy gives [[29, 334, 1021], [771, 414, 54], [644, 414, 617], [584, 941, 560]] (steps x rows): the
+    # bans below bite (29 at step 0; 414 after 334; 617 after 1021, 54), and 941 comes at step 3 = min_tokens
+    "bad_words": SamplingParams(temperature=0.0, bad_words=((29,), (334, 414), (1021, 54, 617))),
+    "min_tokens": SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(29, 941)),
     "logprobs": SamplingParams(temperature=0.0, logprobs=4),
     "logprobs_processed": SamplingParams(temperature=0.8, seed=2, logprobs=3, logprobs_mode="processed_logprobs"),
     "mixed": [SamplingParams(temperature=0.0, logprobs=2), SamplingParams(temperature=0.7, top_p=0.8, seed=4),

@@ -157,6 +157,7 @@ class DecodeStep:
             :class:`~trtvocab.parallel.sharding.VocabPlacement` (then call :meth:`draw` with this rank's
             logits, as an artifact's backend computes them).
         params: one :class:`SamplingParams` for every row, or one per row (the rows of the batch).
+        rows: the batch's rows (default: ``len(params)``, the state's rows, or the first call's batch).
         state: the batch's :class:`TokenState` (penalties, bad words, min tokens read it). The step
             advances its counts on the device; :meth:`read` appends the ids to its host lists.
         bitmask_width: the words of xgrammar's ``int32 [B, W]`` bitmask a call passes (None: no bitmask).
@@ -168,14 +169,28 @@ class DecodeStep:
     """
 
     def __init__(self, head: Any, params: SamplingParams | list[SamplingParams], *, state: TokenState | None = None,
-                 bitmask_width: int | None = None, start_step: int = 0, vocab_limit: int | None = None) -> None:
+                 bitmask_width: int | None = None, start_step: int = 0, vocab_limit: int | None = None,
+                 rows: int | None = None) -> None:
         self.head = None if isinstance(head, VocabPlacement) else head
         place = VocabPlacement.of(head)
         if place.added is not None:
             raise ConfigError("DecodeStep: a head with added tokens (adapters that add ids) decodes through "
                               "sampling.decode_output, not a prepared step")
         self.place = place
-        rows = len(params) if isinstance(params, list | tuple) else (state.rows if state is not None else 1)
+        self.last_output: SamplerOutput | None = None
+        self._last: torch.Tensor | None = None
+        self._args = (params, state, bitmask_width, start_step, vocab_limit)
+        if rows is None:
+            rows = len(params) if isinstance(params, list | tuple) else (state.rows if isinstance(state, TokenState)
+                                                                         else None)
+        self.rows = rows
+        if rows is not None:
+            self._build(rows)
+
+    def _build(self, rows: int) -> None:
+        """Validate, agree (one handshake on a split head) and prepare for ``rows`` rows (once)."""
+        params, state, bitmask_width, start_step, vocab_limit = self._args
+        place = self.place
         self.rows = rows
         self.padded_rows = bucket(rows)
         device = torch.device(place.device) if not isinstance(place.device, torch.device) else place.device
@@ -205,8 +220,6 @@ class DecodeStep:
             with torch.inference_mode():
                 self.head.local_logits(torch.zeros(1, self.head.hidden_size, dtype=self.head.dtype, device=device))
         treesum.range_nodes(torch.zeros(1, 2, device=device), 0)  # the tree kernel's exp check, once a process
-        self.last_output: SamplerOutput | None = None
-        self._last: torch.Tensor | None = None
 
     # ---- preparation (host, once) -------------------------------------------------------------
     def _prepare(self, per_row: list[SamplingParams], state: TokenState | None, start_step: int) -> None:
@@ -296,6 +309,8 @@ class DecodeStep:
         head = self.head
         if head is None:
             raise ConfigError("DecodeStep: built on a VocabPlacement: call draw(local_logits) with this rank's logits")
+        if self.rows is None and isinstance(hidden, torch.Tensor) and hidden.dim() == 2:
+            self._build(hidden.shape[0])  # one SamplingParams, no state, no rows: the first call's batch
         if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[0] != self.rows \
                 or hidden.shape[1] != head.hidden_size or not hidden.dtype.is_floating_point:
             got = f"{hidden.dtype} {list(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
@@ -311,6 +326,8 @@ class DecodeStep:
     def draw(self, local_logits: torch.Tensor, bitmask: torch.Tensor | None = None) -> torch.Tensor:
         """The step on this rank's logits ``[B, V_local]`` (a backend computed them): the ids ``[B]``."""
         p = self.place
+        if self.rows is None and isinstance(local_logits, torch.Tensor) and local_logits.dim() == 2:
+            self._build(local_logits.shape[0])
         if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2 \
                 or local_logits.shape[0] != self.rows or local_logits.shape[1] not in (p.owned, p.local_width) \
                 or not local_logits.dtype.is_floating_point:

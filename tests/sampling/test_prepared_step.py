@@ -1,0 +1,159 @@
+"""The prepared decode step (trtvocab.sampling.DecodeStep): today's numbers, no host read, one graph.
+
+The independent reference is :func:`trtvocab.sampling.decode_output`, the step the parity tests
+against transformers and vLLM keep honest: the prepared step must give its ids, logprobs and token
+counts **bitwise**, step after step, for every knob, at tp 1 (in process) and at tp 2 / 3 (real gloo
+ranks, uneven and padded). Host reads of device values are counted with a ``TorchFunctionMode``
+(:class:`trtvocab.base.host_reads.HostReads`): a new ``bool(t.any())`` in the step fails here.
+Compiled: ``torch._dynamo.explain`` finds one graph and no break, and the compiled step gives the
+eager ids bitwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tests.sampling import prepared_rank_fns as F
+from trtvocab.base.host_reads import HostReads
+from trtvocab.errors import ConfigError, InputError
+from trtvocab.sampling import DecodeStep, SamplingParams
+from trtvocab.sampling.prepared import bucket, fixed_topk
+
+KNOBS = [*F.KNOBS, "greedy+bitmask", "top_p+bitmask", "mixed+bitmask"]
+# Host reads a steady step makes at tp > 1 (tp 1: none): top-p and typical-p widen their candidates
+# round by round (one bool a round; typical-p also reads its first width), docs/generate.md.
+SPLIT_READS = {"top_p": 1, "top_k_top_p": 1, "typical_p": 2, "mixed": 1, "top_p+bitmask": 1, "mixed+bitmask": 1}
+
+
+def check_knob(name: str, r: dict[str, Any], tp: int) -> None:
+    assert r["got"] == r["ref"], f"{name}: ids differ from decode_output's"
+    assert r["got_lp"] == r["ref_lp"], f"{name}: logprobs differ from decode_output's"
+    assert r["counts_equal"] and r["outputs_equal"], f"{name}: the TokenState advanced differently"
+    want = 0 if tp == 1 else SPLIT_READS.get(name, 0)
+    assert r["reads"][1:] == [want] * (F.STEPS - 1), f"{name}: host reads per steady step {r['reads']}"
+
+
+def test_tp1_every_knob_gives_decode_outputs_numbers_with_no_host_read() -> None:
+    results = F.all_knobs(0, 1, "uneven", KNOBS)
+    for name in KNOBS:
+        check_knob(name, results[name], 1)
+
+
+def test_the_knobs_change_what_they_should() -> None:
+    """The parity above means something only if the filters bite: against plain greedy ids."""
+    results = F.all_knobs(0, 1, "uneven", ["greedy", "bias", "bad_words", "min_tokens", "allowed"])
+    plain = results["greedy"]["got"]
+    for name in ("bias", "bad_words", "min_tokens", "allowed"):
+        assert results[name]["got"] != plain, f"{name} changed no id"
+    assert results["bad_words"]["got"][0][0] != 29 and results["bad_words"]["got"][1][1] != 414
+    assert results["bad_words"]["got"][2][2] != 617
+    assert results["min_tokens"]["got"][0][0] != 29 and results["min_tokens"]["got"][3][1] == 941
+    assert all(row[0] == 1000 for row in results["bias"]["got"])  # +40 on id 1000 wins every row
+    assert all(i in (3, 9, 600, 1030) for row in results["allowed"]["got"] for i in row)
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize(("tp", "layout"), [(2, "uneven"), (3, "padded")])
+def test_split_heads_give_decode_outputs_numbers(launch_ranks: Callable[..., list[Any]], tp: int,
+                                                 layout: str) -> None:
+    per_rank = launch_ranks(F.all_knobs, tp, layout, KNOBS, timeout_s=120)
+    for rank_results in per_rank:
+        for name in KNOBS:
+            check_knob(name, rank_results[name], tp)
+    assert all(r == per_rank[0] for r in per_rank)
+
+
+def test_bad_rows_raise_when_the_ids_are_read_naming_rows_and_step() -> None:
+    out = F.bad_rows(0, 1, 0)
+    assert out["nan"].startswith("InputError: sampling.decode (step 0): row(s) [1]: hidden rows are not finite")
+    assert len(out["after"]) == F.B  # the step goes on after a refused one
+    assert "+inf" in out["inf"] and out["inf"].startswith("InputError: sampling.decode (step 2)")
+    assert out["empty"].startswith("InputError: sampling.decode (step 0): row(s) [1]: no token is allowed")
+
+
+@pytest.mark.ranks
+def test_a_bad_row_on_one_rank_raises_on_every_rank(launch_ranks: Callable[..., list[Any]]) -> None:
+    per_rank = launch_ranks(F.bad_rows, 2, 1, timeout_s=60)
+    for out in per_rank:
+        assert out["nan"].startswith("InputError: sampling.decode (step 0): row(s) [1]: hidden rows are not finite")
+        assert "+inf" in out["inf"] and out["empty"].startswith("InputError")
+    assert per_rank[0]["after"] == per_rank[1]["after"]
+
+
+def test_building_refuses_bad_arguments_typed() -> None:
+    head = F.head_of(0, 1)
+    with pytest.raises(InputError, match="state must be the TokenState of these 2 rows"):
+        DecodeStep(head, [SamplingParams()] * 2, state=F.TokenState.for_head(head, F.PROMPTS))
+    with pytest.raises(InputError, match="outside the vocab"):
+        DecodeStep(head, SamplingParams(logit_bias={F.V: 1.0}), rows=2)
+    with pytest.raises(InputError, match="bitmask_width"):
+        DecodeStep(head, SamplingParams(), bitmask_width=-1, rows=1)
+    step = DecodeStep(head, [SamplingParams()] * F.B)
+    with pytest.raises(InputError, match="hidden must be a floating"):
+        step(torch.zeros(F.B + 1, F.H))
+    with pytest.raises(InputError, match="bitmask must be None"):
+        step(F.hidden(0), torch.zeros(F.B, 1, dtype=torch.int32))
+    with pytest.raises(InputError, match="no step has run"):
+        DecodeStep(head, [SamplingParams()] * F.B).read()
+    with pytest.raises(ConfigError, match="VocabPlacement"):
+        DecodeStep(head.placement, [SamplingParams()] * F.B)(F.hidden(0))
+
+
+def test_rows_pad_to_a_bucket_without_changing_a_real_row() -> None:
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 33)] == [1, 2, 4, 4, 8, 8, 16, 64]
+    head = F.head_of(0, 1)
+    params = F.KNOBS["mixed"]
+    three = DecodeStep(head, params)  # 3 rows in a bucket of 4
+    assert three.padded_rows == 4
+    alone = [DecodeStep(head, [p]) for p in params]  # 1 row each: no padding
+    for s in range(3):
+        ids = three(F.hidden(s)).tolist()
+        assert ids == [alone[r](F.hidden(s)[r : r + 1]).tolist()[0] for r in range(3)]
+
+
+def test_draw_on_a_placement_equals_the_heads_step() -> None:
+    head = F.head_of(0, 1)
+    params = F.KNOBS["mixed"]
+    on_head, on_place = DecodeStep(head, params, start_step=5), DecodeStep(head.placement, params, start_step=5)
+    on_place.seed_keys = on_head.seed_keys  # the unseeded row's fresh seed is drawn per step object
+    for s in range(3):
+        x = F.hidden(s)
+        assert on_head(x).tolist() == on_place.draw(head.local_logits(x)).tolist()
+
+
+def test_fixed_topk_is_local_topk_with_ties_to_the_lower_column() -> None:
+    from trtvocab.sampling.reductions import local_topk
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 5, (6, 50), generator=g).float()  # many ties
+    for k in (1, 3, 17, 50):
+        assert all(torch.equal(a, b) for a, b in zip(fixed_topk(x, k), local_topk(x, k), strict=True))
+
+
+def test_host_read_counter_sees_the_reads_it_names() -> None:
+    t = torch.tensor([1.0, 2.0])
+    with HostReads() as reads:
+        bool(t.any()), t.sum().item(), t.tolist(), t.nonzero(), t[t > 1], int(t[0])
+        t + 1, t.argmax(), t[0:1]
+    assert reads.total == 6, dict(reads.by_call)
+
+
+@pytest.mark.slow
+def test_compiled_step_is_one_graph_and_gives_the_eager_ids() -> None:
+    results = F.compiled_knobs(0, 1, ["mixed+bitmask", "typical_p"])
+    for name, r in results.items():
+        assert (r["graphs"], r["breaks"]) == (1, 0), f"{name}: {r['reasons']}"
+        check_knob(name, r, 1)
+
+
+@pytest.mark.ranks
+def test_compiled_split_step_with_functional_collectives(launch_ranks: Callable[..., list[Any]]) -> None:
+    per_rank = launch_ranks(F.compiled_knobs, 2, ["logprobs"], timeout_s=400)
+    for out in per_rank:
+        r = out["logprobs"]
+        assert (r["graphs"], r["breaks"]) == (1, 0), r["reasons"]
+        check_knob("logprobs", r, 2)
