@@ -157,3 +157,23 @@ def test_compiled_split_step_with_functional_collectives(launch_ranks: Callable[
         r = out["logprobs"]
         assert (r["graphs"], r["breaks"]) == (1, 0), r["reasons"]
         check_knob("logprobs", r, 2)
+
+
+@pytest.mark.parametrize("path", ["materialized", "streamed", "sample"])
+def test_plus_inf_logits_are_refused_beside_nan_naming_the_rows(path: str) -> None:
+    """Hidden rows of 1e37 overflow the GEMM to +inf: the lowest +inf id would win every draw (hostile
+    round 4, H2). Every sampler path refuses them as it refuses NaN."""
+    from trtvocab.sampling import decode_output, sample
+
+    head = F.head_of(0, 1)
+    x = F.hidden(0)
+    x[2] *= 1e37
+    assert torch.isposinf(head.local_logits(x)[2]).any()  # the premise: a real overflow, no NaN
+    assert not torch.isnan(head.local_logits(x)).any()
+    if path == "streamed":
+        head.logits_budget_bytes = 4 * F.V  # one row's float32 logits: the step streams
+    with pytest.raises(InputError, match=r"NaN or \+inf.*row\(s\) \[2\]|row\(s\) \[2\].*NaN or \+inf"):
+        if path == "sample":
+            sample(head.local_logits(x), head, SamplingParams(temperature=0.7, seed=1))
+        else:
+            decode_output(x, head, SamplingParams(temperature=0.0))

@@ -15,7 +15,7 @@ from tests.parallel.rank_fns import sampling_cases
 from trtvocab import LMHead, Mapping, sampling
 from trtvocab.errors import InputError
 from trtvocab.parallel.launch import run_ranks
-from trtvocab.sampling.reductions import MAX_BLOCK, first_max, local_topk, nan_rows
+from trtvocab.sampling.reductions import MAX_BLOCK, first_max, local_topk, nonfinite_rows
 
 # logsumexp of <= 30011 float32 terms of magnitude <= ~20: the sums differ in order
 # only, relative error ~ a few float32 eps (1.2e-7) per doubling of the term count at
@@ -97,8 +97,8 @@ def test_first_max_is_torch_max(width: int) -> None:
         want, got = torch.max(v, dim=1), first_max(v)
         assert torch.equal(got[1], want.indices)
         assert torch.equal(got[0].view(torch.int32), want.values.view(torch.int32))
-        assert torch.equal(nan_rows(v), torch.isnan(v).any(dim=1))
-    assert not nan_rows(x[:, :0]).any() and nan_rows(x[:, :0]).shape == (6,)
+        assert torch.equal(nonfinite_rows(v), (torch.isnan(v) | (v == float("inf"))).any(dim=1))
+    assert not nonfinite_rows(x[:, :0]).any() and nonfinite_rows(x[:, :0]).shape == (6,)
 
 
 def test_ids_are_int64_beyond_float32_range() -> None:

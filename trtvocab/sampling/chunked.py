@@ -51,7 +51,7 @@ from trtvocab.sampling.reductions import (
     gather_stack,
     handshake,
     local_topk,
-    nan_rows,
+    nonfinite_rows,
     owned_ranges,
     pick_logits,
     token_ids_error,
@@ -196,8 +196,8 @@ def _meet(head: LMHead, hidden: Any, error: InputError | None, op: str, extra: i
 
 def _raise_nan(bad: torch.Tensor, what: str) -> None:
     if bool(bad.any()):
-        raise InputError(f"{what}: the logits of row(s) {bad.nonzero()[:, 0].tolist()} contain NaN "
-                         "(the head's GEMM overflowed)")
+        raise InputError(f"{what}: the logits of row(s) {bad.nonzero()[:, 0].tolist()} contain NaN or +inf "
+                         "(an overflow: the head's GEMM, a scale or a filter)")
 
 
 # ---- merges ------------------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ def greedy(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> t
     ids = torch.full((rows,), NO_ID, dtype=torch.int64, device=hidden.device)
     nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
     for lo, _, x in stream:
-        nan |= nan_rows(x)
+        nan |= nonfinite_rows(x)
         _update_best(best, ids, x, first_id(head, lo))
     top, chosen = _merge_best(best, ids, nan, head, what)
     if bool(torch.isneginf(top).any()):
@@ -331,7 +331,7 @@ def topk(hidden: torch.Tensor, head: LMHead, k: int, *, chunk: int | None = None
     running = _TopK(rows, k, head, hidden.device)
     nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
     for lo, _, x in _Stream(hidden, head, chunk):
-        bad = nan_rows(x)
+        bad = nonfinite_rows(x)
         nan |= bad
         running.add(x, lo, bad)
     vals, ids = running.merged(nan, what)
@@ -349,7 +349,7 @@ def _lse_and_picks(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor |
     for lo, _, x in _Stream(hidden, head, chunk):
         x = x.to(torch.float32)
         tree.add(x, first_id(head, lo))
-        extra[:, n] += nan_rows(x).to(torch.float32)
+        extra[:, n] += nonfinite_rows(x).to(torch.float32)
         if token_ids is not None:
             extra[:, :n] = pick_logits(x, token_ids, first_id(head, lo), extra[:, :n])
     _, lse, summed = tree.total(head, hidden, extra)
@@ -553,7 +553,7 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
 
     for lo, _, x in stream:
         scaled, col_ids = scaled_of(x, lo)
-        bad = nan_rows(scaled)
+        bad = nonfinite_rows(scaled)
         nan |= bad
         if running is not None:
             running.add(scaled, lo, bad)

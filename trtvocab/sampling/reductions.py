@@ -10,7 +10,7 @@ exactly what the same operation gives on the gathered logits; only ``O(B * k)`` 
     min_p / top_p   thresholds against the global max / the exact nucleus (k doubling)
 
 Ids travel as int64, values as their float32 bits in the same tensor (one collective). Ties go
-to the lower token id (``topk``: value descending, id ascending). NaN logits raise
+to the lower token id (``topk``: value descending, id ascending). NaN and ``+inf`` logits raise
 :class:`InputError`; inputs are validated on every rank before one fixed-shape handshake, so one
 rank's bad input makes every rank raise. A replicated head runs plain torch.
 
@@ -65,17 +65,21 @@ def check_logits(local_logits: Any, head: VocabPlacement, what: str) -> InputErr
         return InputError(f"{what}: local_logits is an empty batch (B = 0)")
     if not local_logits.dtype.is_floating_point:
         return InputError(f"{what}: local_logits must be floating point, got {local_logits.dtype}")
-    if bool(nan_rows(own(local_logits, head)).any()):
-        return InputError(f"{what}: local_logits contain NaN")
+    bad = nonfinite_rows(own(local_logits, head))
+    if bool(bad.any()):
+        return InputError(f"{what}: local_logits contain NaN or +inf (row(s) {bad.nonzero()[:, 0].tolist()}: an "
+                          "overflow upstream; -inf is a ban, +inf would win every draw)")
     return None
 
 
-def nan_rows(x: torch.Tensor) -> torch.Tensor:
-    """Bool ``[B]``: which rows of ``x [B, n]`` hold a NaN, by each row's max (a max propagates NaN): one
-    read, no ``[B, n]`` mask (8 x 262144 float32: 0.1 ms against ``isnan().any()``'s 2.3)."""
+def nonfinite_rows(x: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B]``: which rows of ``x [B, n]`` hold a NaN or a ``+inf``, by each row's max (a max propagates
+    NaN, and is ``+inf`` iff the row holds one): one read, no ``[B, n]`` mask (8 x 262144 float32: 0.1 ms
+    against ``isnan().any()``'s 2.3). ``-inf`` is a ban and stays allowed."""
     if x.shape[1] == 0:
         return torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-    return torch.isnan(x.amax(dim=1))
+    top = x.amax(dim=1)
+    return torch.isnan(top) | (top == float("inf"))
 
 
 def handshake(head: VocabPlacement, local_logits: Any, error: InputError | None, op: str, extra: int = 0,
