@@ -1,9 +1,10 @@
 """The decode step's vocabulary ends: each rank's input embedding and head with its sampler, as
 ``trtvocab generate`` drives them (:class:`VocabEnds`, built once per run by :func:`open_vocab_ends`).
 
-``TorchEnds`` runs the model's own head through :func:`trtvocab.sampling.decode_output`;
-``ArtifactEnds`` a built artifact's backend, the ranks checking in after each step
-(:data:`STEP_HANDSHAKE`) before each masks its columns and draws.
+``TorchEnds`` runs the model's own head through the prepared step :class:`trtvocab.sampling.DecodeStep`
+(kept while the batch composition holds; :func:`trtvocab.sampling.decode_output` where no prepared step
+serves: logits over the head's budget, adapters); ``ArtifactEnds`` a built artifact's backend, the ranks
+checking in after each step (:data:`STEP_HANDSHAKE`) before each draws with ``DecodeStep.draw``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling import (
+    DecodeStep,
     Logprobs,
     SamplerOutput,
     SamplingParams,
@@ -34,6 +36,7 @@ from trtvocab.sampling import (
     decode_output,
     prompt_logprobs,
     sample_output,
+    streams,
 )
 from trtvocab.weights.loader import open_head
 
@@ -58,9 +61,35 @@ class VocabEnds:
         self.embedding, self.placement, self.vocab_limit = embedding, placement, vocab_limit
         self.hidden_size = hidden_size
         self.ran_on: set[Runtime] = set()
+        self._prepared: tuple[Any, DecodeStep] | None = None  # (the batch it serves, the step)
         # Each prompt's adapter index (LoRA; None: no adapters), and that of the rows of the next step.
         self.adapter_ids: torch.Tensor | None = None
         self.row_adapters: torch.Tensor | None = None
+
+    def prepared_step(self, owner: Any, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
+                      state: TokenState | None) -> DecodeStep:
+        """The :class:`DecodeStep` of this batch: the last one while the batch is the same (the same params
+        objects, the same state object, the bitmask's width, the next step), else a new one on a copy of
+        ``state`` (the loop appends each step's ids to its own state; the step advances its copy)."""
+        width = None if bitmask is None else bitmask.shape[1]
+        key = (tuple(id(p) for p in params), id(state), width)
+        if self._prepared is not None:
+            held, prepared = self._prepared
+            if held == key and prepared.next_step == step:
+                return prepared
+        copy = None if state is None else state.select(list(range(state.rows)))
+        prepared = DecodeStep(owner, params, state=copy, bitmask_width=width, start_step=step,
+                              vocab_limit=self.vocab_limit)
+        self._prepared = (key, prepared)
+        return prepared
+
+    def draw_prepared(self, prepared: DecodeStep, run: Any) -> SamplerOutput:
+        """Run one prepared step (``run``: the call) and read its ids (one read; raises what it found)."""
+        run()
+        ids = prepared.read()
+        out = prepared.last_output
+        assert out is not None
+        return SamplerOutput(torch.tensor(ids, dtype=torch.int64), out.logprobs)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [B, S]`` -> ``[B, S, H]``: own rows looked up, the rest all-reduced (exact); under
@@ -112,6 +141,9 @@ class TorchEnds(VocabEnds):
                  state: TokenState | None = None) -> SamplerOutput:
 
         self.ran_on.add(Runtime.TORCH)
+        if self.row_adapters is None and not self.head.added_vocab and not streams(self.head, rows.shape[0]):
+            prepared = self.prepared_step(self.head, params, step, bitmask, state)
+            return self.draw_prepared(prepared, lambda: prepared(rows.to(self.head.dtype), bitmask))
         with self.head.use_adapters(self.row_adapters):
             return decode_output(rows, self.head, params, step=step, vocab_limit=self.vocab_limit, bitmask=bitmask,
                                  state=state)
@@ -134,6 +166,9 @@ class ArtifactEnds(VocabEnds):
                  state: TokenState | None = None) -> SamplerOutput:
 
         logits = self._logits(rows)
+        if self.placement.added is None:
+            prepared = self.prepared_step(self.placement, params, step, bitmask, state)
+            return self.draw_prepared(prepared, lambda: prepared.draw(logits, bitmask))
         if bitmask is not None:
             apply_token_bitmask(logits, bitmask, self.placement)
         return sample_output(logits, self.placement, params, step=step, vocab_limit=self.vocab_limit, state=state)

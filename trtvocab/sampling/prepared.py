@@ -29,6 +29,7 @@ candidate list round by round (one ``bool`` a round; tp 1 sorts its whole row in
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -67,6 +68,9 @@ _STATUS_TEXT = {HIDDEN_NONFINITE: "hidden rows are not finite (NaN / inf)",
                 LOGITS_NAN: "the logits hold NaN",
                 LOGITS_POSINF: "the logits hold +inf (an overflow: huge hidden states, scales or adapters)",
                 NO_TOKEN: "no token is allowed (every logit is -inf after the bitmask / vocab_limit / filters)"}
+
+
+_WARM: weakref.WeakSet[Any] = weakref.WeakSet()  # heads whose kernels a step has loaded (eager, before any trace)
 
 
 def bucket(rows: int) -> int:
@@ -216,10 +220,11 @@ class DecodeStep:
         self.state = state
         self.seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
         self._prepare(per_row, state, start_step)
-        if self.head is not None:  # eager, once: whatever the head loads on first use (the fused kernels)
+        if self.head is not None and self.head not in _WARM:  # eager, once a head: what it loads on first use
             with torch.inference_mode():
                 self.head.local_logits(torch.zeros(1, self.head.hidden_size, dtype=self.head.dtype, device=device))
-        treesum.range_nodes(torch.zeros(1, 2, device=device), 0)  # the tree kernel's exp check, once a process
+                treesum.range_nodes(torch.zeros(1, 2, device=device), 0)  # the tree kernel's exp check
+            _WARM.add(self.head)
 
     # ---- preparation (host, once) -------------------------------------------------------------
     def _prepare(self, per_row: list[SamplingParams], state: TokenState | None, start_step: int) -> None:
@@ -246,6 +251,7 @@ class DecodeStep:
         self.seed_keys = torch.tensor([noise._signed(noise.mix_int(s + noise._GAMMA)) for s in seeds],
                                       dtype=torch.int64, device=dev)[:, None]
         self.step_t = torch.full((), start_step, dtype=torch.int64, device=dev)
+        self.next_step = start_step  # the host's count: the step the next read() returns
         # the logits processors (column-local): static entries, and what the state makes dynamic
         self.processes = any(p.processes for p in per_row)
         self.penalizes = state is not None and any(p.penalizes for p in per_row)
@@ -605,6 +611,7 @@ class DecodeStep:
         if self.state is not None:
             for r, i in enumerate(ids):
                 self.state.output[r].append(int(i))
+        self.next_step = step + 1
         return ids
 
 
