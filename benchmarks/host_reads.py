@@ -102,7 +102,8 @@ def step_time(rank: int, world: int, path: str, batches: list[int], rounds: int)
         eager(x)
         eager.read()
         same = eager(x).tolist() == compiled(x).tolist()
-        timings = interleaved({"eager": lambda: eager(x), "compiled": lambda: compiled(x)}, rounds, warmup=1)
+        timings = interleaved({"eager": lambda e=eager, x=x: e(x), "compiled": lambda c=compiled, x=x: c(x)}, rounds,
+                              warmup=1)
         out[rows] = {"eager": timings["eager"].ms(), "compiled": timings["compiled"].ms(), "compile_s": compile_s,
                      "same_ids": same}
     return out
