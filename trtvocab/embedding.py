@@ -317,7 +317,7 @@ class VocabParallelEmbedding(VocabParallelModule):
         out = self.embedding_ops.apply(out)  # one owner per id: scaling partial rows is scaling their sum
         out = self._add_lora(out, ids, per_id)
         if adp:
-            me = self.mapping.tp_rank
+            me = self.tp_rank  # this rank's place in the head group the ids were gathered over
             out = out[sum(counts[:me]) : sum(counts[: me + 1])]
         return out.reshape(*input_ids.shape, self.hidden_size)
 

@@ -50,7 +50,7 @@ FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", DTYPES), D.Field("gather_output", GATHER_MODES), D.Field("gather chunk rows"),
     D.Field("weight format", _FORMATS),
-    D.Field("mapping", _MAPPINGS), D.Field("deterministic"), D.Field("output dtype", DTYPES),
+    D.Field("mapping", _MAPPINGS), D.Field("head groups"), D.Field("deterministic"), D.Field("output dtype", DTYPES),
     D.Field("head ops (digest)"), D.Field("adapters (digest)"), D.Field("rows", per_rank=True),
 ))
 
@@ -350,7 +350,7 @@ class LMHead(VocabParallelModule):
                 _LAYOUT: self.layout_code, "dtype": self.dtype,
                 "gather_output": self.gather_output, "gather chunk rows": self.gather_chunk_rows or 0,
                 "weight format": self.weight_format,
-                "mapping": self.mapping_kind,
+                "mapping": self.mapping_kind, "head groups": self.head_groups,
                 "deterministic": self.deterministic, "output dtype": self.output_dtype,
                 "head ops (digest)": self.head_ops.digest(), "adapters (digest)": self._adapters_digest(),
                 "rows": rows}

@@ -35,7 +35,7 @@ LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"  # how handshakes name l
 MAPPINGS = ("replicated", "tensor parallel", "attention DP + LM-head TP")
 LOAD_HANDSHAKE = D.Handshake("from_checkpoint", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", tuple(WeightFormat)),
-    D.Field("tp_size"), D.Field("mapping", MAPPINGS),
+    D.Field("tp_size"), D.Field("mapping", MAPPINGS), D.Field("head groups"),
 ))
 M = TypeVar("M", bound="VocabParallelModule")
 
@@ -50,7 +50,9 @@ class VocabParallelModule(nn.Module):
         mapping: where this rank sits; ``None`` is replicated. The mapping decides whether the
             matrix is split (:attr:`Mapping.lm_head_is_split`).
         vocab_layout: ``"uneven"`` or ``"padded"``; pad_to: the padded layout's multiple.
-        process_group: the TP group when ``world_size > tp_size``.
+        process_group: the TP group when ``world_size > tp_size`` (a head group of its own,
+            ``Mapping.lm_head_tp_size != tp_size``: made by :func:`trtvocab.parallel.distributed.lm_head_group`
+            when not given).
 
     Subclasses create ``self.weights`` (a :class:`~trtvocab.weights.base.WeightMethod`).
     ``handshake_state`` (:class:`~trtvocab.parallel.distributed.HandshakeState`) keeps the
@@ -73,13 +75,17 @@ class VocabParallelModule(nn.Module):
         self.vocab_size, self.hidden_size, self.dtype = vocab_size, hidden_size, dtype
         self.pad_to = pad_to
         self.is_split = self.mapping.lm_head_is_split
-        tp_size = self.mapping.tp_size if self.is_split else 1
-        tp_rank = self.mapping.tp_rank if self.is_split else 0
+        # The vocabulary is split over the head's group (Mapping.lm_head_tp_size, default tp_size).
+        tp_size = self.mapping.lm_head_tp_size if self.is_split else 1
+        tp_rank = self.mapping.lm_head_tp_rank if self.is_split else 0
         if self.is_split and vocab_size < tp_size:
             raise ConfigError(f"{what} vocab_size ({vocab_size}) is smaller than tp_size ({tp_size})")
-        if self.is_split and process_group is None and self.mapping.world_size != self.mapping.tp_size:
-            raise ConfigError(f"{what}: world_size > tp_size needs the TP process_group "
-                              "(trtvocab.parallel.distributed.new_tp_group)")
+        if self.is_split and process_group is None and self.mapping.world_size != tp_size:
+            if self.mapping.lm_head_tp_size == self.mapping.tp_size or not D.is_initialized():
+                raise ConfigError(f"{what}: world_size > tp_size needs the TP process_group "
+                                  "(trtvocab.parallel.distributed.new_tp_group)")
+            # A head group of its own (lm_head_tp_size != tp_size): made here, once per world.
+            process_group = D.lm_head_group(self.mapping)
         self.process_group = process_group
         self.shards: list[VocabShard] = all_shards(vocab_size, tp_size, vocab_layout, pad_to)
         self.shard: VocabShard = self.shards[tp_rank]
@@ -277,6 +283,14 @@ class VocabParallelModule(nn.Module):
                                     f"without attention DP every rank must bring the same {noun}")
 
     @property
+    def head_groups(self) -> int:
+        """How many groups the world's ranks form for this module's split (``world_size / lm_head_tp_size``; 1 when
+        replicated): ranks that agree on the tp size but not on this were built for different arrangements."""
+        if not self.is_split:
+            return 1
+        return self.mapping.world_size // self.mapping.lm_head_tp_size
+
+    @property
     def mapping_kind(self) -> str:
         """One of :data:`MAPPINGS`: how this rank's module is placed, as the handshakes compare it."""
         if not self.is_split:
@@ -296,7 +310,7 @@ def meets_peers_at_load(mapping: Mapping | None) -> bool:
     attention DP alike -- so a rank built replicated next to a split peer is caught. A rank given
     no mapping (or tp_size 1) stands alone by definition and meets nobody.
     """
-    return mapping is not None and mapping.tp_size > 1 and D.is_initialized()
+    return mapping is not None and max(mapping.tp_size, mapping.lm_head_tp_size) > 1 and D.is_initialized()
 
 
 def load_collectively(build: Callable[[], M], *, mapping: Mapping | None, group: Any, what: str) -> M:
@@ -321,8 +335,8 @@ def load_collectively(build: Callable[[], M], *, mapping: Mapping | None, group:
     if meet:
         assert mapping is not None
         values = None if module is None else {"vocab_size": module.vocab_size, "hidden_size": module.hidden_size,
-                                              "weight format": module.weight_format, "tp_size": mapping.tp_size,
-                                              "mapping": module.mapping_kind}
+                                              "weight format": module.weight_format, "tp_size": mapping.lm_head_tp_size,
+                                              "mapping": module.mapping_kind, "head groups": module.head_groups}
         LOAD_HANDSHAKE.exchange(values, error, group, what=what)
     assert module is not None
     return module

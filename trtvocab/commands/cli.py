@@ -210,6 +210,8 @@ def plan(
     kv_bytes_per_token: Annotated[int | None, typer.Option(help="KV-cache bytes per token per layer: price "
                                                            "replication in KV tokens")] = None,
     layers: Annotated[int, typer.Option(help="layers holding KV (with --kv-bytes-per-token)")] = 1,
+    lm_head_tp: Annotated[int | None, typer.Option(help="the vocabulary split over head groups of N of the --tp "
+                                                   "ranks (Mapping.lm_head_tp_size; default: --tp)")] = None,
 ) -> None:
     """The vocabulary ledger: shards, weight bytes (bf16/fp8/nvfp4), logits, collectives, FLOPs, replication."""
     from trtvocab.pipeline.plan import DTYPE_BYTES, Sampler, collective_rows, ledger_rows, make_plan
@@ -249,11 +251,14 @@ def plan(
                   tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied), adapters=adapters,
                   sampler=sampler, logits_per_seq=logits_per_seq, gather_output=modes[gather_output.lower()],
                   gather_chunk_rows=gather_chunk_rows, logits_bytes=DTYPE_BYTES[head_dtype], adp_rows=adp_rows,
-                  embedding_dtype=embedding_dtype, kv_bytes_per_token=kv_bytes_per_token, layers=layers)
+                  embedding_dtype=embedding_dtype, kv_bytes_per_token=kv_bytes_per_token, layers=layers,
+                  lm_head_tp=lm_head_tp)
     if as_json:
         print(p.model_dump_json(indent=2))
         return
-    table = Table(title=f"V={p.vocab_size:,}  H={p.hidden_size:,}  tp={p.tp_size}  batch={p.batch}  layout={p.layout}"
+    groups = f" as {p.head_groups} head groups of {p.lm_head_tp_size}" if p.head_groups > 1 else ""
+    table = Table(title=f"V={p.vocab_size:,}  H={p.hidden_size:,}  tp={p.tp_size}{groups}  batch={p.batch}  "
+                        f"layout={p.layout}"
                         f"  {'tied' if p.matrices.tied else 'untied'}")
     for col in ("rank", "vocab range", "rows", "W bf16", "W fp8", "W nvfp4", "logits bf16", "logits fp32",
                 "all-gather send / recv (bf16)", "tied matrix bf16" if p.matrices.tied else "emb + head bf16"):

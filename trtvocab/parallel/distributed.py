@@ -82,6 +82,38 @@ def new_tp_group(tp_group_ranks: Sequence[int], world_size: int, tp_size: int) -
     return mine
 
 
+# The head groups made so far, per default group: {world group: {lm_head_tp_size: {first rank: group}}}.
+_HEAD_GROUPS: dict[Any, dict[int, dict[int, Any]]] = {}
+
+
+def lm_head_group(mapping: Any) -> ProcessGroup:
+    """The process group of ``mapping``'s head group (the ranks of its ``lm_head_tp_group``), None when
+    it is the whole world (the default group).
+
+    Every head group of the world is made on the first call for an ``lm_head_tp_size`` (``new_group`` is
+    collective over the world: every rank must call this, in the same order, as it builds its head) and kept
+    for later calls under the same default group, so the head and the embedding of a model share one group
+    and a tied pair's collectives meet the same ranks.
+    """
+    size, world = mapping.lm_head_tp_size, mapping.world_size
+    if size == world:
+        return None
+    if not is_initialized():
+        raise DistributedError(f"a head split over groups of {size} of {world} ranks needs torch.distributed to be "
+                               "initialized (use trtvocab.parallel.launch.run_ranks or torchrun)")
+    if dist.get_world_size() != world:
+        raise DistributedError(f"Mapping.world_size is {world}, but the default process group has "
+                               f"{dist.get_world_size()} ranks")
+    key = dist.group.WORLD
+    if key not in _HEAD_GROUPS:
+        _HEAD_GROUPS.clear()  # a new default group: the old groups are gone with the old one
+        _HEAD_GROUPS[key] = {}
+    made = _HEAD_GROUPS[key]
+    if size not in made:
+        made[size] = {first: dist.new_group(list(range(first, first + size))) for first in range(0, world, size)}
+    return made[size][mapping.rank - mapping.lm_head_tp_rank]
+
+
 @dataclass(frozen=True)
 class Field:
     """One value every rank contributes to a :class:`Handshake`.

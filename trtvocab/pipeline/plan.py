@@ -229,6 +229,9 @@ class Plan(BaseModel):
     vocab_size: int
     hidden_size: int
     tp_size: int
+    lm_head_tp_size: int = Field(default=0, description="ranks the vocabulary is split over (--lm-head-tp; "
+                                 "default tp_size): ranks, matrices and collectives are one head group's")
+    head_groups: int = Field(default=1, description="tp_size / lm_head_tp_size head groups in the world")
     batch: int = Field(description="rows of logits per step (sequences)")
     layout: str = Field(description="uneven | padded")
     tokens: int = Field(default=DEFAULT_TOKENS, description="tokens per step through the input embedding")
@@ -281,13 +284,29 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
               tied: bool = False, adapters: Sequence[Any] = (), sampler: Sampler | None = None,
               logits_per_seq: int = 1, gather_output: bool | str = True, gather_chunk_rows: int | None = None,
               logits_bytes: int = BF16, adp_rows: Sequence[int] | None = None, embedding_dtype: str = "bf16",
-              per_row_scales: bool = False, kv_bytes_per_token: int | None = None, layers: int = 1) -> Plan:
+              per_row_scales: bool = False, kv_bytes_per_token: int | None = None, layers: int = 1,
+              lm_head_tp: int | None = None) -> Plan:
     """The ledger of a ``[vocab, hidden]`` embedding + head over ``tp`` ranks (see the module docstring).
+    ``lm_head_tp``: the vocabulary split over head groups of that many of the ``tp`` ranks instead
+    (``Mapping.lm_head_tp_size``): the ranks, matrices and collectives are one head group's (``batch`` rows
+    a group; with ``adp_rows``, one count per rank of the world, the group that brings the most rows), the
+    totals over the world count every group.
     ``adapters``: opened LoRA adapters (:func:`trtvocab.weights.lora.open_adapter`), counted per rank.
     At tp > 1 it also prices every collective (:func:`decode_collectives` for ``batch * logits_per_seq`` rows and
     ``sampler``, :func:`forward_collectives` in the gather mode, :func:`embedding_collectives` at ``tokens``);
     ``kv_bytes_per_token``: replication in KV tokens (:func:`kv_pricing`)."""
     check_inputs(vocab, hidden, tp, batch, layout, pad_to, tokens, link_gbs, tflops)
+    world = tp
+    if lm_head_tp is not None:
+        _positive_int(lm_head_tp, "--lm-head-tp", tp, f" (a divisor of --tp {tp})")
+        if tp % lm_head_tp:
+            raise ConfigError(f"--lm-head-tp ({lm_head_tp}) must divide --tp ({tp}): the head's groups tile the ranks")
+        tp = lm_head_tp
+    groups = world // tp
+    if adp_rows is not None and groups > 1:
+        if len(adp_rows) != world:
+            raise ConfigError(f"--attention-dp-rows: expected {world} row counts (one per rank), got {len(adp_rows)}")
+        adp_rows = max((adp_rows[g * tp:(g + 1) * tp] for g in range(groups)), key=sum)
     link = link_gbs * 1e9  # bytes per second
     gemm = tflops * 1e12  # FLOP per second
     shards = all_shards(vocab, tp, layout, pad_to)
@@ -321,7 +340,8 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
     flops = 2 * batch * vocab * hidden
     flops_rank = max(r.head_flops for r in ranks)
     plan = Plan(
-        vocab_size=vocab, hidden_size=hidden, tp_size=tp, batch=batch, layout=layout,
+        vocab_size=vocab, hidden_size=hidden, tp_size=world, lm_head_tp_size=tp, head_groups=groups,
+        batch=batch, layout=layout,
         tokens=tokens, link_gbs=link_gbs, tflops=tflops,
         full_weight_bytes=weight_bytes(vocab, hidden),
         gathered_logits_bytes={k: batch * vocab * b for k, b in DTYPE_BYTES.items()},
@@ -336,7 +356,7 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
         matrices=Matrices(tied=tied, count=count, bytes_per_rank=max(r.matrices_bytes for r in ranks),
                           replicated_bytes_per_card=replicated,
                           replicated_extra_bytes_per_card=max(r.replicated_extra_bytes for r in ranks),
-                          replicated_extra_bytes_total=sum(r.replicated_extra_bytes for r in ranks)),
+                          replicated_extra_bytes_total=groups * sum(r.replicated_extra_bytes for r in ranks)),
         ranks=ranks, adapters=[a.name for a in adapters],
     )
     _positive_int(logits_per_seq, "--logits-per-seq")
