@@ -83,13 +83,14 @@ def profile(path: Path, loaded: Any, prompts: list[str], tokens: int, repeats: i
     from trtvocab.lm_head import LMHead
     from trtvocab.pipeline import generate as G
     from trtvocab.pipeline.decode import TorchEnds, VocabEnds
+    from trtvocab.pipeline.generate import model as GM
 
     spec, _ = G.prepare(path, prompts, tp=1, max_new_tokens=tokens)
     G.generate(spec, loaded)  # warm-up
     best: dict[str, float] | None = None
     for _ in range(repeats):
         totals: dict[str, float] = {}
-        with _timed(G._Body, "__call__", totals, "body"), _timed(VocabEnds, "embed", totals, "embed"), \
+        with _timed(GM.Body, "__call__", totals, "body"), _timed(VocabEnds, "embed", totals, "embed"), \
                 _timed(TorchEnds, "next_ids", totals, "next_ids"), _timed(LMHead, "_gemm", totals, "head"):
             report = G.generate(spec, loaded)
         totals["total"] = report.seconds

@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 
 from trtvocab.accuracy.compare import compare, plot_report
-from trtvocab.checkpoints.hidden_states import hidden_states_from_text
+from trtvocab.checkpoints.hidden_states import text_hidden_states
 from trtvocab.quant.quantize import quantize_checkpoint
 
 # Calibration and evaluation texts are disjoint: a static activation scale calibrated on
@@ -77,7 +77,8 @@ def main() -> None:
     model = model_path()
 
     # One pass over all texts; split into calibration and evaluation rows afterwards.
-    states, lens, _ = hidden_states_from_text(model, CALIB_TEXTS + EVAL_TEXTS, layer=args.layer)
+    text = text_hidden_states(model, CALIB_TEXTS + EVAL_TEXTS, layer=args.layer)
+    states, lens = text.states, text.seq_lens
     n_calib = int(lens[: len(CALIB_TEXTS)].sum())
     calib, hidden, eval_lens = states[:n_calib], states[n_calib:], lens[len(CALIB_TEXTS):]
     console.print(f"hidden states: {n_calib} calibration rows, {hidden.shape[0]} evaluation rows "

@@ -58,7 +58,7 @@ def test_generate_refuses_an_artifact_of_another_checkpoint(smollm2: Path, tmp_p
     fake = _build({"checkpoint": {"synthetic": {"vocab_size": 49152, "hidden_size": 576}},
                    "lm_head": {"dtype": "float32"}}, tmp_path / "fake")  # SmolLM2's shape, other weights
     assert artifacts.read_manifest(fake).checkpoint_sha256 is None
-    with pytest.raises(ArtifactError, match=r"built from synthetic weights.*--allow-other-checkpoint"):
+    with pytest.raises(ArtifactError, match=r"built from synthetic weights.*`allow_other_checkpoint`"):
         artifact_spec(fake, "torch", smollm2, None)
     allowed = artifact_spec(fake, "torch", smollm2, None, allow_other_checkpoint=True)
     assert allowed.note is not None and "WARNING" in allowed.note

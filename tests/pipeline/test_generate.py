@@ -31,6 +31,7 @@ from trtvocab.sampling import SamplingParams
 from trtvocab.sampling.grammar import grammar_spec
 
 G = pytest.importorskip("trtvocab.pipeline.generate")
+loop = pytest.importorskip("trtvocab.pipeline.generate.loop")
 # transformers and xgrammar are imported where used (collection need not pay seconds for them)
 pytestmark = [pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
                                  reason="trtvocab generate needs transformers and xgrammar"),
@@ -440,9 +441,9 @@ def test_static_kv_cache_equals_transformers_generate(loaded, smollm2: Path, bat
 
 @pytest.mark.model
 def test_kv_cache_options_are_refused_by_name(smollm2: Path) -> None:
-    with pytest.raises(InputError, match="--kv-cache"):
+    with pytest.raises(InputError, match="`kv_cache`"):
         G.prepare(smollm2, [A], kv_cache="paged")
-    with pytest.raises(InputError, match="--compile-step"):
+    with pytest.raises(InputError, match="`compile_step`"):
         G.prepare(smollm2, [A], kv_cache="dynamic", compile_step=True)
 
 
@@ -451,9 +452,16 @@ def test_compiled_step_equals_transformers_generate(loaded, smollm2: Path) -> No
     """``compile_step=True`` (torch.compile of the one-token step over the static cache; compiles once,
     about a minute here) gives transformers' greedy ids on a left-padded batch."""
     prompts = [A, B, "Sushi is a dish from"]
+    from torch._dynamo.utils import counters
+
     spec, _ = G.prepare(smollm2, prompts, tp=1, max_new_tokens=8, kv_cache="static", compile_step=True)
+    before = counters["stats"]["unique_graphs"]
     report = G.generate(spec, loaded)
     assert [r.token_ids for r in report.results] == hf_generate(loaded, prompts, 8)
+    # The steps that compiled are reported as compile time, out of the decode's (a compile takes seconds).
+    compiled = counters["stats"]["unique_graphs"] > before
+    assert (report.compile_s > 0) == compiled
+    assert not compiled or report.compile_s > report.decode_s
 
 
 @pytest.mark.model
@@ -465,8 +473,8 @@ def test_warmup_reports_the_second_decode_with_the_same_ids(loaded, smollm2: Pat
     prompts = [A, B]
     want = hf_generate(loaded, prompts, 6)
     calls = []
-    decode = G._decode
-    monkeypatch.setattr(G, "_decode", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    decode = loop._decode
+    monkeypatch.setattr(loop, "_decode", lambda *a, **k: calls.append(1) or decode(*a, **k))
     for tp, adp in ((1, False), (2, True)):
         spec, _ = G.prepare(smollm2, prompts, tp=tp, max_new_tokens=6, attention_dp=adp)
         report = G.generate(dataclasses.replace(spec, warmup=True), loaded)

@@ -56,7 +56,7 @@ def test_attention_dp_with_an_artifact_and_idle_ranks(smollm2: Path, tmp_path: P
 
 @pytest.mark.model
 def test_attention_dp_needs_more_than_one_rank(smollm2: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--attention-dp .* needs --tp > 1"):
+    with pytest.raises(ConfigError, match=r"`attention_dp` .* needs `tp` > 1"):
         G.prepare(smollm2, PROMPTS[:1], max_new_tokens=1, attention_dp=True)
 
 
@@ -88,12 +88,12 @@ def test_body_ranks_out_of_range_are_refused_before_loading(smollm2: Path, asked
         raise AssertionError("the model was loaded before --body-ranks was checked")
 
     monkeypatch.setattr(G, "load_model", no_loading)
-    with pytest.raises(ConfigError, match=r"--body-ranks: must be an int from 1 to the tp size \(5\)"):
+    with pytest.raises(ConfigError, match=r"`body_ranks`: must be an int from 1 to the tp size \(5\)"):
         G.prepare(smollm2, PROMPTS, tp=5, max_new_tokens=1, attention_dp=True, body_ranks=asked)  # type: ignore[arg-type]
 
 
 @pytest.mark.model
 def test_body_ranks_need_attention_dp(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(G, "load_model", lambda path: pytest.fail("loaded before the options were checked"))
-    with pytest.raises(ConfigError, match=r"--body-ranks: only with --attention-dp"):
+    with pytest.raises(ConfigError, match=r"`body_ranks`: only with `attention_dp`"):
         G.prepare(smollm2, PROMPTS, tp=3, max_new_tokens=1, body_ranks=2)

@@ -138,11 +138,11 @@ def test_n_completions_each_their_own_seed_stream(smollm2: Path) -> None:
 
 def test_flag_parsing_and_stop_strings() -> None:
     assert G.parse_logit_bias(["5=1.5", "7=-100"]) == {5: 1.5, 7: -100.0}
-    with pytest.raises(InputError, match="--logit-bias"):
+    with pytest.raises(InputError, match="`logit_bias`"):
         G.parse_logit_bias(["5:1"])
-    with pytest.raises(InputError, match="--typical-p"):
+    with pytest.raises(InputError, match="`typical_p`"):
         G.sampling_params(typical_p=0.0)
-    with pytest.raises(InputError, match="--presence-penalty"):
+    with pytest.raises(InputError, match="`presence_penalty`"):
         G.sampling_params(presence_penalty=3.0)
     assert G.cut_at_stop("a, b. c", ("b", ".")) == ("a, ", True)
     assert G.cut_at_stop("abc", ("x",)) == ("abc", False)

@@ -28,6 +28,7 @@ from trtvocab.commands.cli import app
 from trtvocab.errors import CheckpointError, GrammarError, InputError
 
 G = pytest.importorskip("trtvocab.pipeline.generate")
+GM = pytest.importorskip("trtvocab.pipeline.generate.model")
 Gr = pytest.importorskip("trtvocab.sampling.grammar")
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "xgrammar")),
                                 reason="trtvocab generate needs transformers and xgrammar")
@@ -175,7 +176,7 @@ def test_a_property_named_like_a_keyword_is_fine(tmp_path: Path) -> None:
 def test_regexes_xgrammar_would_reinterpret_are_refused(pattern: str, text: str) -> None:
     with pytest.raises(GrammarError) as info:
         Gr.grammar_spec(regex=pattern)
-    assert text in str(info.value) and "--regex" in str(info.value)
+    assert text in str(info.value) and "`regex`" in str(info.value)
 
 
 def test_supported_escapes_still_work() -> None:
@@ -259,11 +260,11 @@ def test_one_loader_for_hidden_and_generate(smollm2: Path, monkeypatch) -> None:
         return real(path, causal=causal, **kwargs)
 
     monkeypatch.setattr(hf_loader, "load", spy)
-    G._load_cached.cache_clear()
+    GM._load_cached.cache_clear()
     try:
         G.load_model(smollm2)
     finally:
-        G._load_cached.cache_clear()
+        GM._load_cached.cache_clear()
     load_text_model(smollm2)
     assert seen == [(smollm2.name, True), (smollm2.name, True)]
 

@@ -73,12 +73,23 @@ def test_lora_plan_refusals(tmp_path: Path) -> None:
     kw: dict[str, Any] = {"artifact": None, "attention_dp": False, "deterministic": False}
     with pytest.raises(ConfigError, match="expected NAME=DIR"):
         G.lora_plan(["one"], None, 2, **kw)
-    with pytest.raises(ConfigError, match="give the adapters with --lora"):
+    with pytest.raises(ConfigError, match="give the adapters with `loras`"):
         G.lora_plan(None, ["0"], 2, **kw)
     with pytest.raises(AdapterError, match="not a PEFT adapter folder"):
         G.lora_plan([f"one={tmp_path}"], None, 2, **kw)
     with pytest.raises(ConfigError, match="built without adapters"):
         G.lora_plan([f"one={tmp_path}"], None, 2, **{**kw, "artifact": "x"})
-    with pytest.raises(ConfigError, match="attention-dp"):
+    with pytest.raises(ConfigError, match="`attention_dp`"):
         G.lora_plan([f"one={tmp_path}"], None, 2, **{**kw, "attention_dp": True})
     assert G.lora_plan(None, None, 2, **kw) == ((), ())
+
+
+@pytest.mark.parametrize("lora_for", [["0=one", "0=one"], ["1", "+1=one"], ["0=one", " 0=one"]])
+def test_lora_plan_refuses_a_prompt_index_given_twice(tmp_path: Path, lora_for: list[str]) -> None:
+    """API callers get the command line's refusal: one adapter per prompt (the last would win without a word),
+    before any adapter folder is read."""
+    kw: dict[str, Any] = {"artifact": None, "attention_dp": False, "deterministic": False}
+    with pytest.raises(ConfigError, match=r"`lora_for`: prompt index \d is given twice"):
+        G.lora_plan([f"one={tmp_path}"], lora_for, 2, **kw)
+    with pytest.raises(ConfigError, match=r"`lora_for`: prompt index \d is given twice"):
+        G.GenerateOptions(prompts=("a", "b"), loras=[f"one={tmp_path}"], lora_for=lora_for)

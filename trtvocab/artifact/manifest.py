@@ -155,3 +155,10 @@ class Manifest(_Record):
     def complete(self) -> bool:
         """Whether every rank of the TP group was built (inference needs all of them)."""
         return len(self.ranks) == self.mapping.tp_size
+
+    def require_complete(self, where: str, what: str) -> None:
+        """Refuse a partial build (``--ranks``) where ``what`` needs every rank: an :class:`ArtifactError`
+        opening with ``where`` (the artifact as the caller names it)."""
+        if not self.complete:
+            raise ArtifactError(f"{where}: holds ranks {self.ranks_built} of tp {self.mapping.tp_size}; {what} "
+                                "needs all of them")

@@ -199,12 +199,20 @@ def gguf_tokenizer(path: str | Path, transformers: Any = None) -> Any:
     return tok
 
 
+def load_tokenizer(path: str | Path, transformers: Any = None) -> Any:
+    """The tokenizer of an HF model folder or a ``.gguf`` file (:func:`gguf_tokenizer`, cached), offline and
+    without remote code; transformers' own exception when it has none."""
+    transformers = transformers or quiet_transformers()
+    with quiet_load():
+        if is_gguf(path):
+            return gguf_tokenizer(path, transformers)
+        return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+
+
 def _load(transformers: Any, path: Path, where: str, kwargs: dict[str, Any], prefix: str, causal: bool,
           dtype: torch.dtype | None) -> tuple[Any, Any]:
     try:
-        with quiet_load():
-            tok = gguf_tokenizer(path, transformers) if is_gguf(path) else \
-                transformers.AutoTokenizer.from_pretrained(where, local_files_only=True, trust_remote_code=False)
+        tok = load_tokenizer(path, transformers)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad folder
         raise CheckpointError(f"{prefix}: cannot load its tokenizer ({type(exc).__name__}: {first_line(exc)})") \
             from None
@@ -242,5 +250,5 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype | None = None, label:
 
 
 __all__ = ["CACHE_ENV_VAR", "PICKLE_PATTERNS", "TOKENIZER_MARKERS", "architectures", "cache_dir", "check_gguf_file",
-           "check_model_dir", "gguf_tokenizer", "is_causal", "is_gguf", "load", "load_causal_lm",
+           "check_model_dir", "gguf_tokenizer", "is_causal", "is_gguf", "load", "load_causal_lm", "load_tokenizer",
            "model_config", "quiet_load", "quiet_transformers"]

@@ -4,8 +4,7 @@
 llama.cpp ``.gguf`` (transformers, no hub access) over some texts and returns the packed
 hidden states ``[T, H]`` with ``seq_lens [B]``, the way an engine hands them to the LM
 head, and the text itself: ``input_ids [T]`` and, for a causal LM, ``next_token_ids [T]``
-(the teacher-forced targets ``trtvocab compare`` scores). ``hidden_states_from_text`` is
-the older three-field form.
+(the teacher-forced targets ``trtvocab compare`` scores).
 """
 
 from __future__ import annotations
@@ -28,16 +27,9 @@ DEFAULT_TEXTS = [
 ]
 
 
-class HiddenStates(NamedTuple):
-    """Packed hidden states of some texts, as an engine hands them to the LM head."""
-
-    states: torch.Tensor  # float32 [T, H]
-    seq_lens: torch.Tensor  # int32 [B]
-    last_tokens: list[str]  # each text's last input token (for display)
-
-
 class TextHidden(NamedTuple):
-    """:class:`HiddenStates` plus the text itself: each row's token and the token after it."""
+    """Packed hidden states of some texts, as an engine hands them to the LM head, and the text itself: each
+    row's token and the token after it."""
 
     states: torch.Tensor  # float32 [T, H]
     seq_lens: torch.Tensor  # int32 [B]
@@ -49,17 +41,6 @@ class TextHidden(NamedTuple):
 
 
 ProgressFn = Callable[[int, int], None]  # (documents done, documents total)
-
-
-def hidden_states_from_text(model_dir: str | Path, texts: list[str], *, layer: int = -1) -> HiddenStates:
-    """Packed hidden states ``[T, H]``, ``seq_lens [B]`` and last tokens of ``texts`` at ``layer``.
-
-    No special tokens are added after the text (only the BOS a tokenizer such as Gemma's puts first), so each
-    sequence's last row is its last real token.
-    ``layer`` indexes ``output_hidden_states`` (0 = embeddings, -1 = final layer).
-    """
-    out = text_hidden_states(model_dir, texts, layer=layer)
-    return HiddenStates(out.states, out.seq_lens, out.last_tokens)
 
 
 def load_text_model(model: str | Path) -> tuple[Any, Any, bool]:
@@ -177,18 +158,12 @@ def decoder(checkpoint: str | Path | None) -> Any:
     ids (``#7042``) when there is none."""
     if checkpoint is not None and (Path(checkpoint).is_dir() or hf_loader.is_gguf(checkpoint)):
         try:
-            if Path(checkpoint).is_dir():
-                from transformers import AutoTokenizer
-
-                tok = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
-            else:
-                with hf_loader.quiet_load():
-                    tok = hf_loader.gguf_tokenizer(checkpoint)
+            tok = hf_loader.load_tokenizer(checkpoint)
             return lambda i: token_text(tok, i)
         except Exception:  # no tokenizer files, no such file, or transformers missing: fall back to ids
             pass
     return lambda i: f"#{int(i)}"
 
 
-__all__ = ["DEFAULT_TEXTS", "HiddenStates", "TextHidden", "decoder", "hidden_states_from_text", "load_text_model",
+__all__ = ["DEFAULT_TEXTS", "TextHidden", "decoder", "load_text_model",
            "read_text_file", "text_hidden_states", "token_text"]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 import textwrap
 import time
+import typing
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -101,11 +103,37 @@ def _cli() -> None:
     warnings.showwarning = _show_warning
 
 
-def _fail(exc: Exception) -> typer.Exit:
+# How the library names a command's fields in its errors: in backquotes (`kv_cache`); each command
+# line spells them as its own flags (_flags), so no layer below this one spells a flag.
+_FIELD = re.compile(r"`([a-z][a-z0-9_]*)`")
+# Fields whose flag is not their name in kebab case (the rest: `top_p` -> --top-p).
+_FLAG_NAMES = {"prompts": "--prompt", "loras": "--lora", "stop_token_ids": "--stop-token-id"}
+
+
+def _flags(command: Callable[..., None]) -> dict[str, str]:
+    """A command's field -> flag map: every parameter as the command line spells it (its first ``--``
+    declaration, else ``--kebab-name``; an argument as its NAME), and :data:`_FLAG_NAMES`."""
+    out = dict(_FLAG_NAMES)
+    for name, hint in typing.get_type_hints(command, include_extras=True).items():
+        info = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, typer.models.ParameterInfo)), None)
+        if isinstance(info, typer.models.ArgumentInfo):
+            out[name] = name.upper()
+        elif info is not None:
+            decls = [d.split("/")[0] for d in (info.param_decls or ()) if d.startswith("--")]
+            out[name] = decls[0] if decls else "--" + name.replace("_", "-")
+    return out
+
+
+def _spelled(text: str, flags: dict[str, str]) -> str:
+    """``text`` with each backquoted field the command has as its flag (`kv_cache` -> --kv-cache)."""
+    return _FIELD.sub(lambda m: flags.get(m[1], m[0]), text)
+
+
+def _fail(exc: Exception, flags: dict[str, str] | None = None) -> typer.Exit:
     """Print ``exc`` as one ``error:`` line (its text escaped: a message naming a path or a token
-    is never read as rich markup) and return the exit-code-2 to raise. A :class:`RankFailures`
-    shows the error of the first rank that failed on its own (not a PeerRankError echo); a
-    typed error never carries a traceback."""
+    is never read as rich markup; the fields it names spelled as ``flags``) and return the exit-code-2
+    to raise. A :class:`RankFailures` shows the error of the first rank that failed on its own (not a
+    PeerRankError echo); a typed error never carries a traceback."""
     shown: BaseException = exc
     note = ""
     if isinstance(exc, RankFailures) and exc.errors:
@@ -114,7 +142,8 @@ def _fail(exc: Exception) -> typer.Exit:
         if isinstance(own[rank], TrtVocabError):
             shown = own[rank]
             note = f" (rank {rank}; {len(exc.errors)} rank(s) failed)"
-    err_console.print(f"[bold red]error:[/] {escape(type(shown).__name__)}: {escape(str(shown))}{escape(note)}",
+    text = _spelled(str(shown), flags or {})
+    err_console.print(f"[bold red]error:[/] {escape(type(shown).__name__)}: {escape(text)}{escape(note)}",
                       highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 
@@ -122,15 +151,16 @@ def _fail(exc: Exception) -> typer.Exit:
 def cli_errors(fn: Callable[..., None] | None = None, *,
                cleanup: Callable[[], None] | None = None) -> Any:
     """A command's one error path: a :class:`~trtvocab.errors.TrtVocabError` or an ``OSError`` (a path that
-    cannot be read or written) becomes one ``error:`` line and exit code 2 (:func:`_fail`); anything else is
-    a bug and keeps its traceback. ``cleanup`` runs after the command either way (after the error line)."""
+    cannot be read or written) becomes one ``error:`` line, the fields it names spelled as the command's
+    flags, and exit code 2 (:func:`_fail`); anything else is a bug and keeps its traceback. ``cleanup`` runs
+    after the command either way (after the error line)."""
     def wrap(command: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> None:
             try:
                 command(*args, **kwargs)
             except (TrtVocabError, OSError) as exc:
-                raise _fail(exc) from None
+                raise _fail(exc, _flags(command)) from None
             finally:
                 if cleanup is not None:
                     cleanup()
@@ -798,18 +828,6 @@ def compare(
 
 
 # ---- generate -------------------------------------------------------------------------------
-def _distinct_lora_for(items: list[str]) -> None:
-    """Refuse two ``--lora-for`` entries for one prompt index (the last one would win without a word)."""
-    seen: dict[str, str] = {}
-    for item in items:
-        index = str(item).partition("=")[0].strip()
-        index = str(int(index)) if index.lstrip("+-").isdigit() else index
-        if index in seen:
-            raise ConfigError(f"--lora-for: prompt index {index} is given twice ({seen[index]!r} and {item!r}); "
-                              "one adapter per prompt")
-        seen[index] = str(item)
-
-
 @app.command(cls=_Command)
 @cli_errors
 def generate(
@@ -885,30 +903,40 @@ def generate(
                                                        "applies to every prompt)")] = None,
 ) -> None:
     """Decode with the vocabulary dimension split over --tp ranks: embedding, head and sampler in trtvocab."""
+    from trtvocab.pipeline.generate import GenerateOptions, prepare, sampling_params
     from trtvocab.pipeline.generate import generate as run_generate
-    from trtvocab.pipeline.generate import prepare, sampling_params
 
     imported = time.perf_counter()
-    _distinct_lora_for(lora_for or [])
     params = sampling_params(temperature, top_k, top_p, min_p, seed, logit_bias=logit_bias or [],
                              repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, min_tokens=min_tokens,
                              stop_token_ids=stop_token_id or [], ignore_eos=ignore_eos, typical_p=typical_p,
                              logprobs=logprobs, logprobs_mode=logprobs_mode, prompt_logprobs=prompt_logprobs,
                              n=n, beam_width=beam_width)
-    spec, loaded = prepare(model, prompt, chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
-                           json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
-                           artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
-                           attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
-                           gguf_blocks=gguf_blocks, bad_words=bad_words or [], stop=stop or [],
-                           kv_cache=kv_cache, compile_step=compile_step,
-                           body_kernels=body_kernels)
+    options = GenerateOptions(prompts=tuple(prompt), chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
+                              json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
+                              artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
+                              attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
+                              gguf_blocks=gguf_blocks, bad_words=tuple(bad_words or ()), stop=tuple(stop or ()),
+                              kv_cache=kv_cache, compile_step=compile_step, body_kernels=body_kernels)
+    spec, loaded = prepare(model, options)
     prepared = time.perf_counter()
     report = run_generate(spec, loaded)
     ran = time.perf_counter()
     if as_json:
         print(json.dumps(report.as_json(loaded.tokenizer)))
         return
+    _print_generated(model, report, spec, params, backend, artifact)
+    # The decode loop's rate leaves out what came before it: said on stderr (stdout stays the answer).
+    setup = ("ranks" if report.tp > 1 else "set-up", max(ran - prepared - report.seconds - report.compile_s, 0.0))
+    compiled = [("compile", report.compile_s)] if report.compile_s > 0 else []
+    err_console.print(_time_line([("imports", imported - _STARTED), ("model load", prepared - imported), setup,
+                                  *compiled], "decode", report.seconds), highlight=False, soft_wrap=True)
+
+
+def _print_generated(model: Path, report: Any, spec: Any, params: Any, backend: str, artifact: Path | None) -> None:
+    """``generate``'s answer on stdout: what ran, each prompt and its text, the rates (and a compiled
+    step's compile on its own line: it is in neither rate)."""
     how = "greedy" if params.greedy else f"temperature {params.temperature:g}, seed {params.seed}"
     chosen = f", as --backend {backend} chose" if backend != "auto" else ", --backend auto"
     notes = [f"tp {report.tp}", f"head: {report.head}" + (f" ({artifact}{chosen})" if artifact is not None else ""),
@@ -927,7 +955,7 @@ def generate(
                       f"(every one of the {report.tp} ranks ran the whole body on every prompt; only the vocabulary "
                       "is split: --attention-dp gives each rank its own prompts)", highlight=False)
     if spec.artifact is not None and spec.artifact.note:
-        console.print(escape(f"({spec.artifact.note})"), highlight=False)
+        console.print(escape(f"({_spelled(spec.artifact.note, _flags(generate))})"), highlight=False)
     for i, r in enumerate(report.results):
         console.print(f"[bold][{i + 1}][/] [dim]{escape(r.prompt)}[/]", highlight=False)
         console.print(escape(r.text.rstrip("\n")), highlight=False, soft_wrap=True)
@@ -935,11 +963,9 @@ def generate(
     then = f", then {after:.1f} tokens/s" if after is not None else ""
     console.print(f"{report.new_tokens} new tokens in {report.seconds:.2f} s (prefill {report.prefill_s:.2f} s{then}): "
                   f"{report.tokens_per_s:.1f} tokens/s", highlight=False)
-    # The decode loop's rate above leaves out what came before it: said on stderr (stdout stays the answer).
-    setup = ("ranks", max(ran - prepared - report.seconds, 0.0)) if report.tp > 1 else \
-        ("set-up", max(ran - prepared - report.seconds, 0.0))
-    err_console.print(_time_line([("imports", imported - _STARTED), ("model load", prepared - imported), setup],
-                                 "decode", report.seconds), highlight=False, soft_wrap=True)
+    if report.compile_s > 0:
+        console.print(f"compile: {report.compile_s:.2f} s (torch.compile of the body's one-token step, in this run; "
+                      "not in the times above)", highlight=False)
 
 
 def main() -> None:  # pragma: no cover

@@ -103,7 +103,7 @@ def _loaded_band() -> tuple[kernels.Loaded, int] | str:
 
 
 def body_kernel_reason() -> str | None:
-    """Why ``--body-kernels`` cannot run here (None: it can)."""
+    """Why ``body_kernels`` cannot run here (None: it can)."""
     found = _loaded_band()
     return found if isinstance(found, str) else None
 
@@ -120,7 +120,7 @@ class KernelLinears:
     def __init__(self, root: torch.nn.Module) -> None:
         found = _loaded_band()
         if isinstance(found, str):
-            raise InputError(f"--body-kernels: {found}")
+            raise InputError(f"`body_kernels`: {found}")
         loaded, band = found
         self.forwards = [(m, _kernel_forward(m, loaded, band)) for m in root.modules() if _eligible(m)]
 

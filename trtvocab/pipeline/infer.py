@@ -84,9 +84,7 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
     """
     root = Path(root)
     manifest = artifacts.read_manifest(root)
-    if not manifest.complete:
-        raise ArtifactError(f"{root}: holds ranks {manifest.ranks_built} of tp {manifest.mapping.tp_size}; "
-                            "inference needs all of them")
+    manifest.require_complete(str(root), "inference")
     chosen, _ = pick_backend(manifest, backend)
     check_hidden_states(hidden, hidden_size=manifest.head.hidden_size, finite=True)
     if seq_lens is not None:

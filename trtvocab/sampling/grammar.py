@@ -1,4 +1,4 @@
-"""Constraints for the decode loop: ``--json-schema`` / ``--regex`` through xgrammar, bounded.
+"""Constraints for the decode loop: ``json_schema`` / ``regex`` through xgrammar, bounded.
 
 xgrammar's compile time grows faster than the grammar (an enum of 20k strings takes ~30 s against
 SmolLM2's 49k-token vocabulary, one of 500k never ends), and it silently ignores or reinterprets
@@ -57,7 +57,7 @@ def _xgrammar() -> Any:
     try:
         return importlib.import_module("xgrammar")
     except ImportError as exc:  # pragma: no cover - the generate extra is missing
-        raise ConfigError(f"--json-schema / --regex need xgrammar (pip install 'trtvocab[generate]'): {exc}") from None
+        raise ConfigError(f"`json_schema` / `regex` need xgrammar (pip install 'trtvocab[generate]'): {exc}") from None
 
 
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -160,12 +160,12 @@ def _within(what: str, value: int, counted: str, limit: int, name: str) -> None:
 def check_grammar(spec: GrammarSpec, what: str | None = None) -> None:
     """The checks that need no xgrammar: size, nesting, and for a JSON schema valid JSON without
     keywords xgrammar would ignore or choices among nothing (:class:`GrammarError`, naming the limit)."""
-    what = what or ("--json-schema" if spec.kind == "json_schema" else f"--regex {spec.source[:60]!r}")
+    what = what or ("`json_schema`" if spec.kind == "json_schema" else f"`regex` {spec.source[:60]!r}")
     if not isinstance(spec.source, str):
         raise GrammarError(f"{what}: expected the grammar as text, got {type(spec.source).__name__}")
     if spec.kind == "regex":
         if not spec.source:
-            raise GrammarError("--regex: the pattern is empty")
+            raise GrammarError("`regex`: the pattern is empty")
         _within(what, len(spec.source), "{} characters", MAX_REGEX_CHARS, "MAX_REGEX_CHARS")
         _within(what, _regex_depth(spec.source), "groups nested {} deep", MAX_GRAMMAR_DEPTH, "MAX_GRAMMAR_DEPTH")
         return
@@ -291,7 +291,7 @@ def compile_grammar(spec: GrammarSpec, tokenizer: Any, vocab_size: int, stop_ids
     too large or too deep (:func:`check_grammar`), uses what xgrammar would ignore or reinterpret (its
     warnings), takes longer than :func:`grammar_timeout`, or lets the model say nothing: no first token
     allowed, or only a stop token (the grammar matches nothing, or only the empty answer)."""
-    what = what or ("--json-schema" if spec.kind == "json_schema" else f"--regex {spec.source[:60]!r}")
+    what = what or ("`json_schema`" if spec.kind == "json_schema" else f"`regex` {spec.source[:60]!r}")
     limit = grammar_timeout() if timeout is None else timeout
     check_grammar(spec, what)
     xgr = _xgrammar()
@@ -316,18 +316,18 @@ def compile_grammar(spec: GrammarSpec, tokenizer: Any, vocab_size: int, stop_ids
 
 
 def grammar_spec(json_schema: str | Path | None = None, regex: str | None = None) -> GrammarSpec | None:
-    """The grammar of ``--json-schema FILE`` or ``--regex PATTERN`` (at most one), checked: bounded in
+    """The grammar of ``json_schema`` (a file) or ``regex`` (a pattern) (at most one), checked: bounded in
     size (:data:`MAX_SCHEMA_BYTES`, :data:`MAX_REGEX_CHARS`) and nesting (:data:`MAX_GRAMMAR_DEPTH`), free
     of what xgrammar would ignore or reinterpret, converted by xgrammar within :func:`grammar_timeout`."""
     if json_schema is not None and regex is not None:
-        raise InputError("--json-schema and --regex: give at most one of them (one grammar per run)")
+        raise InputError("`json_schema` and `regex`: give at most one of them (one grammar per run)")
     if json_schema is None and regex is None:
         return None
 
     if json_schema is not None:
         path = Path(json_schema)
-        what = f"--json-schema {path}"
-        raw = read_regular(path, "--json-schema", max_bytes=MAX_SCHEMA_BYTES, error=GrammarError)
+        what = f"`json_schema` {path}"
+        raw = read_regular(path, "`json_schema`", max_bytes=MAX_SCHEMA_BYTES, error=GrammarError)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -336,8 +336,8 @@ def grammar_spec(json_schema: str | Path | None = None, regex: str | None = None
     else:
         assert regex is not None
         if not regex:
-            raise GrammarError("--regex: the pattern is empty")
-        what = f"--regex {regex[:60]!r}"
+            raise GrammarError("`regex`: the pattern is empty")
+        what = f"`regex` {regex[:60]!r}"
         spec = GrammarSpec("regex", regex, f"regex {regex[:60]!r}")
     _convert(spec, what)
     return spec

@@ -1,4 +1,4 @@
-"""Per-rank bodies of tests/weights/test_lora_added_vocab.py (spawned processes import this module by name).
+"""Per-rank bodies of tests/sampling/test_lora_added_vocab.py (spawned processes import this module by name).
 
 One call loads a base checkpoint's embedding and head at one tp size and layout, attaches the adapters
 (one adds tokens, one does not), and returns what each end computes for one batch of per-row adapters.
@@ -95,7 +95,7 @@ def knobs_case(rank: int, world: int, layout: str, folder: str) -> dict[str, Any
     8-column chunks), ids and logprobs, on this rank."""
     from trtvocab.sampling import TokenState, chunked
     from trtvocab.sampling.added_vocab import decode_output, gathered_output, token_order_view
-    from trtvocab.sampling.draw import rows_params
+    from trtvocab.sampling.args import rows_params
 
     mapping = Mapping(world_size=world, rank=rank, tp_size=world) if world > 1 else None
     gen = torch.Generator().manual_seed(5)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.weights.lora_added_rank_fns import KNOB_H, KNOB_V, added_case, disagreeing_params, knobs_case
+from tests.sampling.lora_added_rank_fns import KNOB_H, KNOB_V, added_case, disagreeing_params, knobs_case
 from trtvocab import LMHead, VocabParallelEmbedding
 from trtvocab.base.family import HeadOps
 from trtvocab.errors import AdapterError, ConfigError, InputError
