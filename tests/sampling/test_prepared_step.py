@@ -86,7 +86,7 @@ def test_a_bad_row_on_one_rank_raises_on_every_rank(launch_ranks: Callable[..., 
 
 def test_building_refuses_bad_arguments_typed() -> None:
     head = F.head_of(0, 1)
-    with pytest.raises(InputError, match="state must be the TokenState of these 2 rows"):
+    with pytest.raises(InputError, match=r"state holds 3 rows .* this call has 2 rows"):
         DecodeStep(head, [SamplingParams()] * 2, state=F.TokenState.for_head(head, F.PROMPTS))
     with pytest.raises(InputError, match="outside the vocab"):
         DecodeStep(head, SamplingParams(logit_bias={F.V: 1.0}), rows=2)

@@ -24,8 +24,9 @@ import torch
 
 from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling import chunked
+from trtvocab.sampling.args import Logprobs, SamplerOutput
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import Logprobs, SamplerOutput, prompt_logprobs, sample, sample_output
+from trtvocab.sampling.draw import prompt_logprobs, sample, sample_output
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.prepared import DecodeStep
 from trtvocab.sampling.reductions import (
@@ -60,7 +61,29 @@ def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head:
     return apply_bitmask_(local_logits, bitmask, head)
 
 
-__all__ = ["HANDSHAKE", "DecodeStep", "TOP_P_FIRST_K", "Logprobs", "SamplerOutput", "SamplingParams", "TokenState", "apply_min_p",
-           "apply_token_bitmask", "apply_top_p", "chunked", "decode", "decode_output", "greedy", "log_softmax",
-           "logprobs", "logsumexp", "min_p_mask", "prompt_logprobs", "sample", "sample_output", "streams",
-           "top_p_mask", "topk"]
+__all__ = [
+    "HANDSHAKE",
+    "TOP_P_FIRST_K",
+    "DecodeStep",
+    "Logprobs",
+    "SamplerOutput",
+    "SamplingParams",
+    "TokenState",
+    "apply_min_p",
+    "apply_token_bitmask",
+    "apply_top_p",
+    "chunked",
+    "decode",
+    "decode_output",
+    "greedy",
+    "log_softmax",
+    "logprobs",
+    "logsumexp",
+    "min_p_mask",
+    "prompt_logprobs",
+    "sample",
+    "sample_output",
+    "streams",
+    "top_p_mask",
+    "topk",
+]

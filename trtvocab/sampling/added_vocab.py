@@ -27,8 +27,9 @@ from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.parallel.distributed import HandshakeState
 from trtvocab.parallel.sharding import VocabPlacement
+from trtvocab.sampling.args import SamplerOutput, params_tensor, rows_params, step_error
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import SamplerOutput, params_tensor, rows_params, sample_output, step_error
+from trtvocab.sampling.draw import sample_output
 from trtvocab.sampling.filters import Metadata, race_scores, scale
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import NO_ID, first_max, gather_stack, handshake

@@ -31,19 +31,19 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling import treesum
 from trtvocab.sampling.added_vocab import segmented_placement
-from trtvocab.sampling.bitmask import allowed_columns
-from trtvocab.sampling.draw import (
+from trtvocab.sampling.args import (
     Logprobs,
     SamplerOutput,
     collective_plan,
     draw_args_error,
     params_tensor,
-    pipeline,
     prompt_args_error,
     state_error,
 )
+from trtvocab.sampling.bitmask import allowed_columns
 from trtvocab.sampling.filters import Metadata, column_ids, min_p_keep, process, race_scores, scale
 from trtvocab.sampling.params import SamplingParams
+from trtvocab.sampling.prepared import DecodeStep
 from trtvocab.sampling.reductions import (
     NO_ID,
     first_max,
@@ -507,7 +507,7 @@ def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
 def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], seeds: list[int], step: int,
           vocab_limit: int | None, chunk: int | None, what: str, bitmask: torch.Tensor | None = None,
           state: TokenState | None = None) -> SamplerOutput:
-    """The pipeline of ``draw.pipeline`` over the streamed chunks: the column-local steps
+    """The prepared step's pipeline (``prepared.DecodeStep``) over the streamed chunks: the column-local steps
     (:mod:`~trtvocab.sampling.filters`) on each chunk, the race as it goes, top-k / top-p among
     merged candidates. Rows with typical-p or returned logprobs are drawn by the materialized
     pipeline on row groups the budget holds (:func:`_long_nuclei`): the same tokens."""
@@ -653,7 +653,7 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
     """The outputs of ``rows`` (top-p rows whose nucleus is longer than the candidates, or every row
     when one has typical-p or logprobs): their logits are streamed again, bitwise the same (the same
     GEMM calls over the whole batch), as many rows at a time as the head's budget holds, and drawn by
-    the materialized pipeline (``draw.pipeline``, on sub-groups its temporaries fit in): the same
+    the materialized pipeline (``DecodeStep.for_rows``, on sub-groups its temporaries fit in): the same
     tokens. Each group costs one more pass over the weight."""
     # The same on every rank: the same groups, the same collectives.
     width = max(1, max(sum(b - a for a, b in rank) for rank in _place(head).owned_ranges()))
@@ -669,7 +669,9 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
             logits[:, lo:hi] = x.index_select(0, index)
         for s0 in range(0, len(sel), sub):
             part = sel[s0 : s0 + sub]
-            out.append(pipeline(logits[s0 : s0 + sub], _place(head), meta.select(part)))
+            m = meta.select(part)
+            out.append(DecodeStep.for_rows(_place(head), m.per_row, m.seeds, m.step, m.vocab_limit, m.state)
+                       .draw_once(logits[s0 : s0 + sub], "sample"))
     return out
 
 

@@ -2,9 +2,9 @@
 
 A call's per-row arguments become one :class:`Metadata` (vLLM v1's ``SamplingMetadata``); each
 step here is a pure function of a block of columns (global ids ``col_ids``) and that object, so
-:func:`trtvocab.sampling.draw.pipeline` applies it to a rank's whole shard and
+:class:`trtvocab.sampling.prepared.DecodeStep` applies it to a rank's whole shard and
 :mod:`trtvocab.sampling.chunked` to each streamed chunk, with the same bits. The steps that need
-the ranks (top-k, top-p, typical-p, the race's merge) live in :mod:`~trtvocab.sampling.draw`.
+the ranks (top-k, top-p, typical-p, the race's merge) live in :mod:`~trtvocab.sampling.prepared`.
 Order and semantics: docs/sampling.md.
 """
 

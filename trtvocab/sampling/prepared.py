@@ -35,17 +35,19 @@ from typing import Any
 import torch
 
 from trtvocab.errors import ConfigError, InputError
+from trtvocab.parallel import distributed as D
 from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling import noise, treesum
-from trtvocab.sampling.bitmask import allowed_columns
-from trtvocab.sampling.draw import (
+from trtvocab.sampling.args import (
     ENTROPY_BITS,
     Logprobs,
     SamplerOutput,
     collective_plan,
     draw_args_error,
     params_tensor,
+    state_error,
 )
+from trtvocab.sampling.bitmask import allowed_columns, allowed_ids
 from trtvocab.sampling.params import LOGPROBS_MODES, SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
@@ -82,6 +84,9 @@ def _gather(t: torch.Tensor, place: VocabPlacement) -> torch.Tensor:
     """``[tp, *t.shape]``: every rank's ``t`` (fixed shape), a functional all_gather ``torch.compile`` traces."""
     if not place.is_split:
         return t[None]
+    if place.handshake_state.pending is not None:  # a per-call step: its first gather carries the call's verdict
+        return torch.stack(D.gather_verdict(place.handshake_state.take_pending(), t, place.tp_size,
+                                            place.process_group))
     from torch.distributed import _functional_collectives as fc
 
     group = place.process_group if place.process_group is not None else torch.distributed.group.WORLD
@@ -143,8 +148,13 @@ def _lse(x: torch.Tensor, place: VocabPlacement,
     picked = None
     if token_ids is not None:
         picked = pick_owned(x, token_ids, place, torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device))
-    return treesum.tree_logsumexp(x, place.vocab_start, place.vocab_size, place.tp_size, place.process_group,
-                                  owned_ranges(place), extra=picked, gather=lambda t: _gather(t, place))
+    if place.added is None:
+        return treesum.tree_logsumexp(x, place.vocab_start, place.vocab_size, place.tp_size, place.process_group,
+                                      owned_ranges(place), extra=picked, gather=lambda t: _gather(t, place))
+    (a, _), (c, _) = place.owned_ranges()[place.tp_rank]  # two segments: each piece's nodes of the one tree
+    nodes = treesum.range_nodes(x[:, : place.shard.size], a) + treesum.range_nodes(x[:, place.shard.size :], c)
+    return treesum.merge_ranges(nodes, place.vocab_size, place.tp_size, place.process_group, place.owned_ranges(),
+                                like=x, extra=picked, gather=lambda t: _gather(t, place))
 
 
 def _padded(lists: list[list[int]], width: int | None = None, fill: int = -1) -> torch.Tensor:
@@ -177,10 +187,8 @@ class DecodeStep:
                  rows: int | None = None) -> None:
         self.head = None if isinstance(head, VocabPlacement) else head
         place = VocabPlacement.of(head)
-        if place.added is not None:
-            raise ConfigError("DecodeStep: a head with added tokens (adapters that add ids) decodes through "
-                              "sampling.decode_output, not a prepared step")
         self.place = place
+        self.advances = True
         self.last_output: SamplerOutput | None = None
         self._last: torch.Tensor | None = None
         self._args = (params, state, bitmask_width, start_step, vocab_limit)
@@ -200,11 +208,8 @@ class DecodeStep:
         device = torch.device(place.device) if not isinstance(place.device, torch.device) else place.device
         self.device = device
         error, per_row = draw_args_error(params, rows, start_step, vocab_limit, place.vocab_size, "DecodeStep")
-        if error is None and state is not None and (
-                not isinstance(state, TokenState) or state.rows != rows or state.start != place.vocab_start
-                or state.size != place.shard.size):
-            error = InputError(f"DecodeStep: state must be the TokenState of these {rows} rows on ids "
-                               f"[{place.vocab_start}, {place.vocab_start + place.shard.size})")
+        if error is None:
+            error = state_error(state, rows, place, "DecodeStep")
         if error is None and bitmask_width is not None and (
                 isinstance(bitmask_width, bool) or not isinstance(bitmask_width, int) or bitmask_width < 0):
             error = InputError(f"DecodeStep: bitmask_width must be an int >= 0 or None, got {bitmask_width!r}")
@@ -225,6 +230,36 @@ class DecodeStep:
                 self.head.local_logits(torch.zeros(1, self.head.hidden_size, dtype=self.head.dtype, device=device))
                 treesum.range_nodes(torch.zeros(1, 2, device=device), 0)  # the tree kernel's exp check
             _WARM.add(self.head)
+
+    @classmethod
+    def for_rows(cls, head: Any, per_row: list[SamplingParams], seeds: list[int], step: int,
+                 vocab_limit: int | None, state: TokenState | None) -> DecodeStep:
+        """The step of one per-call draw (``sampling.sample`` / ``decode_output``), whose arguments the
+        caller validated and agreed on already: no handshake, no bucket padding, and the state is read,
+        not advanced (the caller appends the ids)."""
+        self = cls.__new__(cls)
+        self.head = None if isinstance(head, VocabPlacement) else head
+        self.place = VocabPlacement.of(head)
+        self.advances = False
+        self.last_output, self._last = None, None
+        self.rows = self.padded_rows = len(per_row)
+        self.device = torch.device(self.place.device) if not isinstance(self.place.device, torch.device) \
+            else self.place.device
+        self.per_row, self.vocab_limit, self.bitmask_width, self.state = per_row, vocab_limit, None, state
+        self.seeds = seeds
+        self._prepare(per_row, state, step)
+        return self
+
+    def draw_once(self, owned_logits: torch.Tensor, what: str) -> SamplerOutput:
+        """:meth:`draw` for a per-call draw: the output, and a row left with no token raised at once
+        (``what``: the caller's name in the message)."""
+        self._draw(owned_logits, None, torch.zeros(self.rows, dtype=torch.int64, device=owned_logits.device))
+        assert self._last is not None and self.last_output is not None
+        empty = (self._last[self.rows : 2 * self.rows] & NO_TOKEN) != 0
+        if bool(empty.any()):  # every rank has the same gathered values: every rank raises
+            raise InputError(f"{what}: row(s) {empty.nonzero()[:, 0].tolist()} allow no token (every logit is -inf "
+                             "after the bitmask / vocab_limit / filters)")
+        return self.last_output
 
     # ---- preparation (host, once) -------------------------------------------------------------
     def _prepare(self, per_row: list[SamplingParams], state: TokenState | None, start_step: int) -> None:
@@ -289,7 +324,10 @@ class DecodeStep:
         self.freq = f32([p.frequency_penalty for p in rows])[:, None]
         self.pres = f32([p.presence_penalty for p in rows])[:, None]
         self.counts = self.seen = None
-        if state is not None:
+        self.state_start = state.start if state is not None else 0
+        if state is not None and not self.advances:
+            self.counts, self.seen = state.output_counts.to(dev), state.prompt_seen.to(dev)
+        elif state is not None:
             counts, seen = state.output_counts.to(dev), state.prompt_seen.to(dev)
             if pad:
                 counts = torch.cat([counts, counts.new_zeros(pad, counts.shape[1])])
@@ -359,7 +397,8 @@ class DecodeStep:
             mask = bitmask.to(x.device)
             if self.padded_rows != self.rows:
                 mask = torch.cat([mask, mask.new_full((self.padded_rows - self.rows, mask.shape[1]), -1)])
-            keep = allowed_columns(mask, place.vocab_start, x.shape[1], place.shard.size)
+            keep = allowed_columns(mask, place.vocab_start, x.shape[1], place.shard.size) if place.added is None \
+                else allowed_ids(mask, self.col_ids)
             x = x.masked_fill(~keep, float("-inf"))
         top = x.amax(dim=1) if x.shape[1] else x.new_full((x.shape[0],), float("-inf"))
         status = status | torch.where(torch.isnan(top), LOGITS_NAN, 0) | torch.where(top == float("inf"),
@@ -387,13 +426,12 @@ class DecodeStep:
         if not self.processes:
             return x
         n = x.shape[1]
-        first = self.place.vocab_start
         rows = x.shape[0]
 
         def scatter(ids: torch.Tensor, value: torch.Tensor | float, base: torch.Tensor) -> torch.Tensor:
             """``base [B, n]`` with the owned columns of ``ids [B, m]`` (-1 / others: a spare column) set."""
-            local = ids - first
-            col = torch.where((ids >= 0) & (local >= 0) & (local < n), local, n)
+            cols, mine = self.place.owned_columns(ids)
+            col = torch.where((ids >= 0) & mine, cols, n)
             wide = torch.cat([base, base[:, :1]], dim=1)
             src = value if isinstance(value, torch.Tensor) else torch.full(ids.shape, value, dtype=base.dtype,
                                                                           device=base.device)
@@ -419,8 +457,12 @@ class DecodeStep:
             x = torch.where(has, x + bias, x)
         if self.penalizes:
             assert self.counts is not None and self.seen is not None
-            counts = self.counts[:, :n]
-            seen = self.seen[:, :n] | (counts > 0)
+            if self.place.added is None:  # the state's columns are the owned ones
+                counts, seen = self.counts[:, :n], self.seen[:, :n]
+            else:  # a token-order state (every id): the owned ids' columns
+                at = self.col_ids - self.state_start
+                counts, seen = self.counts.index_select(1, at), self.seen.index_select(1, at)
+            seen = seen | (counts > 0)
             x = torch.where(seen & (self.rep != 1), torch.where(x > 0, x / self.rep, x * self.rep), x)
             x = torch.where(self.freq != 0, x - self.freq * counts.to(torch.float32), x)
             x = torch.where(self.pres != 0, x - self.pres * (counts > 0).to(torch.float32), x)
@@ -583,12 +625,14 @@ class DecodeStep:
 
     def _advance(self, chosen: torch.Tensor) -> None:
         """The step counter, the generated counts, the history and the state's counts, in place on the device."""
+        if not self.advances:
+            return
         self.step_t.add_(1)
         self.generated.add_(self.real.to(torch.int64))
         if self.history_len:
             self.history.copy_(torch.cat([self.history[:, 1:], chosen[:, None]], dim=1))
         if self.counts is not None:
-            local = chosen - self.place.vocab_start
+            local = chosen - self.state_start
             mine = self.real & (local >= 0) & (local < self.counts.shape[1])
             rows = torch.arange(self.counts.shape[0], device=chosen.device)
             self.counts.index_put_((rows, torch.where(mine, local, 0)), mine.to(self.counts.dtype), accumulate=True)

@@ -4,7 +4,8 @@
 :class:`~trtvocab.logits.LogitsProcessor` selects them), xgrammar's bitmask and the sampling
 params, and returns the next ids, the same on every rank. When this batch's float32
 ``[B, V_local]`` logits (``V_local`` the widest shard, so every rank decides alike) fit in
-``head.logits_budget_bytes`` it computes them and draws (:func:`~trtvocab.sampling.draw.pipeline`);
+``head.logits_budget_bytes`` it computes them and draws (the prepared step's pipeline,
+:class:`~trtvocab.sampling.prepared.DecodeStep`);
 otherwise it streams the shard in vocab chunks (:func:`trtvocab.sampling.chunked.decode`): the
 same ids bitwise, the logits never held. Both paths share one cached handshake (docs/generate.md,
 "How one step runs"; docs/architecture.md, "The vocab-chunked head").
@@ -22,8 +23,9 @@ from trtvocab.logits import select_rows
 from trtvocab.parallel.sharding import VocabPlacement
 from trtvocab.sampling import added_vocab, chunked
 from trtvocab.sampling.added_vocab import has_added_vocab
+from trtvocab.sampling.args import SamplerOutput, state_error
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
-from trtvocab.sampling.draw import SamplerOutput, checked_sample, state_error
+from trtvocab.sampling.draw import checked_sample
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.reductions import check_logits
 from trtvocab.sampling.state import TokenState
@@ -82,7 +84,7 @@ def decode_output(
     the head's logits budget the step streams (module docstring). A bad input on one rank still
     raises on every rank. ``state``: the batch's :class:`~trtvocab.sampling.state.TokenState`
     (penalties, bad words, min tokens read it; the caller appends each step's ids). Returns the
-    token ids and the logprobs the rows ask for (:class:`~trtvocab.sampling.draw.SamplerOutput`).
+    token ids and the logprobs the rows ask for (:class:`~trtvocab.sampling.args.SamplerOutput`).
     """
     error: InputError | None = None
     if seq_lens is not None:
