@@ -18,6 +18,11 @@ the figures), also written as JSON (``--out``, default ``artifacts/gpu_check.jso
    (V = 129280); whether chunked greedy / logsumexp / top-p sample equal the materialized path
    bitwise there (reported, not failed: cuBLAS may pick other kernels for narrower GEMMs).
 6. **TensorRT**: build and run the default recipe's engine where ``import tensorrt`` works.
+7. **The prepared decode step on the device** (``trtvocab.sampling.DecodeStep``): every knob's eager step
+   under ``torch.cuda.set_sync_debug_mode("error")`` (a sync inside the step raises), the step captured in
+   a ``torch.cuda.CUDAGraph`` and replayed (ids and logprobs equal the eager step's, bitwise), and
+   ``torch.compile(mode="reduce-overhead")`` of it (the same ids); the time of an eager step, a replay
+   and a compiled call at B = 1, 8, 64.
 
 This script has not run on a GPU yet: the development machines have none.
 """
@@ -239,6 +244,58 @@ def tensorrt_engine() -> dict[str, Any] | str:
             "argmax_equal": bool(torch.equal(by_engine.argmax(-1), by_torch.argmax(-1)))}
 
 
+def decode_step_capture() -> dict[str, Any]:
+    """Section 7 (module docstring): a dense bf16 head on the GPU, V = 49152, H = 576 (SmolLM2's shape)."""
+    from trtvocab import LMHead
+    from trtvocab.sampling import DecodeStep, SamplingParams
+
+    vocab, hidden = 49152, 576
+    head = LMHead(vocab, hidden, gather_output=False, device="cuda")
+    head.load_weights({"weight": (torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0))
+                                  * hidden**-0.5).bfloat16().cuda()})
+    knobs = {"greedy": SamplingParams(temperature=0.0),
+             "top-k + top-p": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=1),
+             "min-p + penalties + bias": SamplingParams(temperature=0.7, min_p=0.05, repetition_penalty=1.2,
+                                                        logit_bias={5: 2.0}, seed=2),
+             "typical-p + logprobs": SamplingParams(temperature=1.0, typical_p=0.9, logprobs=5, seed=3)}
+    out: dict[str, Any] = {}
+    for name, p in knobs.items():
+        for rows in (1, 8, 64):
+            x = torch.randn(rows, hidden, device="cuda").bfloat16()
+            eager, captured = DecodeStep(head, [p] * rows), DecodeStep(head, [p] * rows)
+            captured.seed_keys = eager.seed_keys
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                for _ in range(3):  # warm (allocator, cuBLAS handles) on a side stream, as capture wants
+                    eager(x)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    captured(x)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                got = captured(x)
+            graph.replay()
+            eager(x)
+            torch.cuda.synchronize()
+            same = eager.last_output.token_ids.cpu().tolist() == got.cpu().tolist()
+            t_eager = _time_cuda(lambda e=eager, x=x: e(x))
+            t_graph = _time_cuda(graph.replay)
+            out[f"{name} B={rows}"] = {"replay_equals_eager": same, "eager_ms": t_eager, "replay_ms": t_graph}
+            if not same:
+                raise AssertionError(f"{name} B={rows}: the replayed step's ids differ from the eager step's")
+    compiled = torch.compile(DecodeStep(head, [knobs["top-k + top-p"]] * 8), mode="reduce-overhead", fullgraph=True)
+    x = torch.randn(8, hidden, device="cuda").bfloat16()
+    for _ in range(3):
+        compiled(x)
+    out["reduce-overhead compiled_ms"] = _time_cuda(lambda: compiled(x))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=540.0)
@@ -255,7 +312,8 @@ def main() -> int:
         deadline = time.monotonic() + args.budget_s
         for name, fn in (("cuda fallback parity", cuda_fallback_parity), ("nccl parity", nccl_parity),
                          ("fp8 _scaled_mm", scaled_mm_fp8), ("head benchmarks", head_benchmarks),
-                         ("vocab tree", vocab_tree), ("tensorrt engine", tensorrt_engine)):
+                         ("vocab tree", vocab_tree), ("tensorrt engine", tensorrt_engine),
+                         ("decode step capture", decode_step_capture)):
             _section(name, fn, deadline)
         print(json.dumps(REPORT, indent=2))
         args.out.parent.mkdir(parents=True, exist_ok=True)
