@@ -604,7 +604,7 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
 
 def _concat(outs: list[SamplerOutput]) -> SamplerOutput:
     """One output of the row groups' outputs, in order (logprobs padded to the widest: id -1,
-    value ``-inf``, rank 0, as ``draw.returned_logprobs`` fills the slots a row did not ask for)."""
+    value ``-inf``, rank 0, as ``DecodeStep._logprobs`` fills the slots a row did not ask for)."""
     ids = torch.cat([o.token_ids for o in outs])
     parts = [o.logprobs for o in outs]
     if all(p is None for p in parts):

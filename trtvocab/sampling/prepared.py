@@ -553,7 +553,7 @@ class DecodeStep:
         h = (-(total.to(torch.float64) * 2.0**-ENTROPY_BITS)).to(torch.float32)
         key = torch.abs(-(scaled - lse[:, None]) - h[:, None]).masked_fill(torch.isneginf(scaled), float("inf"))
         mass = torch.where(on, self.typical_p, torch.zeros_like(self.typical_p))
-        if place.is_split:  # the typical set holds about exp(H) ids: start there (draw.apply_typical_p)
+        if place.is_split:  # the typical set holds about exp(H) ids: start there (the perplexity)
             perplexity = float(torch.exp(torch.where(on, h, float("-inf")).max().to(torch.float64)))
             k = max(TOP_P_FIRST_K, 1 << max(0, math.ceil(math.log2(max(1.0, 2 * perplexity)))))
             values, cand = self._rounds(-key, lse, mass, k, logits=scaled)
