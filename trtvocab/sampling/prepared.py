@@ -1,29 +1,18 @@
 """The prepared decode step: everything converted once, then ``hidden -> ids`` with no host read.
 
-:class:`DecodeStep` is built once per batch composition (a head, one :class:`SamplingParams` per row,
-the batch's :class:`TokenState`). Building it validates every argument, agrees on them with the other
-ranks (one handshake), and turns them into device tensors of a fixed shape: per-row parameters, logit
-bias / allowed ids / bad words / stop ids as padded index tensors (``-1``: an empty slot), the seeds,
-the step counter. Calling it is then a pipeline of fixed-shape tensor operations whose only
-cross-rank traffic is ``all_gather``\\ s of fixed size (functional collectives, which ``torch.compile``
-traces)::
+:class:`DecodeStep` is built once per batch composition: it validates every argument, agrees on them with
+the other ranks (one handshake) and holds them as device tensors of fixed shape (per-row knobs, seeds,
+logit bias / allowed ids / bad words / stop ids as padded index tensors, the step counter). A call is a
+pipeline of fixed-shape operations whose only cross-rank traffic is fixed-size functional all_gathers::
 
     hidden ─ pad to the bucket ─ head.local_logits ─ bitmask ─ status (NaN / +inf rows)
       ─ bans, bias, penalties ─ temperature ─ top-k ─ top-p ─ min-p ─ typical-p
-      ─ race (Gumbel or argmax; the status rides along) ─ logprobs ─ advance (step, counts, history)
+      ─ race (the status rides along) ─ logprobs ─ advance (step, counts, history)
 
-Nothing on the way reads a device value on the host: every branch is decided by the params, which
-the host knows (a row that asks for top-p makes the step run top-p, a row that does not is masked
-out), every selection is a ``topk`` / ``gather`` / ``scatter`` / mask, and an input check that must
-stay (NaN or ``+inf`` logits, non-finite hidden rows, a row left with no token) sets a bit of a per-row
-status that travels with the ids: :meth:`DecodeStep.read` copies ids and status to the host in one
-transfer and raises the typed error naming the rows and the step. The numbers are those of
-:func:`trtvocab.sampling.decode_output`, bitwise (the same noise keys, filters and reductions).
-
-Rows are padded to a bucket (1, 2, 4, 8, 16, ...: vLLM's capture sizes) with greedy rows that touch
-nothing; the one exception to "no host read": top-p and typical-p on a *split* head still widen their
-candidate list round by round (one ``bool`` a round; tp 1 sorts its whole row instead). docs/generate.md,
-"How one step runs".
+Every branch is decided by the params (the host knows them); a check that must stay sets a bit of a
+per-row status that :meth:`DecodeStep.read` raises with the ids. The per-call draws (``sample``,
+``decode_output``) run the same pipeline (:meth:`DecodeStep.for_rows`). The one host read left: top-p
+and typical-p rounds on a *split* head. docs/generate.md, "The prepared step".
 """
 
 from __future__ import annotations
