@@ -93,8 +93,10 @@ def test_building_refuses_bad_arguments_typed() -> None:
     with pytest.raises(InputError, match="bitmask_width"):
         DecodeStep(head, SamplingParams(), bitmask_width=-1, rows=1)
     step = DecodeStep(head, [SamplingParams()] * F.B)
-    with pytest.raises(InputError, match="hidden must be a floating"):
+    with pytest.raises(InputError, match=r"hidden must be a torch.float32 \[3, 32\] tensor"):
         step(torch.zeros(F.B + 1, F.H))
+    with pytest.raises(InputError, match=r"\(the head's dtype\), got torch.float64"):
+        step(torch.zeros(F.B, F.H, dtype=torch.float64))
     with pytest.raises(InputError, match="bitmask must be None"):
         step(F.hidden(0), torch.zeros(F.B, 1, dtype=torch.int32))
     with pytest.raises(InputError, match="no step has run"):

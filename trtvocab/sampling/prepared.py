@@ -345,11 +345,11 @@ class DecodeStep:
         if self.rows is None and isinstance(hidden, torch.Tensor) and hidden.dim() == 2:
             self._build(hidden.shape[0])  # one SamplingParams, no state, no rows: the first call's batch
         if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[0] != self.rows \
-                or hidden.shape[1] != head.hidden_size or not hidden.dtype.is_floating_point:
+                or hidden.shape[1] != head.hidden_size or hidden.dtype != head.dtype:
             got = f"{hidden.dtype} {list(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
-            raise InputError(f"DecodeStep: hidden must be a floating [{self.rows}, {head.hidden_size}] tensor, "
-                             f"got {got}")
-        x = hidden.to(device=self.device, dtype=head.dtype)
+            raise InputError(f"DecodeStep: hidden must be a {head.dtype} [{self.rows}, {head.hidden_size}] tensor "
+                             f"(the head's dtype), got {got}")
+        x = hidden.to(self.device)
         if self.padded_rows != self.rows:
             x = torch.cat([x, x.new_zeros(self.padded_rows - self.rows, x.shape[1])])
         status = torch.where(torch.isfinite(x).all(dim=1), 0, HIDDEN_NONFINITE)
