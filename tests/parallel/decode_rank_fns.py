@@ -22,7 +22,8 @@ V, H, B = 103, 16, 4
 
 @contextlib.contextmanager
 def counting_collectives() -> Iterator[list[str]]:
-    """Record every all_gather / all_reduce / all_to_all_single while the block runs."""
+    """Record every all_gather / all_reduce / all_to_all_single while the block runs (the functional
+    all_gather of the prepared step included)."""
     names = ("all_gather", "all_reduce", "all_to_all_single")
     real = {n: getattr(dist, n) for n in names}
     seen: list[str] = []
@@ -33,13 +34,23 @@ def counting_collectives() -> Iterator[list[str]]:
             return real[name](*args, **kwargs)
         return counted
 
+    from torch.distributed import _functional_collectives as fc
+
+    real_fc = fc.all_gather_single  # the prepared step's gathers (traceable by torch.compile)
+
+    def counted_fc(*args: Any, **kwargs: Any) -> Any:
+        seen.append("all_gather")
+        return real_fc(*args, **kwargs)
+
     for n in names:
         setattr(dist, n, wrap(n))
+    fc.all_gather_single = counted_fc
     try:
         yield seen
     finally:
         for n, fn in real.items():
             setattr(dist, n, fn)
+        fc.all_gather_single = real_fc
 
 
 def _head(rank: int, world: int, gather_output: bool = False) -> LMHead:
