@@ -397,7 +397,7 @@ def test_low_assemble_rechecks_an_existing_file(tmp_path: Path, monkeypatch: pyt
     good = b"GGUF" + b"x" * 5000
     package = types.ModuleType("fake_chunks")
     package.EXPECTED_SHA256 = hashlib.sha256(good).hexdigest()  # type: ignore[attr-defined]
-    package.assemble = lambda out, overwrite: Path(out).write_bytes(good)  # type: ignore[attr-defined]
+    package.assemble = lambda out, **_: Path(out).write_bytes(good)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_chunks", package)
     model = real_models.RealModel("fake", "fake_chunks", "fake.gguf", "", "", assembled=True)
     monkeypatch.setattr(real_models, "MODELS", (model,))

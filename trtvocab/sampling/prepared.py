@@ -333,7 +333,6 @@ class DecodeStep:
         assert all(p.logprobs_mode in LOGPROBS_MODES for p in per_row)
         n_owned = self.place.owned
         self.col_ids = self.place.column_ids(n_owned, dev)
-        self.hidden_buf: torch.Tensor | None = None
 
     # ---- the step (device only) ---------------------------------------------------------------
     def __call__(self, hidden: torch.Tensor, bitmask: torch.Tensor | None = None) -> torch.Tensor:
