@@ -48,12 +48,12 @@ def call(x):
              "sample top-p": lambda: sampling.sample(local, head, nucleus),
              "sample top-p flat": lambda: sampling.sample(local, head, nucleus)}[op]
         return f()
-    return {"greedy": lambda: chunked.greedy(x, head), "topk": lambda: chunked.topk(x, head, 50),
-            "logsumexp": lambda: chunked.logsumexp(x, head),
-            "logprobs": lambda: chunked.logprobs(x, head, ids[: x.shape[0]]),
-            "sample": lambda: chunked.sample(x, head, params),
-            "sample top-p": lambda: chunked.sample(x, head, nucleus),
-            "sample top-p flat": lambda: chunked.sample(x, head, nucleus)}[op]()
+    return {"greedy": lambda: chunked.stream_greedy(x, head), "topk": lambda: chunked.stream_topk(x, head, 50),
+            "logsumexp": lambda: chunked.stream_logsumexp(x, head),
+            "logprobs": lambda: chunked.stream_logprobs(x, head, ids[: x.shape[0]]),
+            "sample": lambda: chunked.stream_sample(x, head, params),
+            "sample top-p": lambda: chunked.stream_sample(x, head, nucleus),
+            "sample top-p flat": lambda: chunked.stream_sample(x, head, nucleus)}[op]()
 call(x[:2])
 base = status("VmRSS")
 open("/proc/self/clear_refs", "w").write("5")

@@ -182,9 +182,10 @@ def vocab_tree(device: str = "cuda") -> dict[str, Any]:
     local = head.local_logits(hidden)
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
     out["chunked == materialized (bitwise)"] = {
-        "greedy": bool(torch.equal(chunked.greedy(hidden, head), sampling.greedy(local, head))),
-        "logsumexp": bool(torch.equal(chunked.logsumexp(hidden, head), sampling.logsumexp(local, head))),
-        "sample top-p": bool(torch.equal(chunked.sample(hidden, head, params), sampling.sample(local, head, params)))}
+        "greedy": bool(torch.equal(chunked.stream_greedy(hidden, head), sampling.greedy(local, head))),
+        "logsumexp": bool(torch.equal(chunked.stream_logsumexp(hidden, head), sampling.logsumexp(local, head))),
+        "sample top-p": bool(torch.equal(chunked.stream_sample(hidden, head, params),
+                                         sampling.sample(local, head, params)))}
     return out
 
 

@@ -63,7 +63,7 @@ def _rank(rank: int, world: int, vocab: int, hidden: int, batches: list[int], st
             for name in times:
                 start = time.perf_counter()
                 if name == "prompt_logprobs":
-                    chunked.prompt_logprobs(x, head, torch.zeros(batch, dtype=torch.int64), 5)
+                    chunked.stream_prompt_logprobs(x, head, torch.zeros(batch, dtype=torch.int64), 5)
                 elif name == "beam":
                     beam_candidates(head.local_logits(x), head, beam_scores, width)
                 else:

@@ -198,6 +198,6 @@ def materialized_then_chunked(rank: int, world: int) -> dict[str, Any]:
     def timed(fn: Callable[[], Any]) -> tuple[str, Any]:
         return _catch(fn, seconds)
 
-    return {"seconds": seconds, "chunked": timed(lambda: chunked.logsumexp(bad, head).tolist()),
-            "greedy": timed(lambda: chunked.greedy(bad, head).tolist()),
+    return {"seconds": seconds, "chunked": timed(lambda: chunked.stream_logsumexp(bad, head).tolist()),
+            "greedy": timed(lambda: chunked.stream_greedy(bad, head).tolist()),
             "after": timed(lambda: sampling.logsumexp(head.local_logits(x), head).tolist())}

@@ -188,7 +188,7 @@ def test_a_small_logits_budget_streams_the_vocab_with_the_same_tokens(mixed, loa
     schema = grammar_spec(json_schema=tmp_path / "capital_only.json")
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0)]
     streamed = []
-    real = chunked.decode_output
+    real = chunked.stream_output
 
     def counting(*args, **kwargs):
         streamed.append(args[0].shape[0])

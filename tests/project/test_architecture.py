@@ -202,3 +202,21 @@ def test_the_text_rules_catch_what_they_name(tmp_path: Path) -> None:
     sample.write_text('"""Module doc."""\n\n\ndef test_a() -> None:\n    """Issue 19: a case."""\n'
                       '    x = "issue 20"  # the comment\n')
     assert prose(sample) == [(1, "Module doc."), (5, "Issue 19: a case."), (6, "# the comment")]
+
+
+def test_sampling_defines_each_public_name_once() -> None:
+    """One name per entry (review 4 §6.1): no public top-level name defined in two ``sampling/`` modules,
+    no ``head: Any`` there, and the package's ``__init__`` defines no function."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "trtvocab" / "sampling"
+    where: dict[str, list[str]] = {}
+    for path in sorted(root.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(path.name)
+        if path.name == "__init__.py":
+            assert not [n for n in tree.body if isinstance(n, ast.FunctionDef)], "sampling/__init__.py: a function"
+        assert "head: Any" not in path.read_text(), f"{path.name}: head: Any"
+    assert {n: f for n, f in where.items() if len(f) > 1} == {}

@@ -103,20 +103,21 @@ def equality_cases(rank: int, world: int, seed: int) -> list[dict[str, Any]]:
             for chunk in (1, 7, max(1, size), 10**9):
                 rec: dict[str, Any] = {"case": f"{fmt} tp={tp} {layout} chunk={chunk}", "fmt": fmt,
                                        "deterministic": head.deterministic}
-                rec["greedy"] = bool(torch.equal(chunked.greedy(x, head, chunk=chunk), want_greedy))
-                v, i = chunked.topk(x, head, TOPK, chunk=chunk)
+                rec["greedy"] = bool(torch.equal(chunked.stream_greedy(x, head, chunk=chunk), want_greedy))
+                v, i = chunked.stream_topk(x, head, TOPK, chunk=chunk)
                 rec["topk"] = bool(torch.equal(v, want_v) and torch.equal(i, want_i) and v.dtype == want_v.dtype)
-                lse = chunked.logsumexp(x, head, chunk=chunk)
-                lp = chunked.logprobs(x, head, token_ids, chunk=chunk)
+                lse = chunked.stream_logsumexp(x, head, chunk=chunk)
+                lp = chunked.stream_logprobs(x, head, token_ids, chunk=chunk)
                 rec["lse_materialized"] = bool(torch.equal(lse, want_lse))
                 rec["logprobs_materialized"] = bool(torch.equal(lp, want_lp))
                 rec["lse_err"] = float((lse - want_lse).abs().max())
                 rec["logprobs_err"] = float((lp - want_lp).abs().max())
-                rec["sample"] = chunked.sample(x, head, row_params(), step=3, chunk=chunk).tolist() == want_ids.tolist()
-                top_p = chunked.sample(x, head, top_p_params(), step=3, chunk=chunk)
+                drawn = chunked.stream_sample(x, head, row_params(), step=3, chunk=chunk)
+                rec["sample"] = drawn.tolist() == want_ids.tolist()
+                top_p = chunked.stream_sample(x, head, top_p_params(), step=3, chunk=chunk)
                 rec["sample_top_p"] = top_p.tolist() == want_top_p.tolist()
                 if chunk == 7:  # the variant once per head (chunk 1 and 7 stream the same tiles)
-                    limited = chunked.sample(x, head, row_params(), step=3, vocab_limit=2000, chunk=chunk)
+                    limited = chunked.stream_sample(x, head, row_params(), step=3, vocab_limit=2000, chunk=chunk)
                     rec["sample_limited"] = limited.tolist() == want_limited.tolist()
                 rec["ids"] = want_ids.tolist()
                 out.append(rec)
@@ -175,15 +176,16 @@ def bad_input_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     nan[2, 5] = float("nan")
     out: dict[str, tuple[str, str]] = {}
 
-    out["nan hidden"] = catch(lambda: chunked.greedy(nan if rank == 1 else x, head))
-    out["wrong shape"] = catch(lambda: chunked.topk(x[:, :-1] if rank == 2 else x, head, 5))
-    out["wrong rows"] = catch(lambda: chunked.logsumexp(x[:3] if rank == 0 else x, head))
-    out["bad k"] = catch(lambda: chunked.topk(x, head, 0 if rank == 1 else 5))
-    out["bad chunk"] = catch(lambda: chunked.greedy(x, head, chunk=0 if rank == 2 else None))
-    out["bad token ids"] = catch(lambda: chunked.logprobs(x, head, torch.tensor([0, 1, 2, 3, 4, 1009 if rank else 5])))
-    out["top_p"] = catch(lambda: chunked.sample(x, head, SamplingParams(top_p=0.9, seed=1)))  # supported
-    out["different params"] = catch(lambda: chunked.sample(x, head, SamplingParams(seed=rank)))
-    out["healthy after"] = catch(lambda: chunked.sample(x, head, SamplingParams(seed=1, top_k=5)))
+    out["nan hidden"] = catch(lambda: chunked.stream_greedy(nan if rank == 1 else x, head))
+    out["wrong shape"] = catch(lambda: chunked.stream_topk(x[:, :-1] if rank == 2 else x, head, 5))
+    out["wrong rows"] = catch(lambda: chunked.stream_logsumexp(x[:3] if rank == 0 else x, head))
+    out["bad k"] = catch(lambda: chunked.stream_topk(x, head, 0 if rank == 1 else 5))
+    out["bad chunk"] = catch(lambda: chunked.stream_greedy(x, head, chunk=0 if rank == 2 else None))
+    out["bad token ids"] = catch(
+        lambda: chunked.stream_logprobs(x, head, torch.tensor([0, 1, 2, 3, 4, 1009 if rank else 5])))
+    out["top_p"] = catch(lambda: chunked.stream_sample(x, head, SamplingParams(top_p=0.9, seed=1)))  # supported
+    out["different params"] = catch(lambda: chunked.stream_sample(x, head, SamplingParams(seed=rank)))
+    out["healthy after"] = catch(lambda: chunked.stream_sample(x, head, SamplingParams(seed=1, top_k=5)))
     # sampling.decode streaming (6 rows exceed the budget, 1 row does not), after steady steps
     small = make_head("fp32", Mapping(world_size=world, rank=rank, tp_size=world), "uneven", None, vocab=1009,
                       logits_budget_bytes=2048)
@@ -224,7 +226,7 @@ def long_nucleus_cases(rank: int, world: int, budget: int = 64 * 1024, tp: int |
             params = top_p_params()
             want = sampling.sample(head.local_logits(x), head, params, step=5)
             before = len(taken)
-            got = chunked.sample(x, head, params, step=5)
+            got = chunked.stream_sample(x, head, params, step=5)
             out[fmt] = {"equal": got.tolist() == want.tolist(), "long rows": sum(taken[before:]),
                         "ids": got.tolist()}
     finally:

@@ -166,7 +166,7 @@ TINY_FILTERS: list[dict[str, Any]] = [{}, {"top_p": 0.9}, {"top_k": 5}, {"min_p"
 
 
 def tiny_temperature_cases(rank: int, world: int, seed: int) -> dict[str, Any]:
-    """``sample`` (materialized) and ``chunked.sample`` at every tiny temperature, against greedy."""
+    """``sample`` (materialized) and ``chunked.stream_sample`` at every tiny temperature, against greedy."""
     from trtvocab.sampling import chunked, greedy
 
     gen = torch.Generator().manual_seed(seed)
@@ -182,7 +182,7 @@ def tiny_temperature_cases(rank: int, world: int, seed: int) -> dict[str, Any]:
         for extra in TINY_FILTERS:
             params = [SamplingParams(temperature=t, seed=r, **extra) for r in range(ROWS)]
             got = {"materialized": sample(local.clone(), head, params, step=3).tolist(),
-                   "chunked": chunked.sample(x, head, params, step=3, chunk=97).tolist()}
+                   "chunked": chunked.stream_sample(x, head, params, step=3, chunk=97).tolist()}
             wrong += [f"T={t:g} {extra} {path}: {ids}" for path, ids in got.items() if ids != want]
     return {"greedy": want, "wrong": wrong}
 
@@ -203,9 +203,9 @@ def seed_mismatch_cases(rank: int, world: int) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     out["sample seed"] = catch(lambda: sample(local, head, params))
     out["decode seed"] = catch(lambda: decode(x, head, params))
-    out["chunked seed"] = catch(lambda: chunked.sample(x, head, params, chunk=101))
+    out["chunked seed"] = catch(lambda: chunked.stream_sample(x, head, params, chunk=101))
     out["sample step"] = catch(lambda: sample(local, head, same, step=seed))
-    out["chunked step"] = catch(lambda: chunked.sample(x, head, same, step=seed, chunk=101))
+    out["chunked step"] = catch(lambda: chunked.stream_sample(x, head, same, step=seed, chunk=101))
     out["healthy after"] = catch(lambda: sample(local, head, same, step=2**60))
     return out
 

@@ -122,7 +122,7 @@ def _streamed(head: LMHead) -> dict[str, Any]:
     hidden = torch.randn(40, 16, generator=gen)
     nexts = torch.randint(0, VOCAB, (40,), generator=gen)
     for name, lp in (("materialized", prompt_logprobs(head.local_logits(hidden), head, nexts, 4)),
-                     ("streamed", chunked.prompt_logprobs(hidden, head, nexts, 4, chunk=97))):
+                     ("streamed", chunked.stream_prompt_logprobs(hidden, head, nexts, 4, chunk=97))):
         prompt[name] = {"ids": lp.ids.tolist(), "values": lp.values.tolist(), "ranks": lp.ranks.tolist()}
     return {"equal": runs["materialized"] == runs["streamed"], "ids": [g[0] for g in runs["materialized"]],
             "prompt": prompt}

@@ -94,7 +94,7 @@ def knobs_case(rank: int, world: int, layout: str, folder: str) -> dict[str, Any
     token-order reference (``sampling.added_vocab.gathered_output``) and the streamed draw (``chunked``,
     8-column chunks), ids and logprobs, on this rank."""
     from trtvocab.sampling import TokenState, chunked
-    from trtvocab.sampling.added_vocab import decode_output, gathered_output, token_order_view
+    from trtvocab.sampling.added_vocab import gathered_output, token_order_output, token_order_view
     from trtvocab.sampling.args import rows_params
 
     mapping = Mapping(world_size=world, rank=rank, tp_size=world) if world > 1 else None
@@ -116,8 +116,8 @@ def knobs_case(rank: int, world: int, layout: str, folder: str) -> dict[str, Any
             gather, head.gather_output = head.gather_output, True
             try:  # the sharded path never gathers the logits: the head's column gather must not run
                 with mock.patch("trtvocab.lm_head.D.all_gather_columns", side_effect=AssertionError("gathered")):
-                    got = decode_output(hidden, head, per_row, step=3, state=state, **args)
-                    streamed = chunked.decode_output(hidden, head, per_row, step=3, state=state, chunk=8, **args)
+                    got = token_order_output(hidden, head, per_row, step=3, state=state, **args)
+                    streamed = chunked.stream_output(hidden, head, per_row, step=3, state=state, chunk=8, **args)
             finally:
                 head.gather_output = gather
             ref = gathered_output(hidden, head, per_row, step=3, state=state, **args)

@@ -155,7 +155,7 @@ def test_budget_chooses_chunking() -> None:
     widths = [c[-1][1] - c[0][0] for c in chunked.plan_chunks(head, 8, None)]
     assert max(widths) < 1000 + 2 * chunked.DENSE_TILE and sum(widths) == 3001
     x = torch.randn(8, head.hidden_size)
-    assert torch.equal(chunked.greedy(x, head), chunked.greedy(x, head, chunk=10**6))
+    assert torch.equal(chunked.stream_greedy(x, head), chunked.stream_greedy(x, head, chunk=10**6))
     default = LMHead(10, 4)
     assert default.logits_budget_bytes == 256 << 20
     for bad in (0, -1, True, 1.5, "1"):
@@ -187,9 +187,9 @@ def run(x):
         return {"greedy": lambda: sampling.greedy(local, head), "topk": lambda: sampling.topk(local, head, 8),
                 "logsumexp": lambda: sampling.logsumexp(local, head),
                 "sample": lambda: sampling.sample(local, head, params)}[op]()
-    return {"greedy": lambda: chunked.greedy(x, head), "topk": lambda: chunked.topk(x, head, 8),
-            "logsumexp": lambda: chunked.logsumexp(x, head),
-            "sample": lambda: chunked.sample(x, head, params)}[op]()
+    return {"greedy": lambda: chunked.stream_greedy(x, head), "topk": lambda: chunked.stream_topk(x, head, 8),
+            "logsumexp": lambda: chunked.stream_logsumexp(x, head),
+            "sample": lambda: chunked.stream_sample(x, head, params)}[op]()
 run(x[:2])  # warm-up: lazy imports and allocator set-up are not the call
 base = rss()
 with open("/proc/self/clear_refs", "w") as fh:
@@ -248,11 +248,11 @@ def test_nan_logits_from_an_overflowing_gemm_raise_input_error() -> None:
     head.load_weights({"weight": torch.randn(300, 4)})
     x = torch.full((2, 4), 3e38)
     assert bool(torch.isnan(head.local_logits(x)).any())
-    calls = {"topk": lambda: chunked.topk(x, head, 3, chunk=100),
-             "sample top-k": lambda: chunked.sample(x, head, SamplingParams(top_k=3, seed=1), chunk=100),
-             "sample top-p": lambda: chunked.sample(x, head, SamplingParams(top_p=0.9, seed=1), chunk=100),
-             "logsumexp": lambda: chunked.logsumexp(x, head, chunk=100),
-             "greedy": lambda: chunked.greedy(x, head, chunk=100)}
+    calls = {"topk": lambda: chunked.stream_topk(x, head, 3, chunk=100),
+             "sample top-k": lambda: chunked.stream_sample(x, head, SamplingParams(top_k=3, seed=1), chunk=100),
+             "sample top-p": lambda: chunked.stream_sample(x, head, SamplingParams(top_p=0.9, seed=1), chunk=100),
+             "logsumexp": lambda: chunked.stream_logsumexp(x, head, chunk=100),
+             "greedy": lambda: chunked.stream_greedy(x, head, chunk=100)}
     for call in calls.values():
         with pytest.raises(InputError, match="NaN"):
             call()

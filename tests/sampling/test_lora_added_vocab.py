@@ -218,7 +218,7 @@ def test_sampler_paths_and_export_with_added_tokens(tmp_path: Path) -> None:
         masked = expected.clone()
         masked[:, 10:V] = float("-inf")
         assert torch.equal(limited, masked.argmax(-1))
-        assert torch.equal(chunked.greedy(hidden, head), expected.argmax(-1))  # the stream holds both segments
+        assert torch.equal(chunked.stream_greedy(hidden, head), expected.argmax(-1))  # the stream holds both segments
     # Packed rows with seq_lens: each sequence's last row is drawn (sequence ends 1, 4, 6, 7 of 8 rows), with
     # one adapter pick per sequence
     lens, ends, seq_picks = torch.tensor([2, 3, 2, 1]), [1, 4, 6, 7], torch.tensor([-1, 0, 0, -1])
@@ -463,16 +463,16 @@ def test_streamed_added_head_over_several_chunks_equals_the_token_order_referenc
     view = token_order_view(head)
     with head.use_adapters(torch.tensor([0, -1, 0, -1])):
         full = head(hidden).float()  # [B, V + A] in token order: the reference's logits
-        assert torch.equal(chunked.greedy(hidden, head, chunk=128), full.argmax(-1))
-        values, ids = chunked.topk(hidden, head, 9, chunk=128)
+        assert torch.equal(chunked.stream_greedy(hidden, head, chunk=128), full.argmax(-1))
+        values, ids = chunked.stream_topk(hidden, head, 9, chunk=128)
         ref_values, ref_ids = topk(full, view, 9)
         assert torch.equal(values, ref_values) and torch.equal(ids, ref_ids)
-        assert torch.equal(chunked.logsumexp(hidden, head, chunk=128), logsumexp(full, view))
+        assert torch.equal(chunked.stream_logsumexp(hidden, head, chunk=128), logsumexp(full, view))
         picks = torch.tensor([[v + 1, 3], [5, 6], [v + 6, 299], [0, 1]])
         from trtvocab.sampling import logprobs
-        assert torch.equal(chunked.logprobs(hidden, head, picks, chunk=128), logprobs(full, view, picks))
+        assert torch.equal(chunked.stream_logprobs(hidden, head, picks, chunk=128), logprobs(full, view, picks))
         nxt = torch.tensor([v, 2, v + 3, 4])
-        got, ref = chunked.prompt_logprobs(hidden, head, nxt, 3, chunk=128), prompt_logprobs(full, view, nxt, 3)
+        got, ref = chunked.stream_prompt_logprobs(hidden, head, nxt, 3, chunk=128), prompt_logprobs(full, view, nxt, 3)
         assert all(torch.equal(getattr(got, f), getattr(ref, f)) for f in ("ids", "values", "ranks"))
         params = [SamplingParams(temperature=1.0, top_p=0.9, seed=1, logprobs=2),
                   SamplingParams(temperature=0.8, min_p=0.1, seed=2, logprobs=2),

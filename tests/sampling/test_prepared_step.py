@@ -21,7 +21,7 @@ from tests.sampling import prepared_rank_fns as F
 from trtvocab.base.host_reads import HostReads
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.sampling import DecodeStep, SamplingParams
-from trtvocab.sampling.prepared import bucket, fixed_topk
+from trtvocab.sampling.prepared import bucket
 
 KNOBS = [*F.KNOBS, "greedy+bitmask", "top_p+bitmask", "mixed+bitmask"]
 # Host reads a steady step makes at tp > 1 (tp 1: none): top-p and typical-p widen their candidates
@@ -127,13 +127,19 @@ def test_draw_on_a_placement_equals_the_heads_step() -> None:
         assert on_head(x).tolist() == on_place.draw(head.local_logits(x)).tolist()
 
 
-def test_fixed_topk_is_local_topk_with_ties_to_the_lower_column() -> None:
+def test_local_topk_is_a_stable_sorts_prefix_ties_to_the_lower_column() -> None:
+    """Fixed shapes (no nonzero) and exact: against a stable descending sort's first k (value, then column)."""
     from trtvocab.sampling.reductions import local_topk
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 5, (6, 50), generator=g).float()  # many ties
     for k in (1, 3, 17, 50):
-        assert all(torch.equal(a, b) for a, b in zip(fixed_topk(x, k), local_topk(x, k), strict=True))
+        want = torch.sort(x, dim=1, descending=True, stable=True)
+        got = local_topk(x, k)
+        assert torch.equal(got[0], want.values[:, :k]) and torch.equal(got[1], want.indices[:, :k])
+    with HostReads() as reads:
+        local_topk(x, 7)
+    assert reads.total == 0
 
 
 def test_host_read_counter_sees_the_reads_it_names() -> None:

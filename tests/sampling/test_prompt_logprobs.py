@@ -1,6 +1,6 @@
 """Prompt logprobs (vLLM's ``prompt_logprobs``) of a 512-token prompt on SmolLM2's head, streamed.
 
-``sampling.chunked.prompt_logprobs`` never holds the ``[T, V_local]`` logits: a fresh process's peak
+``sampling.chunked.stream_prompt_logprobs`` never holds the ``[T, V_local]`` logits: a fresh process's peak
 RSS while it runs stays a fraction of them (a memory bound, not a timing), and its output is bitwise
 the materialized ``sampling.prompt_logprobs``. The multi-rank and float64 checks are in
 tests/sampling/test_sampling_knobs.py.
@@ -38,7 +38,7 @@ nexts = torch.randint(0, head.vocab_size, (T,), generator=gen)
 def run(h, ids):
     if mode == "materialized":
         return prompt_logprobs(head.local_logits(h), head, ids, 5)
-    return chunked.prompt_logprobs(h, head, ids, 5)
+    return chunked.stream_prompt_logprobs(h, head, ids, 5)
 run(hidden[:2], nexts[:2])  # warm-up: lazy imports and allocator set-up are not the call
 base = rss()
 with open("/proc/self/clear_refs", "w") as fh:

@@ -156,8 +156,8 @@ def test_chunked_logsumexp_and_logprobs_stream_the_weight_once(monkeypatch: pyte
 
     monkeypatch.setattr(chunked, "_Stream", Counting)
     x = torch.randn(5, 32)
-    lse = chunked.logsumexp(x, head, chunk=100)
-    lp = chunked.logprobs(x, head, torch.tensor([0, 1, 2, 3000, 7]), chunk=100)
+    lse = chunked.stream_logsumexp(x, head, chunk=100)
+    lp = chunked.stream_logprobs(x, head, torch.tensor([0, 1, 2, 3000, 7]), chunk=100)
     assert passes == [1, 1]
     assert torch.allclose(lse, torch.logsumexp((x.double() @ head.weights.dense_weight().double().T), 1).float(),
                           atol=1e-5)

@@ -31,9 +31,9 @@ def run_case(case: dict[str, Any], mapping: Mapping | None, layout: str) -> dict
     seeded = [SamplingParams(temperature=0.9, top_p=0.9, seed=7)] * per_row.shape[0]
     with head.use_adapters(per_row):
         tokens = decode(case["hidden"], head, greedy)
-        streamed = chunked.greedy(case["hidden"], head, chunk=3)
+        streamed = chunked.stream_greedy(case["hidden"], head, chunk=3)
         drawn = decode(case["hidden"], head, seeded, step=2)
-        drawn_streamed = chunked.sample(case["hidden"], head, seeded, step=2, chunk=5)
+        drawn_streamed = chunked.stream_sample(case["hidden"], head, seeded, step=2, chunk=5)
     return {"rows": rows, "logits": logits, "tokens": tokens, "streamed": streamed, "drawn": drawn,
             "drawn_streamed": drawn_streamed,
             "adapter_bytes": head.adapter_bytes() + emb.adapter_bytes()}

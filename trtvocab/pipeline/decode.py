@@ -132,10 +132,10 @@ class TorchEnds(VocabEnds):
         return self.head.local_logits(rows).float()
 
     def prompt_logprobs(self, rows: torch.Tensor, token_ids: torch.Tensor, n: int) -> Logprobs:
-        """The head's logits in chunks its budget holds (``sampling.chunked.prompt_logprobs``)."""
+        """The head's logits in chunks its budget holds (``sampling.chunked.stream_prompt_logprobs``)."""
 
         self.ran_on.add(Runtime.TORCH)
-        return chunked.prompt_logprobs(rows, self.head, token_ids, n)
+        return chunked.stream_prompt_logprobs(rows, self.head, token_ids, n)
 
     def next_ids(self, rows: torch.Tensor, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
                  state: TokenState | None = None) -> SamplerOutput:

@@ -20,12 +20,9 @@ head or its placement, and returns what the same operation gives on the gathered
 
 from __future__ import annotations
 
-import torch
-
-from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling import chunked
 from trtvocab.sampling.args import Logprobs, SamplerOutput
-from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
+from trtvocab.sampling.bitmask import apply_token_bitmask
 from trtvocab.sampling.draw import prompt_logprobs, sample, sample_output
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.prepared import DecodeStep
@@ -35,7 +32,6 @@ from trtvocab.sampling.reductions import (
     apply_min_p,
     apply_top_p,
     greedy,
-    handshake,
     log_softmax,
     logprobs,
     logsumexp,
@@ -45,21 +41,6 @@ from trtvocab.sampling.reductions import (
 )
 from trtvocab.sampling.state import TokenState
 from trtvocab.sampling.step import decode, decode_output, streams
-
-
-def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Placement) -> torch.Tensor:
-    """Mask this rank's columns with xgrammar's ``int32 [B, W]`` bitmask, in place (returns them).
-
-    Token ``i`` stays iff bit ``i % 32`` of word ``i // 32`` is set; ids ``>= 32 * W`` and
-    padding columns become ``-inf``. Bad shapes or dtypes raise :class:`InputError` on every rank.
-    ``head``: the head or its :class:`~trtvocab.parallel.sharding.VocabPlacement`.
-    """
-    head = VocabPlacement.of(head)
-    error = bitmask_error(local_logits, bitmask, head)
-    words = bitmask.shape[1] if error is None else 0
-    handshake(head, local_logits, error, "bitmask", extra=words, argument=bitmask if error is None else None)
-    return apply_bitmask_(local_logits, bitmask, head)
-
 
 __all__ = [
     "HANDSHAKE",

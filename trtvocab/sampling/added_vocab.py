@@ -5,7 +5,7 @@ Such a head (:mod:`trtvocab.parallel.added_vocab`) owns two id ranges per rank, 
 :func:`segmented_placement` gives the sampler a :class:`~trtvocab.parallel.sharding.VocabPlacement` with
 a second segment (``added``), whose ``column_ids`` / ``token_ids`` / ``owned_columns`` are the one place a
 local column becomes a token id (and back). Every reduction of ``trtvocab.sampling`` reads ids through
-it, so :func:`decode_output` (``sampling.decode`` for such a head) draws on the shards with ``O(B * k)``
+it, so :func:`token_order_output` (``sampling.decode`` for such a head) draws on the shards with ``O(B * k)``
 numbers crossing ranks -- bitwise the draw of the gathered token-order logits (:func:`gathered_output`,
 the tests' reference): a rank's owned ids still ascend, the noise is keyed by token id and the vocab
 tree is one fixed tree over ``[0, V + A)``. A row's vocabulary limit is in its logits (``-inf`` on the
@@ -26,7 +26,7 @@ import torch
 from trtvocab.errors import InputError
 from trtvocab.lm_head import LMHead
 from trtvocab.parallel.distributed import HandshakeState
-from trtvocab.parallel.sharding import VocabPlacement
+from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling.args import SamplerOutput, params_tensor, rows_params, step_error
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import sample_output
@@ -38,8 +38,8 @@ from trtvocab.sampling.state import TokenState
 _VIEWS: weakref.WeakKeyDictionary[Any, LMHead] = weakref.WeakKeyDictionary()
 
 
-def has_added_vocab(head: Any) -> bool:
-    """Whether ``head`` has an added segment (then :func:`decode_output` samples it)."""
+def has_added_vocab(head: object) -> bool:
+    """Whether ``head`` has an added segment (then :func:`token_order_output` samples it)."""
     return bool(getattr(head, "added_vocab", 0))
 
 
@@ -55,13 +55,13 @@ def token_order_view(head: LMHead) -> LMHead:
     return view
 
 
-def state_placement(head: Any) -> Any:
+def state_placement(head: Placement) -> VocabPlacement:
     """What a :class:`~trtvocab.sampling.state.TokenState` of ``head``'s rows is built on: the head itself,
     or :func:`token_order_view` for a head with an added segment."""
     return token_order_view(head) if has_added_vocab(head) else head
 
 
-def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
+def token_order_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
                   step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
                   error: InputError | None = None, state: TokenState | None = None) -> SamplerOutput:
     """``trtvocab.sampling.decode_output`` for a head with an added segment, on its shards (module docstring).
@@ -196,5 +196,5 @@ def _race(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], ste
     return chosen
 
 
-__all__ = ["decode_output", "gathered_output", "has_added_vocab", "segmented_placement", "state_placement",
+__all__ = ["gathered_output", "has_added_vocab", "segmented_placement", "state_placement", "token_order_output",
            "token_order_view"]

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from trtvocab.errors import InputError
-from trtvocab.parallel.sharding import VocabPlacement
+from trtvocab.parallel.sharding import Placement, VocabPlacement
+from trtvocab.sampling.reductions import handshake
 
 
 def bitmask_error(local_logits: Any, bitmask: Any, head: VocabPlacement) -> InputError | None:
@@ -66,3 +67,17 @@ def allowed_ids(bitmask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     words = bitmask[:, (safe // 32).clamp(max=bitmask.shape[1] - 1)]
     bits = (words >> (safe % 32).to(torch.int32)) & 1
     return (bits != 0) & inside
+def apply_token_bitmask(local_logits: torch.Tensor, bitmask: torch.Tensor, head: Placement) -> torch.Tensor:
+    """Mask this rank's columns with xgrammar's ``int32 [B, W]`` bitmask, in place (returns them).
+
+    Token ``i`` stays iff bit ``i % 32`` of word ``i // 32`` is set; ids ``>= 32 * W`` and
+    padding columns become ``-inf``. Bad shapes or dtypes raise :class:`InputError` on every rank.
+    ``head``: the head or its :class:`~trtvocab.parallel.sharding.VocabPlacement`.
+    """
+    head = VocabPlacement.of(head)
+    error = bitmask_error(local_logits, bitmask, head)
+    words = bitmask.shape[1] if error is None else 0
+    handshake(head, local_logits, error, "bitmask", extra=words, argument=bitmask if error is None else None)
+    return apply_bitmask_(local_logits, bitmask, head)
+
+

@@ -169,7 +169,7 @@ def _identity(head: LMHead) -> list[int]:
             code(head.output_dtype), int(head.logits_budget_bytes), adapters]
 
 
-def _check(hidden: Any, head: Any, chunk: Any, what: str) -> InputError | None:
+def _check(hidden: Any, head: LMHead, chunk: Any, what: str) -> InputError | None:
     if not isinstance(head, LMHead):
         raise ConfigError(f"{what}: head must be an LMHead, got {type(head).__name__}")
     if head.is_split and head.mapping.enable_attention_dp:
@@ -298,10 +298,10 @@ class _TreeSum:
 
 
 # ---- public functions ----------------------------------------------------------------------------------
-def greedy(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> torch.Tensor:
+def stream_greedy(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> torch.Tensor:
     """Token ids ``[B]`` (int64) of the largest logit, lowest id among ties: ``sampling.greedy`` of
     ``head.local_logits(hidden)``, one streaming pass."""
-    what = "sampling.chunked.greedy"
+    what = "sampling.chunked.stream_greedy"
     error = _check(hidden, head, chunk, what)
     _meet(head, hidden, error, "greedy")
     stream = _Stream(hidden, head, chunk)
@@ -319,10 +319,11 @@ def greedy(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> t
     return chosen
 
 
-def topk(hidden: torch.Tensor, head: LMHead, k: int, *, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def stream_topk(hidden: torch.Tensor, head: LMHead, k: int, *,
+                chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values [B, k], ids [B, k] int64)`` by value descending then id ascending, values in
     ``head.output_dtype``: ``sampling.topk`` of ``head.local_logits(hidden)``, one streaming pass."""
-    what = "sampling.chunked.topk"
+    what = "sampling.chunked.stream_topk"
     error = _check(hidden, head, chunk, what)
     if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= _place(head).vocab_size):
         error = InputError(f"{what}: k must be an int in [1, vocab_size={_place(head).vocab_size}], got {k!r}")
@@ -358,19 +359,20 @@ def _lse_and_picks(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor |
     return lse, (summed[:, :n] if token_ids is not None else None)
 
 
-def logsumexp(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> torch.Tensor:
+def stream_logsumexp(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = None) -> torch.Tensor:
     """``[B]`` float32 ``log(sum(exp(logits)))`` over the whole vocab, one streaming pass: bitwise
     ``sampling.logsumexp`` of ``head.local_logits(hidden)`` (the same vocab tree)."""
-    what = "sampling.chunked.logsumexp"
+    what = "sampling.chunked.stream_logsumexp"
     error = _check(hidden, head, chunk, what)
     _meet(head, hidden, error, "logsumexp")
     return _lse_and_picks(hidden, head, None, chunk, what)[0]
 
 
-def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
+def stream_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *,
+                    chunk: int | None = None) -> torch.Tensor:
     """Log-probabilities (float32, global softmax) of ``token_ids`` (``[B]`` or ``[B, n]``, global
     ids): bitwise ``sampling.logprobs`` of ``head.local_logits(hidden)``, one streaming pass."""
-    what = "sampling.chunked.logprobs"
+    what = "sampling.chunked.stream_logprobs"
     error = _check(hidden, head, chunk, what)
     n = 0
     if error is None:
@@ -383,14 +385,14 @@ def logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, *, chu
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
 
-def prompt_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, n: int, *,
+def stream_prompt_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor, n: int, *,
                     chunk: int | None = None) -> Logprobs:
     """vLLM's ``prompt_logprobs`` streamed: bitwise ``sampling.prompt_logprobs`` of
     ``head.local_logits(hidden)`` (``hidden [T, H]``: every prompt position; ``token_ids [T]``: each
     position's next prompt token), ``[T, 1 + n]``, without the ``[T, V_local]`` logits (bounded by the
     head's ``logits_budget_bytes``). Two passes: the vocab tree and the picked logits, then the values
     ``x - lse``, their running top-``n`` and the rank count."""
-    what = "sampling.chunked.prompt_logprobs"
+    what = "sampling.chunked.stream_prompt_logprobs"
     error = _check(hidden, head, chunk, what)
     if error is None:
         error = prompt_args_error(token_ids, n, hidden.shape[0], _place(head).vocab_size, what)
@@ -436,14 +438,14 @@ def _draw_args(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list
     return draw_args_error(params, hidden.shape[0], step, vocab_limit, _place(head).vocab_size, what)
 
 
-def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
+def stream_sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
            vocab_limit: int | None = None, chunk: int | None = None) -> torch.Tensor:
     """Token ids ``[B]`` (int64), the same on every rank: ``sampling.sample`` of
     ``head.local_logits(hidden)`` with the same params, step and vocab_limit, streamed.
 
     One pass, or two when a sampled row without top-k / top-p has min-p (its threshold needs the
     global max first) or a nucleus is longer than the first candidates (module docstring)."""
-    what = "sampling.chunked.sample"
+    what = "sampling.chunked.stream_sample"
     error, per_row = _draw_args(hidden, head, params, step, vocab_limit, chunk, what, None)
     rows = len(per_row)
     digest_of = params_tensor(per_row, step, vocab_limit) if error is None else None
@@ -453,15 +455,15 @@ def sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[Sam
     return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what).token_ids
 
 
-def decode(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
+def stream_decode(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *, step: int = 0,
            vocab_limit: int | None = None, bitmask: torch.Tensor | None = None, chunk: int | None = None,
            error: InputError | None = None, state: TokenState | None = None) -> torch.Tensor:
     """:func:`decode_output`'s token ids ``[B]``."""
-    return decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask, chunk=chunk,
+    return stream_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask, chunk=chunk,
                          error=error, state=state).token_ids
 
 
-def decode_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
+def stream_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | list[SamplingParams], *,
                   step: int = 0, vocab_limit: int | None = None, bitmask: torch.Tensor | None = None,
                   chunk: int | None = None, error: InputError | None = None,
                   state: TokenState | None = None) -> SamplerOutput:
@@ -675,5 +677,6 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
     return out
 
 
-__all__ = ["DENSE_TILE", "chunk_columns", "decode", "decode_output", "gemm_tiles", "greedy", "logprobs", "logsumexp",
-           "plan_chunks", "prompt_logprobs", "sample", "topk"]
+__all__ = ["DENSE_TILE", "chunk_columns", "gemm_tiles", "plan_chunks", "stream_decode", "stream_greedy",
+           "stream_logprobs", "stream_logsumexp", "stream_output", "stream_prompt_logprobs", "stream_sample",
+           "stream_topk"]

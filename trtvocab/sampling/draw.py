@@ -136,7 +136,7 @@ def ranked_logprobs(src: torch.Tensor, chosen: torch.Tensor, head: VocabPlacemen
 def prompt_logprobs(local_logits: torch.Tensor, head: Placement, token_ids: torch.Tensor, n: int) -> Logprobs:
     """vLLM's ``prompt_logprobs`` of materialized rows: ``token_ids [T]`` (row ``t``'s next prompt token)
     with its logprob and rank, then the top-``n`` (raw logprobs), ``[T, 1 + n]``. The streamed twin,
-    bitwise the same without the ``[T, V_local]`` logits: ``sampling.chunked.prompt_logprobs``."""
+    bitwise the same without the ``[T, V_local]`` logits: ``sampling.chunked.stream_prompt_logprobs``."""
     head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.prompt_logprobs")
     if error is None:

@@ -58,7 +58,7 @@ class SamplingParams(BaseModel):
         logprobs_mode: ``raw_logprobs`` (what the head gave) or ``processed_logprobs`` (after every
             step), or the ``*_logits`` variants (vLLM's names).
         prompt_logprobs: None (off) or ``N >= 0``: each prompt token's raw logprob and rank and the
-            top-N of its position (``generate``; ``sampling.chunked.prompt_logprobs`` streams them).
+            top-N of its position (``generate``; ``sampling.chunked.stream_prompt_logprobs`` streams them).
         n: ``>= 1`` completions of the prompt (``generate``), each its own seed stream
             (:meth:`sample_seed`).
         beam_width: ``>= 1``; above 1 ``generate`` runs greedy beam search (transformers' ``num_beams``).

@@ -25,7 +25,7 @@ import torch
 
 from trtvocab.errors import ConfigError, InputError
 from trtvocab.parallel import distributed as D
-from trtvocab.parallel.sharding import VocabPlacement
+from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling import noise, treesum
 from trtvocab.sampling.args import (
     ENTROPY_BITS,
@@ -43,6 +43,7 @@ from trtvocab.sampling.reductions import (
     TOP_P_FIRST_K,
     first_max,
     handshake,
+    local_topk,
     own,
     owned_ranges,
     pick_owned,
@@ -83,40 +84,24 @@ def _gather(t: torch.Tensor, place: VocabPlacement) -> torch.Tensor:
     return out.view(place.tp_size, *t.shape)
 
 
-def fixed_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reductions.local_topk`` in fixed shapes: the k largest of ``x [B, n]`` by value descending,
-    ties to the lower column, with no ``nonzero`` (the kept columns are picked by a second ``topk``
-    over distinct keys)."""
-    n = x.shape[1]
-    kth = torch.topk(x, k, dim=1, sorted=True).values[:, -1:]
-    above = x > kth
-    at = x == kth
-    keep = above | (at & (torch.cumsum(at, dim=1) <= k - above.sum(dim=1, keepdim=True)))
-    key = torch.where(keep, n - torch.arange(n, device=x.device), -1)  # distinct on the kept columns
-    cols = torch.topk(key, k, dim=1, sorted=True).indices  # ascending columns
-    vals = x.gather(1, cols)
-    order = torch.argsort(vals, dim=1, descending=True, stable=True)
-    return vals.gather(1, order), cols.gather(1, order)
-
-
 def _order_by_value_then_id(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     by_id = torch.argsort(ids, dim=1, stable=True)
     by_value = torch.argsort(values.gather(1, by_id), dim=1, descending=True, stable=True)
     return by_id.gather(1, by_value)
 
 
-def merged_topk(x: torch.Tensor, place: VocabPlacement, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _merged_topk(x: torch.Tensor, place: VocabPlacement, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global top-``k`` ``(values [B, k], ids [B, k])`` of every rank's owned columns ``x``, value
-    descending then id ascending: ``reductions.merged_topk`` in fixed shapes (one functional all_gather)."""
+    descending then id ascending: ``reductions.merged_topk`` with the functional all_gather."""
     if not place.is_split:
-        vals, cols = fixed_topk(x, k)
+        vals, cols = local_topk(x, k)
         return vals, place.token_ids(cols)
     rows = x.shape[0]
     k_local = min(k, x.shape[1])
     vals = torch.full((rows, k), float("-inf"), dtype=torch.float32, device=x.device)
     ids = torch.full((rows, k), NO_ID, dtype=torch.int64, device=x.device)
     if k_local:
-        v, c = fixed_topk(x, k_local)
+        v, c = local_topk(x, k_local)
         vals = torch.cat([v.to(torch.float32), vals[:, k_local:]], dim=1)
         ids = torch.cat([place.token_ids(c), ids[:, k_local:]], dim=1)
     packed = torch.stack([vals.view(torch.int32).to(torch.int64), ids], dim=-1)
@@ -171,9 +156,9 @@ class DecodeStep:
     :meth:`read` returns the ids as a list and raises what the step found (:data:`HIDDEN_NONFINITE` ...).
     """
 
-    def __init__(self, head: Any, params: SamplingParams | list[SamplingParams], *, state: TokenState | None = None,
-                 bitmask_width: int | None = None, start_step: int = 0, vocab_limit: int | None = None,
-                 rows: int | None = None) -> None:
+    def __init__(self, head: Placement, params: SamplingParams | list[SamplingParams], *,
+                 state: TokenState | None = None, bitmask_width: int | None = None, start_step: int = 0,
+                 vocab_limit: int | None = None, rows: int | None = None) -> None:
         self.head = None if isinstance(head, VocabPlacement) else head
         place = VocabPlacement.of(head)
         self.place = place
@@ -221,7 +206,7 @@ class DecodeStep:
             _WARM.add(self.head)
 
     @classmethod
-    def for_rows(cls, head: Any, per_row: list[SamplingParams], seeds: list[int], step: int,
+    def for_rows(cls, head: Placement, per_row: list[SamplingParams], seeds: list[int], step: int,
                  vocab_limit: int | None, state: TokenState | None) -> DecodeStep:
         """The step of one per-call draw (``sampling.sample`` / ``decode_output``), whose arguments the
         caller validated and agreed on already: no handshake, no bucket padding, and the state is read,
@@ -470,7 +455,7 @@ class DecodeStep:
         k = self.top_k_max
         if k <= 0:
             return scaled
-        values, top_ids = merged_topk(scaled, self.place, k)
+        values, top_ids = _merged_topk(scaled, self.place, k)
         cut = torch.where(self.top_k > 0, (self.top_k.clamp(max=k) - 1), k - 1)[:, None]
         cut_v, cut_id = values.gather(1, cut), top_ids.gather(1, cut)
         keep = (scaled > cut_v) | ((scaled == cut_v) & (self.col_ids[None, :] <= cut_id))
@@ -509,7 +494,7 @@ class DecodeStep:
         place = self.place
         k = min(k, place.vocab_size)
         while True:
-            top, cand = merged_topk(order_by, place, k)
+            top, cand = _merged_topk(order_by, place, k)
             values = top
             if logits is not None:  # typical-p: the logits of the candidates, gathered from their owners
                 picked = pick_owned(logits, cand, place, torch.zeros(cand.shape, device=logits.device))
@@ -599,7 +584,7 @@ class DecodeStep:
         ids, out_v, out_r = chosen[:, None], sampled, rank[:, None]
         n = self.logprobs_n
         if n > 0:
-            top_v, top_ids = merged_topk(values, place, min(n, place.vocab_size))
+            top_v, top_ids = _merged_topk(values, place, min(n, place.vocab_size))
             width = top_ids.shape[1]
             slot = torch.arange(width, device=src.device)[None, :]
             inside = slot < self.want_t[:, None]
@@ -647,5 +632,4 @@ class DecodeStep:
         return ids
 
 
-__all__ = ["HIDDEN_NONFINITE", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "DecodeStep", "bucket", "fixed_topk",
-           "merged_topk"]
+__all__ = ["HIDDEN_NONFINITE", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "DecodeStep", "bucket"]

@@ -163,13 +163,16 @@ def local_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
     ``torch.topk`` fixes the top-k *values* but not which of several equal columns it
     returns at the k-th place, so: every column strictly above the k-th value, plus the
-    lowest-numbered columns equal to it until there are ``k``. O(n), no full sort.
+    lowest-numbered columns equal to it until there are ``k``. O(n), no full sort, fixed shapes (no
+    ``nonzero``: the kept columns are picked by a second ``topk`` over keys distinct on them).
     """
+    n = x.shape[1]
     kth = torch.topk(x, k, dim=1, sorted=True).values[:, -1:]
     above = x > kth
     at = x == kth
     keep = above | (at & (torch.cumsum(at, dim=1) <= k - above.sum(dim=1, keepdim=True)))
-    cols = keep.nonzero()[:, 1].view(x.shape[0], k)  # row-major: ascending columns per row
+    key = torch.where(keep, n - torch.arange(n, device=x.device), -1)
+    cols = torch.topk(key, k, dim=1, sorted=True).indices  # ascending columns per row
     vals = x.gather(1, cols)
     order = torch.argsort(vals, dim=1, descending=True, stable=True)
     return vals.gather(1, order), cols.gather(1, order)

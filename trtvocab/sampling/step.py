@@ -6,7 +6,7 @@ params, and returns the next ids, the same on every rank. When this batch's floa
 ``[B, V_local]`` logits (``V_local`` the widest shard, so every rank decides alike) fit in
 ``head.logits_budget_bytes`` it computes them and draws (the prepared step's pipeline,
 :class:`~trtvocab.sampling.prepared.DecodeStep`);
-otherwise it streams the shard in vocab chunks (:func:`trtvocab.sampling.chunked.decode`): the
+otherwise it streams the shard in vocab chunks (:func:`trtvocab.sampling.chunked.stream_decode`): the
 same ids bitwise, the logits never held. Both paths share one cached handshake (docs/generate.md,
 "How one step runs"; docs/architecture.md, "The vocab-chunked head").
 """
@@ -31,7 +31,7 @@ from trtvocab.sampling.reductions import check_logits
 from trtvocab.sampling.state import TokenState
 
 
-def streams(head: Any, rows: int) -> bool:
+def streams(head: object, rows: int) -> bool:
     """Whether a decode step of ``rows`` rows streams: float32 ``[rows, V_local]`` (the widest
     shard) above ``head.logits_budget_bytes``, on an LMHead the chunked path serves (not attention
     DP with LM-head TP, where ranks bring different rows)."""
@@ -45,7 +45,7 @@ def streams(head: Any, rows: int) -> bool:
 
 def decode(
     hidden: torch.Tensor,
-    head: Any,
+    head: LMHead,
     params: SamplingParams | list[SamplingParams],
     *,
     step: int = 0,
@@ -61,7 +61,7 @@ def decode(
 
 def decode_output(
     hidden: torch.Tensor,
-    head: Any,
+    head: LMHead,
     params: SamplingParams | list[SamplingParams],
     *,
     step: int = 0,
@@ -94,10 +94,10 @@ def decode_output(
             error = exc
     rows = hidden.shape[0] if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 else 0
     if streams(head, rows):
-        return chunked.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
+        return chunked.stream_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
                                      error=error, state=state)
     if has_added_vocab(head):  # two id ranges per rank: trtvocab.sampling.added_vocab
-        return added_vocab.decode_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
+        return added_vocab.token_order_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
                                          error=error, state=state)
     logits = None
     place = VocabPlacement.of(head)  # what the draw reads: the shards, the group, the handshake state
