@@ -9,11 +9,14 @@ mask's size) drains the stream and keeps the step out of a CUDA graph. Counted h
 steady step (steps 0-1 warm, 2-5 counted), for each sampler knob, at tp 1, 2, 3 (gloo ranks), side by
 side in one run:
 
-* ``decode_output``: the per-call step (validated, handshaken, filters decided on the host);
+* ``decode_output``: the per-call step (its arguments validated and agreed on every call, then the same
+  pipeline: ``DecodeStep.for_rows``);
 * ``DecodeStep``: the prepared step (``trtvocab.sampling.DecodeStep``), read once per step by ``read()``
   (that read is counted apart: the ids, when the caller asks for them).
+(docs/generate.md has the counts of the step before the prepared one, measured at its revision.)
 
-Then the step's CPU time at tp 1 (and ``--tp`` > 1 on gloo ranks), eager against ``torch.compile(fullgraph=True)``,
+Then the step's CPU time (seeded top-k + min-p: a knob that traces as one graph at every tp) at tp 1 (and
+``--tp`` > 1 on gloo ranks), eager against ``torch.compile(fullgraph=True)``,
 interleaved rounds, best and median, and the compile time of the first call. The ids of both are checked
 equal first.
 """
@@ -41,6 +44,7 @@ KNOBS = {
                                              presence_penalty=0.1, logit_bias={5: 3.0, 17: -2.0}),
     "greedy + logprobs 5": SamplingParams(temperature=0.0, logprobs=5),
 }
+TIMED = SamplingParams(temperature=0.8, top_k=40, min_p=0.05, seed=7)
 STEPS, WARM = 6, 2
 
 
@@ -90,7 +94,7 @@ def step_time(rank: int, world: int, path: str, batches: list[int], rounds: int)
     head = _head(path, rank, world)
     out: dict[str, Any] = {}
     for rows in batches:
-        params = [KNOBS["seeded top-k + top-p"]] * rows
+        params = [TIMED] * rows
         eager, compiled_fn = DecodeStep(head, params), DecodeStep(head, params)
         compiled_fn.seed_keys = eager.seed_keys  # the same fresh seeds: the same ids
         compiled = torch.compile(compiled_fn, fullgraph=True)
@@ -125,13 +129,15 @@ def main() -> None:
 
         counts = {tp: count_reads(0, 1, path, args.rows) if tp == 1 else
                   run_ranks(count_reads, tp, path, args.rows, timeout_s=900)[0] for tp in args.tps}
-        print(f"host reads per steady step ({args.model}, B = {args.rows}; DecodeStep's call, then its one read())")
-        print(f"{'knob':<24}" + "".join(f"{'tp ' + str(tp) + ' before':>14}{'after':>8}{'read':>6}" for tp in args.tps))
+        print(f"host reads per steady step ({args.model}, B = {args.rows}; decode_output per call, DecodeStep's call, "
+              "then its one read())")
+        print(f"{'knob':<24}" + "".join(f"{'tp ' + str(tp) + ' per call':>16}{'prepared':>9}{'read':>6}"
+                                        for tp in args.tps))
         for name in KNOBS:
             line = f"{name:<24}"
             for tp in args.tps:
                 c = counts[tp][name]
-                line += f"{c['decode_output']:>14}{c['DecodeStep']:>8}{c['read']:>6}"
+                line += f"{c['decode_output']:>16}{c['DecodeStep']:>9}{c['read']:>6}"
                 add_row(knob=name, tp=tp, **c)
                 if not c["same_ids"]:
                     raise SystemExit(f"{name} tp {tp}: DecodeStep's ids differ from decode_output's")
@@ -141,7 +147,7 @@ def main() -> None:
             for tp in tps:
                 res = step_time(0, 1, path, args.timing_batches, args.rounds) if tp == 1 else \
                     run_ranks(step_time, tp, path, args.timing_batches, args.rounds, timeout_s=1800)[0]
-                print(f"\nstep CPU time, tp {tp} (seeded top-k + top-p; ms best / median of {args.rounds} "
+                print(f"\nstep CPU time, tp {tp} (seeded top-k + min-p; ms best / median of {args.rounds} "
                       f"interleaved rounds; rank 0)")
                 print(f"{'B':>4}{'eager':>16}{'compiled':>16}{'compiled/eager':>16}{'compile s':>11}")
                 for rows, r in res.items():
