@@ -16,6 +16,7 @@ looks at it. Dense heads return logits in their dtype, quantized heads float32.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,7 +51,8 @@ FORWARD_HANDSHAKE = D.Handshake("LMHead", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
     D.Field("dtype", DTYPES), D.Field("gather_output", GATHER_MODES), D.Field("gather chunk rows"),
     D.Field("weight format", _FORMATS),
-    D.Field("mapping", _MAPPINGS), D.Field("head groups"), D.Field("deterministic"), D.Field("output dtype", DTYPES),
+    D.Field("mapping", _MAPPINGS), D.Field("head groups"), D.Field("overlap chunks"), D.Field("deterministic"),
+    D.Field("output dtype", DTYPES),
     D.Field("head ops (digest)"), D.Field("adapters (digest)"), D.Field("rows", per_rank=True),
 ))
 
@@ -69,6 +71,22 @@ def gather_error(gather_output: Any, gather_chunk_rows: Any, mapping: Mapping | 
         return ConfigError("LMHead gather_output='rank0' with attention DP: every rank's rows return to it by an "
                            "all-to-all; use gather_output=True or False")
     return None
+
+
+def overlap_error(overlap_chunks: Any) -> ConfigError | None:
+    """Why ``overlap_chunks`` cannot configure a head (None: it can)."""
+    k = overlap_chunks
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        return ConfigError(f"LMHead overlap_chunks must be None (the measured default), 1 (no overlap) or an int "
+                           f">= 2 (column chunks whose all-gathers overlap the next chunk's GEMM), got {k!r}")
+    return None
+
+
+def default_overlap_chunks(tp: int, rows: int, hidden: int, width: int) -> int:
+    """The column chunks ``overlap_chunks=None`` uses for a call (1: none): where
+    ``benchmarks/gather_overlap.py`` measured the overlap faster than GEMM-then-gather
+    (docs/architecture.md, "Overlapping the GEMM with the gather")."""
+    return 1
 
 
 DEFAULT_LOGITS_BUDGET_BYTES = 256 << 20  # float32 [B, V_local] logits above this are streamed (sampling.chunked)
@@ -101,6 +119,11 @@ class LMHead(VocabParallelModule):
             ``[N, V]`` output allocated once (vLLM's ``LogitsGatherer``): besides the output and the local
             logits, a gather holds ``(tp + 1) * R * max shard width`` elements instead of
             ``(tp + 1) * N * max shard width`` (the pieces and the padded send). Bitwise the same logits.
+        overlap_chunks: ``gather_output=True`` (unchunked, no attention DP): the local GEMM in ``k`` column
+            chunks, chunk ``j``'s all-gather running (``async_op``) while chunk ``j + 1`` is computed; the
+            chunks are cut on the weight format's GEMM tiles (:meth:`gemm_tiles`), so the logits are bitwise
+            the unchunked path's. ``None`` (default): :func:`default_overlap_chunks`, on only where
+            ``benchmarks/gather_overlap.py`` measured it faster; ``1``: off. Ranks agree on it in the handshake.
         quant_config: FP8 / NVFP4 weights (:class:`~trtvocab.quant.config.QuantConfig`),
             normally from the checkpoint's gating verdict (:meth:`from_checkpoint`), or a GGUF
             head's stored blocks (:class:`~trtvocab.quant.gguf_blocks.GGUFConfig`).
@@ -158,10 +181,11 @@ class LMHead(VocabParallelModule):
         quant_decision: HeadQuantDecision | None = None,
         head_ops: HeadOps | None = None,
         gather_chunk_rows: int | None = None,
+        overlap_chunks: int | None = None,
     ) -> None:
         if TensorParallelMode(tensor_parallel_mode) is not TensorParallelMode.COLUMN:
             raise ConfigError("LMHead supports only COLUMN tensor parallelism (split over the vocab)")
-        error = gather_error(gather_output, gather_chunk_rows, mapping)
+        error = gather_error(gather_output, gather_chunk_rows, mapping) or overlap_error(overlap_chunks)
         if error is not None:
             raise error
         super().__init__(vocab_size, hidden_size, dtype=dtype, mapping=mapping, vocab_layout=vocab_layout,
@@ -183,6 +207,7 @@ class LMHead(VocabParallelModule):
         self.output_dtype = torch.float32 if quant_config is not None else (output_dtype or dtype)
         self._gather_output: bool | str = gather_output
         self._gather_chunk_rows: int | None = gather_chunk_rows
+        self._overlap_chunks: int | None = overlap_chunks
         self.quant_config = quant_config
         # The gating verdict this head was built under (from_checkpoint passes it), for reports.
         self.quant_decision: HeadQuantDecision | None = quant_decision
@@ -230,6 +255,31 @@ class LMHead(VocabParallelModule):
         self._gather_chunk_rows = value
 
     @property
+    def overlap_chunks(self) -> int | None:
+        """Column chunks of an all-gathered forward (None: :func:`default_overlap_chunks`; 1: none); settable."""
+        return self._overlap_chunks
+
+    @overlap_chunks.setter
+    def overlap_chunks(self, value: int | None) -> None:
+        error = overlap_error(value)
+        if error is not None:
+            raise error
+        self._overlap_chunks = value
+
+    def overlap_for(self, rows: int) -> int:
+        """The column chunks a forward of ``rows`` rows is gathered in (1: one all-gather after the whole GEMM).
+        Only a split head's plain all-gather overlaps (``gather_output=True``, no ``gather_chunk_rows``, no
+        attention DP, no added tokens); at most one chunk per owned column of the widest shard."""
+        if not self.is_split or self.gather_output is not True or self.gather_chunk_rows is not None \
+                or self.mapping.enable_attention_dp or self.added_vocab or rows < 1:
+            return 1
+        width = max(s.size for s in self.shards)
+        k = self._overlap_chunks
+        if k is None:
+            k = default_overlap_chunks(self.tp_size, rows, self.hidden_size, width)
+        return max(1, min(k, width))
+
+    @property
     def label(self) -> str:
         """What reports call this head: ``"FP8 W8A8"``, ``"NVFP4 W4A16"``, ``"dense bf16"``."""
         return self.quant_config.label if self.quant_config is not None else f"dense {short_name(self.dtype)}"
@@ -262,6 +312,7 @@ class LMHead(VocabParallelModule):
         output_dtype: torch.dtype | None = None,
         gguf_blocks: bool = True,
         gather_chunk_rows: int | None = None,
+        overlap_chunks: int | None = None,
     ) -> LMHead:
         """Build this rank's head from a checkpoint, reading only its rows.
 
@@ -271,7 +322,7 @@ class LMHead(VocabParallelModule):
         ``tensor_name``: the ``[V, H]`` tensor when it is neither ``lm_head.weight`` nor a
         known tied embedding. ``gguf_blocks``: a GGUF Q8_0 / Q6_K / Q4_0 / Q4_1 / Q5_0 / Q4_K head stays
         in its stored blocks (False: dequantized to float32, then ``dtype``; other block types always are, said in
-        ``head.load_note``). Other arguments (``gather_chunk_rows`` too): as for :class:`LMHead`.
+        ``head.load_note``). Other arguments (``gather_chunk_rows``, ``overlap_chunks`` too): as for :class:`LMHead`.
 
         When the head is split and a process group exists, the ranks meet once after
         loading (:func:`~trtvocab.vocab_parallel.load_collectively`): a rank that failed (a truncated file only it
@@ -286,7 +337,8 @@ class LMHead(VocabParallelModule):
                        gather_output=gather_output, quant_config=source.quant_config, vocab_layout=vocab_layout,
                        pad_to=pad_to, process_group=process_group, deterministic=deterministic,
                        output_dtype=output_dtype, quant_decision=source.decision,
-                       head_ops=family.head if family is not None else None, gather_chunk_rows=gather_chunk_rows)
+                       head_ops=family.head if family is not None else None, gather_chunk_rows=gather_chunk_rows,
+                       overlap_chunks=overlap_chunks)
             head.family = family
             head.load_note = source.note
             head.load_weights(source.shard_tensors(head.shard))
@@ -350,7 +402,7 @@ class LMHead(VocabParallelModule):
                 _LAYOUT: self.layout_code, "dtype": self.dtype,
                 "gather_output": self.gather_output, "gather chunk rows": self.gather_chunk_rows or 0,
                 "weight format": self.weight_format,
-                "mapping": self.mapping_kind, "head groups": self.head_groups,
+                "mapping": self.mapping_kind, "head groups": self.head_groups, "overlap chunks": self.overlap_for(rows),
                 "deterministic": self.deterministic, "output dtype": self.output_dtype,
                 "head ops (digest)": self.head_ops.digest(), "adapters (digest)": self._adapters_digest(),
                 "rows": rows}
@@ -494,6 +546,9 @@ class LMHead(VocabParallelModule):
             if self.gather_output is True and self.gather_chunk_rows is None:
                 return self._token_order_columns(D.all_gather_columns(local, widths, self.process_group, pending))
             return self._gather(local, widths, pending, self.token_order()[: self.full_vocab_size])
+        chunks = self.overlap_for(rows)
+        if chunks > 1:  # column chunks, each one's all-gather behind the next one's GEMM
+            return self._overlapped_gather(hidden_states, chunks, pending)
         # Owned columns only: the padding is trimmed, so it needs no -inf fill here (local_logits
         # fills it for callers that reduce over the full width).
         local = self._owned_logits(hidden_states)
@@ -511,6 +566,59 @@ class LMHead(VocabParallelModule):
             return D.all_to_all_rows_chunked(local, row_counts, sizes, self.process_group, self.gather_chunk_rows)
         blocks = list(torch.split(local, row_counts))
         return D.all_to_all_rows(blocks, row_counts, sizes, self.process_group)
+
+    def overlap_bounds(self, chunks: int) -> list[tuple[int, int]]:
+        """The column chunks ``[(a, b)]`` of an overlapped gather: ``[0, widest owned width)`` in ``chunks``
+        near-equal pieces, the same on every rank (the gather's shapes). Each rank computes its columns
+        in runs of its format's GEMM tiles (:meth:`gemm_tiles`) reaching past each chunk's end, so its
+        logits keep the bits of the whole-shard GEMM whatever the chunks."""
+        width = max(s.size for s in self.shards)
+        edges = sorted({width * j // chunks for j in range(chunks + 1)})
+        return list(itertools.pairwise(edges))
+
+    def _overlapped_gather(self, hidden: torch.Tensor, chunks: int, pending: D.Pending | None) -> torch.Tensor:
+        """``[N, V]``: :func:`~trtvocab.parallel.distributed.all_gather_columns_overlapped` of this shard's
+        columns, computed in runs of whole GEMM tiles as the chunks ask for them. A run that is exactly one
+        chunk is sent as computed; otherwise runs are copied into the chunks' buffers (past this shard's
+        owned columns: zero padding, trimmed by the gather)."""
+        size = self.shard.size
+        n = hidden.shape[0]
+        bounds = self.overlap_bounds(chunks)
+        ends = [hi for _, hi in self.gemm_tiles()]
+        prepared = self.weights.prepare(hidden)
+        pieces: dict[int, torch.Tensor] = {}
+        done = 0
+
+        def buffer(j: int) -> torch.Tensor:
+            if j not in pieces:
+                a, b = bounds[j]
+                pieces[j] = hidden.new_empty((n, b - a), dtype=self.output_dtype)
+                if b > size:
+                    pieces[j][:, max(0, size - a):].zero_()
+            return pieces[j]
+
+        def produce(a: int, b: int) -> torch.Tensor:
+            nonlocal done
+            j = bounds.index((a, b))
+            need = min(b, size)
+            while done < need:
+                hi = next(e for e in ends if e >= need)  # whole tiles only: the whole-shard GEMM's bits
+                run = self.column_logits(hidden, done, hi, prepared=prepared)
+                if (done, hi) == (a, b) and j not in pieces:
+                    pieces[j] = run  # the chunk itself: sent as computed
+                else:
+                    for i, (lo_j, hi_j) in enumerate(bounds):
+                        lo, up = max(lo_j, done), min(hi_j, hi)
+                        if lo < up:
+                            buffer(i)[:, lo - lo_j: up - lo_j] = run[:, lo - done: up - done]
+                done = hi
+            piece = buffer(j)  # computed above, or all padding (a shard narrower than a)
+            del pieces[j]  # sent once: the gather keeps it alive while in flight
+            return piece
+
+        return D.all_gather_columns_overlapped(produce, n, [s.size for s in self.shards], bounds,
+                                               self.process_group, pending, dtype=self.output_dtype,
+                                               device=hidden.device)
 
     @property
     def _verdict_rides_on_gather(self) -> bool:
@@ -560,4 +668,5 @@ class LMHead(VocabParallelModule):
         ops = "" if self.head_ops.is_identity else f", ops={self.head_ops.describe()}"
         added = f", added_vocab={self.added_vocab}" if self.added_vocab else ""
         chunks = f", gather_chunk_rows={self.gather_chunk_rows}" if self.gather_chunk_rows is not None else ""
+        chunks += f", overlap_chunks={self.overlap_chunks}" if self.overlap_chunks is not None else ""
         return f"{self._placement()}, gather_output={self.gather_output!r}{chunks}{ops}{added}"

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from trtvocab.base.units import human_bytes as human
 from trtvocab.commands.cli import app
 from trtvocab.errors import ConfigError
+from trtvocab.lm_head import FORWARD_HANDSHAKE
 from trtvocab.pipeline.plan import make_plan
 
 MIB, GIB = 2**20, 2**30
@@ -292,7 +293,8 @@ def test_forward_modes_are_priced_and_bad_values_refused() -> None:
     whole = _json(base)["forward"]
     chunked = _json([*base, "--gather-chunk-rows", "3"])["forward"]
     rank0 = _json([*base, "--gather-output", "rank0"])["forward"]
-    assert [c["bytes"] for c in whole["first"]] == [15 * 8, 7 * 334 * 4]
+    handshake = (1 + len(FORWARD_HANDSHAKE.fields)) * 8  # its declared fields, counted
+    assert [c["bytes"] for c in whole["first"]] == [handshake, 7 * 334 * 4]
     assert [c["bytes"] for c in chunked["first"][1:]] == [3 * 334 * 4, 3 * 334 * 4, 1 * 334 * 4]
     assert [c["kind"] for c in rank0["steady"]] == ["all_gather", "gather"]
     adp = _json([*base, "--attention-dp-rows", "3,0,5"])["forward"]

@@ -242,6 +242,8 @@ def plan(
     layers: Annotated[int, typer.Option(help="layers holding KV (with --kv-bytes-per-token)")] = 1,
     lm_head_tp: Annotated[int | None, typer.Option(help="the vocabulary split over head groups of N of the --tp "
                                                    "ranks (Mapping.lm_head_tp_size; default: --tp)")] = None,
+    overlap_chunks: Annotated[int | None, typer.Option(help="LMHead.forward's all-gather in k column chunks "
+                                                       "overlapping the GEMM (default: LMHead's rule)")] = None,
 ) -> None:
     """The vocabulary ledger: shards, weight bytes (bf16/fp8/nvfp4), logits, collectives, FLOPs, replication."""
     from trtvocab.pipeline.plan import DTYPE_BYTES, Sampler, collective_rows, ledger_rows, make_plan
@@ -282,7 +284,7 @@ def plan(
                   sampler=sampler, logits_per_seq=logits_per_seq, gather_output=modes[gather_output.lower()],
                   gather_chunk_rows=gather_chunk_rows, logits_bytes=DTYPE_BYTES[head_dtype], adp_rows=adp_rows,
                   embedding_dtype=embedding_dtype, kv_bytes_per_token=kv_bytes_per_token, layers=layers,
-                  lm_head_tp=lm_head_tp)
+                  lm_head_tp=lm_head_tp, overlap_chunks=overlap_chunks)
     if as_json:
         print(p.model_dump_json(indent=2))
         return
@@ -884,6 +886,8 @@ def generate(
     body_ranks: Annotated[int | None, typer.Option(help="with --attention-dp: how many ranks run a body (default: one "
                                                    "per usable CPU core, at most --tp); the rest hold only their "
                                                    "vocab slices")] = None,
+    lm_head_tp: Annotated[int | None, typer.Option(help="with --attention-dp: the head split over groups of N of the "
+                                                   "--tp ranks (default: all of them)")] = None,
     allow_other_checkpoint: Annotated[bool, typer.Option(help="run an --artifact built from another checkpoint "
                                                           "than MODEL anyway (said in the output)")] = False,
     gguf_blocks: Annotated[bool, typer.Option(help="a GGUF Q8_0 / Q6_K head stays in its stored blocks "
@@ -916,7 +920,8 @@ def generate(
     options = GenerateOptions(prompts=tuple(prompt), chat=chat, tp=tp, max_new_tokens=max_new_tokens, params=params,
                               json_schema=json_schema, regex=regex, deterministic=deterministic, backend=backend,
                               artifact=artifact, allow_other_checkpoint=allow_other_checkpoint,
-                              attention_dp=attention_dp, body_ranks=body_ranks, loras=lora, lora_for=lora_for,
+                              attention_dp=attention_dp, body_ranks=body_ranks, lm_head_tp=lm_head_tp,
+                              loras=lora, lora_for=lora_for,
                               gguf_blocks=gguf_blocks, bad_words=tuple(bad_words or ()), stop=tuple(stop or ()),
                               kv_cache=kv_cache, compile_step=compile_step, body_kernels=body_kernels)
     spec, loaded = prepare(model, options)

@@ -443,6 +443,50 @@ def all_gather_columns(local: torch.Tensor, widths: Sequence[int], group: Proces
     return torch.cat([p[..., :w] for p, w in zip(pieces, widths, strict=True)], dim=-1)
 
 
+def all_gather_columns_overlapped(produce: Callable[[int, int], torch.Tensor], rows: int, widths: Sequence[int],
+                                  bounds: Sequence[tuple[int, int]], group: ProcessGroup, pending: Pending | None,
+                                  *, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """:func:`all_gather_columns` of a ``[rows, widths[me]]`` piece made one column chunk at a time, each chunk's
+    all-gather running while the next chunk is made: ``[rows, sum(widths)]``, bitwise the one-collective gather of
+    the same columns.
+
+    ``bounds``: the chunks ``[(a, b)]`` of columns ``[0, max(widths))``, the same on every rank (a rank owning
+    fewer columns sends padding there, trimmed here). ``produce(a, b)``: this rank's ``[rows, b - a]`` columns
+    (contiguous; what lies past its width is never read). The first chunk's gather is synchronous and carries the
+    call's verdict (:func:`gather_verdict`): no other collective starts before every rank knows the call is
+    agreed (a rank whose shapes changed must not meet chunks of another size). Each later chunk's gather is
+    asynchronous (``async_op=True``) and placed once done, while the next chunk is produced.
+    """
+    world = len(widths)
+    starts = [0]
+    for w in widths:
+        starts.append(starts[-1] + w)
+    out = torch.empty((rows, starts[-1]), dtype=dtype, device=device)
+
+    def place(a: int, b: int, pieces: Sequence[torch.Tensor]) -> None:
+        for r, piece in enumerate(pieces):
+            n = min(b, widths[r]) - a
+            if n > 0:
+                out[:, starts[r] + a: starts[r] + a + n] = piece[:, :n]
+
+    inflight: list[tuple[int, int, list[torch.Tensor], Any, torch.Tensor]] = []
+    for j, (a, b) in enumerate(bounds):
+        piece = produce(a, b)
+        if j == 0:
+            place(a, b, gather_verdict(pending, piece, world, group))
+            continue
+        received = [torch.empty_like(piece) for _ in range(world)]
+        inflight.append((a, b, received, dist.all_gather(received, piece, group=group, async_op=True), piece))
+        while len(inflight) > 1 and inflight[0][3].is_completed():  # place what arrived, waiting for none
+            a0, b0, got, work, _ = inflight.pop(0)
+            work.wait()
+            place(a0, b0, got)
+    for a, b, got, work, _ in inflight:
+        work.wait()
+        place(a, b, got)
+    return out
+
+
 def gather_columns(local: torch.Tensor, widths: Sequence[int], group: ProcessGroup, pending: Pending | None = None,
                    *, dst: int | None = None, chunk_rows: int | None = None,
                    order: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -9,6 +9,7 @@ assumed bandwidth or throughput, nothing is measured. The formulas: docs/archite
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,7 @@ from pydantic import BaseModel, Field
 from trtvocab.base.units import decimal_bytes, human_bytes, human_flops, human_seconds
 from trtvocab.embedding import LOOKUP_HANDSHAKE
 from trtvocab.errors import ConfigError
-from trtvocab.lm_head import FORWARD_HANDSHAKE, GATHER_MODES
+from trtvocab.lm_head import FORWARD_HANDSHAKE, GATHER_MODES, default_overlap_chunks
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.sharding import LAYOUTS, VocabLayout, all_shards
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_BLOCK
@@ -285,7 +286,7 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
               logits_per_seq: int = 1, gather_output: bool | str = True, gather_chunk_rows: int | None = None,
               logits_bytes: int = BF16, adp_rows: Sequence[int] | None = None, embedding_dtype: str = "bf16",
               per_row_scales: bool = False, kv_bytes_per_token: int | None = None, layers: int = 1,
-              lm_head_tp: int | None = None) -> Plan:
+              lm_head_tp: int | None = None, overlap_chunks: int | None = None) -> Plan:
     """The ledger of a ``[vocab, hidden]`` embedding + head over ``tp`` ranks (see the module docstring).
     ``lm_head_tp``: the vocabulary split over head groups of that many of the ``tp`` ranks instead
     (``Mapping.lm_head_tp_size``): the ranks, matrices and collectives are one head group's (``batch`` rows
@@ -294,7 +295,8 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
     ``adapters``: opened LoRA adapters (:func:`trtvocab.weights.lora.open_adapter`), counted per rank.
     At tp > 1 it also prices every collective (:func:`decode_collectives` for ``batch * logits_per_seq`` rows and
     ``sampler``, :func:`forward_collectives` in the gather mode, :func:`embedding_collectives` at ``tokens``);
-    ``kv_bytes_per_token``: replication in KV tokens (:func:`kv_pricing`)."""
+    ``kv_bytes_per_token``: replication in KV tokens (:func:`kv_pricing`); ``overlap_chunks``: as for
+    :func:`forward_collectives`."""
     check_inputs(vocab, hidden, tp, batch, layout, pad_to, tokens, link_gbs, tflops)
     world = tp
     if lm_head_tp is not None:
@@ -367,7 +369,8 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
         plan.decode_step = decode_collectives(vocab, tp, rows, sampler)
         plan.forward = forward_collectives(vocab, hidden, tp, rows, layout, pad_to, gather_output=gather_output,
                                            gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes,
-                                           hidden_bytes=logits_bytes, adp_rows=adp_rows)
+                                           hidden_bytes=logits_bytes, adp_rows=adp_rows,
+                                           overlap_chunks=overlap_chunks)
         plan.embedding = embedding_collectives(tokens, hidden, tp, embedding_dtype, per_row_scales=per_row_scales)
     if kv_bytes_per_token is not None:
         plan.kv = kv_pricing(plan, kv_bytes_per_token, layers)
@@ -483,11 +486,13 @@ def decode_collectives(vocab: int, tp: int, rows: int, sampler: Sampler | None =
 def forward_collectives(vocab: int, hidden: int, tp: int, rows: int, layout: VocabLayout = "uneven", pad_to: int = 64,
                         *, gather_output: bool | str = True, gather_chunk_rows: int | None = None,
                         logits_bytes: int = BF16, hidden_bytes: int = BF16,
-                        adp_rows: Sequence[int] | None = None) -> StepCollectives:
+                        adp_rows: Sequence[int] | None = None, overlap_chunks: int | None = None) -> StepCollectives:
     """``LMHead.forward``'s collectives (a split head): the handshake (every call unless the verdict rides on an
     all-gather), then the logits pieces ``[R, w]`` (``w`` the widest shard's owned columns, R rows a collective),
     all-gathered or gathered to rank 0. ``adp_rows``: attention DP (every rank's row count): the hidden rows
-    ``[max rows, H]`` all-gathered, then ``[tp, R, w]`` blocks through an all-to-all per chunk of R rows."""
+    ``[max rows, H]`` all-gathered, then ``[tp, R, w]`` blocks through an all-to-all per chunk of R rows.
+    ``overlap_chunks``: the all-gather in k column chunks ``[N, w_j]`` (``LMHead(overlap_chunks=k)``; None: the
+    library's default for this shape, :func:`~trtvocab.lm_head.default_overlap_chunks`)."""
     if not any(gather_output is m or (isinstance(m, str) and gather_output == m) for m in GATHER_MODES):
         raise ConfigError(f"--gather-output must be one of true, false, rank0; got {gather_output!r}")
     width = max(sh.size for sh in all_shards(vocab, tp, layout, pad_to))
@@ -502,6 +507,16 @@ def forward_collectives(vocab: int, hidden: int, tp: int, rows: int, layout: Voc
         return _step(calls, calls)
     if gather_output is False:
         return _step([hs], [hs])
+    if gather_output is True and gather_chunk_rows is None and rows > 0:
+        if overlap_chunks is None:
+            overlap_chunks = default_overlap_chunks(tp, rows, hidden, width)
+        _positive_int(overlap_chunks, "--overlap-chunks")
+        k = min(overlap_chunks, width)
+        if k > 1:
+            edges = sorted({width * j // k for j in range(k + 1)})
+            return _with_header([(f"logits all-gather, column chunk [{rows}, {b - a}]", "all_gather",
+                                  rows * (b - a) * logits_bytes) for a, b in itertools.pairwise(edges)],
+                                tp, handshake_bytes(FORWARD_HANDSHAKE), "LMHead")
     step = rows if gather_chunk_rows is None else max(1, min(gather_chunk_rows, rows))
     chunks = [min(step, rows - lo) for lo in range(0, rows, step)]
     if gather_output == "rank0":

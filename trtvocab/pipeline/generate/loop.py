@@ -127,7 +127,9 @@ def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: ModelFacts) -> 
     """This rank's vocab ends and grammar matchers; at tp > 1 the ranks then meet once
     (:data:`SETUP_HANDSHAKE`), so a rank whose shard or backend failed to load stops the others."""
     split = spec.tp > 1
-    mapping = Mapping(world_size=spec.tp, rank=rank, tp_size=spec.tp) if split else None
+    # lm_head_tp: the head (and its tied table) over groups of that many ranks, made by distributed.lm_head_group.
+    mapping = Mapping(world_size=spec.tp, rank=rank, tp_size=spec.tp, lm_head_tp_size=spec.lm_head_tp or None) \
+        if split else None
     vocab_limit = len(tokenizer) if len(tokenizer) < facts.vocab_size else None
     error: Exception | None = None
     ends: Any = None

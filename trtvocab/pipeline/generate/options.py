@@ -33,6 +33,8 @@ class GenerateOptions:
     ``json_schema`` / ``regex`` constrain every prompt; ``grammars`` (from
     :func:`~trtvocab.sampling.grammar.grammar_spec`) gives one grammar (or None) per prompt instead.
     ``body_ranks`` (attention DP only): how many ranks run a body (:func:`choose_body_ranks`).
+    ``lm_head_tp`` (attention DP only): the head split over groups of that many of the ``tp`` ranks
+    (``Mapping.lm_head_tp_size``; default ``tp``): each group decodes every row over its own split.
     ``logits_budget_bytes``: the model's head streams its vocab in chunks when a step's float32
     ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
     ``loras`` / ``lora_for``: PEFT LoRA adapters on the embedding and the head, per prompt (:func:`lora_plan`).
@@ -59,6 +61,7 @@ class GenerateOptions:
     allow_other_checkpoint: bool = False
     attention_dp: bool = False
     body_ranks: int | None = None
+    lm_head_tp: int | None = None
     logits_budget_bytes: int | None = None
     loras: Any = None
     lora_for: Any = None
@@ -91,6 +94,7 @@ class GenerateOptions:
                                   "the same width everywhere; no other sampling knob, grammar or `attention_dp`)")
         if self.body_ranks is not None and not self.attention_dp:
             raise ConfigError("`body_ranks`: only with `attention_dp` (without it every rank runs the whole body)")
+        self._check_lm_head_tp()
         if self.attention_dp and any(p.prompt_logprobs is not None for p in per_prompt):
             raise ConfigError("`prompt_logprobs`: not with `attention_dp` (a rank holds the prompt rows of its own "
                               "block only)")
@@ -112,6 +116,16 @@ class GenerateOptions:
         budget = self.logits_budget_bytes
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
             raise ConfigError(f"`logits_budget_bytes`: must be None or an int > 0, got {budget!r}")
+
+    def _check_lm_head_tp(self) -> None:
+        n = self.lm_head_tp
+        if n is None:
+            return
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"`lm_head_tp`: must be an int >= 1 (the head's TP group), got {n!r}")
+        if not self.attention_dp or self.artifact is not None or not isinstance(self.tp, int) or self.tp % n:
+            raise ConfigError(f"`lm_head_tp` {n}: needs `attention_dp`, the model's own head (no `artifact`) and a "
+                              f"`tp` it divides (got tp {self.tp})")
 
     def _check_run(self) -> None:
         check_options(max_new_tokens=self.max_new_tokens, tp=self.tp, prompts=self.prompts, backend=self.backend,
@@ -205,6 +219,8 @@ class GenerateSpec:
     # times are the steady state's (benchmarks/generate.py). The same greedy and seeded ids (unseeded
     # sampling draws again); at tp > 1 both decodes fall within run_ranks' one deadline.
     warmup: bool = False
+    # Attention DP: the head split over groups of this many ranks (Mapping.lm_head_tp_size; 0: all tp).
+    lm_head_tp: int = 0
 
 
 # ---- the checks, also for callers without GenerateOptions ------------------------------------------

@@ -192,7 +192,8 @@ def prepare(model: str | Path, prompts: GenerateOptions | list[str] | tuple[str,
                         params, rows.grammars, art, options.deterministic, bool(options.attention_dp), bodies,
                         options.logits_budget_bytes, adapters, rows.adapters, bool(options.gguf_blocks),
                         tuple(options.stop), rows.index, max(p.beam_width for p in params), options.kv_cache,
-                        bool(options.compile_step), bool(options.body_kernels))
+                        bool(options.compile_step), bool(options.body_kernels),
+                        lm_head_tp=options.lm_head_tp or 0)
     return spec, loaded
 
 
