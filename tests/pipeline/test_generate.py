@@ -487,8 +487,8 @@ def test_warmup_reports_the_second_decode_with_the_same_ids(loaded, smollm2: Pat
 def test_compiled_step_on_gemma3_compiles_at_most_twice(gemma3: Path) -> None:
     """Gemma 3's sliding-window cache layers keep a Python int (``cumulative_length_int``) that a compile
     specialized on every value guards on: each step recompiled until dynamo's limit (8), then the step ran
-    eager. The step's int turns symbolic on its second value instead: at most two graphs for 12 steps, and
-    transformers' greedy ids."""
+    eager. The step's int turns symbolic on its second value instead: at most two graphs of the body for 12
+    steps, and transformers' greedy ids."""
     from torch._dynamo.utils import counters
 
     loaded = G.load_model(gemma3)
@@ -496,5 +496,7 @@ def test_compiled_step_on_gemma3_compiles_at_most_twice(gemma3: Path) -> None:
     spec, _ = G.prepare(gemma3, prompts, tp=1, max_new_tokens=12, kv_cache="static", compile_step=True)
     before = counters["stats"]["unique_graphs"]
     report = G.generate(spec, loaded)
-    assert counters["stats"]["unique_graphs"] - before <= 2
+    # At most two graphs of the body, and one of the prepared vocab step per batch bucket (2, then 1 when a
+    # prompt ends first: DecodeStep.compile shares a bucket's graph).
+    assert counters["stats"]["unique_graphs"] - before <= 2 + 2
     assert [r.token_ids for r in report.results] == hf_generate(loaded, prompts, 12)

@@ -185,3 +185,18 @@ def test_plus_inf_logits_are_refused_beside_nan_naming_the_rows(path: str) -> No
             sample(head.local_logits(x), head, SamplingParams(temperature=0.7, seed=1))
         else:
             decode_output(x, head, SamplingParams(temperature=0.0))
+
+
+@pytest.mark.slow
+def test_compiled_core_is_shared_by_every_batch_of_a_bucket() -> None:
+    """DecodeStep.compile(): batches of 3 and 4 rows (bucket 4) and different requests with the same knobs run
+    one compiled graph (no recompile), with the eager ids."""
+    head = F.head_of(0, 1)
+    torch._dynamo.reset()
+    params = [SamplingParams(temperature=0.8, top_k=9, top_p=0.9, seed=s) for s in range(4)]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for rows in (4, 3):
+            eager = DecodeStep(head, params[:rows])
+            compiled = DecodeStep(head, params[:rows]).compile()
+            for s in range(2):
+                assert compiled(F.hidden(s, rows)).tolist() == eager(F.hidden(s, rows)).tolist()

@@ -9,6 +9,7 @@ checking in after each step (:data:`STEP_HANDSHAKE`) before each draws with ``De
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from trtvocab.weights.loader import open_head
 STEP_HANDSHAKE = D.Handshake("generate.head", (D.Field("rows"), D.Field("ran_on", tuple(Runtime), per_rank=True)))
 # The fields of a run's spec that open_vocab_ends reads (generate's GenerateSpec has them all).
 SPEC_FIELDS = ("model", "artifact", "tp", "deterministic", "gguf_blocks", "logits_budget_bytes", "attention_dp",
-               "body_ranks", "loras", "lora_for")
+               "body_ranks", "loras", "lora_for", "compile_step", "kv_cache")
 
 
 class VocabEnds:
@@ -62,6 +63,8 @@ class VocabEnds:
         self.hidden_size = hidden_size
         self.ran_on: set[Runtime] = set()
         self._prepared: tuple[Any, DecodeStep] | None = None  # (the batch it serves, the step)
+        self.compile_step = False  # generate --compile-step: the prepared step compiled with the body
+        self.compile_s = 0.0  # the seconds of the steps during which dynamo compiled the prepared step
         # Each prompt's adapter index (LoRA; None: no adapters), and that of the rows of the next step.
         self.adapter_ids: torch.Tensor | None = None
         self.row_adapters: torch.Tensor | None = None
@@ -80,13 +83,19 @@ class VocabEnds:
         copy = None if state is None else state.select(list(range(state.rows)))
         prepared = DecodeStep(owner, params, state=copy, bitmask_width=width, start_step=step,
                               vocab_limit=self.vocab_limit)
+        if self.compile_step:  # one compiled graph per bucket and knobs (DecodeStep.compile)
+            prepared.compile()
         self._prepared = (key, prepared)
         return prepared
 
     def draw_prepared(self, prepared: DecodeStep, run: Any) -> SamplerOutput:
         """Run one prepared step (``run``: the call) and read its ids (one read; raises what it found)."""
+        graphs = _graphs_compiled() if self.compile_step else None
+        start = time.perf_counter()
         run()
         ids = prepared.read()
+        if graphs is not None and _graphs_compiled() > graphs:
+            self.compile_s += time.perf_counter() - start
         out = prepared.last_output
         assert out is not None
         return SamplerOutput(torch.tensor(ids, dtype=torch.int64), out.logprobs)
@@ -236,6 +245,7 @@ def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: 
             head.load_adapter(folder, name=name)
         if spec.loras:
             ends.adapter_ids = torch.tensor(spec.lora_for, dtype=torch.int64)
+        ends.compile_step = bool(spec.compile_step) and spec.kv_cache == "static"
         return ends
 
     ckpt = open_checkpoint(spec.model)  # opened once: the head's headers, the embedding's rows
@@ -258,10 +268,19 @@ def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: 
     # The PyTorch fallback of a deterministic build is bitwise tp/batch-invariant; engines promise less.
     deterministic = bool(manifest.head.deterministic) and art.backend == "torch"
     budget = DEFAULT_LOGITS_BUDGET_BYTES if spec.logits_budget_bytes is None else spec.logits_budget_bytes
-    return ArtifactEnds(embedding, placement, source.hidden_size, vocab_limit, backend, head_dtype(manifest.head.dtype),
-                        spec.tp, deterministic, budget)
+    ends = ArtifactEnds(embedding, placement, source.hidden_size, vocab_limit, backend,
+                        head_dtype(manifest.head.dtype), spec.tp, deterministic, budget)
+    ends.compile_step = bool(spec.compile_step) and spec.kv_cache == "static"
+    return ends
 
 
+
+
+def _graphs_compiled() -> int:
+    """How many graphs dynamo has compiled in this process so far (torch's own counter)."""
+    from torch._dynamo.utils import counters  # torch's own counter (what the compile tests read)
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 __all__ = ["SPEC_FIELDS", "STEP_HANDSHAKE", "ArtifactEnds", "TorchEnds", "VocabEnds", "open_vocab_ends"]

@@ -62,6 +62,7 @@ _STATUS_TEXT = {HIDDEN_NONFINITE: "hidden rows are not finite (NaN / inf)",
                 NO_TOKEN: "no token is allowed (every logit is -inf after the bitmask / vocab_limit / filters)"}
 
 
+_COMPILED: dict[tuple[str, bool], Any] = {}  # DecodeStep.compile's cores: from hidden / logits, one graph or not
 _WARM: weakref.WeakSet[Any] = weakref.WeakSet()  # heads whose kernels a step has loaded (eager, before any trace)
 
 
@@ -165,6 +166,7 @@ class DecodeStep:
         self.advances = True
         self.last_output: SamplerOutput | None = None
         self._last: torch.Tensor | None = None
+        self._runner: Any = _eager
         self._args = (params, state, bitmask_width, start_step, vocab_limit)
         if rows is None:
             rows = len(params) if isinstance(params, list | tuple) else (state.rows if isinstance(state, TokenState)
@@ -215,7 +217,7 @@ class DecodeStep:
         self.head = None if isinstance(head, VocabPlacement) else head
         self.place = VocabPlacement.of(head)
         self.advances = False
-        self.last_output, self._last = None, None
+        self.last_output, self._last, self._runner = None, None, _eager
         self.rows = self.padded_rows = len(per_row)
         self.device = torch.device(self.place.device) if not isinstance(self.place.device, torch.device) \
             else self.place.device
@@ -227,7 +229,7 @@ class DecodeStep:
     def draw_once(self, owned_logits: torch.Tensor, what: str) -> SamplerOutput:
         """:meth:`draw` for a per-call draw: the output, and a row left with no token raised at once
         (``what``: the caller's name in the message)."""
-        self._draw(owned_logits, None, torch.zeros(self.rows, dtype=torch.int64, device=owned_logits.device))
+        self._finish(self._core_logits(owned_logits, None))
         assert self._last is not None and self.last_output is not None
         empty = (self._last[self.rows : 2 * self.rows] & NO_TOKEN) != 0
         if bool(empty.any()):  # every rank has the same gathered values: every rank raises
@@ -333,12 +335,57 @@ class DecodeStep:
             got = f"{hidden.dtype} {list(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
             raise InputError(f"DecodeStep: hidden must be a {head.dtype} [{self.rows}, {head.hidden_size}] tensor "
                              f"(the head's dtype), got {got}")
-        x = hidden.to(self.device)
-        if self.padded_rows != self.rows:
-            x = torch.cat([x, x.new_zeros(self.padded_rows - self.rows, x.shape[1])])
+        return self._finish(self._runner(self, self._pad(hidden.to(self.device), 0.0), self._padded_mask(bitmask)))
+
+    def compile(self) -> DecodeStep:
+        """Run the bucket's core compiled (``torch.compile``, one graph): the padded step, which reads
+        nothing of the real row count, so every step of the same bucket, knobs and head shares one graph
+        (a batch that shrinks or grows inside its bucket compiles nothing new). Returns ``self``."""
+        # A split head's top-p / typical-p rounds read one bool a round: there the graph breaks once a round.
+        whole = not (self.place.is_split and (self.top_p_on or self.typical_on))
+        key = ("hidden" if self.head is not None else "logits", whole)
+        if key not in _COMPILED:
+            _COMPILED[key] = torch.compile(DecodeStep._core if self.head is not None else DecodeStep._core_logits,
+                                           fullgraph=whole, dynamic=False)
+        self._runner = _COMPILED[key]
+        return self
+
+    def _pad(self, x: torch.Tensor, value: float) -> torch.Tensor:
+        if self.padded_rows == self.rows:
+            return x
+        return torch.cat([x, x.new_full((self.padded_rows - self.rows, x.shape[1]), value)])
+
+    def _padded_mask(self, bitmask: torch.Tensor | None) -> torch.Tensor | None:
+        if (bitmask is None) != (self.bitmask_width is None) or (bitmask is not None and (
+                bitmask.dtype != torch.int32 or tuple(bitmask.shape) != (self.rows, self.bitmask_width))):
+            got = "None" if bitmask is None else f"{bitmask.dtype} {list(bitmask.shape)}"
+            want = "None" if self.bitmask_width is None else f"int32 [{self.rows}, {self.bitmask_width}]"
+            raise InputError(f"DecodeStep: bitmask must be {want} (bitmask_width of the step), got {got}")
+        if bitmask is None:
+            return None
+        mask = bitmask.to(self.device)
+        if self.padded_rows == self.rows:
+            return mask
+        return torch.cat([mask, mask.new_full((self.padded_rows - self.rows, mask.shape[1]), -1)])
+
+    def _core(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Logprobs | None]:
+        """The padded step from the hidden rows ``x [bucket, H]``: ``(ids, status, logprobs)`` of the bucket."""
         status = torch.where(torch.isfinite(x).all(dim=1), 0, HIDDEN_NONFINITE)
-        logits = head.local_logits(x)
-        return self._draw(logits, bitmask, status)
+        return self._pipeline(self.head.local_logits(x), mask, status)
+
+    def _core_logits(self, logits: torch.Tensor,
+                     mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Logprobs | None]:
+        """The padded step from this rank's logits ``[bucket, V_local]``."""
+        return self._pipeline(logits, mask, torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device))
+
+    def _finish(self, out: tuple[torch.Tensor, torch.Tensor, Logprobs | None]) -> torch.Tensor:
+        """Keep the real rows: ``last_output`` and what :meth:`read` copies; the ids ``[B]``."""
+        chosen, status, lp = out
+        b = self.rows
+        self.last_output = SamplerOutput(chosen[:b], None if lp is None else
+                                         Logprobs(lp.ids[:b], lp.values[:b], lp.ranks[:b]))
+        self._last = torch.cat([chosen[:b], status[:b], self.step_t.reshape(1) - 1])
+        return chosen[:b]
 
     def draw(self, local_logits: torch.Tensor, bitmask: torch.Tensor | None = None) -> torch.Tensor:
         """The step on this rank's logits ``[B, V_local]`` (a backend computed them): the ids ``[B]``."""
@@ -352,24 +399,15 @@ class DecodeStep:
                 type(local_logits).__name__
             raise InputError(f"DecodeStep.draw: local_logits must be floating [{self.rows}, {p.owned}] (this rank's "
                              f"columns), got {got}")
-        x = local_logits
-        if self.padded_rows != self.rows:
-            x = torch.cat([x, x.new_zeros(self.padded_rows - self.rows, x.shape[1])])
-        status = torch.zeros(self.padded_rows, dtype=torch.int64, device=x.device)
-        return self._draw(x, bitmask, status)
+        runner = self._runner if self.head is None and self._runner is not _eager else DecodeStep._core_logits
+        return self._finish(runner(self, self._pad(local_logits, 0.0), self._padded_mask(bitmask)))
 
-    def _draw(self, logits: torch.Tensor, bitmask: torch.Tensor | None, status: torch.Tensor) -> torch.Tensor:
+    def _pipeline(self, logits: torch.Tensor, mask: torch.Tensor | None,
+                  status: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Logprobs | None]:
+        """The module docstring's pipeline on the bucket's rows: ``(ids, status, logprobs)``, all ``[bucket, ...]``."""
         place = self.place
-        if (bitmask is None) != (self.bitmask_width is None) or (bitmask is not None and (
-                bitmask.dtype != torch.int32 or tuple(bitmask.shape) != (self.rows, self.bitmask_width))):
-            got = "None" if bitmask is None else f"{bitmask.dtype} {list(bitmask.shape)}"
-            want = "None" if self.bitmask_width is None else f"int32 [{self.rows}, {self.bitmask_width}]"
-            raise InputError(f"DecodeStep: bitmask must be {want} (bitmask_width of the step), got {got}")
         x = own(logits, place).to(torch.float32)
-        if bitmask is not None:
-            mask = bitmask.to(x.device)
-            if self.padded_rows != self.rows:
-                mask = torch.cat([mask, mask.new_full((self.padded_rows - self.rows, mask.shape[1]), -1)])
+        if mask is not None:
             keep = allowed_columns(mask, place.vocab_start, x.shape[1], place.shard.size) if place.added is None \
                 else allowed_ids(mask, self.col_ids)
             x = x.masked_fill(~keep, float("-inf"))
@@ -388,11 +426,7 @@ class DecodeStep:
         chosen = torch.where(self.real, chosen, torch.zeros_like(chosen))  # padding rows: id 0, never read
         lp = self._logprobs(raw, scaled, chosen)
         self._advance(chosen)
-        b = self.rows
-        self.last_output = SamplerOutput(chosen[:b], None if lp is None else
-                                         Logprobs(lp.ids[:b], lp.values[:b], lp.ranks[:b]))
-        self._last = torch.cat([chosen[:b], (status * self.real)[:b], self.step_t.reshape(1) - 1])
-        return chosen[:b]
+        return chosen, status * self.real, lp
 
     def _process(self, x: torch.Tensor) -> torch.Tensor:
         """vLLM v1's steps 3-6 (``filters.process``) on fixed-shape index tensors."""
@@ -630,6 +664,11 @@ class DecodeStep:
                 self.state.output[r].append(int(i))
         self.next_step = step + 1
         return ids
+
+
+def _eager(step: DecodeStep, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 Logprobs | None]:
+    return step._core(x, mask)
 
 
 __all__ = ["HIDDEN_NONFINITE", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "DecodeStep", "bucket"]

@@ -204,12 +204,12 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: Mo
         prompt_lps = _prompt_logprobs(spec, ends, hidden, batch.length)
         while batch.active:
             out = _next_ids(spec, ends, grammar, state, rows, batch, hidden)
-            if batch.step == 0:
-                prefill_s = time.perf_counter() - start
+            if batch.step == 0:  # a first step that compiled the prepared step: that time is compile_s
+                prefill_s = time.perf_counter() - start - ends.compile_s
             batch.advance(out.token_ids, _still_running(spec, tokenizer, grammar, facts.eos, batch, out))
             if batch.active:
                 hidden = rows.run(body, ends, batch)
-    compile_s = body.compile_s if body is not None else 0.0
+    compile_s = (body.compile_s if body is not None else 0.0) + ends.compile_s
     decode_s = time.perf_counter() - start - prefill_s - compile_s
     return RankOutput(batch.generated, batch.returned, prompt_lps, sorted(ends.ran_on), prefill_s, decode_s,
                       ends.deterministic, compile_s)
