@@ -122,6 +122,18 @@ def test_cli_prompt_logprobs_equal_a_float64_log_softmax(loaded, smollm2: Path) 
 
 
 @pytest.mark.model
+def test_prompt_logprobs_past_the_vocabulary_are_the_whole_vocabulary(smollm2: Path) -> None:
+    """``--prompt-logprobs 1000000`` (hostile round 4): the top-N clamps to the vocabulary, as ``--logprobs``
+    does, instead of failing after the model load in the streamed sampler."""
+    res = cli(str(smollm2), "--prompt", "Hello world", "--max-new-tokens", "1", "--prompt-logprobs", "1000000",
+              "--json")
+    assert res.exit_code == 0, res.output
+    (out,) = json.loads(res.stdout)["results"]
+    later = out["prompt_logprobs"][1:]
+    assert later and all(len({e["id"] for e in entries}) == 49152 for entries in later)
+
+
+@pytest.mark.model
 def test_n_completions_each_their_own_seed_stream(smollm2: Path) -> None:
     args = [str(smollm2), "--prompt", A, "--max-new-tokens", "6", "--temperature", "1.2", "--seed", "5", "--json"]
     one = json.loads(cli(*args).stdout)["results"]

@@ -227,13 +227,14 @@ def _prompt_logprobs(spec: GenerateSpec, ends: VocabEnds, hidden: torch.Tensor |
     assert hidden is not None
     rows = [(b, longest - len(spec.prompt_ids[b]) + t) for b in asked for t in range(len(spec.prompt_ids[b]) - 1)]
     nexts = [spec.prompt_ids[b][t - (longest - len(spec.prompt_ids[b])) + 1] for b, t in rows]
-    n = max(spec.params[b].prompt_logprobs or 0 for b in asked)
+    # Clamped to the vocabulary, as the returned logprobs are (a top-N past V is the whole vocabulary).
+    n = min(max(spec.params[b].prompt_logprobs or 0 for b in asked), ends.placement.vocab_size)
     lp = ends.prompt_logprobs(hidden[[b for b, _ in rows], [t for _, t in rows]].float(),
                               torch.tensor(nexts, dtype=torch.int64), n) if rows else None
     per: dict[int, list[list[Logprob] | None]] = {b: [None] for b in asked}
     for j, (b, _) in enumerate(rows):
         assert lp is not None
-        per[b].append(lp.row(j, spec.params[b].prompt_logprobs or 0))
+        per[b].append(lp.row(j, min(spec.params[b].prompt_logprobs or 0, n)))
     for b, lists in per.items():
         out[b] = lists
     return out
