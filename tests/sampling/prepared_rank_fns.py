@@ -149,3 +149,18 @@ def bad_rows(rank: int, world: int, bad_rank: int) -> dict[str, Any]:
     except Exception as exc:
         out["empty"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def disagreeing_bitmasks(rank: int, world: int) -> str:
+    """Rank 1 passes another bitmask than rank 0 (a grammar state gone out of step): every rank raises."""
+    head = head_of(rank, world)
+    step = DecodeStep(head, [SamplingParams(temperature=0.0)] * B, bitmask_width=33)
+    mask = bitmask(0)
+    if rank == 1:
+        mask[2, 5] ^= 1
+    step(hidden(0), mask)
+    try:
+        step.read()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"

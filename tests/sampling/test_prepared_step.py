@@ -67,6 +67,22 @@ def test_split_heads_give_decode_outputs_numbers(launch_ranks: Callable[..., lis
     assert all(r == per_rank[0] for r in per_rank)
 
 
+def test_a_refused_row_counts_nothing() -> None:
+    """A row the step refuses (read() raises) leaves the state's counts as they were; the others count."""
+    head = F.head_of(0, 1)
+    state = F.TokenState.for_head(head, [[1], [2]])
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.2),
+              SamplingParams(temperature=0.0, repetition_penalty=1.2, allowed_token_ids=[3])]
+    step = DecodeStep(head, params, state=state, bitmask_width=1)
+    mask = torch.full((2, 1), -1, dtype=torch.int32)
+    mask[1, 0] = 1 << 4  # row 1: the bitmask allows id 4 only, its params id 3 only
+    step(F.hidden(0, 2), mask)
+    with pytest.raises(InputError, match=r"row\(s\) \[1\]: no token"):
+        step.read()
+    assert int(state.output_counts[1].sum()) == 0 and int(state.output_counts[0].sum()) == 1
+    assert step.next_step == 1
+
+
 def test_bad_rows_raise_when_the_ids_are_read_naming_rows_and_step() -> None:
     out = F.bad_rows(0, 1, 0)
     assert out["nan"].startswith("InputError: sampling.decode (step 0): row(s) [1]: hidden rows are not finite")
@@ -159,6 +175,12 @@ def test_compiled_step_is_one_graph_and_gives_the_eager_ids() -> None:
 
 
 @pytest.mark.ranks
+def test_ranks_that_pass_different_bitmasks_all_raise(launch_ranks: Callable[..., list[Any]]) -> None:
+    for out in launch_ranks(F.disagreeing_bitmasks, 2, timeout_s=60):
+        assert out.startswith("InputError: sampling.decode (step 0): row(s) [2]: the ranks passed different bitmasks")
+
+
+@pytest.mark.ranks
 def test_compiled_split_step_with_functional_collectives(launch_ranks: Callable[..., list[Any]]) -> None:
     per_rank = launch_ranks(F.compiled_knobs, 2, ["logprobs"], timeout_s=400)
     for out in per_rank:
@@ -191,12 +213,20 @@ def test_plus_inf_logits_are_refused_beside_nan_naming_the_rows(path: str) -> No
 def test_compiled_core_is_shared_by_every_batch_of_a_bucket() -> None:
     """DecodeStep.compile(): batches of 3 and 4 rows (bucket 4) and different requests with the same knobs run
     one compiled graph (no recompile), with the eager ids."""
+    from torch._dynamo.utils import counters
+
     head = F.head_of(0, 1)
-    torch._dynamo.reset()
     params = [SamplingParams(temperature=0.8, top_k=9, top_p=0.9, seed=s) for s in range(4)]
+    before = counters["stats"]["unique_graphs"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         for rows in (4, 3):
             eager = DecodeStep(head, params[:rows])
             compiled = DecodeStep(head, params[:rows]).compile()
             for s in range(2):
                 assert compiled(F.hidden(s, rows)).tolist() == eager(F.hidden(s, rows)).tolist()
+    assert counters["stats"]["unique_graphs"] - before == 1
+    # Many buckets and knob sets: each its own graph, never dynamo's limit of 8 graphs a code object.
+    for rows in (1, 2, 5, 9, 17, 33, 65, 129, 257):
+        step = DecodeStep(head, [SamplingParams(temperature=0.0, top_k=rows % 7 + 1)] * rows).compile()
+        assert step(F.hidden(0, rows)).tolist() == DecodeStep(head, [SamplingParams(temperature=0.0)] * rows)(
+            F.hidden(0, rows)).tolist()

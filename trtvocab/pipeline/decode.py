@@ -72,10 +72,11 @@ class VocabEnds:
     def prepared_step(self, owner: Any, params: list[SamplingParams], step: int, bitmask: torch.Tensor | None,
                       state: TokenState | None) -> DecodeStep:
         """The :class:`DecodeStep` of this batch: the last one while the batch is the same (the same params
-        objects, the same state object, the bitmask's width, the next step), else a new one on a copy of
-        ``state`` (the loop appends each step's ids to its own state; the step advances its copy)."""
+        objects in the same order, whether a state is read, the bitmask's width, the next step: in a decode
+        loop rows only leave, so a new composition has fewer rows), else a new one on a copy of ``state`` (the
+        loop appends each step's ids to its own state; the step advances its copy)."""
         width = None if bitmask is None else bitmask.shape[1]
-        key = (tuple(id(p) for p in params), id(state), width)
+        key = (tuple(id(p) for p in params), state is None, width)
         if self._prepared is not None:
             held, prepared = self._prepared
             if held == key and prepared.next_step == step:

@@ -18,6 +18,7 @@ and typical-p rounds on a *split* head. docs/generate.md, "The prepared step".
 from __future__ import annotations
 
 import math
+import types
 import weakref
 from typing import Any
 
@@ -56,13 +57,15 @@ HIDDEN_NONFINITE = 1
 LOGITS_NAN = 2
 LOGITS_POSINF = 4
 NO_TOKEN = 8
+RANKS_DISAGREE = 16
 _STATUS_TEXT = {HIDDEN_NONFINITE: "hidden rows are not finite (NaN / inf)",
                 LOGITS_NAN: "the logits hold NaN",
                 LOGITS_POSINF: "the logits hold +inf (an overflow: huge hidden states, scales or adapters)",
-                NO_TOKEN: "no token is allowed (every logit is -inf after the bitmask / vocab_limit / filters)"}
+                NO_TOKEN: "no token is allowed (every logit is -inf after the bitmask / vocab_limit / filters)",
+                RANKS_DISAGREE: "the ranks passed different bitmasks"}
 
 
-_COMPILED: dict[tuple[str, bool], Any] = {}  # DecodeStep.compile's cores: from hidden / logits, one graph or not
+_COMPILED: dict[tuple[Any, ...], Any] = {}  # DecodeStep.compile's cores: from hidden / logits, one graph or not
 _WARM: weakref.WeakSet[Any] = weakref.WeakSet()  # heads whose kernels a step has loaded (eager, before any trace)
 
 
@@ -343,12 +346,23 @@ class DecodeStep:
         (a batch that shrinks or grows inside its bucket compiles nothing new). Returns ``self``."""
         # A split head's top-p / typical-p rounds read one bool a round: there the graph breaks once a round.
         whole = not (self.place.is_split and (self.top_p_on or self.typical_on))
-        key = ("hidden" if self.head is not None else "logits", whole)
+        core = DecodeStep._core if self.head is not None else DecodeStep._core_logits
+        key = (core.__name__, whole, self.padded_rows, self._knobs())
         if key not in _COMPILED:
-            _COMPILED[key] = torch.compile(DecodeStep._core if self.head is not None else DecodeStep._core_logits,
-                                           fullgraph=whole, dynamic=False)
+            # dynamo keeps its graphs per code object and stops at 8 of them: a code object of its own for each
+            # bucket and knobs, so that no number of them ever reaches that limit.
+            fn = types.FunctionType(core.__code__.replace(co_name=f"{core.__name__}_{len(_COMPILED)}"),
+                                    core.__globals__, core.__name__, core.__defaults__, core.__closure__)
+            _COMPILED[key] = torch.compile(fn, fullgraph=whole, dynamic=False)
         self._runner = _COMPILED[key]
         return self
+
+    def _knobs(self) -> tuple[Any, ...]:
+        """What the core's graph depends on beyond tensor shapes: the knobs the batch turns on, their widths."""
+        return (self.top_k_max, self.logprobs_n, self.top_p_on, self.min_p_on, self.typical_on, self.sampled_any,
+                self.processes, self.penalizes, self.any_allowed, self.any_bias, self.history_len, self.vocab_limit,
+                self.bitmask_width, self.place.vocab_start, self.place.owned, self.place.local_width,
+                self.place.tp_size, self.place.added is None, id(self.place.process_group), id(self.head))
 
     def _pad(self, x: torch.Tensor, value: float) -> torch.Tensor:
         if self.padded_rows == self.rows:
@@ -422,10 +436,14 @@ class DecodeStep:
         scaled = self._top_p(scaled)
         scaled = self._min_p(scaled)
         scaled = self._typical_p(scaled)
-        chosen, status = self._race(scaled, status)
+        digest = None
+        if mask is not None and place.is_split:  # each row's bitmask, as one number the ranks compare
+            weights = torch.arange(1, mask.shape[1] + 1, dtype=torch.int64, device=mask.device) * 0x9E3779B1
+            digest = (mask.to(torch.int64) * weights).sum(dim=1)
+        chosen, status = self._race(scaled, status, digest)
         chosen = torch.where(self.real, chosen, torch.zeros_like(chosen))  # padding rows: id 0, never read
         lp = self._logprobs(raw, scaled, chosen)
-        self._advance(chosen)
+        self._advance(chosen, status)
         return chosen, status * self.real, lp
 
     def _process(self, x: torch.Tensor) -> torch.Tensor:
@@ -574,7 +592,8 @@ class DecodeStep:
             cut_key = keys.gather(1, (kept - 1)[:, None])
         return scaled.masked_fill(on[:, None] & (key > cut_key), float("-inf"))
 
-    def _race(self, scaled: torch.Tensor, status: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _race(self, scaled: torch.Tensor, status: torch.Tensor,
+              digest: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         place = self.place
         if self.sampled_any:
             keys = noise.mix_tensor(self.seed_keys ^ noise.mix_tensor(self.step_t + noise._signed(2 * noise._GAMMA)))
@@ -592,13 +611,17 @@ class DecodeStep:
             chosen = torch.full((rows,), NO_ID, dtype=torch.int64, device=scores.device)
         chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
         if place.is_split:
-            packed = _gather(torch.stack([best.to(torch.float64).view(torch.int64), chosen, status], dim=-1), place)
+            columns = [best.to(torch.float64).view(torch.int64), chosen, status]
+            packed = _gather(torch.stack(columns + ([digest] if digest is not None else []), dim=-1), place)
             values, ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
             best = values.max(dim=0).values
             chosen = torch.where(values == best, ids, torch.full_like(ids, NO_ID)).min(dim=0).values
             status = packed[0, :, 2]
             for r in range(1, place.tp_size):
                 status = status | packed[r, :, 2]
+            if digest is not None:
+                differ = (packed[:, :, 3] != packed[:1, :, 3]).any(dim=0)
+                status = status | torch.where(differ, RANKS_DISAGREE, 0)
         empty = torch.isneginf(best) | (chosen == NO_ID)
         status = status | torch.where(empty, NO_TOKEN, 0)
         return torch.where(empty, torch.zeros_like(chosen), chosen), status
@@ -630,17 +653,20 @@ class DecodeStep:
                         out_v.to(torch.float32).masked_fill(~asking, float("-inf")),
                         torch.where(asking, out_r.to(torch.int64), torch.zeros_like(out_r, dtype=torch.int64)))
 
-    def _advance(self, chosen: torch.Tensor) -> None:
-        """The step counter, the generated counts, the history and the state's counts, in place on the device."""
+    def _advance(self, chosen: torch.Tensor, status: torch.Tensor) -> None:
+        """The step counter, and the generated counts, the history and the state's counts of the real rows
+        whose status is clean (a refused row counts nothing), in place on the device."""
         if not self.advances:
             return
         self.step_t.add_(1)
-        self.generated.add_(self.real.to(torch.int64))
+        ok = self.real & (status == 0)
+        self.generated.add_(ok.to(torch.int64))
         if self.history_len:
-            self.history.copy_(torch.cat([self.history[:, 1:], chosen[:, None]], dim=1))
+            self.history.copy_(torch.where(ok[:, None], torch.cat([self.history[:, 1:], chosen[:, None]], dim=1),
+                                           self.history))
         if self.counts is not None:
             local = chosen - self.state_start
-            mine = self.real & (local >= 0) & (local < self.counts.shape[1])
+            mine = ok & (local >= 0) & (local < self.counts.shape[1])
             rows = torch.arange(self.counts.shape[0], device=chosen.device)
             self.counts.index_put_((rows, torch.where(mine, local, 0)), mine.to(self.counts.dtype), accumulate=True)
 
@@ -654,6 +680,7 @@ class DecodeStep:
         values = self._last.tolist()
         b = self.rows
         ids, status, step = values[:b], values[b : 2 * b], values[2 * b]
+        self.next_step = step + 1
         bad = [(r, s) for r, s in enumerate(status) if s]
         if bad:
             found = sorted({bit for _, s in bad for bit in _STATUS_TEXT if s & bit})
@@ -671,4 +698,4 @@ def _eager(step: DecodeStep, x: torch.Tensor, mask: torch.Tensor | None) -> tupl
     return step._core(x, mask)
 
 
-__all__ = ["HIDDEN_NONFINITE", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "DecodeStep", "bucket"]
+__all__ = ["HIDDEN_NONFINITE", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "RANKS_DISAGREE", "DecodeStep", "bucket"]
