@@ -151,7 +151,8 @@ class DecodeStep:
         params: one :class:`SamplingParams` for every row, or one per row (the rows of the batch).
         rows: the batch's rows (default: ``len(params)``, the state's rows, or the first call's batch).
         state: the batch's :class:`TokenState` (penalties, bad words, min tokens read it). The step
-            advances its counts on the device; :meth:`read` appends the ids to its host lists.
+            advances its counts on the device; :meth:`read` appends the ids to its host lists. Without
+            one, the ids the step drew since it was built count for ``min_tokens`` and ``bad_words``.
         bitmask_width: the words of xgrammar's ``int32 [B, W]`` bitmask a call passes (None: no bitmask).
         start_step: the decode step of the first call (part of the noise key: ``decode(..., step=s)``).
         vocab_limit: ids at or past it are never drawn (as for :func:`~trtvocab.sampling.sample`).
@@ -384,7 +385,9 @@ class DecodeStep:
 
     def _core(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Logprobs | None]:
         """The padded step from the hidden rows ``x [bucket, H]``: ``(ids, status, logprobs)`` of the bucket."""
-        status = torch.where(torch.isfinite(x).all(dim=1), 0, HIDDEN_NONFINITE)
+        status = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+        if self.head.check_finite:  # False: the caller validated its inputs (LMHead.check_input's rule)
+            status = torch.where(torch.isfinite(x).all(dim=1), 0, HIDDEN_NONFINITE)
         return self._pipeline(self.head.local_logits(x), mask, status)
 
     def _core_logits(self, logits: torch.Tensor,
