@@ -57,9 +57,10 @@ def make_probe(mib: int = DEFAULT_MIB) -> Probe:
     buffer = torch.ones(nbytes // 8, dtype=torch.int64)  # written once: every page resident
     readers: dict[str, Callable[[], object]] = {}
     from trtvocab import kernels
+    from trtvocab.kernels import probes
 
     if kernels.available():
-        readers["kernel"] = lambda: kernels.read_probe(buffer)
+        readers["kernel"] = lambda: probes.read_probe(buffer)
     readers["torch"] = lambda: buffer.sum()
     return Probe(buffer, readers)
 
@@ -88,10 +89,11 @@ def multiply_rate(steps: int = 1 << 21) -> float | None:
     """Float32 multiplies per ns of one call of the kernels' multiply probe (``steps`` rounds of its 16
     chains per thread); None where the kernels' library does not load. Call it per round, keep the best."""
     from trtvocab import kernels
+    from trtvocab.kernels import probes
 
     if not kernels.available():
         return None
-    return per_ns(lambda: kernels.mul_probe(steps))
+    return per_ns(lambda: probes.mul_probe(steps))
 
 
 def random_tensors(algo: QuantAlgo, vocab: int, hidden: int, gen: torch.Generator) -> dict[str, torch.Tensor]:

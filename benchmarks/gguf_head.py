@@ -39,6 +39,7 @@ from _harness import add_json, add_row, fraction, recording
 from common import make_probe, multiply_rate, per_ns
 
 from trtvocab import LMHead, kernels
+from trtvocab.kernels import probes
 from trtvocab.quant.gguf_blocks import GGUFConfig
 
 BATCHES = (1, 2, 4, 8, 64)
@@ -95,7 +96,7 @@ def chain_rate(rounds: int = 8192) -> float | None:
     loaded = kernels.load()
     if loaded is None or not hasattr(loaded.lib, "trtvocab_gguf_chain_probe"):
         return None
-    return per_ns(lambda: kernels.gguf_chain_probe(rounds))
+    return per_ns(lambda: probes.gguf_chain_probe(rounds))
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -27,8 +27,6 @@ from trtvocab import kernels
 from trtvocab.kernels import gemm
 from trtvocab.quant import gguf_blocks as gb
 
-SCALES_AT = {"Q8_0": (0,), "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2)}
-
 
 def best_cpu_ns(fn, reps: int) -> int:
     fn()
@@ -50,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     with recording("gguf_kernel", args):
         loaded = kernels.load()
-        if loaded is None or not gemm.has_gguf(loaded):
+        if loaded is None:
             print(f"no GGUF kernel: {kernels.unavailable_reason()}")
             return
         torch.set_num_threads(1)
@@ -66,7 +64,7 @@ def main() -> None:
                 gen = torch.Generator().manual_seed(0)
                 raw = torch.randint(0, 256, (rows, hidden // config.block, config.type_size), dtype=torch.uint8,
                                     generator=gen)
-                for at in SCALES_AT[block_type]:
+                for _, at in gb.BLOCK_TYPES[block_type].scales:
                     raw[..., at : at + 2] = torch.tensor([1e-2], dtype=torch.float16).view(torch.uint8)
                 raw = raw.reshape(rows, -1).contiguous()
                 for n in args.batches:

@@ -51,8 +51,8 @@ from trtvocab.quant import gguf_blocks, nvfp4
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = "trtvocab/kernels/csrc"
 DPBF16_MODES = {"default": -1, "off": 0, "on": 1}  # trtvocab_fused_set_dpbf16
-GGUF_SCALES_AT = {"Q8_0": (0,), "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2)}
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+DENSE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}  # dense rows (trtvocab_dense_logits)
 
 
 def build_revision(rev: str, folder: Path) -> kcompile.Loaded:
@@ -72,14 +72,14 @@ def build_revision(rev: str, folder: Path) -> kcompile.Loaded:
     path = cpp_extension.load(name="trtvocab_ab_base", sources=[str(u) for u in units],
                               extra_cflags=kcompile.cflags(), extra_ldflags=["-fopenmp"],
                               build_directory=str(folder), is_python_module=False)
-    return kcompile.bind(Path(path))
+    return kcompile.bind(Path(path), older=True)  # a base of an older ABI binds the symbols it has
 
 
 Call = Callable[[kcompile.Loaded], torch.Tensor]
 
 
 def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -> Call:
-    """One decode call of ``fmt`` (fp8, nvfp4, bf16 / f32: dense bf16 / float32 rows; a GGUF block type)
+    """One decode call of ``fmt`` (fp8, nvfp4, bf16 / f16 / f32: dense rows; a GGUF block type)
     at ``batch`` rows on random valid codes (quantized_head's; GGUF: random blocks, fp16 scales 0.01), for
     a given library."""
     x = torch.randn(batch, hidden, generator=gen).bfloat16().float()
@@ -87,13 +87,12 @@ def calls(fmt: str, batch: int, vocab: int, hidden: int, gen: torch.Generator) -
         block_type = fmt.upper()
         block, size = gguf_blocks.BLOCKS[block_type]
         raw = torch.randint(0, 256, (vocab, hidden // block, size), dtype=torch.uint8, generator=gen)
-        for at in GGUF_SCALES_AT[block_type]:
+        for _, at in gguf_blocks.BLOCK_TYPES[block_type].scales:
             raw[..., at : at + 2] = torch.tensor([1e-2], dtype=torch.float16).view(torch.uint8)
         raw = raw.reshape(vocab, -1).contiguous()
         return lambda lib: gemm.gguf_logits(lib, x, hidden, block_type, raw)
-    if fmt in ("bf16", "f32"):
-        w = torch.randn(vocab, hidden, generator=gen)
-        w = w.bfloat16() if fmt == "bf16" else w
+    if fmt in DENSE:
+        w = torch.randn(vocab, hidden, generator=gen).to(DENSE[fmt])
         xd = gemm.fp8_x(x)
         return lambda lib: gemm.dense_logits(lib, xd, hidden, w)
     t = random_tensors(QuantAlgo.FP8 if fmt == "fp8" else QuantAlgo.NVFP4, vocab, hidden, gen)

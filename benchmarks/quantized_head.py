@@ -81,7 +81,7 @@ def build_heads(vocab: int, hidden: int) -> dict[str, LMHead]:
 
 def torch_path(head: LMHead) -> Callable[[torch.Tensor], object]:
     def call(x: torch.Tensor) -> object:
-        with kernels.disabled():
+        with kernels.library.disabled():
             return head(x)
 
     return call
@@ -135,7 +135,7 @@ def library_call(path: str, head: LMHead) -> Callable[[torch.Tensor], object]:
     lib.trtvocab_nvfp4_logits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + \
         [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
     # Its own path name: the dense heads take the kernel at the batches dense_max_batch gives that path.
-    isa = kernels.ISA_NAMES.get(lib.trtvocab_fused_isa(), "unknown")
+    isa = kernels.compile.ISA_NAMES.get(lib.trtvocab_fused_isa(), "unknown")
     loaded = kernels.Loaded(lib=lib, path=path, isa=isa, seconds=0.0)
 
     def call(x: torch.Tensor) -> object:
@@ -152,15 +152,15 @@ def library_call(path: str, head: LMHead) -> Callable[[torch.Tensor], object]:
 def dense_kernel_call(head: LMHead) -> Callable[[torch.Tensor], object]:
     """``head`` through the dense kernel at every batch it takes (``TRTVOCAB_DENSE_KERNEL=1``)."""
     def call(x: torch.Tensor) -> object:
-        before = os.environ.get(kernels.DENSE_ENV_VAR)
-        os.environ[kernels.DENSE_ENV_VAR] = "1"
+        before = os.environ.get(kernels.gemm.DENSE_ENV_VAR)
+        os.environ[kernels.gemm.DENSE_ENV_VAR] = "1"
         try:
             return head(x)
         finally:
             if before is None:
-                os.environ.pop(kernels.DENSE_ENV_VAR, None)
+                os.environ.pop(kernels.gemm.DENSE_ENV_VAR, None)
             else:
-                os.environ[kernels.DENSE_ENV_VAR] = before
+                os.environ[kernels.gemm.DENSE_ENV_VAR] = before
 
     return call
 

@@ -28,7 +28,7 @@ from trtvocab.lm_head import LMHead
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabLayout
-from trtvocab.quant import fp8
+from trtvocab.quant import fp8, gguf_blocks
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
@@ -53,9 +53,7 @@ from trtvocab.weights.lora import check_adapter_ids, groups, lora_partial, lora_
 
 
 _FORMATS = tuple(WeightFormat)
-GGUF_FORMATS = (WeightFormat.GGUF_Q8_0, WeightFormat.GGUF_Q6_K, WeightFormat.GGUF_Q4_0, WeightFormat.GGUF_Q4_1,
-                WeightFormat.GGUF_Q5_0, WeightFormat.GGUF_Q4_K)
-TIEABLE = (WeightFormat.DENSE, *GGUF_FORMATS)  # what a tied pair can share (VocabParallelEmbedding.from_head)
+TIEABLE = (WeightFormat.DENSE, *gguf_blocks.FORMATS)  # what a tied pair can share (VocabParallelEmbedding.from_head)
 # What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.parallel.distributed.Handshake).
 LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
     D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
@@ -224,7 +222,7 @@ class VocabParallelEmbedding(VocabParallelModule):
         local = ids - self.shard.start
         mine = (local >= 0) & (local < self.shard.size)  # ids < 0 or >= V fall outside every shard
         index = torch.where(mine, local, torch.zeros_like(local))
-        if self.weight_format in GGUF_FORMATS:  # stored blocks: the looked-up rows dequantized (exact d * q)
+        if self.weight_format.is_gguf:  # stored blocks: the looked-up rows dequantized (exact d * q)
             rows = self.weights.lookup(index).to(self.dtype)
             rows.masked_fill_(~mine[:, None], 0.0)
             return rows, None
@@ -258,7 +256,7 @@ class VocabParallelEmbedding(VocabParallelModule):
     def dequantize_rows(self, rows: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
         """Rows of :meth:`local_rows` (summed over the group, or not) in :attr:`dtype`: dense rows as
         they are, FP8 rows times their per-row ``scales`` (or the table's one scale)."""
-        if self.weight_format is WeightFormat.DENSE or self.weight_format in GGUF_FORMATS:
+        if self.weight_format is WeightFormat.DENSE or self.weight_format.is_gguf:
             return rows
         scale = scales if scales is not None else self.weights.weight_scale
         return fp8.dequantize_fp8(rows, scale).to(self.dtype)

@@ -439,7 +439,7 @@ def test_a2_forced_isa_the_cpu_lacks_falls_back_to_torch_with_one_line(
     monkeypatch.setattr(kbuild, "_library", lambda verbose, isa=None: built.append(isa) or 1 / 0)
     monkeypatch.setattr(kbuild.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(kbuild, "cpu_flags", lambda: {"sse2", "sse4_2", "popcnt"})  # an old x86-64
-    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    monkeypatch.delenv(kernels.library.ENV_VAR, raising=False)
     monkeypatch.setenv(kbuild.ISA_ENV_VAR, isa)
     monkeypatch.setattr(library, "_loaded", None)
     monkeypatch.setattr(library, "_failure", None)

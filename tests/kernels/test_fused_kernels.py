@@ -37,7 +37,7 @@ import torch
 
 from trtvocab import LMHead, Mapping, QuantAlgo, QuantConfig, kernels
 from trtvocab.kernels import compile as kcompile
-from trtvocab.kernels import gemm, library
+from trtvocab.kernels import gemm, library, probes
 from trtvocab.kernels.__main__ import main as kernels_main
 from trtvocab.quant import nvfp4
 
@@ -132,7 +132,7 @@ def check(head: LMHead, x: torch.Tensor, w64: torch.Tensor, *, fused_path: bool)
 
 
 def fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kernels.ENV_VAR, "0")
+    monkeypatch.setenv(library.ENV_VAR, "0")
 
 
 # ---- decode: every code, every width -------------------------------------------------------------------
@@ -255,7 +255,7 @@ def test_activation_modes_batches_and_fallback(fused, monkeypatch, algo, activat
 def test_fallback_without_kernels_matches_reference(monkeypatch):
     """Runs on every machine: the torch path behind TRTVOCAB_KERNELS=0."""
     fallback(monkeypatch)
-    assert not kernels.available() and kernels.unavailable_reason() == f"{kernels.ENV_VAR}=0"
+    assert not kernels.available() and kernels.unavailable_reason() == f"{library.ENV_VAR}=0"
     for algo, activation in MODES:
         v, h = 61, 48
         t = tensors_for(algo, v, h, seed=5)
@@ -311,7 +311,7 @@ def test_build_failure_falls_back_and_says_why(monkeypatch, caplog):
     def broken(verbose: bool = False):
         raise RuntimeError("Error building extension 'trtvocab_fused': c++: not found")
 
-    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    monkeypatch.delenv(library.ENV_VAR, raising=False)
     monkeypatch.setattr(library, "_loaded", None)
     monkeypatch.setattr(library, "_failure", None)
     monkeypatch.setattr(library, "_build", broken)
@@ -326,18 +326,18 @@ def test_build_failure_falls_back_and_says_why(monkeypatch, caplog):
 
 
 def test_cli_build(capsys, monkeypatch):
-    monkeypatch.setenv(kernels.ENV_VAR, "0")
+    monkeypatch.setenv(library.ENV_VAR, "0")
     assert kernels_main(["--build"]) == 0
     assert "disabled" in capsys.readouterr().out
-    monkeypatch.delenv(kernels.ENV_VAR)
+    monkeypatch.delenv(library.ENV_VAR)
     assert kernels_main(["--build"]) == 0
     out = capsys.readouterr().out
     assert ("self-check passed" in out) == kernels.available(), out
 
 
 def test_source_ships_with_the_package():
-    assert kernels.SOURCE.is_file() and kernels.SOURCE.parent.name == "csrc"
-    assert kernels.build_name().startswith("trtvocab_fused_")
+    assert kcompile.SOURCE.is_file() and kcompile.SOURCE.parent.name == "csrc"
+    assert kcompile.build_name().startswith("trtvocab_fused_")
 
 
 def _included(source: Path) -> set[Path]:
@@ -362,17 +362,17 @@ def test_build_name_hashes_every_file_under_csrc(tmp_path, monkeypatch):
     copy = tmp_path / "csrc"
     shutil.copytree(csrc, copy)
     monkeypatch.setattr(kcompile, "CSRC", copy)
-    base = kernels.build_name()
+    base = kcompile.build_name()
     header = copy / "fused" / "vec8.h"
     text = header.read_bytes()
     header.write_bytes(text + b"// an edit\n")
-    edited = kernels.build_name()
+    edited = kcompile.build_name()
     header.write_bytes(text)
-    assert kernels.build_name() == base != edited
+    assert kcompile.build_name() == base != edited
     (copy / "fused" / "new.h").write_bytes(b"#pragma once\n")
-    added = kernels.build_name()
+    added = kcompile.build_name()
     (copy / "fused" / "new.h").rename(copy / "fused" / "other.h")
-    assert len({base, edited, added, kernels.build_name()}) == 4
+    assert len({base, edited, added, kcompile.build_name()}) == 4
 
 
 def test_package_data_ships_every_file_under_csrc():
@@ -401,8 +401,8 @@ print(json.dumps({"ok": loaded is not None, "reason": kernels.unavailable_reason
 
 
 def load_in_child(cache: Path, lock_timeout_s: float = 60.0) -> tuple[dict, str]:
-    env = {**os.environ, kernels.CACHE_ENV_VAR: str(cache), kernels.LOCK_TIMEOUT_ENV_VAR: str(lock_timeout_s)}
-    env.pop(kernels.ENV_VAR, None)
+    env = {**os.environ, kcompile.CACHE_ENV_VAR: str(cache), kcompile.LOCK_TIMEOUT_ENV_VAR: str(lock_timeout_s)}
+    env.pop(library.ENV_VAR, None)
     proc = subprocess.run([sys.executable, "-c", LOAD_IN_CHILD], env=env, capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT_S)
     assert proc.returncode == 0, f"the loading process died (status {proc.returncode}): {proc.stderr[-2000:]}"
@@ -413,19 +413,19 @@ def load_in_child(cache: Path, lock_timeout_s: float = 60.0) -> tuple[dict, str]
 def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A private cache root holding a built, recorded library (copied from the user's cache when
     it has this build, so only the link step runs)."""
-    if kernels.disabled_reason() is None and not kernels.available():
+    if library.disabled_reason() is None and not kernels.available():
         pytest.skip(f"fused kernels cannot be built here: {kernels.unavailable_reason()}")
     root = tmp_path_factory.mktemp("kernel_cache")
     mine = Path(kernels.load().path).parent if kernels.load() is not None else None
     if mine is not None and mine.is_dir():
-        shutil.copytree(mine, root / mine.name, ignore=shutil.ignore_patterns(kernels.LOCK_NAME, kernels.TORCH_BATON))
+        shutil.copytree(mine, root / mine.name, ignore=shutil.ignore_patterns(kcompile.LOCK_NAME, kcompile.TORCH_BATON))
     out, err = load_in_child(root)
     assert out["ok"], (out, err)
     return root
 
 
 def _library_in(cache: Path) -> Path:
-    return cache / kernels.build_name() / f"{kernels.build_name()}.so"
+    return cache / kcompile.build_name() / f"{kcompile.build_name()}.so"
 
 
 def _fresh_copy(warm: Path, tmp_path: Path) -> Path:
@@ -438,13 +438,13 @@ def _fresh_copy(warm: Path, tmp_path: Path) -> Path:
 def test_stale_locks_of_a_killed_build_are_recovered(warm_cache: Path, tmp_path: Path) -> None:
     cache = _fresh_copy(warm_cache, tmp_path)
     build_dir = _library_in(cache).parent
-    (build_dir / kernels.TORCH_BATON).write_text("")  # torch's baton, left by a build killed mid-way
-    (build_dir / kernels.LOCK_NAME).write_text("999999\n")  # our lock file, its owner dead (no flock held)
+    (build_dir / kcompile.TORCH_BATON).write_text("")  # torch's baton, left by a build killed mid-way
+    (build_dir / kcompile.LOCK_NAME).write_text("999999\n")  # our lock file, its owner dead (no flock held)
     os.unlink(_library_in(cache))  # forces the build path, where torch would wait for its baton forever
     out, err = load_in_child(cache)
     assert out["ok"], (out, err)
-    assert not (build_dir / kernels.TORCH_BATON).exists()
-    assert kernels.cache_problem(_library_in(cache)) is None
+    assert not (build_dir / kcompile.TORCH_BATON).exists()
+    assert kcompile.cache_problem(_library_in(cache)) is None
 
 
 @pytest.mark.subprocess
@@ -453,7 +453,7 @@ def test_a_lock_held_by_a_live_build_times_out_to_the_torch_path(warm_cache: Pat
     build_dir = _library_in(cache).parent
     holder = subprocess.Popen([sys.executable, "-c", (
         "import fcntl, os, sys, time\n"
-        f"fd = os.open({str(build_dir / kernels.LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
+        f"fd = os.open({str(build_dir / kcompile.LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
         "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(120)\n")],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -480,40 +480,40 @@ def test_a_damaged_cached_library_is_rebuilt_never_opened(warm_cache: Path, tmp_
     elif damage == "rewritten":  # same size, one byte changed
         library.write_bytes(data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:])
     elif damage == "no record":
-        kernels.record_path(library).unlink()
+        kcompile.record_path(library).unlink()
     else:
         elsewhere = tmp_path / "elsewhere.so"
         elsewhere.write_bytes(data)
         library.unlink()
         library.symlink_to(elsewhere)
-    assert kernels.cache_problem(library) is not None
+    assert kcompile.cache_problem(library) is not None
     out, err = load_in_child(cache)
     assert out["ok"], (out, err)
     assert library.is_file() and not library.is_symlink() and library.read_bytes() == data  # rebuilt, same bits
-    assert kernels.cache_problem(library) is None
+    assert kcompile.cache_problem(library) is None
 
 
 def test_cache_problem_names_what_is_wrong(tmp_path: Path) -> None:
     library = tmp_path / "lib.so"
-    assert kernels.cache_problem(library) == "not built yet"
+    assert kcompile.cache_problem(library) == "not built yet"
     library.write_bytes(b"\x7fELF" + bytes(60))
-    assert "no build record" in (kernels.cache_problem(library) or "")
-    kernels.write_record(library)
-    assert kernels.cache_problem(library) is None
+    assert "no build record" in (kcompile.cache_problem(library) or "")
+    kcompile.write_record(library)
+    assert kcompile.cache_problem(library) is None
     library.write_bytes(b"\x7fELF" + bytes(30))
-    assert "34 bytes, 64 were recorded at build" in (kernels.cache_problem(library) or "")  # truncated
-    kernels.record_path(library).unlink()
-    os.mkfifo(kernels.record_path(library))  # a FIFO as the record: refused, not read
-    assert "unreadable" in (kernels.cache_problem(library) or "")
+    assert "34 bytes, 64 were recorded at build" in (kcompile.cache_problem(library) or "")  # truncated
+    kcompile.record_path(library).unlink()
+    os.mkfifo(kcompile.record_path(library))  # a FIFO as the record: refused, not read
+    assert "unreadable" in (kcompile.cache_problem(library) or "")
 
 
 def test_lock_timeout_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kernels.LOCK_TIMEOUT_ENV_VAR, "2.5")
-    assert kernels.lock_timeout() == 2.5
+    monkeypatch.setenv(kcompile.LOCK_TIMEOUT_ENV_VAR, "2.5")
+    assert kcompile.lock_timeout() == 2.5
     for bad in ("0", "-1", "inf", "soon"):
-        monkeypatch.setenv(kernels.LOCK_TIMEOUT_ENV_VAR, bad)
-        with pytest.raises(ValueError, match=kernels.LOCK_TIMEOUT_ENV_VAR):
-            kernels.lock_timeout()
+        monkeypatch.setenv(kcompile.LOCK_TIMEOUT_ENV_VAR, bad)
+        with pytest.raises(ValueError, match=kcompile.LOCK_TIMEOUT_ENV_VAR):
+            kcompile.lock_timeout()
 
 
 # ---- every path (ISA), the batch-2..8 kernels, the NVFP4 4-group decoder, the dense kernel ---------------
@@ -521,24 +521,24 @@ def test_lock_timeout_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> N
 # this machine cannot run is skipped with the reason. The chains are the same in every build; only the
 # portable build may round a * b + c twice where the CPU has no FMA (still inside the same bounds).
 def _isa_runs_here(isa: str) -> str | None:
-    flags = kernels.cpu_flags()
-    if not kernels.ISA_CPU_FLAGS[isa] <= flags:
-        return f"this CPU lacks {', '.join(sorted(kernels.ISA_CPU_FLAGS[isa] - flags))}"
+    flags = kcompile.cpu_flags()
+    if not kcompile.ISA_CPU_FLAGS[isa] <= flags:
+        return f"this CPU lacks {', '.join(sorted(kcompile.ISA_CPU_FLAGS[isa] - flags))}"
     if isa != "native" and platform.machine().lower() not in ("x86_64", "amd64"):
         return "the avx512 / avx2 / portable builds are x86 -march targets"
     return None
 
 
-@pytest.fixture(params=list(kernels.ISAS))
+@pytest.fixture(params=list(library.ISAS))
 def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Route the kernels of this test through the library built for one ISA."""
-    if kernels.disabled_reason() is not None:
-        pytest.skip(kernels.disabled_reason())
+    if library.disabled_reason() is not None:
+        pytest.skip(library.disabled_reason())
     why = _isa_runs_here(request.param)
     if why:
         pytest.skip(why)
     try:
-        loaded = kernels.load_isa(request.param)
+        loaded = library.load_isa(request.param)
     except Exception as exc:  # no compiler here: the fused tests above skip for the same reason
         pytest.skip(f"{request.param} build unavailable: {exc}")
     monkeypatch.setattr(library, "_loaded", loaded)
@@ -547,11 +547,11 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _native_path() -> str:
     """The path -march=native takes on this CPU."""
-    flags = kernels.cpu_flags()
+    flags = kcompile.cpu_flags()
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "portable"
     for isa, name in (("avx512", "avx512"), ("avx2", "avx2+fma+f16c")):
-        if kernels.ISA_CPU_FLAGS[isa] <= flags:
+        if kcompile.ISA_CPU_FLAGS[isa] <= flags:
             return name
     return "portable"
 
@@ -561,20 +561,20 @@ def test_isa_builds_are_the_paths_they_claim(isa):
     assert loaded is not None
     want = {"portable": "portable", "avx2": "avx2+fma+f16c", "avx512": "avx512"}.get(isa, _native_path())
     assert loaded.isa == want  # native on an AVX-512 CPU: the AVX-512 code; on an AVX2 one: the AVX2 code
-    assert kernels.self_check(loaded) is None
-    assert str(loaded.path) != str(kernels.load_isa("portable").path) or isa == "portable"
+    assert library.self_check(loaded) is None
+    assert str(loaded.path) != str(library.load_isa("portable").path) or isa == "portable"
 
 
 def test_isa_setting_is_validated(monkeypatch):
-    monkeypatch.setenv(kernels.ISA_ENV_VAR, "avx2")
-    assert kernels.requested_isa() == "avx2"
-    assert kernels.build_name() == kernels.build_name("avx2") != kernels.build_name("portable")
-    assert len({kernels.build_name(isa) for isa in kernels.ISAS}) == len(kernels.ISAS)
-    monkeypatch.setenv(kernels.ISA_ENV_VAR, "sse9")
-    with pytest.raises(ValueError, match=kernels.ISA_ENV_VAR):
-        kernels.requested_isa()
-    monkeypatch.delenv(kernels.ISA_ENV_VAR)
-    assert kernels.requested_isa() == "native"
+    monkeypatch.setenv(kcompile.ISA_ENV_VAR, "avx2")
+    assert kcompile.requested_isa() == "avx2"
+    assert kcompile.build_name() == kcompile.build_name("avx2") != kcompile.build_name("portable")
+    assert len({kcompile.build_name(isa) for isa in library.ISAS}) == len(library.ISAS)
+    monkeypatch.setenv(kcompile.ISA_ENV_VAR, "sse9")
+    with pytest.raises(ValueError, match=kcompile.ISA_ENV_VAR):
+        kcompile.requested_isa()
+    monkeypatch.delenv(kcompile.ISA_ENV_VAR)
+    assert kcompile.requested_isa() == "native"
 
 
 BATCHES_1_9 = list(range(1, 10))
@@ -676,13 +676,13 @@ def test_uneven_shards_and_partitions_every_batch(isa, algo):
 # ---- the vector paths give the same bits ---------------------------------------------------------------------
 def _vector_paths() -> list[kernels.Loaded]:
     """The builds of the vector paths this CPU runs (AVX-512, AVX2); portable may round a * b + c twice."""
-    if kernels.disabled_reason() is not None:
-        pytest.skip(kernels.disabled_reason())
+    if library.disabled_reason() is not None:
+        pytest.skip(library.disabled_reason())
     paths = []
     for isa in ("avx512", "avx2"):
         if _isa_runs_here(isa) is None:
             try:
-                paths.append(kernels.load_isa(isa))
+                paths.append(library.load_isa(isa))
             except Exception as exc:  # no compiler here: the fused tests above skip for the same reason
                 pytest.skip(f"{isa} build unavailable: {exc}")
     if len(paths) < 2:
@@ -757,12 +757,12 @@ def test_dpbf16_kernels_are_built_where_the_cpu_has_them():
     (x86-64-v4) and avx2 builds never do; a build runs them only where it has them (and only where
     vdpbf16ps passed the library's check against two FMAs on this CPU: measured so on Zen 5, so a
     CPU that fails it runs the FMA kernels, which this test accepts)."""
-    flags = kernels.cpu_flags()
+    flags = kcompile.cpu_flags()
     for isa in ("native", "avx512", "avx2"):
         if _isa_runs_here(isa) is not None:
             continue
         try:
-            loaded = kernels.load_isa(isa)
+            loaded = library.load_isa(isa)
         except Exception as exc:
             pytest.skip(f"{isa} build unavailable: {exc}")
         built = _has_dpbf16_kernels(loaded.lib)
@@ -795,7 +795,7 @@ def test_dpbf16_x_check_takes_exactly_the_x_that_fits():
     if _isa_runs_here("native") is not None:
         pytest.skip(_isa_runs_here("native"))
     try:
-        lib = kernels.load_isa("native").lib
+        lib = library.load_isa("native").lib
     except Exception as exc:
         pytest.skip(f"native build unavailable: {exc}")
     if not _has_dpbf16_kernels(lib):
@@ -815,7 +815,7 @@ def test_dpbf16_kernels_run_by_default_on_amd_only():
     trtvocab_fused_set_dpbf16 turns them on (1) and off (0) on any such CPU."""
     if _isa_runs_here("native") is not None:
         pytest.skip(_isa_runs_here("native"))
-    lib = kernels.load_isa("native").lib
+    lib = library.load_isa("native").lib
     if not _has_dpbf16_kernels(lib):
         assert [lib.trtvocab_fused_set_dpbf16(m) for m in (1, 0, -1)] == [0, 0, 0]
         pytest.skip("no vdpbf16ps kernels in this build")
@@ -835,7 +835,7 @@ def dpbf16_paths() -> Iterator[list[kernels.Loaded]]:
     (off on Intel: slower there, the same bits), and back to the default afterwards."""
     paths = _vector_paths()
     if _isa_runs_here("native") is None:
-        paths = [kernels.load_isa("native"), *paths]
+        paths = [library.load_isa("native"), *paths]
     if not any(p.lib.trtvocab_fused_set_dpbf16(1) for p in paths):
         pytest.skip("no build here runs the vdpbf16ps kernels (a CPU without avx512_bf16 / avx512vbmi)")
     try:
@@ -1172,7 +1172,7 @@ def _dense_check(head: LMHead, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor
 
 @pytest.fixture
 def dense_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "1")  # on every CPU, also where torch's GEMM is the default
+    monkeypatch.setenv(gemm.DENSE_ENV_VAR, "1")  # on every CPU, also where torch's GEMM is the default
 
 
 @pytest.mark.parametrize("dtype", DENSE_DTYPES)
@@ -1193,7 +1193,7 @@ def test_dense_kernel_bounds_batches_and_partitions(isa, dense_kernel, dtype, hi
         part = _dense_check(shard_head, x, w)
         assert torch.equal(part, got[:, shard_head.shard.start : shard_head.shard.end].double())
     # torch's GEMM (the kernel off) gives the same numbers within its own bound (any order, one rounding)
-    with kernels.disabled():
+    with library.disabled():
         assert not head.weights._kernel(x)
         old = head.weights(x).double()
     u = UNIT_ROUNDOFF[dtype]
@@ -1247,17 +1247,17 @@ def test_dense_kernel_reads_float32_weights_as_they_are(isa):
 def test_dense_kernel_dispatch(monkeypatch):
     head = _dense_head(torch.bfloat16, 40, 16, torch.randn(40, 16).bfloat16())
     x = torch.randn(3, 16).bfloat16()
-    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "0")
+    monkeypatch.setenv(gemm.DENSE_ENV_VAR, "0")
     assert not head.weights._kernel(x)
-    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "1")
+    monkeypatch.setenv(gemm.DENSE_ENV_VAR, "1")
     assert head.weights._kernel(x) == kernels.available()
-    assert not head.weights._kernel(torch.randn(kernels.DENSE_MAX_BATCH + 1, 16).bfloat16())
-    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "auto")
-    native = any(f in kernels.cpu_flags() for f in kernels.NATIVE_DOT[torch.bfloat16])
+    assert not head.weights._kernel(torch.randn(gemm.DENSE_MAX_BATCH + 1, 16).bfloat16())
+    monkeypatch.setenv(gemm.DENSE_ENV_VAR, "auto")
+    native = any(f in kcompile.cpu_flags() for f in gemm.NATIVE_DOT[torch.bfloat16])
     wide = kernels.available() and kernels.load().isa == "avx512"
-    want = (kernels.WIDE_MAX_BATCH if wide else 0) if native else kernels.DENSE_MAX_BATCH
+    want = (gemm.WIDE_MAX_BATCH if wide else 0) if native else gemm.DENSE_MAX_BATCH
     assert kernels.dense_max_batch(torch.bfloat16) == want
-    assert gemm.dense_max_batch(torch.bfloat16, "avx2+fma+f16c") == (0 if native else kernels.DENSE_MAX_BATCH)
+    assert gemm.dense_max_batch(torch.bfloat16, "avx2+fma+f16c") == (0 if native else gemm.DENSE_MAX_BATCH)
     # float32: by the library's path (measured: 16 rows on AVX-512, 8 on AVX2, never portable)
     assert gemm.dense_max_batch(torch.float32, "avx512") == 16
     assert gemm.dense_max_batch(torch.float32, "avx2+fma+f16c") == 8
@@ -1269,36 +1269,36 @@ def test_dense_kernel_dispatch(monkeypatch):
         assert head32.weights._kernel(torch.randn(limit, 16))
     assert not head32.weights._kernel(torch.randn(limit + 1, 16))
     assert not head32.weights._kernel(torch.randn(3, 16).bfloat16())  # x in another dtype: torch's GEMM
-    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "1")
-    assert kernels.dense_max_batch(torch.float32) == kernels.DENSE_MAX_BATCH
-    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "0")
+    monkeypatch.setenv(gemm.DENSE_ENV_VAR, "1")
+    assert kernels.dense_max_batch(torch.float32) == gemm.DENSE_MAX_BATCH
+    monkeypatch.setenv(gemm.DENSE_ENV_VAR, "0")
     assert kernels.dense_max_batch(torch.float32) == 0
-    monkeypatch.setenv(kernels.DENSE_ENV_VAR, "sometimes")
-    with pytest.raises(ValueError, match=kernels.DENSE_ENV_VAR):
+    monkeypatch.setenv(gemm.DENSE_ENV_VAR, "sometimes")
+    with pytest.raises(ValueError, match=gemm.DENSE_ENV_VAR):
         kernels.dense_max_batch(torch.bfloat16)
 
 
 def test_read_probe_reads_every_byte(isa):
     buf = torch.arange(1 << 16, dtype=torch.int64)
-    assert kernels.read_probe(buf) == int(buf.sum()) % (1 << 64)
+    assert probes.read_probe(buf) == int(buf.sum()) % (1 << 64)
     with pytest.raises(ValueError):
-        kernels.read_probe(torch.zeros(3, dtype=torch.uint8))
+        probes.read_probe(torch.zeros(3, dtype=torch.uint8))
 
 
 def test_mul_probe_counts_the_multiplies_its_chains_made(isa):
     # 16 chains a thread on the widest vectors of the build: AVX-512 16 lanes, AVX2 8, portable 1; the
     # chains' sum (every lane exactly 1.0) is checked inside, so a dropped chain raises.
     lanes = {"avx512": 16, "avx2+fma+f16c": 8, "portable": 1}[library.require().isa]
-    assert kernels.mul_probe(1000) == 1000 * 16 * lanes * torch.get_num_threads()
+    assert probes.mul_probe(1000) == 1000 * 16 * lanes * torch.get_num_threads()
     with pytest.raises(ValueError, match="steps"):
-        kernels.mul_probe(0)
+        probes.mul_probe(0)
 
 
 def test_gguf_chain_probe_counts_the_weights_its_chains_multiplied(isa):
     # 4 rows of 768 codes a thread, x = 0 (every chain exactly 0: checked inside)
-    assert kernels.gguf_chain_probe(10) == 10 * 4 * 768 * torch.get_num_threads()
+    assert probes.gguf_chain_probe(10) == 10 * 4 * 768 * torch.get_num_threads()
     with pytest.raises(ValueError, match="rounds"):
-        kernels.gguf_chain_probe(0)
+        probes.gguf_chain_probe(0)
     # x = 1: every product is a multiple of 2^-6 and every sum exact, so the chains' total is the float64
     # sum of the probe's own codes times scales (the C++ file's pattern), once per round and thread
     import ctypes

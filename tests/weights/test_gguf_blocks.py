@@ -25,10 +25,9 @@ from trtvocab.quant import gguf_blocks as gb
 
 Q = gguf.GGMLQuantizationType
 V = 37  # prime: uneven shards
-HIDDEN = {"Q8_0": 96, "Q6_K": 512, "Q4_0": 96, "Q4_1": 96, "Q5_0": 96, "Q4_K": 512}
+# every row of the table: 3 blocks of 32 values, or 2 of 256
+HIDDEN = {t.name: 3 * t.values if t.values == 32 else 2 * t.values for t in gb.BLOCK_TYPES.values()}
 STORED = list(HIDDEN)
-# where each block type keeps its fp16 scales (d; Q4_1's m, Q4_K's dmin)
-SCALES_AT = {"Q8_0": (0,), "Q6_K": (208,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2)}
 
 
 def random_blocks(block_type: str, rows: int, hidden: int, seed: int = 0) -> np.ndarray:
@@ -36,7 +35,7 @@ def random_blocks(block_type: str, rows: int, hidden: int, seed: int = 0) -> np.
     rng = np.random.default_rng(seed)
     block, size = gb.BLOCKS[block_type]
     raw = rng.integers(0, 256, size=(rows, hidden // block, size), dtype=np.uint8)
-    for at in SCALES_AT[block_type]:
+    for _, at in gb.BLOCK_TYPES[block_type].scales:
         d = (rng.standard_normal((rows, hidden // block)) * 10.0 ** rng.integers(-4, 1, (rows, hidden // block)))
         raw[..., at : at + 2] = d.astype(np.float16).view(np.uint8).reshape(rows, hidden // block, 2)
     return raw.reshape(rows, -1)
@@ -113,7 +112,7 @@ def test_head_stays_in_its_blocks_and_computes_the_chain(files: dict[str, Path],
                 s = vocab_shard(V, tp, rank)
                 assert head.weights.resident_bytes() == s.size * row_bytes  # the stored bytes, nothing more
                 assert torch.equal(_bits(head.weights.dense_weight()[: s.size]), _bits(ref[s.start : s.end]))
-                with kernels.disabled() if how == "torch" else _nothing():
+                with kernels.library.disabled() if how == "torch" else _nothing():
                     got = head.column_logits(x)
                     assert got.dtype == torch.float32
                     # batch invariance: each row alone; partition invariance: two column ranges
@@ -193,42 +192,34 @@ def test_smollm2_greedy_tokens_and_logits_match_the_float32_head(smollm2: Path) 
     assert bool(((got - x.double() @ w.t()).abs() <= bound).all())
 
 
-# ---- the fused kernel: every build (ISA) this CPU runs, every path inside it, against the torch chain ------
-@pytest.mark.parametrize("isa", list(kernels.ISAS))
+# ---- the GGUF kernel: every build (ISA) this CPU runs (each runs its top tier), against the torch chain ------
+@pytest.mark.parametrize("isa", list(kernels.library.ISAS))
 def test_kernel_paths_equal_the_torch_chain_bitwise(isa: str) -> None:
     from trtvocab.kernels import gemm
 
-    if kernels.disabled_reason() is not None:
-        pytest.skip(kernels.disabled_reason())
-    missing = kernels.ISA_CPU_FLAGS[isa] - kernels.cpu_flags()
+    if kernels.library.disabled_reason() is not None:
+        pytest.skip(kernels.library.disabled_reason())
+    missing = kernels.compile.ISA_CPU_FLAGS[isa] - kernels.compile.cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {sorted(missing)}")
     try:
-        loaded = kernels.load_isa(isa)
+        loaded = kernels.library.load_isa(isa)
     except Exception as exc:  # no compiler here
         pytest.skip(f"{isa} build unavailable: {exc}")
-    lib = loaded.lib
-    top = lib.trtvocab_gguf_set_path(-1)
-    assert top == {"portable": 0, "avx2": 1}.get(isa, 2 if "avx512f" in kernels.cpu_flags() else top)
     g = torch.Generator().manual_seed(5)
-    try:
-        # 608 = 19 chunks: the 32-value blocks' groups of 8, 8 and 3 chunks the kernel unpacks at once (Chunks8)
-        for block_type, hidden in (("Q8_0", 640), ("Q4_0", 608), ("Q4_1", 608), ("Q5_0", 608), *HIDDEN.items()):
-            raw = torch.from_numpy(random_blocks(block_type, 41, hidden, seed=hidden))
-            w = gb.DEQUANTIZE[block_type](raw)
-            x = torch.randn(65, hidden, generator=g)
-            x[0, :5] = torch.tensor([0.0, -0.0, 1e-40, 3e38, -1e-30])  # zeros, a subnormal, huge and tiny values
-            want = gb.chain_logits(x, w)
-            for path in range(top + 1):
-                assert lib.trtvocab_gguf_set_path(path) == path
-                for n in (1, 2, 3, 4, 5, 7, 8, 9, 17, 64, 65):
-                    got = gemm.gguf_logits(loaded, x[:n].contiguous(), hidden, block_type, raw)
-                    assert torch.equal(_bits(got), _bits(want[:n])), (isa, path, block_type, hidden, n)
-                parts = torch.cat([gemm.gguf_logits(loaded, x[:3].contiguous(), hidden, block_type, raw[a:b])
-                                   for a, b in ((0, 1), (1, 12), (12, 41))], 1)
-                assert torch.equal(_bits(parts), _bits(want[:3])), (isa, path, block_type, "row split")
-    finally:
-        lib.trtvocab_gguf_set_path(-1)
+    # 608 = 19 chunks: the 32-value blocks' groups of 8, 8 and 3 chunks the kernel unpacks at once (Chunks8)
+    for block_type, hidden in (("Q8_0", 640), ("Q4_0", 608), ("Q4_1", 608), ("Q5_0", 608), *HIDDEN.items()):
+        raw = torch.from_numpy(random_blocks(block_type, 41, hidden, seed=hidden))
+        w = gb.DEQUANTIZE[block_type](raw)
+        x = torch.randn(65, hidden, generator=g)
+        x[0, :5] = torch.tensor([0.0, -0.0, 1e-40, 3e38, -1e-30])  # zeros, a subnormal, huge and tiny values
+        want = gb.chain_logits(x, w)
+        for n in (1, 2, 3, 4, 5, 7, 8, 9, 17, 64, 65):
+            got = gemm.gguf_logits(loaded, x[:n].contiguous(), hidden, block_type, raw)
+            assert torch.equal(_bits(got), _bits(want[:n])), (isa, block_type, hidden, n)
+        parts = torch.cat([gemm.gguf_logits(loaded, x[:3].contiguous(), hidden, block_type, raw[a:b])
+                           for a, b in ((0, 1), (1, 12), (12, 41))], 1)
+        assert torch.equal(_bits(parts), _bits(want[:3])), (isa, block_type, "row split")
 
 
 # ---- ONNX: blocked DequantizeLinear (opset 21, block 32 along H) on onnxruntime ---------------------------

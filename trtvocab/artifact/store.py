@@ -34,7 +34,7 @@ from trtvocab.base.safe_read import load_json_file, parse_json, read_regular, sh
 from trtvocab.base.safetensors_header import read_safetensors_header
 from trtvocab.errors import ArtifactError, TrtVocabError
 from trtvocab.parallel.sharding import vocab_shard
-from trtvocab.quant.gguf_blocks import BLOCKS as GGUF_BLOCKS
+from trtvocab.quant import gguf_blocks
 from trtvocab.version import __version__
 
 # ---- what loading checks (read_manifest) ----------------------------------------------------------
@@ -287,9 +287,9 @@ def check_rank_headers(root: Path, m: Manifest) -> None:
         weight = header.get("weight")
         rows = e.end - e.start
         fmt = str(e.weight_format)
-        if fmt.startswith("GGUF_"):  # the rows of blocks as stored: uint8 [rows, H / block * type size]
-            values, size = GGUF_BLOCKS[fmt.removeprefix("GGUF_")]
-            want = ("U8", [rows, h.hidden_size // values * size])
+        if e.weight_format.is_gguf:  # the rows of blocks as stored: uint8 [rows, H / block * type size]
+            block = gguf_blocks.of_format(e.weight_format)
+            want = ("U8", [rows, h.hidden_size // block.values * block.bytes])
         else:
             want = {"dense": (_ST_DTYPE[h.dtype], [rows, h.hidden_size]), "FP8": ("F8_E4M3", [rows, h.hidden_size]),
                     "NVFP4": ("U8", [rows, h.hidden_size // 2])}[fmt]

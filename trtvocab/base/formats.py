@@ -25,8 +25,14 @@ class NameEnum(str, enum.Enum):
         return self.value
 
 
+GGUF_PREFIX = "GGUF_"  # a GGUF block type's format is this plus its GGML name (trtvocab.quant.gguf_blocks)
+
+
 class WeightFormat(NameEnum):
-    """Storage format of a head shard. The values are what manifests and graph metadata hold."""
+    """Storage format of a head shard. The values are what manifests and graph metadata hold.
+
+    The GGUF members are the rows of ``trtvocab.quant.gguf_blocks.BLOCK_TYPES`` (one member a row, a test
+    holds them equal); what each block type is lives in that table, not here."""
 
     DENSE = "dense"
     FP8 = "FP8"
@@ -37,6 +43,11 @@ class WeightFormat(NameEnum):
     GGUF_Q4_1 = "GGUF_Q4_1"
     GGUF_Q5_0 = "GGUF_Q5_0"
     GGUF_Q4_K = "GGUF_Q4_K"
+
+    @property
+    def is_gguf(self) -> bool:
+        """A GGUF block type kept as stored (its row: ``trtvocab.quant.gguf_blocks.of_format``)."""
+        return self.value.startswith(GGUF_PREFIX)
 
 
 class Activation(NameEnum):

@@ -28,6 +28,7 @@ from trtvocab.errors import ArtifactError
 from trtvocab.export.layer_table import EngineLayer, EngineTensor, LayerTable
 from trtvocab.export.records import EngineCompute, GemmRecord
 from trtvocab.export.targets import HwType
+from trtvocab.quant import gguf_blocks
 
 _HEAD_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 _GEMM_KINDS = ("gemm", "runtime_fusion")
@@ -61,16 +62,15 @@ class GraphInfo:
     needs: frozenset[HwType]
 
 
-# A GGUF graph's stored codes as the builder may keep them for a fused weight-only GEMM.
-_GGUF_CODES = {WeightFormat.GGUF_Q8_0: frozenset({"int8"}), WeightFormat.GGUF_Q4_0: frozenset({"int4"}),
-               WeightFormat.GGUF_Q4_1: frozenset({"int4"})}
+# A GGUF graph's stored codes as the builder may keep them for a fused weight-only GEMM (the block table's onnx_codes).
+_GGUF_CODES = {t.weight_format: frozenset({t.onnx_codes}) for t in gguf_blocks.BLOCK_TYPES.values() if t.onnx_codes}
 
 
 def _expected_head(fmt: WeightFormat, activation: Activation, dtype: str, dequantized: bool) -> Expected:
     head = _HEAD_DTYPE[dtype]
     if fmt in _GGUF_CODES:  # blocked DequantizeLinear, then a float32 GEMM (the activation cast up)
         codes = _GGUF_CODES[fmt]
-        name = str(fmt).removeprefix("GGUF_")
+        name = gguf_blocks.of_format(fmt).name
         return Expected("lm_head", frozenset({"float32"}), codes | {"float32"},
                         f"GGUF {name} blocked DequantizeLinear: a float32 x {'/'.join(sorted(codes))} weight-only "
                         f"GEMM where the builder fuses it, else a float32 GEMM on a dequantized copy (recorded)")

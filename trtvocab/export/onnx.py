@@ -36,6 +36,7 @@ from trtvocab.base.publish import fsync_file
 from trtvocab.base.safe_read import sha256_file
 from trtvocab.errors import ArtifactError, CheckpointError, ConfigError, QuantizationError
 from trtvocab.export.gguf_onnx import int4_proto, q4_tensors, q8_0_tensors
+from trtvocab.quant import gguf_blocks
 from trtvocab.quant.fp8 import FP8_MAX
 from trtvocab.quant.nvfp4 import BLOCK as FP4_BLOCK
 from trtvocab.version import __version__
@@ -51,9 +52,9 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 DEFAULT_OPSET = 23
 # FP8 Q/DQ: opset 19; FLOAT4E2M1 in DequantizeLinear: 23.
 # GGUF Q8_0 / Q4_0 / Q4_1: blocked DequantizeLinear (block_size) and INT4: 21.
-MIN_OPSET = {WeightFormat.DENSE: 19, WeightFormat.FP8: 19, WeightFormat.NVFP4: 23, WeightFormat.GGUF_Q8_0: 21,
-             WeightFormat.GGUF_Q4_0: 21, WeightFormat.GGUF_Q4_1: 21}
-GGUF_GRAPH_FORMATS = (WeightFormat.GGUF_Q8_0, WeightFormat.GGUF_Q4_0, WeightFormat.GGUF_Q4_1)
+GGUF_GRAPH_FORMATS = gguf_blocks.ONNX_FORMATS  # the block types whose row says onnx_codes
+MIN_OPSET = {WeightFormat.DENSE: 19, WeightFormat.FP8: 19, WeightFormat.NVFP4: 23,
+             **dict.fromkeys(GGUF_GRAPH_FORMATS, 21)}
 GGUF_BLOCK = 32  # the Q8_0 / Q4_0 / Q4_1 block along H
 WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE = (
     "lm_head.weight", "lm_head.weight_scale", "lm_head.weight_scale_2", "lm_head.input_scale")
@@ -315,9 +316,10 @@ def spec_for_head(head: LMHead, *, context_logits: bool, opset: int, dequantize_
     fmt = head.weight_format
     qc = head.quant_config
     activation, granularity, block = Activation.NONE, Granularity.PER_TENSOR, FP4_BLOCK
-    if str(fmt).startswith("GGUF_") and fmt not in GGUF_GRAPH_FORMATS:
-        raise QuantizationError(f"no ONNX export for a GGUF {str(fmt).removeprefix('GGUF_')} head kept in its "
-                                "stored blocks (blocked DequantizeLinear has Q8_0, Q4_0 and Q4_1 only); load it "
+    if fmt.is_gguf and fmt not in GGUF_GRAPH_FORMATS:
+        names = ", ".join(gguf_blocks.of_format(f).name for f in GGUF_GRAPH_FORMATS)
+        raise QuantizationError(f"no ONNX export for a GGUF {gguf_blocks.of_format(fmt).name} head kept in its "
+                                f"stored blocks (blocked DequantizeLinear has {names} only); load it "
                                 "float32-dequantized ([lm_head] gguf_blocks = false) to export a dense graph")
     if fmt in GGUF_GRAPH_FORMATS:
         block = GGUF_BLOCK  # activations stay float; the graph multiplies in float32

@@ -35,6 +35,7 @@ from trtvocab.export.targets import (
     choose_targets,
     target_name,
 )
+from trtvocab.quant import gguf_blocks
 
 __all__ = ["EngineBuild", "Profile", "Toolkit", "build_engine", "check_compute_capability", "import_compiler",
            "resolve_compiler", "sha256_bytes", "tensorrt_available", "validate_profile", "write_plan_atomic"]
@@ -162,7 +163,7 @@ def check_compute_capability(weight_format: WeightFormat | str, cc: tuple[int, i
     if dtype == "bfloat16" and cc < bf16:
         raise EngineUnavailableError(f"bfloat16 engines need compute capability >= {cc_name(bf16)} (Ampere); "
                                      f"this GPU is {have}")
-    if weight_format == WeightFormat.DENSE or str(weight_format).startswith("GGUF_"):  # GGUF: a float32 GEMM
+    if weight_format == WeightFormat.DENSE or weight_format in gguf_blocks.FORMATS:  # GGUF: a float32 GEMM
         return NATIVE
     if weight_format == WeightFormat.FP8:
         if cc < fp8:

@@ -45,13 +45,41 @@ CSRC = Path(__file__).resolve().parent / "csrc"  # every file under it is hashed
 SOURCE = CSRC / "fused.cpp"  # includes its headers (csrc/fused/*.h): one translation unit
 # The vocab tree's (max, sum exp) nodes (trtvocab.sampling.treesum), built into the same library.
 TREE_SOURCE = SOURCE.parent / "treesum.cpp"
-# The GGUF block kernels (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K: trtvocab.weights.gguf), built into the same library.
+# The GGUF block kernels (the types of trtvocab.quant.gguf_blocks.BLOCK_TYPES), built into the same library.
 GGUF_SOURCE = SOURCE.parent / "gguf.cpp"
-ABI = 3  # trtvocab_fused_abi() of the source this module expects
+PROBES_SOURCE = SOURCE.parent / "probes.cpp"  # the machine probes (trtvocab.kernels.probes)
+UNITS = (SOURCE, TREE_SOURCE, GGUF_SOURCE, PROBES_SOURCE)  # the library's translation units
 ISA_NAMES = {3: "avx512", 2: "avx2+fma+f16c", 0: "portable"}  # trtvocab_fused_isa()
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
+_INT, _F32 = ctypes.c_int, ctypes.c_float
+
+# The library's ABI: every exported C function as (symbol, argtypes, restype, the ABI that added it), from
+# which bind() declares them. Adding a symbol or changing a signature bumps ABI (and trtvocab_fused_abi() in
+# csrc/fused.cpp, and the build's name); ABI 3 is the oldest a base revision of kernel_ab.py may have.
+# 4: csrc/probes.cpp, trtvocab_gguf_kind; trtvocab_gguf_set_path / _max_path gone (a path is forced by a build).
+ABI = 4
+OLDEST_ABI = 3
+SYMBOLS: tuple[tuple[str, list[type], type, int], ...] = (
+    ("trtvocab_fused_abi", [], _INT, 3),
+    ("trtvocab_fused_isa", [], _INT, 3),
+    ("trtvocab_fused_dpbf16", [], _INT, 3),
+    ("trtvocab_fused_set_dpbf16", [_INT], _INT, 3),
+    ("trtvocab_fused_x_fits_bf16", [_P, _I, _I, _I], _INT, 3),
+    ("trtvocab_fp8_logits", [_P, _I, _I, _I, _P, _I, _I, _P, _I, _P, _I], _INT, 3),
+    ("trtvocab_nvfp4_logits", [_P, _I, _I, _I, _P, _I, _I, _P, _I, _F32, _P, _I], _INT, 3),
+    ("trtvocab_dense_logits", [_P, _I, _I, _I, _P, _I, _I, _INT, _P, _I], _INT, 3),
+    ("trtvocab_gguf_logits", [_P, _I, _I, _I, _INT, _P, _I, _I, _P, _I], _INT, 3),
+    ("trtvocab_gguf_kind", [ctypes.c_char_p, ctypes.POINTER(_I), ctypes.POINTER(_I)], _INT, 4),
+    ("trtvocab_tree_isa", [], _INT, 3),
+    ("trtvocab_tree_set_exp", [_INT], _INT, 3),
+    ("trtvocab_tree_exp", [_P, _I, _P], _INT, 3),
+    ("trtvocab_tree_nodes", [_P, _I, _I, _I, _I, _P, _P, _I], _INT, 3),
+    ("trtvocab_read_probe", [_P, _I], ctypes.c_uint64, 3),
+    ("trtvocab_mul_probe", [_I, _F32, _P], _I, 3),
+    ("trtvocab_gguf_chain_probe", [_I, _F32, _P], _I, 3),
+)
 
 
 @dataclass(frozen=True)
@@ -318,7 +346,7 @@ def _library(verbose: bool, isa: str | None = None) -> Path:
             for entry in entries:
                 if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
                     _discard(Path(entry.path))
-        sources = [str(SOURCE), str(TREE_SOURCE), str(GGUF_SOURCE)]
+        sources = [str(unit) for unit in UNITS]
         path = Path(cpp_extension.load(name=name, sources=sources, extra_cflags=cflags(isa),
                                        extra_ldflags=["-fopenmp"], build_directory=str(build_dir),
                                        is_python_module=False, verbose=verbose))
@@ -330,38 +358,20 @@ def _library(verbose: bool, isa: str | None = None) -> Path:
 
 
 
-def bind(path: Path, seconds: float = 0.0) -> Loaded:
-    """``dlopen`` the built library at ``path`` and declare its C functions' signatures."""
+def bind(path: Path, seconds: float = 0.0, *, older: bool = False) -> Loaded:
+    """``dlopen`` the built library at ``path`` and declare its C functions' signatures (:data:`SYMBOLS`).
+
+    Its ``trtvocab_fused_abi()`` must be :data:`ABI`; ``older`` (``benchmarks/kernel_ab.py``'s base revision)
+    also takes one from :data:`OLDEST_ABI` on and binds the symbols it has (``since`` at most its ABI)."""
     lib = ctypes.CDLL(str(path))
-    if lib.trtvocab_fused_abi() != ABI:
-        raise RuntimeError(f"{path}: kernel ABI {lib.trtvocab_fused_abi()}, expected {ABI}")
-    lib.trtvocab_fp8_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, _P, _I, _P, _I]
-    lib.trtvocab_fp8_logits.restype = ctypes.c_int
-    lib.trtvocab_nvfp4_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, _P, _I, ctypes.c_float, _P, _I]
-    lib.trtvocab_nvfp4_logits.restype = ctypes.c_int
-    lib.trtvocab_dense_logits.argtypes = [_P, _I, _I, _I, _P, _I, _I, ctypes.c_int, _P, _I]
-    lib.trtvocab_dense_logits.restype = ctypes.c_int
-    if hasattr(lib, "trtvocab_gguf_logits"):  # csrc/gguf.cpp (a library of older sources has none: kernel_ab.py)
-        lib.trtvocab_gguf_logits.argtypes = [_P, _I, _I, _I, ctypes.c_int, _P, _I, _I, _P, _I]
-        lib.trtvocab_gguf_logits.restype = ctypes.c_int
-        lib.trtvocab_gguf_set_path.argtypes = [ctypes.c_int]
-        lib.trtvocab_gguf_set_path.restype = ctypes.c_int
-        if hasattr(lib, "trtvocab_gguf_chain_probe"):
-            lib.trtvocab_gguf_chain_probe.argtypes = [_I, ctypes.c_float, _P]
-            lib.trtvocab_gguf_chain_probe.restype = ctypes.c_int64
-    lib.trtvocab_read_probe.argtypes = [_P, _I]
-    lib.trtvocab_read_probe.restype = ctypes.c_uint64
-    if hasattr(lib, "trtvocab_mul_probe"):  # a library of older sources has none (kernel_ab.py)
-        lib.trtvocab_mul_probe.argtypes = [_I, ctypes.c_float, _P]
-        lib.trtvocab_mul_probe.restype = ctypes.c_int64
-    lib.trtvocab_fused_set_dpbf16.argtypes = [ctypes.c_int]
-    lib.trtvocab_fused_set_dpbf16.restype = ctypes.c_int
-    lib.trtvocab_tree_set_exp.argtypes = [ctypes.c_int]
-    lib.trtvocab_tree_set_exp.restype = ctypes.c_int
-    lib.trtvocab_tree_exp.argtypes = [_P, _I, _P]
-    lib.trtvocab_tree_exp.restype = ctypes.c_int
-    lib.trtvocab_tree_nodes.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I]
-    lib.trtvocab_tree_nodes.restype = ctypes.c_int
+    lib.trtvocab_fused_abi.restype = ctypes.c_int
+    abi = lib.trtvocab_fused_abi()
+    if abi != ABI and not (older and OLDEST_ABI <= abi < ABI):
+        raise RuntimeError(f"{path}: kernel ABI {abi}, expected {ABI}")
+    for name, argtypes, restype, since in SYMBOLS:
+        if since <= abi:
+            function = getattr(lib, name)  # AttributeError: a library that breaks its ABI's promise
+            function.argtypes, function.restype = argtypes, restype
     isa = ISA_NAMES.get(lib.trtvocab_fused_isa(), "unknown")
     return Loaded(lib=lib, path=str(path), isa=isa, seconds=seconds)
 

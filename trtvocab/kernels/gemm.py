@@ -17,13 +17,13 @@ docs/architecture.md, "Fused kernels".
 
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass
 
 import torch
 
 from trtvocab.kernels.compile import Loaded, cpu_flags
+from trtvocab.quant import gguf_blocks
 
 LANES = 8
 NVFP4_GROUP = 8 * 16  # elements per NVFP4 lane group: 8 blocks of 16
@@ -122,29 +122,19 @@ def nvfp4_logits(loaded: Loaded, x: torch.Tensor, hidden: int, packed_block_majo
     return out
 
 
-GGUF_KINDS = {"Q8_0": 0, "Q6_K": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 4, "Q4_K": 5}  # trtvocab_gguf_logits' kind
-GGUF_ROW_BYTES = {"Q8_0": (32, 34), "Q6_K": (256, 210), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
-                  "Q4_K": (256, 144)}
-
-
-def has_gguf(loaded: Loaded) -> bool:
-    """Whether this build holds the GGUF block kernels (``csrc/gguf.cpp``)."""
-    return hasattr(loaded.lib, "trtvocab_gguf_logits")
-
-
 def gguf_logits(loaded: Loaded, x: torch.Tensor, hidden: int, block_type: str, blocks: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """float32 ``x [N, H]`` (unit column stride) times GGUF ``blocks [rows, H / block * type_size]``
     (uint8, rows as stored): float32 ``[N, rows]`` in the chain of :mod:`trtvocab.quant.gguf_blocks`."""
-    block, size = GGUF_ROW_BYTES[block_type]
+    block = gguf_blocks.BLOCK_TYPES[block_type]
     n, rows = x.shape[0], blocks.shape[0]
-    if (hidden % block or blocks.dtype != torch.uint8 or blocks.shape[1] != hidden // block * size
+    if (hidden % block.values or blocks.dtype != torch.uint8 or blocks.shape[1] != hidden // block.values * block.bytes
             or (rows and blocks.stride(1) != 1) or x.dtype != torch.float32 or x.shape[1] != hidden
             or x.stride(1) != 1):
         raise ValueError("gguf_logits: layout mismatch")
     out = _out(out, n, rows, x)
     if n and rows:
-        check_status(loaded.lib.trtvocab_gguf_logits(x.data_ptr(), n, x.stride(0), hidden, GGUF_KINDS[block_type],
+        check_status(loaded.lib.trtvocab_gguf_logits(x.data_ptr(), n, x.stride(0), hidden, block.kind,
                                                     blocks.data_ptr(), rows, blocks.stride(0), out.data_ptr(),
                                                     out.stride(0)), "gguf")
     return out
@@ -218,44 +208,3 @@ def dense_logits(loaded: Loaded, x: torch.Tensor, hidden: int, weight: torch.Ten
                                                      weight.stride(0), _DENSE_KIND[weight.dtype],
                                                      out.data_ptr(), out.stride(0)), "dense")
     return out
-
-
-def read_probe(loaded: Loaded, buffer: torch.Tensor) -> int:
-    """Read all of the contiguous CPU ``buffer`` (its bytes, a multiple of 256) with the heads'
-    threads and return a checksum: the kernel side of ``benchmarks/bandwidth.py``."""
-    nbytes = buffer.numel() * buffer.element_size()
-    if not buffer.is_contiguous() or buffer.device.type != "cpu" or nbytes % 256:
-        raise ValueError("read_probe: a contiguous CPU buffer of a multiple of 256 bytes")
-    return int(loaded.lib.trtvocab_read_probe(buffer.data_ptr(), nbytes))
-
-
-def mul_probe(loaded: Loaded, steps: int) -> int:
-    """Run ``steps`` rounds of 16 independent float32 multiply chains per thread (the heads' threads, the
-    widest vectors the library has) and return the multiplies made: the compute side of
-    ``benchmarks/bandwidth.py``, the rate no float32 chain of multiplies can beat."""
-    if steps < 1:
-        raise ValueError(f"mul_probe: steps must be >= 1, got {steps}")
-    if not hasattr(loaded.lib, "trtvocab_mul_probe"):
-        raise ValueError(f"mul_probe: the library {loaded.path} predates the probe")
-    sink = ctypes.c_float(0.0)
-    made = int(loaded.lib.trtvocab_mul_probe(steps, 1.0, ctypes.addressof(sink)))
-    expected = made // steps // 16 * 136  # chain i of every lane ends at exactly i + 1 (m = 1)
-    if sink.value != expected:
-        raise RuntimeError(f"mul_probe: the chains summed to {sink.value}, not {expected}")
-    return made
-
-
-def gguf_chain_probe(loaded: Loaded, rounds: int) -> int:
-    """Run the GGUF chain at B = 1 on codes and x already in L1 (no block format to unpack, no memory to wait
-    for) ``rounds`` times per thread and return the weights multiplied: the pace of the kernels' decode of
-    this chain with nothing to unpack (``benchmarks/gguf_head.py``'s ``chain`` line; docs/kernels.md, K19)."""
-    if rounds < 1:
-        raise ValueError(f"gguf_chain_probe: rounds must be >= 1, got {rounds}")
-    if not hasattr(loaded.lib, "trtvocab_gguf_chain_probe"):
-        raise ValueError(f"gguf_chain_probe: the library {loaded.path} "
-                         + ("predates the probe" if has_gguf(loaded) else "has no GGUF kernels"))
-    sink = ctypes.c_float(1.0)
-    made = int(loaded.lib.trtvocab_gguf_chain_probe(rounds, 0.0, ctypes.addressof(sink)))
-    if sink.value != 0.0:  # x = 0: every chain ends at exactly 0
-        raise RuntimeError(f"gguf_chain_probe: the chains summed to {sink.value}, not 0")
-    return made

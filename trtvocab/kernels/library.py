@@ -13,6 +13,7 @@ import torch
 from trtvocab.kernels import gemm
 from trtvocab.kernels.compile import ENV_VAR, ISAS, Loaded, build_library, disabled_reason, log
 from trtvocab.kernels.selfcheck import self_check
+from trtvocab.quant import gguf_blocks
 
 _lock = threading.Lock()
 _loaded: Loaded | None = None
@@ -101,11 +102,6 @@ def usable(x: torch.Tensor, *buffers: torch.Tensor) -> bool:
 
 
 
-def gguf_usable(x: torch.Tensor, *buffers: torch.Tensor) -> bool:
-    """Whether a GGUF-block head's call runs in the kernel (:func:`usable`, and the build has it)."""
-    return usable(x, *buffers) and gemm.has_gguf(require())
-
-
 def require() -> Loaded:
     """This process's library, else ``RuntimeError`` saying why there is none."""
     loaded = load()
@@ -123,7 +119,7 @@ _OPS.define("head_dense(Tensor x, int hidden, Tensor weight) -> Tensor")
 _OPS.define("head_fp8(Tensor x, int hidden, Tensor codes, Tensor scale) -> Tensor")
 _OPS.define("head_nvfp4(Tensor x, int hidden, Tensor packed, Tensor block_scales, float global_scale) -> Tensor")
 _OPS.define("head_gguf(Tensor x, int hidden, int kind, Tensor blocks) -> Tensor")
-_GGUF_TYPE = {kind: name for name, kind in gemm.GGUF_KINDS.items()}
+_GGUF_TYPE = {t.kind: t.name for t in gguf_blocks.BLOCK_TYPES.values()}
 _OPS.impl("head_dense", lambda x, hidden, weight: gemm.dense_logits(require(), x, hidden, weight), "CPU")
 _OPS.impl("head_fp8", lambda x, hidden, codes, scale: gemm.fp8_logits(require(), x, hidden, codes, scale), "CPU")
 _OPS.impl("head_nvfp4", lambda x, hidden, packed, block_scales, global_scale: gemm.nvfp4_logits(
@@ -163,7 +159,7 @@ def gguf_logits(x: torch.Tensor, hidden: int, block_type: str, blocks: torch.Ten
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`trtvocab.kernels.gemm.gguf_logits` on this process's library."""
     if out is None:
-        return torch.ops.trtvocab.head_gguf(x, hidden, gemm.GGUF_KINDS[block_type], blocks)
+        return torch.ops.trtvocab.head_gguf(x, hidden, gguf_blocks.BLOCK_TYPES[block_type].kind, blocks)
     return gemm.gguf_logits(require(), x, hidden, block_type, blocks, out)
 
 
@@ -181,18 +177,3 @@ def dense_max_batch(dtype: torch.dtype) -> int:
         return 0
     loaded = load() if dtype == torch.float32 or gemm.native_dot(dtype) else None
     return gemm.dense_max_batch(dtype, loaded.isa if loaded is not None else None)
-
-
-def read_probe(buffer: torch.Tensor) -> int:
-    """:func:`trtvocab.kernels.gemm.read_probe` on this process's library."""
-    return gemm.read_probe(require(), buffer)
-
-
-def mul_probe(steps: int) -> int:
-    """:func:`trtvocab.kernels.gemm.mul_probe` on this process's library."""
-    return gemm.mul_probe(require(), steps)
-
-
-def gguf_chain_probe(rounds: int) -> int:
-    """:func:`trtvocab.kernels.gemm.gguf_chain_probe` on this process's library."""
-    return gemm.gguf_chain_probe(require(), rounds)

@@ -44,31 +44,38 @@ def self_check(loaded: Loaded) -> str | None:
     return _gguf_check(loaded)
 
 
-def _gguf_check(loaded: Loaded) -> str | None:
-    """Every Q8_0 code under scales of every fp16 binade, every Q6_K 6-bit code under signed sub-scales, and
-    random Q4_0 / Q4_1 / Q5_0 / Q4_K blocks, through the GGUF kernel (batch 1 and 3), against the torch chain
-    bit for bit."""
-    q = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8).view(torch.uint8).reshape(8, 32)
-    d = (2.0 ** torch.arange(-24, 16, 1.0)).to(torch.float16).view(torch.uint8).reshape(-1, 1, 2)
-    q8 = torch.cat([d.expand(-1, 8, 2), q.expand(d.shape[0], 8, 32)], 2).reshape(-1, 34)  # one block a row
-    g = torch.Generator().manual_seed(0)
-    q6 = torch.randint(0, 256, (16, 210), dtype=torch.uint8, generator=g)
-    q6[:, 208:210] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
-    checks = [("Q8_0", q8), ("Q6_K", q6)]
-    for block_type, scales_at in (("Q4_0", (0,)), ("Q4_1", (0, 2)), ("Q5_0", (0,)), ("Q4_K", (0, 2))):
-        values, size = gguf_blocks.BLOCKS[block_type]
-        raw = torch.randint(0, 256, (16, 256 // values, size), dtype=torch.uint8, generator=g)
-        for at in scales_at:  # every code under finite scales of both signs
-            raw[..., at : at + 2] = (torch.randn(16, 256 // values, generator=g) * 0.01).to(torch.float16).view(
-                torch.uint8).reshape(16, -1, 2)
-        checks.append((block_type, raw.reshape(16, -1)))
-    for block_type, raw in checks:
-        hidden = raw.shape[1] // gguf_blocks.BLOCKS[block_type][1] * gguf_blocks.BLOCKS[block_type][0]
-        for n in (1, 3):
-            x = torch.randn(n, hidden, generator=g)
-            want = gguf_blocks.chain_logits(x, gguf_blocks.DEQUANTIZE[block_type](raw))
-            got = gemm.gguf_logits(loaded, x, hidden, block_type, raw)
-            if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
-                return f"GGUF {block_type} chain (batch {n})"
-    return None
+def _gguf_blocks(block: gguf_blocks.BlockType, g: torch.Generator) -> torch.Tensor:
+    """Rows of 256 values (one K-quant block, eight 32-value ones) of ``block``'s type: 40 rows whose code bytes
+    run through 0, 1, 2, ... (a Q8_0 row: every code once) under scales of every fp16 binade (2**-24 ..
+    2**15, every scale field of the block), then 16 rows of random codes under random finite scales of both
+    signs."""
+    nblocks = 256 // block.values
+    at = [a for _, a in block.scales]
+    scale_bytes = torch.zeros(block.bytes, dtype=torch.bool)
+    for a in at:
+        scale_bytes[a : a + 2] = True
+    sweep = torch.zeros(40, nblocks, block.bytes, dtype=torch.uint8)
+    code_count = nblocks * int((~scale_bytes).sum())
+    sweep[:, :, ~scale_bytes] = (torch.arange(code_count) % 256).to(torch.uint8).reshape(nblocks, -1)
+    binades = (2.0 ** torch.arange(-24, 16, 1.0)).to(torch.float16).view(torch.uint8).reshape(40, 1, 2)
+    rand = torch.randint(0, 256, (16, nblocks, block.bytes), dtype=torch.uint8, generator=g)
+    for a in at:
+        sweep[..., a : a + 2] = binades
+        rand[..., a : a + 2] = (torch.randn(16, nblocks, generator=g) * 0.01).to(torch.float16).view(
+            torch.uint8).reshape(16, nblocks, 2)
+    return torch.cat([sweep, rand]).reshape(56, -1)
 
+
+def _gguf_check(loaded: Loaded) -> str | None:
+    """Every block type of the table (:func:`_gguf_blocks`) through the GGUF kernel (batch 1 and 3), against the
+    torch chain bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    for block in gguf_blocks.BLOCK_TYPES.values():
+        raw = _gguf_blocks(block, g)
+        for n in (1, 3):
+            x = torch.randn(n, 256, generator=g)
+            want = gguf_blocks.chain_logits(x, block.dequantize(raw))
+            got = gemm.gguf_logits(loaded, x, 256, block.name, raw)
+            if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+                return f"GGUF {block.name} chain (batch {n})"
+    return None

@@ -11,81 +11,30 @@ sum: no FMA), the lanes reduced as ``((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))``, then
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trtvocab.base.formats import Activation, WeightFormat
+from trtvocab.base.formats import GGUF_PREFIX, Activation, WeightFormat
 from trtvocab.errors import CheckpointError, ConfigError
 
 LANES = 8
-# GGML type name -> (values per block, bytes per block)
-BLOCKS: dict[str, tuple[int, int]] = {"Q8_0": (32, 34), "Q6_K": (256, 210), "Q4_0": (32, 18), "Q4_1": (32, 20),
-                                      "Q5_0": (32, 22), "Q4_K": (256, 144)}
-FORMATS = {"Q8_0": WeightFormat.GGUF_Q8_0, "Q6_K": WeightFormat.GGUF_Q6_K, "Q4_0": WeightFormat.GGUF_Q4_0,
-           "Q4_1": WeightFormat.GGUF_Q4_1, "Q5_0": WeightFormat.GGUF_Q5_0, "Q4_K": WeightFormat.GGUF_Q4_K}
-# Each block type's fp16 scales: (name, byte offset inside the block), as gguf.quants reads them.
-SCALES: dict[str, tuple[tuple[str, int], ...]] = {
-    "Q8_0": (("d", 0),), "Q4_0": (("d", 0),), "Q5_0": (("d", 0),), "Q4_1": (("d", 0), ("m", 2)),
-    "Q6_K": (("d", 208),), "Q4_K": (("d", 0), ("dmin", 2))}
 CHAIN_ELEMENTS = 1 << 20  # float32 products per torch chain chunk ([N, rows, H]): 4 MiB, reused chunk to chunk
-
-
-class GGUFConfig(BaseModel):
-    """A head kept in a GGUF block type (what ``LMHead(quant_config=...)`` takes for one).
-
-    Args:
-        block_type: ``"Q8_0"``, ``"Q6_K"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q5_0"`` or ``"Q4_K"``.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    block_type: Literal["Q8_0", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q4_K"]
-
-    def __init__(self, **data: Any) -> None:
-        # A public quant_config of LMHead: its errors are ConfigErrors naming the field, as Mapping's are.
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            lines = [f"{'.'.join(map(str, e['loc'])) or 'GGUFConfig'}: {e['msg']} (got {e.get('input')!r:.60})"
-                     for e in exc.errors()]
-            raise ConfigError(f"GGUFConfig: {'; '.join(lines)}") from None
-    activation: Activation = Activation.NONE  # activations stay float (llama.cpp quantizes them to Q8)
-
-    @property
-    def weight_format(self) -> WeightFormat:
-        return FORMATS[self.block_type]
-
-    @property
-    def label(self) -> str:
-        return f"GGUF {self.block_type}"
-
-    @property
-    def block(self) -> int:
-        return BLOCKS[self.block_type][0]
-
-    @property
-    def type_size(self) -> int:
-        return BLOCKS[self.block_type][1]
-
-    def row_bytes(self, hidden: int) -> int:
-        """Stored bytes of one row of ``hidden`` values."""
-        if hidden % self.block:
-            raise CheckpointError(f"GGUF {self.block_type}: H = {hidden} is not a multiple of {self.block}")
-        return hidden // self.block * self.type_size
 
 
 def first_nonfinite_scale(raw: torch.Tensor, block_type: str) -> tuple[int, int, str, float] | None:
     """``(row, block, scale name, value)`` of the first NaN / inf fp16 block scale of rows ``raw [R, row_bytes]``
     (row-major; None: every scale finite). One fp16 per 32 or 256 values is read, never the codes: a NaN
     or inf ``d`` / ``m`` / ``dmin`` would multiply into every logit of that token."""
-    size = BLOCKS[block_type][1]
+    size = BLOCK_TYPES[block_type].bytes
     if raw.numel() == 0:
         return None
     blocks = raw.reshape(raw.shape[0], -1, size)
     first: tuple[int, int, str, float] | None = None
-    for name, at in SCALES[block_type]:
+    for name, at in BLOCK_TYPES[block_type].scales:
         scale = blocks[..., at : at + 2].contiguous().view(torch.float16).reshape(blocks.shape[0], -1)
         bad = (~torch.isfinite(scale)).nonzero()
         if bad.numel():
@@ -175,8 +124,95 @@ def dequantize_q4_k(raw: torch.Tensor) -> torch.Tensor:
     return (ds * q - dm).reshape(raw.shape[0], -1)
 
 
-DEQUANTIZE = {"Q8_0": dequantize_q8_0, "Q6_K": dequantize_q6_k, "Q4_0": dequantize_q4_0, "Q4_1": dequantize_q4_1,
-              "Q5_0": dequantize_q5_0, "Q4_K": dequantize_q4_k}
+@dataclass(frozen=True)
+class BlockType:
+    """One GGUF block type a head runs in, as stored: every fact the kernels, the loaders, the embedding and the
+    ONNX exporter need of it (they derive from :data:`BLOCK_TYPES`; docs/kernels.md, "Adding a GGUF block type").
+
+    ``kind`` is ``trtvocab_gguf_logits``' kind, the C++ ``enum Kind`` of ``csrc/gguf.cpp`` (a test holds the two
+    equal); ``scales`` the fp16 scales' ``(name, byte offset)`` inside a block, as ``gguf.quants`` reads them;
+    ``onnx_codes`` the codes' ONNX type in a blocked ``DequantizeLinear`` graph (``"int8"`` / ``"int4"``), None
+    where no graph holds the type's blocks (such a head exports float32-dequantized)."""
+
+    name: str  # the GGML type name (gguf.GGMLQuantizationType)
+    values: int  # per block
+    bytes: int  # per block
+    kind: int
+    scales: tuple[tuple[str, int], ...]
+    dequantize: Callable[[torch.Tensor], torch.Tensor]
+    onnx_codes: str | None = None
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return WeightFormat(GGUF_PREFIX + self.name)
+
+
+# One row per block type, in kind order.
+BLOCK_TYPES: dict[str, BlockType] = {t.name: t for t in (
+    BlockType("Q8_0", 32, 34, 0, (("d", 0),), dequantize_q8_0, onnx_codes="int8"),
+    BlockType("Q6_K", 256, 210, 1, (("d", 208),), dequantize_q6_k),
+    BlockType("Q4_0", 32, 18, 2, (("d", 0),), dequantize_q4_0, onnx_codes="int4"),
+    BlockType("Q4_1", 32, 20, 3, (("d", 0), ("m", 2)), dequantize_q4_1, onnx_codes="int4"),
+    BlockType("Q5_0", 32, 22, 4, (("d", 0),), dequantize_q5_0),
+    BlockType("Q4_K", 256, 144, 5, (("d", 0), ("dmin", 2)), dequantize_q4_k),
+)}
+NAMES = tuple(BLOCK_TYPES)
+BY_FORMAT: dict[WeightFormat, BlockType] = {t.weight_format: t for t in BLOCK_TYPES.values()}
+FORMATS = tuple(BY_FORMAT)  # every GGUF WeightFormat, in kind order
+ONNX_FORMATS = tuple(t.weight_format for t in BLOCK_TYPES.values() if t.onnx_codes)  # blocked DequantizeLinear
+# Views of the table by the names older callers use.
+BLOCKS: dict[str, tuple[int, int]] = {t.name: (t.values, t.bytes) for t in BLOCK_TYPES.values()}
+SCALES: dict[str, tuple[tuple[str, int], ...]] = {t.name: t.scales for t in BLOCK_TYPES.values()}
+DEQUANTIZE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {t.name: t.dequantize for t in BLOCK_TYPES.values()}
+
+
+def of_format(fmt: WeightFormat) -> BlockType:
+    """The row of a GGUF ``fmt`` (:attr:`WeightFormat.is_gguf`); ``KeyError`` for any other format."""
+    return BY_FORMAT[fmt]
+
+
+class GGUFConfig(BaseModel):
+    """A head kept in a GGUF block type (what ``LMHead(quant_config=...)`` takes for one).
+
+    Args:
+        block_type: a name of :data:`BLOCK_TYPES` (the GGML type name).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    block_type: Literal[NAMES]  # type: ignore[valid-type]  # the table's names, in its order
+
+    def __init__(self, **data: Any) -> None:
+        # A public quant_config of LMHead: its errors are ConfigErrors naming the field, as Mapping's are.
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(map(str, e['loc'])) or 'GGUFConfig'}: {e['msg']} (got {e.get('input')!r:.60})"
+                     for e in exc.errors()]
+            raise ConfigError(f"GGUFConfig: {'; '.join(lines)}") from None
+    activation: Activation = Activation.NONE  # activations stay float (llama.cpp quantizes them to Q8)
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return BLOCK_TYPES[self.block_type].weight_format
+
+    @property
+    def label(self) -> str:
+        return f"GGUF {self.block_type}"
+
+    @property
+    def block(self) -> int:
+        return BLOCK_TYPES[self.block_type].values
+
+    @property
+    def type_size(self) -> int:
+        return BLOCK_TYPES[self.block_type].bytes
+
+    def row_bytes(self, hidden: int) -> int:
+        """Stored bytes of one row of ``hidden`` values."""
+        if hidden % self.block:
+            raise CheckpointError(f"GGUF {self.block_type}: H = {hidden} is not a multiple of {self.block}")
+        return hidden // self.block * self.type_size
 
 
 def tree8(lanes: torch.Tensor) -> torch.Tensor:

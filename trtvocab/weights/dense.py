@@ -118,7 +118,7 @@ class DenseWeight(WeightMethod):
         float32 FMAs over H, rounded once to the head dtype, bitwise the same at every batch up to
         that limit, every ``[start, end)`` split and every tp size."""
         # CPU tensors first: dense_max_batch loads (builds) the library for a float32 head.
-        return (x.dim() == 2 and kernels.on_cpu(x, self.weight)
+        return (x.dim() == 2 and kernels.library.on_cpu(x, self.weight)
                 and x.dtype == self.weight.dtype and 0 < x.shape[0] <= kernels.dense_max_batch(x.dtype)
                 and kernels.usable(x, self.weight))
 

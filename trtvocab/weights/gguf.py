@@ -95,7 +95,7 @@ class GGUFWeight(WeightMethod):
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor | kernels.FusedInput:
         xf = x.float().contiguous()
-        if kernels.gguf_usable(xf, self.blocks):
+        if kernels.usable(xf, self.blocks):
             return kernels.FusedInput(xf)
         return xf
 

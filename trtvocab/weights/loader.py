@@ -27,7 +27,7 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.parallel.sharding import VocabShard
 from trtvocab.quant import compressed_tensors as ct
 from trtvocab.quant.config import HeadQuantDecision, QuantAlgo, QuantConfig, resolve_lm_head_quant
-from trtvocab.quant.gguf_blocks import BLOCKS as GGUF_BLOCKS
+from trtvocab.quant.gguf_blocks import BLOCK_TYPES as GGUF_BLOCKS
 from trtvocab.quant.gguf_blocks import GGUFConfig
 from trtvocab.weights import FP8Weight, NVFP4Weight
 from trtvocab.weights.base import TENSOR_KEYS, source_shape

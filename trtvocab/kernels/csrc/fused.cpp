@@ -1,13 +1,13 @@
 // Fused dequantize-multiply CPU kernels of trtvocab's FP8 and NVFP4 LM heads.
 //
 // The C++ half of trtvocab/kernels/ (gemm.py documents the design and the numerics contract,
-// build.py builds this file: torch.utils.cpp_extension, -O3 -march=native -fopenmp) called
+// compile.py builds this file: torch.utils.cpp_extension, -O3 -march=native -fopenmp) called
 // through ctypes.
 // Threads: at::parallel_for (torch's own intra-op pool and OpenMP runtime).
 //
 // ==== THE DISPATCH TABLE: which kernel computes a call ===============================================
 // Every cell computes the same bits (the chain of fused/contract.h): the choice is speed only, and the
-// self-check (trtvocab/kernels/selfcheck.py) and tests/test_fused_kernels.py run every cell this CPU can.
+// self-check (trtvocab/kernels/selfcheck.py) and tests/kernels/test_fused_kernels.py run every cell this CPU can.
 //
 // It stays a branch, not a table of function pointers: the ISA is fixed at compile time (#if, one build
 // per -march), the batch band picks a template instantiation (run(): a switch on B, wide<N>: if constexpr),
@@ -46,7 +46,7 @@
 // rows (its AVX2 code serves the 512-bit kernels' tails and finish). "dense" is bf16, fp16 or float32 rows;
 // only bf16 ones take a bf16 row. Band limits: NVFP4_RUNS_MAX = 1, NVFP4_LANES_MAX = 4, NVGP_MAX = 2; 1..8
 // against >= 9 is run()'s switch.
-// GGUF formats (Q8_0, Q6_K, ...) have their own kernels and table in gguf.cpp (trtvocab_gguf_logits);
+// GGUF formats (Q8_0, Q6_K, ...) have their own kernels in gguf.cpp (trtvocab_gguf_logits, on these tiers);
 // the vocab tree's (max, sum exp) nodes are treesum.cpp. Why each cell wins where it does, with the
 // measurements and the benchmarks/kernel_ab.py command that reproduces them: docs/kernels.md.
 
@@ -131,9 +131,11 @@ namespace {
 
 #if TRTVOCAB_AVX512
 
-// BF: the vdpbf16ps micro kernels on bf16 pairs of the tile and of x (FP8 / NVFP4 where x fits).
+// BF: the vdpbf16ps micro kernels on bf16 pairs of the tile and of x (FP8 / NVFP4 where x fits): the tile
+// kernels are the policy Tiles<BF> (fused/avx512_tiles.h, fused/avx512_bf16_tiles.h).
 template <bool BF, class F>
 void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_t rows, float* out, int64_t os) {
+  using T = Tiles<BF>;
   constexpr bool GS = F::kGroupScaled;
   const int64_t steps = f.steps();
   const int64_t tiles = (rows + WB_TILE - 1) / WB_TILE;
@@ -143,19 +145,10 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
   const int64_t pairs = (steps + 1) / 2;
   // The f32 layout's size holds the bf16 one (half of it).
   Floats xt(static_cast<size_t>(((pass + WB_ROWS - 1) / WB_ROWS) * WB_ROWS * steps * LANES));
-  uint32_t* xtb = reinterpret_cast<uint32_t*>(xt.data());
   for (int64_t b0 = 0; b0 < n_rows; b0 += pass) {
     const int64_t nb = std::min(pass, n_rows - b0), blocks = (nb + WB_ROWS - 1) / WB_ROWS;
     const int64_t acc_v = blocks * WB_ROWS * LANES;  // floats per weight row's chains
-#if TRTVOCAB_DPBF16
-    if constexpr (BF) {
-      wb_layout_bf16(x, xs, b0, nb, steps, xtb);
-    } else {
-      wb_layout(x, xs, b0, nb, steps, xt.data());
-    }
-#else
-    wb_layout(x, xs, b0, nb, steps, xt.data());
-#endif
+    T::layout(x, xs, b0, nb, steps, xt.data());
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       Floats wt(static_cast<size_t>(WB_TILE * ws)), acc(static_cast<size_t>(WB_TILE * acc_v)),
           wtb(static_cast<size_t>(BF ? WB_TILE * ws / 2 : 0));
@@ -171,14 +164,7 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
             } else if (v0 + WB_TILE + v < rows) {
               wb_prefetch(f, v0 + WB_TILE + v, 0);  // the next tile's first chunk
             }
-#if TRTVOCAB_DPBF16
-            if constexpr (BF) {
-              wb_decode_bf16(f, v0 + v, s0, ks, reinterpret_cast<uint32_t*>(wtb.data()) + v * ws / 2,
-                             bs + v * (WB_CHUNK / 16) * LANES, wt.data() + v * ws);
-              continue;
-            }
-#endif
-            wb_decode(f, v0 + v, s0, ks, wt.data() + v * ws, bs + v * (WB_CHUNK / 16) * LANES);
+            T::decode(f, v0 + v, s0, ks, wt.data() + v * ws, wtb.data() + v * ws / 2, bs + v * (WB_CHUNK / 16) * LANES);
           }
           for (int64_t i = 0; i < blocks; ++i) {
             const int64_t np = (std::min(WB_ROWS, nb - i * WB_ROWS) + 1) / 2;
@@ -186,16 +172,8 @@ void wide_batched(const F& f, const float* x, int64_t n_rows, int64_t xs, int64_
             for (int64_t v = 0; v < tr; v += WB_NV) {
               const int64_t nv = std::min<int64_t>(WB_NV, tr - v);
               const float* bsv = bs + v * (WB_CHUNK / 16) * LANES;
-#if TRTVOCAB_DPBF16
-              if constexpr (BF) {
-                const uint32_t* xb = xtb + i * pairs * WB_ROWS * LANES + (s0 / 2) * np * 16;
-                wb_micro_any_bf16<GS>(nv, np, xb, np * 16, reinterpret_cast<const uint32_t*>(wtb.data()) + v * ws / 2,
-                                      ws / 2, (ks + 1) / 2, acc_i + v * acc_v, acc_v, bsv);
-                continue;
-              }
-#endif
-              const float* xb = xt.data() + i * steps * WB_ROWS * LANES + s0 * np * 16;
-              wb_micro_any<GS>(nv, np, xb, np * 16, wt.data() + v * ws, ws, ks, acc_i + v * acc_v, acc_v, bsv);
+              T::template micro<GS>(nv, np, xt.data(), i, steps, pairs, s0, wt.data() + v * ws, wtb.data() + v * ws / 2,
+                                    ws, ks, acc_i + v * acc_v, acc_v, bsv);
             }
           }
         }
@@ -258,103 +236,13 @@ int run(const F& f, const float* x, int64_t n_rows, int64_t x_stride, int64_t ro
   }
 }
 
-// The multiply probe's vectors: the widest this build has (16 float32 lanes on AVX-512, 8 on AVX2; the
-// portable build's scalar chains, one lane, whatever the compiler vectorizes them to). GCC / clang vector
-// types: one chain loop for every build.
-#if TRTVOCAB_AVX512
-typedef float MulVec __attribute__((vector_size(64)));
-#elif TRTVOCAB_AVX2
-typedef float MulVec __attribute__((vector_size(32)));
-#else
-typedef float MulVec;
-#endif
-constexpr int64_t MUL_LANES = static_cast<int64_t>(sizeof(MulVec) / sizeof(float));
-
-// One item of the multiply probe: `steps` rounds of 16 independent chains of multiplies by m on vectors V
-// (MulVec); the sum of the chains' lanes.
-template <class V>
-float mul_chains(int64_t steps, float m) {
-  V a[16];
-  for (int i = 0; i < 16; ++i) a[i] = V{} + static_cast<float>(i + 1);
-  const V f = V{} + m;
-  for (int64_t s = 0; s < steps; ++s)
-    for (int i = 0; i < 16; ++i) a[i] = a[i] * f;
-  for (int i = 1; i < 16; ++i) a[0] = a[0] + a[i];
-  if constexpr (std::is_same_v<V, float>) {
-    return a[0];
-  } else {
-    float total = 0.0f;
-    for (size_t l = 0; l < sizeof(V) / sizeof(float); ++l) total += a[0][l];
-    return total;
-  }
-}
-
 }  // namespace
 
 extern "C" {
 
-// Bumped whenever a signature below changes (the Python side checks it).
-int trtvocab_fused_abi() { return 3; }
-
-// The bandwidth probe of benchmarks/bandwidth.py: reads `nbytes` (a multiple of 256) from p with
-// at::parallel_for (the heads' threads), 8 independent 32-byte accumulators per thread, and
-// returns a checksum (so the reads cannot be dropped). A STREAM-like "read" kernel.
-uint64_t trtvocab_read_probe(const uint8_t* p, int64_t nbytes) {
-  const int64_t blocks = nbytes / 256;
-  std::vector<uint64_t> sums(static_cast<size_t>(at::get_num_threads()) + 1, 0);
-  at::parallel_for(0, blocks, 1024, [&](int64_t b0, int64_t b1) {
-    uint64_t total = 0;
-#if TRTVOCAB_AVX2
-    __m256i a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_si256();
-    for (int64_t b = b0; b < b1; ++b) {
-      const __m256i* q = reinterpret_cast<const __m256i*>(p + b * 256);
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_add_epi64(a[i], _mm256_loadu_si256(q + i));
-    }
-    alignas(32) uint64_t t[4];
-    for (int i = 1; i < 8; ++i) a[0] = _mm256_add_epi64(a[0], a[i]);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(t), a[0]);
-    total = t[0] + t[1] + t[2] + t[3];
-#else
-    uint64_t a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t b = b0; b < b1; ++b) {
-      const uint8_t* q = p + b * 256;
-      for (int i = 0; i < 32; ++i) {
-        uint64_t v;
-        std::memcpy(&v, q + 8 * i, 8);
-        a[i % 8] += v;
-      }
-    }
-    for (int i = 0; i < 8; ++i) total += a[i];
-#endif
-    sums[static_cast<size_t>(at::get_thread_num())] += total;
-  });
-  uint64_t total = 0;
-  for (uint64_t s : sums) total += s;
-  return total;
-}
-
-// The multiply probe of benchmarks/bandwidth.py: how many float32 multiplies a second this machine's cores
-// make, with the heads' threads (at::parallel_for over get_num_threads() items: torch's pool gives each
-// thread one; the count below holds however they fall, the rate is the machine's only then). Each item runs
-// mul_chains: enough independent chains to cover a multiply's latency on every pipe that multiplies.
-// Chain i starts at i + 1 (chains of one start would be one chain to the compiler: measured, it merged them)
-// and `m` comes from the caller (1.0f keeps every value exact, so no chain over- or underflows, and a compiler
-// cannot fold a multiplier it does not know); the chains' sum, MUL_LANES * 136 an item with m = 1, goes to
-// `sink` (so they cannot be dropped). Returns the multiplies made: steps * 16 * MUL_LANES per item.
-int64_t trtvocab_mul_probe(int64_t steps, float m, float* sink) {
-  const int threads = at::get_num_threads();
-  std::vector<float> sums(static_cast<size_t>(threads) + 1, 0.0f);
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    float total = 0.0f;
-    for (int64_t t = t0; t < t1; ++t) total += mul_chains<MulVec>(steps, m);
-    sums[static_cast<size_t>(at::get_thread_num())] += total;
-  });
-  float total = 0.0f;
-  for (float s : sums) total += s;
-  *sink = total;
-  return steps * 16 * MUL_LANES * threads;
-}
+// The library's ABI (its C functions here, in treesum.cpp, gguf.cpp and probes.cpp): bumped whenever one is
+// added or its signature changes, with trtvocab.kernels.compile.ABI and SYMBOLS (the Python side checks it).
+int trtvocab_fused_abi() { return 4; }
 
 // Which lane implementation this build uses: 3 = AVX-512 (F, BW, VL, DQ) kernels at every batch (the
 // AVX2 8-lane code for their tails and the finish), 2 = AVX2 + FMA + F16C, 0 = portable C++.

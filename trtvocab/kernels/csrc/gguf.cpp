@@ -1,7 +1,14 @@
 // GGUF block kernels (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K) of trtvocab's GGUF heads: x [N, H] float32 times the stored rows.
 //
-// Built into the same library as fused.cpp (trtvocab/kernels/build.py); called through ctypes
-// (trtvocab/kernels/gemm.py, gguf_logits). Threads: at::parallel_for (torch's intra-op pool).
+// Built into the same library as fused.cpp (trtvocab/kernels/compile.py); called through ctypes
+// (trtvocab/kernels/gemm.py, gguf_logits). Threads: at::parallel_for (torch's intra-op pool). The ISA tiers
+// (TRTVOCAB_AVX2 / TRTVOCAB_AVX512), the fp16 decode and the 8-lane tree are the fused family's
+// (fused/contract.h, fused/vec8.h); a build runs its top tier (one build per -march, as fused.cpp):
+//   TRTVOCAB_AVX512  rows_avx512: the 8-lane ymm tiles with 32 registers (Shape<NB, true>)
+//   TRTVOCAB_AVX2    rows_avx2:   the same tiles with 16 registers (Shape<NB, false>)
+//   portable         rows_portable: decode32 and scalar chains
+// The block types: enum Kind and TRAITS below, one row each, the rows of trtvocab.quant.gguf_blocks.BLOCK_TYPES
+// (a test holds the two equal through trtvocab_gguf_kind); adding one: docs/kernels.md.
 //
 // The chain (trtvocab/quant/gguf_blocks.py computes the same bits with torch ops): a weight is
 // gguf.quants.dequantize's value, Q8_0 q * d, Q6_K (d * sc) * q, Q4_0 / Q5_0 d * q, each a float32
@@ -15,37 +22,47 @@
 // a logit's chain is the same for any batch, row range or tile: bitwise batch-, partition- and
 // tp-invariant.
 
-#include <ATen/Parallel.h>
-
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define GGUF_AVX2 1
-#else
-#define GGUF_AVX2 0
-#endif
-#if GGUF_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#define GGUF_AVX512 1
-#else
-#define GGUF_AVX512 0
-#endif
+#include "fused/contract.h"
+#include "fused/vec8.h"
 
 namespace {
 
-// Kinds (trtvocab_gguf_logits' kind): 0 Q8_0, 1 Q6_K, 2 Q4_0, 3 Q4_1, 4 Q5_0, 5 Q4_K.
-constexpr int Q8_BYTES = 34;   // fp16 d, 32 int8 q
-constexpr int Q6_BYTES = 210;  // ql[128], qh[64], int8 scales[16], fp16 d
-constexpr int Q40_BYTES = 18;  // fp16 d, 16 bytes of nibbles (elements j and j + 16 in byte j)
-constexpr int Q41_BYTES = 20;  // fp16 d, fp16 m, nibbles as Q4_0
-constexpr int Q50_BYTES = 22;  // fp16 d, uint32 qh (bit j: element j's fifth bit), nibbles as Q4_0
-constexpr int Q4K_BYTES = 144; // fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, qs[128]
-constexpr int block_values(int kind) { return kind == 1 || kind == 5 ? 256 : 32; }
-constexpr int block_bytes(int kind) {
-  return kind == 0 ? Q8_BYTES : kind == 1 ? Q6_BYTES : kind == 2 ? Q40_BYTES : kind == 3 ? Q41_BYTES
-       : kind == 4 ? Q50_BYTES : Q4K_BYTES;
+// trtvocab_gguf_logits' kind: the block types, in the order of trtvocab.quant.gguf_blocks.BLOCK_TYPES.
+enum Kind : int { Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K, KINDS };
+
+// How the AVX2 / AVX-512 tiles (tile_avx2) decode a chunk of 32 values: straight from the row (decode32_avx2), or
+// from 8 chunks unpacked at once (unpack8 into Chunks8, then decode8) always, or at batches <= 4 only (Zen 4, one
+// thread, CPU time: Q4_0 / Q4_1 B = 1 1.03-1.13x faster so, B = 8 on the AVX-512 build 0.91-0.98x; Q5_0 B = 1
+// 1.19-1.26x, B = 8 1.0-1.2x).
+enum class Unpack : int { ROW, CHUNKS8, CHUNKS8_UPTO_4 };
+
+// One block type: its GGML name, values and bytes per block, where a block's codes start (the 32-value types'
+// nibbles or int8 codes), and its tiles' decode.
+struct BlockTraits {
+  const char* name;
+  int values;
+  int bytes;
+  int codes_at;
+  Unpack unpack;
+};
+constexpr BlockTraits TRAITS[KINDS] = {
+    {"Q8_0", 32, 34, 2, Unpack::ROW},              // fp16 d, 32 int8 q
+    {"Q6_K", 256, 210, 0, Unpack::CHUNKS8},        // ql[128], qh[64], int8 scales[16], fp16 d
+    {"Q4_0", 32, 18, 2, Unpack::CHUNKS8_UPTO_4},   // fp16 d, 16 bytes of nibbles (elements j and j + 16 in byte j)
+    {"Q4_1", 32, 20, 4, Unpack::CHUNKS8_UPTO_4},   // fp16 d, fp16 m, nibbles as Q4_0
+    {"Q5_0", 32, 22, 6, Unpack::CHUNKS8},          // fp16 d, uint32 qh (bit j: element j's fifth bit), nibbles
+    {"Q4_K", 256, 144, 16, Unpack::CHUNKS8},       // fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, qs[128]
+};
+constexpr int block_values(int kind) { return TRAITS[kind].values; }
+constexpr int block_bytes(int kind) { return TRAITS[kind].bytes; }
+constexpr int codes_at(int kind) { return TRAITS[kind].codes_at; }
+constexpr bool super_block(int kind) { return TRAITS[kind].values == 256; }  // the K-quants: 8 chunks a block
+
+// An fp16 number at p (little-endian) as float32 (half_to_float: exact).
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return half_to_float(h);
 }
 constexpr int64_t ROW_BLOCK = 32;  // rows every x group of a batch > 8 meets in cache
 
@@ -67,27 +84,6 @@ inline void row_blocks(const GroupFn* groups, const float* x, int64_t n, int64_t
   }
 }
 
-// An fp16 number as float32 (exact, subnormals, inf and NaN included).
-inline float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    const float f = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2**-24, exact
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
 // Q4_K sub-block j's float32 scale d * sc and min dmin * m (gguf.quants' get_scale_min; exact products).
 template <float (*HALF)(const uint8_t*)>
 inline void q4k_scales(const uint8_t* blk, int j, float* ds, float* dm) {
@@ -107,14 +103,14 @@ inline void q4k_scales(const uint8_t* blk, int j, float* ds, float* dm) {
 // The 32 weights of chunk k (elements 32k .. 32k + 31) of a row, as float32 (portable decode).
 template <int KIND>
 inline void decode32(const uint8_t* row, int64_t k, float* w) {
-  if (KIND == 0) {
-    const uint8_t* blk = row + k * Q8_BYTES;
-    const float d = half_to_float(blk);
+  if constexpr (KIND == Q8_0) {
+    const uint8_t* blk = row + k * block_bytes(KIND);
+    const float d = half_at(blk);
     for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(static_cast<int8_t>(blk[2 + j])) * d;
-  } else if (KIND == 1) {
-    const uint8_t* blk = row + (k >> 3) * Q6_BYTES;
+  } else if constexpr (KIND == Q6_K) {
+    const uint8_t* blk = row + (k >> 3) * block_bytes(KIND);
     const int sub = static_cast<int>(k & 7), half = sub >> 2, c = sub & 3;
-    const float d = half_to_float(blk + 208);
+    const float d = half_at(blk + 208);
     const float ds[2] = {d * static_cast<float>(static_cast<int8_t>(blk[192 + 2 * sub])),
                          d * static_cast<float>(static_cast<int8_t>(blk[192 + 2 * sub + 1]))};
     const uint8_t* ql = blk + half * 64 + (c & 1) * 32;
@@ -123,31 +119,27 @@ inline void decode32(const uint8_t* row, int64_t k, float* w) {
       const int lo = (ql[j] >> (4 * (c >> 1))) & 0x0f, hi = (qh[j] >> (2 * c)) & 0x03;
       w[j] = ds[j >> 4] * static_cast<float>((lo | (hi << 4)) - 32);
     }
-  } else if (KIND == 5) {
-    const uint8_t* blk = row + (k >> 3) * Q4K_BYTES;
+  } else if constexpr (KIND == Q4_K) {
+    const uint8_t* blk = row + (k >> 3) * block_bytes(KIND);
     float ds, dm;
-    q4k_scales<half_to_float>(blk, static_cast<int>(k & 7), &ds, &dm);
+    q4k_scales<half_at>(blk, static_cast<int>(k & 7), &ds, &dm);
     const uint8_t* qs = blk + 16 + 32 * ((k & 7) >> 1);
     const int shift = 4 * static_cast<int>(k & 1);
     for (int j = 0; j < 32; ++j) w[j] = ds * static_cast<float>((qs[j] >> shift) & 0x0f) - dm;
   } else {  // Q4_0, Q4_1, Q5_0: nibble j low = element j, high = element j + 16
     const uint8_t* blk = row + k * block_bytes(KIND);
-    const float d = half_to_float(blk);
-    const uint8_t* qs = blk + (KIND == 2 ? 2 : KIND == 3 ? 4 : 6);
+    const float d = half_at(blk);
+    const uint8_t* qs = blk + codes_at(KIND);
     uint32_t qh = 0;
-    if (KIND == 4) std::memcpy(&qh, blk + 2, 4);
-    const float m = KIND == 3 ? half_to_float(blk + 2) : 0.0f;
+    if (KIND == Q5_0) std::memcpy(&qh, blk + 2, 4);
+    const float m = KIND == Q4_1 ? half_at(blk + 2) : 0.0f;
     for (int j = 0; j < 32; ++j) {
       const int nib = j < 16 ? (qs[j] & 0x0f) : (qs[j - 16] >> 4);
-      if (KIND == 2) w[j] = d * static_cast<float>(nib - 8);
-      if (KIND == 3) w[j] = d * static_cast<float>(nib) + m;  // two roundings (-ffp-contract=off)
-      if (KIND == 4) w[j] = d * static_cast<float>((nib | static_cast<int>(((qh >> j) & 1u) << 4)) - 16);
+      if (KIND == Q4_0) w[j] = d * static_cast<float>(nib - 8);
+      if (KIND == Q4_1) w[j] = d * static_cast<float>(nib) + m;  // two roundings (-ffp-contract=off)
+      if (KIND == Q5_0) w[j] = d * static_cast<float>((nib | static_cast<int>(((qh >> j) & 1u) << 4)) - 16);
     }
   }
-}
-
-inline float tree8(const float* a) {
-  return (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + 0.0f;
 }
 
 // Portable: NB x rows against one weight row, chunk by chunk.
@@ -173,17 +165,14 @@ void rows_portable(const float* x, int64_t n, int64_t xs, int64_t hidden, const 
             }
         }
       }
-      for (int b = 0; b < nb; ++b) out[(n0 + b) * os + r] = tree8(acc[b]);
+      for (int b = 0; b < nb; ++b) out[(n0 + b) * os + r] = tree8(acc[b]) + 0.0f;
     }
   }
 }
 
-#if GGUF_AVX2
-inline float hsum_tree(__m256 v) {
-  alignas(32) float a[8];
-  _mm256_store_ps(a, v);
-  return tree8(a);
-}
+#if TRTVOCAB_AVX2
+// The chain's end: the 8 lanes' tree (vhsum), then + 0.
+inline float hsum_tree(__m256 v) { return vhsum(V{v}) + 0.0f; }
 
 inline __m256 cvt8(__m128i bytes8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8)); }
 
@@ -202,11 +191,11 @@ inline __m256 bcast_half(const uint8_t* p) {
 // spread over 8 bytes by a byte shuffle, bit j % 8 tested): q - 16 where it is clear, q where it is set.
 template <int KIND>
 inline __m256i small_codes(const uint8_t* blk) {
-  const __m128i v16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (KIND == 2 ? 2 : KIND == 3 ? 4 : 6)));
+  const __m128i v16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + codes_at(KIND)));
   const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(v16), _mm256_setr_epi64x(0, 0, 4, 4)),
                                      _mm256_set1_epi8(0x0f));
-  if (KIND == 2) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-  if (KIND == 3) return q;
+  if (KIND == Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+  if (KIND == Q4_1) return q;
   uint32_t qh;
   std::memcpy(&qh, blk + 2, 4);
   const __m256i spread = _mm256_shuffle_epi8(
@@ -276,9 +265,9 @@ inline void unpack_q4k(const uint8_t* blk, Chunks8* u) {
 // Chunks k .. k + 7 of a row (k a multiple of 8; the 32-value blocks: those of them below `chunks`).
 template <int KIND>
 inline void unpack8(const uint8_t* row, int64_t k, int64_t chunks, Chunks8* u) {
-  if constexpr (KIND == 1 || KIND == 5) {
+  if constexpr (super_block(KIND)) {
     const uint8_t* blk = row + (k >> 3) * block_bytes(KIND);
-    if (KIND == 1) unpack_q6k(blk, u);
+    if (KIND == Q6_K) unpack_q6k(blk, u);
     else unpack_q4k(blk, u);
   } else {
     const int64_t n = chunks - k < 8 ? chunks - k : 8;
@@ -293,15 +282,15 @@ template <int KIND>
 inline void decode8(const Chunks8& u, const uint8_t* row, int64_t k, __m256* w) {
   const int j = static_cast<int>(k & 7);
   const int8_t* q = u.q + 32 * j;
-  const uint8_t* blk = KIND == 1 || KIND == 5 ? row : row + k * block_bytes(KIND);  // the 32-value blocks'
-  const __m256 d = KIND == 1 || KIND == 5 ? _mm256_setzero_ps() : bcast_half(blk);
+  const uint8_t* blk = super_block(KIND) ? row : row + k * block_bytes(KIND);  // the 32-value blocks'
+  const __m256 d = super_block(KIND) ? _mm256_setzero_ps() : bcast_half(blk);
   for (int t = 0; t < 4; ++t) {
     const __m256 c = cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * t)));
-    if (KIND == 1) {
+    if (KIND == Q6_K) {
       w[t] = _mm256_mul_ps(_mm256_broadcast_ss(u.ds + 2 * j + (t >> 1)), c);
-    } else if (KIND == 5) {
+    } else if (KIND == Q4_K) {
       w[t] = _mm256_sub_ps(_mm256_mul_ps(_mm256_broadcast_ss(u.ds + j), c), _mm256_broadcast_ss(u.dm + j));
-    } else if (KIND == 3) {
+    } else if (KIND == Q4_1) {
       w[t] = _mm256_add_ps(_mm256_mul_ps(d, c), bcast_half(blk + 2));
     } else {
       w[t] = _mm256_mul_ps(d, c);
@@ -313,11 +302,11 @@ inline void decode8(const Chunks8& u, const uint8_t* row, int64_t k, __m256* w) 
 // Q4_0 / Q4_1 at B >= 5 (128-bit: one mask and one shift per 16 bytes of nibbles).
 template <int KIND, bool MEM_SCALE = false>
 inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
-  if (KIND == 0) {
+  if (KIND == Q8_0) {
     // MEM_SCALE: the scale as a float32 in memory, broadcast into each step's product. Held in a register
     // for the chunk (bcast_half), it left GCC too few for the 32-register tiles of 4 or more x rows, which
     // kept their accumulators on the stack between chunks. The same value (one F16C conversion either way).
-    const uint8_t* blk = row + k * Q8_BYTES;
+    const uint8_t* blk = row + k * block_bytes(KIND);
     uint16_t h;
     std::memcpy(&h, blk, 2);
     const float d1 = _cvtsh_ss(h);
@@ -328,14 +317,14 @@ inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
   } else {  // Q4_0 (minus 8 on each 16-byte half), Q4_1
     const uint8_t* blk = row + k * block_bytes(KIND);
     const __m256 d = bcast_half(blk);
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (KIND == 2 ? 2 : 4)));
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + codes_at(KIND)));
     __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
-    if (KIND == 2) {
+    if (KIND == Q4_0) {
       lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
       hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
     }
     const __m128i q[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    if (KIND == 3) {
+    if (KIND == Q4_1) {
       const __m256 m = bcast_half(blk + 2);
       for (int t = 0; t < 4; ++t) w[t] = _mm256_add_ps(_mm256_mul_ps(d, cvt8(q[t])), m);
     } else {
@@ -344,11 +333,10 @@ inline void decode32_avx2(const uint8_t* row, int64_t k, __m256* w) {
   }
 }
 
-// Which tiles decode from Chunks8: the K-quants and Q5_0 always, Q4_0 / Q4_1 at B <= 4 (Zen 4, one thread, CPU
-// time: B = 1 1.03-1.13x faster so, B = 8 on the AVX-512 build 0.91-0.98x; Q5_0 B = 1 1.19-1.26x, B = 8 1.0-1.2x).
+// Which tiles decode from Chunks8 (the kind's Unpack).
 template <int KIND, int NB>
 constexpr bool from_chunks8() {
-  return KIND == 1 || KIND == 5 || KIND == 4 || ((KIND == 2 || KIND == 3) && NB <= 4);
+  return TRAITS[KIND].unpack == Unpack::CHUNKS8 || (TRAITS[KIND].unpack == Unpack::CHUNKS8_UPTO_4 && NB <= 4);
 }
 
 // RR weight rows x NB x rows in registers, one pass over the chunks. Each chunk of a row is decoded once
@@ -445,7 +433,7 @@ void rows_avx2(const float* x, int64_t n, int64_t xs, int64_t hidden, const uint
 }
 #endif
 
-#if GGUF_AVX512
+#if TRTVOCAB_AVX512
 // AVX-512 builds run the same 8-lane ymm tiles with the 32 registers AVX-512VL gives: larger tiles (more rows
 // against each group of x rows). Measured on Zen 4 (one thread, Q8_0 640 wide, in L2, CPU time): B = 8 32 MAC/ns
 // against 23 for zmm row pairs (two 8-lane chains a zmm, x broadcast from memory), B = 1 12.6 against 10.8.
@@ -465,105 +453,49 @@ void rows_avx512(const float* x, int64_t n, int64_t xs, int64_t hidden, const ui
 }
 #endif
 
-// Which path runs: 0 portable, 1 AVX2, 2 AVX-512 (trtvocab_gguf_set_path forces a lower one, for tests).
-int g_path = GGUF_AVX512 ? 2 : (GGUF_AVX2 ? 1 : 0);
-
+// The build's top tier (a lower one: a build for it, TRTVOCAB_KERNELS_ISA; docs/kernels.md, "Forcing a path").
 template <int KIND>
 void run_rows(const float* x, int64_t n, int64_t xs, int64_t hidden, const uint8_t* w, int64_t r0, int64_t r1,
-              int64_t ws, float* out, int64_t os, int path) {
-#if GGUF_AVX512
-  if (path == 2) return rows_avx512<KIND>(x, n, xs, hidden, w, r0, r1, ws, out, os);
-#endif
-#if GGUF_AVX2
-  if (path >= 1) return rows_avx2<KIND>(x, n, xs, hidden, w, r0, r1, ws, out, os);
-#endif
-  (void)path;
+              int64_t ws, float* out, int64_t os) {
+#if TRTVOCAB_AVX512
+  rows_avx512<KIND>(x, n, xs, hidden, w, r0, r1, ws, out, os);
+#elif TRTVOCAB_AVX2
+  rows_avx2<KIND>(x, n, xs, hidden, w, r0, r1, ws, out, os);
+#else
   rows_portable<KIND>(x, n, xs, hidden, w, r0, r1, ws, out, os);
+#endif
 }
 
 }  // namespace
 
 extern "C" {
 
-// The paths this build has (2: AVX-512, 1: AVX2, 0: portable) and the one calls use.
-int trtvocab_gguf_max_path() { return GGUF_AVX512 ? 2 : (GGUF_AVX2 ? 1 : 0); }
-int trtvocab_gguf_set_path(int path) {
-  const int top = trtvocab_gguf_max_path();
-  g_path = path < 0 || path > top ? top : path;
-  return g_path;
+// The kind of the block type `name` (its GGML name), with its values and bytes per block where the pointers are
+// not null; -1 where this build has no such type. For the test that holds trtvocab.quant.gguf_blocks equal to TRAITS.
+int trtvocab_gguf_kind(const char* name, int64_t* values, int64_t* bytes) {
+  for (int kind = 0; kind < KINDS; ++kind) {
+    if (std::strcmp(TRAITS[kind].name, name) != 0) continue;
+    if (values) *values = TRAITS[kind].values;
+    if (bytes) *bytes = TRAITS[kind].bytes;
+    return kind;
+  }
+  return -1;
 }
 
-// The chain probe of benchmarks/gguf_head.py: how fast a thread runs this file's chain at B = 1 with no
-// format to unpack and no memory to wait for. Per item (one a thread: at::parallel_for over get_num_threads()
-// items), 4 rows of 768 int8 codes, a float32 scale per 8 and one x row (7.5 KiB, in L1), `rounds` times: per 8 weights of a row the decode of a Q8_0 chunk's step
-// (vpmovsxbd, vcvtdq2ps, times a broadcast scale) and the chain's product and sum, the ymm ops of tile_avx2's
-// 4-row B = 1 tile (the portable build: the same in scalar C++). x is `x0` everywhere (0: every chain stays
-// exactly 0; 1: every product a multiple of 2^-6, the sums exact below 2^18); their sum goes to `sink`.
-// Returns the weights multiplied: rounds * 4 * 768 per item.
-int64_t trtvocab_gguf_chain_probe(int64_t rounds, float x0, float* sink) {
-  constexpr int ROWS = 4, H = 768;
-  const int threads = at::get_num_threads();
-  std::vector<float> sums(static_cast<size_t>(threads) + 1, 0.0f);
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) int8_t q[ROWS][H];
-    alignas(64) float sc[ROWS][H / 8];
-    alignas(64) float xv[H];
-    for (int r = 0; r < ROWS; ++r) {
-      for (int i = 0; i < H; ++i) q[r][i] = static_cast<int8_t>((i * 7 + r) % 64 - 32);
-      for (int i = 0; i < H / 8; ++i) sc[r][i] = 0.015625f * static_cast<float>(1 + (i + r) % 7);
-    }
-    for (int i = 0; i < H; ++i) xv[i] = x0;
-    float total = 0.0f;
-    for (int64_t t = t0; t < t1; ++t) {
-#if GGUF_AVX2
-      __m256 acc[ROWS];
-      for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
-      for (int64_t k = 0; k < rounds; ++k)
-        for (int s = 0; s < H / 8; ++s) {
-          const __m256 x8 = _mm256_load_ps(xv + 8 * s);
-          for (int r = 0; r < ROWS; ++r) {
-            const __m256 w = _mm256_mul_ps(_mm256_broadcast_ss(&sc[r][s]),
-                                           cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q[r] + 8 * s))));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(w, x8));
-          }
-        }
-      for (int r = 0; r < ROWS; ++r) total += hsum_tree(acc[r]);
-#else
-      float acc[ROWS][8] = {};
-      for (int64_t k = 0; k < rounds; ++k)
-        for (int s = 0; s < H / 8; ++s)
-          for (int r = 0; r < ROWS; ++r)
-            for (int l = 0; l < 8; ++l) {
-              const float w = sc[r][s] * static_cast<float>(q[r][8 * s + l]);
-              acc[r][l] = acc[r][l] + w * xv[8 * s + l];
-            }
-      for (int r = 0; r < ROWS; ++r) total += tree8(acc[r]);
-#endif
-    }
-    sums[static_cast<size_t>(at::get_thread_num())] += total;
-  });
-  float total = 0.0f;
-  for (float v : sums) total += v;
-  *sink = total;
-  return rounds * ROWS * H * threads;
-}
-
-// out[n, r] = the chain of x row n and weight row r; kind 0 Q8_0, 1 Q6_K, 2 Q4_0, 3 Q4_1, 4 Q5_0, 5 Q4_K;
-// hidden a multiple of the block's values (32; the K-quants 256).
+// out[n, r] = the chain of x row n and weight row r; kind: enum Kind; hidden a multiple of the block's values.
 int trtvocab_gguf_logits(const float* x, int64_t n, int64_t xs, int64_t hidden, int kind, const uint8_t* w,
                          int64_t rows, int64_t ws, float* out, int64_t os) {
-  if (kind < 0 || kind > 5 || hidden % block_values(kind)) return 2;
+  if (kind < 0 || kind >= KINDS || hidden % block_values(kind)) return 2;
   if (n <= 0 || rows <= 0) return 0;
-  const int path = g_path;
   try {
     at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
       switch (kind) {
-        case 0: return run_rows<0>(x, n, xs, hidden, w, r0, r1, ws, out, os, path);
-        case 1: return run_rows<1>(x, n, xs, hidden, w, r0, r1, ws, out, os, path);
-        case 2: return run_rows<2>(x, n, xs, hidden, w, r0, r1, ws, out, os, path);
-        case 3: return run_rows<3>(x, n, xs, hidden, w, r0, r1, ws, out, os, path);
-        case 4: return run_rows<4>(x, n, xs, hidden, w, r0, r1, ws, out, os, path);
-        default: return run_rows<5>(x, n, xs, hidden, w, r0, r1, ws, out, os, path);
+        case Q8_0: return run_rows<Q8_0>(x, n, xs, hidden, w, r0, r1, ws, out, os);
+        case Q6_K: return run_rows<Q6_K>(x, n, xs, hidden, w, r0, r1, ws, out, os);
+        case Q4_0: return run_rows<Q4_0>(x, n, xs, hidden, w, r0, r1, ws, out, os);
+        case Q4_1: return run_rows<Q4_1>(x, n, xs, hidden, w, r0, r1, ws, out, os);
+        case Q5_0: return run_rows<Q5_0>(x, n, xs, hidden, w, r0, r1, ws, out, os);
+        default: return run_rows<Q4_K>(x, n, xs, hidden, w, r0, r1, ws, out, os);
       }
     });
   } catch (...) {

@@ -262,6 +262,20 @@ inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int
 // whole, four pairs interleaved, the row after the next prefetched. Written for any N: tiles of
 // WIDE_TILE rows, each K-chunk of pairs (N chunks of xw in L1, at most 16 KiB) read for all the
 // tile's rows, whose totals wait in memory between chunks (a float32 store is exact).
+// The logits of a tile's rows [v0, v0 + tr) from their chains (N a row; the pairs kernels' first 2 * pairs groups):
+// the groups past them added by the 8-lane kernel, then finish.
+template <int N>
+inline void finish_nvfp4_tile(const NVFP4Rows& f, const float* x, int64_t xs, int64_t pairs, int64_t v0, int64_t tr,
+                              const float* acc, float* out, int64_t os) {
+  for (int64_t i = 0; i < tr; ++i) {
+    for (int n = 0; n < N; ++n) {
+      V a = vload(acc + (i * N + n) * LANES);
+      for (int64_t g = 2 * pairs; g < f.groups(); ++g) a = nvfp4_groups<1>(f, x + n * xs, v0 + i, g, a);
+      out[n * os + v0 + i] = finish(a, f.row_scale(v0 + i), NVFP4Rows::kUnbias);
+    }
+  }
+}
+
 template <int N>
 void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
   const int64_t pairs = f.blocks() / 16;
@@ -277,30 +291,14 @@ void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, fl
   constexpr int G = N == 1 ? 4 : (N == 2 ? 4 : (N == 3 ? 3 : 2));
   constexpr int64_t CP = N <= NVGP_MAX ? std::numeric_limits<int64_t>::max() / 2
                                        : G * std::max(1, 16 / (N * G));
-  constexpr int64_t TILE = WIDE_TILE;
-  const int64_t tiles = (rows + TILE - 1) / TILE;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) float acc[TILE * N * LANES];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t v0 = t * TILE, tr = std::min(TILE, rows - v0);
-      std::fill(acc, acc + tr * N * LANES, 0.0f);
-      for (int64_t c0 = 0; c0 < pairs; c0 += CP) {
-        const int64_t c1 = std::min(pairs, c0 + CP), whole = c0 + (c1 - c0) / G * G;
-        for (int64_t i = 0; i < tr; ++i) {
-          const int64_t ahead = std::min(rows - 1, v0 + i + 2);
-          wide_nvfp4_pairs<N, G>(f, xw.data(), v0 + i, c0, whole, acc + i * N * LANES, ahead);
-          if (whole < c1) wide_nvfp4_pairs<N, 1>(f, xw.data(), v0 + i, whole, c1, acc + i * N * LANES, ahead);
-        }
-      }
-      for (int64_t i = 0; i < tr; ++i) {
-        for (int n = 0; n < N; ++n) {
-          V a = vload(acc + (i * N + n) * LANES);
-          for (int64_t g = 2 * pairs; g < f.groups(); ++g) a = nvfp4_groups<1>(f, x + n * xs, v0 + i, g, a);
-          out[n * os + v0 + i] = finish(a, f.row_scale(v0 + i), NVFP4Rows::kUnbias);
-        }
-      }
+  row_tiles<WIDE_TILE, N * LANES>(rows, pairs, CP, [&](int64_t v0, int64_t tr, int64_t c0, int64_t c1, float* acc) {
+    const int64_t whole = c0 + (c1 - c0) / G * G;
+    for (int64_t i = 0; i < tr; ++i) {
+      const int64_t ahead = std::min(rows - 1, v0 + i + 2);
+      wide_nvfp4_pairs<N, G>(f, xw.data(), v0 + i, c0, whole, acc + i * N * LANES, ahead);
+      if (whole < c1) wide_nvfp4_pairs<N, 1>(f, xw.data(), v0 + i, whole, c1, acc + i * N * LANES, ahead);
     }
-  });
+  }, [&](int64_t v0, int64_t tr, const float* acc) { finish_nvfp4_tile<N>(f, x, xs, pairs, v0, tr, acc, out, os); });
 }
 
 // NVFP4, batch NVGP_MAX + 1 .. 8: row pairs, like FP8. A zmm holds the 8-lane chains of rows a and b for one

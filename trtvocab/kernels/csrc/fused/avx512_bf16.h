@@ -590,28 +590,14 @@ void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64
   const int64_t pair_bytes = N * LANES * 16 * 4;
   const int64_t CP = lanes_x_bytes(f, N) <= x_in_l1_bytes() ? std::max<int64_t>(1, pairs)
                                                              : std::max<int64_t>(G, x_in_l1_bytes() / pair_bytes / G * G);
-  const int64_t tiles = (rows + WIDE_TILE - 1) / WIDE_TILE;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) float acc[WIDE_TILE * N * LANES];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t v0 = t * WIDE_TILE, tr = std::min(WIDE_TILE, rows - v0);
-      std::fill(acc, acc + tr * N * LANES, 0.0f);
-      for (int64_t c0 = 0; c0 < pairs; c0 += CP) {
-        const int64_t c1 = std::min(pairs, c0 + CP), whole = c0 + (c1 - c0) / G * G;
-        for (int64_t i = 0; i < tr; ++i) {
-          const int64_t ahead = std::min(rows - 1, v0 + i + 2);
-          nvfp4_block_lanes_bf16<N, G>(f, xb.data(), v0 + i, c0, whole, acc + i * N * LANES, ahead);
-          if (whole < c1) nvfp4_block_lanes_bf16<N, 1>(f, xb.data(), v0 + i, whole, c1, acc + i * N * LANES, ahead);
-        }
-      }
-      for (int64_t i = 0; i < tr; ++i)
-        for (int n = 0; n < N; ++n) {
-          V a = vload(acc + (i * N + n) * LANES);
-          for (int64_t g = 2 * pairs; g < f.groups(); ++g) a = nvfp4_groups<1>(f, x + n * xs, v0 + i, g, a);
-          out[n * os + v0 + i] = finish(a, f.row_scale(v0 + i), NVFP4Rows::kUnbias);
-        }
+  row_tiles<WIDE_TILE, N * LANES>(rows, pairs, CP, [&](int64_t v0, int64_t tr, int64_t c0, int64_t c1, float* acc) {
+    const int64_t whole = c0 + (c1 - c0) / G * G;
+    for (int64_t i = 0; i < tr; ++i) {
+      const int64_t ahead = std::min(rows - 1, v0 + i + 2);
+      nvfp4_block_lanes_bf16<N, G>(f, xb.data(), v0 + i, c0, whole, acc + i * N * LANES, ahead);
+      if (whole < c1) nvfp4_block_lanes_bf16<N, 1>(f, xb.data(), v0 + i, whole, c1, acc + i * N * LANES, ahead);
     }
-  });
+  }, [&](int64_t v0, int64_t tr, const float* acc) { finish_nvfp4_tile<N>(f, x, xs, pairs, v0, tr, acc, out, os); });
 }
 
 // NVFP4, batch 1..NVFP4_RUNS_MAX, by vdpbf16ps, each row read in address order: run k (byte k of every

@@ -165,5 +165,25 @@ inline void wb_micro_any_bf16(int64_t nv, int64_t np, const uint32_t* x, int64_t
 }
 
 
+// wide_batched's policy with BF = true: the vdpbf16ps kernels on bf16 pairs of the tile and of x.
+template <>
+struct Tiles<true> {
+  static void layout(const float* x, int64_t xs, int64_t b0, int64_t nb, int64_t steps, float* xt) {
+    wb_layout_bf16(x, xs, b0, nb, steps, reinterpret_cast<uint32_t*>(xt));
+  }
+  template <class F>
+  static void decode(const F& f, int64_t r, int64_t s0, int64_t n, float* wt, float* wtb, float* bs) {
+    wb_decode_bf16(f, r, s0, n, reinterpret_cast<uint32_t*>(wtb), bs, wt);
+  }
+  template <bool GS>
+  static void micro(int64_t nv, int64_t np, const float* xt, int64_t i, int64_t, int64_t pairs, int64_t s0,
+                    const float*, const float* wtb, int64_t ws, int64_t ks, float* acc, int64_t acc_v, const float* bs) {
+    const uint32_t* xb = reinterpret_cast<const uint32_t*>(xt) + i * pairs * WB_ROWS * LANES + (s0 / 2) * np * 16;
+    wb_micro_any_bf16<GS>(nv, np, xb, np * 16, reinterpret_cast<const uint32_t*>(wtb), ws / 2, (ks + 1) / 2, acc,
+                          acc_v, bs);
+  }
+};
+
+
 }  // namespace
 #endif  // TRTVOCAB_DPBF16

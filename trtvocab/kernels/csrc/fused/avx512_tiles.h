@@ -208,5 +208,29 @@ inline void wb_prefetch(const F& f, int64_t r, int64_t s) {
 }
 
 
+// The tile kernels of wide_batched as a policy (Tiles<BF>): BF = false, the FMA kernels on float32 tiles. Each
+// member takes the pass's buffers whole (x's layout, the float32 tile, the bf16 tile) and uses its own.
+template <bool BF>
+struct Tiles;
+
+template <>
+struct Tiles<false> {
+  static void layout(const float* x, int64_t xs, int64_t b0, int64_t nb, int64_t steps, float* xt) {
+    wb_layout(x, xs, b0, nb, steps, xt);
+  }
+  template <class F>
+  static void decode(const F& f, int64_t r, int64_t s0, int64_t n, float* wt, float*, float* bs) {
+    wb_decode(f, r, s0, n, wt, bs);
+  }
+  // Block i of x's layout (steps s0 ..) against nv decoded rows of the tile.
+  template <bool GS>
+  static void micro(int64_t nv, int64_t np, const float* xt, int64_t i, int64_t steps, int64_t, int64_t s0,
+                    const float* wt, const float*, int64_t ws, int64_t ks, float* acc, int64_t acc_v, const float* bs) {
+    const float* xb = xt + i * steps * WB_ROWS * LANES + s0 * np * 16;
+    wb_micro_any<GS>(nv, np, xb, np * 16, wt, ws, ks, acc, acc_v, bs);
+  }
+};
+
+
 }  // namespace
 #endif  // TRTVOCAB_AVX512

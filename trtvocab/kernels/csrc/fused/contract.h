@@ -1,6 +1,7 @@
 // fused/contract.h: the numerics contract, the ISA tiers (TRTVOCAB_AVX2 / AVX512 / DPBF16), 64-byte-line
-// storage, constants, prefetch and L1 helpers.
-// Part of fused.cpp's one translation unit (included there, in order, after the headers before it).
+// storage, constants, prefetch and L1 helpers, the row_tiles driver.
+// Part of fused.cpp's one translation unit (included there first); gguf.cpp and probes.cpp include it too, for
+// the same tiers (one set of ISA macros for the library).
 #pragma once
 
 // Every logit (x row n, weight row v) is one chain, computed the same way whatever the
@@ -142,6 +143,24 @@ inline void prefetch_line(const void* p, bool to_l2) {
 inline void prefetch_runs(const void* p) {
   static const bool to_l2 = prefetch_to_l2();
   prefetch_line(p, to_l2);
+}
+
+// The tile loop of the kernels that keep a tile's chains in memory between K-chunks (direct<N>, wide_nvfp4<N>,
+// wide_nvfp4_lanes_bf16<N>): tiles of TILE weight rows on torch's threads; per tile, its chains `acc` (ACC floats
+// a row) zeroed, passes over the chunks [c0, c1) (of `chunk`) of [0, extent), each pass(v0, tr, c0, c1, acc) over
+// the tile's tr rows from row v0, then finish(v0, tr, acc). The pair kernels' loop is pair_tiles (avx512.h).
+template <int64_t TILE, int64_t ACC, class Pass, class Finish>
+inline void row_tiles(int64_t rows, int64_t extent, int64_t chunk, const Pass& pass, const Finish& finish) {
+  const int64_t tiles = (rows + TILE - 1) / TILE;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[TILE * ACC];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t v0 = t * TILE, tr = std::min(TILE, rows - v0);
+      std::fill(acc, acc + tr * ACC, 0.0f);
+      for (int64_t c0 = 0; c0 < extent; c0 += chunk) pass(v0, tr, c0, std::min(extent, c0 + chunk), acc);
+      finish(v0, tr, static_cast<const float*>(acc));
+    }
+  });
 }
 
 }  // namespace

@@ -225,22 +225,14 @@ void direct(const F& f, const float* x, int64_t xs, int64_t rows, float* out, in
   constexpr int R = N <= 2 ? 4 : (N <= 4 ? 2 : 1);
   const int64_t chunks = f.chunk_units();  // K-chunk units: steps (groups for NVFP4)
   constexpr int64_t KC = F::kDirectChunk;
-  const int64_t tiles = (rows + DIRECT_TILE - 1) / DIRECT_TILE;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) float acc[DIRECT_TILE * N * LANES];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t v0 = t * DIRECT_TILE, tr = std::min(DIRECT_TILE, rows - v0);
-      std::fill(acc, acc + tr * N * LANES, 0.0f);
-      for (int64_t c0 = 0; c0 < chunks; c0 += KC) {
-        const int64_t c1 = std::min(chunks, c0 + KC);
-        int64_t v = 0;
-        for (; v + R <= tr; v += R) direct_chunk<N, R>(f, x, xs, v0 + v, c0, c1, acc + v * N * LANES);
-        for (; v < tr; ++v) direct_chunk<N, 1>(f, x, xs, v0 + v, c0, c1, acc + v * N * LANES);
-      }
-      for (int64_t v = 0; v < tr; ++v) {
-        const float scale = f.row_scale(v0 + v);
-        for (int n = 0; n < N; ++n) out[n * os + v0 + v] = finish(vload(acc + (v * N + n) * LANES), scale, F::kUnbias);
-      }
+  row_tiles<DIRECT_TILE, N * LANES>(rows, chunks, KC, [&](int64_t v0, int64_t tr, int64_t c0, int64_t c1, float* acc) {
+    int64_t v = 0;
+    for (; v + R <= tr; v += R) direct_chunk<N, R>(f, x, xs, v0 + v, c0, c1, acc + v * N * LANES);
+    for (; v < tr; ++v) direct_chunk<N, 1>(f, x, xs, v0 + v, c0, c1, acc + v * N * LANES);
+  }, [&](int64_t v0, int64_t tr, const float* acc) {
+    for (int64_t v = 0; v < tr; ++v) {
+      const float scale = f.row_scale(v0 + v);
+      for (int n = 0; n < N; ++n) out[n * os + v0 + v] = finish(vload(acc + (v * N + n) * LANES), scale, F::kUnbias);
     }
   });
 }

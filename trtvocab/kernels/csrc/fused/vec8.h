@@ -1,9 +1,36 @@
 // fused/vec8.h: V, the 8-lane float vector every chain runs on: AVX2 + FMA + F16C, else portable C++;
 // the exact decoders of 8 weights and finish(), the reduction tree.
-// Part of fused.cpp's one translation unit (included there, in order, after the headers before it).
+// Part of fused.cpp's one translation unit (included there, in order, after the headers before it); gguf.cpp
+// and probes.cpp include it too (after fused/contract.h) for tree8, half_to_float and V.
 #pragma once
 
 namespace {
+
+// ---- one definition each, in every build, for every kernel of the library ----------------------------
+// The fixed reduction of 8 lanes: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) (vhsum's order, as scalars).
+inline float tree8(const float* a) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+// An fp16 number as float32: exact for every value, subnormals, inf and NaN (its sign and payload) included, so
+// the value F16C's conversion gives.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    const float f = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2**-24, exact
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
 
 // ---- 8-lane float vectors ---------------------------------------------------------------------
 #if TRTVOCAB_AVX2
@@ -127,11 +154,7 @@ inline V vfma(V a, V b, V c) {
   for (int i = 0; i < LANES; ++i) r.v[i] = fmadd(a.v[i], b.v[i], c.v[i]);
   return r;
 }
-inline float vhsum(V a) {
-  float s0 = a.v[0] + a.v[4], s1 = a.v[1] + a.v[5], s2 = a.v[2] + a.v[6], s3 = a.v[3] + a.v[7];
-  float t0 = s0 + s2, t1 = s1 + s3;
-  return t0 + t1;
-}
+inline float vhsum(V a) { return tree8(a.v); }
 
 struct Tables {
   float fp8[256];  // q * 2**-8 (NaN codes unused: refused at load)
@@ -176,18 +199,6 @@ inline V bf16_decode8(const uint16_t* p) {
     std::memcpy(&r.v[i], &bits, 4);
   }
   return r;
-}
-inline float half_to_float(uint16_t h) {
-  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
-  float mag;
-  if (e == 0) {
-    mag = std::ldexp(static_cast<float>(m), -24);  // zero and subnormals: exact
-  } else if (e == 31) {
-    mag = m ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  } else {
-    mag = std::ldexp(static_cast<float>(m | 0x400), e - 25);
-  }
-  return (h & 0x8000) ? -mag : mag;
 }
 inline V fp16_decode8(const uint16_t* p) {
   V r;
