@@ -67,3 +67,18 @@ def test_the_abi_is_one_table_of_every_exported_symbol() -> None:
 def test_the_facade_is_what_the_heads_and_the_sampler_call() -> None:
     assert len(kernels.__all__) <= 17
     assert not {"read_probe", "mul_probe", "gguf_chain_probe", "build_name", "load_isa"} & set(kernels.__all__)
+
+
+def test_one_tile_driver_and_no_preprocessor_inside_a_kernel_body() -> None:
+    fused = (CSRC / "fused.cpp").read_text()
+    assert fused.count("#if") <= 12  # includes, the dispatch's tier tests and the extern "C" functions
+    start = fused.index("void wide_batched(const F& f")
+    body = fused[start : fused.index("\n}\n", start)]
+    assert "#if" not in body
+    # the tile x pass x row loop of the kernels that keep a tile's chains in memory is row_tiles (contract.h)
+    for header, kernel in (("lanes8.h", "void direct("), ("avx512.h", "void wide_nvfp4("),
+                           ("avx512_bf16.h", "void wide_nvfp4_lanes_bf16(")):
+        text = (CSRC / "fused" / header).read_text()
+        start = text.index(kernel)
+        body = text[start : text.index("\n}\n", start)]
+        assert "row_tiles<" in body and "at::parallel_for(0, tiles" not in body, kernel
