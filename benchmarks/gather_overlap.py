@@ -11,6 +11,7 @@ repetition, every call starts after a barrier):
 
 * ``k=1``: the GEMM over the whole shard, then the pad-and-trim all-gather (the path without overlap);
 * ``k=2 / 4 / 8``: ``LMHead(overlap_chunks=k)``: chunks cut on the weight format's GEMM tiles;
+* ``default``: ``LMHead()`` (``overlap_chunks=None``: the chunk count ``default_overlap_chunks`` picks, printed);
 * ``GEMM``: ``local_logits`` alone (no gather): the floor, and with ``k=1`` the GEMM-to-gather ratio
   (the article's rule of thumb: overlap pays when the gather is a large share of the step and each chunk's
   GEMM is long enough to hide the previous chunk's transfer).
@@ -43,6 +44,7 @@ def _rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     mapping = Mapping(world_size=world, rank=rank, tp_size=world)
     heads = {k: LMHead.from_checkpoint(cfg["path"], mapping=mapping, dtype=torch.float32, overlap_chunks=k)
              for k in (1, *cfg["chunks"])}
+    default = LMHead.from_checkpoint(cfg["path"], mapping=mapping, dtype=torch.float32)  # overlap_chunks=None
     base = heads[1]
     out: dict[str, Any] = {"threads": torch.get_num_threads(), "label": base.label, "vocab": base.vocab_size,
                            "hidden": base.hidden_size, "checks": {}, "times": {}}
@@ -52,6 +54,9 @@ def _rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
         out["checks"][batch] = {k: all(torch.equal(h(x).view(torch.int32), r.view(torch.int32)) for r in ref)
                                 for k, h in heads.items()}
         variants = {f"k={k}": (lambda h=h, x=x: h(x)) for k, h in heads.items()}
+        out.setdefault("default k", {})[batch] = default.overlap_for(batch)
+        if default.overlap_for(batch) > 1:  # otherwise it is the k=1 path itself (printed as such)
+            variants["default"] = lambda x=x: default(x)
         variants["GEMM"] = lambda x=x: base.local_logits(x)
         names = list(variants)
         times: dict[str, list[float]] = {n: [] for n in names}
@@ -88,9 +93,9 @@ def main() -> None:
                 print(f"{model} ({r0['label']}, V = {r0['vocab']}, H = {r0['hidden']}), gloo tp {tp}, "
                       f"{r0['threads']} torch thread(s) per rank on {os.cpu_count()} cores, {args.repeats} interleaved "
                       f"repetitions, 1-min load {load:.1f} before / {os.getloadavg()[0]:.1f} after")
-                ks = [f"k={k}" for k in args.chunks]
+                ks = [*(f"k={k}" for k in args.chunks), "default"]
                 print(f"  {'B':>4s} {'k=1 med':>9s} {'best':>8s} {'gather':>7s} "
-                      + " ".join(f"{k + ' med/1':>11s} {'best/1':>7s}" for k in ks) + "  bitwise")
+                      + " ".join(f"{k + ' med/1':>11s} {'best/1':>7s}" for k in ks) + "  default k  bitwise")
                 for batch in args.batch:
                     names = list(r0["times"][batch])
                     steps = {n: [max(res["times"][batch][n][i] for res in results) for i in range(args.repeats)]
@@ -100,9 +105,10 @@ def main() -> None:
                     share = max(0.0, 1 - med["GEMM"] / med["k=1"])
                     same = all(all(res["checks"][batch].values()) for res in results)
                     print(f"  {batch:4d} {med['k=1'] * 1e3:9.2f} {best['k=1'] * 1e3:8.2f} {share:7.0%} "
-                          + " ".join(f"{med[k] / med['k=1']:10.3f}x {best[k] / best['k=1']:6.3f}x" for k in ks)
-                          + f"  {'yes' if same else 'NO'}")
-                    for k in ["k=1", *ks, "GEMM"]:
+                          + " ".join(f"{med[k] / med['k=1']:10.3f}x {best[k] / best['k=1']:6.3f}x" if k in med
+                                     else f"{'(k=1 path)':>19s}" for k in ks)
+                          + f"  {r0['default k'][batch]:9d}  {'yes' if same else 'NO'}")
+                    for k in (k for k in ["k=1", *ks, "GEMM"] if k in med):
                         add_row(model=model, tp=tp, batch=batch, variant=k, median_ms=med[k] * 1e3,
                                 best_ms=best[k] * 1e3, bitwise=same)
 

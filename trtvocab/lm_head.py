@@ -82,11 +82,22 @@ def overlap_error(overlap_chunks: Any) -> ConfigError | None:
     return None
 
 
-def default_overlap_chunks(tp: int, rows: int, hidden: int, width: int) -> int:
-    """The column chunks ``overlap_chunks=None`` uses for a call (1: none): where
-    ``benchmarks/gather_overlap.py`` measured the overlap faster than GEMM-then-gather
-    (docs/architecture.md, "Overlapping the GEMM with the gather")."""
-    return 1
+# Where benchmarks/gather_overlap.py measured the overlap faster than GEMM-then-gather (gloo on CPU, SmolLM2's and
+# Gemma 3's heads, tp 2-4, B 1-256, two runs): each rank's [rows, width] logits piece, in bytes, from which k
+# chunks pay -- below 12 MiB every k was slower (each chunk's collective costs more than it hides), from 64 MiB
+# on too (the transfer threads compete with the GEMM for the same cores). docs/architecture.md, "Overlapping the
+# GEMM with the gather"; the table: docs/kernels.md.
+OVERLAP_WINDOWS: tuple[tuple[int, int, int], ...] = ((12 << 20, 20 << 20, 2), (20 << 20, 64 << 20, 4))
+
+
+def default_overlap_chunks(tp: int, rows: int, hidden: int, width: int, element_size: int = 4) -> int:
+    """The column chunks ``overlap_chunks=None`` uses for a call of ``rows`` rows over ``tp`` ranks whose widest
+    shard owns ``width`` columns of ``element_size``-byte logits (1: none): the :data:`OVERLAP_WINDOWS` chunk count
+    of the rank's logits piece where one holds it, else 1. ``hidden`` is accepted for rules that weigh the GEMM."""
+    if tp < 2:
+        return 1
+    piece = rows * width * element_size
+    return next((k for lo, hi, k in OVERLAP_WINDOWS if lo <= piece < hi), 1)
 
 
 DEFAULT_LOGITS_BUDGET_BYTES = 256 << 20  # float32 [B, V_local] logits above this are streamed (sampling.chunked)
@@ -276,7 +287,7 @@ class LMHead(VocabParallelModule):
         width = max(s.size for s in self.shards)
         k = self._overlap_chunks
         if k is None:
-            k = default_overlap_chunks(self.tp_size, rows, self.hidden_size, width)
+            k = default_overlap_chunks(self.tp_size, rows, self.hidden_size, width, self.output_dtype.itemsize)
         return max(1, min(k, width))
 
     @property

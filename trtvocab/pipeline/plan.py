@@ -509,7 +509,7 @@ def forward_collectives(vocab: int, hidden: int, tp: int, rows: int, layout: Voc
         return _step([hs], [hs])
     if gather_output is True and gather_chunk_rows is None and rows > 0:
         if overlap_chunks is None:
-            overlap_chunks = default_overlap_chunks(tp, rows, hidden, width)
+            overlap_chunks = default_overlap_chunks(tp, rows, hidden, width, logits_bytes)
         _positive_int(overlap_chunks, "--overlap-chunks")
         k = min(overlap_chunks, width)
         if k > 1:
