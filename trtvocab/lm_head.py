@@ -82,22 +82,28 @@ def overlap_error(overlap_chunks: Any) -> ConfigError | None:
     return None
 
 
-# Where benchmarks/gather_overlap.py measured the overlap faster than GEMM-then-gather (gloo on CPU, SmolLM2's and
-# Gemma 3's heads, tp 2-4, B 1-256, two runs): each rank's [rows, width] logits piece, in bytes, from which k
-# chunks pay -- below 12 MiB every k was slower (each chunk's collective costs more than it hides), from 64 MiB
-# on too (the transfer threads compete with the GEMM for the same cores). docs/architecture.md, "Overlapping the
-# GEMM with the gather"; the table: docs/kernels.md.
-OVERLAP_WINDOWS: tuple[tuple[int, int, int], ...] = ((12 << 20, 20 << 20, 2), (20 << 20, 64 << 20, 4))
+# Where benchmarks/gather_overlap.py measured the overlap faster than GEMM-then-gather in every run (gloo on CPU,
+# SmolLM2's and Gemma 3's heads, tp 2-4, B 1-256, four runs): per tp (2, and 3 or more), the windows
+# (lo, hi, k) of each rank's [rows, width] logits piece, in bytes, where k chunks paid. Below 12 MiB every k was
+# slower (each chunk's collective costs more than it hides), from 64 MiB on it was not faster (the transfer
+# threads compete with the GEMM for the same cores); at tp 2 the 24 MiB cell won in two runs and lost in two, so
+# its window starts above it. docs/architecture.md, "Overlapping the GEMM with the gather"; the table:
+# docs/kernels.md.
+OVERLAP_WINDOWS: dict[int, tuple[tuple[int, int, int], ...]] = {
+    2: ((28 << 20, 64 << 20, 4),),
+    3: ((12 << 20, 20 << 20, 2), (20 << 20, 64 << 20, 4)),
+}
 
 
 def default_overlap_chunks(tp: int, rows: int, hidden: int, width: int, element_size: int = 4) -> int:
     """The column chunks ``overlap_chunks=None`` uses for a call of ``rows`` rows over ``tp`` ranks whose widest
-    shard owns ``width`` columns of ``element_size``-byte logits (1: none): the :data:`OVERLAP_WINDOWS` chunk count
-    of the rank's logits piece where one holds it, else 1. ``hidden`` is accepted for rules that weigh the GEMM."""
+    shard owns ``width`` columns of ``element_size``-byte logits (1: none): the chunk count of the
+    :data:`OVERLAP_WINDOWS` window of ``tp`` (3 for any larger tp) that holds the rank's logits piece, else 1.
+    ``hidden`` is accepted for rules that weigh the GEMM."""
     if tp < 2:
         return 1
     piece = rows * width * element_size
-    return next((k for lo, hi, k in OVERLAP_WINDOWS if lo <= piece < hi), 1)
+    return next((k for lo, hi, k in OVERLAP_WINDOWS[min(tp, 3)] if lo <= piece < hi), 1)
 
 
 DEFAULT_LOGITS_BUDGET_BYTES = 256 << 20  # float32 [B, V_local] logits above this are streamed (sampling.chunked)

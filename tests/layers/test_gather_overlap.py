@@ -69,14 +69,17 @@ def test_the_default_is_the_measured_window_and_plan_prices_it() -> None:
     from trtvocab.lm_head import OVERLAP_WINDOWS
     from trtvocab.pipeline.plan import forward_collectives
 
-    assert [k for _, _, k in OVERLAP_WINDOWS] == [2, 4]
+    assert {tp: [k for _, _, k in w] for tp, w in OVERLAP_WINDOWS.items()} == {2: [4], 3: [2, 4]}
     gemma_w = 262144 // 2  # Gemma 3's head over 2 ranks: B = 64 float32 is a 32 MiB piece
     assert default_overlap_chunks(2, 64, 640, gemma_w) == 4
     assert default_overlap_chunks(2, 16, 640, gemma_w) == 1  # 8 MiB: every k was slower
     assert default_overlap_chunks(2, 256, 640, gemma_w) == 1  # 128 MiB: not faster
     assert default_overlap_chunks(4, 256, 576, 49152 // 4) == 2  # SmolLM2, tp 4: 12 MiB
     assert default_overlap_chunks(1, 64, 640, 262144) == 1
-    assert default_overlap_chunks(2, 64, 640, gemma_w, element_size=2) == 2  # bf16 logits: 16 MiB
+    assert default_overlap_chunks(2, 64, 640, gemma_w, element_size=2) == 1  # bf16 logits: 16 MiB at tp 2
+    assert default_overlap_chunks(2, 256, 576, 49152 // 2) == 1  # SmolLM2, tp 2: 24 MiB won twice, lost twice
+    assert default_overlap_chunks(3, 64, 640, -(-262144 // 3)) == 4  # Gemma 3, tp 3: 21.3 MiB
+    assert default_overlap_chunks(8, 64, 640, 262144 // 8) == 1  # tp 8: the tp >= 3 windows, 8 MiB
     step = forward_collectives(262144, 640, 2, 64, logits_bytes=4)  # the default: 4 chunks of [64, 32768]
     assert [(c.kind, c.bytes) for c in step.first[1:]] == [("all_gather", 64 * 32768 * 4)] * 4
     assert step.steady[0].header and len(step.steady) == 4
