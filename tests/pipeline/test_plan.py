@@ -107,8 +107,8 @@ def test_ledger_deepseek_figures() -> None:
     assert round(g["recv_bytes_per_rank"] / MB, 1) == 57.9
     assert round(g["time_s"] * 1e6) == 193
     assert all(r["logits_gather_recv_bytes"] == 57_917_440 for r in d["ranks"])
-    # greedy pair reduction: B * n * 2 values, int64 as trtvocab sends them (32 KiB); float32 pairs the article's 16 KB
-    assert (gr["values"], gr["bytes"], gr["float32_bytes"]) == (256 * 8 * 2, 32768, 16384)
+    # greedy reduction: B * n pairs, sent as int64 (score, id, status) triples (48 KiB); float32 pairs the article's 16 KB
+    assert (gr["values"], gr["bytes"], gr["float32_bytes"]) == (256 * 8 * 2, 49152, 16384)
     assert gr["float32_bytes"] == 16 * 1024  # 16 KiB (binary): the "16 KB"
     # head GEMM 2 B V H at 600 TFLOP/s
     assert h["flops"] == 2 * 256 * 129280 * 5120 == 338_899_763_200
@@ -285,7 +285,7 @@ def test_the_articles_six_figures() -> None:
     assert 129280 % 64 == 0 and 129280 % 3 != 0
     assert {r["width"] for r in padded["ranks"]} == {43_136}
     step = d["decode_step"]  # 6: top-p and typical-p without a gather
-    assert step["steady_bytes"] == 743_448 < d["gathered_logits_bytes"]["bf16"] // 8
+    assert step["steady_bytes"] == 745_496 < d["gathered_logits_bytes"]["bf16"] // 8
 
 
 def test_forward_modes_are_priced_and_bad_values_refused() -> None:

@@ -112,9 +112,10 @@ class GreedyReduction(BaseModel):
     """Greedy sampling without a gather: every rank's (max, argmax) pair per row, all ranks' after the gather.
 
     Args:
-        values: ``B * n * 2`` values; bytes: ``8 * values``, what trtvocab sends (int64 pairs: the score's
-            float64 bits and the id, so ids past 2**24 stay exact); time_s: bytes at the link bandwidth.
-        float32_bytes: ``4 * values``, the same pairs as float32 (the article's figure, vLLM's layout).
+        values: ``B * n * 2`` values (a pair per row and rank); bytes: what trtvocab sends, ``B * n * 3`` int64
+            (the score's float64 bits and the id, so ids past 2**24 stay exact, and the row's status, which
+            carries a refused row to every rank); time_s: bytes at the link bandwidth.
+        float32_bytes: ``4 * values``, the pairs as float32 (the article's figure, vLLM's layout).
     """
 
     values: int
@@ -199,6 +200,7 @@ class Sampler(BaseModel):
     top_p_rounds: int = 1
     typical_rounds: int = 1
     typical_first_k: int = TOP_P_FIRST_K
+    bitmask: bool = False  # a grammar's bitmask: each row's digest rides the race (the ranks compare them)
 
 
 class KVPricing(BaseModel):
@@ -351,7 +353,7 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
                                                time_s=ring / link),
         logits_gather=LogitsGather(recv_bytes_per_rank=gather, time_s=gather / link,
                                    wire_recv_bytes_per_rank=max(r.allgather_recv_bytes["bf16"] for r in ranks)),
-        greedy=GreedyReduction(values=pairs, bytes=pairs * WORD, time_s=pairs * WORD / link,
+        greedy=GreedyReduction(values=pairs, bytes=pairs * 3 // 2 * WORD, time_s=pairs * 3 // 2 * WORD / link,
                                float32_bytes=pairs * FP32),
         head=HeadCompute(flops=flops, time_s=flops / gemm, flops_per_rank=flops_rank,
                          time_per_rank_s=flops_rank / gemm),
@@ -391,7 +393,7 @@ def ledger_rows(p: Plan) -> list[tuple[str, str, str]]:
         ("logits all-gather received per rank (bf16, real widths)", decimal_bytes(g.recv_bytes_per_rank),
          f"{human_seconds(g.time_s)} {at_link}"),
         ("  on the wire (pieces padded to the largest shard)", decimal_bytes(g.wire_recv_bytes_per_rank), ""),
-        (f"greedy pair reduction, B x n x 2 int64 ({gr.values:,} values; as float32 pairs: "
+        (f"greedy reduction, B x n x 3 int64 ({gr.values:,} pair values + status; as float32 pairs: "
          f"{human_bytes(gr.float32_bytes)})", human_bytes(gr.bytes), f"{human_seconds(gr.time_s)} {at_link}"),
         ("head GEMM 2 B V H", human_flops(h.flops), f"{human_seconds(h.time_s)} {at_gemm}"),
         ("  per rank (largest shard)", human_flops(h.flops_per_rank), f"{human_seconds(h.time_per_rank_s)} {at_gemm}"),
@@ -447,7 +449,8 @@ def decode_collectives(vocab: int, tp: int, rows: int, sampler: Sampler | None =
     In the order the draw issues them: top-k's merge of ``[B, k]`` (value bits, id) int64 pairs; top-p's vocab
     tree (``[B, 2 node_width(V)]`` float32 ``(max, sum exp)`` pairs) and its candidate rounds (``[B, k]`` pairs, k
     from 64 doubling); min-p's global max ``[B]`` float32; typical-p's tree, its entropy ``[B]`` int64 and its
-    rounds (pairs, then the picked logits ``[B, k]`` float32); the race's ``[B, 2]`` int64 (score bits, id); the
+    rounds (pairs, then the picked logits ``[B, k]`` float32); the race's ``[B, 3]`` int64 (score bits, id, the
+    row's status; a fourth word, the row's bitmask digest, under a grammar); the
     returned logprobs' tree with the picks ``[B, 2w + 1]`` float32, the rank count ``[B]`` int64 and the top-N
     pairs ``[B, N]``.
     """
@@ -473,7 +476,9 @@ def decode_collectives(vocab: int, tp: int, rows: int, sampler: Sampler | None =
             data.append((f"typical-p candidates [B, {k}] int64 pairs", "all_gather", rows * k * 2 * WORD))
             data.append((f"typical-p picked logits [B, {k}] float32", "all_gather", rows * k * 4))
             k = min(2 * k, vocab)
-    data.append(("race / greedy [B, 2] int64 (score bits, id)", "all_gather", rows * 2 * WORD))
+    words = 4 if s.bitmask else 3
+    data.append((f"race / greedy [B, {words}] int64 (score bits, id, status{', bitmask digest' * s.bitmask})",
+                 "all_gather", rows * words * WORD))
     if s.logprobs is not None:
         data.append((f"logprobs tree + picks [B, {tree + 1}] float32", "all_gather", rows * (tree + 1) * 4))
         data.append(("logprobs rank count [B] int64", "all_gather", rows * WORD))

@@ -530,7 +530,7 @@ class DecodeStep:
         threshold = torch.where(on, self.top_p, torch.zeros_like(self.top_p))
         lse = _lse(scaled, self.place, None)[1]
         if self.place.is_split:  # the candidates widen round by round: one bool a round (module docstring)
-            values, cand = self._rounds(scaled, lse, threshold, TOP_P_FIRST_K)
+            values, cand, _ = self._rounds(scaled, lse, threshold, TOP_P_FIRST_K)
             kept = self._sorted_mass(values, lse, threshold)
         else:
             values, cols = torch.sort(scaled, dim=1, descending=True, stable=True)  # value desc, id asc
@@ -542,10 +542,10 @@ class DecodeStep:
         return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
 
     def _rounds(self, order_by: torch.Tensor, lse: torch.Tensor, mass: torch.Tensor, k: int,
-                logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A split head's candidates in order (``order_by``'s global top-k, k doubling) until every row's
         prefix reaching ``mass`` ends inside them (``reductions.nucleus``'s rounds: one bool read a round).
-        Returns the candidates' values of ``logits`` (None: of ``order_by``) and ids."""
+        Returns the candidates' values of ``logits`` (None: of ``order_by``), ids and ``order_by`` values."""
         place = self.place
         k = min(k, place.vocab_size)
         while True:
@@ -556,7 +556,7 @@ class DecodeStep:
                 values = _gather(picked, place).sum(dim=0).masked_fill(torch.isneginf(top), float("-inf"))
             kept = self._sorted_mass(values, lse, mass)
             if k == place.vocab_size or bool((kept < k).all()):
-                return values, cand
+                return values, cand, top
             k = min(2 * k, place.vocab_size)
 
     def _min_p(self, scaled: torch.Tensor) -> torch.Tensor:
@@ -584,10 +584,9 @@ class DecodeStep:
         if place.is_split:  # the typical set holds about exp(H) ids: start there (the perplexity)
             perplexity = float(torch.exp(torch.where(on, h, float("-inf")).max().to(torch.float64)))
             k = max(TOP_P_FIRST_K, 1 << max(0, math.ceil(math.log2(max(1.0, 2 * perplexity)))))
-            values, cand = self._rounds(-key, lse, mass, k, logits=scaled)
+            values, _, neg = self._rounds(-key, lse, mass, k, logits=scaled)
             kept = self._sorted_mass(values, lse, mass)
-            cols, mine = place.owned_columns(cand.gather(1, (kept - 1)[:, None]))
-            cut_key = _gather(torch.where(mine, key.gather(1, cols), 0.0), place).sum(dim=0)
+            cut_key = -neg.gather(1, (kept - 1)[:, None])
         else:
             keys, cols = torch.sort(key, dim=1, stable=True)  # key ascending, id ascending
             values = scaled.gather(1, cols).masked_fill(torch.isinf(keys), float("-inf"))
