@@ -107,7 +107,7 @@ def test_ledger_deepseek_figures() -> None:
     assert round(g["recv_bytes_per_rank"] / MB, 1) == 57.9
     assert round(g["time_s"] * 1e6) == 193
     assert all(r["logits_gather_recv_bytes"] == 57_917_440 for r in d["ranks"])
-    # greedy reduction: B * n pairs sent as int64 (score, id, status) triples (48 KiB); float32 pairs: the article's 16 KB
+    # greedy: B * n pairs, sent as int64 (score, id, status) triples (48 KiB); as float32 pairs the article's 16 KB
     assert (gr["values"], gr["bytes"], gr["float32_bytes"]) == (256 * 8 * 2, 49152, 16384)
     assert gr["float32_bytes"] == 16 * 1024  # 16 KiB (binary): the "16 KB"
     # head GEMM 2 B V H at 600 TFLOP/s
