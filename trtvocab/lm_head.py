@@ -378,7 +378,11 @@ class LMHead(VocabParallelModule):
             if not biases:
                 raise CheckpointError("LMHead.load_weights: head_ops.bias is set but no 'bias' tensor was given")
             name, value = next(iter(biases.items()))
-            rows = read_rows(value, name, self.shard, ()).to(torch.float32)
+            rows = read_rows(value, name, self.shard, ())
+            if not rows.dtype.is_floating_point or rows.dtype.itemsize < 2 or rows.dtype.is_complex:
+                raise CheckpointError(f"{name}: the head's bias must be float16, bfloat16, float32 or float64, got "
+                                      f"{rows.dtype} (not converted: an integer bias is not a logit offset)")
+            rows = rows.to(torch.float32)
             if not bool(torch.isfinite(rows).all()):
                 raise CheckpointError(f"{name}: the head's bias holds NaN or inf")
             self.bias.copy_(rows.to(self.bias.device))

@@ -176,6 +176,10 @@ def test_bias_is_read_shard_only_and_validated(tmp_path: Path) -> None:
         plain.load_weights({"weight": w, "lm_head.bias": b})
     with pytest.raises(CheckpointError, match="no 'bias'"):
         LMHead(V, H, dtype=torch.float32, head_ops=HeadOps(bias=True)).load_weights({"weight": w})
+    for dtype in (torch.int32, torch.bool, torch.float8_e4m3fn):  # through the API: never converted silently
+        with pytest.raises(CheckpointError, match=r"bias must be float16.*got torch\."):
+            LMHead(V, H, dtype=torch.float32, head_ops=HeadOps(bias=True)).load_weights(
+                {"weight": w, "bias": torch.zeros(V).to(dtype)})
 
 
 @pytest.mark.parametrize(("config", "field"), [
