@@ -194,7 +194,7 @@ def test_a_small_logits_budget_streams_the_vocab_with_the_same_tokens(mixed, loa
         streamed.append(args[0].shape[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(chunked, "decode_output", counting)
+    monkeypatch.setattr(chunked, "stream_output", counting)
     for tp in (1, 3):
         spec, _ = G.prepare(smollm2, prompts, tp=tp, max_new_tokens=K_MIX, params=params,
                             grammars=[None, None, schema], deterministic=True, logits_budget_bytes=64 << 10)

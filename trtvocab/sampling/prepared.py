@@ -341,20 +341,21 @@ class DecodeStep:
                              f"(the head's dtype), got {got}")
         return self._finish(self._runner(self, self._pad(hidden.to(self.device), 0.0), self._padded_mask(bitmask)))
 
-    def compile(self) -> DecodeStep:
+    def compile(self, backend: str = "inductor") -> DecodeStep:
         """Run the bucket's core compiled (``torch.compile``, one graph): the padded step, which reads
         nothing of the real row count, so every step of the same bucket, knobs and head shares one graph
-        (a batch that shrinks or grows inside its bucket compiles nothing new). Returns ``self``."""
+        (a batch that shrinks or grows inside its bucket compiles nothing new). ``backend``: torch.compile's.
+        Returns ``self``."""
         # A split head's top-p / typical-p rounds read one bool a round: there the graph breaks once a round.
         whole = not (self.place.is_split and (self.top_p_on or self.typical_on))
         core = DecodeStep._core if self.head is not None else DecodeStep._core_logits
-        key = (core.__name__, whole, self.padded_rows, self._knobs())
+        key = (core.__name__, whole, self.padded_rows, self._knobs(), backend)
         if key not in _COMPILED:
             # dynamo keeps its graphs per code object and stops at 8 of them: a code object of its own for each
             # bucket and knobs, so that no number of them ever reaches that limit.
             fn = types.FunctionType(core.__code__.replace(co_name=f"{core.__name__}_{len(_COMPILED)}"),
                                     core.__globals__, core.__name__, core.__defaults__, core.__closure__)
-            _COMPILED[key] = torch.compile(fn, fullgraph=whole, dynamic=False)
+            _COMPILED[key] = torch.compile(fn, fullgraph=whole, dynamic=False, backend=backend)
         self._runner = _COMPILED[key]
         return self
 
