@@ -113,6 +113,15 @@ def compiled_knobs(rank: int, world: int, names: list[str]) -> dict[str, Any]:
     return out
 
 
+def _read_error(step: DecodeStep) -> str:
+    """``"Type: message"`` of what the step's ``read()`` raises ("no error": it raised nothing)."""
+    try:
+        step.read()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
 def bad_rows(rank: int, world: int, bad_rank: int) -> dict[str, Any]:
     """A NaN hidden row (on ``bad_rank`` only: ranks may bring different rows), then +inf logits, then a
     row the filters leave empty: each raises on every rank when the ids are read, naming row and step."""
@@ -123,31 +132,19 @@ def bad_rows(rank: int, world: int, bad_rank: int) -> dict[str, Any]:
     if rank == bad_rank:
         x[1, 3] = float("nan")
     step_fn(x)
-    try:
-        step_fn.read()
-        out["nan"] = "no error"
-    except Exception as exc:
-        out["nan"] = f"{type(exc).__name__}: {exc}"
+    out["nan"] = _read_error(step_fn)
     step_fn(hidden(1))
     out["after"] = step_fn.read()
     y = hidden(2) * 1e37
     step_fn(y)
-    try:
-        step_fn.read()
-        out["inf"] = "no error"
-    except Exception as exc:
-        out["inf"] = f"{type(exc).__name__}: {exc}"
+    out["inf"] = _read_error(step_fn)
     empty = DecodeStep(head, [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0,
                                                                               allowed_token_ids=[3]),
                               SamplingParams(temperature=0.0)], bitmask_width=1)
     mask = torch.full((B, 1), -1, dtype=torch.int32)
     mask[1, 0] = 1 << 4  # row 1 allows id 4 only, its params id 3 only: nothing left
     empty(hidden(3), mask)
-    try:
-        empty.read()
-        out["empty"] = "no error"
-    except Exception as exc:
-        out["empty"] = f"{type(exc).__name__}: {exc}"
+    out["empty"] = _read_error(empty)
     return out
 
 
@@ -159,8 +156,4 @@ def disagreeing_bitmasks(rank: int, world: int) -> str:
     if rank == 1:
         mask[2, 5] ^= 1
     step(hidden(0), mask)
-    try:
-        step.read()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
+    return _read_error(step)
