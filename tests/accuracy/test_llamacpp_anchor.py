@@ -2,7 +2,7 @@
 llama.cpp itself on the same GGUF file, the same token ids and ``llama-perplexity``'s windows.
 
 Optional: llama.cpp runs in its own venv (``llama-cpp-python``; ``$TRTVOCAB_LLAMACPP_PYTHON``, default
-``/work/llamacpp-venv/bin/python``); without that interpreter every test here is skipped, saying so.
+``../llamacpp-venv/bin/python``); without that interpreter every test here is skipped, saying so.
 ``benchmarks/perplexity_anchor.py`` is run as a program (a fresh interpreter, which starts the llama.cpp
 child), on the first 4 chunks of 256 ids of ``benchmarks/data/alice_ch1_2.txt`` (508 scored tokens).
 The references are independent of the code under test: llama.cpp's own logits, and transformers' own
@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.model, pytest.mark.subprocess]  # every test here (doc
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "perplexity_anchor.py"
-LLAMACPP_PYTHON = os.environ.get("TRTVOCAB_LLAMACPP_PYTHON", "/work/llamacpp-venv/bin/python")
+LLAMACPP_PYTHON = os.environ.get("TRTVOCAB_LLAMACPP_PYTHON",  # default: the venv beside the clone
+                                 str(Path(__file__).resolve().parents[3] / "llamacpp-venv" / "bin" / "python"))
 LLAMA_QUANTIZE = os.environ.get("TRTVOCAB_LLAMA_QUANTIZE") or shutil.which("llama-quantize")
 CTX, CHUNKS = 256, 4
 HEAD_TYPES = ("Q4_0", "Q4_1", "Q5_0")  # block 32: SmolLM2's rows of 576 take them (K-quants need 256 | 576)
@@ -39,7 +40,7 @@ HEAD_TYPES = ("Q4_0", "Q4_1", "Q5_0")  # block 32: SmolLM2's rows of 576 take th
 def need_llamacpp() -> None:
     if not Path(LLAMACPP_PYTHON).is_file():
         pytest.skip(f"llama.cpp's interpreter is absent ({LLAMACPP_PYTHON}; set TRTVOCAB_LLAMACPP_PYTHON, or "
-                    "python3 -m venv /work/llamacpp-venv && /work/llamacpp-venv/bin/pip install "
+                    "python3 -m venv ../llamacpp-venv && ../llamacpp-venv/bin/pip install "
                     "llama-cpp-python==0.3.36 numpy)")
 
 
