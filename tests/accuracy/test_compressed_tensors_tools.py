@@ -221,13 +221,13 @@ def test_bad_format_is_refused(data, tmp_path: Path, fmt: str) -> None:
     assert result.exit_code == 2
     assert "--format must be one of modelopt, compressed-tensors" in result.output
     assert not out.exists()
-    with pytest.raises(QuantizationError, match="--format must be one of"):
+    with pytest.raises(QuantizationError, match="`checkpoint_format` must be one of"):
         quantize_checkpoint(data["untied"], out, algo="fp8", checkpoint_format=fmt)
 
 
 @pytest.mark.model
 def test_scale_search_is_modelopt_only(data, tmp_path: Path) -> None:
-    with pytest.raises(QuantizationError, match="--scale-search mse is for --format modelopt"):
+    with pytest.raises(QuantizationError, match="`scale_search` mse is for `checkpoint_format` modelopt"):
         quantize_checkpoint(data["untied"], tmp_path / "x", algo="nvfp4", scale_search="mse",
                             checkpoint_format="compressed-tensors")
     assert not (tmp_path / "x").exists()

@@ -1,17 +1,17 @@
 """Quantization accuracy of the LM head: a baseline head against quantized variants.
 
-Every head (baseline, checkpoint variants, in-memory ``--simulate`` variants; each a :class:`Variant`
+Every head (baseline, checkpoint variants, in-memory ``simulate`` variants; each a :class:`Variant`
 of a :class:`CheckpointHead` or a :class:`MemoryHead`) runs through the real
 :class:`~trtvocab.lm_head.LMHead` and :class:`~trtvocab.logits.LogitsProcessor`, replicated or
 column-split over ``tp`` gloo ranks, on the same hidden states. The gathered float32 logits are
 compared row by row in float64 with the **global** softmax over the full vocabulary
 (:class:`LogitMetrics`: top-1 agreement, top-5 overlap, KL mean / p99 / max, logit and
 log-prob errors, resident head bytes). Rows: every token by default (``all_tokens``), or each
-sequence's last. ``--variant [TOOLCHAIN:]NAME=DIR`` (:func:`parse_variant`) names the toolchain
-that made a variant, checked against the checkpoint. Where the hidden file carries
-``next_token_ids``, the teacher-forced rows also get llama.cpp's ``perplexity --kl-divergence``
-statistics (:mod:`trtvocab.accuracy.stats`). The metrics: :mod:`trtvocab.accuracy.metrics`; the report:
-:mod:`trtvocab.accuracy.report`.
+sequence's last. A ``variant_specs`` entry ``[TOOLCHAIN:]NAME=DIR`` (:func:`parse_variant`) names the
+toolchain that made a variant, checked against the checkpoint. Where the hidden file carries
+``next_token_ids``, the teacher-forced rows also get the KL-divergence statistics of llama.cpp's
+``llama-perplexity`` (:mod:`trtvocab.accuracy.stats`). The metrics: :mod:`trtvocab.accuracy.metrics`;
+the report: :mod:`trtvocab.accuracy.report`.
 """
 
 from __future__ import annotations
@@ -104,24 +104,25 @@ def parse_variant(text: str) -> Variant:
 
     ``TOOLCHAIN`` (``modelopt`` | ``compressed-tensors``) must be the format ``DIR`` stores its
     quantized head in; without it the toolchain is read from the checkpoint. A ConfigError names
-    the option otherwise (unknown toolchain, a dense head, the other toolchain's checkpoint).
+    ``variant_specs`` (:func:`compare`'s argument) otherwise (unknown toolchain, a dense head, the other
+    toolchain's checkpoint).
     """
     if not isinstance(text, str):
-        raise ConfigError(f"--variant: expected [TOOLCHAIN:]NAME=DIR, got {type(text).__name__}")
+        raise ConfigError(f"`variant_specs`: expected [TOOLCHAIN:]NAME=DIR, got {type(text).__name__}")
     m = _VARIANT_RE.match(text.strip())
     if m is None:
-        raise ConfigError(f"--variant {text!r:.120}: expected [TOOLCHAIN:]NAME=DIR (TOOLCHAIN one of "
+        raise ConfigError(f"`variant_specs` {text!r:.120}: expected [TOOLCHAIN:]NAME=DIR (TOOLCHAIN one of "
                           f"{', '.join(QUANTIZED_FORMATS)}; NAME letters, digits, '._+-'), e.g. modelopt:NVFP4=nvfp4/")
     tool, name, path = m.group("tool"), m.group("name"), m.group("path")
     if tool is not None and tool.lower() not in QUANTIZED_FORMATS:
-        raise ConfigError(f"--variant {text!r:.120}: unknown toolchain {tool!r}; "
+        raise ConfigError(f"`variant_specs` {text!r:.120}: unknown toolchain {tool!r}; "
                           f"use one of {', '.join(QUANTIZED_FORMATS)}")
     actual = checkpoint_toolchain(path)
     if actual is CheckpointFormat.DENSE:
-        raise ConfigError(f"--variant {text!r:.120}: {path} stores its head dense (not quantized by "
+        raise ConfigError(f"`variant_specs` {text!r:.120}: {path} stores its head dense (not quantized by "
                           f"{tool or 'any toolchain'}); compare it as a plain VARIANT path")
     if tool is not None and tool.lower() != actual:
-        raise ConfigError(f"--variant {text!r:.120}: {path} is a {actual} checkpoint, not {tool.lower()}")
+        raise ConfigError(f"`variant_specs` {text!r:.120}: {path} is a {actual} checkpoint, not {tool.lower()}")
     label = f"{tool.lower()}:{name}" if tool is not None else name
     return Variant(name=label, head=CheckpointHead(path), toolchain=actual)
 
@@ -161,17 +162,17 @@ _SIM_ACT = {"dyn": Activation.DYNAMIC, "w8a8": Activation.STATIC, "w8a16": Activ
 def parse_sim_spec(text: str) -> SimSpec:
     m = _SIM_RE.match(text.strip().lower())
     if m is None:
-        raise ConfigError(f"--simulate: unknown variant {text!r}; use fp8[-row][-dyn|-w8a8|-w8a16] "
+        raise ConfigError(f"`simulate`: unknown variant {text!r}; use fp8[-row][-dyn|-w8a8|-w8a16] "
                           "or nvfp4[-mse|-mse-act][-w4a16|-w4a4], comma-separated")
     algo_s, mse, row, act = m.groups()
     algo = QuantAlgo.FP8 if algo_s == "fp8" else QuantAlgo.NVFP4
     if algo is QuantAlgo.FP8 and mse:
-        raise ConfigError(f"--simulate {text!r}: -mse (block-scale search) is for NVFP4 only")
+        raise ConfigError(f"`simulate` {text!r}: -mse (block-scale search) is for NVFP4 only")
     if algo is QuantAlgo.NVFP4 and (row or act in ("dyn", "w8a8", "w8a16")):
-        raise ConfigError(f"--simulate {text!r}: NVFP4 takes -w4a16 or -w4a4 (its scales are per 16-block)")
+        raise ConfigError(f"`simulate` {text!r}: NVFP4 takes -w4a16 or -w4a4 (its scales are per 16-block)")
     if algo is QuantAlgo.FP8 and act in ("w4a4", "w4a16"):
-        raise ConfigError(f"--simulate {text!r}: FP8 takes -dyn, -w8a8 or -w8a16")
-    # Defaults match `trtvocab quantize` without --calib: FP8 dynamic activations, NVFP4 W4A16.
+        raise ConfigError(f"`simulate` {text!r}: FP8 takes -dyn, -w8a8 or -w8a16")
+    # Defaults match quantize_checkpoint without calibration rows: FP8 dynamic activations, NVFP4 W4A16.
     activation = _SIM_ACT[act] if act else (Activation.DYNAMIC if algo is QuantAlgo.FP8 else Activation.NONE)
     return SimSpec(text=text.strip().lower(), algo=algo, per_row=bool(row), activation=activation,
                    scale_search=mse[1:] if mse else "max")
@@ -190,7 +191,7 @@ def simulate_tensors(weight: torch.Tensor, spec: SimSpec,
     weights = None
     if spec.activation is Activation.STATIC or spec.scale_search == "mse-act":
         if calib is None:
-            raise InputError(f"--simulate {spec.text}: a static activation scale or an activation-weighted "
+            raise InputError(f"`simulate` {spec.text}: a static activation scale or an activation-weighted "
                              "scale search needs calibration rows")
         rows = calib.to(weight.dtype).float()
         amax = rows.abs().amax() if spec.activation is Activation.STATIC else None
@@ -254,7 +255,7 @@ def parse_lora(text: str, baseline: str | Path, tensor_name: str | None = None) 
     input embedding is refused, and its input-embedding part does not apply (the hidden states are given)."""
     name, sep, folder = str(text).partition("=")
     if not sep or not name or not folder:
-        raise ConfigError(f"--lora {text!r:.120}: expected NAME=DIR (a PEFT adapter folder)")
+        raise ConfigError(f"`loras` {text!r:.120}: expected NAME=DIR (a PEFT adapter folder)")
     adapter = open_adapter(folder, name=name)
     note = "adapter on the head only (the hidden states come from the file)" \
         if module_of(adapter, "embedding") is not None else ""
@@ -332,7 +333,7 @@ def compare_heads(sources: list[Variant], hidden: torch.Tensor, seq_lens: torch.
     """:class:`LogitMetrics` of ``sources[1:]`` against ``sources[0]``, max resident bytes per rank and
     label of every source, and the vocabulary size. ``next_ids`` align with the compared rows."""
     if tp < 1:
-        raise ConfigError(f"--tp must be >= 1, got {tp}")
+        raise ConfigError(f"`tp` must be >= 1, got {tp}")
     args = (sources, hidden, seq_lens, all_tokens, dtype, next_ids)
     if tp == 1:
         results = [_rank_compare(0, 1, *args)]
@@ -347,7 +348,7 @@ def compare_heads(sources: list[Variant], hidden: torch.Tensor, seq_lens: torch.
 def resolve_dtype(name: str, baseline: Variant) -> torch.dtype:
     """``auto``: the baseline head's stored dtype (a bf16 model is compared in bf16), else bf16."""
     if name != "auto":
-        return head_dtype(name, "--dtype (or auto)")
+        return head_dtype(name, "`dtype` (or auto)")
     if not isinstance(baseline.head, CheckpointHead):
         return torch.float32
     ckpt = open_checkpoint(baseline.head.path)
@@ -415,11 +416,12 @@ def compare(
                                                                   for x in (loras or [])]
     specs = [parse_sim_spec(s) for s in (simulate or [])]
     if not variants and not named and not specs and not heads:
-        raise ConfigError("nothing to compare: give VARIANT checkpoints, --variant, --lora and/or --simulate specs")
+        raise ConfigError("nothing to compare: give `variants` checkpoints, `variant_specs`, `loras` and/or "
+                          "`simulate` specs")
     seen: set[str] = set()
     for src in named:
         if src.name in seen:
-            raise ConfigError(f"--variant: the name {src.name!r} is given twice")
+            raise ConfigError(f"`variant_specs`: the name {src.name!r} is given twice")
         seen.add(src.name)
     next_ids = _compared_next_ids(next_token_ids, int(hidden.shape[0]), seq_lens, all_tokens)
     base_src = Variant(name=str(baseline), head=CheckpointHead(str(baseline), tensor_name))
@@ -436,7 +438,7 @@ def compare(
                 src.note = (src.note + "; " if src.note else "") + "input_scale calibrated on the compared rows"
             if spec.scale_search == "mse-act" and calib is None:
                 src.note = (src.note + "; " if src.note else "") + ("scale search weighted by the compared rows "
-                                                                    "(optimistic: give --calib)")
+                                                                    "(optimistic: give `calib`)")
             sources.append(src)
     sources += list(heads or [])
     dtype_ = resolve_dtype(dtype, base_src)
@@ -453,7 +455,7 @@ def compare(
         tf_note = TEACHER_FORCED_NOTE
     elif tf_rows == 0:
         tf_note = ("teacher-forced statistics left out: no compared row has a next token"
-                   + (" (each sequence's last token has none; compare --all-tokens)" if not all_tokens else ""))
+                   + (" (each sequence's last token has none; compare with `all_tokens`)" if not all_tokens else ""))
     else:
         tf_note = ""
     results = []
@@ -471,12 +473,12 @@ def compare(
 
 def quantize_gate(checkpoint: str | Path, gate: str | Path, gates: Gates, tensor_name: str | None,
                   out: Path) -> Callable[[dict[str, torch.Tensor], QuantConfig], list[str]]:
-    """A :func:`~trtvocab.quant.quantize.quantize_checkpoint` gate (``trtvocab quantize --gate``): compare the
-    in-memory quantized head with the source head on the rows of ``gate`` (loaded now, so a bad file is refused
-    before any quantizing)."""
+    """A :func:`~trtvocab.quant.quantize.quantize_checkpoint` ``gate`` from the hidden file ``gate``: compare
+    the in-memory quantized head with the source head on its rows (loaded now, so a bad file is refused before
+    any quantizing)."""
     data = load_hidden_file(gate)
     if data.next_token_ids is None:
-        raise InputError(f"--gate {gate}: has no next_token_ids (write it with `trtvocab hidden` on a causal LM)")
+        raise InputError(f"`gate` {gate}: has no next_token_ids (write it with `trtvocab hidden` on a causal LM)")
 
     def check(tensors: dict[str, torch.Tensor], config: QuantConfig) -> list[str]:
         local = {k.removeprefix("lm_head."): v for k, v in tensors.items()}

@@ -119,7 +119,9 @@ def _flags(command: Callable[..., None]) -> dict[str, str]:
         if isinstance(info, typer.models.ArgumentInfo):
             out[name] = name.upper()
         elif info is not None:
-            decls = [d.split("/")[0] for d in (info.param_decls or ()) if d.startswith("--")]
+            # Inside Annotated, typer takes an Option's first positional (kept as its default) as a declaration.
+            first = (info.default,) if isinstance(info.default, str) else ()
+            decls = [d.split("/")[0] for d in (*first, *(info.param_decls or ())) if d.startswith("--")]
             out[name] = decls[0] if decls else "--" + name.replace("_", "-")
     return out
 
@@ -789,6 +791,10 @@ def compare(
                          next_token_ids=data.next_token_ids, bootstrap=bootstrap, seed=seed,
                          variant_specs=list(variant_specs or []), loras=list(lora or []))
     compared = time.perf_counter()
+    flags = _flags(compare)  # the report's notes name compare's fields: shown as this command's flags
+    for v in report.variants:
+        v.note = _spelled(v.note, flags)
+    report.teacher_forced_note = _spelled(report.teacher_forced_note, flags)
     failures = check_gates(report, gates)
     if plot is not None:
         plot_report(report, plot)

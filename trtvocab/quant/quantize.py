@@ -7,7 +7,7 @@ quantized with ``modelopt.torch.quantization``'s stock FP8 / NVFP4 presets (thei
 exclusion switched back on), calibrated (max calibrator) on the given hidden states, and
 exported with ModelOpt's per-layer export helpers. Without calibration data no activation
 scale is written: FP8 then runs with dynamic per-tensor activations and NVFP4 as W4A16. Both
-formats are written from the same dense head, with the same ``--calib`` semantics, the head
+formats are written from the same dense head, with the same ``calib`` semantics, the head
 untied when it is the tied embedding, and the same marker, tokenizer files and gate. The
 tensors written and why it all runs on the CPU: the section "what is written" of
 :mod:`trtvocab.quant.modelopt_export`.
@@ -61,7 +61,7 @@ TOKENIZER_COPY = (
     "added_tokens.json",
     "generation_config.json",
 )
-# The marker every output folder gets: ``--force`` replaces only a folder whose marker parses
+# The marker every output folder gets: ``force`` replaces only a folder whose marker parses
 # as this (a foreign ModelOpt checkpoint has hf_quant_config.json too, and is never ours).
 MARKER = "trtvocab_quantize.json"
 MARKER_FORMAT = "trtvocab-quantized-checkpoint"
@@ -100,23 +100,24 @@ class QuantizeResult:
 
 
 def parse_format(checkpoint_format: Any) -> str:
-    """``--format``: ``modelopt`` (the default) or ``compressed-tensors``; a QuantizationError otherwise."""
+    """``checkpoint_format``: ``modelopt`` (the default) or ``compressed-tensors``; a QuantizationError
+    otherwise."""
     if not isinstance(checkpoint_format, str) or checkpoint_format.strip().lower() not in QUANTIZED_FORMATS:
-        raise QuantizationError(f"--format must be one of {', '.join(QUANTIZED_FORMATS)}, "
+        raise QuantizationError(f"`checkpoint_format` must be one of {', '.join(QUANTIZED_FORMATS)}, "
                                 f"got {checkpoint_format!r:.80}")
     return CheckpointFormat(checkpoint_format.strip().lower())
 
 
 def parse_algo(algo: str | QuantAlgo) -> QuantAlgo:
-    value = QuantAlgo.parse(algo, "--algo")
+    value = QuantAlgo.parse(algo, "`algo`")
     if value not in (QuantAlgo.FP8, QuantAlgo.NVFP4):
-        raise QuantizationError(f"--algo must be fp8 or nvfp4, got {algo!r}")
+        raise QuantizationError(f"`algo` must be fp8 or nvfp4, got {algo!r}")
     return value
 
 
 def is_quantized_output(path: Path) -> bool:
     """Whether ``path`` is a folder ``trtvocab quantize`` wrote: its :data:`MARKER` is a regular
-    JSON file with ``"format": "trtvocab-quantized-checkpoint"``. The only test ``--force`` trusts."""
+    JSON file with ``"format": "trtvocab-quantized-checkpoint"``. The only test ``force`` trusts."""
 
     try:
         raw = load_json_file(Path(path) / MARKER, "quantize marker", max_bytes=1 << 20)
@@ -215,24 +216,25 @@ def quantize_checkpoint(
     quant_algo = parse_algo(algo)
     fmt = parse_format(checkpoint_format)
     if fmt == CheckpointFormat.COMPRESSED_TENSORS and scale_search != "max":
-        raise QuantizationError(f"--scale-search {scale_search} is for --format {CheckpointFormat.MODELOPT}: with "
-                                f"--format {CheckpointFormat.COMPRESSED_TENSORS} the compressed-tensors library "
-                                "computes the block scales")
+        raise QuantizationError(f"`scale_search` {scale_search} is for `checkpoint_format` "
+                                f"{CheckpointFormat.MODELOPT}: with `checkpoint_format` "
+                                f"{CheckpointFormat.COMPRESSED_TENSORS} the compressed-tensors library computes the "
+                                "block scales")
     if scale_search not in SCALE_SEARCHES:
-        raise QuantizationError(f"--scale-search must be one of {', '.join(SCALE_SEARCHES)}, got {scale_search!r}")
+        raise QuantizationError(f"`scale_search` must be one of {', '.join(SCALE_SEARCHES)}, got {scale_search!r}")
     if scale_search != "max" and quant_algo is not QuantAlgo.NVFP4:
-        raise QuantizationError(f"--scale-search {scale_search} is for --algo nvfp4 (its per-block scales)")
+        raise QuantizationError(f"`scale_search` {scale_search} is for `algo` nvfp4 (its per-block scales)")
     check_batch_rows(batch_rows)
     if weight_only and calib is not None and scale_search != "mse-act":
-        raise QuantizationError("--weight-only writes no activation scale: drop --calib (or --weight-only)")
+        raise QuantizationError("`weight_only` writes no activation scale: drop `calib` (or `weight_only`)")
     if scale_search == "mse-act" and calib is None:
-        raise QuantizationError("--scale-search mse-act weights the search by calibration activations: "
-                                "give --calib (with --weight-only for W4A16)")
+        raise QuantizationError("`scale_search` mse-act weights the search by calibration activations: "
+                                "give `calib` (with `weight_only` for W4A16)")
     if fmt == CheckpointFormat.COMPRESSED_TENSORS:
 
         import_compressed_tensors()  # before the work
     check_target(Path(out), force, is_quantized_output)  # before the work: never minutes of it for a refusal
-    check_destination(Path(out))
+    check_destination(Path(out), "`out`")
     ckpt = open_checkpoint(checkpoint)
     name, tied, weight = read_head(ckpt, tensor_name)
     vocab, hidden = weight.shape
@@ -242,8 +244,9 @@ def quantize_checkpoint(
     family = family_of(ckpt, head_tensor=name, hidden_size=hidden, need_embedding=False)
     extra = {"lm_head.bias": ckpt.read(family.bias_tensor).float()} if family.bias_tensor else {}
     if extra and fmt == CheckpointFormat.COMPRESSED_TENSORS:
-        raise QuantizationError(f"--format {CheckpointFormat.COMPRESSED_TENSORS}: the head has a bias "
-                                f"({family.bias_tensor}); write it with --format {CheckpointFormat.MODELOPT}")
+        raise QuantizationError(f"`checkpoint_format` {CheckpointFormat.COMPRESSED_TENSORS}: the head has a bias "
+                                f"({family.bias_tensor}); write it with `checkpoint_format` "
+                                f"{CheckpointFormat.MODELOPT}")
     if isinstance(calib, (str, Path)):
         calib = load_calibration(calib)
     calib_rows = 0 if calib is None else int(calib.shape[0])
@@ -289,7 +292,7 @@ def quantize_checkpoint(
             return replace(result, published=False, gate_failures=list(failures))
     from safetensors.torch import save_file
 
-    with writing(f"quantize --out {out}", note=_untouched(out)), \
+    with writing(f"quantize `out` {out}", note=_untouched(out)), \
             staging(out, force=force, is_ours=is_quantized_output) as stage:
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,
@@ -358,7 +361,7 @@ def _quantize_ct(ckpt: Checkpoint, family: Family, checkpoint: str | Path, out: 
             return replace(result, published=False, gate_failures=list(failures))
     from safetensors.torch import save_file
 
-    with writing(f"quantize --out {out}", note=_untouched(out)), \
+    with writing(f"quantize `out` {out}", note=_untouched(out)), \
             staging(out, force=force, is_ours=is_quantized_output) as stage:
 
         marker = {"format": MARKER_FORMAT, "format_version": MARKER_VERSION, "trtvocab": __version__,

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from trtvocab.base.limits import (  # the limits live torch-free, for the CLI's --help
+from trtvocab.base.limits import (  # the limits live torch-free, for the CLI's help text
     GRAMMAR_TIMEOUT_ENV,
     GRAMMAR_TIMEOUT_S,
     MAX_GRAMMAR_DEPTH,

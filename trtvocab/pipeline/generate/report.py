@@ -64,9 +64,9 @@ class GenerateReport:
         return after / self.decode_s if after > 0 and self.decode_s > 0 else None
 
     def as_json(self, tokenizer: Any = None) -> dict[str, Any]:
-        """``{"results": [{"prompt", "token_ids", "text"[, "logprobs"]}, ...]}``: what ``generate --json``
-        prints; ``logprobs`` (DESIGN §9): per generated token a list of ``{"id", "token", "logprob", "rank"}``,
-        best first (``token``: ``tokenizer.decode([id])``, or None without a tokenizer)."""
+        """``{"results": [{"prompt", "token_ids", "text"[, "logprobs"]}, ...]}``: what ``trtvocab generate``
+        prints as JSON; ``logprobs`` (DESIGN §9): per generated token a list of ``{"id", "token", "logprob",
+        "rank"}``, best first (``token``: ``tokenizer.decode([id])``, or None without a tokenizer)."""
         def entries(step: list[Logprob]) -> list[dict[str, Any]]:
             return [{"id": i, "token": tokenizer.decode([i]) if tokenizer is not None else None,
                      "logprob": max(v, LOGPROB_FLOOR), "rank": k} for i, v, k in step]
