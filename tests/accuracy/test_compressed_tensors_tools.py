@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from tests.quant import ct_writer as ctw
 from trtvocab import LMHead
 from trtvocab.accuracy.compare import checkpoint_toolchain, compare, parse_variant
+from trtvocab.base.formats import WeightFormat
 from trtvocab.checkpoints.checkpoint import open_checkpoint
 from trtvocab.checkpoints.hidden_file import save_hidden
 from trtvocab.commands.cli import app
@@ -111,8 +112,8 @@ def test_library_decompress_equals_trtvocab_rows(written, case) -> None:
     ref = ctw.library_decompress(path, "lm_head", ("Linear",))
     ckpt = open_checkpoint(path)
     decision = resolve_lm_head_quant(ckpt)
-    algo = decision.stored.value
-    assert same_bits(DecompressedRows(ckpt, "lm_head", algo, H)[:], ref)
+    assert decision.stored in (WeightFormat.FP8, WeightFormat.NVFP4)
+    assert same_bits(DecompressedRows(ckpt, "lm_head", decision.stored, H)[:], ref)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "stored as ... but the head runs dense (quant='none')"
         dense = LMHead.from_checkpoint(path, quant="none", dtype=torch.bfloat16)

@@ -51,8 +51,8 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
-def algo_of(preset: str) -> str:
-    return "NVFP4" if preset.startswith("NVFP4") else "FP8"
+def format_of(preset: str) -> WeightFormat:
+    return WeightFormat.NVFP4 if preset.startswith("NVFP4") else WeightFormat.FP8
 
 
 def hidden(n: int = 5, h: int = H, seed: int = 1) -> torch.Tensor:
@@ -87,6 +87,7 @@ def test_verdict_per_preset(ct_dir, preset: str) -> None:
     algo, activation, granularity, notice = EXPECTED[preset]
     assert decision.checkpoint_format == "compressed-tensors" and not decision.dequantize and not decision.tied
     assert decision.config is not None and decision.config.quant_algo is algo
+    assert decision.stored is format_of(preset) and decision.config.weight_format is decision.stored
     assert decision.config.activation is activation and decision.config.granularity is granularity
     assert decision.tensor_name == ("lm_head.weight_packed" if algo is QuantAlgo.NVFP4 else "lm_head.weight")
     assert "config_groups['group_1'] (target 'lm_head')" in decision.reason
@@ -124,7 +125,7 @@ def test_dequantized_rows_equal_decompress(ct_dir, preset: str) -> None:
     ckpt = open_checkpoint(path)
     for module, cls in ((ctw.HEAD, HEAD_CLS), (ctw.EMBED, EMBED_CLS)):
         ref = ctw.library_decompress(path, module, cls)
-        ours = DecompressedRows(ckpt, module, algo_of(preset), H)
+        ours = DecompressedRows(ckpt, module, format_of(preset), H)
         assert same_bits(ours[:], ref), module
         assert same_bits(ours[17:90], ref[17:90])
     # the head forced dense (quant='none'): its weight is decompress's, bit for bit, with a warning
@@ -138,7 +139,7 @@ def test_dequantized_rows_equal_decompress(ct_dir, preset: str) -> None:
 def test_embedding_rows_equal_decompress(ct_dir, preset: str) -> None:
     path = ct_dir(preset)
     ref = ctw.library_decompress(path, ctw.EMBED, EMBED_CLS)
-    if algo_of(preset) == "NVFP4":
+    if format_of(preset) is WeightFormat.NVFP4:
         with pytest.warns(UserWarning, match="decompressed exactly"):
             emb = VocabParallelEmbedding.from_checkpoint(path, dtype=torch.bfloat16)
         assert emb.weight_format is WeightFormat.DENSE
@@ -184,8 +185,7 @@ def twin_heads(path: Path, twin: Path, **kw) -> tuple[LMHead, LMHead]:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_modelopt_twin_gives_identical_logits(ct_dir, tmp_path: Path, preset: str) -> None:
     path = ct_dir(preset)
-    algo = algo_of(preset)
-    twin = ctw.modelopt_twin(path, tmp_path / "modelopt", algo)
+    twin = ctw.modelopt_twin(path, tmp_path / "modelopt", format_of(preset).value)
     kw = {"weight_only": True} if preset == "FP8_DYNAMIC" else {}
     ct_head, mo_head = twin_heads(path, twin, **kw)
     assert ct_head.quant_config == mo_head.quant_config
@@ -197,7 +197,7 @@ def test_modelopt_twin_gives_identical_logits(ct_dir, tmp_path: Path, preset: st
     # Exact conversions: FP8 scales are the stored model-dtype values widened; NVFP4 global scales
     # are the float32 reciprocals of the stored ones.
     stored = ctw.module_tensors(path, ctw.HEAD)
-    if algo == "FP8":
+    if format_of(preset) is WeightFormat.FP8:
         assert torch.equal(ct_head.weights.weight_scale.reshape(-1), stored["weight_scale"].float().reshape(-1))
     else:
         g = stored["weight_global_scale"].float().reshape(())
@@ -212,7 +212,7 @@ def test_quantized_weights_are_the_stored_values(ct_dir, preset: str) -> None:
     head = quiet_head(path, dtype=torch.bfloat16)
     ref = ctw.library_decompress(path, ctw.HEAD, HEAD_CLS)
     dense = head.weights.dense_weight()[:V]
-    if algo_of(preset) == "FP8":
+    if format_of(preset) is WeightFormat.FP8:
         assert same_bits(dense.to(ref.dtype), ref)
     else:
         assert torch.allclose(dense, ref.float(), rtol=2**-7, atol=0)
@@ -333,9 +333,9 @@ def test_tied_config_with_a_stored_quantized_head_loads_the_head(tmp_path: Path,
     assert ctw.read_config(path)["tie_word_embeddings"] is True
     decision = resolve_lm_head_quant(path)
     assert not decision.tied and decision.tensor_name.startswith("lm_head.")
-    assert decision.config is not None and decision.config.quant_algo.value == algo_of(preset)
+    assert decision.config is not None and decision.config.weight_format is format_of(preset)
     embedding, head = load_tied(path, dtype=torch.bfloat16)
-    assert head.weight_format.value == algo_of(preset)
+    assert head.weight_format is format_of(preset)
     assert embedding.weights is not head.weights and embedding.weight_format is WeightFormat.DENSE
     assert same_bits(embedding(torch.arange(V)), ctw.module_tensors(path, ctw.EMBED)["weight"])
 
@@ -484,9 +484,9 @@ def test_smollm2_size(smollm2_table: torch.Tensor, tmp_path: Path, head: str, em
     ckpt = open_checkpoint(path)
     for module, cls, preset in ((ctw.HEAD, HEAD_CLS, head), (ctw.EMBED, EMBED_CLS, embed)):
         ref = ctw.library_decompress(path, module, cls)
-        assert same_bits(DecompressedRows(ckpt, module, algo_of(preset), SMOLLM2_H)[:], ref), module
+        assert same_bits(DecompressedRows(ckpt, module, format_of(preset), SMOLLM2_H)[:], ref), module
     x = smollm2_table[torch.tensor([1, 500, 9000, 40000])].bfloat16()
     check_shards(path, SMOLLM2_V, x)
-    twin = ctw.modelopt_twin(path, tmp_path / "mo", algo_of(head))
+    twin = ctw.modelopt_twin(path, tmp_path / "mo", format_of(head).value)
     ct_head, mo_head = twin_heads(path, twin)
     assert same_bits(ct_head(x), mo_head(x))

@@ -22,6 +22,7 @@ from tests.conftest import modelopt_qtensor
 from tests.quant import quant_rank_fns
 from trtvocab import LMHead, LogitsProcessor, Mapping, QuantAlgo, QuantConfig, resolve_lm_head_quant
 from trtvocab.base import safe_read
+from trtvocab.base.formats import WeightFormat
 from trtvocab.checkpoints.checkpoint import Checkpoint
 from trtvocab.errors import CheckpointError, QuantizationError
 from trtvocab.parallel.launch import run_ranks
@@ -169,6 +170,9 @@ def test_gating_decision_table(tmp_path, case):
         assert (decision.config.quant_algo.value, decision.config.activation, decision.config.granularity) == (
             algo, activation, granularity)
     assert (decision.warning is not None) is dequantize
+    # The stored bytes' format is a WeightFormat (FP8 / NVFP4) whether the head runs quantized or dense.
+    head_dtype = Checkpoint(path).info(decision.tensor_name).dtype
+    assert decision.stored is {"F8_E4M3": WeightFormat.FP8, "U8": WeightFormat.NVFP4}.get(head_dtype)
 
 
 def test_gating_weight_only_and_errors(tmp_path):
@@ -279,10 +283,10 @@ def test_dequantize_stored_reads_only_the_shard(tmp_path):
     ckpt = Checkpoint(path)
     lazy = {k.split(".")[-1]: ckpt.get_slice(k) for k in tensors}
     shard = vocab_shard(V, 3, 2)
-    got = dequantize_stored(FP8, lazy, shard, H)
+    got = dequantize_stored(WeightFormat.FP8, lazy, shard, H)
     assert torch.equal(got, ref_weight(tensors)[shard.start : shard.end])
     with pytest.raises(QuantizationError, match="cannot dequantize"):
-        dequantize_stored(QuantAlgo.W4A16_AWQ, lazy, shard, H)
+        dequantize_stored(WeightFormat.DENSE, lazy, shard, H)
 
 
 # ---- forward: logits against a float64 reference, resident bytes -------------------------------------------
@@ -572,4 +576,4 @@ def test_loads_checkpoint_exported_by_modelopt(modelopt_export, algo):
     # A rank's rows of the exported file, read lazily: packed rows and block scales together.
     shard = vocab_shard(500, 3, 1)
     lazy = {k.split(".")[-1]: ckpt.get_slice(k) for k in tensors if k != "lm_head.input_scale"}
-    assert torch.equal(dequantize_stored(QuantAlgo(algo), lazy, shard, 64), want_w[shard.start : shard.end])
+    assert torch.equal(dequantize_stored(WeightFormat(algo), lazy, shard, 64), want_w[shard.start : shard.end])

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trtvocab.base.formats import Activation, Granularity
+from trtvocab.base.formats import Activation, Granularity, WeightFormat
 from trtvocab.checkpoints.checkpoint import ST_DTYPES
 from trtvocab.errors import CheckpointError, PatternError, QuantizationError
 from trtvocab.quant import patterns
@@ -251,13 +251,13 @@ class Stored:
     present: frozenset[str]  # keys of SCALE_KEYS that exist
 
     @property
-    def algo(self) -> str | None:
-        """``"FP8"``, ``"NVFP4"`` or None (dense / absent), from the weight tensor's dtype."""
+    def weight_format(self) -> WeightFormat | None:
+        """FP8, NVFP4 or None (dense / absent), from the weight tensor's name and dtype."""
         if self.weight is None:
             return None
         if self.weight.endswith(".weight_packed"):
-            return "NVFP4"
-        return "FP8" if self.dtype == "F8_E4M3" else None
+            return WeightFormat.NVFP4
+        return WeightFormat.FP8 if self.dtype == "F8_E4M3" else None
 
 
 def stored_module(ckpt: Checkpoint, module: str) -> Stored:
@@ -281,13 +281,14 @@ def _file(ckpt: Checkpoint, name: str | None) -> str:
 class CTModule:
     """What a compressed-tensors module holds and how it may run.
 
-    ``algo`` None: dense. ``activation``: what the checkpoint asks for (before a caller's
-    ``weight_only``); ``notice``: a warning to give when it loads (a mode trtvocab does not run).
+    ``stored``: the format of the stored bytes (FP8 or NVFP4; None: dense). ``activation``: what the
+    checkpoint asks for (before a caller's ``weight_only``); ``notice``: a warning to give when it loads
+    (a mode trtvocab does not run).
     """
 
     module: str
     tensor_name: str
-    algo: str | None
+    stored: WeightFormat | None
     granularity: Granularity = Granularity.PER_TENSOR
     activation: Activation = Activation.NONE
     entry: str = ""
@@ -337,13 +338,13 @@ def _nvfp4_activation(group: CTGroup, stored: Stored, where: str, file: str) -> 
                              "weight-only (W4A16)")
 
 
-def _check_scale_tensors(ckpt: Checkpoint, stored: Stored, algo: str, granularity: Granularity, where: str,
-                         file: str) -> None:
+def _check_scale_tensors(ckpt: Checkpoint, stored: Stored, weight_format: WeightFormat, granularity: Granularity,
+                         where: str, file: str) -> None:
     """Shapes and dtypes of the scales (header only)."""
     m = stored.module
     weight = ckpt.info(stored.weight)  # type: ignore[arg-type]
     if len(weight.shape) != 2:
-        wanted = "[V, H/2] (two FP4 codes a byte)" if algo == "NVFP4" else "[V, H]"
+        wanted = "[V, H/2] (two FP4 codes a byte)" if weight_format is WeightFormat.NVFP4 else "[V, H]"
         raise QuantizationError(f"{file}: {stored.weight} must be 2-D {wanted} ({where}), got "
                                 f"{weight.dtype} {list(weight.shape)}")
     vocab = weight.shape[0]
@@ -351,7 +352,7 @@ def _check_scale_tensors(ckpt: Checkpoint, stored: Stored, algo: str, granularit
     numel = 1
     for d in scale.shape:
         numel *= d
-    if algo == "FP8":
+    if weight_format is WeightFormat.FP8:
         if scale.dtype not in FLOAT_SCALE_DTYPES:
             raise QuantizationError(f"{file}: {m}.weight_scale is {scale.dtype}; {where} (FP8) stores it in the "
                                     f"model dtype, one of {list(FLOAT_SCALE_DTYPES)}")
@@ -402,7 +403,7 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
         why = (f"{where} ignore entry {ignored!r} matches {module}" if ignored is not None
                else f"no {where} config group quantizes {module}'s weights" if match is not None
                else f"no {where} config_groups target matches {module}")
-        if stored.algo is not None or stored.present:
+        if stored.weight_format is not None or stored.present:
             held = sorted([stored.weight.rsplit('.', 1)[1] + f" {stored.dtype}", *stored.present])
             raise QuantizationError(f"{file}: {module} holds quantized tensors ({', '.join(held)}) but {why}; "
                                     "the config and the tensors disagree")
@@ -416,7 +417,7 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
         detail = (f"{entry} quantizes {module}, but the checkpoint was saved uncompressed (format {fmt!r}, "
                   f"quantization_status {status!r}: save_pretrained(save_compressed=False)): {stored.weight} is "
                   f"{stored.dtype}")
-        if stored.algo is not None or not allow_uncompressed:
+        if stored.weight_format is not None or not allow_uncompressed:
             raise QuantizationError(
                 f"{file}: {detail} with {sorted(f'{module}.{k}' for k in stored.present) or 'no scales'} beside "
                 "it; its values are not the quantized model's and are never read as quantized bytes. Save it "
@@ -434,7 +435,7 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
                                 "the head or the embedding (FP8 E4M3 and NVFP4 only)")
     strategy = args.resolved_strategy
     if args.num_bits == 8:
-        algo = "FP8"
+        weight_format = WeightFormat.FP8
         if strategy not in ("tensor", "channel"):
             raise QuantizationError(f"{file}: {entry}: FP8 strategy {strategy!r} is not supported (per-tensor "
                                     "'tensor' and per-row 'channel' only; block / group scales are refused)")
@@ -443,7 +444,7 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
                                     f"{list(FP8_FORMATS)}")
         granularity = Granularity.PER_ROW if strategy == "channel" else Granularity.PER_TENSOR
     elif args.num_bits == 4 and strategy == "tensor_group" and args.group_size == BLOCK:
-        algo, granularity = "NVFP4", Granularity.PER_TENSOR
+        weight_format, granularity = WeightFormat.NVFP4, Granularity.PER_TENSOR
         if fmt != NVFP4_FORMAT:
             raise QuantizationError(f"{file}: {entry} has NVFP4 weights but format {fmt!r}; expected "
                                     f"{NVFP4_FORMAT!r}")
@@ -453,28 +454,30 @@ def resolve_module(ckpt: Checkpoint, cfg: CTConfig, module: str, classes: tuple[
         raise QuantizationError(f"{file}: {entry}: float{args.num_bits} {strategy} g{args.group_size} weights "
                                 "are not supported (FP8 'tensor'/'channel', NVFP4 'tensor_group' g16 only; MXFP4 "
                                 "/ MXFP8 are refused)")
-    expected = f"{module}.weight_packed" if algo == "NVFP4" else f"{module}.weight"
-    needed = {"FP8": ("weight_scale",), "NVFP4": ("weight_scale", "weight_global_scale")}[algo]
-    if stored.algo != algo:
+    nvfp4 = weight_format is WeightFormat.NVFP4
+    expected = f"{module}.weight_packed" if nvfp4 else f"{module}.weight"
+    needed = ("weight_scale", "weight_global_scale") if nvfp4 else ("weight_scale",)
+    if stored.weight_format is not weight_format:
         found = f"{stored.weight} is {stored.dtype}"
-        raise QuantizationError(f"{file}: {entry} quantizes {module} as {algo}, so {expected} "
-                                f"({'U8' if algo == 'NVFP4' else 'F8_E4M3'}) must be stored; {found}")
+        raise QuantizationError(f"{file}: {entry} quantizes {module} as {weight_format}, so {expected} "
+                                f"({'U8' if nvfp4 else 'F8_E4M3'}) must be stored; {found}")
     for key in needed:
         if key not in stored.present:
-            raise QuantizationError(f"{file}: {entry} quantizes {module} as {algo}, but {module}.{key} is missing")
+            raise QuantizationError(f"{file}: {entry} quantizes {module} as {weight_format}, but {module}.{key} is "
+                                    "missing")
     if ckpt.has(f"{module}.weight_scale_2"):
-        raise QuantizationError(f"{file}: {entry} quantizes {module} as compressed-tensors {algo}, but "
+        raise QuantizationError(f"{file}: {entry} quantizes {module} as compressed-tensors {weight_format}, but "
                                 f"{module}.weight_scale_2 (ModelOpt's global scale) is stored beside its "
-                                f"{'weight_global_scale' if algo == 'NVFP4' else 'weight_scale'}; one module has "
+                                f"{'weight_global_scale' if nvfp4 else 'weight_scale'}; one module has "
                                 "one quantization format")
-    _check_scale_tensors(ckpt, stored, algo, granularity, entry, file)
-    activation, notice = (_fp8_activation if algo == "FP8" else _nvfp4_activation)(group, stored, entry, file)
+    _check_scale_tensors(ckpt, stored, weight_format, granularity, entry, file)
+    activation, notice = (_nvfp4_activation if nvfp4 else _fp8_activation)(group, stored, entry, file)
     vllm_note = None
     if match.by_class and "Linear" in classes:
         vllm_note = (f"vLLM would not quantize this head: class target {match.target!r} does not match its "
                      "ParallelLMHead (vLLM quantizes a head only when a target names it, e.g. 'lm_head')")
-    reason = f"{entry} quantizes {module} as {algo} ({fmt})"
-    return CTModule(module, expected, algo, granularity, activation, entry, reason, notice, vllm_note)
+    reason = f"{entry} quantizes {module} as {weight_format} ({fmt})"
+    return CTModule(module, expected, weight_format, granularity, activation, entry, reason, notice, vllm_note)
 
 
 # ---- exact dequantization (compressed-tensors' decompress) -------------------------------------------
@@ -503,9 +506,9 @@ class DecompressedRows:
     (``get_shape`` / ``get_dtype``), so a dense weight loads it like any lazy tensor.
     """
 
-    def __init__(self, ckpt: Checkpoint, module: str, algo: str, hidden: int) -> None:
-        self.module, self.algo, self.hidden = module, algo, hidden
-        if algo == "NVFP4":
+    def __init__(self, ckpt: Checkpoint, module: str, stored: WeightFormat, hidden: int) -> None:
+        self.module, self.stored, self.hidden = module, stored, hidden
+        if stored is WeightFormat.NVFP4:
             self.codes = ckpt.get_slice(f"{module}.weight_packed")
             self.scales = ckpt.get_slice(f"{module}.weight_scale")
             self.global_scale = ckpt.read(f"{module}.weight_global_scale").float().reshape(())
@@ -542,7 +545,7 @@ class DecompressedRows:
 
     def _rows(self, lo: int, hi: int) -> torch.Tensor:
         codes = self.codes[lo:hi]
-        if self.algo == "NVFP4":
+        if self.stored is WeightFormat.NVFP4:
             scales = self.scales[lo:hi]
             check_block_scales(scales, f"{self.module}.weight_scale")  # the quantized path's rule
             return decompress_nvfp4(codes, scales, self.global_scale)
@@ -586,11 +589,11 @@ def reciprocal(value: torch.Tensor, name: str) -> torch.Tensor:
     return out
 
 
-def modelopt_tensors(ckpt: Checkpoint, module: str, algo: str, granularity: Granularity) -> dict[str, Any]:
+def modelopt_tensors(ckpt: Checkpoint, module: str, stored: WeightFormat, granularity: Granularity) -> dict[str, Any]:
     """The module's tensors under the names (and scale conventions) of the FP8 / NVFP4 weight methods:
     lazy row readers for the per-row tensors, scalars read (what is exact: the section "the format")."""
     out: dict[str, Any] = {}
-    if algo == "NVFP4":
+    if stored is WeightFormat.NVFP4:
         out["weight"] = ckpt.get_slice(f"{module}.weight_packed")
         out["weight_scale"] = ckpt.get_slice(f"{module}.weight_scale")
         out["weight_scale_2"] = reciprocal(ckpt.read(f"{module}.weight_global_scale"),
@@ -610,7 +613,7 @@ def modelopt_tensors(ckpt: Checkpoint, module: str, algo: str, granularity: Gran
     return out
 
 
-def head_tensors(ckpt: Checkpoint, tensor_name: str, stored: str | None, *, dequantize: bool,
+def head_tensors(ckpt: Checkpoint, tensor_name: str, stored: WeightFormat | None, *, dequantize: bool,
                  granularity: Granularity, static: bool, hidden: int) -> dict[str, Any]:
     """What ``load_weights`` of the head takes for a compressed-tensors verdict (lazy; one shard is read):
     the stored dense tensor, :class:`DecompressedRows` (``dequantize``), or the ModelOpt-named tensors
@@ -630,13 +633,13 @@ def head_tensors(ckpt: Checkpoint, tensor_name: str, stored: str | None, *, dequ
 @dataclass(frozen=True)
 class EmbeddingTensors:
     """A compressed-tensors embedding as :class:`~trtvocab.embedding.VocabParallelEmbedding` loads it:
-    ``algo`` ``"FP8"`` (an FP8 table with ``granularity``) or None (a dense table, NVFP4 decompressed)."""
+    ``weight_format`` FP8 (an FP8 table with ``granularity``) or None (a dense table, NVFP4 decompressed)."""
 
     tensor_name: str
     vocab_size: int
     hidden_size: int
     tensors: dict[str, Any]
-    algo: str | None
+    weight_format: WeightFormat | None
     granularity: Granularity
     notice: str | None
 
@@ -652,20 +655,20 @@ def embedding_tensors(ckpt: Checkpoint, section: dict[str, Any], where: str, nam
     if len(weight.shape) != 2:
         raise CheckpointError(f"{info.tensor_name}: expected a 2-D [V, H] table, got {list(weight.shape)}")
     vocab, cols = weight.shape
-    if info.algo is None:
+    if info.stored is None:
         return EmbeddingTensors(info.tensor_name, vocab, cols, {"weight": ckpt.get_slice(info.tensor_name)}, None,
                                 info.granularity, info.notice)
-    if info.algo == "NVFP4":
+    if info.stored is WeightFormat.NVFP4:
         hidden = 2 * cols
         notice = (f"{info.tensor_name}: an NVFP4 embedding ({info.entry}) is decompressed exactly as "
                   "compressed-tensors' decompress does (bfloat16 rows) into a dense table: trtvocab's embedding "
                   "holds FP8 or dense tables only")
         return EmbeddingTensors(info.tensor_name, vocab, hidden,
-                                {"weight": DecompressedRows(ckpt, module, "NVFP4", hidden)}, None,
+                                {"weight": DecompressedRows(ckpt, module, WeightFormat.NVFP4, hidden)}, None,
                                 info.granularity, notice)
-    tensors = modelopt_tensors(ckpt, module, "FP8", info.granularity)
+    tensors = modelopt_tensors(ckpt, module, WeightFormat.FP8, info.granularity)
     tensors.pop("input_scale", None)  # the lookup quantizes no activations
-    return EmbeddingTensors(info.tensor_name, vocab, cols, tensors, "FP8", info.granularity, None)
+    return EmbeddingTensors(info.tensor_name, vocab, cols, tensors, WeightFormat.FP8, info.granularity, None)
 
 
 __all__ = [

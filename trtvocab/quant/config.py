@@ -97,6 +97,21 @@ class QuantAlgo(str, enum.Enum):
                 f"{where}: unknown quant_algo {value!r}; known: {[a.value for a in cls]}"
             ) from None
 
+    @property
+    def weight_format(self) -> WeightFormat:
+        """The format of a head quantized with this algo (FP8 or NVFP4); a QuantizationError for the others."""
+        if self not in HEAD_ALGOS:
+            raise QuantizationError(f"quant_algo {self.value} is not supported for the LM head; "
+                                    f"supported: {[a.value for a in HEAD_ALGOS]}")
+        return WeightFormat(self.value)
+
+    @classmethod
+    def of_format(cls, weight_format: WeightFormat) -> QuantAlgo:
+        """The algo that runs a head stored as ``weight_format`` (FP8 or NVFP4)."""
+        if weight_format not in (WeightFormat.FP8, WeightFormat.NVFP4):
+            raise QuantizationError(f"a head stored as {weight_format} has no quant_algo (FP8 or NVFP4 only)")
+        return cls(weight_format.value)
+
 
 HEAD_ALGOS = (QuantAlgo.FP8, QuantAlgo.NVFP4)
 
@@ -126,12 +141,7 @@ class QuantConfig(BaseModel):
     @property
     def weight_format(self) -> WeightFormat:
         """The weight format a head with this config stores (FP8 or NVFP4)."""
-        if self.quant_algo not in HEAD_ALGOS:
-            raise QuantizationError(
-                f"quant_algo {self.quant_algo.value} is not supported for the LM head; "
-                f"supported: {[a.value for a in HEAD_ALGOS]}"
-            )
-        return WeightFormat(self.quant_algo.value)
+        return self.quant_algo.weight_format
 
     @property
     def label(self) -> str:
@@ -148,7 +158,7 @@ class HeadQuantDecision(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     config: QuantConfig | None  # the quantization the head runs with (None = dense)
-    stored: QuantAlgo | None  # the format of the stored bytes (None = dense)
+    stored: WeightFormat | None  # the format of the stored bytes: FP8 or NVFP4 (None = dense)
     dequantize: bool  # stored quantized but running dense: dequantize exactly
     reason: str
     tensor_name: str = "lm_head.weight"  # the stored [V, H] tensor (lm_head.weight_packed for compressed-tensors NVFP4)
@@ -161,7 +171,7 @@ class HeadQuantDecision(BaseModel):
         if not self.dequantize or self.stored is None:
             return None
         if self.checkpoint_format is CheckpointFormat.COMPRESSED_TENSORS:
-            how = ("bfloat16(e2m1(q) * fp32(block_scale / global_scale))" if self.stored is QuantAlgo.NVFP4
+            how = ("bfloat16(e2m1(q) * fp32(block_scale / global_scale))" if self.stored is WeightFormat.NVFP4
                    else "q * weight_scale rounded once to the scale's dtype")
             return (f"{self.tensor_name} is stored as {self.stored.value} but the head runs dense ({self.reason}): "
                     f"dequantizing it exactly as compressed-tensors' decompress does ({how}), then casting to the "
@@ -208,12 +218,12 @@ def _excluded(patterns: list[str], module: str) -> str | None:
     return None
 
 
-def stored_format(ckpt: Checkpoint, tensor_name: str) -> QuantAlgo | None:
+def stored_format(ckpt: Checkpoint, tensor_name: str) -> WeightFormat | None:
     """The format of the stored head bytes, from the header: FP8 E4M3, packed uint8 FP4, or dense."""
     info = ckpt.info(tensor_name)
     module = tensor_name.rsplit(".", 1)[0]
     if info.dtype == "F8_E4M3":
-        return QuantAlgo.FP8
+        return WeightFormat.FP8
     if info.dtype == "U8":
         # ModelOpt's global scale is weight_scale_2, compressed-tensors' its reciprocal weight_global_scale.
         if not ckpt.has(f"{module}.weight_scale_2") and not ckpt.has(f"{module}.weight_global_scale"):
@@ -221,7 +231,7 @@ def stored_format(ckpt: Checkpoint, tensor_name: str) -> QuantAlgo | None:
                 f"{tensor_name} is uint8 (packed FP4) but {module}.weight_scale_2 is missing (ModelOpt's global "
                 f"scale; compressed-tensors files store {module}.weight_global_scale instead)"
             )
-        return QuantAlgo.NVFP4
+        return WeightFormat.NVFP4
     return None
 
 
@@ -328,7 +338,7 @@ def resolve_lm_head_quant(
     if stored is None:
         raise QuantizationError(f"{why}, but {name} is stored dense with no scales; "
                                 "write a quantized checkpoint with `trtvocab quantize`")
-    if stored is not wanted:
+    if stored is not wanted.weight_format:
         raise QuantizationError(f"{why}, but {name} is stored as {stored.value}")
     if wanted is QuantAlgo.FP8:
         activation = Activation.NONE if weight_only else (Activation.STATIC if has_input_scale else Activation.DYNAMIC)
@@ -359,7 +369,7 @@ def _resolve_ct(ckpt: Checkpoint, section: dict[str, Any], where: str, *, name: 
     cfg = ct.parse_config(section, where)
     classes = ct.EMBEDDING_CLASSES if tied else ct.HEAD_CLASSES
     info = ct.resolve_module(ckpt, cfg, name.rsplit(".", 1)[0], classes, where, allow_uncompressed=quant == "none")
-    stored = QuantAlgo(info.algo) if info.algo is not None else None
+    stored = info.stored
 
     def dense(reason: str, notice: str | None = None) -> HeadQuantDecision:
         return HeadQuantDecision(config=None, stored=stored, dequantize=stored is not None, reason=reason,
@@ -372,7 +382,8 @@ def _resolve_ct(ckpt: Checkpoint, section: dict[str, Any], where: str, *, name: 
         return dense("quant='none' requested")
     if forced_dense is not None:
         return dense(forced_dense)
-    config = QuantConfig(quant_algo=stored, activation=Activation.NONE if weight_only else info.activation,
+    config = QuantConfig(quant_algo=QuantAlgo.of_format(stored),
+                         activation=Activation.NONE if weight_only else info.activation,
                          group_size=BLOCK, granularity=info.granularity)
     return HeadQuantDecision(config=config, stored=stored, dequantize=False,
                              reason=info.reason + (f"; {info.vllm_note}" if info.vllm_note else ""),

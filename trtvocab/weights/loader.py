@@ -54,7 +54,7 @@ def head_shape(ckpt: Checkpoint, decision: HeadQuantDecision) -> tuple[int, int]
     if len(info.shape) != 2:
         raise CheckpointError(f"{decision.tensor_name}: expected a 2-D [V, H] tensor, got {list(info.shape)}")
     vocab, cols = info.shape
-    hidden = cols * 2 if decision.stored is QuantAlgo.NVFP4 else cols
+    hidden = cols * 2 if decision.stored is WeightFormat.NVFP4 else cols
     cfg_vocab, cfg_hidden = ckpt.config_int("vocab_size"), ckpt.config_int("hidden_size")
     if cfg_vocab is not None and cfg_vocab != vocab:
         raise CheckpointError(f"{decision.tensor_name}: has {vocab} rows but {_source(ckpt, 'vocab_size')} is "
@@ -85,22 +85,23 @@ def head_tensors(ckpt: Checkpoint, tensor_name: str, vocab: int) -> dict[str, An
     return out
 
 
-def dequantize_stored(algo: QuantAlgo, tensors: dict[str, Any], shard: VocabShard, hidden: int) -> torch.Tensor:
-    """Exact float32 ``[shard.size, H]`` of this shard's rows of a head stored as ``algo``.
+def dequantize_stored(stored: WeightFormat, tensors: dict[str, Any], shard: VocabShard, hidden: int) -> torch.Tensor:
+    """Exact float32 ``[shard.size, H]`` of this shard's rows of a head stored as ``stored`` (FP8 or NVFP4).
 
     Used when a quantized head must run dense (tied, excluded, ``quant="none"``): the stored scales are
     applied, never dropped, and the same validation as a quantized load runs.
     """
     method: QuantizedWeight
-    if algo is QuantAlgo.FP8:
+    if stored is WeightFormat.FP8:
         scale = tensors.get("weight_scale")
         granularity = Granularity.of_scale(source_shape(scale)) if scale is not None else Granularity.PER_TENSOR
-        config = QuantConfig(quant_algo=algo, activation=Activation.NONE, granularity=granularity)
+        config = QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE, granularity=granularity)
         method = FP8Weight(shard, hidden, torch.float32, config)
-    elif algo is QuantAlgo.NVFP4:
-        method = NVFP4Weight(shard, hidden, torch.float32, QuantConfig(quant_algo=algo, activation=Activation.NONE))
+    elif stored is WeightFormat.NVFP4:
+        method = NVFP4Weight(shard, hidden, torch.float32,
+                             QuantConfig(quant_algo=QuantAlgo.NVFP4, activation=Activation.NONE))
     else:
-        raise QuantizationError(f"cannot dequantize a head stored as {algo.value}; supported: FP8, NVFP4")
+        raise QuantizationError(f"cannot dequantize a head stored as {stored}; supported: FP8, NVFP4")
     method.load({k: v for k, v in tensors.items() if k != "input_scale"})
     return method.dense_weight()[: shard.size]
 
@@ -149,7 +150,7 @@ class ProbedHead:
             config = self.decision.config
             return ct.head_tensors(
                 self.checkpoint, self.decision.tensor_name,
-                self.decision.stored.value if self.decision.stored is not None else None,
+                self.decision.stored,
                 dequantize=self.decision.dequantize,
                 granularity=config.granularity if config is not None else Granularity.PER_TENSOR,
                 static=config is not None and config.activation is Activation.STATIC, hidden=self.hidden_size)
@@ -250,8 +251,8 @@ def open_embedding(path: Any, tensor_name: str | None = None, gguf_blocks: bool 
     section = getattr(ckpt, "config", {}).get("quantization_config")
     if ct.is_compressed_tensors(section):
         got = ct.embedding_tensors(ckpt, section, f"{ckpt.path / 'config.json'} quantization_config", name)
-        config = None if got.algo is None else QuantConfig(quant_algo=QuantAlgo.FP8, activation=Activation.NONE,
-                                                           granularity=got.granularity)
+        config = None if got.weight_format is None else QuantConfig(
+            quant_algo=QuantAlgo.FP8, activation=Activation.NONE, granularity=got.granularity)
         family = family_of(ckpt, hidden_size=got.hidden_size, need_head=False)
         return EmbeddingSource(ckpt, got.tensor_name, got.vocab_size, got.hidden_size, got.tensors, config,
                                got.notice, family.embedding, family)
