@@ -57,18 +57,20 @@ FORWARD_HANDSHAKE = D.Handshake("LMHead", (
 ))
 
 
-def gather_error(gather_output: Any, gather_chunk_rows: Any, mapping: Mapping | None = None) -> ConfigError | None:
-    """Why ``gather_output`` / ``gather_chunk_rows`` cannot configure a head (None: they can)."""
+def gather_error(gather_output: Any, gather_chunk_rows: Any, mapping: Mapping | None = None,
+                 what: str = "LMHead") -> ConfigError | None:
+    """Why ``gather_output`` / ``gather_chunk_rows`` cannot configure a head (None: they can); ``what`` names
+    the head in the message (an artifact's per-rank head: ``trtvocab.backends.gathered``)."""
     if not any(gather_output is m or (isinstance(m, str) and gather_output == m) for m in GATHER_MODES):
-        return ConfigError(f"LMHead gather_output must be one of True (all-gather to every rank), False (keep this "
+        return ConfigError(f"{what} gather_output must be one of True (all-gather to every rank), False (keep this "
                            f"rank's columns) or 'rank0' (gather to rank 0 only), got {gather_output!r}")
     rows = gather_chunk_rows
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
-        return ConfigError(f"LMHead gather_chunk_rows must be None or an int >= 1 (rows per gather), got {rows!r}")
+        return ConfigError(f"{what} gather_chunk_rows must be None or an int >= 1 (rows per gather), got {rows!r}")
     if rows is not None and gather_output is False:
-        return ConfigError("LMHead gather_chunk_rows needs gather_output=True or 'rank0' (False gathers nothing)")
+        return ConfigError(f"{what} gather_chunk_rows needs gather_output=True or 'rank0' (False gathers nothing)")
     if gather_output == "rank0" and mapping is not None and mapping.enable_attention_dp and mapping.lm_head_is_split:
-        return ConfigError("LMHead gather_output='rank0' with attention DP: every rank's rows return to it by an "
+        return ConfigError(f"{what} gather_output='rank0' with attention DP: every rank's rows return to it by an "
                            "all-to-all; use gather_output=True or False")
     return None
 
@@ -561,11 +563,7 @@ class LMHead(VocabParallelModule):
             hidden_states = D.all_gather_rows(hidden_states, row_counts, self.process_group)
         if self.added_vocab:  # two segments: every rank's whole width, reindexed to token order
             local = self.local_logits(hidden_states)
-            if self.gather_output is False:
-                return local
             widths = [s.width for s in self.added_shards]
-            if self.gather_output is True and self.gather_chunk_rows is None:
-                return self._token_order_columns(D.all_gather_columns(local, widths, self.process_group, pending))
             return self._gather(local, widths, pending, self.token_order()[: self.full_vocab_size])
         chunks = self.overlap_for(rows)
         if chunks > 1:  # column chunks, each one's all-gather behind the next one's GEMM
@@ -580,8 +578,6 @@ class LMHead(VocabParallelModule):
             return local
         sizes = [s.size for s in self.shards]
         if not adp:
-            if self.gather_output is True and self.gather_chunk_rows is None:
-                return D.all_gather_columns(local, sizes, self.process_group, pending)
             return self._gather(local, sizes, pending)
         if self.gather_chunk_rows is not None:
             return D.all_to_all_rows_chunked(local, row_counts, sizes, self.process_group, self.gather_chunk_rows)
@@ -649,11 +645,11 @@ class LMHead(VocabParallelModule):
 
     def _gather(self, local: torch.Tensor, widths: list[int], pending: D.Pending | None,
                 order: torch.Tensor | None = None) -> torch.Tensor | None:
-        """``local``'s pieces of every rank in token order, by this head's gather mode: all-gathered
-        (``True``) or gathered to group rank 0 (``"rank0"``: None on the other ranks), in chunks of
-        :attr:`gather_chunk_rows` rows into one preallocated output."""
-        dst = 0 if self.gather_output == "rank0" else None
-        return D.gather_columns(local, widths, self.process_group, pending, dst=dst,
+        """``local``'s pieces of every rank in token order, by this head's gather mode
+        (:func:`~trtvocab.parallel.distributed.gather_by_mode`, what an artifact's per-rank head runs too):
+        ``local`` itself (``False``), all-gathered (``True``) or gathered to group rank 0 (``"rank0"``: None on
+        the other ranks), in chunks of :attr:`gather_chunk_rows` rows into one preallocated output."""
+        return D.gather_by_mode(local, widths, self.process_group, pending, gather_output=self.gather_output,
                                 chunk_rows=self.gather_chunk_rows, order=order)
 
     def _open_gathered_call(self, rows: int, error: BaseException | None) -> D.Pending | None:

@@ -537,6 +537,36 @@ def gather_columns(local: torch.Tensor, widths: Sequence[int], group: ProcessGro
     return out
 
 
+GatherMode = bool | str  # a head's gather_output: True, False or "rank0" (trtvocab.lm_head.GATHER_MODES)
+
+
+def gather_by_mode(local: torch.Tensor, widths: Sequence[int], group: ProcessGroup, pending: Pending | None = None,
+                   *, gather_output: GatherMode = True, chunk_rows: int | None = None,
+                   order: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A split head's logits by its gather mode, from this rank's ``[N, widths[me]]`` piece: the one home of
+    the choice that ``LMHead.forward`` and an artifact's per-rank head (``trtvocab.backends.gathered``) make.
+
+    ``gather_output`` False: ``local`` itself; True: ``[N, sum(widths)]`` on every rank (one all-gather,
+    :func:`all_gather_columns`, or with ``chunk_rows`` :func:`gather_columns`); ``"rank0"``: the same on group
+    rank 0 only, None on the others (:func:`gather_columns` with ``dst=0``). ``order``: then those columns
+    (token order). ``pending``: the call's verdict riding on its all-gather (None for ``"rank0"``: the caller
+    ran the handshake). Validated by the caller (``trtvocab.lm_head.gather_error``)."""
+    if gather_output is False:
+        return local
+    if gather_output is True and chunk_rows is None:
+        full = all_gather_columns(local, widths, group, pending)
+        return full if order is None else full[:, order]
+    return gather_columns(local, widths, group, pending, dst=0 if gather_output == "rank0" else None,
+                          chunk_rows=chunk_rows, order=order)
+
+
+def broadcast_from(tensor: torch.Tensor, group: ProcessGroup, src: int = 0) -> torch.Tensor:
+    """``tensor`` (the same shape and dtype on every rank) overwritten in place with group rank ``src``'s."""
+    if group_size(group) > 1:
+        dist.broadcast(tensor, src=src if group is None else dist.get_global_rank(group, src), group=group)
+    return tensor
+
+
 def all_to_all_rows_chunked(local: torch.Tensor, rows: Sequence[int], widths: Sequence[int], group: ProcessGroup,
                             chunk_rows: int) -> torch.Tensor:
     """:func:`all_to_all_rows` of ``local`` (``[sum(rows), my width]``: every rank's rows, this rank's

@@ -3,85 +3,71 @@
 ::
 
     read_manifest (checksums, versions)  ->  pick_backend (tensorrt > onnx > torch)
-        -> every rank: open_backend(...).rank_logits(hidden, seq_lens)   [B, V_local] float32
-        -> handshake, all-gather of the columns (pad + trim)            [B, V]
+        -> every rank: open_gathered(...).logits(hidden, seq_lens)
+             backend.rank_logits                                       [B, V_local] float32
+             handshake, the gather of the columns by the gather mode   [B, V] (True, "rank0"), or local (False)
 
 Every backend yields the same per-rank logits (within the tolerance the build recorded);
-the gather across ranks is the head's own code (:mod:`trtvocab.parallel.distributed`).
+the gather across ranks is the head's own code (:class:`~trtvocab.backends.gathered.GatheredBackend`:
+``trtvocab.parallel.distributed.gather_by_mode``, what ``LMHead.forward`` runs).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from trtvocab.artifact import store as artifacts
 from trtvocab.artifact.manifest import Manifest
 from trtvocab.backends import open_backend, pick_backend
-from trtvocab.backends.base import RankLogits
-from trtvocab.base.dtypes import head_dtype
-from trtvocab.base.formats import Runtime
+from trtvocab.backends.gathered import checked_rank_logits, open_gathered
 from trtvocab.base.inputs import check_hidden_states, last_token_rows
-from trtvocab.errors import ArtifactError, InputError
+from trtvocab.errors import ArtifactError
+from trtvocab.lm_head import gather_error
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.launch import run_ranks
-
-# What the ranks of an inference agree on before the gather (protocol: trtvocab.parallel.distributed.Handshake).
-INFER_HANDSHAKE = D.Handshake("infer", (D.Field("vocab_size"), D.Field("rows"),
-                                        D.Field("ran_on", tuple(Runtime), per_rank=True)))
 
 
 class InferResult(NamedTuple):
     """What :func:`infer` returns on the rank that holds the answer."""
 
-    logits: torch.Tensor | None  # float32 [B, V] (None on the other ranks under torchrun)
+    logits: torch.Tensor | None  # float32 [B, V] (None on the other ranks under torchrun; gather_output=False:
+    # rank 0's own [B, V_local] columns)
     ran_on: str  # what computed them: a Runtime value ("torch", "onnxruntime", "onnx.reference", "tensorrt"),
     # or the distinct values of the ranks, sorted and joined by ", "
     manifest: Manifest
 
 
-def _rank_logits(root: Path, manifest: Manifest, rank: int, backend: str, hidden: torch.Tensor,
-                 seq_lens: torch.Tensor | None) -> RankLogits:
-    hidden = hidden.to(head_dtype(manifest.head.dtype))
-    local = open_backend(backend, root, manifest, rank).rank_logits(hidden, seq_lens)
-    # Finite hidden states times finite weights can still overflow float32 (rows of 1e37): one check
-    # after the product, so that no logit printed or saved is inf or NaN (docs/threat_model.md).
-    bad = (~torch.isfinite(local.logits)).nonzero()
-    if bad.numel():
-        row, col = (int(v) for v in bad[0])
-        raise InputError(f"infer: rank {rank}'s logits hold {float(local.logits[row, col])} at output row {row}, "
-                         f"column {manifest.ranks[rank].start + col} (token id): the hidden states (max |x| = "
-                         f"{float(hidden.float().abs().max()):.3g}) overflow float32 in x @ W.T")
-    return local
-
-
 def _infer_rank(rank: int, world: int, root: str, backend: str, hidden: torch.Tensor,
-                seq_lens: torch.Tensor | None) -> tuple[torch.Tensor, str] | None:
+                seq_lens: torch.Tensor | None, gather_output: Any = True,
+                gather_chunk_rows: int | None = None) -> tuple[torch.Tensor | None, str] | None:
     """One rank of a split artifact: its columns, the handshake, the gather; rank 0 returns the result."""
     manifest = artifacts.read_manifest(Path(root), verify=False)  # verified once by the caller
-    error: Exception | None = None
-    local = RankLogits(torch.empty(0, 0), Runtime.TORCH)
-    try:
-        local = _rank_logits(Path(root), manifest, rank, backend, hidden, seq_lens)
-    except Exception as exc:  # every rank hears of it in the handshake instead of waiting
-        error = exc
-    values = {"vocab_size": manifest.head.vocab_size, "rows": local.logits.shape[0], "ran_on": local.ran_on}
-    ran_on = INFER_HANDSHAKE.exchange(values, error, None, local.logits.device, world=world)["ran_on"]
-    full = D.all_gather_columns(local.logits, [e.end - e.start for e in manifest.ranks], None)
-    return (full, ", ".join(sorted(set(ran_on)))) if rank == 0 else None
+    head = open_gathered(backend, Path(root), manifest, rank, gather_output=gather_output,
+                         gather_chunk_rows=gather_chunk_rows)
+    logits = head.logits(hidden, seq_lens)
+    return (logits, ", ".join(sorted(set(head.ran_on)))) if rank == 0 else None
 
 
 def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None = None,
-          backend: str = "auto") -> InferResult:
+          backend: str = "auto", *, gather_output: bool | str = True,
+          gather_chunk_rows: int | None = None) -> InferResult:
     """Gathered float32 logits ``[B, V]`` of every rank of the artifact at ``root``.
 
-    Everything is validated here, before any rank starts: the artifact (checksums,
+    Everything is validated here, before any rank starts: the gather mode, the artifact (checksums,
     versions, all ranks present, manifest consistency), the backend, the hidden states
     (shape, dtype, finite: NaN / inf refused naming the first bad row) and ``seq_lens``.
     Under ``torchrun`` this process is one rank and only rank 0 gets the logits.
+    ``gather_output`` / ``gather_chunk_rows``: how a split artifact's columns reach rank 0, as for ``LMHead``
+    (:class:`~trtvocab.backends.gathered.GatheredBackend`): ``True`` all-gathers, ``"rank0"`` gathers to
+    rank 0 only (the same logits, the other ranks receive nothing), ``gather_chunk_rows=R`` moves R rows a
+    collective; ``False`` gathers nothing and returns rank 0's own ``[B, V_local]`` columns.
     """
+    error = gather_error(gather_output, gather_chunk_rows, what="infer")
+    if error is not None:
+        raise error
     root = Path(root)
     manifest = artifacts.read_manifest(root)
     manifest.require_complete(str(root), "inference")
@@ -95,12 +81,13 @@ def infer(root: str | Path, hidden: torch.Tensor, seq_lens: torch.Tensor | None 
         # it and serves its own requests, so one rank computes the answer; nothing to gather.
         if D.is_initialized() and D.group_rank() != 0:
             return InferResult(None, chosen, manifest)
-        local = _rank_logits(root, manifest, 0, chosen, hidden, seq_lens)
+        local = checked_rank_logits(open_backend(chosen, root, manifest, 0), manifest, 0, hidden, seq_lens)
         return InferResult(local.logits, local.ran_on, manifest)
     if D.is_initialized():  # under torchrun: this process is one rank
         if D.group_size() != tp:
             raise ArtifactError(f"{root}: built for tp {tp}, but torchrun started {D.group_size()} processes")
-        out = _infer_rank(D.group_rank(), tp, str(root), chosen, hidden, seq_lens)
+        out = _infer_rank(D.group_rank(), tp, str(root), chosen, hidden, seq_lens, gather_output, gather_chunk_rows)
         return InferResult(None, chosen, manifest) if out is None else InferResult(out[0], out[1], manifest)
-    logits, ran_on = run_ranks(_infer_rank, tp, str(root), chosen, hidden, seq_lens)[0]
+    logits, ran_on = run_ranks(_infer_rank, tp, str(root), chosen, hidden, seq_lens, gather_output,
+                               gather_chunk_rows)[0]
     return InferResult(logits, ran_on, manifest)

@@ -160,12 +160,13 @@ class Collective(BaseModel):
     """One collective of a step, priced as the bytes each rank hands to it (its input tensor).
 
     Args:
-        what: what it moves; kind: ``all_gather`` | ``all_reduce`` | ``all_to_all`` | ``gather``.
+        what: what it moves; kind: ``all_gather`` | ``all_reduce`` | ``all_to_all`` | ``gather`` | ``broadcast``.
         bytes: one rank's input (an all-gather's piece, an all-reduce's buffer, an all-to-all's whole send
             buffer), the agreement header included where it rides (``header``: 24 bytes and the payload
             rounded up to 8-byte words, on a steady step's first data collective).
         wire_recv_bytes: what one rank receives over the wire (a ring: ``(n-1) x bytes`` for an all-gather,
-            ``2 (n-1)/n x bytes`` for an all-reduce; a gather: rank 0 receives ``(n-1) x bytes``).
+            ``2 (n-1)/n x bytes`` for an all-reduce; a gather: rank 0 receives ``(n-1) x bytes``; a broadcast:
+            every rank but the source receives ``bytes``).
     """
 
     what: str
@@ -368,7 +369,11 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
         _positive_int(gather_chunk_rows, "--gather-chunk-rows")
     if tp > 1:
         rows = batch * logits_per_seq
-        plan.decode_step = decode_collectives(vocab, tp, rows, sampler)
+        if gather_output == "rank0" and adp_rows is None:  # rank 0 gathers, samples and broadcasts the ids
+            plan.decode_step = rank0_decode_collectives(vocab, hidden, tp, rows, layout, pad_to, sampler=sampler,
+                                                        gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes)
+        else:
+            plan.decode_step = decode_collectives(vocab, tp, rows, sampler)
         plan.forward = forward_collectives(vocab, hidden, tp, rows, layout, pad_to, gather_output=gather_output,
                                            gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes,
                                            hidden_bytes=logits_bytes, adp_rows=adp_rows,
@@ -425,7 +430,7 @@ def collective(what: str, kind: str, nbytes: int, tp: int, *, header: bool = Fal
     """A :class:`Collective` of ``nbytes`` per rank (``header``: the agreement header rides on it)."""
     if header:
         nbytes = HEADER_BYTES + WORD * -(-nbytes // WORD)
-    wire = {"all_gather": (tp - 1) * nbytes, "gather": (tp - 1) * nbytes,
+    wire = {"all_gather": (tp - 1) * nbytes, "gather": (tp - 1) * nbytes, "broadcast": nbytes,
             "all_reduce": 2 * (tp - 1) * nbytes // tp, "all_to_all": (tp - 1) * nbytes // tp}[kind]
     return Collective(what=what, kind=kind, bytes=nbytes, header=header, wire_recv_bytes=wire)
 
@@ -530,6 +535,26 @@ def forward_collectives(vocab: int, hidden: int, tp: int, rows: int, layout: Voc
         return _step(calls, calls)
     return _with_header([(f"logits all-gather [{r}, {width}]", "all_gather", r * width * logits_bytes)
                          for r in chunks], tp, handshake_bytes(FORWARD_HANDSHAKE), "LMHead")
+
+
+def rank0_decode_collectives(vocab: int, hidden: int, tp: int, rows: int, layout: VocabLayout = "uneven",
+                             pad_to: int = 64, *, sampler: Sampler | None = None, gather_chunk_rows: int | None = None,
+                             logits_bytes: int = BF16) -> StepCollectives:
+    """``sampling.decode``'s collectives for a head with ``gather_output="rank0"`` (:mod:`trtvocab.sampling.rank0`):
+    the forward's (:func:`forward_collectives`: the handshake, the logits to rank 0), then rank 0's broadcast of
+    ``[1 + B]`` int64 (a status word, the ids) and, when the rows ask for logprobs, of ``[B, 3 (1 + N)]`` int64
+    (ids, ranks, the values' float32 bits). The sampler's knobs cross no rank: rank 0 holds the whole vocabulary."""
+    s = sampler or Sampler()
+    forward = forward_collectives(vocab, hidden, tp, rows, layout, pad_to, gather_output="rank0",
+                                  gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes,
+                                  hidden_bytes=logits_bytes)
+    calls = [collective(f"sampled ids from rank 0 [1 + {rows}] int64 (status, ids)", "broadcast", (1 + rows) * WORD,
+                        tp)]
+    if s.logprobs is not None:
+        cols = 3 * (1 + s.logprobs)
+        calls.append(collective(f"logprobs from rank 0 [B, {cols}] int64 (ids, ranks, value bits)", "broadcast",
+                                rows * cols * WORD, tp))
+    return _step(forward.first + calls, forward.steady + calls)
 
 
 def embedding_collectives(tokens: int, hidden: int, tp: int, table: str = "bf16", *,

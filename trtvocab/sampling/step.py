@@ -27,6 +27,7 @@ from trtvocab.sampling.args import SamplerOutput, state_error
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import checked_sample
 from trtvocab.sampling.params import SamplingParams
+from trtvocab.sampling.rank0 import gathers_to_rank0, rank0_output
 from trtvocab.sampling.reductions import check_logits
 from trtvocab.sampling.state import TokenState
 
@@ -85,6 +86,11 @@ def decode_output(
     raises on every rank. ``state``: the batch's :class:`~trtvocab.sampling.state.TokenState`
     (penalties, bad words, min tokens read it; the caller appends each step's ids). Returns the
     token ids and the logprobs the rows ask for (:class:`~trtvocab.sampling.args.SamplerOutput`).
+
+    A split head with ``gather_output="rank0"`` is sampled as vLLM does it instead: its forward gathers the
+    ``[B, V]`` logits to rank 0 of its group, rank 0 samples them on the whole vocabulary and broadcasts the
+    ids (:mod:`trtvocab.sampling.rank0`; the same ids, its state covers the whole vocabulary). Every other
+    mode (``True``, ``False``) samples on the shards as above; so does ``DecodeStep``, whatever the mode.
     """
     error: InputError | None = None
     if seq_lens is not None:
@@ -92,6 +98,9 @@ def decode_output(
             hidden = select_rows(hidden, seq_lens)
         except InputError as exc:
             error = exc
+    if gathers_to_rank0(head):  # gather_output="rank0": rank 0 samples the gathered logits, broadcasts the ids
+        return rank0_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask, error=error,
+                            state=state)
     rows = hidden.shape[0] if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 else 0
     if streams(head, rows):
         return chunked.stream_output(hidden, head, params, step=step, vocab_limit=vocab_limit, bitmask=bitmask,
