@@ -1,7 +1,7 @@
 """trtvocab: the vocabulary dimension of LLM inference (LM head, TP sharding, FP8/NVFP4, engines).
 
-The public names are imported on first use (PEP 562), so that ``trtvocab --help`` and the command
-line's argument errors answer without importing torch; ``from trtvocab import LMHead`` is unchanged.
+The public names are imported on first use (PEP 562), so that the command line's help and its
+argument errors answer without importing torch; ``from trtvocab import LMHead`` is unchanged.
 """
 
 from __future__ import annotations

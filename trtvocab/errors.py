@@ -22,7 +22,7 @@ class InputError(TrtVocabError, ValueError):
 
 
 class GrammarError(InputError):
-    """A ``--json-schema`` / ``--regex`` constraint is refused: larger or deeper than the limits, slower to
+    """A ``json_schema`` / ``regex`` constraint is refused: larger or deeper than the limits, slower to
     compile than the time limit, using what xgrammar would ignore or reinterpret, or matching nothing."""
 
 

@@ -148,10 +148,10 @@ def test_gates() -> None:
     assert s.same_top < 1
     fails = Gates(max_kld_mean=s.kld_mean * 0.99, min_same_top=1.0, max_ppl_ratio=0.5).failures("sim:x", s)
     assert len(fails) == 3 and all(f.startswith("gate failed: sim:x: ") for f in fails)
-    assert "--max-kld-mean" in fails[0] and "--min-same-top" in fails[1] and "--max-ppl-ratio" in fails[2]
-    with pytest.raises(ConfigError, match="--min-same-top"):
+    assert "`max_kld_mean`" in fails[0] and "`min_same_top`" in fails[1] and "`max_ppl_ratio`" in fails[2]
+    with pytest.raises(ConfigError, match="`min_same_top`"):
         Gates(min_same_top=98.0)
-    with pytest.raises(ConfigError, match="--max-kld-mean"):
+    with pytest.raises(ConfigError, match="`max_kld_mean`"):
         Gates(max_kld_mean=float("nan"))
     with pytest.raises(InputError, match="next_token_ids"):
         Gates(max_kld_mean=1.0).failures("v", None)

@@ -1,5 +1,5 @@
-"""The library names its fields (`` `scale_search` ``, `` `variant_specs` ``); ``compare`` and ``quantize``
-spell each as the command's own flag, in error lines and in the report's notes (a tiny dense head, no model)."""
+"""The library names its fields (`` `scale_search` ``, `` `variant_specs` ``); each command spells them as its
+own flags, in error lines, gate lines and the report's notes (a tiny dense head or synthetic recipe, no model)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,13 @@ def files(tmp_path: Path) -> dict[str, Path]:
     # Two sequences whose last rows have no next token: the last-token rows get no teacher-forced statistics.
     save_hidden(hidden, torch.randn(4, H, generator=gen), torch.tensor([2, 2]),
                 next_token_ids=torch.tensor([3, -1, 5, -1]))
-    return {"head": head, "hidden": hidden, "out": tmp_path / "out"}
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('name = "tiny"\n[checkpoint.synthetic]\nvocab_size = 64\nhidden_size = 16\n'
+                      '[mapping]\ntp_size = 2\n')
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("not ours")
+    return {"head": head, "hidden": hidden, "out": tmp_path / "out", "recipe": recipe, "taken": taken}
 
 
 def test_the_flag_map_reads_a_declared_name() -> None:
@@ -88,3 +94,35 @@ def test_compare_notes_name_its_flags(files: dict[str, Path]) -> None:
     assert "(each sequence's last token has none; compare with --all-tokens)" in text
     code, text = _cli(*args, "--json")
     assert code == 0 and "give --calib" in text and "compare with --all-tokens" in text and "`" not in text
+
+
+def test_compare_gates_name_its_flags(files: dict[str, Path]) -> None:
+    """A missed gate's line and a refused threshold or bootstrap option (``accuracy/gates.py`` and
+    ``accuracy/stats.py`` name the fields), as compare's flags."""
+    args = ["compare", files["head"], "--hidden", files["hidden"], "--bootstrap", "0", "--simulate", "nvfp4"]
+    code, text = _cli(*args, "--max-kld-mean", "1e-12")
+    assert code == 1 and "gate failed: sim:nvfp4: KLD mean" in text and "> --max-kld-mean 1e-12" in text, text
+    assert "`max_kld_mean`" not in text
+    code, text = _cli(*args, "--min-same-top", "98")
+    assert code == 2 and "ConfigError: --min-same-top: must be a finite number in [0, 1], got 98.0 (a fraction, " \
+                         "not percent)" in text, text
+    code, text = _cli(*args, "--seed", "-1")
+    assert code == 2 and "ConfigError: --seed: the bootstrap seed must be an int" in text and "`" not in text, text
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["build", "{recipe}", "--ranks", "2", "--out", "{out}"], "ConfigError: --ranks [2] out of range for tp_size 2"),
+    (["build", "{recipe}", "--out", "{taken}"], "already exists; pass --force to replace it (atomically)"),
+    (["quantize", "{head}", "--algo", "fp8", "--out", "{out}", "--batch-rows", "0"],
+     "ConfigError: --batch-rows (calibration rows per batch) must be an int in [1, "),
+    (["quantize", "{head}", "--algo", "fp8", "--out", "{taken}"], "already exists; pass --force to replace it"),
+    (["hidden", "{head}", "--out", "{out}.safetensors", "--max-tokens", "0"],
+     "InputError: --max-tokens: must be a positive integer, got 0"),
+    (["generate", "{head}", "--prompt", "x", "--backend", "bogus"], "ArtifactError: --backend must be one of"),
+])
+def test_other_refusals_name_each_commands_flags(files: dict[str, Path], args: list[str], said: str) -> None:
+    """Refusals raised by ``pipeline/build.py``, ``base/publish.py``, ``quant/modelopt_export.py``,
+    ``checkpoints/hidden_states.py`` and ``backends/__init__.py``, before any work, in flags."""
+    code, text = _cli(*[a.format(**files) for a in args])
+    assert code == 2 and said in text and "`" not in text, text
+    assert not files["out"].exists() and (files["taken"] / "notes.txt").is_file()

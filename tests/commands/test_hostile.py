@@ -1053,7 +1053,7 @@ def test_llamacpp_stats_bounds_bootstrap_and_seed() -> None:
 
     check_bootstrap(MAX_BOOTSTRAP, 2**63 - 1)
     for bootstrap, seed in ((MAX_BOOTSTRAP + 1, 0), (True, 0), (10, -1), (10, 1.5), (10, 2**63)):
-        with pytest.raises(ConfigError, match=r"--bootstrap|--seed"):
+        with pytest.raises(ConfigError, match=r"`bootstrap`|`seed`"):
             check_bootstrap(bootstrap, seed)
 
 

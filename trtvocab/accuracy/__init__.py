@@ -1,7 +1,7 @@
 """Accuracy statistics of quantized heads: llama.cpp's teacher-forced block, CI gates, the report plot.
 
 ``stats`` turns per-row float64 numbers (negative log-likelihoods, KL, Δp, ...) into
-llama.cpp's ``perplexity --kl-divergence`` statistics plus EAR, KL both ways, JS and
+the KL-divergence statistics of llama.cpp's ``llama-perplexity`` plus EAR, KL both ways, JS and
 bootstrap intervals; ``gates`` checks them against CI thresholds; ``plot`` draws a
 :class:`trtvocab.accuracy.compare.CompareReport`. Nothing here runs a head.
 """

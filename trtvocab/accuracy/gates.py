@@ -1,8 +1,11 @@
 """CI gates on the teacher-forced statistics: a variant passes when every threshold set holds.
 
-``--max-kld-mean X``  mean KL(base || Q) <= X (nats)
-``--min-same-top Y``  fraction of rows whose argmax is the baseline's >= Y (a fraction, not percent)
-``--max-ppl-ratio Z`` PPL(Q) / PPL(base) <= Z
+``max_kld_mean X``  mean KL(base || Q) <= X (nats)
+``min_same_top Y``  fraction of rows whose argmax is the baseline's >= Y (a fraction, not percent)
+``max_ppl_ratio Z`` PPL(Q) / PPL(base) <= Z
+
+Errors and failure lines name each threshold by its field (`` `max_kld_mean` ``); the command line
+spells it as its flag.
 
 Gates read the block of rows with a next token (``next_token_ids`` in the hidden file);
 a variant without one cannot be judged, which is an error, never a pass.
@@ -26,15 +29,15 @@ class Gates:
     max_ppl_ratio: float | None = None
 
     def __post_init__(self) -> None:
-        for option, value, lo, hi in (("--max-kld-mean", self.max_kld_mean, 0.0, math.inf),
-                                      ("--min-same-top", self.min_same_top, 0.0, 1.0),
-                                      ("--max-ppl-ratio", self.max_ppl_ratio, 0.0, math.inf)):
+        for option, value, lo, hi in (("max_kld_mean", self.max_kld_mean, 0.0, math.inf),
+                                      ("min_same_top", self.min_same_top, 0.0, 1.0),
+                                      ("max_ppl_ratio", self.max_ppl_ratio, 0.0, math.inf)):
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not lo <= value <= hi:
-                raise ConfigError(f"{option}: must be a finite number in [{lo:g}, {hi:g}], got {value!r}"
-                                  + (" (a fraction, not percent)" if option == "--min-same-top" else ""))
+                raise ConfigError(f"`{option}`: must be a finite number in [{lo:g}, {hi:g}], got {value!r}"
+                                  + (" (a fraction, not percent)" if option == "min_same_top" else ""))
 
     @property
     def active(self) -> bool:
@@ -46,14 +49,14 @@ class Gates:
             return []
         if stats is None:
             raise InputError(f"{name}: gates need teacher-forced rows (a hidden file with next_token_ids, "
-                             "written by `trtvocab hidden` for a causal LM, compared with --all-tokens)")
+                             "written by `trtvocab hidden` for a causal LM, compared with `all_tokens`)")
         out = []
         if self.max_kld_mean is not None and not stats.kld_mean <= self.max_kld_mean:
-            out.append(f"gate failed: {name}: KLD mean {stats.kld_mean:.6g} > --max-kld-mean {self.max_kld_mean:g}")
+            out.append(f"gate failed: {name}: KLD mean {stats.kld_mean:.6g} > `max_kld_mean` {self.max_kld_mean:g}")
         if self.min_same_top is not None and not stats.same_top >= self.min_same_top:
-            out.append(f"gate failed: {name}: same top {stats.same_top:.6g} < --min-same-top {self.min_same_top:g}")
+            out.append(f"gate failed: {name}: same top {stats.same_top:.6g} < `min_same_top` {self.min_same_top:g}")
         if self.max_ppl_ratio is not None and not stats.ppl_ratio <= self.max_ppl_ratio:
-            out.append(f"gate failed: {name}: PPL ratio {stats.ppl_ratio:.6g} > --max-ppl-ratio "
+            out.append(f"gate failed: {name}: PPL ratio {stats.ppl_ratio:.6g} > `max_ppl_ratio` "
                        f"{self.max_ppl_ratio:g}")
         return out
 

@@ -31,10 +31,11 @@ from trtvocab.errors import InputError
 # only each sequence's last token, through the LogitsProcessor and the file's ``seq_lens``: what
 # generation actually samples from.
 #
-# Variants name their toolchain: ``--variant modelopt:NVFP4=DIR --variant compressed-tensors:NVFP4=DIR``
-# compares the heads two toolchains made of the same model side by side; the declared toolchain is
-# checked against the checkpoint (ModelOpt or compressed-tensors, checkpoint_toolchain), and every
-# variant's toolchain and resident bytes are reported with it, in the table and in each llama.cpp block.
+# Variants name their toolchain: the ``variant_specs`` ``modelopt:NVFP4=DIR`` and
+# ``compressed-tensors:NVFP4=DIR`` compare the heads two toolchains made of the same model side by
+# side; the declared toolchain is checked against the checkpoint (ModelOpt or compressed-tensors,
+# checkpoint_toolchain), and every variant's toolchain and resident bytes are reported with it, in
+# the table and in each llama.cpp block.
 #
 # Teacher-forced block: the rows with a next token get PPL(Q), PPL(base), KLD, Δp, Same top p, and
 # EAR, KL both ways, JS, bootstrap intervals. Only the baseline's and one variant's ``[T, V]``

@@ -1,5 +1,6 @@
 """The report of ``trtvocab compare``: the baseline, the rows compared and each variant, as a rich
-table, markdown, JSON (``as_dict``) and llama.cpp's ``perplexity --kl-divergence`` blocks."""
+table, markdown, JSON (``as_dict``) and llama.cpp's KL-divergence blocks (as ``llama-perplexity``
+prints them)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ class CompareReport:
                 "rows": self.rows, "rows_mode": self.rows_mode, "tp": self.tp, "dtype": self.dtype,
                 "vocab_size": self.vocab_size, "kl": "KL(baseline || variant), nats, global softmax in float64",
                 "teacher_forced_rows": self.teacher_forced_rows,
-                "llamacpp": ("llama.cpp perplexity --kl-divergence statistics of the rows with a next token, "
+                "llamacpp": ("llama.cpp llama-perplexity KL-divergence statistics of the rows with a next token, "
                              "full vocabulary in float64; probabilities as fractions; *_pm = llama.cpp's ±; "
                              "ci95 = bootstrap 95% interval"),
                 "teacher_forced_note": self.teacher_forced_note,
@@ -111,7 +112,7 @@ class CompareReport:
         return out
 
     def llamacpp_text(self) -> str:
-        """Every variant's llama.cpp block, as ``llama-perplexity --kl-divergence`` prints it."""
+        """Every variant's llama.cpp block, as ``llama-perplexity`` prints it in its KL-divergence mode."""
         parts = []
         for name, stats in self.llamacpp_named():
             parts.append(f"###### {name} vs {self.baseline_label} ({_short(self.baseline)}): {stats.n} "

@@ -1,4 +1,4 @@
-"""llama.cpp's ``perplexity --kl-divergence`` statistics, in float64 over the full vocabulary.
+"""The KL-divergence statistics of llama.cpp's ``llama-perplexity``, in float64 over the full vocabulary.
 
 Per row with a next token: the NLLs (PPL), KL(base || Q) over every token, KL(Q || base) and
 JSD, EAR, Δp and same-top; the summary uses llama.cpp's formulas for ± and percentiles, plus a
@@ -31,10 +31,10 @@ def check_bootstrap(bootstrap: object, seed: object) -> None:
     """``bootstrap`` an int in ``[0, MAX_BOOTSTRAP]``, ``seed`` an int in ``[0, MAX_SEED]``
     (:class:`ConfigError` naming the option and the range)."""
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or not 0 <= bootstrap <= MAX_BOOTSTRAP:
-        raise ConfigError(f"--bootstrap: resamples must be an int in [0, {MAX_BOOTSTRAP}] (MAX_BOOTSTRAP; each "
+        raise ConfigError(f"`bootstrap`: resamples must be an int in [0, {MAX_BOOTSTRAP}] (MAX_BOOTSTRAP; each "
                           f"resample's means are kept), got {bootstrap!r:.40}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"--seed: the bootstrap seed must be an int in [0, 2**63 - 1], got {seed!r:.40}")
+        raise ConfigError(f"`seed`: the bootstrap seed must be an int in [0, 2**63 - 1], got {seed!r:.40}")
 KLD_PERCENTILES = (0.999, 0.99, 0.95, 0.90, 0.10, 0.05, 0.01, 0.001)
 DP_PERCENTILES = (0.999, 0.99, 0.95, 0.90, 0.75, 0.25, 0.10, 0.05, 0.01, 0.001)
 _BOOT_BYTES = 1 << 26  # resample-count matrix held per batch of bootstrap draws
@@ -301,7 +301,7 @@ def _ci(s: LlamaCppStats, key: str, scale: float = 1.0, fmt: str = "{:.6f}") -> 
 
 
 def format_block(s: LlamaCppStats) -> str:
-    """The statistics as ``llama-perplexity --kl-divergence`` prints them (percent where it prints
+    """The statistics as ``llama-perplexity`` prints them in its KL-divergence mode (percent where it prints
     percent), then trtvocab's additions (EAR, KL(Q || base), JS, bootstrap intervals)."""
     pct = 100.0
     lines = [

@@ -131,7 +131,7 @@ class Manifest(_Record):
     digest: str | None = None  # sha256 of the canonical body without this key (trtvocab.artifact.store.body_digest)
 
     def entry(self, rank: int) -> RankEntry:
-        """The entry of ``rank`` (a partial build, ``--ranks``, holds only some)."""
+        """The entry of ``rank`` (a partial build, of some ``ranks``, holds only those)."""
         for e in self.ranks:
             if e.rank == rank:
                 return e
@@ -157,7 +157,7 @@ class Manifest(_Record):
         return len(self.ranks) == self.mapping.tp_size
 
     def require_complete(self, where: str, what: str) -> None:
-        """Refuse a partial build (``--ranks``) where ``what`` needs every rank: an :class:`ArtifactError`
+        """Refuse a partial build (some ``ranks``) where ``what`` needs every rank: an :class:`ArtifactError`
         opening with ``where`` (the artifact as the caller names it)."""
         if not self.complete:
             raise ArtifactError(f"{where}: holds ranks {self.ranks_built} of tp {self.mapping.tp_size}; {what} "

@@ -76,7 +76,7 @@ def rank_dir(root: Path, rank: int) -> Path:
 
 def is_artifact(path: Path) -> bool:
     """Whether ``path`` holds a manifest of ours: a regular ``manifest.json`` that parses as a JSON
-    object with ``"format": "trtvocab-artifact"`` (any version). The only test ``--force`` trusts."""
+    object with ``"format": "trtvocab-artifact"`` (any version). The only test ``force`` trusts."""
     try:
         raw = load_json_file(Path(path) / MANIFEST, "manifest", max_bytes=MAX_MANIFEST_BYTES)
     except TrtVocabError:

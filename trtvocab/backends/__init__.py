@@ -34,7 +34,7 @@ def canonical(name: str) -> str:
     """A backend name as the user may write it -> its canonical name; ArtifactError if unknown."""
     name = ALIASES.get(name, name)
     if name not in CHOICES:
-        raise ArtifactError(f"--backend must be one of {CHOICES} (or onnxruntime, an alias of onnx), got {name!r}")
+        raise ArtifactError(f"`backend` must be one of {CHOICES} (or onnxruntime, an alias of onnx), got {name!r}")
     return name
 
 

@@ -1,6 +1,6 @@
 """The ONNX backend: run one rank's exported LM-head graph on the CPU.
 
-It serves ``trtvocab infer --backend onnx`` and the build's check of every exported graph
+It serves ``infer`` with ``backend`` ``onnx`` and the build's check of every exported graph
 against the PyTorch fallback. Which runtime runs which graph (``runner="auto"``)::
 
     FP8 W8A8 graphs, float32 heads  onnxruntime CPU (float32 GEMM; FP8 Q/DQ kernels exist)

@@ -81,7 +81,8 @@ class Granularity(NameEnum):
 
 class CheckpointFormat(NameEnum):
     """Whose tensor names and scale conventions a checkpoint's head follows: the toolchain that quantized it
-    (``quantize --format``, ``compare --variant TOOLCHAIN:...``), or ``DENSE`` (not quantized)."""
+    (``quantize_checkpoint``'s ``checkpoint_format``, ``compare``'s ``variant_specs``
+    ``TOOLCHAIN:...``), or ``DENSE`` (not quantized)."""
 
     MODELOPT = "modelopt"
     COMPRESSED_TENSORS = "compressed-tensors"

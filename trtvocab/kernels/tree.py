@@ -35,8 +35,9 @@ def _exp_mismatch(d: torch.Tensor) -> int:
 
 def tree_exp_check(exhaustive: bool = False) -> str | None:
     """Compare the tree kernel's exp with torch's, bit for bit, on what the tree feeds it (``min -
-    max <= 0``): a spread sample of every binade and the edges, or (``exhaustive``, ~1e9 values,
-    what ``--build`` runs) every float32 in ``[-104, 0]``, below which both give 0. None: equal."""
+    max <= 0``): a spread sample of every binade and the edges, or (``exhaustive``, ~1e9 values, what
+    :mod:`trtvocab.kernels.__main__`'s build runs) every float32 in ``[-104, 0]``, below which both give 0.
+    None: equal."""
     edges = torch.tensor([0.0, -0.0, float("-inf"), float("nan"), -87.33654, -88.72284, -103.27893, -103.97208,
                           -104.0, -1e-45, -1e-38, -1.0, -0.5, -2.0**-24])
     bad = _exp_mismatch(edges)

@@ -1,4 +1,4 @@
-"""The body's float32 linear layers on trtvocab's dense kernel at decode batches (``generate --body-kernels``).
+"""The body's float32 linear layers on trtvocab's dense kernel at decode batches (``generate``'s ``body_kernels``).
 
 At a decode step a transformers body multiplies a few rows by each of its linear layers' weights
 (SmolLM2: 210 of them, 425 MB of float32 a step). torch's sgemm is slow at that shape (one thread,
@@ -91,7 +91,7 @@ def _kernel_forward(module: torch.nn.Linear, loaded: kernels.Loaded,
 
 
 def _loaded_band() -> tuple[kernels.Loaded, int] | str:
-    """This process's kernels and their float32 batch band, or why ``--body-kernels`` cannot run here:
+    """This process's kernels and their float32 batch band, or why ``body_kernels`` cannot run here:
     the kernels do not build, or this build has no float32 batch band."""
     loaded = kernels.load()
     if loaded is None:

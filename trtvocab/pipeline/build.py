@@ -250,9 +250,9 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
     ranks = list(range(tp)) if ranks is None else sorted(set(ranks))
     bad = [r for r in ranks if not 0 <= r < tp]
     if bad:
-        raise ConfigError(f"--ranks {bad} out of range for tp_size {tp}")
+        raise ConfigError(f"`ranks` {bad} out of range for tp_size {tp}")
     if recipe.engine.require and not recipe.output.onnx:  # engines are built from the ONNX graphs
-        raise EngineUnavailableError("engine required ([engine] require / --require-engine) but [output] onnx = "
+        raise EngineUnavailableError("engine required ([engine] require / `require_engine`) but [output] onnx = "
                                      "false: an engine is built from the ONNX graph, so none can be; set "
                                      "[output] onnx = true or drop the requirement (nothing was written)")
     out = Path(out or recipe.output.dir)
@@ -262,7 +262,7 @@ def build(recipe: BuildRecipe, out: Path | None = None, *, ranks: Sequence[int] 
     # A full disk or a file-size limit anywhere below (weights, graphs, plans, the manifest, fsync) is a
     # WriteError naming the artifact and the file; staging removed its private folder, `out` is as it was.
     untouched = f"; nothing was published and {out} is as it was" if existed else "; nothing was published"
-    with publish.writing(f"build --out {out}", note=untouched), artifacts.staging(out, force=force) as stage:
+    with publish.writing(f"build `out` {out}", note=untouched), artifacts.staging(out, force=force) as stage:
         built = [build_rank(recipe, r, stage, progress) for r in ranks]
         entries = [entry for entry, _ in built]
         vocab, hidden, family = built[0][1]

@@ -63,7 +63,7 @@ class VocabEnds:
         self.hidden_size = hidden_size
         self.ran_on: set[Runtime] = set()
         self._prepared: tuple[Any, DecodeStep] | None = None  # (the batch it serves, the step)
-        self.compile_step = False  # generate --compile-step: the prepared step compiled with the body
+        self.compile_step = False  # generate's `compile_step`: the prepared step compiled with the body
         self.compile_s = 0.0  # the seconds of the steps during which dynamo compiled the prepared step
         # Each prompt's adapter index (LoRA; None: no adapters), and that of the rows of the next step.
         self.adapter_ids: torch.Tensor | None = None
@@ -253,12 +253,12 @@ def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: 
     source = open_head(ckpt, mapping=mapping, gguf_blocks=spec.gguf_blocks)  # headers only
     if (source.vocab_size, source.hidden_size) != (manifest.head.vocab_size, manifest.head.hidden_size) \
             or manifest.mapping.tp_size != spec.tp:
-        raise ArtifactError(f"--artifact: built for a [{manifest.head.vocab_size}, {manifest.head.hidden_size}] head "
+        raise ArtifactError(f"`artifact`: built for a [{manifest.head.vocab_size}, {manifest.head.hidden_size}] head "
                             f"at tp {manifest.mapping.tp_size}; the model's head is [{source.vocab_size}, "
                             f"{source.hidden_size}] at tp {spec.tp}")
     ops = source.family.head if source.family is not None else HeadOps()
     if manifest.head.family.head != ops:
-        raise ArtifactError(f"--artifact: its head computes {manifest.head.family.head.describe()}, the model's head "
+        raise ArtifactError(f"`artifact`: its head computes {manifest.head.family.head.describe()}, the model's head "
                             f"{ops.describe()} (built from another checkpoint?)")
     placement = manifest.placement(rank)
     if embedding is None and not (spec.attention_dp and mapping is not None):

@@ -1,14 +1,13 @@
 """Writing a quantized head in the compressed-tensors format, through the compressed-tensors library.
 
-``trtvocab quantize --format compressed-tensors`` (beside ModelOpt's export, the default). The head
-is wrapped as ``nn.Linear(H, V, bias=False)`` named ``lm_head``, given one config group whose only
-target is the exact name ``lm_head`` (the form vLLM matches), calibrated as llm-compressor's
-observers calibrate, and compressed and described by the library's own ``ModelCompressor``
-(``compress_model`` + ``update_config``). Everything runs on the CPU.
+``quantize_checkpoint`` with ``checkpoint_format`` ``compressed-tensors`` (beside ModelOpt's export, the
+default). The head is wrapped as ``nn.Linear(H, V, bias=False)`` named ``lm_head``, given one config
+group whose only target is the exact name ``lm_head`` (the form vLLM matches), calibrated as
+llm-compressor's observers calibrate, and compressed and described by the library's own
+``ModelCompressor`` (``compress_model`` + ``update_config``). Everything runs on the CPU.
 
-The library scheme and the stored tensors of each ``--algo`` / activation option, the calibration,
-and how these files differ from ModelOpt's: docs/checkpoint_formats.md, "Writing both:
-``trtvocab quantize --format``".
+The library scheme and the stored tensors of each ``algo`` / activation option, the calibration,
+and how these files differ from ModelOpt's: docs/checkpoint_formats.md, the section "Writing both".
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def import_compressed_tensors() -> Any:
             import compressed_tensors.compressors
             import compressed_tensors.quantization
     except ImportError as exc:
-        raise QuantizationError("--format compressed-tensors needs the compressed-tensors library "
+        raise QuantizationError("`checkpoint_format` compressed-tensors needs the compressed-tensors library "
                                 f"(pip install 'trtvocab[compressed-tensors]'): {exc}") from None
     return compressed_tensors
 
@@ -65,7 +64,7 @@ def library_scheme(algo: QuantAlgo, activation: Activation) -> Any:
         return scheme
     if algo is QuantAlgo.NVFP4:
         if activation is Activation.DYNAMIC:
-            raise QuantizationError("NVFP4 has no dynamic-activation mode here: W4A4 (with --calib) or W4A16")
+            raise QuantizationError("NVFP4 has no dynamic-activation mode here: W4A4 (with `calib`) or W4A16")
         return preset_name_to_scheme("NVFP4" if activation is Activation.STATIC else "NVFP4A16", list(TARGETS))
     raise QuantizationError(f"cannot write an LM head as {algo.value} in the compressed-tensors format")
 
@@ -158,7 +157,7 @@ def compress_head(weight: torch.Tensor, algo: QuantAlgo, activation: Activation,
         raise QuantizationError("the head weight is all zeros: its scale would be 0")
     static = activation is Activation.STATIC
     if static and calib_range_ is None:
-        raise QuantizationError("static activations need calibration rows (--calib)")
+        raise QuantizationError("static activations need calibration rows (`calib`)")
     scheme = library_scheme(algo, activation)
     model = HeadOnly(weight)
     # The library logs (loguru) and shows tqdm bars on stderr: keep both out of the CLI's output.
@@ -191,7 +190,8 @@ def modelopt_named(tensors: dict[str, torch.Tensor], algo: QuantAlgo) -> dict[st
     """The ``lm_head.*`` compressed-tensors tensors as the ModelOpt-named tensors trtvocab's reader runs
     them with (:func:`trtvocab.quant.compressed_tensors.modelopt_tensors`): the same codes and block
     scales, FP8 scales widened to float32, the NVFP4 global scales replaced by their float32
-    reciprocals. For the in-memory ``--gate`` head: the same logits as the written checkpoint."""
+    reciprocals. For the in-memory head of ``quantize_checkpoint``'s ``gate``: the same logits as the
+    written checkpoint."""
     out: dict[str, torch.Tensor] = {}
     p = HEAD + "."
     if algo is QuantAlgo.NVFP4:

@@ -34,7 +34,7 @@ from trtvocab.quant.nvfp4 import BLOCK as NVFP4_GROUP
 #
 # Everything ModelOpt does here runs on the CPU: max calibration only *observes* the activations,
 # and the export helpers quantize with ``FP8QTensor`` / ``NVFP4QTensor`` (the NVFP4 fake-quant
-# *forward* is CUDA-only and is never called). The static activation scale (``--calib``) comes from
+# *forward* is CUDA-only and is never called). The static activation scale (``calib``) comes from
 # ``amax(|x|)`` of the calibration rows in the model's dtype, in both formats.
 
 DEFAULT_BATCH_ROWS = 256
@@ -76,7 +76,7 @@ def modelopt_config(algo: QuantAlgo, *, calibrate_inputs: bool) -> dict[str, Any
 def check_batch_rows(batch_rows: Any) -> int:
     """``batch_rows`` as a positive int (bools and floats refused); ConfigError naming the option."""
     if not isinstance(batch_rows, int) or isinstance(batch_rows, bool) or not 1 <= batch_rows <= MAX_BATCH_ROWS:
-        raise ConfigError(f"--batch-rows (calibration rows per batch) must be an int in [1, {MAX_BATCH_ROWS}], "
+        raise ConfigError(f"`batch_rows` (calibration rows per batch) must be an int in [1, {MAX_BATCH_ROWS}], "
                           f"got {batch_rows!r}")
     return batch_rows
 
@@ -127,7 +127,7 @@ def quantize_head(
                         progress(i + 1, len(batches))
 
     # ModelOpt warns about untested transformers versions and prints "Inserted N quantizers"
-    # to stdout: keep both out of the CLI's output (and out of --json).
+    # to stdout: keep both out of the CLI's output (and out of its JSON).
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         model = mtq.quantize(model, modelopt_config(algo, calibrate_inputs=calib is not None), forward_loop)

@@ -1,7 +1,7 @@
 """Writing quantized heads: a dense ``[V, H]`` matrix -> the tensors a ModelOpt checkpoint stores.
 
 The writer side of :mod:`trtvocab.quant.fp8` / :mod:`trtvocab.quant.nvfp4`, used by
-``trtvocab quantize`` (beside ModelOpt's own export) and ``compare --simulate``.
+``trtvocab quantize`` (beside ModelOpt's own export) and ``compare``'s ``simulate`` variants.
 """
 
 from __future__ import annotations

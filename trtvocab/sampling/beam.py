@@ -4,7 +4,7 @@ each request over all its beams, without gathering ``[B * W, V]``.
 Each beam's scores are its global log-softmax (the vocab tree's log-sum-exp: bitwise at every tp)
 plus the beam's cumulative score; each rank takes the best ``2W`` of its own ``[W, V_local]`` block per
 request, and one all_gather merges them (score descending, then beam, then id ascending).
-:class:`BeamSearch` keeps the loop's hypotheses as transformers does; ``generate --beam-width`` runs
+:class:`BeamSearch` keeps the loop's hypotheses as transformers does; ``generate`` with a ``beam_width`` runs
 both, the KV cache reordered after each step (docs/sampling.md, "Beam search").
 """
 
