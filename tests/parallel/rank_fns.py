@@ -497,9 +497,9 @@ def _compare_all(tag: str, local: torch.Tensor, g: torch.Tensor, head: LMHead, s
         want = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)[:, s:e]
         near = torch.zeros_like(keep_sorted).scatter(1, order, (before - thr).abs() < 1e-5)[:, s:e]
         # With the handshake on every call (not only when the call's signature changes), a
-        # public call makes exactly one, however many k-doubling rounds run.
+        # public call makes exactly one, before the cut's fixed rounds (one gather each).
         head.handshake_every_call = True
-        with _counting(D.Handshake, "exchange") as handshakes, _counting(reductions, "merged_topk") as rounds:
+        with _counting(D.Handshake, "exchange") as handshakes, _counting(reductions, "gather_stack") as rounds:
             keep = sampling.top_p_mask(local, head, top_p)
         head.handshake_every_call = False
         filtered = sampling.apply_top_p(local, head, top_p)
@@ -508,7 +508,7 @@ def _compare_all(tag: str, local: torch.Tensor, g: torch.Tensor, head: LMHead, s
                     "exact": bool(((keep == want) | near).all())
                     and bool(torch.equal(filtered, g[:, s:e].masked_fill(~keep, float("-inf"))))
                     and int((keep != want).sum()) <= int(near.sum()),
-                    # one handshake per public call, however many k-doubling rounds ran
+                    # one handshake per public call, then the cut's rounds
                     "handshakes": len(handshakes), "rounds": len(rounds), "split": head.is_split})
     return out
 

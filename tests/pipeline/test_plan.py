@@ -285,7 +285,10 @@ def test_the_articles_six_figures() -> None:
     assert 129280 % 64 == 0 and 129280 % 3 != 0
     assert {r["width"] for r in padded["ranks"]} == {43_136}
     step = d["decode_step"]  # 6: top-p and typical-p without a gather
-    assert step["steady_bytes"] == 745_496 < d["gathered_logits_bytes"]["bf16"] // 8
+    rows, tree = 256, 2 * 36 * 4  # the vocab tree's (max, sum exp) float32 pairs of 129280 ids: 36 nodes
+    cut = 4 * rows * 256 * 8  # four [B, 256] int64 mass histograms
+    want = (rows * tree + 24) + cut + rows * tree + rows * 8 + cut + rows * 3 * 8  # header, entropy, race
+    assert step["steady_bytes"] == want == 4_349_976 < d["gathered_logits_bytes"]["bf16"] // 8
 
 
 def test_forward_modes_are_priced_and_bad_values_refused() -> None:

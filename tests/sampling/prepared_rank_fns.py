@@ -148,6 +148,21 @@ def bad_rows(rank: int, world: int, bad_rank: int) -> dict[str, Any]:
     return out
 
 
+def one_rank_bad_call(rank: int, world: int, bad_rank: int) -> dict[str, Any]:
+    """``bad_rank`` alone passes a float64 hidden, then a bitmask of the wrong width (inputs only it sees):
+    every rank still meets the step's collectives and raises at read(); then a good step runs."""
+    head = head_of(rank, world)
+    step_fn = DecodeStep(head, [SamplingParams(temperature=0.0)] * B, bitmask_width=33)
+    out: dict[str, Any] = {}
+    step_fn(hidden(0).double() if rank == bad_rank else hidden(0), bitmask(0))
+    out["hidden"] = _read_error(step_fn)
+    step_fn(hidden(1), bitmask(1)[:, :5] if rank == bad_rank else bitmask(1))
+    out["bitmask"] = _read_error(step_fn)
+    step_fn(hidden(2), bitmask(2))
+    out["after"] = step_fn.read()
+    return out
+
+
 def disagreeing_bitmasks(rank: int, world: int) -> str:
     """Rank 1 passes another bitmask than rank 0 (a grammar state gone out of step): every rank raises."""
     head = head_of(rank, world)

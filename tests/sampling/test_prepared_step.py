@@ -24,17 +24,13 @@ from trtvocab.sampling import DecodeStep, SamplingParams
 from trtvocab.sampling.prepared import bucket
 
 KNOBS = [*F.KNOBS, "greedy+bitmask", "top_p+bitmask", "mixed+bitmask"]
-# Host reads a steady step makes at tp > 1 (tp 1: none): top-p and typical-p widen their candidates
-# round by round (one bool a round; typical-p also reads its first width), docs/generate.md.
-SPLIT_READS = {"top_p": 1, "top_k_top_p": 1, "typical_p": 2, "mixed": 1, "top_p+bitmask": 1, "mixed+bitmask": 1}
 
 
 def check_knob(name: str, r: dict[str, Any], tp: int) -> None:
     assert r["got"] == r["ref"], f"{name}: ids differ from decode_output's"
     assert r["got_lp"] == r["ref_lp"], f"{name}: logprobs differ from decode_output's"
     assert r["counts_equal"] and r["outputs_equal"], f"{name}: the TokenState advanced differently"
-    want = 0 if tp == 1 else SPLIT_READS.get(name, 0)
-    assert r["reads"][1:] == [want] * (F.STEPS - 1), f"{name}: host reads per steady step {r['reads']}"
+    assert r["reads"][1:] == [0] * (F.STEPS - 1), f"{name}: host reads per steady step at tp {tp}: {r['reads']}"
 
 
 def test_tp1_every_knob_gives_decode_outputs_numbers_with_no_host_read() -> None:
@@ -98,6 +94,23 @@ def test_a_bad_row_on_one_rank_raises_on_every_rank(launch_ranks: Callable[..., 
         assert out["nan"].startswith("InputError: sampling.decode (step 0): row(s) [1]: hidden rows are not finite")
         assert "+inf" in out["inf"] and out["empty"].startswith("InputError")
     assert per_rank[0]["after"] == per_rank[1]["after"]
+
+
+@pytest.mark.ranks
+def test_a_bad_call_on_one_rank_raises_on_every_rank_at_read(launch_ranks: Callable[..., list[Any]]) -> None:
+    """A call input only one rank sees (its hidden's dtype, its bitmask's width): that rank runs the step
+    on stand-in zeros so no peer waits on a collective, and every rank raises when the ids are read."""
+    per_rank = launch_ranks(F.one_rank_bad_call, 2, 1, timeout_s=60)
+    bad, good = per_rank[1], per_rank[0]
+    assert bad["hidden"].startswith("InputError: sampling.decode (step 0): DecodeStep: hidden must be a "
+                                    "torch.float32"), bad["hidden"]
+    assert "torch.float64" in bad["hidden"]
+    assert bad["bitmask"].startswith("InputError: sampling.decode (step 1): DecodeStep: bitmask must be int32 [3, 33]")
+    for step, key in ((0, "hidden"), (1, "bitmask")):
+        assert good[key] == (f"InputError: sampling.decode (step {step}): row(s) [0, 1, 2]: a rank refused its "
+                             "input to this step (that rank's error names it)"), good[key]
+    alone = F.one_rank_bad_call(0, 1, 1)  # tp 1 runs the good calls only: the reference ids of step 2
+    assert good["after"] == bad["after"] == alone["after"]
 
 
 def test_building_refuses_bad_arguments_typed() -> None:
@@ -182,11 +195,15 @@ def test_ranks_that_pass_different_bitmasks_all_raise(launch_ranks: Callable[...
 
 @pytest.mark.ranks
 def test_compiled_split_step_with_functional_collectives(launch_ranks: Callable[..., list[Any]]) -> None:
-    per_rank = launch_ranks(F.compiled_knobs, 2, ["logprobs"], timeout_s=400)
+    """tp 2: one graph with the functional all_gathers in it, for the knobs with the most collectives:
+    top-p's and typical-p's fixed cut rounds, min-p's max, top-k's merge, logprobs, the race."""
+    names = ["mixed", "typical_p"]
+    per_rank = launch_ranks(F.compiled_knobs, 2, names, timeout_s=500)
     for out in per_rank:
-        r = out["logprobs"]
-        assert (r["graphs"], r["breaks"]) == (1, 0), r["reasons"]
-        check_knob("logprobs", r, 2)
+        for name in names:
+            r = out[name]
+            assert (r["graphs"], r["breaks"]) == (1, 0), f"{name}: {r['reasons']}"
+            check_knob(name, r, 2)
 
 
 @pytest.mark.parametrize("path", ["materialized", "streamed", "sample"])

@@ -227,8 +227,7 @@ def plan(
     lora: Annotated[list[Path] | None, typer.Option(help="a PEFT LoRA adapter folder to count per rank "
                                                     "(repeatable)")] = None,
     top_k: Annotated[int, typer.Option(help="decode step priced with top-k (0: off)")] = 0,
-    top_p: Annotated[bool, typer.Option("--top-p", help="decode step priced with top-p (nucleus rounds)")] = False,
-    top_p_rounds: Annotated[int, typer.Option(help="top-p candidate rounds (k = 64, doubling)")] = 1,
+    top_p: Annotated[bool, typer.Option("--top-p", help="decode step priced with top-p (its cut's rounds)")] = False,
     min_p: Annotated[bool, typer.Option("--min-p", help="decode step priced with min-p")] = False,
     typical_p: Annotated[bool, typer.Option("--typical-p", help="decode step priced with typical-p")] = False,
     logprobs: Annotated[int | None, typer.Option(help="decode step priced returning top-N logprobs")] = None,
@@ -279,7 +278,7 @@ def plan(
     if adp_rows is not None and (len(adp_rows) != tp or min(adp_rows) < 0):
         raise ConfigError(f"--attention-dp-rows: expected {tp} row counts >= 0 (one per rank), "
                           f"got {attention_dp_rows!r}")
-    sampler = Sampler(top_k=top_k, top_p=top_p, top_p_rounds=top_p_rounds, min_p=min_p, typical_p=typical_p,
+    sampler = Sampler(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                       logprobs=logprobs)
     p = make_plan(vocab, hidden, tp, batch, layout, pad_to,  # type: ignore[arg-type]
                   tokens=tokens, link_gbs=link_gbs, tflops=tflops, tied=bool(tied), adapters=adapters,

@@ -24,7 +24,7 @@ from trtvocab.parallel import distributed as D
 from trtvocab.parallel.sharding import LAYOUTS, VocabLayout, all_shards
 from trtvocab.quant.nvfp4 import BLOCK as NVFP4_BLOCK
 from trtvocab.sampling.reductions import HANDSHAKE as SAMPLING_HANDSHAKE
-from trtvocab.sampling.reductions import TOP_P_FIRST_K
+from trtvocab.sampling.reductions import RADIX_BINS, RADIX_ROUNDS
 from trtvocab.sampling.treesum import node_width
 from trtvocab.weights.lora import footprint
 
@@ -188,9 +188,8 @@ class StepCollectives(BaseModel):
 class Sampler(BaseModel):
     """The knobs of a decode step that change what crosses ranks (``sampling.decode``).
 
-    ``top_p_rounds`` / ``typical_rounds``: how many candidate rounds the nucleus / typical set took (data
-    dependent: k starts at ``TOP_P_FIRST_K`` (typical-p: at ``typical_first_k``, the perplexity's power of two,
-    at least that) and doubles each round). ``logprobs``: None, or the top-N returned (0: the chosen token's).
+    ``logprobs``: None, or the top-N returned (0: the chosen token's). Top-p and typical-p cut their
+    prefix in a fixed number of rounds (:data:`RADIX_ROUNDS`), whatever the distribution.
     """
 
     top_k: int = 0
@@ -198,9 +197,6 @@ class Sampler(BaseModel):
     min_p: bool = False
     typical_p: bool = False
     logprobs: int | None = None
-    top_p_rounds: int = 1
-    typical_rounds: int = 1
-    typical_first_k: int = TOP_P_FIRST_K
     bitmask: bool = False  # a grammar's bitmask: each row's digest rides the race (the ranks compare them)
 
 
@@ -448,13 +444,19 @@ def _with_header(data: list[tuple[str, str, int]], tp: int, handshake: int, what
     return _step(first, steady)
 
 
+def _radix_rounds(knob: str, rows: int) -> list[tuple[str, str, int]]:
+    """A nucleus cut's rounds (``reductions.prefix_keep``): ``[B, 256]`` int64 mass histograms, each gathered."""
+    return [(f"{knob} cut round {i + 1}/{RADIX_ROUNDS} [B, {RADIX_BINS}] int64 mass histogram", "all_gather",
+             rows * RADIX_BINS * WORD) for i in range(RADIX_ROUNDS)]
+
+
 def decode_collectives(vocab: int, tp: int, rows: int, sampler: Sampler | None = None) -> StepCollectives:
     """``sampling.decode``'s collectives for ``rows`` rows (sampled rows for the filters; greedy rows race alone).
 
     In the order the draw issues them: top-k's merge of ``[B, k]`` (value bits, id) int64 pairs; top-p's vocab
-    tree (``[B, 2 node_width(V)]`` float32 ``(max, sum exp)`` pairs) and its candidate rounds (``[B, k]`` pairs, k
-    from 64 doubling); min-p's global max ``[B]`` float32; typical-p's tree, its entropy ``[B]`` int64 and its
-    rounds (pairs, then the picked logits ``[B, k]`` float32); the race's ``[B, 3]`` int64 (score bits, id, the
+    tree (``[B, 2 node_width(V)]`` float32 ``(max, sum exp)`` pairs) and its cut's radix rounds (``[B, 256]``
+    int64 mass histograms, :func:`_radix_rounds`); min-p's global max ``[B]`` float32; typical-p's tree, its
+    entropy ``[B]`` int64 and its radix rounds; the race's ``[B, 3]`` int64 (score bits, id, the
     row's status; a fourth word, the row's bitmask digest, under a grammar); the
     returned logprobs' tree with the picks ``[B, 2w + 1]`` float32, the rank count ``[B]`` int64 and the top-N
     pairs ``[B, N]``.
@@ -467,20 +469,13 @@ def decode_collectives(vocab: int, tp: int, rows: int, sampler: Sampler | None =
         data.append((f"top-k merge [B, {k}] int64 pairs", "all_gather", rows * k * 2 * WORD))
     if s.top_p:
         data.append((f"top-p logsumexp tree [B, {tree}] float32", "all_gather", rows * tree * 4))
-        k = min(TOP_P_FIRST_K, vocab)
-        for _ in range(s.top_p_rounds):
-            data.append((f"top-p candidates [B, {k}] int64 pairs", "all_gather", rows * k * 2 * WORD))
-            k = min(2 * k, vocab)
+        data += _radix_rounds("top-p", rows)
     if s.min_p:
         data.append(("min-p global max [B] float32", "all_gather", rows * 4))
     if s.typical_p:
         data.append((f"typical-p logsumexp tree [B, {tree}] float32", "all_gather", rows * tree * 4))
         data.append(("typical-p entropy [B] int64 fixed point", "all_gather", rows * WORD))
-        k = min(s.typical_first_k, vocab)
-        for _ in range(s.typical_rounds):
-            data.append((f"typical-p candidates [B, {k}] int64 pairs", "all_gather", rows * k * 2 * WORD))
-            data.append((f"typical-p picked logits [B, {k}] float32", "all_gather", rows * k * 4))
-            k = min(2 * k, vocab)
+        data += _radix_rounds("typical-p", rows)
     words = 4 if s.bitmask else 3
     data.append((f"race / greedy [B, {words}] int64 (score bits, id, status{', bitmask digest' * s.bitmask})",
                  "all_gather", rows * words * WORD))

@@ -7,9 +7,9 @@ head or its placement, and returns what the same operation gives on the gathered
 * :mod:`~trtvocab.sampling.reductions`: greedy, top-k, logsumexp / log-softmax / logprobs,
   min-p and top-p masks;
 * :mod:`~trtvocab.sampling.draw`: :func:`sample`, the seeded draw (:class:`SamplingParams`),
-  one pipeline of named steps (:mod:`~trtvocab.sampling.filters`, the column-local ones, shared
-  with the streamed path; per-rank :class:`TokenState` for penalties), with noise keyed by token
-  id (:mod:`~trtvocab.sampling.noise`); docs/sampling.md;
+  one pipeline of named steps (:class:`~trtvocab.sampling.prepared.DecodeStep`'s, the column-local
+  ones run chunk by chunk by the streamed path too; per-rank :class:`TokenState` for penalties), with
+  noise keyed by token id (:mod:`~trtvocab.sampling.noise`); docs/sampling.md;
 * :mod:`~trtvocab.sampling.bitmask`: :func:`apply_token_bitmask`, xgrammar's mask per shard;
   :mod:`~trtvocab.sampling.beam`: one beam-search step (the best ``2W`` continuations, merged);
 * :mod:`~trtvocab.sampling.step`: :func:`decode`, one decode step from the hidden rows, streamed
@@ -28,7 +28,6 @@ from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.prepared import DecodeStep
 from trtvocab.sampling.reductions import (
     HANDSHAKE,
-    TOP_P_FIRST_K,
     apply_min_p,
     apply_top_p,
     greedy,
@@ -44,7 +43,6 @@ from trtvocab.sampling.step import decode, decode_output, streams
 
 __all__ = [
     "HANDSHAKE",
-    "TOP_P_FIRST_K",
     "DecodeStep",
     "Logprobs",
     "SamplerOutput",

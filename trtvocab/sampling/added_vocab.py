@@ -30,9 +30,9 @@ from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling.args import SamplerOutput, params_tensor, rows_params, step_error
 from trtvocab.sampling.bitmask import apply_bitmask_, bitmask_error
 from trtvocab.sampling.draw import sample_output
-from trtvocab.sampling.filters import Metadata, race_scores, scale
 from trtvocab.sampling.params import SamplingParams
-from trtvocab.sampling.reductions import NO_ID, first_max, gather_stack, handshake
+from trtvocab.sampling.prepared import DecodeStep
+from trtvocab.sampling.reductions import handshake
 from trtvocab.sampling.state import TokenState
 
 _VIEWS: weakref.WeakKeyDictionary[Any, LMHead] = weakref.WeakKeyDictionary()
@@ -101,13 +101,16 @@ def token_order_output(hidden: torch.Tensor, head: LMHead, params: SamplingParam
     if any(p.seed is None for p in per_row):
         per_row = [p if p.seed is not None else p.model_copy(update={"seed": (fresh + r) % 2**62})
                    for r, p in enumerate(per_row)]
-    if bitmask is None and all(_races_alone(p) for p in per_row):
-        return SamplerOutput(_race(hidden, head, per_row, step, vocab_limit))
     place = segmented_placement(head)
     logits = head.local_logits(hidden).float()
     if vocab_limit is not None and vocab_limit < head.vocab_size:
         ids = place.local_token_ids(logits.device)
         logits[:, (ids >= vocab_limit) & (ids < head.vocab_size)] = float("-inf")
+    if bitmask is None and all(_races_alone(p) for p in per_row):
+        # The race alone (no processor, filter or logprobs): the prepared step's race on this rank's two
+        # pieces, one [B, 3] gather, the same ids as the token-order path (tested).
+        seeds = [int(p.seed) for p in per_row]  # type: ignore[arg-type]  # every row has one by now
+        return DecodeStep.for_rows(place, per_row, seeds, step, None, None).draw_once(logits, "sampling.decode")
     if bitmask is not None:
         error = bitmask_error(logits, bitmask, place)
         if error is not None:  # the digest agreed on the bitmask: every rank raises alike
@@ -158,42 +161,9 @@ def segmented_placement(head: LMHead) -> VocabPlacement:
 
 def _races_alone(p: SamplingParams) -> bool:
     """Whether a row's draw is the race alone (greedy, or temperature and noise): no logits processor,
-    filter or logprobs -- what :func:`_race` computes without the gather."""
+    filter or logprobs: what the race decides without the gather."""
     filtered = p.top_k != 0 or p.top_p != 1.0 or p.min_p != 0.0 or p.typical_p != 1.0
     return not p.processes and p.logprobs is None and (p.greedy or not filtered)
-
-
-def _race(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], step: int,
-          vocab_limit: int | None) -> torch.Tensor:
-    """Token ids ``[B]`` without the gather: each rank's best race score (the logit on greedy rows, ``x / T +
-    g(seed, step, id)`` on sampled ones: the pipeline's own :func:`~trtvocab.sampling.filters.scale` and
-    :func:`~trtvocab.sampling.filters.race_scores`, keyed by each column's token id) over its two pieces, then
-    one all_gather of ``[B, 2]`` (score as float64 bits, id) pairs and the largest, lowest id among ties. A
-    rank's columns ascend in token id (base piece, then added ids ``>= V``), so its first maximum is its
-    lowest id: the same ids as the token-order path, bit for bit (tested)."""
-    local = head.local_logits(hidden).float()
-    columns = torch.tensor(head.added_shards[head.tp_rank].columns(), dtype=torch.int64, device=local.device)
-    if vocab_limit is not None and vocab_limit < head.vocab_size:
-        local[:, (columns >= vocab_limit) & (columns < head.vocab_size)] = float("-inf")
-    ids = columns.clamp(min=0)  # padding columns are -inf: the race excludes them whatever their key
-    meta = Metadata.build(per_row, [int(p.seed) for p in per_row], step, None, local.device)  # type: ignore[arg-type]
-    scores = race_scores(scale(local, ids, meta), ids, meta)
-    if scores.shape[1]:
-        best, at = first_max(scores)  # the first maximum: the lowest column
-        chosen = columns[at]
-    else:
-        best = scores.new_full((scores.shape[0],), float("-inf"))
-        chosen = torch.full((scores.shape[0],), NO_ID, dtype=torch.int64, device=scores.device)
-    chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
-    if head.is_split:
-        packed = gather_stack(torch.stack([best.view(torch.int64), chosen], dim=-1), head)
-        values, all_ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
-        top = values.max(dim=0).values
-        best, chosen = top, torch.where(values == top, all_ids, torch.full_like(all_ids, NO_ID)).min(dim=0).values
-    if bool(torch.isneginf(best).any()):  # the same gathered maxima on every rank: every rank raises
-        raise InputError(f"sampling.decode: row(s) {torch.isneginf(best).nonzero()[:, 0].tolist()} allow no token "
-                         "(every logit is -inf)")
-    return chosen
 
 
 __all__ = ["gathered_output", "has_added_vocab", "segmented_placement", "state_placement", "token_order_output",

@@ -18,6 +18,7 @@ See docs/architecture.md, "The vocab-chunked head".
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +42,6 @@ from trtvocab.sampling.args import (
     state_error,
 )
 from trtvocab.sampling.bitmask import allowed_columns
-from trtvocab.sampling.filters import Metadata, column_ids, min_p_keep, process, race_scores, scale
 from trtvocab.sampling.params import SamplingParams
 from trtvocab.sampling.prepared import DecodeStep
 from trtvocab.sampling.reductions import (
@@ -50,6 +50,7 @@ from trtvocab.sampling.reductions import (
     gather_candidates,
     gather_stack,
     handshake,
+    kept_prefix,
     local_topk,
     nonfinite_rows,
     owned_ranges,
@@ -509,24 +510,25 @@ def stream_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
 def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], seeds: list[int], step: int,
           vocab_limit: int | None, chunk: int | None, what: str, bitmask: torch.Tensor | None = None,
           state: TokenState | None = None) -> SamplerOutput:
-    """The prepared step's pipeline (``prepared.DecodeStep``) over the streamed chunks: the column-local steps
-    (:mod:`~trtvocab.sampling.filters`) on each chunk, the race as it goes, top-k / top-p among
+    """The prepared step's pipeline (``prepared.DecodeStep``) over the streamed chunks: its column-local steps
+    on each chunk, the race as it goes, top-k / top-p among
     merged candidates. Rows with typical-p or returned logprobs are drawn by the materialized
     pipeline on row groups the budget holds (:func:`_long_nuclei`): the same tokens."""
     device, rows = hidden.device, hidden.shape[0]
     # A head with an added segment: vocab_limit bounds the base ids only, masked in the stream (as the
     # materialized step masks its logits) rather than by the draw's id test.
     base_limit = vocab_limit if head.added_vocab else None
-    meta = Metadata.build(per_row, seeds, step, None if head.added_vocab else vocab_limit, device, state)
+    call = _Call(per_row, seeds, step, None if head.added_vocab else vocab_limit, state)
     stream = _Stream(hidden, head, chunk, SAMPLE_BYTES_PER_LOGIT, bitmask, base_limit)
     if any(p.logprobs is not None or (p.typical_p < 1 and not p.greedy) for p in per_row):
-        outs = _long_nuclei(stream, head, list(range(rows)), meta)
+        outs = _long_nuclei(stream, head, list(range(rows)), call)
         return _concat(outs)
     vocab = _place(head).vocab_size
-    sampled = meta.sampled
-    top_k = meta.top_k
+    pipe = call.step_of(_place(head))  # the prepared step's column-local steps and race scores, chunk by chunk
+    sampled = ~pipe.greedy[:, 0]
+    top_k = [0 if p.greedy else p.top_k for p in per_row]
     by_topk = torch.tensor([kr > 0 for kr in top_k], device=device)
-    top_p = meta.top_p
+    top_p = pipe.top_p
     p_on = (top_p < 1) & sampled
     by_cand = by_topk | p_on  # rows whose kept tokens are a prefix of the merged candidates
     nucleus_rows = p_on & ~by_topk  # top-p over the whole vocab: its nucleus may outgrow the candidates
@@ -534,7 +536,7 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     if bool(nucleus_rows.any()):  # as many candidates as the budget holds (~64 bytes each), at least 1024
         k = max(k, min(vocab, max(TOP_P_CANDIDATES, min(4 * TOP_P_CANDIDATES,
                                                          head.logits_budget_bytes // (64 * rows)))))
-    min_p = meta.min_p
+    min_p = pipe.min_p
     min_p_on = (min_p > 0) & sampled
     two_pass = bool((min_p_on & ~by_cand).any())  # streamed rows whose min-p needs the global max first
     nan = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -545,13 +547,13 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
     local_max = torch.full((rows,), float("-inf"), dtype=torch.float32, device=device)
 
     def scaled_of(x: torch.Tensor, lo: int) -> tuple[torch.Tensor, torch.Tensor]:
-        col_ids = column_ids(first_id(head, lo), x.shape[1], device)
-        return scale(process(x.to(torch.float32), col_ids, meta, lo), col_ids, meta), col_ids
+        return pipe._scale(pipe._process(x.to(torch.float32), lo), lo), pipe.col_ids[lo : lo + x.shape[1]]
 
     def race(scaled: torch.Tensor, col_ids: torch.Tensor, lo: int, m: torch.Tensor | None) -> None:
         if m is not None:  # min-p of the streamed rows, against the global max of pass 1
-            scaled = scaled.masked_fill((min_p_on & ~by_cand)[:, None] & ~min_p_keep(scaled, m, min_p), float("-inf"))
-        _update_best(best, ids, race_scores(scaled, col_ids, meta), first_id(head, lo))
+            scaled = scaled.masked_fill((min_p_on & ~by_cand)[:, None] & ~_min_p_keep(scaled, m, min_p),
+                                        float("-inf"))
+        _update_best(best, ids, pipe._race_scores(scaled, col_ids), first_id(head, lo))
 
     for lo, _, x in stream:
         scaled, col_ids = scaled_of(x, lo)
@@ -585,15 +587,15 @@ def _draw(hidden: torch.Tensor, head: LMHead, per_row: list[SamplingParams], see
         # against the global max of what is kept (the first candidate); the race among them.
         width = cand_vals.shape[1]
         valid = torch.arange(width, device=device)[None, :] < cut[:, None]
-        valid &= ~min_p_on[:, None] | min_p_keep(cand_vals, cand_vals[:, 0], min_p)
-        score = race_scores(cand_vals, cand_ids, meta).masked_fill(~valid, float("-inf"))
+        valid &= ~min_p_on[:, None] | _min_p_keep(cand_vals, cand_vals[:, 0], min_p)
+        score = pipe._race_scores(cand_vals, cand_ids).masked_fill(~valid, float("-inf"))
         c_top = score.max(dim=1).values
         c_chosen = torch.where(score == c_top[:, None], cand_ids, torch.full_like(cand_ids, NO_ID)).min(dim=1).values
         top = torch.where(by_cand, c_top, top)
         chosen = torch.where(by_cand, c_chosen, chosen)
         if bool(long.any()):  # the same decision on every rank: candidates and denominator are global
             rows_long = long.nonzero()[:, 0].tolist()
-            chosen[long] = _concat(_long_nuclei(stream, head, rows_long, meta)).token_ids
+            chosen[long] = _concat(_long_nuclei(stream, head, rows_long, call)).token_ids
             top = top.masked_fill(long, 0.0)  # drawn (or refused) by the materialized sampler
     empty = torch.isneginf(top) | (chosen == NO_ID)
     if bool(empty.any()):
@@ -644,14 +646,37 @@ def _candidate_cut(hidden: torch.Tensor, head: LMHead, tree: _TreeSum | None, to
     if bool((p_on & by_topk).any()):  # top-p after top-k: the tree of the kept candidates only
         sparse = treesum.sparse_logsumexp(cand_ids.masked_fill(beyond, NO_ID), vals, _place(head).vocab_size)
         lse = torch.where(by_topk, sparse, lse)
-    probs = torch.exp(vals - lse[:, None])
-    before = torch.cumsum(probs, dim=1) - probs  # the mass strictly before each candidate
-    kept = (before < top_p[:, None]).sum(dim=1).clamp(min=1)
+    kept = kept_prefix(torch.exp(vals - lse[:, None]), top_p)  # the exact mass before each candidate
     long = nucleus_rows & (kept >= width) & (width < _place(head).vocab_size)
     return torch.where(p_on, torch.minimum(cut_k, kept), cut_k), long
 
 
-def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata) -> list[SamplerOutput]:
+def _min_p_keep(scaled: torch.Tensor, m: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Bool: the columns min-p keeps, ``exp(x - max) >= min_p`` (``m [B]`` the global max), as
+    ``DecodeStep._min_p`` decides them."""
+    return torch.exp(scaled - m[:, None]) >= min_p[:, None]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One streamed draw's validated per-row arguments: the prepared step of any subset of its rows."""
+
+    per_row: list[SamplingParams]
+    seeds: list[int]
+    step: int
+    vocab_limit: int | None
+    state: TokenState | None
+
+    def step_of(self, place: VocabPlacement, rows: list[int] | None = None) -> DecodeStep:
+        """``DecodeStep.for_rows`` of ``rows`` (None: all of them)."""
+        if rows is None:
+            return DecodeStep.for_rows(place, self.per_row, self.seeds, self.step, self.vocab_limit, self.state)
+        state = None if self.state is None else self.state.select(rows)
+        return DecodeStep.for_rows(place, [self.per_row[r] for r in rows], [self.seeds[r] for r in rows], self.step,
+                                   self.vocab_limit, state)
+
+
+def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], call: _Call) -> list[SamplerOutput]:
     """The outputs of ``rows`` (top-p rows whose nucleus is longer than the candidates, or every row
     when one has typical-p or logprobs): their logits are streamed again, bitwise the same (the same
     GEMM calls over the whole batch), as many rows at a time as the head's budget holds, and drawn by
@@ -671,9 +696,7 @@ def _long_nuclei(stream: _Stream, head: LMHead, rows: list[int], meta: Metadata)
             logits[:, lo:hi] = x.index_select(0, index)
         for s0 in range(0, len(sel), sub):
             part = sel[s0 : s0 + sub]
-            m = meta.select(part)
-            out.append(DecodeStep.for_rows(_place(head), m.per_row, m.seeds, m.step, m.vocab_limit, m.state)
-                       .draw_once(logits[s0 : s0 + sub], "sample"))
+            out.append(call.step_of(_place(head), part).draw_once(logits[s0 : s0 + sub], "sample"))
     return out
 
 

@@ -1,7 +1,7 @@
 """Seeded sampling on the shards: the draw of the gathered, filtered softmax, without the gather.
 
 For each row, in the order of docs/sampling.md (vLLM v1's, except that min-p follows top-p): the
-column-local logits processors (bans, bias, penalties: :mod:`~trtvocab.sampling.filters`),
+column-local logits processors (bans, bias, penalties),
 temperature (``x / T``; ``T < GREEDY_BELOW = 1e-5``, 0 included, is greedy:
 :attr:`SamplingParams.greedy`), top-k (the exact global top-k, ties to the lower id), top-p (the
 exact nucleus of what is left), min-p, typical-p, then the draw, then the returned logprobs.

@@ -11,13 +11,12 @@ pipeline of fixed-shape operations whose only cross-rank traffic is fixed-size f
 
 Every branch is decided by the params (the host knows them); a check that must stay sets a bit of a
 per-row status that :meth:`DecodeStep.read` raises with the ids. The per-call draws (``sample``,
-``decode_output``) run the same pipeline (:meth:`DecodeStep.for_rows`). The one host read left: top-p
-and typical-p rounds on a *split* head. docs/generate.md, "The prepared step".
+``decode_output``) run the same pipeline (:meth:`DecodeStep.for_rows`). docs/generate.md, "The prepared
+step".
 """
 
 from __future__ import annotations
 
-import math
 import types
 import weakref
 from typing import Any
@@ -41,13 +40,13 @@ from trtvocab.sampling.bitmask import allowed_columns, allowed_ids
 from trtvocab.sampling.params import LOGPROBS_MODES, SamplingParams
 from trtvocab.sampling.reductions import (
     NO_ID,
-    TOP_P_FIRST_K,
     first_max,
     handshake,
     local_topk,
     own,
     owned_ranges,
     pick_owned,
+    prefix_keep,
     sum_exp_and_picks,
 )
 from trtvocab.sampling.state import TokenState
@@ -58,11 +57,13 @@ LOGITS_NAN = 2
 LOGITS_POSINF = 4
 NO_TOKEN = 8
 RANKS_DISAGREE = 16
+INPUT_REFUSED = 32
 _STATUS_TEXT = {HIDDEN_NONFINITE: "hidden rows are not finite (NaN / inf)",
                 LOGITS_NAN: "the logits hold NaN",
                 LOGITS_POSINF: "the logits hold +inf (an overflow: huge hidden states, scales or adapters)",
                 NO_TOKEN: "no token is allowed (every logit is -inf after the bitmask / vocab_limit / filters)",
-                RANKS_DISAGREE: "the ranks passed different bitmasks"}
+                RANKS_DISAGREE: "the ranks passed different bitmasks",
+                INPUT_REFUSED: "a rank refused its input to this step (that rank's error names it)"}
 
 
 _COMPILED: dict[tuple[Any, ...], Any] = {}  # DecodeStep.compile's cores: from hidden / logits, one graph or not
@@ -266,6 +267,8 @@ class DecodeStep:
         self.seed_keys = torch.tensor([noise._signed(noise.mix_int(s + noise._GAMMA)) for s in seeds],
                                       dtype=torch.int64, device=dev)[:, None]
         self.step_t = torch.full((), start_step, dtype=torch.int64, device=dev)
+        self.refused_t = torch.zeros((), dtype=torch.int64, device=dev)  # INPUT_REFUSED: this rank's input refused
+        self._refusal: InputError | None = None
         self.next_step = start_step  # the host's count: the step the next read() returns
         # the logits processors (column-local): static entries, and what the state makes dynamic
         self.processes = any(p.processes for p in per_row)
@@ -334,28 +337,47 @@ class DecodeStep:
             raise ConfigError("DecodeStep: built on a VocabPlacement: call draw(local_logits) with this rank's logits")
         if self.rows is None and isinstance(hidden, torch.Tensor) and hidden.dim() == 2:
             self._build(hidden.shape[0])  # one SamplingParams, no state, no rows: the first call's batch
+        error = None
         if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[0] != self.rows \
                 or hidden.shape[1] != head.hidden_size or hidden.dtype != head.dtype:
             got = f"{hidden.dtype} {list(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
-            raise InputError(f"DecodeStep: hidden must be a {head.dtype} [{self.rows}, {head.hidden_size}] tensor "
-                             f"(the head's dtype), got {got}")
+            error = InputError(f"DecodeStep: hidden must be a {head.dtype} [{self.rows}, {head.hidden_size}] tensor "
+                               f"(the head's dtype), got {got}")
+        error = error or self._mask_error(bitmask)
+        if self._refuse(error):
+            hidden = torch.zeros(self.rows, head.hidden_size, dtype=head.dtype, device=self.device)
+            bitmask = self._open_mask()
         return self._finish(self._runner(self, self._pad(hidden.to(self.device), 0.0), self._padded_mask(bitmask)))
+
+    def _refuse(self, error: InputError | None) -> bool:
+        """Whether this call runs on stand-in input: an input only this rank sees is wrong. Alone, raise it
+        now; on a split head run the step on zeros with every row's ``INPUT_REFUSED`` bit set, so that the
+        other ranks' collectives are met and every rank raises at :meth:`read` (this one with ``error``)."""
+        if error is None and self._refusal is None:
+            return False
+        if error is not None and (self.rows is None or not self.place.is_split):
+            raise error
+        self.refused_t.fill_(0 if error is None else INPUT_REFUSED)  # a host write: no read
+        self._refusal = error
+        return error is not None
+
+    def _open_mask(self) -> torch.Tensor | None:
+        return None if self.bitmask_width is None else \
+            torch.full((self.rows, self.bitmask_width), -1, dtype=torch.int32, device=self.device)
 
     def compile(self, backend: str = "inductor") -> DecodeStep:
         """Run the bucket's core compiled (``torch.compile``, one graph): the padded step, which reads
         nothing of the real row count, so every step of the same bucket, knobs and head shares one graph
         (a batch that shrinks or grows inside its bucket compiles nothing new). ``backend``: torch.compile's.
         Returns ``self``."""
-        # A split head's top-p / typical-p rounds read one bool a round: there the graph breaks once a round.
-        whole = not (self.place.is_split and (self.top_p_on or self.typical_on))
         core = DecodeStep._core if self.head is not None else DecodeStep._core_logits
-        key = (core.__name__, whole, self.padded_rows, self._knobs(), backend)
+        key = (core.__name__, self.padded_rows, self._knobs(), backend)
         if key not in _COMPILED:
             # dynamo keeps its graphs per code object and stops at 8 of them: a code object of its own for each
             # bucket and knobs, so that no number of them ever reaches that limit.
             fn = types.FunctionType(core.__code__.replace(co_name=f"{core.__name__}_{len(_COMPILED)}"),
                                     core.__globals__, core.__name__, core.__defaults__, core.__closure__)
-            _COMPILED[key] = torch.compile(fn, fullgraph=whole, dynamic=False, backend=backend)
+            _COMPILED[key] = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
         self._runner = _COMPILED[key]
         return self
 
@@ -371,12 +393,17 @@ class DecodeStep:
             return x
         return torch.cat([x, x.new_full((self.padded_rows - self.rows, x.shape[1]), value)])
 
-    def _padded_mask(self, bitmask: torch.Tensor | None) -> torch.Tensor | None:
+    def _mask_error(self, bitmask: Any) -> InputError | None:
         if (bitmask is None) != (self.bitmask_width is None) or (bitmask is not None and (
-                bitmask.dtype != torch.int32 or tuple(bitmask.shape) != (self.rows, self.bitmask_width))):
-            got = "None" if bitmask is None else f"{bitmask.dtype} {list(bitmask.shape)}"
+                not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32
+                or tuple(bitmask.shape) != (self.rows, self.bitmask_width))):
+            got = "None" if bitmask is None else f"{bitmask.dtype} {list(bitmask.shape)}" \
+                if isinstance(bitmask, torch.Tensor) else type(bitmask).__name__
             want = "None" if self.bitmask_width is None else f"int32 [{self.rows}, {self.bitmask_width}]"
-            raise InputError(f"DecodeStep: bitmask must be {want} (bitmask_width of the step), got {got}")
+            return InputError(f"DecodeStep: bitmask must be {want} (bitmask_width of the step), got {got}")
+        return None
+
+    def _padded_mask(self, bitmask: torch.Tensor | None) -> torch.Tensor | None:
         if bitmask is None:
             return None
         mask = bitmask.to(self.device)
@@ -386,15 +413,15 @@ class DecodeStep:
 
     def _core(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Logprobs | None]:
         """The padded step from the hidden rows ``x [bucket, H]``: ``(ids, status, logprobs)`` of the bucket."""
-        status = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+        status = self.refused_t.expand(x.shape[0])
         if self.head.check_finite:  # False: the caller validated its inputs (LMHead.check_input's rule)
-            status = torch.where(torch.isfinite(x).all(dim=1), 0, HIDDEN_NONFINITE)
+            status = status | torch.where(torch.isfinite(x).all(dim=1), 0, HIDDEN_NONFINITE)
         return self._pipeline(self.head.local_logits(x), mask, status)
 
     def _core_logits(self, logits: torch.Tensor,
                      mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Logprobs | None]:
         """The padded step from this rank's logits ``[bucket, V_local]``."""
-        return self._pipeline(logits, mask, torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device))
+        return self._pipeline(logits, mask, self.refused_t.expand(logits.shape[0]))
 
     def _finish(self, out: tuple[torch.Tensor, torch.Tensor, Logprobs | None]) -> torch.Tensor:
         """Keep the real rows: ``last_output`` and what :meth:`read` copies; the ids ``[B]``."""
@@ -410,13 +437,18 @@ class DecodeStep:
         p = self.place
         if self.rows is None and isinstance(local_logits, torch.Tensor) and local_logits.dim() == 2:
             self._build(local_logits.shape[0])
+        error = None
         if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2 \
                 or local_logits.shape[0] != self.rows or local_logits.shape[1] not in (p.owned, p.local_width) \
                 or not local_logits.dtype.is_floating_point:
             got = f"{local_logits.dtype} {list(local_logits.shape)}" if isinstance(local_logits, torch.Tensor) else \
                 type(local_logits).__name__
-            raise InputError(f"DecodeStep.draw: local_logits must be floating [{self.rows}, {p.owned}] (this rank's "
-                             f"columns), got {got}")
+            error = InputError(f"DecodeStep.draw: local_logits must be floating [{self.rows}, {p.owned}] (this "
+                               f"rank's columns), got {got}")
+        error = error or self._mask_error(bitmask)
+        if self._refuse(error):
+            local_logits = torch.zeros(self.rows, p.owned, dtype=torch.float32, device=self.device)
+            bitmask = self._open_mask()
         runner = self._runner if self.head is None and self._runner is not _eager else DecodeStep._core_logits
         return self._finish(runner(self, self._pad(local_logits, 0.0), self._padded_mask(bitmask)))
 
@@ -450,17 +482,20 @@ class DecodeStep:
         self._advance(chosen, status)
         return chosen, status * self.real, lp
 
-    def _process(self, x: torch.Tensor) -> torch.Tensor:
-        """vLLM v1's steps 3-6 (``filters.process``) on fixed-shape index tensors."""
+    def _process(self, x: torch.Tensor, lo: int = 0) -> torch.Tensor:
+        """vLLM v1's steps 3-6 on fixed-shape index tensors: allowed token ids, bad words, min tokens, logit
+        bias, then the repetition, frequency and presence penalties. ``x``: float32 owned columns ``lo ..
+        lo + n`` (the whole shard, or a chunk the streamed path holds); each rank touches only its own ids."""
         if not self.processes:
             return x
         n = x.shape[1]
         rows = x.shape[0]
 
         def scatter(ids: torch.Tensor, value: torch.Tensor | float, base: torch.Tensor) -> torch.Tensor:
-            """``base [B, n]`` with the owned columns of ``ids [B, m]`` (-1 / others: a spare column) set."""
+            """``base [B, n]`` with the block's columns of ``ids [B, m]`` (-1 / others: a spare column) set."""
             cols, mine = self.place.owned_columns(ids)
-            col = torch.where((ids >= 0) & mine, cols, n)
+            cols = cols - lo
+            col = torch.where((ids >= 0) & mine & (cols >= 0) & (cols < n), cols, n)
             wide = torch.cat([base, base[:, :1]], dim=1)
             src = value if isinstance(value, torch.Tensor) else torch.full(ids.shape, value, dtype=base.dtype,
                                                                           device=base.device)
@@ -487,9 +522,9 @@ class DecodeStep:
         if self.penalizes:
             assert self.counts is not None and self.seen is not None
             if self.place.added is None:  # the state's columns are the owned ones
-                counts, seen = self.counts[:, :n], self.seen[:, :n]
-            else:  # a token-order state (every id): the owned ids' columns
-                at = self.col_ids - self.state_start
+                counts, seen = self.counts[:, lo : lo + n], self.seen[:, lo : lo + n]
+            else:  # a token-order state (every id): the block's ids' columns
+                at = self.col_ids[lo : lo + n] - self.state_start
                 counts, seen = self.counts.index_select(1, at), self.seen.index_select(1, at)
             seen = seen | (counts > 0)
             x = torch.where(seen & (self.rep != 1), torch.where(x > 0, x / self.rep, x * self.rep), x)
@@ -497,15 +532,27 @@ class DecodeStep:
             x = torch.where(self.pres != 0, x - self.pres * (counts > 0).to(torch.float32), x)
         return x
 
-    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+    def _scale(self, x: torch.Tensor, lo: int = 0) -> torch.Tensor:
+        """Temperature (greedy rows keep their logits) and the vocab limit, on owned columns ``lo ..``."""
         if self.all_greedy:
             scaled = x
         else:
             divisor = torch.where(self.greedy, torch.ones_like(self.temps), self.temps)
             scaled = torch.where(self.greedy, x, x / divisor)
         if self.vocab_limit is not None:
-            scaled = scaled.masked_fill(self.col_ids[None, :] >= self.vocab_limit, float("-inf"))
+            ids = self.col_ids[lo : lo + x.shape[1]]
+            scaled = scaled.masked_fill(ids[None, :] >= self.vocab_limit, float("-inf"))
         return scaled
+
+    def _race_scores(self, scaled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The Gumbel race's float64 scores: ``x + g(seed, step, id)`` on sampled rows, ``x`` on greedy ones,
+        ``-inf`` kept (``ids``: the columns' token ids, ``[n]`` or ``[B, n]``)."""
+        if not self.sampled_any:
+            return scaled
+        keys = noise.mix_tensor(self.seed_keys ^ noise.mix_tensor(self.step_t + noise._signed(2 * noise._GAMMA)))
+        score = scaled.to(torch.float64)
+        score = torch.where(~self.greedy, score + noise.gumbel(keys, ids), score)
+        return score.masked_fill(torch.isneginf(scaled), float("-inf"))  # -inf + noise stays excluded
 
     def _top_k(self, scaled: torch.Tensor) -> torch.Tensor:
         k = self.top_k_max
@@ -518,47 +565,13 @@ class DecodeStep:
         active = (self.top_k > 0)[:, None]
         return scaled.masked_fill(active & ~keep, float("-inf"))
 
-    def _sorted_mass(self, values: torch.Tensor, lse: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
-        """``[B]`` the kept count of a candidate list in order (values as logits, ``-inf``: no mass)."""
-        probs = torch.exp(values.to(torch.float32) - lse[:, None])
-        before = torch.cumsum(probs, dim=1) - probs
-        return (before < mass[:, None]).sum(dim=1).clamp(min=1)
-
     def _top_p(self, scaled: torch.Tensor) -> torch.Tensor:
         if not self.top_p_on:
             return scaled
         on = (self.top_p < 1) & ~self.greedy[:, 0]
-        threshold = torch.where(on, self.top_p, torch.zeros_like(self.top_p))
         lse = _lse(scaled, self.place, None)[1]
-        if self.place.is_split:  # the candidates widen round by round: one bool a round (module docstring)
-            values, cand, _ = self._rounds(scaled, lse, threshold, TOP_P_FIRST_K)
-            kept = self._sorted_mass(values, lse, threshold)
-        else:
-            values, cols = torch.sort(scaled, dim=1, descending=True, stable=True)  # value desc, id asc
-            kept = self._sorted_mass(values, lse, threshold)
-            cand = self.place.token_ids(cols)
-        cut_v = values.gather(1, (kept - 1)[:, None])
-        cut_id = cand.gather(1, (kept - 1)[:, None])
-        keep = (scaled > cut_v) | ((scaled == cut_v) & (self.col_ids[None, :] <= cut_id))
+        keep = prefix_keep(scaled, torch.exp(scaled - lse[:, None]), self.top_p, self.place, _gather)
         return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
-
-    def _rounds(self, order_by: torch.Tensor, lse: torch.Tensor, mass: torch.Tensor, k: int,
-                logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A split head's candidates in order (``order_by``'s global top-k, k doubling) until every row's
-        prefix reaching ``mass`` ends inside them (``reductions.nucleus``'s rounds: one bool read a round).
-        Returns the candidates' values of ``logits`` (None: of ``order_by``), ids and ``order_by`` values."""
-        place = self.place
-        k = min(k, place.vocab_size)
-        while True:
-            top, cand = _merged_topk(order_by, place, k)
-            values = top
-            if logits is not None:  # typical-p: the logits of the candidates, gathered from their owners
-                picked = pick_owned(logits, cand, place, torch.zeros(cand.shape, device=logits.device))
-                values = _gather(picked, place).sum(dim=0).masked_fill(torch.isneginf(top), float("-inf"))
-            kept = self._sorted_mass(values, lse, mass)
-            if k == place.vocab_size or bool((kept < k).all()):
-                return values, cand, top
-            k = min(2 * k, place.vocab_size)
 
     def _min_p(self, scaled: torch.Tensor) -> torch.Tensor:
         if not self.min_p_on:
@@ -581,30 +594,14 @@ class DecodeStep:
         total = _gather(local, place).sum(dim=0)
         h = (-(total.to(torch.float64) * 2.0**-ENTROPY_BITS)).to(torch.float32)
         key = torch.abs(-(scaled - lse[:, None]) - h[:, None]).masked_fill(torch.isneginf(scaled), float("inf"))
-        mass = torch.where(on, self.typical_p, torch.zeros_like(self.typical_p))
-        if place.is_split:  # the typical set holds about exp(H) ids: start there (the perplexity)
-            perplexity = float(torch.exp(torch.where(on, h, float("-inf")).max().to(torch.float64)))
-            k = max(TOP_P_FIRST_K, 1 << max(0, math.ceil(math.log2(max(1.0, 2 * perplexity)))))
-            values, _, neg = self._rounds(-key, lse, mass, k, logits=scaled)
-            kept = self._sorted_mass(values, lse, mass)
-            cut_key = -neg.gather(1, (kept - 1)[:, None])
-        else:
-            keys, cols = torch.sort(key, dim=1, stable=True)  # key ascending, id ascending
-            values = scaled.gather(1, cols).masked_fill(torch.isinf(keys), float("-inf"))
-            kept = self._sorted_mass(values, lse, mass)
-            cut_key = keys.gather(1, (kept - 1)[:, None])
-        return scaled.masked_fill(on[:, None] & (key > cut_key), float("-inf"))
+        keep = prefix_keep(-key, torch.exp(scaled - lse[:, None]), self.typical_p, place, _gather,
+                           whole_ties=True)
+        return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
 
     def _race(self, scaled: torch.Tensor, status: torch.Tensor,
               digest: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         place = self.place
-        if self.sampled_any:
-            keys = noise.mix_tensor(self.seed_keys ^ noise.mix_tensor(self.step_t + noise._signed(2 * noise._GAMMA)))
-            score = scaled.to(torch.float64)
-            score = torch.where(~self.greedy, score + noise.gumbel(keys, self.col_ids), score)
-            scores = score.masked_fill(torch.isneginf(scaled), float("-inf"))
-        else:
-            scores = scaled
+        scores = self._race_scores(scaled, self.col_ids)
         rows = scores.shape[0]
         if scores.shape[1]:
             best, cols = first_max(scores)
@@ -624,7 +621,9 @@ class DecodeStep:
                 status = status | packed[r, :, 2]
             if digest is not None:
                 differ = (packed[:, :, 3] != packed[:1, :, 3]).any(dim=0)
-                status = status | torch.where(differ, RANKS_DISAGREE, 0)
+                # a refused rank ran on a stand-in bitmask: its refusal is the news, not the difference
+                refused = (status & INPUT_REFUSED) != 0
+                status = status | torch.where(differ & ~refused, RANKS_DISAGREE, 0)
         empty = torch.isneginf(best) | (chosen == NO_ID)
         status = status | torch.where(empty, NO_TOKEN, 0)
         return torch.where(empty, torch.zeros_like(chosen), chosen), status
@@ -684,6 +683,8 @@ class DecodeStep:
         b = self.rows
         ids, status, step = values[:b], values[b : 2 * b], values[2 * b]
         self.next_step = step + 1
+        if self._refusal is not None:  # this rank's own input: its own words (the others name the bit)
+            raise InputError(f"sampling.decode (step {step}): {self._refusal}")
         bad = [(r, s) for r, s in enumerate(status) if s]
         if bad:
             found = sorted({bit for _, s in bad for bit in _STATUS_TEXT if s & bit})
@@ -701,4 +702,5 @@ def _eager(step: DecodeStep, x: torch.Tensor, mask: torch.Tensor | None) -> tupl
     return step._core(x, mask)
 
 
-__all__ = ["HIDDEN_NONFINITE", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "RANKS_DISAGREE", "DecodeStep", "bucket"]
+__all__ = ["HIDDEN_NONFINITE", "INPUT_REFUSED", "LOGITS_NAN", "LOGITS_POSINF", "NO_TOKEN", "RANKS_DISAGREE",
+           "DecodeStep", "bucket"]

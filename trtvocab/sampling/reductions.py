@@ -7,7 +7,8 @@ exactly what the same operation gives on the gathered logits; only ``O(B * k)`` 
     greedy      local (max, global id)   -> all_gather [tp, B] pairs  -> pick
     topk        local top-k (vals, ids)  -> all_gather [tp, B, k]     -> merge
     logsumexp   the vocab tree's (max, sum exp) node pairs -> all_gather -> merge (logprobs: + picks)
-    min_p / top_p   thresholds against the global max / the exact nucleus (k doubling)
+    min_p       a threshold against the global max
+    top_p       the exact nucleus: 4 radix rounds of [B, 256] int64 mass histograms (prefix_keep)
 
 Ids travel as int64, values as their float32 bits in the same tensor (one collective). Ties go
 to the lower token id (``topk``: value descending, id ascending). NaN and ``+inf`` logits raise
@@ -19,6 +20,7 @@ See docs/architecture.md, "Seeded sampling without the gather".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,7 +33,6 @@ from trtvocab.sampling.treesum import merge_ranges, range_nodes, tree_logsumexp
 NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
 _PLAN = "k / ids per row / sampling plan (top-k width, filters)"
 _OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p", "sample", "bitmask", "decode")
-TOP_P_FIRST_K = 64  # first candidate count for top-p; real nuclei are usually this small
 # What the ranks agree on before every public call (protocol: trtvocab.parallel.distributed.Handshake).
 # A decode loop makes the same calls step after step: the handshake runs on an operation's
 # first call and whenever its signature (every field but the per-call argument digest) changes;
@@ -137,7 +138,9 @@ def own(local_logits: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
 
 
 def gather_stack(t: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
-    """``[tp, *t.shape]``: every rank's ``t`` (same shape on every rank)."""
+    """``[tp, *t.shape]``: every rank's ``t`` (same shape on every rank; a replicated head: ``t[None]``)."""
+    if not head.is_split:
+        return t[None]
     return torch.stack(D.gather_verdict(_take_verdict(head), t, head.tp_size, head.process_group))
 
 
@@ -428,10 +431,9 @@ def top_p_mask(local_logits: torch.Tensor, head: Placement, top_p: float | torch
     order whose probability under the *global* softmax reaches ``top_p`` (a token is kept when
     the mass before it is below ``top_p``; the top token is always kept).
 
-    The global top-k is exact (see :func:`topk`), so the nucleus is found in the merged top-k
-    with k doubling from :data:`TOP_P_FIRST_K` until it ends inside it: ``O(B * k)`` numbers
-    move, never ``[B, V]``. Every rank sees the same merged candidates and the same
-    denominator, so every rank makes the same decisions.
+    The mass before a token is the exact sum of the float32 probabilities before it (int64 fixed
+    point, :func:`fixed_mass`), found by :func:`prefix_keep` in four fixed rounds: ``O(B)`` numbers
+    move, never ``[B, V]``, and every rank, tp size and device makes the same decisions.
     """
     head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.top_p")
@@ -451,22 +453,111 @@ def nucleus(local_logits: torch.Tensor, head: VocabPlacement, threshold: torch.T
     ``threshold``: a 0-d or ``[B]`` float32 tensor. ``-inf`` logits (masked tokens) carry no
     mass, so the nucleus is that of the distribution renormalized over the rest.
     """
-    threshold = threshold.reshape(-1, 1) if threshold.dim() == 1 else threshold.reshape(1, 1)
-    x = own(local_logits, head)
+    x = own(local_logits, head).to(torch.float32)
     lse = sum_exp_and_picks(x, head, None)[1]
-    k = min(TOP_P_FIRST_K, head.vocab_size)
-    while True:  # validated and agreed once above: each round is one all_gather, no handshake
-        values, ids = merged_topk(local_logits, head, k)
-        probs = torch.exp(values.to(torch.float32) - lse[:, None])
-        before = torch.cumsum(probs, dim=1) - probs  # mass strictly before each candidate
-        kept = (before < threshold).sum(dim=1).clamp(min=1)  # [B], the top token always stays
-        if k == head.vocab_size or bool((kept < k).all()):
-            break
-        k = min(2 * k, head.vocab_size)
-    cut_value = values.gather(1, (kept - 1)[:, None])  # the last kept token, in the total order
-    cut_id = ids.gather(1, (kept - 1)[:, None])
-    cols = head.column_ids(x.shape[1], x.device)[None, :]
-    return (x > cut_value) | ((x == cut_value) & (cols <= cut_id))
+    mass = threshold.expand(x.shape[0]) if threshold.dim() == 0 else threshold
+    return prefix_keep(x, torch.exp(x - lse[:, None]), mass, head, gather_stack)
+
+
+# ---- the nucleus: an exact prefix mass in fixed rounds ---------------------------------------------
+MASS_BITS = 60  # probabilities in int64 fixed point: each p <= 1 and their sum ~1, far below 2**63 / 2**60
+_DIGIT = 8  # bits of the order key settled per round
+RADIX_BINS = 1 << _DIGIT
+RADIX_ROUNDS = 32 // _DIGIT  # prefix_keep's gathers: a float32 order key in 8-bit digits
+
+
+def fixed_mass(p: torch.Tensor) -> torch.Tensor:
+    """int64 ``round(p * 2**MASS_BITS)`` of float32 probabilities (NaN: 0): sums of these are exact, so the
+    mass before a token is the same number whatever order or grouping adds it (any tp, any device)."""
+    p = torch.nan_to_num(p.to(torch.float32), nan=0.0).clamp(0.0, 1.0)
+    return torch.round(p.to(torch.float64) * 2.0**MASS_BITS).to(torch.int64)
+
+
+def kept_prefix(probs: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """``[B]``: how many of a row's tokens, listed in the total order (``probs [B, n]``), the nucleus of
+    ``mass [B]`` keeps: those whose exact mass strictly before them is below ``mass``; at least 1."""
+    w, t = _weights(probs, _fixed_threshold(mass))
+    before = torch.cumsum(w, dim=1) - w
+    return (before < t).sum(dim=1).clamp(min=1)
+
+
+def _weights(probs: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w, t)``: the tokens' fixed-point masses and the threshold. A row with no mass at all (every logit
+    ``-inf``: its probabilities are NaN on every rank) weighs each token 1 against a threshold of 1, so that
+    only its first token is kept, as a float reference keeps it."""
+    void = torch.isnan(probs).all(dim=1, keepdim=True)
+    return torch.where(void, 1, fixed_mass(probs)), torch.where(void, 1, t)
+
+
+def _fixed_threshold(mass: torch.Tensor) -> torch.Tensor:
+    """``[B, 1]`` int64 ``mass * 2**MASS_BITS``, at least 1 (the first token is always kept)."""
+    return fixed_mass(mass).reshape(-1, 1).clamp(min=1)
+
+
+def _order_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys in ``[0, 2**32)`` ordered as the float32 values ``x`` (``-0.0`` as ``0.0``)."""
+    x = torch.where(x == 0, torch.zeros_like(x), x.to(torch.float32))
+    bits = x.view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
+
+
+def prefix_keep(order: torch.Tensor, probs: torch.Tensor, mass: torch.Tensor, head: VocabPlacement,
+                gather: Callable[[torch.Tensor, VocabPlacement], torch.Tensor], *,
+                whole_ties: bool = False) -> torch.Tensor:
+    """Bool ``[B, n]`` over this rank's owned columns: the shortest prefix of the whole vocab, in the
+    total order (``order`` descending, then token id ascending), whose exact mass reaches ``mass [B]``:
+    a token is kept when the :func:`fixed_mass` of the tokens before it is below ``mass`` (the first
+    token always is). ``probs``: each column's probability (0 for masked tokens). Top-p orders by the
+    logits; typical-p by ``-|surprise - entropy|`` with ``whole_ties`` (transformers' rule: every token
+    whose key equals the last kept token's is kept too).
+
+    A radix search for the cut with no sort and no host read: four rounds, each a histogram of the
+    int64 masses over the next 8 bits of the order key (:func:`_order_key`) among the tokens still in
+    the running, summed over the ranks (``gather``: a ``[tp, ...]`` all_gather), settle the key of the
+    last kept token; the last round's histogram, kept per rank and id segment, orders the tokens tied on
+    it by id. Integer sums: the same cut at every tp, layout and device, and the same as
+    :func:`kept_prefix` on the sorted list.
+    """
+    rows, n = order.shape
+    key = _order_key(order)
+    w, t = _weights(probs, _fixed_threshold(mass.expand(rows) if mass.dim() == 0 else mass))
+    segments = 1 if head.added is None or whole_ties else 2
+    second = (torch.arange(n, device=order.device) >= head.shard.size).to(torch.int64)[None, :]
+    prefix = torch.zeros(rows, 1, dtype=torch.int64, device=order.device)
+    above = torch.zeros(rows, 1, dtype=torch.int64, device=order.device)  # mass of keys beyond the prefix's
+    every = above
+    for shift in range(32 - _DIGIT, -1, -_DIGIT):
+        digit = (key >> shift) & (RADIX_BINS - 1)
+        inside = (key >> (shift + _DIGIT)) == prefix
+        width = RADIX_BINS if shift else RADIX_BINS * segments
+        if not shift and segments > 1:  # the last round keeps the id segments apart for the tie order
+            digit = digit + RADIX_BINS * second
+        hist = torch.zeros(rows, width, dtype=torch.int64, device=order.device)
+        hist = hist.scatter_add(1, digit, torch.where(inside, w, torch.zeros_like(w)))
+        every = gather(hist, head)  # [tp, B, width]
+        total = every.sum(dim=0).view(rows, -1, RADIX_BINS).sum(dim=1)
+        beyond = torch.flip(torch.cumsum(torch.flip(total, [1]), dim=1), [1]) - total  # mass of higher digits
+        reach = above + beyond  # the mass before the first token of each digit
+        d = (reach >= t).sum(dim=1, keepdim=True)  # the first digit whose tokens start below the mass
+        above = reach.gather(1, d)
+        prefix = prefix * RADIX_BINS + d
+    if whole_ties:  # some token holds the cut key (its mass took M below the threshold), or all are kept
+        return key >= prefix
+    tp = every.shape[0]
+    # The cut key's mass on each (segment, rank), in token id order: segment-major, then rank.
+    at = every.view(tp, rows, segments, RADIX_BINS).gather(3, prefix.remainder(RADIX_BINS).view(1, rows, 1, 1)
+                                                    .expand(tp, rows, segments, 1))[..., 0]
+    at = at.permute(1, 2, 0).reshape(rows, segments * tp)
+    earlier = torch.cumsum(at, dim=1) - at
+    rank = head.tp_rank
+    prior = earlier[:, rank:rank + 1] if segments == 1 else \
+        torch.where(second.bool(), earlier[:, tp + rank:tp + rank + 1], earlier[:, rank:rank + 1])
+    tied = key == prefix
+    tw = torch.where(tied, w, torch.zeros_like(w))
+    local = torch.cumsum(tw, dim=1) - tw
+    if segments > 1:  # the added segment's ties start after the base segment's (counted in prior)
+        local = local - second * tw[:, : head.shard.size].sum(dim=1, keepdim=True)
+    return (key > prefix) | (tied & (above + prior + local < t))
 
 
 def apply_top_p(local_logits: torch.Tensor, head: Placement, top_p: float | torch.Tensor) -> torch.Tensor:
