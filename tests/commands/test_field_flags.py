@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import write_single
 from trtvocab.checkpoints.hidden_file import save_hidden
-from trtvocab.commands.cli import _flags, app, compare, generate, quantize
+from trtvocab.commands.cli import _flags, app, compare, generate, plan, quantize
 
 V, H = 32, 32
 
@@ -45,6 +45,7 @@ def test_the_flag_map_reads_a_declared_name() -> None:
     assert _flags(compare)["all_tokens"] == "--all-tokens"
     assert _flags(quantize)["checkpoint_format"] == "--format"
     assert _flags(compare)["variants"] == "VARIANTS"
+    assert _flags(plan)["adp_rows"] == "--attention-dp-rows"  # make_plan's argument, plan's --attention-dp-rows
 
 
 @pytest.mark.parametrize(("extra", "said"), [
@@ -119,10 +120,17 @@ def test_compare_gates_name_its_flags(files: dict[str, Path]) -> None:
     (["hidden", "{head}", "--out", "{out}.safetensors", "--max-tokens", "0"],
      "InputError: --max-tokens: must be a positive integer, got 0"),
     (["generate", "{head}", "--prompt", "x", "--backend", "bogus"], "ArtifactError: --backend must be one of"),
+    (["plan", "--vocab", "100", "--hidden", "8", "--tp", "4", "--lm-head-tp", "3"],
+     "ConfigError: --lm-head-tp (3) must divide --tp (4)"),
+    (["plan", "--vocab", "100", "--hidden", "8", "--tp", "2", "--embedding-dtype", "int4"],
+     "ConfigError: --embedding-dtype must be one of bf16, fp32, fp8, got 'int4'"),
+    (["plan", "--vocab", "100", "--hidden", "8", "--tp", "2", "--overlap-chunks", "0"],
+     "ConfigError: --overlap-chunks must be an integer in [1, inf), got 0"),
 ])
 def test_other_refusals_name_each_commands_flags(files: dict[str, Path], args: list[str], said: str) -> None:
     """Refusals raised by ``pipeline/build.py``, ``base/publish.py``, ``quant/modelopt_export.py``,
-    ``checkpoints/hidden_states.py`` and ``backends/__init__.py``, before any work, in flags."""
+    ``checkpoints/hidden_states.py``, ``backends/__init__.py`` and ``pipeline/plan.py``, before any work, in
+    flags."""
     code, text = _cli(*[a.format(**files) for a in args])
     assert code == 2 and said in text and "`" not in text, text
     assert not files["out"].exists() and (files["taken"] / "notes.txt").is_file()

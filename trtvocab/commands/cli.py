@@ -107,7 +107,8 @@ def _cli() -> None:
 # line spells them as its own flags (_flags), so no layer below this one spells a flag.
 _FIELD = re.compile(r"`([a-z][a-z0-9_]*)`")
 # Fields whose flag is not their name in kebab case (the rest: `top_p` -> --top-p).
-_FLAG_NAMES = {"prompts": "--prompt", "loras": "--lora", "stop_token_ids": "--stop-token-id"}
+_FLAG_NAMES = {"prompts": "--prompt", "loras": "--lora", "stop_token_ids": "--stop-token-id",
+               "adp_rows": "--attention-dp-rows"}
 
 
 def _flags(command: Callable[..., None]) -> dict[str, str]:

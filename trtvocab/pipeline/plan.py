@@ -58,7 +58,7 @@ class RankPlan(BaseModel):
         head_flops / head_time_s: this rank's GEMM ``2 B w H``.
         matrices_bytes: embedding + head shards in bf16 (one matrix when tied).
         replicated_extra_bytes: what holding both matrices whole would add on this card.
-        adapter_bytes: this rank's part of the LoRA adapters (``--lora``; bf16 copies, float32 factors).
+        adapter_bytes: this rank's part of the LoRA adapters (``adapters``; bf16 copies, float32 factors).
     """
 
     rank: int
@@ -76,7 +76,7 @@ class RankPlan(BaseModel):
     head_time_s: float
     matrices_bytes: int = Field(description="bf16 embedding + LM head shards (one matrix when tied)")
     replicated_extra_bytes: int = Field(description="replicated matrices minus this rank's shards")
-    adapter_bytes: int = Field(default=0, description="this rank's part of the LoRA adapters (--lora)")
+    adapter_bytes: int = Field(default=0, description="this rank's part of the LoRA adapters (adapters)")
 
 
 class EmbeddingAllReduce(BaseModel):
@@ -201,7 +201,7 @@ class Sampler(BaseModel):
 
 
 class KVPricing(BaseModel):
-    """Replication priced in KV-cache tokens (``--kv-bytes-per-token B --layers L``).
+    """Replication priced in KV-cache tokens (``kv_bytes_per_token`` B, ``layers`` L).
 
     Args:
         kv_bytes_per_token_per_layer: B; kv_layers: L; kv_bytes_per_token: ``B x L`` (a token's KV over the model).
@@ -229,7 +229,7 @@ class Plan(BaseModel):
     vocab_size: int
     hidden_size: int
     tp_size: int
-    lm_head_tp_size: int = Field(default=0, description="ranks the vocabulary is split over (--lm-head-tp; "
+    lm_head_tp_size: int = Field(default=0, description="ranks the vocabulary is split over (lm_head_tp; "
                                  "default tp_size): ranks, matrices and collectives are one head group's")
     head_groups: int = Field(default=1, description="tp_size / lm_head_tp_size head groups in the world")
     batch: int = Field(description="rows of logits per step (sequences)")
@@ -245,11 +245,11 @@ class Plan(BaseModel):
     head: HeadCompute
     matrices: Matrices
     ranks: list[RankPlan]
-    adapters: list[str] = Field(default_factory=list, description="the LoRA adapters counted (--lora)")
+    adapters: list[str] = Field(default_factory=list, description="the LoRA adapters counted (adapters)")
     decode_step: StepCollectives | None = Field(default=None, description="sampling.decode's collectives (tp > 1)")
     forward: StepCollectives | None = Field(default=None, description="LMHead.forward's collectives (tp > 1)")
     embedding: StepCollectives | None = Field(default=None, description="the embedding lookup's (tp > 1)")
-    kv: KVPricing | None = Field(default=None, description="replication in KV tokens (--kv-bytes-per-token)")
+    kv: KVPricing | None = Field(default=None, description="replication in KV tokens (kv_bytes_per_token)")
 
 
 def _positive_int(value: object, name: str, upper: int | None = None, what: str = "") -> None:
@@ -267,16 +267,16 @@ def _positive_float(value: object, name: str, unit: str) -> None:
 def check_inputs(vocab: int, hidden: int, tp: int, batch: int, layout: str, pad_to: int, tokens: int,
                  link_gbs: float, tflops: float) -> None:
     """Refuse impossible input with a ``ConfigError`` naming the option and its allowed range."""
-    _positive_int(vocab, "--vocab")
-    _positive_int(hidden, "--hidden")
-    _positive_int(tp, "--tp", vocab, " (at most the vocab size, one column per rank)")
-    _positive_int(batch, "--batch")
-    _positive_int(tokens, "--tokens")
-    _positive_int(pad_to, "--pad-to")
+    _positive_int(vocab, "`vocab`")
+    _positive_int(hidden, "`hidden`")
+    _positive_int(tp, "`tp`", vocab, " (at most the vocab size, one column per rank)")
+    _positive_int(batch, "`batch`")
+    _positive_int(tokens, "`tokens`")
+    _positive_int(pad_to, "`pad_to`")
     if layout not in LAYOUTS:
-        raise ConfigError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    _positive_float(link_gbs, "--link-gbs", "GB/s")
-    _positive_float(tflops, "--tflops", "TFLOP/s")
+        raise ConfigError(f"`layout` must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    _positive_float(link_gbs, "`link_gbs`", "GB/s")
+    _positive_float(tflops, "`tflops`", "TFLOP/s")
 
 
 def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout = "uneven", pad_to: int = 64, *,
@@ -299,14 +299,14 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
     check_inputs(vocab, hidden, tp, batch, layout, pad_to, tokens, link_gbs, tflops)
     world = tp
     if lm_head_tp is not None:
-        _positive_int(lm_head_tp, "--lm-head-tp", tp, f" (a divisor of --tp {tp})")
+        _positive_int(lm_head_tp, "`lm_head_tp`", tp, f" (a divisor of `tp` {tp})")
         if tp % lm_head_tp:
-            raise ConfigError(f"--lm-head-tp ({lm_head_tp}) must divide --tp ({tp}): the head's groups tile the ranks")
+            raise ConfigError(f"`lm_head_tp` ({lm_head_tp}) must divide `tp` ({tp}): the head's groups tile the ranks")
         tp = lm_head_tp
     groups = world // tp
     if adp_rows is not None and groups > 1:
         if len(adp_rows) != world:
-            raise ConfigError(f"--attention-dp-rows: expected {world} row counts (one per rank), got {len(adp_rows)}")
+            raise ConfigError(f"`adp_rows`: expected {world} row counts (one per rank), got {len(adp_rows)}")
         adp_rows = max((adp_rows[g * tp:(g + 1) * tp] for g in range(groups)), key=sum)
     link = link_gbs * 1e9  # bytes per second
     gemm = tflops * 1e12  # FLOP per second
@@ -360,9 +360,9 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
                           replicated_extra_bytes_total=groups * sum(r.replicated_extra_bytes for r in ranks)),
         ranks=ranks, adapters=[a.name for a in adapters],
     )
-    _positive_int(logits_per_seq, "--logits-per-seq")
+    _positive_int(logits_per_seq, "`logits_per_seq`")
     if gather_chunk_rows is not None:
-        _positive_int(gather_chunk_rows, "--gather-chunk-rows")
+        _positive_int(gather_chunk_rows, "`gather_chunk_rows`")
     if tp > 1:
         rows = batch * logits_per_seq
         if gather_output == "rank0" and adp_rows is None:  # rank 0 gathers, samples and broadcasts the ids
@@ -374,6 +374,7 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
                                            gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes,
                                            hidden_bytes=logits_bytes, adp_rows=adp_rows,
                                            overlap_chunks=overlap_chunks)
+        _embedding_table(embedding_dtype, "`embedding_dtype`")
         plan.embedding = embedding_collectives(tokens, hidden, tp, embedding_dtype, per_row_scales=per_row_scales)
     if kv_bytes_per_token is not None:
         plan.kv = kv_pricing(plan, kv_bytes_per_token, layers)
@@ -499,7 +500,7 @@ def forward_collectives(vocab: int, hidden: int, tp: int, rows: int, layout: Voc
     ``overlap_chunks``: the all-gather in k column chunks ``[N, w_j]`` (``LMHead(overlap_chunks=k)``; None: the
     library's default for this shape, :func:`~trtvocab.lm_head.default_overlap_chunks`)."""
     if not any(gather_output is m or (isinstance(m, str) and gather_output == m) for m in GATHER_MODES):
-        raise ConfigError(f"--gather-output must be one of true, false, rank0; got {gather_output!r}")
+        raise ConfigError(f"`gather_output` must be one of true, false, rank0; got {gather_output!r}")
     width = max(sh.size for sh in all_shards(vocab, tp, layout, pad_to))
     hs = collective("LMHead handshake", "all_gather", handshake_bytes(FORWARD_HANDSHAKE), tp)
     if adp_rows is not None:
@@ -515,7 +516,7 @@ def forward_collectives(vocab: int, hidden: int, tp: int, rows: int, layout: Voc
     if gather_output is True and gather_chunk_rows is None and rows > 0:
         if overlap_chunks is None:
             overlap_chunks = default_overlap_chunks(tp, rows, hidden, width, logits_bytes)
-        _positive_int(overlap_chunks, "--overlap-chunks")
+        _positive_int(overlap_chunks, "`overlap_chunks`")
         k = min(overlap_chunks, width)
         if k > 1:
             edges = sorted({width * j // k for j in range(k + 1)})
@@ -552,13 +553,19 @@ def rank0_decode_collectives(vocab: int, hidden: int, tp: int, rows: int, layout
     return _step(forward.first + calls, forward.steady + calls)
 
 
+def _embedding_table(table: object, name: str) -> None:
+    """Refuse an embedding table dtype that is not one of :data:`EMBEDDING_TABLE_BYTES` (``name``: the argument
+    as the caller names it)."""
+    if table not in EMBEDDING_TABLE_BYTES:
+        raise ConfigError(f"{name} must be one of {', '.join(EMBEDDING_TABLE_BYTES)}, got {table!r}")
+
+
 def embedding_collectives(tokens: int, hidden: int, tp: int, table: str = "bf16", *,
                           per_row_scales: bool = False) -> StepCollectives:
     """The embedding lookup's collectives (a split table), every call: the handshake, then the looked-up rows
     ``[T, H]`` summed as integers of their own bytes (FP8: one byte an element) and, for an FP8 table with
     per-row scales, the ``[T, 1]`` float32 scales beside them. Once per forward, not per layer."""
-    if table not in EMBEDDING_TABLE_BYTES:
-        raise ConfigError(f"--embedding-dtype must be one of {', '.join(EMBEDDING_TABLE_BYTES)}, got {table!r}")
+    _embedding_table(table, "`table`")
     calls = [collective("embedding handshake", "all_gather", handshake_bytes(LOOKUP_HANDSHAKE), tp),
              collective(f"embedding rows [T, H] {table} as integers", "all_reduce",
                         tokens * hidden * EMBEDDING_TABLE_BYTES[table], tp)]
@@ -569,8 +576,8 @@ def embedding_collectives(tokens: int, hidden: int, tp: int, table: str = "bf16"
 
 def kv_pricing(p: Plan, kv_bytes_per_token: int, layers: int = 1) -> KVPricing:
     """Replication and the shards in KV-cache tokens: bytes over ``kv_bytes_per_token x layers``."""
-    _positive_int(kv_bytes_per_token, "--kv-bytes-per-token")
-    _positive_int(layers, "--layers")
+    _positive_int(kv_bytes_per_token, "`kv_bytes_per_token`")
+    _positive_int(layers, "`layers`")
     per_token = kv_bytes_per_token * layers
     m = p.matrices
     return KVPricing(kv_bytes_per_token_per_layer=kv_bytes_per_token, kv_layers=layers, kv_bytes_per_token=per_token,
