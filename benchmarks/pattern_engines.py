@@ -12,7 +12,7 @@ Four engines, each on the same three sets:
 - ``regex``: the ``regex`` package's ``match`` with ``timeout=`` (a backtracking engine with a deadline);
 - ``re2``: ``google-re2`` (linear time; no lookarounds or back-references).
 
-Sets: the hostile patterns of the tests (``tests/commands/test_hostile_round3.py``: alternation and nested
+Sets: the hostile patterns of the tests (``tests/quant/test_hostile_patterns.py``: alternation and nested
 repeats, 1200-deep groups, 70000 characters, a back-reference); the patterns real configs use
 (compressed-tensors' own ``re:`` targets and the tests' REAL_PATTERNS) against module names, each answer
 compared with ``re.match``; and 1500 random small patterns (the tests' differential generator). Printed per

@@ -46,9 +46,9 @@ signum  # a signal handler's signature
 frame
 
 # ---- pytest fixtures a test requests for their effect, not their value -----------------------------------------
-fused  # test_fused_kernels: the kernels loaded (skips where they cannot build)
+fused  # test_fused_numerics: the kernels loaded (skips where they cannot build)
 dense_kernel
-no_inference  # test_hostile: inference replaced by a spy
+no_inference  # test_cli_errors, test_hostile_hidden_file: inference replaced by a spy
 
 # ---- a complete vocabulary of values --------------------------------------------------------------------------
 ROW  # lm_head's split kinds: COLUMN is the one an LM head uses, ROW names the other

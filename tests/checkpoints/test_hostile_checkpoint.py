@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +27,8 @@ from safetensors.torch import save_file
 import trtvocab.base.safetensors_header as st_header
 import trtvocab.checkpoints.checkpoint as ckpt_mod
 from tests.conftest import model_config, write_hf_dir
+from tests.hostile import deadline
+from tests.weights.hostile_files import write_blocks_gguf
 from trtvocab import LMHead
 from trtvocab.base import safe_read
 from trtvocab.base.safetensors_header import read_safetensors_header
@@ -46,33 +44,6 @@ PASSWD = b"root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/s
 PASSWD_AS_LENGTH = "3475222254926655346"  # b"root:x:0" read as a little-endian u64
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 Q, T = gguf.GGMLQuantizationType, gguf.GGUFValueType
-
-
-class Hung(Exception):
-    """Raised by :func:`deadline` in a call that did not return in time."""
-
-
-@contextmanager
-def deadline(seconds: float = 10.0) -> Iterator[None]:
-    """Fail a blocked call (an ``open`` of a FIFO, a read of an endless file) after ``seconds``.
-
-    SIGALRM interrupts the blocking system call and the handler raises :class:`Hung`; the
-    timer that was running before (pytest-timeout's) is put back with its remaining time.
-    """
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise Hung(f"still blocked after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
-    started = time.monotonic()
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        if old_delay:
-            left = max(old_delay - (time.monotonic() - started), 0.001)
-            signal.setitimer(signal.ITIMER_REAL, left, old_interval)
 
 
 def st_bytes(header: Any, data: bytes = b"", *, raw: bytes | None = None) -> bytes:
@@ -600,3 +571,14 @@ def test_pathlike_objects_still_work(tmp_path: Path) -> None:
     assert Checkpoint(Custom()).names() == ["lm_head.weight"]
     assert Checkpoint(str(path)).names() == ["lm_head.weight"]
     refused(lambda: Checkpoint(path).lm_head_name(5), "tensor_name must be a string, got int 5")  # type: ignore[arg-type]
+
+
+# ==== a GGUF's vocabulary is its own, named with the file =====================================================
+@pytest.mark.parametrize(("tokens", "rows"), [(70, 64), (64, 128)])
+def test_r2_gguf_row_mismatch_names_the_file_not_config_json(tmp_path: Path, tokens: int, rows: int) -> None:
+    path = write_blocks_gguf(tmp_path / "m.gguf", "Q8_0", tokens=tokens, rows=rows)
+    with pytest.raises(CheckpointError) as err:
+        LMHead.from_checkpoint(path, dtype=torch.float32)
+    text = str(err.value)
+    assert "config.json" not in text and str(path) in text and "tokenizer.ggml.tokens" in text, text
+    assert f"has {rows} rows" in text and f"is {tokens}" in text, text

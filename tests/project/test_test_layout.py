@@ -21,9 +21,6 @@ EXEMPT_FOLDERS = {"project"}  # tests of the repository itself
 # A layer whose tests reach it through another: the weight strategies run inside LMHead / VocabParallelEmbedding.
 REACHED_THROUGH = {"weights": ("layers",)}
 MAX_LINES = 800
-# Files still waiting for their split (hostile tests by the module they attack, the kernel tests by topic).
-PENDING = {"commands/test_hostile.py": "split by module", "commands/test_hostile_round3.py": "split by module",
-           "commands/test_hostile_round4.py": "split by module", "kernels/test_fused_kernels.py": "split by topic"}
 
 
 def _layer(module: str) -> str | None:
@@ -68,8 +65,7 @@ def test_each_layer_folder_mostly_imports_its_layer() -> None:
             continue
         counts: Counter[str] = Counter()
         for path in folder.glob("test_*.py"):
-            if f"{folder.name}/{path.name}" not in PENDING:
-                counts += layers_imported(path, folder.name)
+            counts += layers_imported(path, folder.name)
         own = counts[folder.name] + sum(counts[other] for other in REACHED_THROUGH.get(folder.name, ()))
         if counts and own < max(counts.values()):
             wrong[folder.name] = counts.most_common(3)
@@ -80,17 +76,12 @@ def test_commands_holds_only_tests_of_the_command_line() -> None:
     wrong = {}
     for path in sorted((TESTS / "commands").glob("test_*.py")):
         counts = layers_imported(path, "commands")
-        if f"commands/{path.name}" not in PENDING and counts["commands"] < max(counts.values(), default=0):
+        if counts["commands"] < max(counts.values(), default=0):
             wrong[path.name] = counts.most_common(3)
     assert not wrong, f"tests/commands/ files that test another layer (move them to its folder): {wrong}"
 
 
 def test_no_test_file_is_over_800_lines() -> None:
     long = {str(p.relative_to(TESTS)): n for p in TESTS.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES and str(p.relative_to(TESTS)) not in PENDING}
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"test files over {MAX_LINES} lines (split them by what they test): {long}"
-
-
-def test_pending_entries_still_exist() -> None:
-    """An entry of PENDING goes once its file is split (the list only shrinks)."""
-    assert [name for name in PENDING if not (TESTS / name).is_file()] == []

@@ -142,6 +142,12 @@ def write_ct(path: Path, vocab: int, hidden: int, *, head: str | None = None, em
     return path
 
 
+def head_checkpoint(root: Path, name: str, preset: str = "FP8_W8A16_TENSOR", vocab: int = 64,
+                    hidden: int = 32) -> Path:
+    """``root / name``: only the head quantized, with ``preset`` (seed 2): what the hostile tests edit."""
+    return write_ct(root / name, vocab, hidden, head=preset, embed=None, seed=2)
+
+
 def read_config(path: Path) -> dict[str, Any]:
     return json.loads((path / "config.json").read_text())
 

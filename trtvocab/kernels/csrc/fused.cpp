@@ -7,7 +7,8 @@
 //
 // ==== THE DISPATCH TABLE: which kernel computes a call ===============================================
 // Every cell computes the same bits (the chain of fused/contract.h): the choice is speed only, and the
-// self-check (trtvocab/kernels/selfcheck.py) and tests/kernels/test_fused_kernels.py run every cell this CPU can.
+// self-check (trtvocab/kernels/selfcheck.py) and the tests of tests/kernels/ (test_isa_paths.py, test_dpbf16.py,
+// test_tiles.py, test_dense_kernel.py) run every cell this CPU can.
 //
 // It stays a branch, not a table of function pointers: the ISA is fixed at compile time (#if, one build
 // per -march), the batch band picks a template instantiation (run(): a switch on B, wide<N>: if constexpr),
