@@ -19,19 +19,17 @@
 #include <algorithm>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define TRTVOCAB_TREE 1
+#include "fused/contract.h"  // the library's one ISA tier macros (TRTVOCAB_AVX2: AVX2 + FMA + F16C)
+
+#if TRTVOCAB_AVX2
 // Weak: a torch build without one of them still loads this library (that exp is then unavailable).
 extern "C" __m256 Sleef_expf8_u10(__m256) __attribute__((weak));
 extern "C" void vmsExp(int n, const float* a, float* r, long long mode) __attribute__((weak));
-#else
-#define TRTVOCAB_TREE 0
 #endif
 
 namespace {
 
-#if TRTVOCAB_TREE
+#if TRTVOCAB_AVX2
 constexpr int64_t BLOCK_LEVEL = 10;  // a block: 1024 logits, its buffers in L1
 constexpr int64_t BLOCK = int64_t{1} << BLOCK_LEVEL;
 constexpr long long MKL_HA_MODE = 0x2 | 0x140000 | 0x100;  // VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE
@@ -180,12 +178,12 @@ struct Node {
 extern "C" {
 
 // Whether this build has the tree kernel (AVX2 + FMA, where torch's exp is Sleef_expf8_u10).
-int trtvocab_tree_isa() { return TRTVOCAB_TREE; }
+int trtvocab_tree_isa() { return TRTVOCAB_AVX2; }
 
 // Choose the exp: 0 = Sleef_expf8_u10, 1 = MKL vmsExp, -1 = none (the kernel refuses to run);
 // 2 when this torch build lacks it.
 int trtvocab_tree_set_exp(int mode) {
-#if TRTVOCAB_TREE
+#if TRTVOCAB_AVX2
   if (mode == -1) {
     exp_mode = -1;
     return 0;
@@ -201,7 +199,7 @@ int trtvocab_tree_set_exp(int mode) {
 
 // out[i] = exp(nan_to_num(d[i], nan=0)) with the chosen exp (what the self-check compares with torch).
 int trtvocab_tree_exp(const float* d, int64_t n, float* out) {
-#if TRTVOCAB_TREE
+#if TRTVOCAB_AVX2
   if (exp_mode < 0) return 4;
   at::parallel_for(0, (n + 1023) / 1024, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -221,7 +219,7 @@ int trtvocab_tree_exp(const float* d, int64_t n, float* out) {
 // x[r * x_stride + j] (j < n): out_m[r * out_stride + k], out_s[...] for node k in id order.
 int trtvocab_tree_nodes(const float* x, int64_t rows, int64_t x_stride, int64_t n, int64_t first_id, float* out_m,
                         float* out_s, int64_t out_stride) {
-#if TRTVOCAB_TREE
+#if TRTVOCAB_AVX2
   if (exp_mode < 0) return 4;
   try {
     std::vector<Node> nodes;
