@@ -128,7 +128,7 @@ def test_nvfp4_matches_modelopt(data, calibrated: bool) -> None:
     assert got["lm_head.weight_scale_2"] == data["weight"].abs().amax().float() / (6 * 448)
     # Element 2k sits in the low nibble: decode row 7 by hand and find the outlier at column 3.
     e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
-    packed = got["lm_head.weight"][7].long()
+    packed = got["lm_head.weight"][7].to(torch.int64)
     row = torch.stack([e2m1[packed & 0xF], e2m1[packed >> 4]], dim=-1).reshape(-1)
     scales = got["lm_head.weight_scale"][7].float().repeat_interleave(16) * got["lm_head.weight_scale_2"]
     assert int((row * scales).abs().argmax()) == 3
