@@ -893,7 +893,8 @@ def generate(
                                                    "per usable CPU core, at most --tp); the rest hold only their "
                                                    "vocab slices")] = None,
     lm_head_tp: Annotated[int | None, typer.Option(help="with --attention-dp: the head split over groups of N of the "
-                                                   "--tp ranks (default: all of them)")] = None,
+                                                   "--tp ranks (default: all of them), each group decoding its "
+                                                   "own body ranks' prompts")] = None,
     allow_other_checkpoint: Annotated[bool, typer.Option(help="run an --artifact built from another checkpoint "
                                                           "than MODEL anyway (said in the output)")] = False,
     gguf_blocks: Annotated[bool, typer.Option(help="a GGUF Q8_0 / Q6_K head stays in its stored blocks "
@@ -958,10 +959,15 @@ def _print_generated(model: Path, report: Any, spec: Any, params: Any, backend: 
         notes.append("deterministic")
     console.print(escape(f"{model.name}: " + ", ".join(notes)), highlight=False)
     if report.tp > 1:
-        bodies = "rank 0 ran the body for every prompt" if report.body_ranks == 1 else \
-            ("each rank" if report.body_ranks == report.tp else f"ranks 0-{report.body_ranks - 1}") + \
-            " ran the body, each for its own prompts"
-        console.print(f"(attention DP: {bodies}; the vocabulary split over {report.tp} ranks)"
+        ran = [r for r, (lo, hi) in enumerate(spec.blocks()) if lo < hi] if report.attention_dp else []
+        bodies = "rank 0 ran the body for every prompt" if ran == [0] else \
+            ("each rank" if len(ran) == report.tp else
+             f"ranks 0-{len(ran) - 1}" if ran == list(range(len(ran))) else
+             "ranks " + ", ".join(map(str, ran))) + " ran the body, each for its own prompts"
+        split = f"the vocabulary split over {report.tp} ranks" if not report.lm_head_tp else \
+            (f"the head split over {report.tp // report.lm_head_tp} groups of {report.lm_head_tp} ranks, each "
+             "decoding its own ranks' prompts")
+        console.print(f"(attention DP: {bodies}; {split})"
                       if report.attention_dp else
                       f"(every one of the {report.tp} ranks ran the whole body on every prompt; only the vocabulary "
                       "is split: --attention-dp gives each rank its own prompts)", highlight=False)

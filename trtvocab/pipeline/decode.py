@@ -214,12 +214,14 @@ class ArtifactEnds(VocabEnds):
         return local.logits
 
 
-def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: int | None) -> VocabEnds:
+def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: int | None,
+                    body: bool | None = None) -> VocabEnds:
     """This rank's :class:`VocabEnds`. Without an artifact: the checkpoint opened once (``load_tied``: one
     shard buffer for both ends of a tied model). With one (its manifest is the one ``generate``'s ``prepare`` read,
     ``spec.artifact.manifest``): the embedding in the artifact's layout, the head's checkpoint probed
     (headers only: its shard is never read) and the sampler on the manifest's placement. ``spec``: a
-    :class:`trtvocab.pipeline.generate.GenerateSpec`, read for the fields :data:`SPEC_FIELDS` names."""
+    :class:`trtvocab.pipeline.generate.GenerateSpec`, read for the fields :data:`SPEC_FIELDS` names.
+    ``body`` (attention DP): whether this rank runs a body (None: ``rank < spec.body_ranks``)."""
 
     art = spec.artifact
     manifest = art.manifest if art is not None else None
@@ -231,7 +233,7 @@ def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: 
         # prompts in a replicated table, so a step meets nobody before the body; a rank without a body
         # needs no embedding. Lookups are exact either way, so the tokens are those of tp 1.
         embedding = VocabParallelEmbedding.from_checkpoint(spec.model, mapping=None, dtype=torch.float32) \
-            if rank < spec.body_ranks else None
+            if (rank < spec.body_ranks if body is None else body) else None
     if art is None:
         # LMHead refuses deterministic=True for a quantized head (a ConfigError naming it).
         tied, head = load_tied(spec.model, mapping=mapping, dtype=torch.float32, vocab_layout=layout, pad_to=pad_to,

@@ -30,6 +30,7 @@ from trtvocab.pipeline.generate.options import (
     lora_plan,
     parse_logit_bias,
     prompt_block,
+    rank_blocks,
     sampling_params,
 )
 from trtvocab.pipeline.generate.prepare import artifact_spec, prepare
@@ -45,4 +46,4 @@ def run(model: str | Path, prompts: list[str], **options: Any) -> GenerateReport
 __all__ = ["KV_CACHES", "SETUP_HANDSHAKE", "ArtifactSpec", "GenerateOptions", "GenerateReport", "GenerateResult",
            "GenerateSpec", "LoadedModel", "artifact_spec", "check_options", "choose_body_ranks", "cut_at_stop",
            "encode_prompts", "generate", "load_model", "lora_plan", "model_path", "parse_logit_bias", "prepare",
-           "prompt_block", "run", "sampling_params", "words_token_ids"]
+           "prompt_block", "rank_blocks", "run", "sampling_params", "words_token_ids"]

@@ -20,9 +20,9 @@ from trtvocab.parallel.mapping import Mapping
 from trtvocab.pipeline.decode import TorchEnds, VocabEnds, open_vocab_ends
 from trtvocab.pipeline.generate.beams import decode_beams
 from trtvocab.pipeline.generate.model import Body, LoadedModel, ModelFacts
-from trtvocab.pipeline.generate.options import GenerateSpec, prompt_block
+from trtvocab.pipeline.generate.options import GenerateSpec
 from trtvocab.pipeline.generate.report import GenerateReport, GenerateResult, Logprob, RankOutput, cut_at_stop
-from trtvocab.sampling import SamplerOutput, TokenState
+from trtvocab.sampling import Logprobs, SamplerOutput, SamplingParams, TokenState
 from trtvocab.sampling.added_vocab import state_placement
 from trtvocab.sampling.grammar import RowGrammars
 
@@ -80,22 +80,31 @@ class Batch:
 
 @dataclasses.dataclass(frozen=True)
 class BodyRows:
-    """Which rows' body this rank runs: all of them, or under attention DP its own block ``[lo, hi)``
-    (``blocks``: every rank's), the last hidden rows then gathered from the ranks that ran them."""
+    """Which rows' body this rank runs and which rows its head decodes: all of them; or under attention DP
+    its own block ``[lo, hi)`` (``blocks``: every rank's), the last hidden rows then gathered from the
+    ranks of its head's group, which decode those rows only. Without head groups that group is the
+    world (every rank decodes every row); with them (``head_tp``: ``GenerateSpec.lm_head_tp`` < tp, the
+    body ranks spread over the groups by ``rank_blocks``) each group decodes its own ranks' rows, as
+    SGLang's ``enable_dp_lm_head`` and ``Mapping.enable_lm_head_tp_in_adp`` do, and :meth:`exchange`
+    then hands every rank every row's id once a step (one all-gather over the world)."""
 
     adp: bool
     lo: int
     hi: int
     blocks: tuple[tuple[int, int], ...]
     hidden_size: int
+    rank: int = 0
+    head_tp: int = 0  # head groups of this many ranks (0: none, the head's group is the world)
+    group: Any = None  # the process group of this rank's head group (None: the world)
 
     @classmethod
-    def of(cls, spec: GenerateSpec, rank: int, hidden_size: int) -> BodyRows:
+    def of(cls, spec: GenerateSpec, rank: int, hidden_size: int, group: Any = None) -> BodyRows:
         rows = len(spec.prompt_ids)
         if not (spec.attention_dp and spec.tp > 1):
             return cls(False, 0, rows, (), hidden_size)
-        lo, hi = prompt_block(rows, spec.body_ranks, rank)
-        return cls(True, lo, hi, tuple(prompt_block(rows, spec.body_ranks, r) for r in range(spec.tp)), hidden_size)
+        blocks = spec.blocks()
+        lo, hi = blocks[rank]
+        return cls(True, lo, hi, blocks, hidden_size, rank, spec.lm_head_tp if spec.head_groups else 0, group)
 
     def run(self, body: Body | None, ends: VocabEnds, batch: Batch) -> torch.Tensor | None:
         """The body's last hidden states of ``batch.feed`` (None: this rank runs no body)."""
@@ -109,33 +118,93 @@ class BodyRows:
         return body(ends.embed(batch.feed[lo:hi]), mask[lo:hi] if mask is not None else None,
                     batch.positions[lo:hi], batch.length)
 
+    def _members(self, group: int) -> range:
+        """The ranks of head group ``group`` (without head groups: the world)."""
+        if not self.head_tp:
+            return range(len(self.blocks))
+        return range(group * self.head_tp, (group + 1) * self.head_tp)
+
+    def _group_rows(self, rows: list[int], group: int) -> list[int]:
+        spans = [self.blocks[r] for r in self._members(group)]
+        return [b for b in rows if any(lo <= b < hi for lo, hi in spans)]
+
+    def own(self, rows: list[int]) -> list[int]:
+        """The rows of ``rows`` (global ids, sorted) this rank's head decodes: all of them, or with head
+        groups those whose body a rank of its group runs."""
+        if not self.head_tp:
+            return rows
+        return self._group_rows(rows, self.rank // self.head_tp)
+
     def last(self, hidden: torch.Tensor | None, rows: list[int]) -> torch.Tensor:
-        """The last hidden row of each row in ``rows`` (global ids, sorted): left padding puts every
-        prompt's last token in the last column. Attention DP: gathered from the ranks that ran their
-        body (every rank gets all of them, in row order)."""
+        """The last hidden row of each row in ``rows`` (global ids, sorted; :meth:`own`'s): left padding
+        puts every prompt's last token in the last column. Attention DP: gathered from the ranks of the
+        head's group that ran their body (each of them gets all of them, in row order)."""
         if not self.adp:
             assert hidden is not None
             return hidden[rows, -1, :]
         mine = [b - self.lo for b in rows if self.lo <= b < self.hi]
         local = hidden[mine, -1, :] if hidden is not None and mine else \
             torch.zeros((0, self.hidden_size), dtype=torch.float32)
-        counts = [sum(1 for b in rows if r_lo <= b < r_hi) for r_lo, r_hi in self.blocks]
-        return D.all_gather_rows(local.float().contiguous(), counts, None)
+        members = self._members(self.rank // self.head_tp if self.head_tp else 0)
+        counts = [sum(1 for b in rows if self.blocks[r][0] <= b < self.blocks[r][1]) for r in members]
+        return D.all_gather_rows(local.float().contiguous(), counts, self.group)
+
+    def exchange(self, out: SamplerOutput | None, rows: list[int], params: list[SamplingParams]) -> SamplerOutput:
+        """Head groups: every row's sampled id (and logprobs, where a row's params ask) from the group that
+        decoded it, on every rank, in row order: one all-gather over the world, each group's first rank
+        sending its group's rows as int64 ``[id, logprob ids, logprob value bits, logprob ranks]`` (the
+        widths padded to the widest asked). ``out``: this rank's group's (None: its group had no row).
+        A rank whose own draw differs from what its group's first rank sent raises DistributedError."""
+        n, world = self.head_tp, len(self.blocks)
+        per_group = [len(self._group_rows(rows, g)) for g in range(world // n)]
+        counts = [per_group[r // n] if r % n == 0 else 0 for r in range(world)]
+        width = max((p.logprobs + 1 for p in params if p.logprobs is not None), default=0)
+        group = self.rank // n
+        sent = torch.zeros((counts[self.rank], 1 + 3 * width), dtype=torch.int64)
+        if counts[self.rank]:
+            assert out is not None
+            sent[:, 0] = out.token_ids.to(torch.int64)
+            if width:
+                sent[:, 1:] = _packed_logprobs(out.logprobs, counts[self.rank], width)
+        table = D.all_gather_rows(sent, counts, None)
+        start = sum(per_group[:group])
+        if out is not None and not torch.equal(table[start:start + per_group[group], 0], out.token_ids.to(torch.int64)):
+            raise DistributedError(f"generate: rank {self.rank} drew other token ids than its head group's first rank")
+        logprobs = None
+        if width:
+            bits = table[:, 1 + width:1 + 2 * width].to(torch.int32).contiguous()
+            logprobs = Logprobs(table[:, 1:1 + width].contiguous(), bits.view(torch.float32),
+                                table[:, 1 + 2 * width:].contiguous())
+        return SamplerOutput(table[:, 0].contiguous(), logprobs)
+
+
+def _packed_logprobs(logprobs: Logprobs | None, rows: int, width: int) -> torch.Tensor:
+    """``logprobs`` of ``rows`` rows as int64 ``[rows, 3 * width]``: ids, float32 value bits, ranks, each
+    padded to ``width`` columns as :class:`Logprobs` pads a slot a row did not ask for (-1, -inf, 0)."""
+    ids = torch.full((rows, width), -1, dtype=torch.int64)
+    values = torch.full((rows, width), float("-inf"), dtype=torch.float32)
+    ranks = torch.zeros((rows, width), dtype=torch.int64)
+    if logprobs is not None:
+        w = logprobs.ids.shape[1]
+        if w > width:
+            raise DistributedError(f"generate: a head group's logprobs are {w} wide, more than the {width} its "
+                                   "rows ask for")
+        ids[:, :w], values[:, :w], ranks[:, :w] = logprobs.ids, logprobs.values.float(), logprobs.ranks
+    return torch.cat([ids, values.view(torch.int32).to(torch.int64), ranks], dim=1)
 
 
 def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: ModelFacts) -> tuple[VocabEnds, Any]:
     """This rank's vocab ends and grammar matchers; at tp > 1 the ranks then meet once
     (:data:`SETUP_HANDSHAKE`), so a rank whose shard or backend failed to load stops the others."""
     split = spec.tp > 1
-    # lm_head_tp: the head (and its tied table) over groups of that many ranks, made by distributed.lm_head_group.
-    mapping = Mapping(world_size=spec.tp, rank=rank, tp_size=spec.tp, lm_head_tp_size=spec.lm_head_tp or None) \
-        if split else None
+    mapping = _mapping(spec, rank) if split else None
     vocab_limit = len(tokenizer) if len(tokenizer) < facts.vocab_size else None
     error: Exception | None = None
     ends: Any = None
     grammar = None
     try:
-        ends = open_vocab_ends(spec, rank, mapping, vocab_limit)
+        body = spec.blocks()[rank][0] < spec.blocks()[rank][1] if spec.attention_dp and split else None
+        ends = open_vocab_ends(spec, rank, mapping, vocab_limit, body=body)
         if any(g is not None for g in spec.grammars):
             grammar = RowGrammars(spec.grammars, tokenizer, facts.vocab_size, set(facts.eos))
     except Exception as exc:
@@ -149,15 +218,32 @@ def _setup(spec: GenerateSpec, rank: int, tokenizer: Any, facts: ModelFacts) -> 
     return ends, grammar
 
 
+def _mapping(spec: GenerateSpec, rank: int) -> Mapping:
+    """This rank's place at tp > 1. ``lm_head_tp``: the head (and its tied table) over groups of that many
+    ranks (``distributed.lm_head_group``). The mapping carries no attention-DP flag: the loop hands each
+    group its own rows itself (:class:`BodyRows`; the decode step and the streaming sampler serve a split
+    head on the rows they are given, which ``LMHead``'s attention-DP forward, ``head(hidden)``, does not)."""
+    return Mapping(world_size=spec.tp, rank=rank, tp_size=spec.tp, lm_head_tp_size=spec.lm_head_tp or None)
+
+
 def _next_ids(spec: GenerateSpec, ends: VocabEnds, grammar: Any, state: TokenState | None, rows: BodyRows,
               batch: Batch, hidden: torch.Tensor | None) -> SamplerOutput:
-    """The next id of every active row (the same on every rank), counted into ``state``."""
+    """The next id of every active row (the same on every rank), counted into ``state``. With head groups
+    this rank's group draws its own rows only (their bitmask, state and adapter rows), then the ranks
+    exchange the ids (:meth:`BodyRows.exchange`)."""
     active = batch.active
-    bitmask = grammar.bitmask(active) if grammar is not None and grammar.constrains(active) else None
-    if ends.adapter_ids is not None:
-        ends.row_adapters = ends.adapter_ids[active]
-    rows_state = None if state is None else state if len(active) == batch.rows else state.select(active)
-    out = ends.next_ids(rows.last(hidden, active), [spec.params[b] for b in active], batch.step, bitmask, rows_state)
+    mine = rows.own(active)
+    out: SamplerOutput | None = None
+    if mine:  # a head group none of whose rows is still running skips the head (all its ranks alike)
+        bitmask = grammar.bitmask(mine) if grammar is not None and grammar.constrains(mine) else None
+        if ends.adapter_ids is not None:
+            ends.row_adapters = ends.adapter_ids[mine]
+        rows_state = None if state is None else state if len(mine) == batch.rows else state.select(mine)
+        out = ends.next_ids(rows.last(hidden, mine), [spec.params[b] for b in mine], batch.step, bitmask,
+                            rows_state)
+    if rows.head_tp:
+        out = rows.exchange(out, active, [spec.params[b] for b in active])
+    assert out is not None
     if state is not None:
         state.append_rows(active, out.token_ids.tolist())
     return out
@@ -192,7 +278,8 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: Mo
     batch = Batch.left_padded(spec.prompt_ids, facts.pad, spec.max_new_tokens)
     body = Body(model, spec.kv_cache, batch.mask.shape[1], spec.compile_step, spec.body_kernels) \
         if model is not None else None
-    rows = BodyRows.of(spec, rank, facts.hidden_size)
+    groups = spec.head_groups and spec.lm_head_tp > 1  # the head groups' process groups, made with the head
+    rows = BodyRows.of(spec, rank, facts.hidden_size, D.lm_head_group(_mapping(spec, rank)) if groups else None)
     # Per-rank token counts of the ids this rank owns, only when a prompt's params read them.
     counted = state_placement(ends.head) if isinstance(ends, TorchEnds) else ends.placement  # token order
     state = TokenState.for_head(counted, spec.prompt_ids, set(facts.eos)) \
@@ -202,7 +289,9 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: Mo
     with torch.inference_mode():
         hidden = rows.run(body, ends, batch)
         prompt_lps = _prompt_logprobs(spec, ends, hidden, batch.length)
+        head_rows = 0
         while batch.active:
+            head_rows += len(rows.own(batch.active))
             out = _next_ids(spec, ends, grammar, state, rows, batch, hidden)
             if batch.step == 0:  # a first step that compiled the prepared step: that time is compile_s
                 prefill_s = time.perf_counter() - start - ends.compile_s
@@ -212,7 +301,7 @@ def _decode(spec: GenerateSpec, model: Any, tokenizer: Any, rank: int, facts: Mo
     compile_s = (body.compile_s if body is not None else 0.0) + ends.compile_s
     decode_s = time.perf_counter() - start - prefill_s - compile_s
     return RankOutput(batch.generated, batch.returned, prompt_lps, sorted(ends.ran_on), prefill_s, decode_s,
-                      ends.deterministic, compile_s)
+                      ends.deterministic, compile_s, head_rows)
 
 
 def _prompt_logprobs(spec: GenerateSpec, ends: VocabEnds, hidden: torch.Tensor | None,
@@ -243,7 +332,9 @@ def _prompt_logprobs(spec: GenerateSpec, ends: VocabEnds, hidden: torch.Tensor |
 # ---- running it ---------------------------------------------------------------------------------------
 def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     """Run the decode loop of ``spec``: in this process at tp 1, on ``spec.tp`` gloo ranks otherwise."""
-    out = _decode_reported(spec, loaded.model, loaded.tokenizer, rank=0) if spec.tp == 1 else _on_ranks(spec, loaded)
+    outs = [_decode_reported(spec, loaded.model, loaded.tokenizer, rank=0)] if spec.tp == 1 else \
+        _on_ranks(spec, loaded)
+    out, out_rows = outs[0], [o.head_rows for o in outs] if spec.tp > 1 else []
     tok = loaded.tokenizer
     index = spec.sample_index or (None,) * len(spec.prompts)
     results = [GenerateResult(p, ids, cut_at_stop(tok.decode(ids, skip_special_tokens=True), spec.stop)[0],
@@ -255,14 +346,16 @@ def generate(spec: GenerateSpec, loaded: LoadedModel) -> GenerateReport:
     grammar = None if not labels else labels.pop() if len(labels) == 1 and None not in spec.grammars else \
         "per-prompt grammars"
     return GenerateReport(results, spec.tp, head, sum(len(r) for r in out.token_ids), out.prefill_s, out.decode_s,
-                          out.deterministic, grammar, spec.attention_dp, spec.body_ranks, out.compile_s)
+                          out.deterministic, grammar, spec.attention_dp, spec.body_ranks, out.compile_s,
+                          spec.lm_head_tp if spec.head_groups else 0, tuple(out_rows))
 
 
-def _on_ranks(spec: GenerateSpec, loaded: LoadedModel) -> RankOutput:
-    """The decode on ``spec.tp`` gloo ranks: rank 0's output, checked against every other rank's ids."""
+def _on_ranks(spec: GenerateSpec, loaded: LoadedModel) -> list[RankOutput]:
+    """The decode on ``spec.tp`` gloo ranks: every rank's output, rank 0's first (what ran and whether it
+    was deterministic over all of them), checked against every other rank's ids."""
     # Attention DP: a rank that owns no prompt runs no body, so it is not sent the model
     # (the largest argument by far; unpickling it also imports transformers there).
-    blocks = [prompt_block(len(spec.prompts), spec.body_ranks, r) for r in range(spec.tp)]
+    blocks = spec.blocks()
     facts = ModelFacts.of(loaded.model, loaded.tokenizer)
     models = [(loaded.model if lo < hi or not spec.attention_dp else None,) for lo, hi in blocks]
     outs = run_ranks(_rank_main, spec.tp, spec, loaded.tokenizer, facts, rank_args=models)
@@ -272,7 +365,7 @@ def _on_ranks(spec: GenerateSpec, loaded: LoadedModel) -> RankOutput:
             raise DistributedError(f"generate: rank {r} produced other token ids than rank 0")
     out.ran_on = sorted({name for o in outs for name in o.ran_on})
     out.deterministic = all(o.deterministic for o in outs)
-    return out
+    return outs
 
 
 def _rank_main(rank: int, world: int, spec: GenerateSpec, tokenizer: Any, facts: ModelFacts,
@@ -283,7 +376,8 @@ def _rank_main(rank: int, world: int, spec: GenerateSpec, tokenizer: Any, facts:
     if spec.attention_dp:  # a body rank gets its share of the cores for the body; a vocab-only rank, one
         # rank's share for its head slice (the slices are equal, so a step's head waits on the slowest)
         cores = usable_cores()
-        torch.set_num_threads(max(1, cores // (spec.body_ranks if rank < spec.body_ranks else spec.tp)))
+        lo, hi = spec.blocks()[rank]
+        torch.set_num_threads(max(1, cores // (spec.body_ranks if lo < hi else spec.tp)))
     return _decode_reported(spec, model, tokenizer, rank=rank, facts=facts)
 
 

@@ -34,7 +34,9 @@ class GenerateOptions:
     :func:`~trtvocab.sampling.grammar.grammar_spec`) gives one grammar (or None) per prompt instead.
     ``body_ranks`` (attention DP only): how many ranks run a body (:func:`choose_body_ranks`).
     ``lm_head_tp`` (attention DP only): the head split over groups of that many of the ``tp`` ranks
-    (``Mapping.lm_head_tp_size``; default ``tp``): each group decodes every row over its own split.
+    (``Mapping.lm_head_tp_size``; default ``tp``): the body ranks spread over the groups
+    (:func:`rank_blocks`), each group decodes its own ranks' rows over its split, and the sampled ids
+    are exchanged over every rank once a step.
     ``logits_budget_bytes``: the model's head streams its vocab in chunks when a step's float32
     ``[b, V_local]`` logits would exceed it (``LMHead.logits_budget_bytes``; the ids are the same).
     ``loras`` / ``lora_for``: PEFT LoRA adapters on the embedding and the head, per prompt (:func:`lora_plan`).
@@ -220,7 +222,18 @@ class GenerateSpec:
     # sampling draws again); at tp > 1 both decodes fall within run_ranks' one deadline.
     warmup: bool = False
     # Attention DP: the head split over groups of this many ranks (Mapping.lm_head_tp_size; 0: all tp).
+    # Each group decodes the rows of its own body ranks only (rank_blocks spreads the body ranks over
+    # the groups); the sampled ids (and logprobs) are then exchanged once per step over the world.
     lm_head_tp: int = 0
+
+    def blocks(self) -> tuple[tuple[int, int], ...]:
+        """Attention DP: every rank's prompts ``[lo, hi)`` (:func:`rank_blocks`)."""
+        return rank_blocks(len(self.prompt_ids), self.tp, self.body_ranks, self.lm_head_tp)
+
+    @property
+    def head_groups(self) -> bool:
+        """Attention DP with the head over groups smaller than ``tp`` (each group its own ranks' rows)."""
+        return self.attention_dp and 0 < self.lm_head_tp < self.tp
 
 
 # ---- the checks, also for callers without GenerateOptions ------------------------------------------
@@ -387,5 +400,24 @@ def prompt_block(batch: int, bodies: int, rank: int) -> tuple[int, int]:
     return calc_shard(batch, bodies, rank), calc_shard(batch, bodies, rank + 1)
 
 
+def rank_blocks(batch: int, tp: int, bodies: int, head_tp: int = 0) -> tuple[tuple[int, int], ...]:
+    """Attention DP: every rank's prompts ``[lo, hi)`` (empty: the rank runs no body).
+
+    Without head groups (``head_tp`` 0 or ``tp``) ranks ``0 .. bodies - 1`` run the bodies
+    (:func:`prompt_block`). With head groups of ``head_tp`` ranks (``Mapping.lm_head_tp_size``) the body
+    ranks are spread over the groups, the first ``bodies % G`` of the ``G`` groups one more than the
+    others, each group's body ranks its first ranks; the prompts split over the body ranks in rank order,
+    so each group's rows are one contiguous block (the rows its head decodes) and the groups' blocks
+    follow the row order (a group may hold none when ``bodies < G``)."""
+    if not head_tp or head_tp == tp:
+        return tuple(prompt_block(batch, bodies, r) for r in range(tp))
+    groups = tp // head_tp
+    body_ids = [g * head_tp + i for g in range(groups) for i in range(bodies // groups + (g < bodies % groups))]
+    out = [(batch, batch)] * tp
+    for j, r in enumerate(body_ids):
+        out[r] = (calc_shard(batch, bodies, j), calc_shard(batch, bodies, j + 1))
+    return tuple(out)
+
+
 __all__ = ["KV_CACHES", "ArtifactSpec", "GenerateOptions", "GenerateSpec", "check_lora_fields", "check_options",
-           "choose_body_ranks", "lora_plan", "parse_logit_bias", "prompt_block", "sampling_params"]
+           "choose_body_ranks", "lora_plan", "parse_logit_bias", "prompt_block", "rank_blocks", "sampling_params"]

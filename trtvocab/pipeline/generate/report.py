@@ -48,6 +48,12 @@ class GenerateReport:
     # compile_step: the seconds of the decode steps during which torch.compile compiled the body (rank 0's;
     # 0 when nothing compiled, as in a run after a warm-up). Not in prefill_s, decode_s or the rates.
     compile_s: float = 0.0
+    # Attention DP with head groups: the head split over groups of this many ranks, each decoding its own
+    # ranks' rows (0: the head over all tp ranks, every rank decoding every row).
+    lm_head_tp: int = 0
+    # tp > 1: per rank, the rows its head decoded, summed over the steps (every row at every rank without
+    # head groups; with them, its own group's rows only).
+    head_rows: tuple[int, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -95,6 +101,7 @@ class RankOutput:
     decode_s: float
     deterministic: bool
     compile_s: float = 0.0
+    head_rows: int = 0  # the rows its head decoded, summed over the steps (head groups: its group's only)
 
 
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
