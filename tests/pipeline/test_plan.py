@@ -306,3 +306,18 @@ def test_forward_modes_are_priced_and_bad_values_refused() -> None:
                 ["--embedding-dtype", "int4"]):
         res = CliRunner().invoke(app, ["plan", *base, *bad])
         assert res.exit_code == 2 and "ConfigError" in res.output, (bad, res.output)
+
+
+def test_head_groups_under_attention_dp_price_the_id_exchange_generate_makes() -> None:
+    """generate's head groups each sample their own rows, then one all_gather over the world hands every
+    rank every row (the id, and per asked logprob slot its id, value bits and rank): priced after the step."""
+    base = ["--vocab", "1000", "--hidden", "16", "--tp", "4", "--lm-head-tp", "2", "--attention-dp-rows", "3,1,0,2"]
+    for logprobs, width in ((None, 1), (2, 1 + 3 * 3)):
+        d = _json([*base, *(["--logprobs", str(logprobs)] if logprobs is not None else [])])
+        last = d["decode_step"]["steady"][-1]
+        assert last["kind"] == "all_gather" and last["what"].startswith("head groups' ids")
+        assert last["bytes"] == (3 + 1) * width * 8  # the busiest group (ranks 0-1: 4 rows), int64 words
+        assert last["wire_recv_bytes"] == 3 * last["bytes"]  # from the other 3 ranks of the world
+        assert d["decode_step"]["first"][-1] == last
+    without = _json(["--vocab", "1000", "--hidden", "16", "--tp", "4", "--lm-head-tp", "2"])
+    assert not any(c["what"].startswith("head groups' ids") for c in without["decode_step"]["steady"])

@@ -298,42 +298,14 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
     :func:`forward_collectives`."""
     check_inputs(vocab, hidden, tp, batch, layout, pad_to, tokens, link_gbs, tflops)
     world = tp
-    if lm_head_tp is not None:
-        _positive_int(lm_head_tp, "`lm_head_tp`", tp, f" (a divisor of `tp` {tp})")
-        if tp % lm_head_tp:
-            raise ConfigError(f"`lm_head_tp` ({lm_head_tp}) must divide `tp` ({tp}): the head's groups tile the ranks")
-        tp = lm_head_tp
+    tp, adp_rows = _head_group(world, lm_head_tp, adp_rows)
     groups = world // tp
-    if adp_rows is not None and groups > 1:
-        if len(adp_rows) != world:
-            raise ConfigError(f"`adp_rows`: expected {world} row counts (one per rank), got {len(adp_rows)}")
-        adp_rows = max((adp_rows[g * tp:(g + 1) * tp] for g in range(groups)), key=sum)
     link = link_gbs * 1e9  # bytes per second
     gemm = tflops * 1e12  # FLOP per second
-    shards = all_shards(vocab, tp, layout, pad_to)
-    piece = max(s.width for s in shards)
-    padded_total = sum(s.width for s in shards)
     count = 1 if tied else 2
     replicated = count * vocab * hidden * BF16
-    ranks = []
-    for s in shards:
-        send = {k: batch * piece * b if tp > 1 else 0 for k, b in DTYPE_BYTES.items()}
-        recv = batch * (padded_total - s.width) * BF16
-        flops = 2 * batch * s.width * hidden
-        mats = count * s.width * hidden * BF16
-        ranks.append(
-            RankPlan(
-                rank=s.rank, start=s.start, end=s.end, rows=s.size, width=s.width,
-                weight_bytes=weight_bytes(s.width, hidden),
-                local_logits_bytes={k: batch * s.size * b for k, b in DTYPE_BYTES.items()},
-                allgather_send_bytes=send,
-                allgather_recv_bytes={k: v * (tp - 1) for k, v in send.items()},
-                logits_gather_recv_bytes=recv, logits_gather_time_s=recv / link,
-                head_flops=flops, head_time_s=flops / gemm,
-                matrices_bytes=mats, replicated_extra_bytes=replicated - mats,
-                adapter_bytes=sum(footprint(a, s, hidden, BF16, tied=tied) for a in adapters),
-            )
-        )
+    ranks = _rank_plans(all_shards(vocab, tp, layout, pad_to), batch, hidden, link, gemm, count, replicated,
+                        adapters, tied)
     payload = tokens * hidden * BF16
     ring = 2 * (tp - 1) * payload // tp
     gather = max(r.logits_gather_recv_bytes for r in ranks)
@@ -364,21 +336,90 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
     if gather_chunk_rows is not None:
         _positive_int(gather_chunk_rows, "`gather_chunk_rows`")
     if tp > 1:
-        rows = batch * logits_per_seq
-        if gather_output == "rank0" and adp_rows is None:  # rank 0 gathers, samples and broadcasts the ids
-            plan.decode_step = rank0_decode_collectives(vocab, hidden, tp, rows, layout, pad_to, sampler=sampler,
-                                                        gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes)
-        else:
-            plan.decode_step = decode_collectives(vocab, tp, rows, sampler)
-        plan.forward = forward_collectives(vocab, hidden, tp, rows, layout, pad_to, gather_output=gather_output,
-                                           gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes,
-                                           hidden_bytes=logits_bytes, adp_rows=adp_rows,
-                                           overlap_chunks=overlap_chunks)
         _embedding_table(embedding_dtype, "`embedding_dtype`")
-        plan.embedding = embedding_collectives(tokens, hidden, tp, embedding_dtype, per_row_scales=per_row_scales)
+        _price_collectives(plan, batch * logits_per_seq, layout, pad_to, sampler, gather_output=gather_output,
+                           gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes, adp_rows=adp_rows,
+                           overlap_chunks=overlap_chunks, embedding_dtype=embedding_dtype,
+                           per_row_scales=per_row_scales)
+    if groups > 1 and adp_rows is not None:
+        plan.decode_step = _with_group_exchange(plan.decode_step, sum(adp_rows), sampler, world)
     if kv_bytes_per_token is not None:
         plan.kv = kv_pricing(plan, kv_bytes_per_token, layers)
     return plan
+
+
+def _with_group_exchange(step: StepCollectives | None, rows: int, sampler: Sampler | None,
+                         world: int) -> StepCollectives:
+    """``step`` and, after it, the head groups' exchange ``generate`` makes under attention DP: every group's
+    sampled rows to every rank of the ``world``, one all_gather of ``[rows, 1 + 3 w]`` int64 (the id, then the
+    logprobs' ids, float32 value bits and ranks, ``w`` = top-N + 1 when asked), ``rows`` the busiest group's."""
+    w = sampler.logprobs + 1 if sampler is not None and sampler.logprobs is not None else 0
+    exchange = collective(f"head groups' ids [{rows}, {1 + 3 * w}] int64 (every group's rows to every rank)",
+                          "all_gather", rows * (1 + 3 * w) * WORD, world)
+    first, steady = (step.first, step.steady) if step is not None else ([], [])
+    return _step([*first, exchange], [*steady, exchange])
+
+
+def _price_collectives(plan: Plan, rows: int, layout: VocabLayout, pad_to: int, sampler: Sampler | None, *,
+                       gather_output: bool | str,
+                       gather_chunk_rows: int | None, logits_bytes: int, adp_rows: Sequence[int] | None,
+                       overlap_chunks: int | None, embedding_dtype: str, per_row_scales: bool) -> None:
+    """Fill ``plan``'s collectives (one head group of tp > 1): the decode step of ``rows`` rows, the forward
+    in its gather mode, the embedding lookup of ``plan.tokens``."""
+    vocab, hidden, tp = plan.vocab_size, plan.hidden_size, plan.lm_head_tp_size
+    if gather_output == "rank0" and adp_rows is None:  # rank 0 gathers, samples and broadcasts the ids
+        plan.decode_step = rank0_decode_collectives(vocab, hidden, tp, rows, layout, pad_to, sampler=sampler,
+                                                    gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes)
+    else:
+        plan.decode_step = decode_collectives(vocab, tp, rows, sampler)
+    plan.forward = forward_collectives(vocab, hidden, tp, rows, layout, pad_to, gather_output=gather_output,
+                                       gather_chunk_rows=gather_chunk_rows, logits_bytes=logits_bytes,
+                                       hidden_bytes=logits_bytes, adp_rows=adp_rows, overlap_chunks=overlap_chunks)
+    plan.embedding = embedding_collectives(plan.tokens, hidden, tp, embedding_dtype, per_row_scales=per_row_scales)
+
+
+def _head_group(world: int, lm_head_tp: int | None,
+                adp_rows: Sequence[int] | None) -> tuple[int, Sequence[int] | None]:
+    """``(tp, adp_rows)`` of one head group: ``lm_head_tp`` ranks of the ``world`` (all of them when None),
+    and under attention DP the row counts of the group that brings the most rows."""
+    if lm_head_tp is None:
+        return world, adp_rows
+    _positive_int(lm_head_tp, "`lm_head_tp`", world, f" (a divisor of `tp` {world})")
+    if world % lm_head_tp:
+        raise ConfigError(f"`lm_head_tp` ({lm_head_tp}) must divide `tp` ({world}): the head's groups tile the ranks")
+    groups = world // lm_head_tp
+    if adp_rows is not None and groups > 1:
+        if len(adp_rows) != world:
+            raise ConfigError(f"`adp_rows`: expected {world} row counts (one per rank), got {len(adp_rows)}")
+        adp_rows = max((adp_rows[g * lm_head_tp:(g + 1) * lm_head_tp] for g in range(groups)), key=sum)
+    return lm_head_tp, adp_rows
+
+
+def _rank_plans(shards: Sequence[Any], batch: int, hidden: int, link: float, gemm: float, count: int,
+                replicated: int, adapters: Sequence[Any], tied: bool) -> list[RankPlan]:
+    """Each rank's :class:`RankPlan` of one head group's ``shards`` (``count`` matrices; ``link`` bytes/s,
+    ``gemm`` FLOP/s; ``replicated``: the bytes of both matrices whole)."""
+    tp = len(shards)
+    piece = max(s.width for s in shards)
+    padded_total = sum(s.width for s in shards)
+    ranks = []
+    for s in shards:
+        send = {k: batch * piece * b if tp > 1 else 0 for k, b in DTYPE_BYTES.items()}
+        recv = batch * (padded_total - s.width) * BF16
+        flops = 2 * batch * s.width * hidden
+        mats = count * s.width * hidden * BF16
+        ranks.append(RankPlan(
+            rank=s.rank, start=s.start, end=s.end, rows=s.size, width=s.width,
+            weight_bytes=weight_bytes(s.width, hidden),
+            local_logits_bytes={k: batch * s.size * b for k, b in DTYPE_BYTES.items()},
+            allgather_send_bytes=send,
+            allgather_recv_bytes={k: v * (tp - 1) for k, v in send.items()},
+            logits_gather_recv_bytes=recv, logits_gather_time_s=recv / link,
+            head_flops=flops, head_time_s=flops / gemm,
+            matrices_bytes=mats, replicated_extra_bytes=replicated - mats,
+            adapter_bytes=sum(footprint(a, s, hidden, BF16, tied=tied) for a in adapters),
+        ))
+    return ranks
 
 
 # ---- display --------------------------------------------------------------------------------
