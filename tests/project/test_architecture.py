@@ -220,3 +220,14 @@ def test_sampling_defines_each_public_name_once() -> None:
             assert not [n for n in tree.body if isinstance(n, ast.FunctionDef)], "sampling/__init__.py: a function"
         assert "head: Any" not in path.read_text(), f"{path.name}: head: Any"
     assert {n: f for n, f in where.items() if len(f) > 1} == {}
+
+
+def test_no_pipeline_function_is_over_60_lines() -> None:
+    """The programs' library layer reads as short named steps (review 4 §6.4): a longer function there is
+    split, as ``make_plan`` / ``build_rank`` / ``open_vocab_ends`` were."""
+    long = {}
+    for path in sorted((ROOT / "trtvocab" / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                long[f"{path.relative_to(ROOT)}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long, f"pipeline functions over 60 lines: {long}"

@@ -130,6 +130,27 @@ def verify_export(head: LMHead, onnx_path: Path, context: bool) -> VerifyRecord:
                         argmax_equal=bool(torch.equal(got.argmax(-1), want.argmax(-1))))
 
 
+def _build_embedding(recipe: BuildRecipe, rank: int, head: LMHead, out: Path, files: RankFiles,
+                     progress: Progress) -> tuple[RankFiles, VerifyRecord, EngineRecord]:
+    """The rank's embedding graph (checked on onnxruntime against the module) and engine, into ``out``."""
+    from trtvocab.export.embedding import export_embedding_onnx
+
+    progress(rank, "export embedding")
+    emb = make_embedding(recipe, rank, head)
+    emb_path = out / "embedding.onnx"
+    export_embedding_onnx(emb, emb_path)
+    files = files.model_copy(update={"embedding_onnx": f"rank{rank}/embedding.onnx"})
+    verify = verify_embedding_export(emb, emb_path)
+    if not verify.ok:
+        raise ArtifactError(f"rank {rank}: embedding.onnx disagrees with the PyTorch module on onnxruntime: "
+                            f"max |err| {verify.max_abs_err:.3g}; nothing was written")
+    progress(rank, "build embedding engine")
+    engine = build_engine_for(recipe, emb_path, out / "embedding.plan")
+    if engine.built:
+        files = files.model_copy(update={"embedding_plan": f"rank{rank}/embedding.plan"})
+    return files, verify, engine
+
+
 def build_rank(
     recipe: BuildRecipe, rank: int, root: Path, progress: Progress
 ) -> tuple[RankEntry, tuple[int, int, Family]]:
@@ -174,21 +195,7 @@ def build_rank(
     embedding_verify: VerifyRecord | None = None
     embedding_engine: EngineRecord | None = None
     if recipe.embedding.export:
-        from trtvocab.export.embedding import export_embedding_onnx
-
-        progress(rank, "export embedding")
-        emb = make_embedding(recipe, rank, head)
-        emb_path = out / "embedding.onnx"
-        export_embedding_onnx(emb, emb_path)
-        files = files.model_copy(update={"embedding_onnx": f"rank{rank}/embedding.onnx"})
-        embedding_verify = verify_embedding_export(emb, emb_path)
-        if not embedding_verify.ok:
-            raise ArtifactError(f"rank {rank}: embedding.onnx disagrees with the PyTorch module on onnxruntime: "
-                                f"max |err| {embedding_verify.max_abs_err:.3g}; nothing was written")
-        progress(rank, "build embedding engine")
-        embedding_engine = build_engine_for(recipe, emb_path, out / "embedding.plan")
-        if embedding_engine.built:
-            files = files.model_copy(update={"embedding_plan": f"rank{rank}/embedding.plan"})
+        files, embedding_verify, embedding_engine = _build_embedding(recipe, rank, head, out, files, progress)
     entry = RankEntry(rank=rank, start=head.vocab_start, end=head.vocab_end, width=head.shard.width,
                       weight_format=head.weight_format, resident_bytes=head.resident_bytes(), files=files,
                       verify=verify, engine=engine, quant=describe_quant(head), embedding_verify=embedding_verify,

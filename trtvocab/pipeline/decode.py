@@ -214,6 +214,19 @@ class ArtifactEnds(VocabEnds):
         return local.logits
 
 
+def _check_artifact_head(source: Any, manifest: Any, tp: int) -> None:
+    """Refuse an artifact built for another head than the model's (``source``: its probed head)."""
+    if (source.vocab_size, source.hidden_size) != (manifest.head.vocab_size, manifest.head.hidden_size) \
+            or manifest.mapping.tp_size != tp:
+        raise ArtifactError(f"`artifact`: built for a [{manifest.head.vocab_size}, {manifest.head.hidden_size}] head "
+                            f"at tp {manifest.mapping.tp_size}; the model's head is [{source.vocab_size}, "
+                            f"{source.hidden_size}] at tp {tp}")
+    ops = source.family.head if source.family is not None else HeadOps()
+    if manifest.head.family.head != ops:
+        raise ArtifactError(f"`artifact`: its head computes {manifest.head.family.head.describe()}, the model's head "
+                            f"{ops.describe()} (built from another checkpoint?)")
+
+
 def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: int | None,
                     body: bool | None = None) -> VocabEnds:
     """This rank's :class:`VocabEnds`. Without an artifact: the checkpoint opened once (``load_tied``: one
@@ -253,15 +266,7 @@ def open_vocab_ends(spec: Any, rank: int, mapping: Mapping | None, vocab_limit: 
 
     ckpt = open_checkpoint(spec.model)  # opened once: the head's headers, the embedding's rows
     source = open_head(ckpt, mapping=mapping, gguf_blocks=spec.gguf_blocks)  # headers only
-    if (source.vocab_size, source.hidden_size) != (manifest.head.vocab_size, manifest.head.hidden_size) \
-            or manifest.mapping.tp_size != spec.tp:
-        raise ArtifactError(f"`artifact`: built for a [{manifest.head.vocab_size}, {manifest.head.hidden_size}] head "
-                            f"at tp {manifest.mapping.tp_size}; the model's head is [{source.vocab_size}, "
-                            f"{source.hidden_size}] at tp {spec.tp}")
-    ops = source.family.head if source.family is not None else HeadOps()
-    if manifest.head.family.head != ops:
-        raise ArtifactError(f"`artifact`: its head computes {manifest.head.family.head.describe()}, the model's head "
-                            f"{ops.describe()} (built from another checkpoint?)")
+    _check_artifact_head(source, manifest, spec.tp)
     placement = manifest.placement(rank)
     if embedding is None and not (spec.attention_dp and mapping is not None):
         embedding = VocabParallelEmbedding.from_checkpoint(ckpt, mapping=mapping, dtype=torch.float32,

@@ -306,26 +306,13 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
     replicated = count * vocab * hidden * BF16
     ranks = _rank_plans(all_shards(vocab, tp, layout, pad_to), batch, hidden, link, gemm, count, replicated,
                         adapters, tied)
-    payload = tokens * hidden * BF16
-    ring = 2 * (tp - 1) * payload // tp
-    gather = max(r.logits_gather_recv_bytes for r in ranks)
-    pairs = batch * tp * 2 if tp > 1 else 0
-    flops = 2 * batch * vocab * hidden
-    flops_rank = max(r.head_flops for r in ranks)
     plan = Plan(
         vocab_size=vocab, hidden_size=hidden, tp_size=world, lm_head_tp_size=tp, head_groups=groups,
         batch=batch, layout=layout,
         tokens=tokens, link_gbs=link_gbs, tflops=tflops,
         full_weight_bytes=weight_bytes(vocab, hidden),
         gathered_logits_bytes={k: batch * vocab * b for k, b in DTYPE_BYTES.items()},
-        embedding_allreduce=EmbeddingAllReduce(tokens=tokens, payload_bytes=payload, ring_bytes_per_rank=ring,
-                                               time_s=ring / link),
-        logits_gather=LogitsGather(recv_bytes_per_rank=gather, time_s=gather / link,
-                                   wire_recv_bytes_per_rank=max(r.allgather_recv_bytes["bf16"] for r in ranks)),
-        greedy=GreedyReduction(values=pairs, bytes=pairs * 3 // 2 * WORD, time_s=pairs * 3 // 2 * WORD / link,
-                               float32_bytes=pairs * FP32),
-        head=HeadCompute(flops=flops, time_s=flops / gemm, flops_per_rank=flops_rank,
-                         time_per_rank_s=flops_rank / gemm),
+        **_traffic(ranks, vocab, hidden, batch, tokens, link, gemm),
         matrices=Matrices(tied=tied, count=count, bytes_per_rank=max(r.matrices_bytes for r in ranks),
                           replicated_bytes_per_card=replicated,
                           replicated_extra_bytes_per_card=max(r.replicated_extra_bytes for r in ranks),
@@ -346,6 +333,26 @@ def make_plan(vocab: int, hidden: int, tp: int, batch: int, layout: VocabLayout 
     if kv_bytes_per_token is not None:
         plan.kv = kv_pricing(plan, kv_bytes_per_token, layers)
     return plan
+
+
+def _traffic(ranks: list[RankPlan], vocab: int, hidden: int, batch: int, tokens: int, link: float,
+             gemm: float) -> dict[str, Any]:
+    """:class:`Plan`'s embedding all-reduce, logits gather, greedy pairs and head compute of one head group."""
+    tp = len(ranks)
+    payload = tokens * hidden * BF16
+    ring = 2 * (tp - 1) * payload // tp
+    gather = max(r.logits_gather_recv_bytes for r in ranks)
+    pairs = batch * tp * 2 if tp > 1 else 0
+    flops = 2 * batch * vocab * hidden
+    flops_rank = max(r.head_flops for r in ranks)
+    return {"embedding_allreduce": EmbeddingAllReduce(tokens=tokens, payload_bytes=payload, ring_bytes_per_rank=ring,
+                                                      time_s=ring / link),
+            "logits_gather": LogitsGather(recv_bytes_per_rank=gather, time_s=gather / link,
+                                          wire_recv_bytes_per_rank=max(r.allgather_recv_bytes["bf16"] for r in ranks)),
+            "greedy": GreedyReduction(values=pairs, bytes=pairs * 3 // 2 * WORD, time_s=pairs * 3 // 2 * WORD / link,
+                                      float32_bytes=pairs * FP32),
+            "head": HeadCompute(flops=flops, time_s=flops / gemm, flops_per_rank=flops_rank,
+                                time_per_rank_s=flops_rank / gemm)}
 
 
 def _with_group_exchange(step: StepCollectives | None, rows: int, sampler: Sampler | None,
