@@ -20,11 +20,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtvocab import LMHead, kernels
+from trtvocab import LMHead
 from trtvocab.kernels import tree as kernel_tree
 from trtvocab.sampling import chunked, treesum
 
-HAVE_KERNEL = kernels.tree_available()
+HAVE_KERNEL = kernel_tree.tree_available()
 
 
 @contextmanager
@@ -96,7 +96,7 @@ def test_kernel_equals_torch_path_bitwise(seed: int) -> None:
 
 @pytest.mark.skipif(not HAVE_KERNEL, reason=f"tree kernel unavailable: {kernel_tree._tree_failure}")
 def test_kernel_exp_matches_torch_exp() -> None:
-    assert kernels.tree_exp_check() is None
+    assert kernel_tree.tree_exp_check() is None
 
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])

@@ -7,7 +7,8 @@ kernels", and :mod:`trtvocab.kernels.gemm`. By job: :mod:`~trtvocab.kernels.comp
 set, flags, cache folder, lock, sha256 record, compiling, binding), :mod:`~trtvocab.kernels.gemm`
 (input layouts, the logits calls), :mod:`~trtvocab.kernels.selfcheck` (the load-time decode
 check), :mod:`~trtvocab.kernels.library` (this process's library), :mod:`~trtvocab.kernels.tree`
-(the vocab tree's nodes), :mod:`~trtvocab.kernels.probes` (the machine probes), :mod:`~trtvocab.kernels.__main__`
+(the vocab tree's nodes, which :mod:`trtvocab.sampling.treesum` calls directly),
+:mod:`~trtvocab.kernels.probes` (the machine probes), :mod:`~trtvocab.kernels.__main__`
 (``python -m trtvocab.kernels``: build ahead of time and self-check).
 """
 
@@ -26,11 +27,9 @@ from trtvocab.kernels.library import (
     unavailable_reason,
     usable,
 )
-from trtvocab.kernels.tree import TREE_MAX_LOGITS, tree_available, tree_exp_check, tree_nodes
 
 # What the heads and the sampler call. Building, the cache, the instruction sets and their environment variables:
 # trtvocab.kernels.compile; a library per ISA, on_cpu, disabled: trtvocab.kernels.library; the machine probes:
 # trtvocab.kernels.probes; the self-check: trtvocab.kernels.selfcheck.
-__all__ = ["TREE_MAX_LOGITS", "FusedInput", "Loaded", "available", "dense_logits", "dense_max_batch", "fp8_logits",
-           "fp8_x", "gguf_logits", "load", "nvfp4_logits", "nvfp4_x", "tree_available", "tree_exp_check",
-           "tree_nodes", "unavailable_reason", "usable"]
+__all__ = ["FusedInput", "Loaded", "available", "dense_logits", "dense_max_batch", "fp8_logits", "fp8_x", "gguf_logits",
+           "load", "nvfp4_logits", "nvfp4_x", "unavailable_reason", "usable"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trtvocab import kernels
+from trtvocab.kernels import tree as kernel_tree
 from trtvocab.parallel import distributed as D
 
 Pair = tuple[torch.Tensor, torch.Tensor]  # (m [B, ...], s [B, ...]) float32
@@ -79,11 +79,11 @@ def range_nodes(x: torch.Tensor, first_id: int) -> list[Node]:
     right: list[Node] = []
     if n == 0:
         return []
-    if (x.device.type == "cpu" and n <= kernels.TREE_MAX_LOGITS and kernels.tree_available()
+    if (x.device.type == "cpu" and n <= kernel_tree.TREE_MAX_LOGITS and kernel_tree.tree_available()
             and not (x.requires_grad and torch.is_grad_enabled())):
         # The same nodes, the same bits, in one pass over the logits (trtvocab/kernels/csrc/treesum.cpp).
         ids = aligned_nodes(first_id, first_id + n)
-        m, s = kernels.tree_nodes(x.to(torch.float32).contiguous(), first_id, len(ids))
+        m, s = kernel_tree.tree_nodes(x.to(torch.float32).contiguous(), first_id, len(ids))
         return [(level, index, m[:, j], s[:, j]) for j, (level, index) in enumerate(ids)]
     m, s = leaf(x)
     index, level = first_id, 0
