@@ -27,11 +27,10 @@ from trtvocab.errors import ConfigError, InputError, RankMismatchError
 from trtvocab.lm_head import LMHead
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
-from trtvocab.parallel.sharding import VocabLayout
+from trtvocab.parallel.sharding import LAYOUT_FIELD, VocabLayout
 from trtvocab.quant import fp8, gguf_blocks
 from trtvocab.quant.config import QuantAlgo, QuantConfig
 from trtvocab.quant.gguf_blocks import GGUFConfig
-from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import DenseWeight, FP8Weight, GGUFWeight, WeightMethod
 from trtvocab.weights.loader import open_embedding  # ModelOpt and compressed-tensors tables (headers only)
@@ -52,12 +51,11 @@ from trtvocab.weights.lora import check_adapter_ids, groups, lora_partial, lora_
 # after the reduce.
 
 
-_FORMATS = tuple(WeightFormat)
 TIEABLE = (WeightFormat.DENSE, *gguf_blocks.FORMATS)  # what a tied pair can share (VocabParallelEmbedding.from_head)
 # What the ranks of a split embedding agree on before every lookup (protocol: trtvocab.parallel.distributed.Handshake).
 LOOKUP_HANDSHAKE = D.Handshake("VocabParallelEmbedding", (
-    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
-    D.Field("dtype", DTYPES), D.Field("weight format", _FORMATS), D.Field("reduce_output"),
+    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(LAYOUT_FIELD),
+    D.Field("dtype", DTYPES), D.Field("weight format", WeightFormat), D.Field("reduce_output"),
     D.Field("ids", per_rank=True), D.Field("ids digest", per_rank=True),
 ))
 
@@ -189,12 +187,10 @@ class VocabParallelEmbedding(VocabParallelModule):
             return InputError(f"input_ids: on {input_ids.device}, the table is on {self.device}")
         return None
 
-    def _identity(self, ids: int, digest: int = 0) -> dict[str, Any]:
-        """This rank's values of :data:`LOOKUP_HANDSHAKE`."""
-        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
-                _LAYOUT: self.layout_code, "dtype": self.dtype,
-                "weight format": self.weight_format, "reduce_output": self.reduce_output, "ids": ids,
-                "ids digest": digest}
+    def handshake_identity(self, ids: int = 0, digest: int = 0) -> dict[str, Any]:
+        """This rank's values of :data:`LOOKUP_HANDSHAKE` for a lookup of ``ids`` ids whose digest is ``digest``
+        (the module's, :meth:`VocabParallelModule.handshake_identity`, then the embedding's own)."""
+        return super().handshake_identity() | {"reduce_output": self.reduce_output, "ids": ids, "ids digest": digest}
 
     def _same_ids(self, digests: list[int], counts: list[int]) -> None:
         """Without attention DP every rank of the TP group must look up the same ids: a rank
@@ -302,7 +298,7 @@ class VocabParallelEmbedding(VocabParallelModule):
             digest = D.tensor_digest(input_ids.to(torch.int64))
             if per_id is not None:
                 digest = D.tensor_digest(torch.tensor([digest, D.tensor_digest(per_id.to(torch.int64))]))
-        agreed = self._meet(LOOKUP_HANDSHAKE, self._identity(count, digest), error, "ids", "ids")
+        agreed = self._meet(LOOKUP_HANDSHAKE, self.handshake_identity(count, digest), error, "ids", "ids")
         counts = agreed["ids"]
         self._same_ids(agreed["ids digest"], counts)
         ids = D.all_gather_rows(input_ids.reshape(-1), counts, self.process_group) if adp else input_ids

@@ -31,10 +31,9 @@ from trtvocab.base.inputs import hidden_states_error
 from trtvocab.errors import CheckpointError, ConfigError, InputError
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.mapping import Mapping
-from trtvocab.parallel.sharding import VocabLayout
+from trtvocab.parallel.sharding import LAYOUT_FIELD, VocabLayout
 from trtvocab.quant.config import HeadQuantDecision, QuantConfig
 from trtvocab.quant.gguf_blocks import GGUFConfig
-from trtvocab.vocab_parallel import LAYOUT_FIELD as _LAYOUT
 from trtvocab.vocab_parallel import MAPPINGS as _MAPPINGS
 from trtvocab.vocab_parallel import VocabParallelModule, load_collectively
 from trtvocab.weights import WeightMethod, weight_class
@@ -42,15 +41,14 @@ from trtvocab.weights.base import read_rows
 from trtvocab.weights.loader import open_head
 from trtvocab.weights.lora import adapt_logits_, check_adapter_ids, groups
 
-_FORMATS = tuple(WeightFormat)
 # gather_output's values: keep the local columns, all-gather them to every rank, gather them to rank 0 only.
 GATHER_MODES: tuple[bool | str, ...] = (False, True, "rank0")
 # What the ranks of a split head agree on, at the start of every forward (protocol:
 # trtvocab.parallel.distributed.Handshake) and once after loading a checkpoint.
 FORWARD_HANDSHAKE = D.Handshake("LMHead", (
-    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(_LAYOUT),
+    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("tp_size"), D.Field(LAYOUT_FIELD),
     D.Field("dtype", DTYPES), D.Field("gather_output", GATHER_MODES), D.Field("gather chunk rows"),
-    D.Field("weight format", _FORMATS),
+    D.Field("weight format", WeightFormat),
     D.Field("mapping", _MAPPINGS), D.Field("head groups"), D.Field("overlap chunks"), D.Field("deterministic"),
     D.Field("output dtype", DTYPES),
     D.Field("head ops (digest)"), D.Field("adapters (digest)"), D.Field("rows", per_rank=True),
@@ -419,16 +417,16 @@ class LMHead(VocabParallelModule):
         finally:
             self.row_adapters = previous
 
-    def _identity(self, rows: int) -> dict[str, Any]:
-        """This rank's values of :data:`FORWARD_HANDSHAKE`."""
-        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
-                _LAYOUT: self.layout_code, "dtype": self.dtype,
-                "gather_output": self.gather_output, "gather chunk rows": self.gather_chunk_rows or 0,
-                "weight format": self.weight_format,
-                "mapping": self.mapping_kind, "head groups": self.head_groups, "overlap chunks": self.overlap_for(rows),
-                "deterministic": self.deterministic, "output dtype": self.output_dtype,
-                "head ops (digest)": self.head_ops.digest(), "adapters (digest)": self._adapters_digest(),
-                "rows": rows}
+    def handshake_identity(self, rows: int = 0) -> dict[str, Any]:
+        """This rank's values of :data:`FORWARD_HANDSHAKE` for a forward of ``rows`` rows (the module's, then
+        the head's own), and the logits budget the chunked head's handshake adds
+        (:meth:`VocabParallelModule.handshake_identity`)."""
+        return super().handshake_identity() | {
+            "gather_output": self.gather_output, "gather chunk rows": self.gather_chunk_rows or 0,
+            "overlap chunks": self.overlap_for(rows), "deterministic": self.deterministic,
+            "output dtype": self.output_dtype, "head ops (digest)": self.head_ops.digest(),
+            "adapters (digest)": self._adapters_digest(), "logits budget": int(self.logits_budget_bytes),
+            "rows": rows}
 
     def _adapters_digest(self) -> int:
         """The loaded adapters' names and each row's pick (0: none loaded): ranks must agree on both."""
@@ -554,7 +552,7 @@ class LMHead(VocabParallelModule):
             # gather_output=False: no data moves here that a verdict could ride on (a decode
             # step that wants one collective uses trtvocab.sampling.decode instead); "rank0":
             # only rank 0 would read a verdict riding on its gather.
-            row_counts = self._meet(FORWARD_HANDSHAKE, self._identity(rows), error, "rows", "rows")["rows"]
+            row_counts = self._meet(FORWARD_HANDSHAKE, self.handshake_identity(rows), error, "rows", "rows")["rows"]
         else:
             pending = self._open_gathered_call(rows, error)
         if adp:
@@ -656,8 +654,9 @@ class LMHead(VocabParallelModule):
         """Start a gathered, non-attention-DP forward: the handshake on the first call and after a
         change, otherwise a verdict that rides on the gather (:class:`~trtvocab.parallel.distributed.Agreement`)."""
         D.require_initialized(self.tp_size)
-        _, pending = D.open_call(FORWARD_HANDSHAKE, D.agreement_of(self, "LMHead.forward"), self._identity(rows),
-                                 error, self.process_group, self.device, world=self.tp_size, key=(rows,),
+        _, pending = D.open_call(FORWARD_HANDSHAKE, D.agreement_of(self, "LMHead.forward"),
+                                 self.handshake_identity(rows), error, self.process_group, self.device,
+                                 world=self.tp_size, key=(rows,),
                                  check=lambda out: self._same_counts(out["rows"], "rows"))
         return pending
 

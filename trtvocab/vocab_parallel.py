@@ -22,19 +22,18 @@ from trtvocab.errors import AdapterError, ConfigError, RankMismatchError
 from trtvocab.parallel import distributed as D
 from trtvocab.parallel.added_vocab import AddedVocabShard, added_vocab_shards, sharded_to_full_mapping
 from trtvocab.parallel.mapping import Mapping
-from trtvocab.parallel.sharding import VocabLayout, VocabPlacement, VocabShard, all_shards
+from trtvocab.parallel.sharding import LAYOUT_FIELD, VocabLayout, VocabPlacement, VocabShard, all_shards
 from trtvocab.weights import WeightMethod
 from trtvocab.weights.base import normalize_keys
 from trtvocab.weights.lora import added_tokens, open_adapter, shard_adapter
 
-LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"  # how handshakes name layout + pad_to
 # What the ranks agree on once after loading a shard from a checkpoint (trtvocab.parallel.distributed.Handshake).
 # "mapping" is there so that a rank built replicated (attention DP without LM-head TP) next to a
 # peer built split fails at load on both ranks: a replicated head makes no per-call collective,
 # so without it the split peer would wait in its first forward until the collective timeout.
 MAPPINGS = ("replicated", "tensor parallel", "attention DP + LM-head TP")
 LOAD_HANDSHAKE = D.Handshake("from_checkpoint", (
-    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", tuple(WeightFormat)),
+    D.Field("vocab_size"), D.Field("hidden_size"), D.Field("weight format", WeightFormat),
     D.Field("tp_size"), D.Field("mapping", MAPPINGS), D.Field("head groups"),
 ))
 M = TypeVar("M", bound="VocabParallelModule")
@@ -56,7 +55,7 @@ class VocabParallelModule(nn.Module):
 
     Subclasses create ``self.weights`` (a :class:`~trtvocab.weights.base.WeightMethod`).
     ``handshake_state`` (:class:`~trtvocab.parallel.distributed.HandshakeState`) keeps the
-    cross-rank agreements of the module's calls and the current call's pending verdict.
+    cross-rank agreements of the module's calls.
     """
 
     weights: WeightMethod
@@ -150,6 +149,16 @@ class VocabParallelModule(nn.Module):
     def layout_code(self) -> int:
         """The layout as one handshake integer: 0 = uneven, else the padded layout's pad_to."""
         return self._split.layout_code
+
+    def handshake_identity(self) -> dict[str, Any]:
+        """What this rank's module is, as its handshakes compare it (the one place these values are read):
+        the matrix, the split, the dtype, the weight format and the placement. A subclass adds its own
+        (``super()`` first), a caller its per-call values; each handshake reads the fields it declares
+        (:data:`LOAD_HANDSHAKE`, ``lm_head.FORWARD_HANDSHAKE``, ``embedding.LOOKUP_HANDSHAKE``, and the
+        chunked head's argument digest, ``sampling.chunked.STREAM_IDENTITY``)."""
+        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "tp_size": self.tp_size,
+                LAYOUT_FIELD: self.layout_code, "dtype": self.dtype, "weight format": self.weight_format,
+                "mapping": self.mapping_kind, "head groups": self.head_groups}
 
     def resident_bytes(self) -> int:
         return self.weights.resident_bytes()
@@ -334,9 +343,8 @@ def load_collectively(build: Callable[[], M], *, mapping: Mapping | None, group:
         error = exc
     if meet:
         assert mapping is not None
-        values = None if module is None else {"vocab_size": module.vocab_size, "hidden_size": module.hidden_size,
-                                              "weight format": module.weight_format, "tp_size": mapping.lm_head_tp_size,
-                                              "mapping": module.mapping_kind, "head groups": module.head_groups}
+        # tp_size: the group's size, which a rank built replicated next to split peers reports too.
+        values = None if module is None else module.handshake_identity() | {"tp_size": mapping.lm_head_tp_size}
         LOAD_HANDSHAKE.exchange(values, error, group, what=what)
     assert module is not None
     return module

@@ -10,6 +10,7 @@ moves, instead of leaving the others blocked in a collective.
 from __future__ import annotations
 
 import datetime
+import enum
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -119,16 +120,20 @@ class Field:
     """One value every rank contributes to a :class:`Handshake`.
 
     ``choices``: a categorical value (dtype, layout, weight format), exchanged as its index
-    in ``choices`` and shown by name in errors. ``per_rank``: a value ranks may differ in
-    (a row count); it is returned instead of checked. ``per_call``: a value that changes
-    from call to call (a digest of a decode step's arguments): checked on every call, but
-    not part of the signature an :class:`Agreement` caches.
+    in ``choices`` (a tuple, or an enum class: its members in order) and shown by name in errors.
+    ``per_rank``: a value ranks may differ in (a row count); it is returned instead of checked.
+    ``per_call``: a value that changes from call to call (a digest of a decode step's arguments):
+    checked on every call, but not part of the signature an :class:`Agreement` caches.
     """
 
     name: str
-    choices: tuple[Any, ...] | None = None
+    choices: tuple[Any, ...] | type[enum.Enum] | None = None
     per_rank: bool = False
     per_call: bool = False  # compared on every call, but not part of the cached signature (see Agreement)
+
+    def __post_init__(self) -> None:
+        if self.choices is not None and not isinstance(self.choices, tuple):
+            object.__setattr__(self, "choices", tuple(self.choices))  # an enum class: its members, in order
 
     def encode(self, value: Any) -> int:
         if self.choices is None:
@@ -183,7 +188,7 @@ class Handshake:
         codes = [0] * len(self.fields)
         if error is None:
             assert values is not None, "values are required when the rank has no error"
-            codes = [f.encode(values[f.name]) for f in self.fields]
+            codes = self.codes(values)
         row = torch.tensor([0 if error is None else 1, *codes], dtype=torch.int64, device=device)
         pieces = [torch.empty_like(row) for _ in range(group_size(group))]
         dist.all_gather(pieces, row, group=group)
@@ -206,6 +211,10 @@ class Handshake:
                                         "(rank i -> value i)")
         return out
 
+
+    def codes(self, values: Mapping[str, Any]) -> list[int]:
+        """Every field's integer code of this rank's ``values`` (keys the fields do not name are ignored)."""
+        return [f.encode(values[f.name]) for f in self.fields]
 
     def digests(self, values: Mapping[str, Any]) -> tuple[int, int]:
         """``(signature, call digest)`` of this rank's values: the first over the fields an
@@ -371,21 +380,15 @@ class HandshakeState:
     """A module's handshake bookkeeping across calls (declared on the module, never on its ``__dict__``).
 
     ``agreements``: one :class:`Agreement` per kind of call (``"LMHead.forward"``,
-    ``"sampling.top_k"``, ...). ``pending``: the current call's verdict between
-    :func:`open_call` and its first data collective (:meth:`take_pending` hands it out once).
+    ``"sampling.top_k"``, ...). A call's own verdict is no part of it: :func:`open_call` returns
+    the :class:`Pending`, and the caller hands it to the call's first data collective.
     """
 
     agreements: dict[str, Agreement] = field(default_factory=dict)
-    pending: Pending | None = None
 
     def agreement(self, what: str) -> Agreement:
         """The :class:`Agreement` for calls of kind ``what`` (created on first use)."""
         return self.agreements.setdefault(what, Agreement())
-
-    def take_pending(self) -> Pending | None:
-        """The current call's pending verdict, once: only its first data collective carries it."""
-        pending, self.pending = self.pending, None
-        return pending
 
 
 def agreement_of(owner: Any, what: str) -> Agreement | None:

@@ -28,6 +28,8 @@ from trtvocab.errors import ConfigError
 from trtvocab.parallel.distributed import HandshakeState
 
 VocabLayout = Literal["uneven", "padded"]
+# How every handshake names the layout field, whose value is :attr:`VocabPlacement.layout_code`.
+LAYOUT_FIELD = "vocab layout (0 = uneven, else pad_to)"
 LAYOUTS: tuple[str, ...] = ("uneven", "padded")
 
 
@@ -229,7 +231,8 @@ class VocabPlacement:
 
     @property
     def layout_code(self) -> int:
-        """The layout as one handshake integer: 0 = uneven, else the padded layout's pad_to."""
+        """The layout as one handshake integer (the :data:`LAYOUT_FIELD`): 0 = uneven, else the padded
+        layout's pad_to."""
         return 0 if self.vocab_layout == "uneven" else self.pad_to
 
     @staticmethod

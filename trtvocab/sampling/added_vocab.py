@@ -97,7 +97,7 @@ def token_order_output(hidden: torch.Tensor, head: LMHead, params: SamplingParam
         if bitmask is not None and isinstance(bitmask, torch.Tensor):
             digest = torch.cat([digest, bitmask.reshape(-1).to(torch.int64).cpu()])
     fresh = handshake(head, hidden, error, "decode", argument=digest,
-                      proposal=int(torch.randint(0, 2**62, (1,)).item()), cache=False)
+                      proposal=int(torch.randint(0, 2**62, (1,)).item()), cache=False).proposal
     if any(p.seed is None for p in per_row):
         per_row = [p if p.seed is not None else p.model_copy(update={"seed": (fresh + r) % 2**62})
                    for r, p in enumerate(per_row)]

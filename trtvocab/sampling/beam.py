@@ -36,10 +36,11 @@ def beam_candidates(local_logits: torch.Tensor, head: Placement, beam_scores: to
     k = 2 * beam_width if k is None else k
     if error is None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= beam_width * head.vocab_size):
         error = InputError(f"{what}: k must be an int in [1, beam_width * vocab_size], got {k!r}")
-    handshake(head, local_logits, error, "topk", extra=-(1 << 40) - (beam_width << 20) - k if error is None else 0,
-              argument=beam_scores.to(torch.float32) if error is None else None)
+    pending = handshake(head, local_logits, error, "topk",
+                        extra=-(1 << 40) - (beam_width << 20) - k if error is None else 0,
+                        argument=beam_scores.to(torch.float32) if error is None else None).pending
     x = own(local_logits, head).to(torch.float32)
-    _, lse, _ = sum_exp_and_picks(x, head, None)
+    _, lse, _ = sum_exp_and_picks(x, head, None, pending)
     total = x - lse[:, None] + beam_scores.to(torch.float32).to(x.device)[:, None]
     rows, n = total.shape
     w, vocab = beam_width, head.vocab_size

@@ -67,7 +67,13 @@ SAMPLE_BYTES_PER_LOGIT = 32  # sample's temporaries per logit of a chunk (float6
 # float32 accumulator a half-precision GEMM allocates on CPUs without native bf16 (measured: 8
 # bytes keeps a bf16 greedy chunk's peak at about one budget; 4 let it reach 1.5 budgets).
 STREAM_BYTES_PER_LOGIT = 8
-_FORMATS = tuple(WeightFormat)
+# What the ranks must also agree on for a chunked call, read from the head's handshake_identity and folded into
+# the handshake's argument digest: the budget sets chunk and candidate counts, hence collective sizes; each
+# row's adapter (LMHead.use_adapters) changes the logits, so ranks must pick the same ones.
+STREAM_IDENTITY = D.Handshake("sampling.chunked", (
+    D.Field("hidden_size"), D.Field("dtype", DTYPES), D.Field("weight format", WeightFormat),
+    D.Field("deterministic"), D.Field("output dtype", DTYPES), D.Field("logits budget"), D.Field("adapters (digest)"),
+))
 
 
 # ---- tiles, chunks and the stream ---------------------------------------------------------------
@@ -158,16 +164,9 @@ def first_id(head: LMHead, lo: int) -> int:
 
 
 # ---- validation and the handshake -----------------------------------------------------------------
-def _identity(head: LMHead) -> list[int]:
-    """What the ranks must also agree on for a chunked call (folded into the handshake's digest)."""
-    def code(dtype: torch.dtype) -> int:
-        return DTYPES.index(dtype) if dtype in DTYPES else -1
-    # The budget sets chunk and candidate counts, hence collective sizes: ranks must share it.
-    # Each row's adapter (LMHead.use_adapters) changes the logits: ranks must pick the same ones.
-    picks = head.row_adapters if isinstance(head.row_adapters, torch.Tensor) else None
-    adapters = D.tensor_digest(picks) if head.adapters else 0
-    return [head.hidden_size, code(head.dtype), _FORMATS.index(head.weight_format), int(head.deterministic),
-            code(head.output_dtype), int(head.logits_budget_bytes), adapters]
+def _stream_identity(head: LMHead) -> torch.Tensor:
+    """int64 codes of :data:`STREAM_IDENTITY`'s fields of the head's :meth:`LMHead.handshake_identity`."""
+    return torch.tensor(STREAM_IDENTITY.codes(head.handshake_identity()), dtype=torch.int64)
 
 
 def _check(hidden: Any, head: LMHead, chunk: Any, what: str) -> InputError | None:
@@ -184,15 +183,17 @@ def _check(hidden: Any, head: LMHead, chunk: Any, what: str) -> InputError | Non
     return None
 
 
-def _meet(head: LMHead, hidden: Any, error: InputError | None, op: str, extra: int = 0,
-          argument: torch.Tensor | None = None, proposal: int = 0) -> int:
-    ident = torch.tensor(_identity(head), dtype=torch.int64)
+def _stream_handshake(head: LMHead, hidden: Any, error: InputError | None, op: str, extra: int = 0,
+                      argument: torch.Tensor | None = None, proposal: int = 0) -> int:
+    """The sampling handshake of a chunked call ``op``, the head's :data:`STREAM_IDENTITY` (then ``argument``)
+    in its argument digest; returns rank 0's ``proposal``."""
+    ident = _stream_identity(head)
     if argument is not None:
         ident = torch.cat([ident.to(argument.dtype), argument.reshape(-1).cpu()])
     # A full handshake on every call (cache=False): the streamed passes' first collectives (an
     # all_reduce, the tree's node sums) do not carry the verdict of a skipped handshake.
     return handshake(_place(head), hidden, error, op, extra=extra, argument=ident if error is None else None,
-                     proposal=proposal, cache=False)
+                     proposal=proposal, cache=False).proposal
 
 
 def _raise_nan(bad: torch.Tensor, what: str) -> None:
@@ -304,7 +305,7 @@ def stream_greedy(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = Non
     ``head.local_logits(hidden)``, one streaming pass."""
     what = "sampling.chunked.stream_greedy"
     error = _check(hidden, head, chunk, what)
-    _meet(head, hidden, error, "greedy")
+    _stream_handshake(head, hidden, error, "greedy")
     stream = _Stream(hidden, head, chunk)
     rows = hidden.shape[0]
     best = torch.full((rows,), float("-inf"), dtype=torch.float32, device=hidden.device)
@@ -328,7 +329,7 @@ def stream_topk(hidden: torch.Tensor, head: LMHead, k: int, *,
     error = _check(hidden, head, chunk, what)
     if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= _place(head).vocab_size):
         error = InputError(f"{what}: k must be an int in [1, vocab_size={_place(head).vocab_size}], got {k!r}")
-    _meet(head, hidden, error, "topk", extra=int(k) if error is None else 0)
+    _stream_handshake(head, hidden, error, "topk", extra=int(k) if error is None else 0)
     rows = hidden.shape[0]
     running = _TopK(rows, k, head, hidden.device)
     nan = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
@@ -365,7 +366,7 @@ def stream_logsumexp(hidden: torch.Tensor, head: LMHead, *, chunk: int | None = 
     ``sampling.logsumexp`` of ``head.local_logits(hidden)`` (the same vocab tree)."""
     what = "sampling.chunked.stream_logsumexp"
     error = _check(hidden, head, chunk, what)
-    _meet(head, hidden, error, "logsumexp")
+    _stream_handshake(head, hidden, error, "logsumexp")
     return _lse_and_picks(hidden, head, None, chunk, what)[0]
 
 
@@ -379,7 +380,7 @@ def stream_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.Tensor,
     if error is None:
         error, n = token_ids_error(token_ids, hidden.shape[0], _place(head).vocab_size, what)
     argument = token_ids.to(torch.int64).reshape(-1).cpu() if error is None else None
-    _meet(head, hidden, error, "logprobs", extra=n, argument=argument)
+    _stream_handshake(head, hidden, error, "logprobs", extra=n, argument=argument)
     ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(hidden.device)
     lse, picked = _lse_and_picks(hidden, head, ids, chunk, what)
     assert picked is not None
@@ -398,7 +399,7 @@ def stream_prompt_logprobs(hidden: torch.Tensor, head: LMHead, token_ids: torch.
     if error is None:
         error = prompt_args_error(token_ids, n, hidden.shape[0], _place(head).vocab_size, what)
     argument = token_ids.to(torch.int64).reshape(-1).cpu() if error is None else None
-    _meet(head, hidden, error, "logprobs", extra=-2 - n if error is None else 0, argument=argument)
+    _stream_handshake(head, hidden, error, "logprobs", extra=-2 - n if error is None else 0, argument=argument)
     rows = hidden.shape[0]
     ids = token_ids.to(torch.int64).to(hidden.device)
     lse, picked = _lse_and_picks(hidden, head, ids[:, None], chunk, what)
@@ -451,7 +452,7 @@ def stream_sample(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
     rows = len(per_row)
     digest_of = params_tensor(per_row, step, vocab_limit) if error is None else None
     fresh = int(torch.randint(0, 2**62, (1,)).item())
-    fresh = _meet(head, hidden, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
+    fresh = _stream_handshake(head, hidden, error, "sample", extra=rows, argument=digest_of, proposal=fresh)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
     return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what).token_ids
 
@@ -492,17 +493,17 @@ def stream_output(hidden: torch.Tensor, head: LMHead, params: SamplingParams | l
                            f"one row per hidden row), got {got}")
     argument = None
     if error is None:
-        parts = [torch.tensor(_identity(head), dtype=torch.int64),
+        parts = [_stream_identity(head),
                  params_tensor(per_row, step, vocab_limit).reshape(-1)]
         if bitmask is not None:
             parts.append(bitmask.reshape(-1).to(torch.int64).cpu())
         argument = torch.cat(parts)
     plan = -1 - collective_plan(per_row, _place(head).vocab_size) if error is None else 0  # < 0: the streamed path
     fresh = int(torch.randint(0, 2**62, (1,)).item())
-    fresh = handshake(_place(head), hidden, error, "decode", extra=plan, argument=argument, proposal=fresh)
+    fresh, pending = handshake(_place(head), hidden, error, "decode", extra=plan, argument=argument, proposal=fresh)
     if head.is_split:
         # The verdict of a steady step rides here (the streamed passes' own first collectives vary).
-        gather_stack(torch.zeros(1, dtype=torch.int64, device=hidden.device), _place(head))
+        gather_stack(torch.zeros(1, dtype=torch.int64, device=hidden.device), _place(head), pending)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
     return _draw(hidden, head, per_row, seeds, step, vocab_limit, chunk, what, bitmask, state)
 

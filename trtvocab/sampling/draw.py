@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from trtvocab.errors import InputError
+from trtvocab.parallel import distributed as D
 from trtvocab.parallel.sharding import Placement, VocabPlacement
 from trtvocab.sampling.args import (
     Logprobs,
@@ -95,24 +96,24 @@ def checked_sample(local_logits: Any, head: VocabPlacement, params: Any, step: A
     if digest_of is not None and bitmask is not None:
         digest_of = torch.cat([digest_of.reshape(-1), bitmask.reshape(-1).to(torch.int64)])
     plan = collective_plan(per_row, head.vocab_size) if digest_of is not None else 0
-    fresh = handshake(head, local_logits, error, op, extra=plan, argument=digest_of, proposal=fresh)
+    fresh, pending = handshake(head, local_logits, error, op, extra=plan, argument=digest_of, proposal=fresh)
     seeds = [fresh + r if p.seed is None else p.seed for r, p in enumerate(per_row)]
     # The one step implementation (trtvocab.sampling.prepared), for this call's rows; the call's verdict rides
     # on its first gather.
     return DecodeStep.for_rows(head, per_row, seeds, step, vocab_limit, state).draw_once(own(local_logits, head),
-                                                                                         "sample")
+                                                                                         "sample", pending)
 
 
 def ranked_logprobs(src: torch.Tensor, chosen: torch.Tensor, head: VocabPlacement, want: list[int],
-                    as_logits: torch.Tensor | None = None) -> Logprobs:
+                    as_logits: torch.Tensor | None = None, pending: D.Pending | None = None) -> Logprobs:
     """:class:`Logprobs` of this rank's float32 columns ``src [B, V_local]``: ``chosen [B]``'s value and
     rank, then each row's top-``want[r]`` (``-1``: the row asked for none). The global log-sum-exp (the
-    vocab tree), the rank count and the merged top-N: three all_gathers (``as_logits [B, 1]``: rows that
-    return logits, not logprobs)."""
+    vocab tree), the rank count and the merged top-N: three all_gathers, the first carrying ``pending`` (the
+    call's verdict, ``reductions.handshake``; ``as_logits [B, 1]``: rows that return logits, not logprobs)."""
     rows = src.shape[0]
     n = max(want)
     logits = torch.zeros(rows, 1, dtype=torch.bool, device=src.device) if as_logits is None else as_logits
-    _, lse, picked = sum_exp_and_picks(src, head, chosen[:, None])
+    _, lse, picked = sum_exp_and_picks(src, head, chosen[:, None], pending)
     assert picked is not None
     values = torch.where(logits, src, src - lse[:, None])
     sampled = torch.where(logits, picked, picked - lse[:, None])
@@ -141,7 +142,7 @@ def prompt_logprobs(local_logits: torch.Tensor, head: Placement, token_ids: torc
     error = check_logits(local_logits, head, "sampling.prompt_logprobs")
     if error is None:
         error = prompt_args_error(token_ids, n, local_logits.shape[0], head.vocab_size, "sampling.prompt_logprobs")
-    handshake(head, local_logits, error, "logprobs", extra=-2 - n if error is None else 0,
-              argument=token_ids.to(torch.int64) if error is None else None)
+    pending = handshake(head, local_logits, error, "logprobs", extra=-2 - n if error is None else 0,
+                        argument=token_ids.to(torch.int64) if error is None else None).pending
     x = own(local_logits, head).to(torch.float32)
-    return ranked_logprobs(x, token_ids.to(torch.int64).to(x.device), head, [n] * x.shape[0])
+    return ranked_logprobs(x, token_ids.to(torch.int64).to(x.device), head, [n] * x.shape[0], pending=pending)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import types
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -75,13 +76,13 @@ def bucket(rows: int) -> int:
     return 1 << max(0, rows - 1).bit_length()
 
 
-def _gather(t: torch.Tensor, place: VocabPlacement) -> torch.Tensor:
-    """``[tp, *t.shape]``: every rank's ``t`` (fixed shape), a functional all_gather ``torch.compile`` traces."""
+def _gather(t: torch.Tensor, place: VocabPlacement, pending: D.Pending | None = None) -> torch.Tensor:
+    """``[tp, *t.shape]``: every rank's ``t`` (fixed shape), a functional all_gather ``torch.compile`` traces.
+    ``pending``: a per-call draw's verdict (``reductions.handshake``), when this is the call's first gather."""
     if not place.is_split:
         return t[None]
-    if place.handshake_state.pending is not None:  # a per-call step: its first gather carries the call's verdict
-        return torch.stack(D.gather_verdict(place.handshake_state.take_pending(), t, place.tp_size,
-                                            place.process_group))
+    if pending is not None:
+        return torch.stack(D.gather_verdict(pending, t, place.tp_size, place.process_group))
     from torch.distributed import _functional_collectives as fc
 
     group = place.process_group if place.process_group is not None else torch.distributed.group.WORLD
@@ -95,9 +96,11 @@ def _order_by_value_then_id(values: torch.Tensor, ids: torch.Tensor) -> torch.Te
     return by_id.gather(1, by_value)
 
 
-def _merged_topk(x: torch.Tensor, place: VocabPlacement, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _merged_topk(x: torch.Tensor, place: VocabPlacement, k: int,
+                 gather: Callable[[torch.Tensor, VocabPlacement], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The global top-``k`` ``(values [B, k], ids [B, k])`` of every rank's owned columns ``x``, value
-    descending then id ascending: ``reductions.merged_topk`` with the functional all_gather."""
+    descending then id ascending: ``reductions.merged_topk`` with the step's ``gather``
+    (:meth:`DecodeStep._step_gather`)."""
     if not place.is_split:
         vals, cols = local_topk(x, k)
         return vals, place.token_ids(cols)
@@ -110,17 +113,18 @@ def _merged_topk(x: torch.Tensor, place: VocabPlacement, k: int) -> tuple[torch.
         vals = torch.cat([v.to(torch.float32), vals[:, k_local:]], dim=1)
         ids = torch.cat([place.token_ids(c), ids[:, k_local:]], dim=1)
     packed = torch.stack([vals.view(torch.int32).to(torch.int64), ids], dim=-1)
-    pieces = _gather(packed, place)  # [tp, B, k, 2]
+    pieces = gather(packed, place)  # [tp, B, k, 2]
     all_v = pieces[..., 0].to(torch.int32).view(torch.float32).permute(1, 0, 2).reshape(rows, -1)
     all_i = pieces[..., 1].permute(1, 0, 2).reshape(rows, -1)
     order = _order_by_value_then_id(all_v, all_i)[:, :k]
     return all_v.gather(1, order).to(x.dtype), all_i.gather(1, order)
 
 
-def _lse(x: torch.Tensor, place: VocabPlacement,
-         token_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _lse(x: torch.Tensor, place: VocabPlacement, token_ids: torch.Tensor | None,
+         gather: Callable[[torch.Tensor, VocabPlacement], torch.Tensor],
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The vocab tree's ``(max, logsumexp, picks)`` (``reductions.sum_exp_and_picks``: the same nodes and
-    merge, so the same bits) with the functional gather on a split placement."""
+    merge, so the same bits) with the step's gather on a split placement."""
     if not place.is_split:
         return sum_exp_and_picks(x, place, token_ids)
     x = x.to(torch.float32)
@@ -129,11 +133,11 @@ def _lse(x: torch.Tensor, place: VocabPlacement,
         picked = pick_owned(x, token_ids, place, torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device))
     if place.added is None:
         return treesum.tree_logsumexp(x, place.vocab_start, place.vocab_size, place.tp_size, place.process_group,
-                                      owned_ranges(place), extra=picked, gather=lambda t: _gather(t, place))
+                                      owned_ranges(place), extra=picked, gather=lambda t: gather(t, place))
     (a, _), (c, _) = place.owned_ranges()[place.tp_rank]  # two segments: each piece's nodes of the one tree
     nodes = treesum.range_nodes(x[:, : place.shard.size], a) + treesum.range_nodes(x[:, place.shard.size :], c)
     return treesum.merge_ranges(nodes, place.vocab_size, place.tp_size, place.process_group, place.owned_ranges(),
-                                like=x, extra=picked, gather=lambda t: _gather(t, place))
+                                like=x, extra=picked, gather=lambda t: gather(t, place))
 
 
 def _padded(lists: list[list[int]], width: int | None = None, fill: int = -1) -> torch.Tensor:
@@ -171,6 +175,7 @@ class DecodeStep:
         self.advances = True
         self.last_output: SamplerOutput | None = None
         self._last: torch.Tensor | None = None
+        self._verdict: D.Pending | None = None  # a per-call draw's verdict (draw_once), for its first gather
         self._runner: Any = _eager
         self._args = (params, state, bitmask_width, start_step, vocab_limit)
         if rows is None:
@@ -199,7 +204,7 @@ class DecodeStep:
         fresh = int(torch.randint(0, 2**62, (1,)).item())  # a CPU generator: no device value
         probe = torch.empty(rows, 0, device=device)
         fresh = handshake(place, probe, error, "decode", extra=plan + 16 * (bitmask_width or 0), argument=digest,
-                          proposal=fresh, cache=False)
+                          proposal=fresh, cache=False).proposal
         self.per_row = per_row
         self.vocab_limit = vocab_limit
         self.bitmask_width = bitmask_width
@@ -222,7 +227,7 @@ class DecodeStep:
         self.head = None if isinstance(head, VocabPlacement) else head
         self.place = VocabPlacement.of(head)
         self.advances = False
-        self.last_output, self._last, self._runner = None, None, _eager
+        self.last_output, self._last, self._runner, self._verdict = None, None, _eager, None
         self.rows = self.padded_rows = len(per_row)
         self.device = torch.device(self.place.device) if not isinstance(self.place.device, torch.device) \
             else self.place.device
@@ -231,10 +236,15 @@ class DecodeStep:
         self._prepare(per_row, state, step)
         return self
 
-    def draw_once(self, owned_logits: torch.Tensor, what: str) -> SamplerOutput:
+    def draw_once(self, owned_logits: torch.Tensor, what: str, pending: D.Pending | None = None) -> SamplerOutput:
         """:meth:`draw` for a per-call draw: the output, and a row left with no token raised at once
-        (``what``: the caller's name in the message)."""
-        self._finish(self._core_logits(owned_logits, None))
+        (``what``: the caller's name in the message). ``pending``: the call's verdict from the caller's
+        handshake (``reductions.handshake``), carried by the step's first gather (:meth:`_step_gather`)."""
+        self._verdict = pending
+        try:
+            self._finish(self._core_logits(owned_logits, None))
+        finally:
+            self._verdict = None
         assert self._last is not None and self.last_output is not None
         empty = (self._last[self.rows : 2 * self.rows] & NO_TOKEN) != 0
         if bool(empty.any()):  # every rank has the same gathered values: every rank raises
@@ -554,11 +564,20 @@ class DecodeStep:
         score = torch.where(~self.greedy, score + noise.gumbel(keys, ids), score)
         return score.masked_fill(torch.isneginf(scaled), float("-inf"))  # -inf + noise stays excluded
 
+    def _step_gather(self, t: torch.Tensor, place: VocabPlacement | None = None) -> torch.Tensor:
+        """:func:`_gather` on the step's placement (``place``, when given, is it: the signature ``prefix_keep``
+        and the vocab tree call). Which gather comes first depends on the rows' knobs (top-k, top-p, min-p,
+        typical-p, the race), so the first one takes :meth:`draw_once`'s verdict, once."""
+        pending = self._verdict
+        if pending is not None:
+            self._verdict = None
+        return _gather(t, self.place, pending)
+
     def _top_k(self, scaled: torch.Tensor) -> torch.Tensor:
         k = self.top_k_max
         if k <= 0:
             return scaled
-        values, top_ids = _merged_topk(scaled, self.place, k)
+        values, top_ids = _merged_topk(scaled, self.place, k, self._step_gather)
         cut = torch.where(self.top_k > 0, (self.top_k.clamp(max=k) - 1), k - 1)[:, None]
         cut_v, cut_id = values.gather(1, cut), top_ids.gather(1, cut)
         keep = (scaled > cut_v) | ((scaled == cut_v) & (self.col_ids[None, :] <= cut_id))
@@ -569,8 +588,8 @@ class DecodeStep:
         if not self.top_p_on:
             return scaled
         on = (self.top_p < 1) & ~self.greedy[:, 0]
-        lse = _lse(scaled, self.place, None)[1]
-        keep = prefix_keep(scaled, torch.exp(scaled - lse[:, None]), self.top_p, self.place, _gather)
+        lse = _lse(scaled, self.place, None, self._step_gather)[1]
+        keep = prefix_keep(scaled, torch.exp(scaled - lse[:, None]), self.top_p, self.place, self._step_gather)
         return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
 
     def _min_p(self, scaled: torch.Tensor) -> torch.Tensor:
@@ -578,7 +597,7 @@ class DecodeStep:
             return scaled
         on = (self.min_p > 0) & ~self.greedy[:, 0]
         local = scaled.amax(dim=1) if scaled.shape[1] else scaled.new_full((scaled.shape[0],), float("-inf"))
-        m = _gather(local.to(torch.float32), self.place).amax(dim=0)
+        m = self._step_gather(local.to(torch.float32)).amax(dim=0)
         keep = torch.exp(scaled - m[:, None]) >= self.min_p[:, None]
         return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
 
@@ -587,14 +606,14 @@ class DecodeStep:
             return scaled
         place = self.place
         on = (self.typical_p < 1) & ~self.greedy[:, 0]
-        _, lse, _ = _lse(scaled, place, None)
+        _, lse, _ = _lse(scaled, place, None, self._step_gather)
         logp = scaled - lse[:, None]
         term = torch.where(torch.isneginf(scaled), torch.zeros_like(logp), torch.exp(logp) * logp)
         local = torch.round(term.to(torch.float64) * 2.0**ENTROPY_BITS).to(torch.int64).sum(dim=1)
-        total = _gather(local, place).sum(dim=0)
+        total = self._step_gather(local).sum(dim=0)
         h = (-(total.to(torch.float64) * 2.0**-ENTROPY_BITS)).to(torch.float32)
         key = torch.abs(-(scaled - lse[:, None]) - h[:, None]).masked_fill(torch.isneginf(scaled), float("inf"))
-        keep = prefix_keep(-key, torch.exp(scaled - lse[:, None]), self.typical_p, place, _gather,
+        keep = prefix_keep(-key, torch.exp(scaled - lse[:, None]), self.typical_p, place, self._step_gather,
                            whole_ties=True)
         return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
 
@@ -612,7 +631,7 @@ class DecodeStep:
         chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
         if place.is_split:
             columns = [best.to(torch.float64).view(torch.int64), chosen, status]
-            packed = _gather(torch.stack(columns + ([digest] if digest is not None else []), dim=-1), place)
+            packed = self._step_gather(torch.stack(columns + ([digest] if digest is not None else []), dim=-1))
             values, ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
             best = values.max(dim=0).values
             chosen = torch.where(values == best, ids, torch.full_like(ids, NO_ID)).min(dim=0).values
@@ -634,16 +653,16 @@ class DecodeStep:
         place = self.place
         src = torch.where(self.is_raw, raw, scaled)
         logits = self.as_logits
-        _, lse, picked = _lse(src, place, chosen[:, None])
+        _, lse, picked = _lse(src, place, chosen[:, None], self._step_gather)
         assert picked is not None
         values = torch.where(logits, src, src - lse[:, None])
         sampled = torch.where(logits, picked, picked - lse[:, None])
         count = (values >= sampled).sum(dim=1)
-        rank = _gather(count, place).sum(dim=0)
+        rank = self._step_gather(count).sum(dim=0)
         ids, out_v, out_r = chosen[:, None], sampled, rank[:, None]
         n = self.logprobs_n
         if n > 0:
-            top_v, top_ids = _merged_topk(values, place, min(n, place.vocab_size))
+            top_v, top_ids = _merged_topk(values, place, min(n, place.vocab_size), self._step_gather)
             width = top_ids.shape[1]
             slot = torch.arange(width, device=src.device)[None, :]
             inside = slot < self.want_t[:, None]

@@ -21,29 +21,29 @@ See docs/architecture.md, "Seeded sampling without the gather".
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from trtvocab.errors import InputError
 from trtvocab.parallel import distributed as D
-from trtvocab.parallel.sharding import Placement, VocabPlacement
+from trtvocab.parallel.sharding import LAYOUT_FIELD, Placement, VocabPlacement
 from trtvocab.sampling.treesum import merge_ranges, range_nodes, tree_logsumexp
 
 NO_ID = torch.iinfo(torch.int64).max  # id of an empty candidate slot: sorts after every real id
 _PLAN = "k / ids per row / sampling plan (top-k width, filters)"
+_DIGEST = "argument digest (top_p / min_p values, logprobs token ids)"
 _OPS = ("greedy", "topk", "logsumexp", "log_softmax", "logprobs", "min_p", "top_p", "sample", "bitmask", "decode")
 # What the ranks agree on before every public call (protocol: trtvocab.parallel.distributed.Handshake).
 # A decode loop makes the same calls step after step: the handshake runs on an operation's
 # first call and whenever its signature (every field but the per-call argument digest) changes;
 # otherwise its verdict rides on the call's first data collective (trtvocab.parallel.distributed.Agreement).
 HANDSHAKE = D.Handshake("sampling", (
-    D.Field("vocab_size"), D.Field("tp_size"), D.Field("vocab layout (0 = uneven, else pad_to)"),
+    D.Field("vocab_size"), D.Field("tp_size"), D.Field(LAYOUT_FIELD),
     D.Field("operation", _OPS), D.Field(_PLAN), D.Field("batch rows"),
-    D.Field("argument digest (top_p / min_p values, logprobs token ids)", per_call=True),
+    D.Field(_DIGEST, per_call=True),
     D.Field("proposal", per_rank=True),  # sample: each rank's fresh seed; rank 0's is used
 ))
-_DIGEST = "argument digest (top_p / min_p values, logprobs token ids)"
 
 
 def argument_digest(value: torch.Tensor | None) -> int:
@@ -83,46 +83,48 @@ def nonfinite_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.isnan(top) | (top == float("inf"))
 
 
+class Agreed(NamedTuple):
+    """What :func:`handshake` returns: rank 0's ``proposal``, and the call's ``pending`` verdict, which the
+    caller hands to the call's first data collective (None: nothing rides, the handshake ran or the head is
+    replicated)."""
+
+    proposal: int
+    pending: D.Pending | None
+
+
 def handshake(head: VocabPlacement, local_logits: Any, error: InputError | None, op: str, extra: int = 0,
-              argument: torch.Tensor | None = None, proposal: int = 0, cache: bool = True) -> int:
+              argument: torch.Tensor | None = None, proposal: int = 0, cache: bool = True) -> Agreed:
     """Raise everywhere if any rank failed validation or the ranks disagree on the call.
 
-    Returns rank 0's ``proposal`` (a value one rank picks for all, such as a fresh seed). After
-    an operation's first call the handshake is skipped while its signature stays the same (see
-    :class:`~trtvocab.parallel.distributed.Agreement`): its verdict rides on the call's first data
-    collective (:func:`gather_stack`, :func:`global_max`, the vocab tree's gather), and the proposal is derived from the
-    one agreed first and a call counter (the same on every rank). ``head.handshake_every_call =
-    True`` (or ``cache=False``, for a caller whose first data collective does not carry the
-    verdict, such as :mod:`trtvocab.sampling.chunked`) turns that off: a full handshake on every call.
+    Returns rank 0's ``proposal`` (a value one rank picks for all, such as a fresh seed) and the pending
+    verdict (:class:`Agreed`). After an operation's first call the handshake is skipped while its signature
+    stays the same (see :class:`~trtvocab.parallel.distributed.Agreement`): its verdict rides on the call's
+    first data collective, to which the caller passes ``pending`` (``pending=`` of :func:`gather_stack`,
+    :func:`global_max`, :func:`sum_exp_and_picks`, ...), and the proposal is derived from the one agreed first
+    and a call counter (the same on every rank). ``head.handshake_every_call = True`` (or ``cache=False``, for
+    a caller whose first data collective does not carry the verdict, such as :mod:`trtvocab.sampling.chunked`)
+    turns that off: a full handshake on every call.
     """
     if not head.is_split:
         if error is not None:
             raise error
-        return proposal
+        return Agreed(proposal, None)
     D.require_initialized(head.tp_size)
     rows = local_logits.shape[0] if isinstance(local_logits, torch.Tensor) and local_logits.dim() else 0
-    values = {"vocab_size": head.vocab_size, "tp_size": head.tp_size,
-              "vocab layout (0 = uneven, else pad_to)": 0 if head.vocab_layout == "uneven" else head.pad_to,
+    values = {"vocab_size": head.vocab_size, "tp_size": head.tp_size, LAYOUT_FIELD: head.layout_code,
               "operation": op, _PLAN: extra, "batch rows": rows,
               _DIGEST: argument_digest(argument) if error is None else 0, "proposal": proposal}
     device = local_logits.device if isinstance(local_logits, torch.Tensor) else head.device
     # bitmask moves no data that could carry a verdict
     agreement = None if op == "bitmask" or not cache else D.agreement_of(head, f"sampling.{op}")
-    head.handshake_state.pending = None
     out, pending = D.open_call(HANDSHAKE, agreement, values, error, head.process_group, device,
                                what=f"sampling.{op}")
-    head.handshake_state.pending = pending
     if pending is None or not pending.steady:
         agreed = int(out["proposal"][0])
         if agreement is not None:
             agreement.base_seed = agreed
-        return agreed
-    return (pending.agreement.base_seed + pending.agreement.calls * 0x9E3779B97F4A7C15) % 2**62
-
-
-def _take_verdict(head: VocabPlacement) -> D.Pending | None:
-    """The current call's pending verdict, once: only its first data collective carries it."""
-    return head.handshake_state.take_pending()
+        return Agreed(agreed, pending)
+    return Agreed((pending.agreement.base_seed + pending.agreement.calls * 0x9E3779B97F4A7C15) % 2**62, pending)
 
 
 def own(local_logits: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
@@ -137,11 +139,12 @@ def own(local_logits: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
     return torch.cat([local_logits[:, : head.shard.size], local_logits[:, base : base + head.added.size]], dim=1)
 
 
-def gather_stack(t: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
-    """``[tp, *t.shape]``: every rank's ``t`` (same shape on every rank; a replicated head: ``t[None]``)."""
+def gather_stack(t: torch.Tensor, head: VocabPlacement, pending: D.Pending | None = None) -> torch.Tensor:
+    """``[tp, *t.shape]``: every rank's ``t`` (same shape on every rank; a replicated head: ``t[None]``).
+    ``pending``: the call's verdict (:func:`handshake`) when this is its first data collective."""
     if not head.is_split:
         return t[None]
-    return torch.stack(D.gather_verdict(_take_verdict(head), t, head.tp_size, head.process_group))
+    return torch.stack(D.gather_verdict(pending, t, head.tp_size, head.process_group))
 
 
 def _pack(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -186,8 +189,8 @@ def greedy(local_logits: torch.Tensor, head: Placement) -> torch.Tensor:
     """Token ids ``[B]`` (int64) of the largest logit, lowest id among ties: ``argmax`` of the gathered logits."""
     head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.greedy")
-    handshake(head, local_logits, error, "greedy")
-    best, chosen = argmax_over_vocab(own(local_logits, head), head)
+    pending = handshake(head, local_logits, error, "greedy").pending
+    best, chosen = argmax_over_vocab(own(local_logits, head), head, pending)
     if bool(torch.isneginf(best).any()):
         # A row masked to -inf everywhere (a bitmask that allows nothing): no id is right. Every
         # rank sees the same gathered maxima, so every rank raises.
@@ -221,10 +224,12 @@ def first_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.gather(1, col[:, None])[:, 0], col
 
 
-def argmax_over_vocab(scores: torch.Tensor, head: VocabPlacement) -> tuple[torch.Tensor, torch.Tensor]:
+def argmax_over_vocab(scores: torch.Tensor, head: VocabPlacement,
+                      pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(best [B], token id [B])`` of the largest of every rank's ``scores [B, V_local]`` (owned
     columns), lowest id among ties; one all_gather of ``[B, 2]`` int64 pairs (values as float64
-    bits: float32 scores widen exactly). A row that is ``-inf`` everywhere gets id ``NO_ID``."""
+    bits: float32 scores widen exactly), carrying ``pending`` (:func:`gather_stack`). A row that is
+    ``-inf`` everywhere gets id ``NO_ID``."""
     rows = scores.shape[0]
     if scores.shape[1]:
         best, cols = first_max(scores)  # the first maximum: the lowest local column, the lowest id
@@ -235,7 +240,7 @@ def argmax_over_vocab(scores: torch.Tensor, head: VocabPlacement) -> tuple[torch
     chosen = torch.where(torch.isneginf(best), torch.full_like(chosen, NO_ID), chosen)
     if not head.is_split:
         return best, chosen
-    packed = gather_stack(torch.stack([best.to(torch.float64).view(torch.int64), chosen], dim=-1), head)
+    packed = gather_stack(torch.stack([best.to(torch.float64).view(torch.int64), chosen], dim=-1), head, pending)
     values, ids = packed[..., 0].view(torch.float64), packed[..., 1]  # [tp, B]
     top = values.max(dim=0).values
     return top, torch.where(values == top, ids, torch.full_like(ids, NO_ID)).min(dim=0).values
@@ -250,12 +255,14 @@ def topk(local_logits: torch.Tensor, head: Placement, k: int) -> tuple[torch.Ten
     error = check_logits(local_logits, head, "sampling.topk")
     if error is None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= head.vocab_size):
         error = InputError(f"sampling.topk: k must be an int in [1, vocab_size={head.vocab_size}], got {k!r}")
-    handshake(head, local_logits, error, "topk", extra=int(k) if error is None else 0)
-    return merged_topk(local_logits, head, k)
+    pending = handshake(head, local_logits, error, "topk", extra=int(k) if error is None else 0).pending
+    return merged_topk(local_logits, head, k, pending)
 
 
-def merged_topk(local_logits: torch.Tensor, head: VocabPlacement, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`topk` on validated input whose call the ranks already agreed on (one all_gather)."""
+def merged_topk(local_logits: torch.Tensor, head: VocabPlacement, k: int,
+                pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk` on validated input whose call the ranks already agreed on (one all_gather, carrying
+    ``pending``: :func:`gather_stack`)."""
     x = own(local_logits, head)
     if not head.is_split:
         return local_topk(x, k)
@@ -264,21 +271,21 @@ def merged_topk(local_logits: torch.Tensor, head: VocabPlacement, k: int) -> tup
     cols = torch.empty(x.shape[0], 0, dtype=torch.int64, device=x.device)
     if k_local:
         vals, cols = local_topk(x, k_local)
-    values, ids = gather_candidates(vals, head.token_ids(cols), head, k)
+    values, ids = gather_candidates(vals, head.token_ids(cols), head, k, pending)
     return values.to(local_logits.dtype), ids
 
 
-def gather_candidates(vals: torch.Tensor, ids: torch.Tensor, head: VocabPlacement,
-                      k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_candidates(vals: torch.Tensor, ids: torch.Tensor, head: VocabPlacement, k: int,
+                      pending: D.Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``k`` (value descending, id ascending) of every rank's candidates ``vals`` / ``ids
     [B, <= k]`` (global ids; padded with empty slots): float32 ``[B, k]`` and int64 ``[B, k]``, one
-    all_gather. A NaN value sorts first, so it stays in the result."""
+    all_gather (carrying ``pending``: :func:`gather_stack`). A NaN value sorts first, so it stays in the result."""
     rows, have = vals.shape
     packed = _pack(torch.full((rows, k), float("-inf"), device=vals.device),
                    torch.full((rows, k), NO_ID, dtype=torch.int64, device=vals.device))
     if have:
         packed[:, :have] = _pack(vals, ids)
-    all_values, all_ids = _unpack(gather_stack(packed, head))  # [tp, B, k]
+    all_values, all_ids = _unpack(gather_stack(packed, head, pending))  # [tp, B, k]
     all_values = all_values.permute(1, 0, 2).reshape(rows, -1)
     all_ids = all_ids.permute(1, 0, 2).reshape(rows, -1)
     order = _order_by_value_then_id(all_values, all_ids)[:, :k]
@@ -313,19 +320,19 @@ def pick_logits(x: torch.Tensor, token_ids: torch.Tensor, first_id: int, into: t
 
 
 # ---- normalization: global log-softmax ------------------------------------------------------------
-def global_max(x: torch.Tensor, head: VocabPlacement) -> torch.Tensor:
+def global_max(x: torch.Tensor, head: VocabPlacement, pending: D.Pending | None = None) -> torch.Tensor:
     """``[B]`` float32 max over the whole vocab (``-inf`` for a rank with no columns)."""
     local = x.amax(dim=1) if x.shape[1] else x.new_full((x.shape[0],), float("-inf"))
     local = local.to(torch.float32)
     if head.is_split:
         # An all_gather + max rather than an all_reduce MAX (the same exact values): it may be a
-        # call's first data collective, which carries the call's verdict (see handshake).
-        local = gather_stack(local, head).amax(dim=0)
+        # call's first data collective, which carries the call's verdict (``pending``, see handshake).
+        local = gather_stack(local, head, pending).amax(dim=0)
     return local
 
 
 def sum_exp_and_picks(
-    x: torch.Tensor, head: VocabPlacement, token_ids: torch.Tensor | None
+    x: torch.Tensor, head: VocabPlacement, token_ids: torch.Tensor | None, pending: D.Pending | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Global ``(max [B], logsumexp [B], picked logits [B, n] or None)`` in float32.
 
@@ -333,36 +340,37 @@ def sum_exp_and_picks(
     (:mod:`trtvocab.sampling.treesum`): bitwise the same at every tp size and layout, and the same
     as a vocab-chunked caller that builds the tree's nodes chunk by chunk while the logits stream
     (:mod:`trtvocab.sampling.chunked`). One collective: the node pairs, with the picked logits
-    riding along (exactly one rank owns each id; the others add an exact 0)."""
+    riding along (exactly one rank owns each id; the others add an exact 0), and the call's verdict
+    (``pending``, :func:`handshake`) when it is the call's first."""
     x = x.to(torch.float32)
     picked = None
     if token_ids is not None:
         picked = pick_owned(x, token_ids, head, torch.zeros(token_ids.shape, dtype=torch.float32, device=x.device))
     if head.added is None:
         return tree_logsumexp(x, head.vocab_start, head.vocab_size, head.tp_size, head.process_group,
-                              owned_ranges(head), extra=picked, pending=_take_verdict(head) if head.is_split else None)
+                              owned_ranges(head), extra=picked, pending=pending)
     # Two segments: each piece's nodes of the one tree over [0, V + A), merged as one range's would be.
     (a, _), (c, _) = head.owned_ranges()[head.tp_rank]
     nodes = range_nodes(x[:, : head.shard.size], a) + range_nodes(x[:, head.shard.size :], c)
     return merge_ranges(nodes, head.vocab_size, head.tp_size, head.process_group, head.owned_ranges(), like=x,
-                        extra=picked, pending=_take_verdict(head) if head.is_split else None)
+                        extra=picked, pending=pending)
 
 
 def logsumexp(local_logits: torch.Tensor, head: Placement) -> torch.Tensor:
     """``[B]`` float32 ``log(sum(exp(logits)))`` over the *whole* vocab: the global softmax denominator."""
     head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.logsumexp")
-    handshake(head, local_logits, error, "logsumexp")
-    return sum_exp_and_picks(own(local_logits, head), head, None)[1]
+    pending = handshake(head, local_logits, error, "logsumexp").pending
+    return sum_exp_and_picks(own(local_logits, head), head, None, pending)[1]
 
 
 def log_softmax(local_logits: torch.Tensor, head: Placement) -> torch.Tensor:
     """This rank's columns ``[B, V_local]`` (float32) of the global log-softmax."""
     head = VocabPlacement.of(head)
     error = check_logits(local_logits, head, "sampling.log_softmax")
-    handshake(head, local_logits, error, "log_softmax")
+    pending = handshake(head, local_logits, error, "log_softmax").pending
     x = own(local_logits, head)
-    lse = sum_exp_and_picks(x, head, None)[1]
+    lse = sum_exp_and_picks(x, head, None, pending)[1]
     return x.to(torch.float32) - lse[:, None]
 
 
@@ -389,10 +397,10 @@ def logprobs(local_logits: torch.Tensor, head: Placement, token_ids: torch.Tenso
     n = 0
     if error is None:
         error, n = token_ids_error(token_ids, local_logits.shape[0], head.vocab_size, "sampling.logprobs")
-    handshake(head, local_logits, error, "logprobs", extra=n,
-               argument=token_ids.to(torch.int64) if error is None else None)
+    pending = handshake(head, local_logits, error, "logprobs", extra=n,
+                        argument=token_ids.to(torch.int64) if error is None else None).pending
     ids = token_ids.to(torch.int64).reshape(token_ids.shape[0], -1).to(local_logits.device)
-    _, lse, picked = sum_exp_and_picks(own(local_logits, head), head, ids)
+    _, lse, picked = sum_exp_and_picks(own(local_logits, head), head, ids, pending)
     assert picked is not None
     return (picked - lse[:, None]).reshape(token_ids.shape)
 
@@ -411,9 +419,9 @@ def min_p_mask(local_logits: torch.Tensor, head: Placement, min_p: float | torch
             error = InputError(f"sampling.min_p: min_p must be a float or a [B] tensor, got {list(threshold.shape)}")
         elif bool(((threshold < 0) | (threshold > 1) | torch.isnan(threshold)).any()):
             error = InputError(f"sampling.min_p: min_p must be in [0, 1], got {min_p!r}")
-    handshake(head, local_logits, error, "min_p", argument=threshold if error is None else None)
+    pending = handshake(head, local_logits, error, "min_p", argument=threshold if error is None else None).pending
     x = own(local_logits, head).to(torch.float32)
-    m = global_max(x, head)
+    m = global_max(x, head, pending)
     threshold = threshold.reshape(-1, 1) if threshold.dim() == 1 else threshold
     return torch.exp(x - m[:, None]) >= threshold
 
@@ -443,18 +451,20 @@ def top_p_mask(local_logits: torch.Tensor, head: Placement, top_p: float | torch
             error = InputError(f"sampling.top_p: top_p must be a float or a [B] tensor, got {list(threshold.shape)}")
         elif bool(((threshold <= 0) | (threshold > 1) | torch.isnan(threshold)).any()):
             error = InputError(f"sampling.top_p: top_p must be in (0, 1], got {top_p!r}")
-    handshake(head, local_logits, error, "top_p", argument=threshold if error is None else None)
-    return nucleus(local_logits, head, threshold)
+    pending = handshake(head, local_logits, error, "top_p", argument=threshold if error is None else None).pending
+    return nucleus(local_logits, head, threshold, pending)
 
 
-def nucleus(local_logits: torch.Tensor, head: VocabPlacement, threshold: torch.Tensor) -> torch.Tensor:
-    """:func:`top_p_mask` on validated input whose call the ranks already agreed on.
+def nucleus(local_logits: torch.Tensor, head: VocabPlacement, threshold: torch.Tensor,
+            pending: D.Pending | None = None) -> torch.Tensor:
+    """:func:`top_p_mask` on validated input whose call the ranks already agreed on (``pending``: the
+    call's verdict, for its first gather, the vocab tree's).
 
     ``threshold``: a 0-d or ``[B]`` float32 tensor. ``-inf`` logits (masked tokens) carry no
     mass, so the nucleus is that of the distribution renormalized over the rest.
     """
     x = own(local_logits, head).to(torch.float32)
-    lse = sum_exp_and_picks(x, head, None)[1]
+    lse = sum_exp_and_picks(x, head, None, pending)[1]
     mass = threshold.expand(x.shape[0]) if threshold.dim() == 0 else threshold
     return prefix_keep(x, torch.exp(x - lse[:, None]), mass, head, gather_stack)
 
