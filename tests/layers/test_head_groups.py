@@ -112,6 +112,6 @@ def test_plan_prices_head_groups_and_refuses_bad_values() -> None:
     assert all(c.wire_recv_bytes == 7 * c.bytes for c in whole.decode_step.steady)
     adp = make_plan(V, H, 4, ROWS, lm_head_tp=2, adp_rows=[1, 0, 6, 5])
     assert adp.forward is not None and "[6, H]" in adp.forward.first[1].what  # the group {2, 3} brings the most
-    for bad, word in ((3, "must divide --tp (8)"), (0, "--lm-head-tp"), (16, "--lm-head-tp")):
+    for bad, word in ((3, "must divide `tp` (8)"), (0, "`lm_head_tp`"), (16, "`lm_head_tp`")):
         with pytest.raises(ConfigError, match=word.replace("(", r"\(").replace(")", r"\)")):
             make_plan(V, H, 8, 4, lm_head_tp=bad)
