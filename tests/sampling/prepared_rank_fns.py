@@ -14,6 +14,7 @@ import torch
 
 from trtvocab import LMHead, Mapping
 from trtvocab.base.host_reads import HostReads
+from trtvocab.errors import InputError
 from trtvocab.sampling import DecodeStep, SamplingParams, TokenState, decode_output
 
 V, H, B, STEPS = 1031, 32, 3, 4
@@ -150,16 +151,25 @@ def bad_rows(rank: int, world: int, bad_rank: int) -> dict[str, Any]:
 
 def one_rank_bad_call(rank: int, world: int, bad_rank: int) -> dict[str, Any]:
     """``bad_rank`` alone passes a float64 hidden, then a bitmask of the wrong width (inputs only it sees):
-    every rank still meets the step's collectives and raises at read(); then a good step runs."""
+    every rank still meets the step's collectives and raises at read() (alone: at the call); then good steps
+    run, seeded, as steps 0 and 1 (a refused call is no step)."""
     head = head_of(rank, world)
-    step_fn = DecodeStep(head, [SamplingParams(temperature=0.0)] * B, bitmask_width=33)
+    step_fn = DecodeStep(head, [SamplingParams(temperature=1.0, seed=11)] * B, bitmask_width=33)
     out: dict[str, Any] = {}
-    step_fn(hidden(0).double() if rank == bad_rank else hidden(0), bitmask(0))
-    out["hidden"] = _read_error(step_fn)
-    step_fn(hidden(1), bitmask(1)[:, :5] if rank == bad_rank else bitmask(1))
-    out["bitmask"] = _read_error(step_fn)
-    step_fn(hidden(2), bitmask(2))
-    out["after"] = step_fn.read()
+
+    def call(x: torch.Tensor, mask: torch.Tensor) -> str:
+        try:
+            step_fn(x, mask)
+        except InputError as exc:  # alone, the step refuses at once
+            return f"InputError: {exc}"
+        return _read_error(step_fn)
+    out["hidden"] = call(hidden(0).double() if rank == bad_rank else hidden(0), bitmask(0))
+    out["bitmask"] = call(hidden(1), bitmask(1)[:, :5] if rank == bad_rank else bitmask(1))
+    out["next_step"] = step_fn.next_step
+    out["after"] = []
+    for s in (2, 3):
+        step_fn(hidden(s), bitmask(s))
+        out["after"].append(step_fn.read())
     return out
 
 

@@ -2,9 +2,9 @@
 
 The reference is exact rational arithmetic (``fractions.Fraction``) over the same float32
 probabilities: list the tokens in the total order (key descending, id ascending), keep each while the
-exact sum before it is below the mass, the first always (typical-p: and the whole tie at the cut, as
-transformers' ``TypicalLogitsWarper`` keeps it). ``prefix_keep`` must equal it **bitwise**
-(its int64 fixed point truncates nothing above 2**-60 of mass), in process at tp 1 (one and two id
+sum before it (each float32 probability rounded to ``2**-40``) is below the mass, the first always, all of
+them at a mass of 1 (typical-p: and the whole tie at the cut, as transformers' ``TypicalLogitsWarper``
+keeps it). ``prefix_keep`` must equal it **bitwise**, in process at tp 1 (one and two id
 segments) and on real gloo groups at tp 2-4, uneven and padded, where every rank's columns together
 must give the same mask. Then: the rounds are fixed (four gathers, whatever the data) and a step that
 uses them reads nothing from the device.
@@ -31,11 +31,16 @@ def exact_keep(order: torch.Tensor, probs: torch.Tensor, mass: torch.Tensor, who
         ranked = sorted(range(order.shape[1]), key=lambda i: (-float(order[b, i]) + 0.0, i))
         before, limit = Fraction(0), Fraction(float(mass[b]))
         for n, i in enumerate(ranked):
-            keep[b, i] = n == 0 or before < limit
-            before += Fraction(float(probs[b, i]))
+            keep[b, i] = n == 0 or before < limit or limit >= 1
+            before += _fixed(float(probs[b, i]))
         if whole_ties:
             keep[b] |= order[b] >= order[b][keep[b]].min()
     return keep
+
+
+def _fixed(p: float) -> Fraction:
+    """The mass the definition adds for probability ``p``: ``p`` rounded (half to even) to ``2**-40``."""
+    return Fraction(round(Fraction(p) * 2**40), 2**40) if p == p else Fraction(0)
 
 
 def _local(t: torch.Tensor, _place: Any) -> torch.Tensor:
@@ -113,3 +118,18 @@ def test_a_row_with_no_mass_keeps_its_first_token() -> None:
     assert keep[0].tolist() == [True] + [False] * 6 and keep[1].tolist() == [False] * 4 + [True] + [False] * 2
     assert bool(prefix_keep(x, probs, torch.tensor([0.9, 0.9]), place, _local, whole_ties=True)[0].all())
     assert kept_prefix(probs[:1], torch.tensor([0.9])).tolist() == [1]
+
+
+def test_masses_past_one_neither_overflow_nor_drop_tokens_at_one() -> None:
+    """Logits of 1e9 tie: the float32 logsumexp rounds down and each tied token gets p = 1, so the row's
+    masses add up to many times 1 (the sums must not wrap); and a mass of 1 keeps every token."""
+    place = F.placement(64, 0, 1, 0, "uneven")
+    for tied in (4, 8, 9, 16, 33, 64):
+        x = torch.zeros(1, 64)
+        x[0, :tied] = 1e9
+        probs = torch.exp(x - torch.logsumexp(x, dim=1, keepdim=True))
+        for mass in (0.5, 1.0):
+            m = torch.tensor([mass])
+            assert torch.equal(prefix_keep(x, probs, m, place, _local), exact_keep(x, probs, m)), (tied, mass)
+        assert bool(prefix_keep(x, probs, torch.tensor([1.0]), place, _local).all())
+        assert kept_prefix(probs, torch.tensor([1.0])).tolist() == [64]

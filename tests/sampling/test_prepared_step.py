@@ -20,6 +20,7 @@ import torch
 from tests.sampling import prepared_rank_fns as F
 from trtvocab.base.host_reads import HostReads
 from trtvocab.errors import ConfigError, InputError
+from trtvocab.parallel.sharding import vocab_placement
 from trtvocab.sampling import DecodeStep, SamplingParams
 from trtvocab.sampling.prepared import bucket
 
@@ -105,12 +106,24 @@ def test_a_bad_call_on_one_rank_raises_on_every_rank_at_read(launch_ranks: Calla
     assert bad["hidden"].startswith("InputError: sampling.decode (step 0): DecodeStep: hidden must be a "
                                     "torch.float32"), bad["hidden"]
     assert "torch.float64" in bad["hidden"]
-    assert bad["bitmask"].startswith("InputError: sampling.decode (step 1): DecodeStep: bitmask must be int32 [3, 33]")
-    for step, key in ((0, "hidden"), (1, "bitmask")):
+    assert bad["bitmask"].startswith("InputError: sampling.decode (step 0): DecodeStep: bitmask must be int32 [3, 33]")
+    for step, key in ((0, "hidden"), (0, "bitmask")):  # the refused call before was no step
         assert good[key] == (f"InputError: sampling.decode (step {step}): row(s) [0, 1, 2]: a rank refused its "
                              "input to this step (that rank's error names it)"), good[key]
-    alone = F.one_rank_bad_call(0, 1, 1)  # tp 1 runs the good calls only: the reference ids of step 2
-    assert good["after"] == bad["after"] == alone["after"]
+    assert good["next_step"] == bad["next_step"] == 0  # a refused call is no step
+    alone = F.one_rank_bad_call(0, 1, 0)  # tp 1: the bad calls raise at once, the good ones are steps 0, 1
+    assert alone["hidden"].startswith("InputError: DecodeStep: hidden must be") and alone["next_step"] == 0
+    assert good["after"] == bad["after"] == alone["after"]  # seeded draws: the same noise steps at every tp
+
+
+def test_a_rank_without_columns_processes_an_empty_block() -> None:
+    """Padded at tp 8, 20 ids leave rank 5 no column: its column-local steps get a [B, 0] block (hostile
+    review of the streamed refactor: the spare column of the ban scatter was cut from an empty block)."""
+    place = vocab_placement(20, 8, 5, "padded", 16)
+    assert place.owned == 0
+    params = [SamplingParams(temperature=0.7, seed=1, allowed_token_ids=[3, 4], logit_bias={5: 1.0})]
+    step = DecodeStep.for_rows(place, params, [1], 0, None, None)
+    assert step._process(torch.zeros(1, 0)).shape == (1, 0)
 
 
 def test_building_refuses_bad_arguments_typed() -> None:

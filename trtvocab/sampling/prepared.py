@@ -439,7 +439,8 @@ class DecodeStep:
         b = self.rows
         self.last_output = SamplerOutput(chosen[:b], None if lp is None else
                                          Logprobs(lp.ids[:b], lp.values[:b], lp.ranks[:b]))
-        self._last = torch.cat([chosen[:b], status[:b], self.step_t.reshape(1) - 1])
+        ran = self.step_t - ((1 - _refused(status)) if self.advances else 1)  # the step it ran as
+        self._last = torch.cat([chosen[:b], status[:b], ran.reshape(1)])
         return chosen[:b]
 
     def draw(self, local_logits: torch.Tensor, bitmask: torch.Tensor | None = None) -> torch.Tensor:
@@ -506,7 +507,7 @@ class DecodeStep:
             cols, mine = self.place.owned_columns(ids)
             cols = cols - lo
             col = torch.where((ids >= 0) & mine & (cols >= 0) & (cols < n), cols, n)
-            wide = torch.cat([base, base[:, :1]], dim=1)
+            wide = torch.cat([base, base.new_zeros(base.shape[0], 1)], dim=1)  # the spare column (n may be 0)
             src = value if isinstance(value, torch.Tensor) else torch.full(ids.shape, value, dtype=base.dtype,
                                                                           device=base.device)
             return wide.scatter(1, col, src)[:, :n]
@@ -679,7 +680,8 @@ class DecodeStep:
         whose status is clean (a refused row counts nothing), in place on the device."""
         if not self.advances:
             return
-        self.step_t.add_(1)
+        # a call some rank refused is no step (alone it raises at once): the gathered status says so everywhere
+        self.step_t.add_(1 - _refused(status))
         ok = self.real & (status == 0)
         self.generated.add_(ok.to(torch.int64))
         if self.history_len:
@@ -701,7 +703,8 @@ class DecodeStep:
         values = self._last.tolist()
         b = self.rows
         ids, status, step = values[:b], values[b : 2 * b], values[2 * b]
-        self.next_step = step + 1
+        # a refused call is no step (the counter stayed): the next call runs as this one would have
+        self.next_step = step if any(s & INPUT_REFUSED for s in status) else step + 1
         if self._refusal is not None:  # this rank's own input: its own words (the others name the bit)
             raise InputError(f"sampling.decode (step {step}): {self._refusal}")
         bad = [(r, s) for r, s in enumerate(status) if s]
@@ -714,6 +717,11 @@ class DecodeStep:
                 self.state.output[r].append(int(i))
         self.next_step = step + 1
         return ids
+
+
+def _refused(status: torch.Tensor) -> torch.Tensor:
+    """0-d int64: 1 when a rank refused the call's input (a row of the gathered status has INPUT_REFUSED)."""
+    return ((status & INPUT_REFUSED) != 0).any().to(torch.int64)
 
 
 def _eager(step: DecodeStep, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor,

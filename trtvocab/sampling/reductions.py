@@ -470,17 +470,20 @@ def nucleus(local_logits: torch.Tensor, head: VocabPlacement, threshold: torch.T
 
 
 # ---- the nucleus: an exact prefix mass in fixed rounds ---------------------------------------------
-MASS_BITS = 60  # probabilities in int64 fixed point: each p <= 1 and their sum ~1, far below 2**63 / 2**60
+# Probabilities in int64 fixed point. Their sum is ~1, but a float32 logsumexp rounded down at huge logits
+# can make every one of many tied tokens p = 1: bounded by V * 2**40, no sum overflows for V <= 2**23.
+MASS_BITS = 40
 _DIGIT = 8  # bits of the order key settled per round
 RADIX_BINS = 1 << _DIGIT
 RADIX_ROUNDS = 32 // _DIGIT  # prefix_keep's gathers: a float32 order key in 8-bit digits
 
 
 def fixed_mass(p: torch.Tensor) -> torch.Tensor:
-    """int64 ``round(p * 2**MASS_BITS)`` of float32 probabilities (NaN: 0): sums of these are exact, so the
-    mass before a token is the same number whatever order or grouping adds it (any tp, any device)."""
+    """int64 ``round(p * 2**MASS_BITS)`` (half to even) of float32 probabilities (NaN: 0): sums of these are
+    exact, so the mass before a token is the same number whatever order or grouping adds it (any tp, any
+    device). A probability is exact from ``2**-16`` up, else rounded to a multiple of ``2**-40``."""
     p = torch.nan_to_num(p.to(torch.float32), nan=0.0).clamp(0.0, 1.0)
-    return torch.round(p.to(torch.float64) * 2.0**MASS_BITS).to(torch.int64)
+    return torch.round(p * 2.0**MASS_BITS).to(torch.int64)  # exact in float32: a power-of-two scale, then round
 
 
 def kept_prefix(probs: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
@@ -488,7 +491,8 @@ def kept_prefix(probs: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
     ``mass [B]`` keeps: those whose exact mass strictly before them is below ``mass``; at least 1."""
     w, t = _weights(probs, _fixed_threshold(mass))
     before = torch.cumsum(w, dim=1) - w
-    return (before < t).sum(dim=1).clamp(min=1)
+    kept = (before < t).sum(dim=1).clamp(min=1)
+    return torch.where(mass.reshape(-1) >= 1, probs.shape[1], kept)  # a threshold of 1 keeps every token
 
 
 def _weights(probs: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -543,7 +547,7 @@ def prefix_keep(order: torch.Tensor, probs: torch.Tensor, mass: torch.Tensor, he
         if not shift and segments > 1:  # the last round keeps the id segments apart for the tie order
             digit = digit + RADIX_BINS * second
         hist = torch.zeros(rows, width, dtype=torch.int64, device=order.device)
-        hist = hist.scatter_add(1, digit, torch.where(inside, w, torch.zeros_like(w)))
+        hist = hist.scatter_add(1, digit, w.masked_fill(~inside, 0))
         every = gather(hist, head)  # [tp, B, width]
         total = every.sum(dim=0).view(rows, -1, RADIX_BINS).sum(dim=1)
         beyond = torch.flip(torch.cumsum(torch.flip(total, [1]), dim=1), [1]) - total  # mass of higher digits
@@ -551,8 +555,9 @@ def prefix_keep(order: torch.Tensor, probs: torch.Tensor, mass: torch.Tensor, he
         d = (reach >= t).sum(dim=1, keepdim=True)  # the first digit whose tokens start below the mass
         above = reach.gather(1, d)
         prefix = prefix * RADIX_BINS + d
+    everything = (mass >= 1).reshape(-1, 1)  # a threshold of 1 keeps every token (float32 masses may pass 1)
     if whole_ties:  # some token holds the cut key (its mass took M below the threshold), or all are kept
-        return key >= prefix
+        return (key >= prefix) | everything
     tp = every.shape[0]
     # The cut key's mass on each (segment, rank), in token id order: segment-major, then rank.
     at = every.view(tp, rows, segments, RADIX_BINS).gather(3, prefix.remainder(RADIX_BINS).view(1, rows, 1, 1)
@@ -567,7 +572,7 @@ def prefix_keep(order: torch.Tensor, probs: torch.Tensor, mass: torch.Tensor, he
     local = torch.cumsum(tw, dim=1) - tw
     if segments > 1:  # the added segment's ties start after the base segment's (counted in prior)
         local = local - second * tw[:, : head.shard.size].sum(dim=1, keepdim=True)
-    return (key > prefix) | (tied & (above + prior + local < t))
+    return (key > prefix) | (tied & (above + prior + local < t)) | everything
 
 
 def apply_top_p(local_logits: torch.Tensor, head: Placement, top_p: float | torch.Tensor) -> torch.Tensor:
