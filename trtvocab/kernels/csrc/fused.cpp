@@ -34,8 +34,8 @@
 // NVFP4      1..2   AVX-512 (avx512.h)            -               wide_nvfp4<B>               (lane-group pairs)
 // NVFP4      3..8   AVX-512 (avx512.h)            -               wide_nvfp4_pairs_of_rows<B> (row pairs)
 // FP8, NVFP4 >= 9   AVX-512 BF16                  bf16            wide_batched<true>: wb_decode_bf16,
-//                   (avx512_bf16_tiles.h)                         wb_micro_any_bf16 (bf16 step pairs)
-// any        >= 9   AVX-512 (avx512_tiles.h)      -               wide_batched<false>: wb_decode, wb_micro_any
+//                   (avx512_bf16_tiles.h)                         wb_micro_any<Bf16Steps> (bf16 step pairs)
+// any        >= 9   AVX-512 (avx512_tiles.h)      -               wide_batched<false>: wb_decode, wb_micro_any<FmaSteps>
 // any        1      portable / AVX2 (lanes8.h)    -               gemv (FP8, dense: kGemvRows rows at a time;
 //                                                                 NVFP4: gemv_rows_nvfp4<1>, a row at a time)
 // any        2..8   portable / AVX2 (lanes8.h)    -               direct<B> (NVFP4: gemv_rows_nvfp4<B>)

@@ -212,6 +212,55 @@ void wide_direct(const F& f, const float* x, int64_t xs, int64_t rows, float* ou
       [&](int64_t v, int n, V chain) { out[n * os + v] = finish(chain, f.row_scale(v), F::kUnbias); });
 }
 
+// The block sums of a lane-group pair (sum(n) for x row n; lanes 0-7: group 2q, 8-15: group 2q + 1) scaled
+// by the pair's 16 FP8 block scales at `scales` and added to the row's N 8-lane totals, group 2q first.
+template <int N, class Sum>
+inline void add_pair_sums(const uint8_t* scales, const Sum& sum, V* acc) {
+  const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+  for (int n = 0; n < N; ++n) {
+    const __m512 part = sum(n);
+    acc[n] = vfma(half0(part), half0(bs), acc[n]);
+    acc[n] = vfma(half1(part), half1(bs), acc[n]);
+  }
+}
+
+// The lane-group pair loop (wide_nvfp4_pairs, nvfp4_block_lanes_bf16): pairs [q0, q1) of row r, G at a time,
+// each pair's block sums from zero (sums(bytes of run k, pair, k, its N sums) per run k), then added to the
+// row's totals (add_pair_sums); acc: the row's N totals ([N][8]); the lines of row `ahead` prefetched.
+template <int N, int G, class Sums>
+inline void lane_pairs(const NVFP4Rows& f, int64_t r, int64_t q0, int64_t q1, float* acc_mem, int64_t ahead,
+                       const Sums& sums) {
+  const int64_t nb = f.blocks();
+  const uint8_t* row = f.packed + r * f.p_stride;
+  const uint8_t* srow = f.bscale + r * f.bs_stride;
+  V acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = vload(acc_mem + n * LANES);
+  for (int64_t q = q0; q < q1; q += G) {
+    const uint8_t* p = row + q * 16;
+    if ((q & 3) == 0 || G > 1) f.prefetch_in_order(ahead, q / 4);  // 4 pairs (G = 4 at batch 1-2)
+    __m512 part[G][N];
+    for (int j = 0; j < G; ++j)
+      for (int n = 0; n < N; ++n) part[j][n] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < LANES; ++k) {
+      for (int j = 0; j < G; ++j) sums(p + k * nb + j * 16, q + j, k, part[j]);
+    }
+    for (int j = 0; j < G; ++j) add_pair_sums<N>(srow + (q + j) * 16, [&](int n) { return part[j][n]; }, acc);
+  }
+  for (int n = 0; n < N; ++n) vstore(acc_mem + n * LANES, acc[n]);
+}
+
+// A row_tiles pass of the lane-group pair kernels over pairs [c0, c1): each of the tile's tr rows from v0, G
+// pairs at a time, then the rest one by one; run(G-constant, row, q0, q1, its totals, the row after the next).
+template <int N, int G, class Run>
+inline void lane_pair_rows(int64_t rows, int64_t v0, int64_t tr, int64_t c0, int64_t c1, float* acc, const Run& run) {
+  const int64_t whole = c0 + (c1 - c0) / G * G;
+  for (int64_t i = 0; i < tr; ++i) {
+    const int64_t ahead = std::min(rows - 1, v0 + i + 2);
+    run(std::integral_constant<int, G>{}, v0 + i, c0, whole, acc + i * N * LANES, ahead);
+    if (whole < c1) run(std::integral_constant<int, 1>{}, v0 + i, whole, c1, acc + i * N * LANES, ahead);
+  }
+}
+
 // NVFP4, batch N = 1..8. x is re-laid out once per call into xw [pairs][16 steps][N][16]: step s of
 // groups 2q (lanes 0-7) and 2q + 1 (8-15) of x row n (the N rows of a step side by side: one base
 // pointer, no L1 set conflicts between x rows H floats apart). Pair q of a row is 8 runs of 16 bytes (byte k of blocks
@@ -225,37 +274,14 @@ inline void wide_nvfp4_pairs(const NVFP4Rows& f, const float* xw, int64_t r, int
                              float* acc_mem, int64_t ahead) {
   const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
                                       -2.0f, -3.0f, -4.0f, -6.0f);
-  const int64_t nb = f.blocks();
-  const uint8_t* row = f.packed + r * f.p_stride;
-  const uint8_t* srow = f.bscale + r * f.bs_stride;
-  V acc[N];
-  for (int n = 0; n < N; ++n) acc[n] = vload(acc_mem + n * LANES);
-  for (int64_t q = q0; q < q1; q += G) {
-    const uint8_t* p = row + q * 16;
-    if ((q & 3) == 0 || G > 1) f.prefetch_in_order(ahead, q / 4);  // 4 pairs (G = 4 at batch 1-2)
-    __m512 part[G][N];
-    for (int j = 0; j < G; ++j)
-      for (int n = 0; n < N; ++n) part[j][n] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < LANES; ++k) {
-      for (int j = 0; j < G; ++j) {
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k * nb + j * 16));
-        const __m512i v = _mm512_cvtepu8_epi32(b);
-        const __m512 lo = _mm512_permutexvar_ps(v, table);  // vpermps reads the low 4 bits: the low nibble
-        const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
-        const float* xq = xw + ((q + j) * 16 + 2 * k) * N * 16;
-        for (int n = 0; n < N; ++n) part[j][n] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xq + n * 16), part[j][n]);
-        for (int n = 0; n < N; ++n) part[j][n] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xq + (N + n) * 16), part[j][n]);
-      }
-    }
-    for (int j = 0; j < G; ++j) {
-      const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + (q + j) * 16)));
-      for (int n = 0; n < N; ++n) {
-        acc[n] = vfma(half0(part[j][n]), half0(bs), acc[n]);
-        acc[n] = vfma(half1(part[j][n]), half1(bs), acc[n]);
-      }
-    }
-  }
-  for (int n = 0; n < N; ++n) vstore(acc_mem + n * LANES, acc[n]);
+  lane_pairs<N, G>(f, r, q0, q1, acc_mem, ahead, [&](const uint8_t* b, int64_t q, int64_t k, __m512 (&part)[N]) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    const __m512 lo = _mm512_permutexvar_ps(v, table);  // vpermps reads the low 4 bits: the low nibble
+    const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+    const float* xq = xw + (q * 16 + 2 * k) * N * 16;
+    for (int n = 0; n < N; ++n) part[n] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xq + n * 16), part[n]);
+    for (int n = 0; n < N; ++n) part[n] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xq + (N + n) * 16), part[n]);
+  });
 }
 
 // Batch 1..NVGP_MAX (larger batches run nvfp4_row_pairs, which reads half the x per FMA): a row runs
@@ -292,13 +318,19 @@ void wide_nvfp4(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, fl
   constexpr int64_t CP = N <= NVGP_MAX ? std::numeric_limits<int64_t>::max() / 2
                                        : G * std::max(1, 16 / (N * G));
   row_tiles<WIDE_TILE, N * LANES>(rows, pairs, CP, [&](int64_t v0, int64_t tr, int64_t c0, int64_t c1, float* acc) {
-    const int64_t whole = c0 + (c1 - c0) / G * G;
-    for (int64_t i = 0; i < tr; ++i) {
-      const int64_t ahead = std::min(rows - 1, v0 + i + 2);
-      wide_nvfp4_pairs<N, G>(f, xw.data(), v0 + i, c0, whole, acc + i * N * LANES, ahead);
-      if (whole < c1) wide_nvfp4_pairs<N, 1>(f, xw.data(), v0 + i, whole, c1, acc + i * N * LANES, ahead);
-    }
+    lane_pair_rows<N, G>(rows, v0, tr, c0, c1, acc, [&](auto g, int64_t r, int64_t q0, int64_t q1, float* a, int64_t ahead) {
+      wide_nvfp4_pairs<N, decltype(g)::value>(f, xw.data(), r, q0, q1, a, ahead);
+    });
   }, [&](int64_t v0, int64_t tr, const float* acc) { finish_nvfp4_tile<N>(f, x, xs, pairs, v0, tr, acc, out, os); });
+}
+
+// The packed bytes of P NVFP4 row pairs: ra[p] row pr[2p], rb[p] row pr[2p + 1].
+template <int P>
+inline void pair_rows(const NVFP4Rows& f, const int64_t* pr, const uint8_t* (&ra)[P], const uint8_t* (&rb)[P]) {
+  for (int p = 0; p < P; ++p) {
+    ra[p] = f.packed + pr[2 * p] * f.p_stride;
+    rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
+  }
 }
 
 // NVFP4, batch NVGP_MAX + 1 .. 8: row pairs, like FP8. A zmm holds the 8-lane chains of rows a and b for one
@@ -315,10 +347,7 @@ inline void nvfp4_row_pairs(const NVFP4Rows& f, const float* xt, const int64_t* 
   const int64_t nb = f.blocks();
   const uint8_t* ra[P];
   const uint8_t* rb[P];
-  for (int p = 0; p < P; ++p) {
-    ra[p] = f.packed + pr[2 * p] * f.p_stride;
-    rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
-  }
+  pair_rows(f, pr, ra, rb);
   __m512 acc[P][N];
   load_chains(acc_mem, acc);
   for (int64_t g = g0; g < g1; ++g) {

@@ -426,10 +426,7 @@ inline void nvfp4_row_pairs_bf16(const NVFP4Rows& f, const SpreadPairs& dec, con
   const int64_t nb = f.blocks();
   const uint8_t* ra[P];
   const uint8_t* rb[P];
-  for (int p = 0; p < P; ++p) {
-    ra[p] = f.packed + pr[2 * p] * f.p_stride;
-    rb[p] = f.packed + pr[2 * p + 1] * f.p_stride;
-  }
+  pair_rows(f, pr, ra, rb);
   int64_t g = g0;
   for (; g + G <= g1; g += G) {
     for (int j = 0; j < G; ++j) {
@@ -526,34 +523,11 @@ template <int N, int G>
 inline void nvfp4_block_lanes_bf16(const NVFP4Rows& f, const uint32_t* xb, int64_t r, int64_t q0, int64_t q1,
                                    float* acc_mem, int64_t ahead) {
   const E2m1Lanes decode;
-  const int64_t nb = f.blocks();
-  const uint8_t* row = f.packed + r * f.p_stride;
-  const uint8_t* srow = f.bscale + r * f.bs_stride;
-  V acc[N];
-  for (int n = 0; n < N; ++n) acc[n] = vload(acc_mem + n * LANES);
-  for (int64_t q = q0; q < q1; q += G) {
-    const uint8_t* p = row + q * 16;
-    if ((q & 3) == 0 || G > 1) f.prefetch_in_order(ahead, q / 4);
-    __m512 part[G][N];
-    for (int j = 0; j < G; ++j)
-      for (int n = 0; n < N; ++n) part[j][n] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < LANES; ++k) {
-      for (int j = 0; j < G; ++j) {
-        const __m512 w = decode(p + k * nb + j * 16);
-        const uint32_t* xq = xb + ((q + j) * LANES + k) * N * 16;
-        for (int n = 0; n < N; ++n)
-          part[j][n] = dpbf16(part[j][n], w, _mm512_castsi512_ps(_mm512_loadu_si512(xq + n * 16)));
-      }
-    }
-    for (int j = 0; j < G; ++j) {
-      const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + (q + j) * 16)));
-      for (int n = 0; n < N; ++n) {
-        acc[n] = vfma(half0(part[j][n]), half0(bs), acc[n]);
-        acc[n] = vfma(half1(part[j][n]), half1(bs), acc[n]);
-      }
-    }
-  }
-  for (int n = 0; n < N; ++n) vstore(acc_mem + n * LANES, acc[n]);
+  lane_pairs<N, G>(f, r, q0, q1, acc_mem, ahead, [&](const uint8_t* b, int64_t q, int64_t k, __m512 (&part)[N]) {
+    const __m512 w = decode(b);
+    const uint32_t* xq = xb + (q * LANES + k) * N * 16;
+    for (int n = 0; n < N; ++n) part[n] = dpbf16(part[n], w, _mm512_castsi512_ps(_mm512_loadu_si512(xq + n * 16)));
+  });
 }
 
 // The bytes of x's bf16 pairs in the block-lanes layout ([pairs][8 k][N][16] 32-bit words).
@@ -591,38 +565,34 @@ void wide_nvfp4_lanes_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64
   const int64_t CP = lanes_x_bytes(f, N) <= x_in_l1_bytes() ? std::max<int64_t>(1, pairs)
                                                              : std::max<int64_t>(G, x_in_l1_bytes() / pair_bytes / G * G);
   row_tiles<WIDE_TILE, N * LANES>(rows, pairs, CP, [&](int64_t v0, int64_t tr, int64_t c0, int64_t c1, float* acc) {
-    const int64_t whole = c0 + (c1 - c0) / G * G;
-    for (int64_t i = 0; i < tr; ++i) {
-      const int64_t ahead = std::min(rows - 1, v0 + i + 2);
-      nvfp4_block_lanes_bf16<N, G>(f, xb.data(), v0 + i, c0, whole, acc + i * N * LANES, ahead);
-      if (whole < c1) nvfp4_block_lanes_bf16<N, 1>(f, xb.data(), v0 + i, whole, c1, acc + i * N * LANES, ahead);
-    }
+    lane_pair_rows<N, G>(rows, v0, tr, c0, c1, acc, [&](auto g, int64_t r, int64_t q0, int64_t q1, float* a, int64_t ahead) {
+      nvfp4_block_lanes_bf16<N, decltype(g)::value>(f, xb.data(), r, q0, q1, a, ahead);
+    });
   }, [&](int64_t v0, int64_t tr, const float* acc) { finish_nvfp4_tile<N>(f, x, xs, pairs, v0, tr, acc, out, os); });
 }
 
-// NVFP4, batch 1..NVFP4_RUNS_MAX, by vdpbf16ps, each row read in address order: run k (byte k of every
+// NVFP4, batch 1 (NVFP4_RUNS_MAX), by vdpbf16ps, each row read in address order: run k (byte k of every
 // block, nb contiguous bytes) for all of a chunk's block pairs, then run k + 1, so that a row is one forward
 // stream of lines (and a thread's rows one stream) instead of 8 runs advancing side by side: faster than
 // block lanes at batch 1, slower at batch 2 (half the pairs per chunk), so it runs batch 1 only. A pair q
 // (blocks 16q .. 16q + 15, 16 bytes of run k) is decoded by E2m1Lanes (the one-shuffle SpreadPairs, with more
-// instructions, was slower); its block sums stay in registers across the 8 runs (Q * N zmm, a chunk of
-// Q <= RUNS_REGS / N pairs). A chunk's sums are then scaled and added to the row's totals in group order
+// instructions, was slower); its block sums stay in registers across the 8 runs (Q zmm, a chunk of
+// Q <= RUNS_REGS pairs). A chunk's sums are then scaled and added to the row's totals in group order
 // (nvfp4_block_lanes_bf16's chains, lane for lane), but during the next chunk's runs: that chain of 2 Q
-// FMAs per x row is serial, and at the end of its own chunk it held up the next row's loads
-// (docs/kernels.md, K14).
+// FMAs is serial, and at the end of its own chunk it held up the next row's loads (docs/kernels.md, K14).
 constexpr int RUNS_REGS = 20;  // block sums in registers (32 zmm: the decoder's 3 constants, w, x)
 constexpr int NVFP4_RUNS_MAX = 1;
 // The chunk whose block sums wait to be scaled and added (row < 0: none), and the row it finishes.
 struct RunsPending {
-  alignas(64) float part[RUNS_REGS][16];  // [q * N + n], lane i = block 16q + i (E2m1Lanes)
+  alignas(64) float part[RUNS_REGS][16];  // pair q's sums, lane i = block 16q + i (E2m1Lanes)
   int64_t row = -1, q0 = 0, cnt = 0;
-  V acc[NVFP4_RUNS_MAX];                  // the totals of `row`, the pending chunk not yet added
+  V acc;                                  // the totals of `row`, the pending chunk not yet added
   int64_t done = -1;                      // a row whose totals are complete (in done_acc), or -1
-  V done_acc[NVFP4_RUNS_MAX];
+  V done_acc;
 };
 
 // Chunk [q0, q0 + Q) of row r, while adding the pending chunk; then this chunk is the pending one.
-template <int N, int Q>
+template <int Q>
 void nvfp4_row_runs_bf16(const NVFP4Rows& f, const E2m1Lanes& dec, const uint32_t* xb, int64_t r, int64_t q0,
                          int64_t ahead, bool to_l2, RunsPending& pend) {
   const int64_t nb = f.blocks();
@@ -637,104 +607,79 @@ void nvfp4_row_runs_bf16(const NVFP4Rows& f, const E2m1Lanes& dec, const uint32_
   lines(f.bscale + ahead * f.bs_stride + q0 * 16, Q * 16);
   const bool adding = pend.row >= 0;
   const uint8_t* psrow = adding ? f.bscale + pend.row * f.bs_stride + pend.q0 * 16 : nullptr;
-  V acc[N];
-  for (int n = 0; n < N; ++n) acc[n] = pend.acc[n];
-  __m512 part[Q][N];
-  _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q)
-    for (int n = 0; n < N; ++n) part[q][n] = _mm512_setzero_ps();
+  V acc = pend.acc;
+  __m512 part[Q];
+  _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q) part[q] = _mm512_setzero_ps();
   for (int64_t k = 0; k < LANES; ++k) {
     lines(next + k * nb, Q * 16);
     _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q) {
       const uint8_t* b = row + k * nb + q * 16;
       const __m512 w = dec(b);
-      const uint32_t* xq = xb + ((q0 + q) * LANES + k) * N * 16;
-      for (int n = 0; n < N; ++n)
-        part[q][n] = dpbf16(part[q][n], w, _mm512_load_ps(reinterpret_cast<const float*>(xq + n * 16)));
+      const uint32_t* xq = xb + ((q0 + q) * LANES + k) * 16;
+      part[q] = dpbf16(part[q], w, _mm512_load_ps(reinterpret_cast<const float*>(xq)));
     }
     if (adding)  // an eighth of the pending chunk's pairs, in order
-      for (int64_t q = k * pend.cnt / LANES; q < (k + 1) * pend.cnt / LANES; ++q) {
-        const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(psrow + q * 16)));
-        for (int n = 0; n < N; ++n) {
-          const __m512 s = _mm512_load_ps(pend.part[q * N + n]);
-          acc[n] = vfma(half0(s), half0(bs), acc[n]);
-          acc[n] = vfma(half1(s), half1(bs), acc[n]);
-        }
-      }
+      for (int64_t q = k * pend.cnt / LANES; q < (k + 1) * pend.cnt / LANES; ++q)
+        add_pair_sums<1>(psrow + q * 16, [&](int) { return _mm512_load_ps(pend.part[q]); }, &acc);
   }
   pend.done = -1;
   if (adding && pend.row != r) {  // the pending chunk was its row's last
     pend.done = pend.row;
-    for (int n = 0; n < N; ++n) pend.done_acc[n] = acc[n], acc[n] = vzero();
+    pend.done_acc = acc, acc = vzero();
   }
-  _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q)
-    for (int n = 0; n < N; ++n) _mm512_store_ps(pend.part[q * N + n], part[q][n]);
-  for (int n = 0; n < N; ++n) pend.acc[n] = acc[n];  // zero after a finished row (and before the first)
+  _Pragma("GCC unroll 32") for (int q = 0; q < Q; ++q) _mm512_store_ps(pend.part[q], part[q]);
+  pend.acc = acc;  // zero after a finished row (and before the first)
   pend.row = r, pend.q0 = q0, pend.cnt = Q;
 }
 // The pending chunk's sums scaled and added to its row's totals, at once (after a thread's last chunk).
-template <int N>
-void runs_add_pending(const NVFP4Rows& f, const RunsPending& pend, V* acc) {
+inline V runs_add_pending(const NVFP4Rows& f, const RunsPending& pend) {
   const uint8_t* srow = f.bscale + pend.row * f.bs_stride + pend.q0 * 16;
-  for (int n = 0; n < N; ++n) acc[n] = pend.acc[n];
-  for (int64_t q = 0; q < pend.cnt; ++q) {
-    const __m512 bs = fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + q * 16)));
-    for (int n = 0; n < N; ++n) {
-      const __m512 s = _mm512_load_ps(pend.part[q * N + n]);
-      acc[n] = vfma(half0(s), half0(bs), acc[n]);
-      acc[n] = vfma(half1(s), half1(bs), acc[n]);
-    }
-  }
+  V acc = pend.acc;
+  for (int64_t q = 0; q < pend.cnt; ++q)
+    add_pair_sums<1>(srow + q * 16, [&](int) { return _mm512_load_ps(pend.part[q]); }, &acc);
+  return acc;
 }
-// nvfp4_row_runs_bf16<N, Q> for Q = 1 .. RUNS_REGS / N, by a table built at compile time.
-template <int N>
+// nvfp4_row_runs_bf16<Q> for Q = 1 .. RUNS_REGS, by a table built at compile time.
 using RowRuns = void (*)(const NVFP4Rows&, const E2m1Lanes&, const uint32_t*, int64_t, int64_t, int64_t, bool,
                          RunsPending&);
-template <int N, size_t... Q>
-constexpr std::array<RowRuns<N>, sizeof...(Q)> row_runs_table(std::index_sequence<Q...>) {
-  return {&nvfp4_row_runs_bf16<N, static_cast<int>(Q) + 1>...};
+template <size_t... Q>
+constexpr std::array<RowRuns, sizeof...(Q)> row_runs_table(std::index_sequence<Q...>) {
+  return {&nvfp4_row_runs_bf16<static_cast<int>(Q) + 1>...};
 }
 
+// N: wide<N>'s batch, NVFP4_RUNS_MAX (1) only.
 template <int N>
 void wide_nvfp4_runs_bf16(const NVFP4Rows& f, const float* x, int64_t xs, int64_t rows, float* out, int64_t os) {
-  static_assert(N <= NVFP4_RUNS_MAX, "RunsPending holds NVFP4_RUNS_MAX totals");
-  constexpr int QMAX = RUNS_REGS / N;
-  static constexpr auto table = row_runs_table<N>(std::make_index_sequence<QMAX>{});
+  static_assert(N == NVFP4_RUNS_MAX, "row runs hold one x row's totals");
+  constexpr int QMAX = RUNS_REGS;
+  static constexpr auto table = row_runs_table(std::make_index_sequence<QMAX>{});
   const int64_t pairs = f.blocks() / 16;
   const E2m1Lanes dec;
-  const Words xb = block_lane_pairs<N>(x, xs, pairs);
-  // Equal chunks of at most QMAX pairs (a row of H = 5120 at batch 1: one chunk of 20).
+  const Words xb = block_lane_pairs<1>(x, xs, pairs);
+  // Equal chunks of at most QMAX pairs (a row of H = 5120: one chunk of 20).
   const int64_t chunks = std::max<int64_t>(1, (pairs + QMAX - 1) / QMAX), per = (pairs + chunks - 1) / chunks;
   // Rows ahead to prefetch: a row (2880 bytes at H = 5120) takes about 100 ns at batch 1.
   constexpr int64_t AHEAD = 3;
   const bool to_l2 = prefetch_to_l2();
-  const auto finish_row = [&](int64_t r, const V* acc) {
-    for (int n = 0; n < N; ++n) {
-      V a = acc[n];
-      for (int64_t g = 2 * pairs; g < f.groups(); ++g) a = nvfp4_groups<1>(f, x + n * xs, r, g, a);
-      out[n * os + r] = finish(a, f.row_scale(r), NVFP4Rows::kUnbias);
-    }
+  const auto finish_row = [&](int64_t r, V a) {
+    for (int64_t g = 2 * pairs; g < f.groups(); ++g) a = nvfp4_groups<1>(f, x, r, g, a);
+    out[r] = finish(a, f.row_scale(r), NVFP4Rows::kUnbias);
   };
   at::parallel_for(0, rows, WIDE_TILE, [&](int64_t r0, int64_t r1) {
     RunsPending pend;
-    for (int n = 0; n < N; ++n) pend.acc[n] = vzero();
+    pend.acc = vzero();
     const auto call = [&](int64_t r, int64_t q0, int64_t cnt) {
       table[static_cast<size_t>(cnt - 1)](f, dec, xb.data(), r, q0, std::min(rows - 1, r + AHEAD), to_l2, pend);
       if (pend.done >= 0) finish_row(pend.done, pend.done_acc);
     };
     for (int64_t r = r0; r < r1; ++r) {
       if (pairs == 0) {
-        V acc[N];
-        for (int n = 0; n < N; ++n) acc[n] = vzero();
-        finish_row(r, acc);
+        finish_row(r, vzero());
         continue;
       }
       for (int64_t q0 = 0; q0 < pairs; q0 += per) call(r, q0, std::min(per, pairs - q0));
     }
-    if (pend.row >= 0) {  // the range's last chunk
-      V acc[N];
-      runs_add_pending<N>(f, pend, acc);
-      finish_row(pend.row, acc);
-    }
+    if (pend.row >= 0) finish_row(pend.row, runs_add_pending(f, pend));  // the range's last chunk
   });
 }
 

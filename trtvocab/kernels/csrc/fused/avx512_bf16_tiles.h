@@ -1,5 +1,5 @@
 // fused/avx512_bf16_tiles.h: the AVX-512 BF16 (vdpbf16ps) tile kernels of batch >= 9 (wb_layout_bf16,
-// wb_decode_bf16, wb_micro_any_bf16).
+// wb_decode_bf16, and wb_micro_any's Bf16Steps).
 // Part of fused.cpp's one translation unit (included there, in order, after the headers before it).
 #pragma once
 
@@ -82,88 +82,16 @@ inline void wb_decode_bf16(const NVFP4Rows& f, int64_t r, int64_t s0, int64_t n,
   wb_pack_bf16(wt, 16, 2, dst);
 }
 
-// wb_micro by vdpbf16ps: `pairs` step pairs of NV packed tile rows (row v: w + v * ws) against NP row pairs
-// (pair t of row pair j: x + t * x_pair + j * 16).
-template <int NP, int NV>
-inline void wb_micro_bf16(const uint32_t* x, int64_t x_pair, const uint32_t* w, int64_t ws, int64_t pairs, float* acc,
-                          int64_t acc_v, const float*) {
-  __m512 a[NV][NP];
-  for (int v = 0; v < NV; ++v)
-    for (int j = 0; j < NP; ++j) a[v][j] = _mm512_loadu_ps(acc + v * acc_v + j * 16);
-  for (int64_t t = 0; t < pairs; ++t) {
-    __m512 xv[NP];
-    for (int j = 0; j < NP; ++j) xv[j] = _mm512_castsi512_ps(_mm512_loadu_si512(x + t * x_pair + j * 16));
-    for (int v = 0; v < NV; ++v) {
-      const __m512 wv = bcast_pair(w + v * ws + t * LANES);
-      for (int j = 0; j < NP; ++j) a[v][j] = dpbf16(a[v][j], wv, xv[j]);
-    }
-  }
-  for (int v = 0; v < NV; ++v)
-    for (int j = 0; j < NP; ++j) _mm512_storeu_ps(acc + v * acc_v + j * 16, a[v][j]);
-}
-
-// wb_micro_gs by vdpbf16ps: a group is 8 step pairs of the packed tile ([pair][2 groups][8]).
-template <int NP, int NV>
-__attribute__((noinline)) void wb_micro_gs_bf16(const uint32_t* x, int64_t x_pair, const uint32_t* w, int64_t ws,
-                                                int64_t pairs, float* acc, int64_t acc_v, const float* bs) {
-  __m512 a[NV][NP];
-  for (int64_t g = 0; g * 8 < pairs; ++g) {
-    for (int v = 0; v < NV; ++v)
-      for (int j = 0; j < NP; ++j) a[v][j] = _mm512_setzero_ps();
-    const uint32_t* xg = x + g * 8 * x_pair;
-    const uint32_t* wg = w + g * LANES;
-    for (int64_t t = 0; t < 8; ++t) {
-      __m512 xv[NP];
-      for (int j = 0; j < NP; ++j) xv[j] = _mm512_castsi512_ps(_mm512_loadu_si512(xg + t * x_pair + j * 16));
-      for (int v = 0; v < NV; ++v) {
-        const __m512 wv = bcast_pair(wg + v * ws + t * 2 * LANES);
-        for (int j = 0; j < NP; ++j) a[v][j] = dpbf16(a[v][j], wv, xv[j]);
-      }
-    }
-    for (int v = 0; v < NV; ++v) {
-      const __m512 b = _mm512_broadcast_f32x8(_mm256_loadu_ps(bs + (v * (WB_CHUNK / 16) + g) * LANES));
-      for (int j = 0; j < NP; ++j) {
-        float* p = acc + v * acc_v + j * 16;
-        _mm512_storeu_ps(p, _mm512_fmadd_ps(a[v][j], b, _mm512_loadu_ps(p)));
-      }
-    }
-  }
-}
-
-template <int NV, bool GS>
-inline void wb_micro_np_bf16(int64_t np, const uint32_t* x, int64_t x_pair, const uint32_t* w, int64_t ws,
-                             int64_t pairs, float* acc, int64_t acc_v, const float* bs) {
-  static_assert(WB_NP == 4, "the cases below");
-  auto call = [&](auto npc) {
-    constexpr int NP = decltype(npc)::value;
-    if constexpr (GS) {
-      wb_micro_gs_bf16<NP, NV>(x, x_pair, w, ws, pairs, acc, acc_v, bs);
-    } else {
-      wb_micro_bf16<NP, NV>(x, x_pair, w, ws, pairs, acc, acc_v, bs);
-    }
-  };
-  switch (np) {
-    case 4: call(std::integral_constant<int, 4>{}); break;
-    case 3: call(std::integral_constant<int, 3>{}); break;
-    case 2: call(std::integral_constant<int, 2>{}); break;
-    default: call(std::integral_constant<int, 1>{}); break;
-  }
-}
-
-template <bool GS>
-inline void wb_micro_any_bf16(int64_t nv, int64_t np, const uint32_t* x, int64_t x_pair, const uint32_t* w,
-                              int64_t ws, int64_t pairs, float* acc, int64_t acc_v, const float* bs) {
-  static_assert(WB_NV == 6, "the cases below");
-  switch (nv) {
-    case 6: wb_micro_np_bf16<6, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
-    case 5: wb_micro_np_bf16<5, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
-    case 4: wb_micro_np_bf16<4, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
-    case 3: wb_micro_np_bf16<3, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
-    case 2: wb_micro_np_bf16<2, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
-    default: wb_micro_np_bf16<1, GS>(np, x, x_pair, w, ws, pairs, acc, acc_v, bs); break;
-  }
-}
-
+// The micro kernels' step by vdpbf16ps (wb_micro, wb_micro_gs with Op = Bf16Steps): a step is a pair of steps
+// of the packed tile rows (row v: w + v * ws) and of x (pair t of row pair j: x + t * x_pair + j * 16); an NVFP4
+// group is 8 step pairs of the packed tile ([pair][2 groups][8]).
+struct Bf16Steps {
+  using T = uint32_t;
+  static constexpr int64_t kGroup = 8;
+  static __m512 x(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
+  static __m512 w(const uint32_t* p) { return bcast_pair(p); }
+  static __m512 step(__m512 a, __m512 w, __m512 x) { return dpbf16(a, w, x); }
+};
 
 // wide_batched's policy with BF = true: the vdpbf16ps kernels on bf16 pairs of the tile and of x.
 template <>
@@ -179,8 +107,8 @@ struct Tiles<true> {
   static void micro(int64_t nv, int64_t np, const float* xt, int64_t i, int64_t, int64_t pairs, int64_t s0,
                     const float*, const float* wtb, int64_t ws, int64_t ks, float* acc, int64_t acc_v, const float* bs) {
     const uint32_t* xb = reinterpret_cast<const uint32_t*>(xt) + i * pairs * WB_ROWS * LANES + (s0 / 2) * np * 16;
-    wb_micro_any_bf16<GS>(nv, np, xb, np * 16, reinterpret_cast<const uint32_t*>(wtb), ws / 2, (ks + 1) / 2, acc,
-                          acc_v, bs);
+    wb_micro_any<Bf16Steps, GS>(nv, np, xb, np * 16, reinterpret_cast<const uint32_t*>(wtb), ws / 2, (ks + 1) / 2,
+                                acc, acc_v, bs);
   }
 };
 

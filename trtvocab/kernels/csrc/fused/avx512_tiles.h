@@ -1,5 +1,5 @@
 // fused/avx512_tiles.h: the AVX-512 (F, BW, VL, DQ) FMA tile kernels of batch >= 9 (wb_layout, wb_decode,
-// wb_micro_any).
+// wb_micro_any<FmaSteps>; wb_micro_any also runs the vdpbf16ps steps of avx512_bf16_tiles.h).
 // Part of fused.cpp's one translation unit (included there, in order, after the headers before it).
 #pragma once
 
@@ -26,45 +26,57 @@ constexpr int64_t WB_TILE = 24;  // weight rows per tile (a multiple of WB_NV)
 constexpr int64_t WB_CHUNK = 32;  // steps per K-chunk (NVFP4: two lane groups)
 constexpr int64_t WB_PASS = 128;  // x rows per pass over the decoded tiles (the chains in memory: WB_TILE * WB_PASS * 32 B)
 
+// The micro kernels' chain step as a policy (Op), like the row formats: FmaSteps here (float32 tile steps, x
+// rows as they are), Bf16Steps (avx512_bf16_tiles.h: bf16 step pairs by vdpbf16ps). Op::T: an element of x's
+// layout and of the tile; x(p): a zmm of x (a row pair's step); w(p): a tile row's step broadcast to both
+// halves; step(a, w, x): one step of the chains; kGroup: the steps of an NVFP4 group.
+struct FmaSteps {
+  using T = float;
+  static constexpr int64_t kGroup = 16;
+  static __m512 x(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 w(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
+  static __m512 step(__m512 a, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, a); }
+};
+
 // Steps [0, steps) of NV weight rows (tile row v: w + v * ws) against NP row pairs (pair j at step s:
 // x + s * x_step + j * 16); acc: row v pair j at acc + v * acc_v + j * 16.
-template <int NP, int NV>
-inline void wb_micro(const float* x, int64_t x_step, const float* w, int64_t ws, int64_t steps, float* acc,
-                     int64_t acc_v, const float*) {
+template <class Op, int NP, int NV>
+inline void wb_micro(const typename Op::T* x, int64_t x_step, const typename Op::T* w, int64_t ws, int64_t steps,
+                     float* acc, int64_t acc_v, const float*) {
   __m512 a[NV][NP];
   for (int v = 0; v < NV; ++v)
     for (int j = 0; j < NP; ++j) a[v][j] = _mm512_loadu_ps(acc + v * acc_v + j * 16);
   for (int64_t s = 0; s < steps; ++s) {
     __m512 xv[NP];
-    for (int j = 0; j < NP; ++j) xv[j] = _mm512_loadu_ps(x + s * x_step + j * 16);
+    for (int j = 0; j < NP; ++j) xv[j] = Op::x(x + s * x_step + j * 16);
     for (int v = 0; v < NV; ++v) {
-      const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + v * ws + s * LANES));
-      for (int j = 0; j < NP; ++j) a[v][j] = _mm512_fmadd_ps(wv, xv[j], a[v][j]);
+      const __m512 wv = Op::w(w + v * ws + s * LANES);
+      for (int j = 0; j < NP; ++j) a[v][j] = Op::step(a[v][j], wv, xv[j]);
     }
   }
   for (int v = 0; v < NV; ++v)
     for (int j = 0; j < NP; ++j) _mm512_storeu_ps(acc + v * acc_v + j * 16, a[v][j]);
 }
 
-// NVFP4: the chunk's groups (steps / 16; the tile [step][group][8]: wb_decode) one after the other; each
+// NVFP4: the chunk's groups (steps / kGroup; the tile [step][group][8]: wb_decode) one after the other; each
 // group's block sums start from zero in registers and are added to the totals in acc as
 // acc = fma(sum, bs[v][g], acc). Not inlined: inlined into the tile loop, GCC kept the sums of the
 // one-pair kernel on the stack inside the step loop (measured: NVFP4 at batch 9 1.4x slower).
-template <int NP, int NV>
-__attribute__((noinline)) void wb_micro_gs(const float* x, int64_t x_step, const float* w, int64_t ws,
-                                           int64_t steps, float* acc, int64_t acc_v, const float* bs) {
+template <class Op, int NP, int NV>
+__attribute__((noinline)) void wb_micro_gs(const typename Op::T* x, int64_t x_step, const typename Op::T* w,
+                                           int64_t ws, int64_t steps, float* acc, int64_t acc_v, const float* bs) {
   __m512 a[NV][NP];
-  for (int64_t g = 0; g * 16 < steps; ++g) {
+  for (int64_t g = 0; g * Op::kGroup < steps; ++g) {
     for (int v = 0; v < NV; ++v)
       for (int j = 0; j < NP; ++j) a[v][j] = _mm512_setzero_ps();
-    const float* xg = x + g * 16 * x_step;
-    const float* wg = w + g * LANES;
-    for (int64_t t = 0; t < 16; ++t) {
+    const typename Op::T* xg = x + g * Op::kGroup * x_step;
+    const typename Op::T* wg = w + g * LANES;
+    for (int64_t t = 0; t < Op::kGroup; ++t) {
       __m512 xv[NP];
-      for (int j = 0; j < NP; ++j) xv[j] = _mm512_loadu_ps(xg + t * x_step + j * 16);
+      for (int j = 0; j < NP; ++j) xv[j] = Op::x(xg + t * x_step + j * 16);
       for (int v = 0; v < NV; ++v) {
-        const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(wg + v * ws + t * 2 * LANES));
-        for (int j = 0; j < NP; ++j) a[v][j] = _mm512_fmadd_ps(wv, xv[j], a[v][j]);
+        const __m512 wv = Op::w(wg + v * ws + t * 2 * LANES);
+        for (int j = 0; j < NP; ++j) a[v][j] = Op::step(a[v][j], wv, xv[j]);
       }
     }
     for (int v = 0; v < NV; ++v) {
@@ -77,39 +89,40 @@ __attribute__((noinline)) void wb_micro_gs(const float* x, int64_t x_step, const
   }
 }
 
-template <int NP, int NV, bool GS>
-inline void wb_call(const float* x, int64_t x_step, const float* w, int64_t ws, int64_t steps, float* acc,
-                    int64_t acc_v, const float* bs) {
+template <class Op, int NP, int NV, bool GS>
+inline void wb_call(const typename Op::T* x, int64_t x_step, const typename Op::T* w, int64_t ws, int64_t steps,
+                    float* acc, int64_t acc_v, const float* bs) {
   if constexpr (GS) {
-    wb_micro_gs<NP, NV>(x, x_step, w, ws, steps, acc, acc_v, bs);
+    wb_micro_gs<Op, NP, NV>(x, x_step, w, ws, steps, acc, acc_v, bs);
   } else {
-    wb_micro<NP, NV>(x, x_step, w, ws, steps, acc, acc_v, bs);
+    wb_micro<Op, NP, NV>(x, x_step, w, ws, steps, acc, acc_v, bs);
   }
 }
 
-template <int NV, bool GS>
-inline void wb_micro_np(int64_t np, const float* x, int64_t x_step, const float* w, int64_t ws, int64_t steps,
-                        float* acc, int64_t acc_v, const float* bs) {
+template <class Op, int NV, bool GS>
+inline void wb_micro_np(int64_t np, const typename Op::T* x, int64_t x_step, const typename Op::T* w, int64_t ws,
+                        int64_t steps, float* acc, int64_t acc_v, const float* bs) {
   static_assert(WB_NP == 4, "the cases below");
   switch (np) {
-    case 4: wb_call<4, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    case 3: wb_call<3, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    case 2: wb_call<2, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    default: wb_call<1, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 4: wb_call<Op, 4, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 3: wb_call<Op, 3, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 2: wb_call<Op, 2, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    default: wb_call<Op, 1, NV, GS>(x, x_step, w, ws, steps, acc, acc_v, bs); break;
   }
 }
 
-template <bool GS>
-inline void wb_micro_any(int64_t nv, int64_t np, const float* x, int64_t x_step, const float* w, int64_t ws,
-                         int64_t steps, float* acc, int64_t acc_v, const float* bs) {
+// The micro kernel of nv weight rows x np row pairs (1 .. WB_NV, 1 .. WB_NP), `steps` steps of Op.
+template <class Op, bool GS>
+inline void wb_micro_any(int64_t nv, int64_t np, const typename Op::T* x, int64_t x_step, const typename Op::T* w,
+                         int64_t ws, int64_t steps, float* acc, int64_t acc_v, const float* bs) {
   static_assert(WB_NV == 6, "the cases below");
   switch (nv) {
-    case 6: wb_micro_np<6, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    case 5: wb_micro_np<5, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    case 4: wb_micro_np<4, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    case 3: wb_micro_np<3, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    case 2: wb_micro_np<2, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
-    default: wb_micro_np<1, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 6: wb_micro_np<Op, 6, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 5: wb_micro_np<Op, 5, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 4: wb_micro_np<Op, 4, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 3: wb_micro_np<Op, 3, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    case 2: wb_micro_np<Op, 2, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
+    default: wb_micro_np<Op, 1, GS>(np, x, x_step, w, ws, steps, acc, acc_v, bs); break;
   }
 }
 
@@ -227,7 +240,7 @@ struct Tiles<false> {
   static void micro(int64_t nv, int64_t np, const float* xt, int64_t i, int64_t steps, int64_t, int64_t s0,
                     const float* wt, const float*, int64_t ws, int64_t ks, float* acc, int64_t acc_v, const float* bs) {
     const float* xb = xt + i * steps * WB_ROWS * LANES + s0 * np * 16;
-    wb_micro_any<GS>(nv, np, xb, np * 16, wt, ws, ks, acc, acc_v, bs);
+    wb_micro_any<FmaSteps, GS>(nv, np, xb, np * 16, wt, ws, ks, acc, acc_v, bs);
   }
 };
 
