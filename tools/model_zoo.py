@@ -385,7 +385,17 @@ def run_zoo(types: list[str] | None = None, *, timeout: float = 90.0, log: Any =
             by_rank = run_ranks(_tp2_rank, 2, loaded)
             for name, got in by_rank[0].items():
                 results[name]["tp2"] = got
-    return results
+        return _without_root(results, f"{root}/")
+
+
+def _without_root(value: Any, root: str) -> Any:
+    """``value`` with the run's temporary folder cut from its texts: the table names ``dory/config.json``,
+    never a path of the machine that generated it."""
+    if isinstance(value, str):
+        return value.replace(root, "")
+    if isinstance(value, dict):
+        return {k: _without_root(v, root) for k, v in value.items()}
+    return value
 
 
 def _reason(result: dict[str, Any]) -> str:

@@ -115,3 +115,11 @@ def test_benchmarks_cite_no_issue_numbers() -> None:
             if p.is_file() and p.suffix in {".py", ".md", ".txt"} and "results" not in p.parts
             for i, line in enumerate(p.read_text().splitlines(), 1) if ISSUE.search(line)]
     assert not hits, hits
+
+
+def test_docs_name_no_path_of_the_machine_that_wrote_them() -> None:
+    """A user's clone has no /tmp/<run>, /work or /home of ours: docs name paths inside the clone (generated
+    tables too: tools/model_zoo.py cuts its temporary folder from the messages it records)."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+             for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"(?<![\w.])/(tmp|work|home)/", line)]
+    assert not found, f"machine paths in the docs: {found}"
