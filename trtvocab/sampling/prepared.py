@@ -609,13 +609,13 @@ class DecodeStep:
         on = (self.typical_p < 1) & ~self.greedy[:, 0]
         _, lse, _ = _lse(scaled, place, None, self._step_gather)
         logp = scaled - lse[:, None]
-        term = torch.where(torch.isneginf(scaled), torch.zeros_like(logp), torch.exp(logp) * logp)
+        probs = torch.exp(logp)  # the entropy's terms and the cut's masses
+        term = torch.where(torch.isneginf(scaled), torch.zeros_like(logp), probs * logp)
         local = torch.round(term.to(torch.float64) * 2.0**ENTROPY_BITS).to(torch.int64).sum(dim=1)
         total = self._step_gather(local).sum(dim=0)
         h = (-(total.to(torch.float64) * 2.0**-ENTROPY_BITS)).to(torch.float32)
-        key = torch.abs(-(scaled - lse[:, None]) - h[:, None]).masked_fill(torch.isneginf(scaled), float("inf"))
-        keep = prefix_keep(-key, torch.exp(scaled - lse[:, None]), self.typical_p, place, self._step_gather,
-                           whole_ties=True)
+        key = torch.abs(-logp - h[:, None]).masked_fill(torch.isneginf(scaled), float("inf"))
+        keep = prefix_keep(-key, probs, self.typical_p, place, self._step_gather, whole_ties=True)
         return scaled.masked_fill(on[:, None] & ~keep, float("-inf"))
 
     def _race(self, scaled: torch.Tensor, status: torch.Tensor,
