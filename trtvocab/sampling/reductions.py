@@ -465,8 +465,7 @@ def nucleus(local_logits: torch.Tensor, head: VocabPlacement, threshold: torch.T
     """
     x = own(local_logits, head).to(torch.float32)
     lse = sum_exp_and_picks(x, head, None, pending)[1]
-    mass = threshold.expand(x.shape[0]) if threshold.dim() == 0 else threshold
-    return prefix_keep(x, torch.exp(x - lse[:, None]), mass, head, gather_stack)
+    return prefix_keep(x, torch.exp(x - lse[:, None]), threshold, head, gather_stack)
 
 
 # ---- the nucleus: an exact prefix mass in fixed rounds ---------------------------------------------
